@@ -1,0 +1,3 @@
+from speechperf.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+Every artefact that a later step trusts (shards, indexes, checkpoints, summaries) goes
+through here, so that a killed process or a full disk leaves the previous version intact.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from speechperf.errors import SpeechperfError
+
+
+class DiskFullError(SpeechperfError, OSError):
+    """Writing failed for lack of space; names the file and what is kept."""
+
+
+def atomic_write(path: str | Path, write: Callable[[io.BufferedWriter], None]) -> None:
+    """Call ``write(f)`` on a temporary file beside ``path``, fsync, then rename over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(e.errno, f"disk full while writing {path}; the previous version (if any) is kept") from e
+        raise
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_torch_save(obj, path: str | Path) -> None:
+    import torch
+
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def _remove(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass

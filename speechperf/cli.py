@@ -1,0 +1,243 @@
+"""Command line: parses arguments and calls one library function per command.
+
+Every command that prints a table takes ``--json`` and then prints the same rows as JSON.
+Errors that the user can fix (bad input, bad config) print one line naming the file or
+value and exit with status 2; anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from speechperf.errors import SpeechperfError
+from speechperf.tables import emit
+
+
+def _csv(kind=str):
+    return lambda s: [kind(x) for x in s.split(",") if x.strip()]
+
+
+def cmd_corpus_synth(a) -> int:
+    from speechperf.corpus.synth import synthesize
+
+    summary = synthesize(Path(a.out), hours=a.hours, seed=a.seed, progress=not a.json)
+    emit(summary["splits"], a.json)
+    return 0
+
+
+def cmd_corpus_check(a) -> int:
+    from speechperf.corpus.librispeech import check_corpus
+
+    rows = check_corpus(Path(a.corpus), splits=a.splits)
+    emit(rows, a.json)
+    return 0
+
+
+def cmd_prepare(a) -> int:
+    from speechperf.features.prepare import prepare
+
+    summary = prepare(Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json)
+    emit(summary["splits"], a.json)
+    return 0
+
+
+def cmd_train(a) -> int:
+    from speechperf.train.loop import train
+
+    result = train(
+        preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
+        overrides=a.overrides, resume=Path(a.resume) if a.resume else None,
+        db_path=Path(a.db) if a.db else None, quiet=a.json,
+    )
+    emit([result], a.json)
+    return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
+
+
+def cmd_tta(a) -> int:
+    from speechperf.metrics.tta import tta_table
+
+    rows = tta_table([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
+                     db_path=Path(a.db) if a.db else None)
+    emit(rows, a.json, columns=["run", "metric", "target", "epochs", "minutes", "relative"])
+    return 0
+
+
+def cmd_eval(a) -> int:
+    from speechperf.train.evaluate import evaluate_run
+
+    row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers)
+    emit([row], a.json)
+    return 0
+
+
+def cmd_beam_sweep(a) -> int:
+    from speechperf.train.evaluate import beam_sweep
+
+    rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers)
+    emit(rows, a.json)
+    return 0
+
+
+def cmd_lm_build(a) -> int:
+    from speechperf.decode.lm import build_lm_for_features
+
+    emit([build_lm_for_features(Path(a.features), split=a.split)], a.json)
+    return 0
+
+
+def cmd_report(a) -> int:
+    from speechperf.report.html import build_report
+
+    path = build_report([Path(r) for r in a.runs], Path(a.out), db_path=Path(a.db) if a.db else None)
+    print(path)
+    return 0
+
+
+def cmd_bench_ops(a) -> int:
+    from speechperf.bench.ops import run_ops
+
+    rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick)
+    emit(rows, a.json)
+    return 0
+
+
+def cmd_bench_zoo(a) -> int:
+    from speechperf.bench.zoo import run_zoo
+
+    rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters, db_path=a.db)
+    emit(rows, a.json)
+    return 0
+
+
+def cmd_parallel(a) -> int:
+    from speechperf.parallel.worker import main as parallel_main
+
+    return parallel_main(a.rest)
+
+
+def cmd_parallel_sweep(a) -> int:
+    from speechperf.parallel.sweep import run_sweep
+
+    rows = run_sweep(a.rest, as_json=a.json)
+    emit(rows, a.json)
+    return 0
+
+
+def cmd_demo(a) -> int:
+    from speechperf.demo import run_demo
+
+    rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json)
+    emit(rows, a.json, columns=["run", "metric", "target", "epochs", "minutes", "relative"])
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="speechperf", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name, func, help, parent=sub):
+        sp = parent.add_parser(name, help=help, description=help)
+        sp.add_argument("--json", action="store_true", help="print the rows as JSON")
+        sp.set_defaults(func=func)
+        return sp
+
+    corpus = sub.add_parser("corpus", help="embedded corpus: synthesize or check").add_subparsers(dest="sub", required=True)
+    sp = add("synth", cmd_corpus_synth, "synthesize the embedded English corpus in LibriSpeech layout", corpus)
+    sp.add_argument("out")
+    sp.add_argument("--hours", type=float, default=1.5, help="hours of training audio")
+    sp.add_argument("--seed", type=int, default=1)
+    sp = add("check", cmd_corpus_check, "scan a LibriSpeech-layout corpus and report problems", corpus)
+    sp.add_argument("corpus")
+    sp.add_argument("--splits", type=_csv(), default=None)
+
+    sp = add("prepare", cmd_prepare, "extract 93-dim features into compressed shards")
+    sp.add_argument("corpus")
+    sp.add_argument("out")
+    sp.add_argument("--splits", type=_csv(), default=None, help="splits to prepare (default: all found)")
+    sp.add_argument("--workers", type=int, default=0, help="CPU worker processes (0: one per core)")
+
+    sp = add("train", cmd_train, "train an acoustic model and log time-to-accuracy")
+    sp.add_argument("--preset", default="cpu")
+    sp.add_argument("--data", help="prepared features folder")
+    sp.add_argument("--out", help="run folder")
+    sp.add_argument("--resume", help="run folder to continue")
+    sp.add_argument("--db", help="results database (default: results.db beside the run folder)")
+    sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
+
+    sp = add("tta", cmd_tta, "time-to-accuracy table (Table 4 form)")
+    sp.add_argument("runs", nargs="+")
+    sp.add_argument("--metric", choices=["cer", "wer"], default="cer")
+    sp.add_argument("--targets", type=_csv(float), default=[10.0, 8.0, 7.0])
+    sp.add_argument("--epochs", type=int, default=3)
+    sp.add_argument("--db")
+
+    sp = add("eval", cmd_eval, "evaluate a run's checkpoint on a split")
+    sp.add_argument("run")
+    sp.add_argument("--split", default="dev-clean")
+    sp.add_argument("--decoder", default="wordbeam")
+    sp.add_argument("--beam", type=int, default=256)
+    sp.add_argument("--workers", type=int, default=0)
+
+    sp = add("beam-sweep", cmd_beam_sweep, "evaluation time, WER and CER per beam width (Table 3 form)")
+    sp.add_argument("run")
+    sp.add_argument("--widths", type=_csv(int), default=[64, 128, 256, 512, 1024, 2048, 4096])
+    sp.add_argument("--split", default="dev-clean")
+    sp.add_argument("--decoder", default="wordbeam")
+    sp.add_argument("--workers", type=int, default=0)
+
+    lm = sub.add_parser("lm", help="dictionary and language model").add_subparsers(dest="sub", required=True)
+    sp = add("build", cmd_lm_build, "build the dictionary and bigram LM of a prepared dataset", lm)
+    sp.add_argument("features")
+    sp.add_argument("--split", default=None, help="training split(s) whose text is used (default: all train-*)")
+
+    sp = add("report", cmd_report, "HTML report comparing runs")
+    sp.add_argument("runs", nargs="+")
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--db")
+
+    bench = sub.add_parser("bench", help="accelerator characterization").add_subparsers(dest="sub", required=True)
+    sp = add("ops", cmd_bench_ops, "operator FLOPS against peak", bench)
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--dtype", type=_csv(), default=["fp32"])
+    sp.add_argument("--threads", type=_csv(int), default=None)
+    sp.add_argument("--iters", type=int, default=None)
+    sp.add_argument("--quick", action="store_true", help="small shapes only (smoke test)")
+    sp.add_argument("--db")
+    sp = add("zoo", cmd_bench_zoo, "model-zoo training throughput, power and energy", bench)
+    sp.add_argument("--models", type=_csv(), default=None)
+    sp.add_argument("--batch", type=_csv(int), default=None)
+    sp.add_argument("--precision", type=_csv(), default=["fp32"])
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--iters", type=int, default=None)
+    sp.add_argument("--db")
+
+    par = sub.add_parser("parallel", help="parallel training algorithms").add_subparsers(dest="sub", required=True)
+    sp = add("run", cmd_parallel, "one parallel run (the torchrun worker arguments)", par)
+    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    sp = add("sweep", cmd_parallel_sweep, "algorithms x workers x sync periods (Tables 1-5 form)", par)
+    sp.add_argument("rest", nargs=argparse.REMAINDER)
+
+    sp = add("demo", cmd_demo, "synth -> prepare -> train the CPU preset -> TTA table")
+    sp.add_argument("--out", default="demo")
+    sp.add_argument("--hours", type=float, default=None, help="hours of training audio (default: the preset's)")
+    sp.add_argument("--minutes", type=float, default=None, help="training time cap (default: the preset's)")
+    sp.add_argument("--preset", default="cpu")
+    sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpeechperfError as e:
+        print(f"speechperf: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("speechperf: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

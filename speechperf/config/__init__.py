@@ -1,0 +1,139 @@
+"""Named presets: TOML files in ``presets/`` that fill the frozen stage configs.
+
+A preset has sections ``[model]``, ``[loader]`` and ``[train]`` whose keys are fields of
+ModelConfig, LoaderConfig and TrainConfig; unknown keys are errors, missing keys keep the
+dataclass default. Command-line overrides are ``key=value`` or ``section.key=value``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speechperf.data.config import LoaderConfig
+from speechperf.errors import SpeechperfError
+from speechperf.models.config import ModelConfig
+from speechperf.train.config import TrainConfig
+
+PRESET_DIR = Path(__file__).with_name("presets")
+SECTIONS = {"model": ModelConfig, "loader": LoaderConfig, "train": TrainConfig}
+
+
+class ConfigError(SpeechperfError, ValueError):
+    """A preset or override names an unknown field or gives a value of the wrong type."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a training run; stored in every checkpoint and result."""
+
+    preset: str = "custom"  # name of the preset this was built from
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        return cls(
+            preset=d.get("preset", "custom"),
+            **{name: _build(kind, d.get(name, {}), name) for name, kind in SECTIONS.items()},
+        )
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def load_preset(name: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Preset ``name`` (or a path to a TOML file) with ``key=value`` overrides applied."""
+    path = Path(name) if name.endswith(".toml") else PRESET_DIR / f"{name}.toml"
+    if not path.exists():
+        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    unknown = set(data) - set(SECTIONS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown sections {sorted(unknown)}")
+    for item in overrides:
+        _apply_override(data, item)
+    cfg = RunConfig.from_dict({"preset": path.stem, **data})
+    validate(cfg)
+    return cfg
+
+
+def _apply_override(data: dict, item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not key=value")
+    key, raw = item.split("=", 1)
+    if "." in key:
+        section, name = key.split(".", 1)
+        if section not in SECTIONS:
+            raise ConfigError(f"override {item!r}: unknown section {section!r}")
+    else:
+        owners = [s for s, kind in SECTIONS.items() if name_in(kind, key)]
+        if len(owners) != 1:
+            raise ConfigError(f"override {item!r}: field {key!r} is in {owners or 'no section'}; write section.{key}")
+        section, name = owners[0], key
+    kind = SECTIONS[section]
+    if not name_in(kind, name):
+        raise ConfigError(f"override {item!r}: {section} has no field {name!r}")
+    data.setdefault(section, {})[name] = _parse(kind, name, raw, item)
+
+
+def name_in(kind, name: str) -> bool:
+    return name in {f.name for f in dataclasses.fields(kind)}
+
+
+def _parse(kind, name: str, raw: str, item: str):
+    default = getattr(kind(), name)
+    try:
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1")
+        return type(default)(raw)
+    except ValueError:
+        raise ConfigError(f"override {item!r}: {raw!r} is not a {type(default).__name__}") from None
+
+
+def _build(kind, values: dict, section: str):
+    names = {f.name for f in dataclasses.fields(kind)}
+    unknown = set(values) - names
+    if unknown:
+        raise ConfigError(f"[{section}] unknown keys {sorted(unknown)}")
+    defaults = kind()
+    for key, value in values.items():
+        expected = type(getattr(defaults, key))
+        ok = isinstance(value, expected) or (expected is float and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            raise ConfigError(f"[{section}] {key} = {value!r}: expected {expected.__name__}")
+    return kind(**{k: (float(v) if isinstance(getattr(defaults, k), float) else v) for k, v in values.items()})
+
+
+def validate(cfg: RunConfig) -> None:
+    """Reject values that would fail later, naming the field."""
+    m, lo, t = cfg.model, cfg.loader, cfg.train
+    checks = [
+        (m.conv_channels > 0 and m.lstm_layers > 0 and m.lstm_hidden > 0, "model sizes must be positive"),
+        (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} not in [0, 1)"),
+        (m.conv_kernel >= 1 and m.conv_stride >= 1, "model.conv_kernel and conv_stride must be >= 1"),
+        (lo.batch_size >= 1, f"loader.batch_size={lo.batch_size} must be >= 1"),
+        (lo.readers >= 0, f"loader.readers={lo.readers} must be >= 0"),
+        (lo.mode in ("bucket", "pad"), f"loader.mode={lo.mode!r} must be 'bucket' or 'pad'"),
+        (t.optimizer in ("adadelta", "adamw"), f"train.optimizer={t.optimizer!r} must be adadelta or adamw"),
+        (t.lr > 0, f"train.lr={t.lr} must be > 0"),
+        (t.precision in ("fp32", "bf16", "fp16"), f"train.precision={t.precision!r} must be fp32, bf16 or fp16"),
+        (t.target_metric in ("cer", "wer"), f"train.target_metric={t.target_metric!r} must be cer or wer"),
+        (t.sentence_every >= 1 and t.checkpoint_every >= 1, "train.sentence_every and checkpoint_every must be >= 1"),
+        (t.target_epochs >= 1, f"train.target_epochs={t.target_epochs} must be >= 1"),
+        (t.max_epochs >= 1, f"train.max_epochs={t.max_epochs} must be >= 1"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)

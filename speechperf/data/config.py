@@ -1,0 +1,19 @@
+"""Data loader configuration (SPEC A, Table 2)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How shards become batches: readers, shuffle, bucketing or paper padding, prefetch."""
+
+    batch_size: int = 24  # utterances per batch (total over all devices)
+    readers: int = 1  # parallel reader processes (DataLoader workers); 0 = in-process
+    prefetch_batches: int = 8  # whole batches buffered ahead of the training loop
+    mode: str = "bucket"  # "bucket": length-bucketed batches; "pad": every utterance to pad_frames
+    pad_frames: int = 1670  # paper mode pads every utterance to this many frames
+    bucket_window: int = 8  # shards mixed per bucketing window (locality vs randomness)
+    shuffle: bool = True  # shuffle shard and batch order each epoch (seeded)
+    normalize: bool = True  # per-feature mean/variance normalization with train-set statistics
+    sort_first_epoch: bool = False  # SortaGrad: first epoch in ascending length order

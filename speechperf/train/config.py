@@ -1,0 +1,32 @@
+"""Training loop configuration (SPEC C)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training state machine, optimizer and stopping rule."""
+
+    seed: int = 1  # seeds model init, data order and dropout
+    optimizer: str = "adadelta"  # "adadelta" (paper) or "adamw"
+    lr: float = 1.0  # learning rate (AdaDelta's default 1.0)
+    weight_decay: float = 0.0  # decoupled weight decay (adamw) / L2 (adadelta)
+    warmup_iters: int = 0  # linear learning-rate warm-up
+    lr_decay: float = 1.0  # multiply the learning rate by this after every epoch
+    grad_clip: float = 400.0  # max global gradient norm (DS2 practice); 0 disables
+    max_epochs: int = 50  # stop after this many epochs
+    time_cap_minutes: float = 0.0  # stop when the TTA clock passes this; 0 = no cap
+    sentence_every: int = 50  # greedy-decode the current batch and log it every N iterations
+    checkpoint_every: int = 250  # atomic checkpoint every N iterations
+    eval_split: str = "dev-clean"  # validation split evaluated every epoch
+    eval_decoder: str = "greedy"  # decoder registry key for per-epoch evaluation
+    eval_beam: int = 256  # beam width for per-epoch evaluation (paper 256)
+    final_beam: int = 512  # beam width for the final evaluation (paper 512)
+    target_metric: str = "cer"  # "cer" (standard) or "wer": what the stop rule watches
+    target: float = 0.0  # stop once the median of the last target_epochs evals is <= this (percent); 0 = never
+    target_epochs: int = 3  # e of TTA(a, e)
+    precision: str = "fp32"  # "fp32", "bf16" (autocast, CPU and GPU) or "fp16" (GPU, with a scaler)
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
+    threads: int = 0  # torch intra-op threads; 0 = torch default
+    max_bad_losses: int = 100  # abort after this many consecutive NaN/inf losses
