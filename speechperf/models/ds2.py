@@ -1,0 +1,113 @@
+"""The Deep Speech 2-style acoustic model of SPEC B.
+
+conv1d (valid, stride 2) -> BN -> clipped ReLU -> dropout -> [LSTM -> BN -> dropout] x L
+-> linear -> log-softmax. Batch normalization statistics are taken over valid frames only
+(padding would otherwise bias them: in the paper's pad mode most frames are padding).
+The LSTMs are unidirectional, so the outputs at valid frames do not depend on the padding
+after them and no packing is needed.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from speechperf.errors import SpeechperfError
+from speechperf.models import register_model
+from speechperf.models.config import ModelConfig
+
+
+class TooShortError(SpeechperfError):
+    """An input shorter than the conv kernel cannot be processed."""
+
+
+class MaskedBatchNorm(nn.Module):
+    """BatchNorm1d over the valid frames of a padded ``(T, B, C)`` tensor."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(channels)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # x: (T, B, C); mask: (T, B) bool. Valid frames only: (N, C) -> BN -> back in place.
+        out = torch.zeros_like(x)
+        out[mask] = self.bn(x[mask])
+        return out
+
+
+def output_lengths(lengths: torch.Tensor, kernel: int, stride: int) -> torch.Tensor:
+    """Frames after the valid strided conv: (T - k) // s + 1."""
+    return torch.div(lengths - kernel, stride, rounding_mode="floor") + 1
+
+
+class DeepSpeech2(nn.Module):
+    """Conv + stacked unidirectional LSTMs + FC with CTC outputs."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.conv = nn.Conv1d(cfg.input_dim, cfg.conv_channels, cfg.conv_kernel, stride=cfg.conv_stride)
+        self.conv_bn = MaskedBatchNorm(cfg.conv_channels) if cfg.batch_norm else None
+        sizes = [cfg.conv_channels] + [cfg.lstm_hidden] * cfg.lstm_layers
+        self.lstms = nn.ModuleList(nn.LSTM(i, cfg.lstm_hidden) for i in sizes[:-1])
+        self.bns = nn.ModuleList(MaskedBatchNorm(cfg.lstm_hidden) for _ in self.lstms) if cfg.batch_norm else None
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.fc = nn.Linear(cfg.lstm_hidden, cfg.num_classes)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier (Glorot) uniform weights, zero biases (SPEC B)."""
+        for name, p in self.named_parameters():
+            if "bn" in name:
+                continue
+            if p.dim() >= 2:
+                nn.init.xavier_uniform_(p)
+            else:
+                nn.init.zeros_(p)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, F) features, lengths: (B,) -> log-probs (T', B, C), out lengths (B,)."""
+        k, s = self.cfg.conv_kernel, self.cfg.conv_stride
+        if int(lengths.min()) < k:
+            raise TooShortError(f"an input has {int(lengths.min())} frames; the conv needs at least {k}")
+        out_lens = output_lengths(lengths, k, s)
+        h = self.conv(x.transpose(1, 2))  # (B, F, T) -> (B, C, T')
+        h = h.permute(2, 0, 1)  # (T', B, C)
+        mask = torch.arange(h.shape[0], device=h.device)[:, None] < out_lens.to(h.device)[None, :]  # (T', B)
+        if self.conv_bn is not None:
+            h = self.conv_bn(h, mask)
+        h = self.dropout(torch.clamp(h, 0.0, 20.0))  # clipped ReLU as in DS2
+        for i, lstm in enumerate(self.lstms):
+            h, _ = lstm(h)  # (T', B, H)
+            if self.bns is not None:
+                h = self.bns[i](h, mask)
+            h = self.dropout(h)
+        logits = self.fc(h)  # (T', B, C)
+        return logits.log_softmax(-1), out_lens
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Trainable parameters by formula (torch's LSTM has two bias vectors per gate set)."""
+    conv = cfg.input_dim * cfg.conv_channels * cfg.conv_kernel + cfg.conv_channels
+    lstm, prev = 0, cfg.conv_channels
+    for _ in range(cfg.lstm_layers):
+        lstm += 4 * cfg.lstm_hidden * (prev + cfg.lstm_hidden) + 8 * cfg.lstm_hidden
+        prev = cfg.lstm_hidden
+    bn = 2 * (cfg.conv_channels + cfg.lstm_layers * cfg.lstm_hidden) if cfg.batch_norm else 0
+    fc = cfg.lstm_hidden * cfg.num_classes + cfg.num_classes
+    return conv + lstm + bn + fc
+
+
+def flops_per_frame(cfg: ModelConfig) -> float:
+    """Forward multiply-add FLOPs (2 per MAC) per input frame, conv + LSTM + FC."""
+    conv = 2 * cfg.input_dim * cfg.conv_channels * cfg.conv_kernel / cfg.conv_stride
+    lstm, prev = 0.0, cfg.conv_channels
+    for _ in range(cfg.lstm_layers):
+        lstm += 2 * 4 * cfg.lstm_hidden * (prev + cfg.lstm_hidden)
+        prev = cfg.lstm_hidden
+    fc = 2 * cfg.lstm_hidden * cfg.num_classes
+    return conv + (lstm + fc) / cfg.conv_stride
+
+
+@register_model("ds2")
+def build_ds2(cfg: ModelConfig) -> nn.Module:
+    return DeepSpeech2(cfg)
