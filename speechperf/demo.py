@@ -1,0 +1,58 @@
+"""The main job: embedded corpus -> features -> train the CPU preset -> TTA table -> report.
+
+Every stage is cached under the output folder: the corpus and the features are reused
+when complete, an interrupted run is resumed, a finished run is reported again as it is
+(delete ``DIR/run`` to measure anew).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from speechperf.config import load_preset
+
+CER_TARGETS = (10.0, 8.0, 7.0)  # SPEC D, LibriSpeech dev-clean
+WER_TARGETS = (22.0, 20.2, 19.2)
+DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo
+
+
+def run_demo(out: Path, hours: float | None = None, minutes: float | None = None, preset: str = "cpu",
+             overrides=(), quiet: bool = False) -> list[dict]:
+    """Run (or continue) the demo under ``out``; returns the TTA rows (CER then WER)."""
+    from speechperf.corpus.synth import synthesize
+    from speechperf.features.prepare import prepare
+    from speechperf.metrics.tta import tta_table
+    from speechperf.train.loop import train
+
+    out = Path(out)
+    overrides = list(overrides)
+    if minutes is not None:
+        overrides.append(f"train.time_cap_minutes={minutes}")
+    load_preset(preset, overrides)  # fail on a bad preset before minutes of synthesis
+    say = (lambda msg: None) if quiet else (lambda msg: print(f"[demo] {msg}", flush=True))
+    t0 = time.perf_counter()
+    say(f"corpus -> {out / 'corpus'}")
+    synthesize(out / "corpus", hours=hours or DEFAULT_HOURS, seed=1, progress=not quiet)
+    say(f"features -> {out / 'features'} ({time.perf_counter() - t0:.0f} s so far)")
+    prepare(out / "corpus", out / "features", progress=not quiet)
+    run = out / "run"
+    summary_path = run / "summary.json"
+    if summary_path.exists():
+        say(f"{run} already finished ({json.loads(summary_path.read_text())['status']}); delete it to train anew")
+    elif (run / "checkpoint.pt").exists():
+        say(f"resuming {run}")
+        train(resume=run, quiet=quiet)
+    else:
+        say(f"training preset {preset!r} -> {run} ({time.perf_counter() - t0:.0f} s so far)")
+        train(preset=preset, data=out / "features", out=run, overrides=overrides, quiet=quiet)
+    _report(run, out / "report", say)
+    say(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
+    return tta_table([run], metric="cer", targets=CER_TARGETS) + tta_table([run], metric="wer", targets=WER_TARGETS)
+
+
+def _report(run: Path, out: Path, say) -> None:
+    from speechperf.report.html import build_report
+
+    path = build_report([run], out)
+    say(f"report: {path}")

@@ -1,0 +1,56 @@
+"""Atomic training checkpoints: everything needed to continue a run bit for bit.
+
+A checkpoint holds the model, optimizer and scheduler state, the position in the data
+(epoch and next batch), the TTA clock, RNG states, the evaluation history and the
+RunConfig, so that ``train --resume RUN`` needs nothing else.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from speechperf.atomic import atomic_torch_save
+from speechperf.errors import SpeechperfError
+
+CHECKPOINT_NAME = "checkpoint.pt"
+FORMAT = 1
+
+
+class CheckpointError(SpeechperfError):
+    """A checkpoint is missing, truncated or of another format."""
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run: Path, state: dict) -> Path:
+    """Write ``RUN/checkpoint.pt`` atomically; the previous one survives a crash mid-write."""
+    path = Path(run) / CHECKPOINT_NAME
+    atomic_torch_save({"format": FORMAT, **state, "rng": rng_state()}, path)
+    return path
+
+
+def load_checkpoint(run: Path) -> dict:
+    path = Path(run) / CHECKPOINT_NAME
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}: the run stopped before its first checkpoint")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises several types for truncated or foreign files
+        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a speechperf checkpoint of format {FORMAT}")
+    return state

@@ -1,0 +1,71 @@
+"""Evaluation of an acoustic model on a prepared split: CTC loss, WER and both CERs.
+
+The per-epoch evaluation of the training loop and ``speechperf eval`` share
+:func:`evaluate`; the model stays resident in the training process (no swapping to
+disk), and the seconds spent here are recorded apart from training time.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from speechperf.data.config import LoaderConfig
+from speechperf.metrics.errors import error_rates
+
+
+def make_decoder(name: str, beam: int, feats: Path):
+    """The registry decoder ``name``; decoders that need a dictionary/LM get the dataset's."""
+    from speechperf.decode import get_decoder
+
+    return get_decoder(name, beam=beam, features=feats)
+
+
+def autocast(device: torch.device, precision: str):
+    """Mixed-precision context for the forward pass (fp32: none)."""
+    if precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: LoaderConfig, device: torch.device,
+             decoder: str = "greedy", beam: int = 1, workers: int = 0, precision: str = "fp32",
+             keep_pairs: int = 0) -> dict:
+    """Loss, WER, CER (standard and paper) and seconds of one pass over ``split``."""
+    from speechperf.data.loader import make_loader
+
+    start = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    dec = make_decoder(decoder, beam, feats)
+    cfg = replace(loader_cfg, shuffle=False, mode="bucket", sort_first_epoch=False)
+    refs: list[str] = []
+    hyps: list[str] = []
+    loss_sum, n_loss = 0.0, 0
+    for batch in make_loader(feats, split, cfg, epoch=0, seed=0):
+        x = batch.feats.to(device)
+        with autocast(device, precision):
+            log_probs, out_lens = model(x, batch.feat_lens.to(device))
+        log_probs = log_probs.float()  # (T', B, C)
+        losses = F.ctc_loss(log_probs, batch.labels.to(device), out_lens, batch.label_lens.to(device),
+                            blank=0, reduction="none", zero_infinity=False)
+        finite = torch.isfinite(losses)
+        loss_sum += float(losses[finite].sum())
+        n_loss += int(finite.sum())
+        hyps += dec.decode_batch(log_probs.cpu().numpy(), out_lens.cpu().numpy(), workers=workers)
+        refs += list(batch.transcripts)
+    if was_training:
+        model.train()
+    rates = error_rates(refs, hyps)
+    return {
+        "split": split, "decoder": decoder, "beam": beam,
+        "loss": loss_sum / max(n_loss, 1), **rates.to_dict(),
+        "eval_s": time.perf_counter() - start,
+        "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
+    }
