@@ -243,7 +243,7 @@ def _step(model, batch, optimizer, scaler, device, tc, prog: Progress):
         if prog.consecutive_bad > tc.max_bad_losses:
             raise TrainingDiverged(f"{prog.consecutive_bad} consecutive steps with non-finite loss or gradients "
                                    f"(iteration {prog.iteration}); the last checkpoint is kept")
-    return float(loss), log_probs.detach(), out_lens
+    return float(loss.detach()), log_probs.detach(), out_lens
 
 
 def _optimizer(model, tc):
