@@ -1,0 +1,56 @@
+"""End to end through the real CLI: synth -> prepare -> train -> tta, on a tiny corpus."""
+import json
+import subprocess
+import sys
+
+from speechperf.results import ResultsDB
+from speechperf.train.events import read_events
+
+
+def cli(*args, check=True):
+    p = subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"speechperf {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def test_cli_end_to_end(tmp_path):
+    corpus, feats, run = tmp_path / "corpus", tmp_path / "feats", tmp_path / "run"
+    rows = json.loads(cli("corpus", "synth", corpus, "--hours", "0.02", "--seed", "5", "--json").stdout)
+    assert {r["split"] for r in rows} >= {"train-clean", "dev-clean"}
+    cli("prepare", corpus, feats, "--workers", "1", "--json")
+    cli("train", "--preset", "tiny", "--data", feats, "--out", run, "max_epochs=2", "threads=1", "--json")
+
+    for name in ("run.json", "config.json", "env.json", "events.log", "sentences.jsonl", "checkpoint.pt", "summary.json"):
+        assert (run / name).exists(), name
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "success" and summary["epochs"] == 2
+
+    keys = [e["key"] for e in read_events(run / "events.log")]
+    assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
+    assert keys.count("eval_accuracy") == 2 and keys.count("epoch_start") == 2
+    stop = [e for e in read_events(run / "events.log") if e["key"] == "run_stop"][0]
+    assert stop["metadata"]["status"] == "success"
+
+    info = json.loads((run / "run.json").read_text())
+    with ResultsDB(info["db"]) as db:
+        its = db.query("SELECT * FROM iterations WHERE run_id = ? ORDER BY iteration", [info["run_id"]])
+        evals = db.query("SELECT * FROM evals WHERE run_id = ? AND final = 0", [info["run_id"]])
+        finals = db.query("SELECT split FROM evals WHERE run_id = ? AND final = 1", [info["run_id"]])
+    assert len(its) == summary["iterations"] > 0
+    assert all(r["utts_per_s"] > 0 and r["batch_size"] > 0 for r in its)
+    assert [r["clock_s"] for r in its] == sorted(r["clock_s"] for r in its)
+    assert len(evals) == 2 and all(0 <= r["cer"] for r in evals)
+    assert {"dev-clean", "test-clean"} <= {r["split"] for r in finals}
+
+    table = json.loads(cli("tta", run, "--metric", "cer", "--targets", "1000,0.001", "--epochs", "1", "--json").stdout)
+    assert [set(r) for r in table] == [{"run", "metric", "target", "epochs", "minutes", "relative"}] * 2
+    assert table[0]["minutes"] > 0 and table[0]["relative"] == 100.0  # CER <= 1000 % at the first epoch
+    assert table[1]["minutes"] is None and table[1]["relative"] is None  # never reached: NA
+    text = cli("tta", run, "--targets", "0.001").stdout
+    assert "NA" in text
+
+    again = cli("train", "--preset", "tiny", "--data", feats, "--out", run, check=False)
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    bad = cli("train", "--preset", "tiny", "--data", tmp_path / "nowhere", "--out", tmp_path / "r2", check=False)
+    assert bad.returncode == 2 and "nowhere" in bad.stderr
