@@ -41,6 +41,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     from speechperf.data.loader import make_loader
 
     start = time.perf_counter()
+    beam = 1 if decoder == "greedy" else beam
     was_training = model.training
     model.eval()
     dec = make_decoder(decoder, beam, feats)

@@ -1,0 +1,139 @@
+"""Reader for corpora in the LibriSpeech layout (real LibriSpeech, mini LibriSpeech, ours).
+
+``SPLIT/SPEAKER/CHAPTER/SPEAKER-CHAPTER-NNNN.flac`` with one ``SPEAKER-CHAPTER.trans.txt``
+per chapter holding ``ID TRANSCRIPT`` lines. Scanning checks the text side (missing audio,
+audio without transcript, malformed lines, characters outside the alphabet, empty
+transcripts); :func:`read_audio` checks the audio side when features are computed
+(unreadable or truncated files, other sample rates, empty audio). Every problem names the
+file; the good utterances go on.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from speechperf.data.alphabet import AlphabetError, normalize
+from speechperf.errors import SpeechperfError
+
+AUDIO_EXTENSIONS = (".flac", ".wav")
+_ID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
+
+
+class AudioError(SpeechperfError):
+    """An audio file cannot be used; ``kind`` says why."""
+
+    def __init__(self, path: Path, kind: str, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path, self.kind = Path(path), kind
+
+
+@dataclass(frozen=True)
+class Utterance:
+    id: str  # SPEAKER-CHAPTER-NNNN
+    split: str  # split folder name
+    speaker: str
+    chapter: str
+    audio_path: Path
+    transcript: str  # normalized: lower case, alphabet only
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: Path  # the file at fault
+    kind: str  # missing_audio, missing_transcript, malformed_line, alphabet, empty_transcript, audio kinds
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "kind": self.kind, "message": self.message}
+
+
+@dataclass
+class ScanResult:
+    utterances: list[Utterance] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def find_splits(root: Path) -> list[str]:
+    """Folders of ``root`` that hold at least one chapter transcript."""
+    root = Path(root)
+    if not root.is_dir():
+        raise SpeechperfError(f"corpus folder {root} does not exist")
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and next(p.glob("*/*/*.trans.txt"), None))
+
+
+def scan_split(root: Path, split: str) -> ScanResult:
+    """Every utterance of ``split`` with a usable transcript and an audio file."""
+    base = Path(root) / split
+    if not base.is_dir():
+        raise SpeechperfError(f"split {split!r} not found under {root}")
+    result = ScanResult()
+    for chapter_dir in sorted(p for p in base.glob("*/*") if p.is_dir()):
+        _scan_chapter(chapter_dir, split, result)
+    return result
+
+
+def _scan_chapter(folder: Path, split: str, result: ScanResult) -> None:
+    speaker, chapter = folder.parent.name, folder.name
+    audio = {p.stem: p for p in sorted(folder.iterdir()) if p.suffix in AUDIO_EXTENSIONS}
+    trans = folder / f"{speaker}-{chapter}.trans.txt"
+    seen: set[str] = set()
+    if trans.exists():
+        for n, line in enumerate(trans.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            uid, _, text = line.strip().partition(" ")
+            where = f"{trans}:{n}"
+            m = _ID.match(uid)
+            if not m or (m.group(1), m.group(2)) != (speaker, chapter):
+                result.problems.append(Problem(trans, "malformed_line", f"{where}: {uid!r} is not {speaker}-{chapter}-NNNN"))
+                continue
+            seen.add(uid)
+            if uid not in audio:
+                result.problems.append(Problem(trans, "missing_audio", f"{where}: no audio file for {uid}"))
+                continue
+            try:
+                text = normalize(text)
+            except AlphabetError as e:
+                result.problems.append(Problem(audio[uid], "alphabet", f"{where}: {e}"))
+                continue
+            if not text:
+                result.problems.append(Problem(audio[uid], "empty_transcript", f"{where}: empty transcript for {uid}"))
+                continue
+            result.utterances.append(Utterance(uid, split, speaker, chapter, audio[uid], text))
+    for uid, path in audio.items():
+        if uid not in seen:
+            result.problems.append(Problem(path, "missing_transcript", f"{path}: no line for {uid} in {trans.name}"))
+
+
+def read_audio(path: Path, expected_sr: int = 16000) -> np.ndarray:
+    """Mono float32 samples; AudioError (naming the file) if unreadable, truncated or of another rate."""
+    import soundfile as sf
+
+    try:
+        audio, sr = sf.read(str(path), dtype="float32", always_2d=False)
+    except Exception as e:  # libsndfile raises its own error type, RuntimeError or EOF errors
+        raise AudioError(path, "unreadable_audio", f"cannot decode audio ({type(e).__name__}: {e})") from e
+    if sr != expected_sr:
+        raise AudioError(path, "sample_rate", f"sample rate {sr} Hz, expected {expected_sr} Hz (resample the corpus)")
+    if audio.ndim > 1:
+        audio = audio.mean(axis=1)
+    if audio.size == 0:
+        raise AudioError(path, "empty_audio", "no samples")
+    if not np.isfinite(audio).all():
+        raise AudioError(path, "unreadable_audio", "non-finite samples")
+    return audio
+
+
+def check_corpus(root: Path, splits: list[str] | None = None) -> list[dict]:
+    """Rows per split: usable utterances and problems by kind (text side only)."""
+    rows = []
+    for split in splits or find_splits(root):
+        scan = scan_split(root, split)
+        kinds = Counter(p.kind for p in scan.problems)
+        rows.append({"split": split, "utterances": len(scan.utterances), "problems": len(scan.problems),
+                     **{k: kinds[k] for k in sorted(kinds)}})
+    return rows

@@ -1,0 +1,75 @@
+"""The environment recorded with every result: hardware, OS and library versions."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from importlib import metadata
+
+LIBRARIES = ("torch", "numpy", "scipy", "soundfile", "jiwer", "psutil", "nvidia-ml-py", "mlperf-logging",
+             "matplotlib", "espeakng-loader", "speechperf")
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (platform.processor() is often empty)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpus() -> list[dict]:
+    """Name, memory and driver of every CUDA device, through torch and NVML when present."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 2),
+                    "capability": f"{p.major}.{p.minor}"})
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        for g in out:
+            g["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+    except Exception as e:  # NVML absent or refusing: recorded, not fatal
+        for g in out:
+            g["driver"] = f"unavailable ({type(e).__name__})"
+    return out
+
+
+def capture_env(device: str = "cpu") -> dict:
+    """A JSON-serializable description of this machine and software."""
+    import psutil
+    import torch
+
+    versions = {}
+    for lib in LIBRARIES:
+        try:
+            versions[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            versions[lib] = None
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": cpu_model(),
+        "cpu_cores_physical": psutil.cpu_count(logical=False),
+        "cpu_cores_logical": psutil.cpu_count(logical=True),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 2),
+        "device": device,
+        "gpus": gpus(),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "libraries": versions,
+    }

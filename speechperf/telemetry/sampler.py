@@ -1,0 +1,210 @@
+"""Telemetry sampler: CPU utilization (psutil), GPU utilization/memory/power/energy (NVML),
+CPU package/DRAM energy (RAPL powercap), on a background thread.
+
+CPU utilization is the process's (and its children's: loader workers) CPU seconds per wall
+second, in percent of one core, sampled every ``interval`` (0.03 s as the paper's top).
+GPU power is NVML's instant field where the driver has it, else the averaged reading; the
+sample's metric says which. Energy comes from counters (NVML total energy, RAPL
+energy_uj with wrap-around); where none is readable the summary says so, and nothing is
+estimated from TDP.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    interval: float = 0.03  # CPU utilization period, s (paper: top every 0.03 s)
+    gpu_interval: float = 0.05  # NVML period, s (paper 002: 50 ms)
+    include_children: bool = True  # count loader worker processes
+    gpus: bool = True  # sample NVML devices when present
+    rapl: bool = True  # read RAPL powercap counters when readable
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # seconds since the sampler started
+    source: str  # "cpu", "gpu0", "rapl:package-0", ...
+    metric: str  # "util_pct", "mem_mb", "power_w", "power_avg_w", "energy_j"
+    value: float
+
+
+class Sampler:
+    """Start, run the workload, stop; ``samples`` and ``summary()`` hold the results."""
+
+    def __init__(self, pid: int | None = None, config: SamplerConfig = SamplerConfig(), nvml=None,
+                 rapl_root: Path = Path("/sys/class/powercap")):
+        self.proc = psutil.Process(pid or os.getpid())
+        self.cfg = config
+        self.samples: list[Sample] = []
+        self.unavailable: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml = _open_nvml(nvml, self.unavailable) if config.gpus else None
+        self._rapl = _rapl_zones(rapl_root, self.unavailable) if config.rapl else []
+        self._own_cpu = 0.0
+
+    def start(self) -> "Sampler":
+        self._t0 = time.perf_counter()
+        self._rapl_start = {z: _read_uj(z) for z in self._rapl}
+        self._thread = threading.Thread(target=self._run, name="speechperf-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        t = time.perf_counter() - self._t0
+        for zone, start in self._rapl_start.items():
+            joules = _uj_delta(zone, start, _read_uj(zone)) / 1e6
+            self.samples.append(Sample(t, f"rapl:{zone.name}", "energy_j", joules))
+
+    def __enter__(self) -> "Sampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _cpu_seconds(self, procs) -> float:
+        total = 0.0
+        for p in procs:
+            try:
+                c = p.cpu_times()
+                total += c.user + c.system
+            except psutil.Error:
+                pass  # a loader worker that just exited
+        return total
+
+    def _run(self) -> None:
+        thread_t0 = time.thread_time()
+        procs, refreshed = [self.proc], 0.0
+        last_t, last_cpu = time.perf_counter(), self._cpu_seconds(procs)
+        next_gpu = last_t
+        while not self._stop.wait(self.cfg.interval):
+            now = time.perf_counter()
+            if self.cfg.include_children and now - refreshed > 1.0:  # /proc scans are costly: once a second
+                procs, refreshed = [self.proc, *self._children()], now
+            cpu = self._cpu_seconds(procs)
+            if now > last_t:
+                self.samples.append(Sample(now - self._t0, "cpu", "util_pct", 100.0 * max(cpu - last_cpu, 0.0) / (now - last_t)))
+            last_t, last_cpu = now, cpu
+            if self._nvml is not None and now >= next_gpu:
+                self._sample_gpus(now - self._t0)
+                next_gpu = now + self.cfg.gpu_interval
+        self._own_cpu = time.thread_time() - thread_t0
+
+    def _children(self) -> list:
+        try:
+            return self.proc.children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def _sample_gpus(self, t: float) -> None:
+        nv, handles = self._nvml
+        for i, h in enumerate(handles):
+            util = nv.nvmlDeviceGetUtilizationRates(h)
+            self.samples.append(Sample(t, f"gpu{i}", "util_pct", float(util.gpu)))
+            self.samples.append(Sample(t, f"gpu{i}", "mem_mb", nv.nvmlDeviceGetMemoryInfo(h).used / 2**20))
+            power = _instant_power(nv, h)
+            if power is not None:
+                self.samples.append(Sample(t, f"gpu{i}", "power_w", power))
+            else:
+                self.samples.append(Sample(t, f"gpu{i}", "power_avg_w", nv.nvmlDeviceGetPowerUsage(h) / 1000.0))
+            try:
+                self.samples.append(Sample(t, f"gpu{i}", "energy_j", nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0))
+            except Exception:  # NVMLError_NotSupported on older boards
+                self.unavailable.setdefault(f"gpu{i}:energy", "driver has no total-energy counter")
+
+    def summary(self) -> dict:
+        """Means and energies per source; 'energy_method' says counter or integrated power."""
+        by: dict[tuple[str, str], list[Sample]] = {}
+        for s in self.samples:
+            by.setdefault((s.source, s.metric), []).append(s)
+        mean = lambda xs: sum(x.value for x in xs) / len(xs)  # noqa: E731
+        out = {"cpu_util_mean": mean(by[("cpu", "util_pct")]) if ("cpu", "util_pct") in by else None,
+               "power_w": {}, "energy_j": {}, "energy_method": {}, "unavailable": dict(self.unavailable),
+               "sampler_cpu_s": self._own_cpu, "samples": len(self.samples)}
+        for (src, metric), xs in by.items():
+            if metric in ("power_w", "power_avg_w"):
+                out["power_w"][src] = mean(xs)
+                if (src, "energy_j") not in by:
+                    out["energy_j"][src] = _integrate(xs)
+                    out["energy_method"][src] = "integrated-power"
+            elif metric == "energy_j":
+                out["energy_j"][src] = xs[-1].value - (xs[0].value if src.startswith("gpu") else 0.0)
+                out["energy_method"][src] = "counter"
+                if src.startswith("rapl:") and xs[-1].t > 0:
+                    out["power_w"][src] = out["energy_j"][src] / xs[-1].t
+        return out
+
+
+def _integrate(xs: list[Sample]) -> float:
+    return sum((b.t - a.t) * (a.value + b.value) / 2 for a, b in zip(xs, xs[1:]))
+
+
+def _open_nvml(nvml, unavailable: dict):
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+    except Exception as e:  # no driver, no library, no device
+        unavailable["gpu"] = f"NVML unavailable ({type(e).__name__}: {e})"
+        return None
+    if not handles:
+        unavailable["gpu"] = "NVML found no GPU"
+        return None
+    return nvml, handles
+
+
+def _instant_power(nv, handle) -> float | None:
+    """NVML's instant power field in W, or None where the driver does not provide it."""
+    field = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+    if field is None:
+        return None
+    try:
+        v = nv.nvmlDeviceGetFieldValues(handle, [field])[0]
+        if getattr(v, "nvmlReturn", 0) != 0:
+            return None
+        return v.value.uiVal / 1000.0
+    except Exception:
+        return None
+
+
+def _rapl_zones(root: Path, unavailable: dict) -> list[Path]:
+    zones = sorted(p for p in Path(root).glob("intel-rapl:*") if (p / "energy_uj").exists())
+    readable = []
+    for z in zones:
+        try:
+            _read_uj(z)
+            readable.append(z)
+        except (OSError, ValueError) as e:
+            unavailable[f"rapl:{z.name}"] = f"energy_uj not readable ({e})"
+    if not zones:
+        unavailable["rapl"] = f"no RAPL zones under {root}"
+    return readable
+
+
+def _read_uj(zone: Path) -> int:
+    return int((zone / "energy_uj").read_text().strip())
+
+
+def _uj_delta(zone: Path, start: int, end: int) -> int:
+    """Counter difference with one wrap-around at max_energy_range_uj."""
+    if end >= start:
+        return end - start
+    try:
+        top = int((zone / "max_energy_range_uj").read_text().strip())
+    except (OSError, ValueError):
+        return end
+    return end + top - start
