@@ -140,12 +140,13 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             return
         _flush(db, rows)
         prog.clock_s = clock.now()
+        # Logged before the log sizes are taken, so a resume keeps this line.
+        events.event("checkpoint", iteration=prog.iteration, epoch=prog.epoch, clock_s=round(prog.clock_s, 3))
         prog.log_sizes = _log_sizes(out)
         save_checkpoint(out, {
             "config": cfg.to_dict(), "data": str(data), "run_id": run_id, "progress": prog.__dict__,
             "model": core.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict()})
-        events.event("checkpoint", iteration=prog.iteration, epoch=prog.epoch, clock_s=round(prog.clock_s, 3))
 
     # ---- the state machine ---------------------------------------------------------------
     from speechperf.data.loader import make_loader
@@ -156,7 +157,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         while prog.status is None and prog.epoch <= tc.max_epochs:
             loader = make_loader(data, train_splits, cfg.loader, epoch=prog.epoch, seed=tc.seed,
                                  start_batch=prog.start_batch, rank=rank, world=world)
-            if lead:
+            if lead and prog.start_batch == 0:  # a resumed epoch already logged its start
                 events.start(C.EPOCH_START, epoch_num=prog.epoch)
             last = time.perf_counter()
             for batch in loader:
