@@ -1,0 +1,74 @@
+import re
+
+import numpy as np
+import soundfile as sf
+
+from speechperf.corpus.sentences import SentenceGenerator, vocabulary
+from speechperf.corpus.synth import SPLITS, speakers, synthesize
+from speechperf.data.alphabet import normalize
+
+
+def test_vocabulary_and_sentences():
+    vocab = vocabulary()
+    assert len(vocab) >= 2000
+    assert all(normalize(w) == w for w in vocab)
+    g = SentenceGenerator(7)
+    sents = [g.sentence() for _ in range(300)]
+    assert all(3 <= len(s.split()) <= 30 for s in sents)
+    assert all(set(s.split()) <= vocab for s in sents)
+    assert any("'" in s for s in sents)  # contractions exercise the apostrophe
+    assert sents == [SentenceGenerator(7).sentence() for _ in range(1)] + sents[1:]
+    assert SentenceGenerator(8).sentence() != sents[0]
+
+
+def test_speakers_disjoint_across_splits():
+    spk = speakers(1)
+    voices = [v for split in SPLITS for _, v in spk[split]]
+    assert len(voices) == len(set(voices))
+    train = {(v.voice, v.variant) for _, v in spk["train-clean"] + spk["train-other"]}
+    assert not train & {(v.voice, v.variant) for _, v in spk["dev-clean"]}
+
+
+def test_layout_and_transcripts(tiny_corpus):
+    rows = synthesize(tiny_corpus, hours=0.03, seed=3, progress=False)["splits"]  # cached: a no-op
+    assert [r["split"] for r in rows] == list(SPLITS)
+    for split in SPLITS:
+        trans = sorted((tiny_corpus / split).glob("*/*/*.trans.txt"))
+        assert trans
+        for t in trans:
+            speaker, chapter = t.parent.parent.name, t.parent.name
+            assert t.name == f"{speaker}-{chapter}.trans.txt"
+            for line in t.read_text().splitlines():
+                uid, text = line.split(" ", 1)
+                assert re.fullmatch(rf"{speaker}-{chapter}-\d{{4}}", uid) and text == text.upper()
+                audio, rate = sf.read(t.parent / f"{uid}.flac")
+                assert rate == 16000 and 1.0 <= len(audio) / rate <= 15.0
+
+
+def test_deterministic_for_a_seed(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for root, seed in ((a, 11), (b, 11), (c, 12)):
+        synthesize(root, hours=0.01, seed=seed, progress=False)
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*.flac"))
+    assert files_a == sorted(p.relative_to(b) for p in b.rglob("*.flac"))
+    for rel in files_a:
+        assert np.array_equal(sf.read(a / rel)[0], sf.read(b / rel)[0]), rel
+    assert sorted(p.relative_to(c) for p in c.rglob("*.trans.txt")) != sorted(p.relative_to(a) for p in a.rglob("*.trans.txt")) \
+        or any((a / r).read_text() != (c / r).read_text() for r in (p.relative_to(a) for p in a.rglob("*.trans.txt")))
+
+
+def test_rerun_is_a_noop_and_partial_runs_complete(tmp_path):
+    root = tmp_path / "c"
+    synthesize(root, hours=0.01, seed=4, progress=False)
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*.flac")}
+    # simulate an interruption: one speaker unfinished, the completion marker gone
+    (root / "SYNTH.json").unlink()
+    victim = next((root / "dev-clean").glob("*/.done"))
+    victim.unlink()
+    synthesize(root, hours=0.01, seed=4, progress=False)
+    after = {p: p.stat().st_mtime_ns for p in root.rglob("*.flac")}
+    assert set(after) == set(before)
+    changed = {p for p in after if after[p] != before[p]}
+    assert changed and all(victim.parent in p.parents for p in changed)
+    synthesize(root, hours=0.01, seed=4, progress=False)
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*.flac")} == after
