@@ -1,7 +1,9 @@
 """Shared fixtures: one tiny synthesized corpus and its features per test session."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import soundfile as sf
 
 TINY_HOURS = 0.03  # about a hundred short train utterances: seconds to synthesize and prepare
 
@@ -22,3 +24,41 @@ def tiny_features(tiny_corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("features")
     prepare(tiny_corpus, out, progress=False, workers=1)
     return out
+
+
+
+def tone(seconds, rate=16000, f=440.0):
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * f * t) + 0.01 * np.random.default_rng(0).standard_normal(len(t))).astype(np.float32)
+
+
+@pytest.fixture
+def bad_corpus(tmp_path):
+    """train-clean/19/198 in the exact LibriSpeech layout: good files and one of each problem."""
+    ch = tmp_path / "train-clean" / "19" / "198"
+    ch.mkdir(parents=True)
+    lines = []
+    for i, text in enumerate(["HELLO WORLD", "A COOL DOG'S BONE", "GOOD MORNING TO YOU"]):
+        sf.write(ch / f"19-198-{i:04d}.flac", tone(1.0 + i * 0.2, f=300 + 100 * i), 16000)
+        lines.append(f"19-198-{i:04d} {text}")
+    sf.write(ch / "19-198-0003.flac", tone(1.0), 8000)  # wrong sample rate
+    lines.append("19-198-0003 EIGHT KILOHERTZ")
+    (ch / "19-198-0004.flac").write_bytes(b"fLaC" + bytes(range(256)) * 4)  # corrupt
+    lines.append("19-198-0004 CORRUPT FILE")
+    sf.write(ch / "19-198-0005.flac", tone(2.0), 16000)
+    data = (ch / "19-198-0005.flac").read_bytes()
+    (ch / "19-198-0005.flac").write_bytes(data[: len(data) // 3])  # truncated
+    lines.append("19-198-0005 TRUNCATED FILE")
+    lines.append("19-198-0006 NO AUDIO FOR THIS LINE")  # transcript without audio
+    sf.write(ch / "19-198-0007.flac", tone(1.0), 16000)  # audio without transcript
+    sf.write(ch / "19-198-0008.flac", tone(1.0), 16000)
+    lines.append("19-198-0008 ROOM 101 IS OPEN")  # characters outside the alphabet
+    sf.write(ch / "19-198-0009.flac", tone(1.0), 16000)
+    lines.append("19-198-0009 ")  # empty transcript
+    sf.write(ch / "19-198-0010.flac", tone(0.05), 16000)
+    lines.append("19-198-0010 TOO SHORT")  # 6 frames < 11
+    sf.write(ch / "19-198-0011.flac", tone(17.0), 16000)
+    lines.append("19-198-0011 TOO LONG")  # > 16.7 s
+    lines.append("garbage line without id")
+    (ch / "19-198.trans.txt").write_text("\n".join(lines) + "\n")
+    return tmp_path

@@ -1,0 +1,81 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from speechperf.errors import SpeechperfError
+from speechperf.features.config import FeatureConfig
+from speechperf.features.prepare import prepare
+from speechperf.features.shards import ShardError, load_index, read_shard, write_shard
+
+
+def test_shard_round_trip_and_checksum(tmp_path):
+    feats = [np.random.default_rng(i).standard_normal((20 + i, 93)).astype(np.float32) * 30 for i in range(3)]
+    sha = write_shard(tmp_path / "s.npz", feats, ["a", "b", "c"], ["x", "y y", "z"], [0.2, 0.21, 0.22])
+    got = read_shard(tmp_path / "s.npz", sha)
+    assert list(got) == ["a", "b", "c"] and got["b"][1] == "y y"
+    for f, key in zip(feats, "abc"):
+        assert np.allclose(got[key][0], f, rtol=1e-3, atol=0.05)  # float16 storage
+    data = (tmp_path / "s.npz").read_bytes()
+    (tmp_path / "s.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ShardError, match="checksum"):
+        read_shard(tmp_path / "s.npz", sha)
+    with pytest.raises(ShardError, match="cannot be read"):
+        read_shard(tmp_path / "s.npz")
+
+
+def test_prepare_reports_every_bad_file_and_keeps_the_rest(bad_corpus, tmp_path):
+    out = tmp_path / "feats"
+    (row,) = prepare(bad_corpus, out, workers=1, progress=False)["splits"]
+    assert row["kept"] == 3
+    index = load_index(out / "train-clean")
+    kinds = {p["kind"]: p["path"] for p in index["problems"]}
+    expected = {"sample_rate": "0003", "unreadable_audio": None, "too_short": "0010", "too_long": "0011",
+                "missing_audio": None, "missing_transcript": "0007", "alphabet": "0008", "empty_transcript": "0009",
+                "malformed_line": None}
+    assert set(kinds) == set(expected)
+    for kind, uid in expected.items():
+        if uid:
+            assert kinds[kind].endswith(f"19-198-{uid}.flac"), kind
+    assert {p["path"][-9:-5] for p in index["problems"] if p["kind"] == "unreadable_audio"} == {"0004", "0005"}
+    summary = json.loads((out / "prepare.json").read_text())
+    assert summary["splits"][0]["kept"] == 3
+    stats = json.loads((out / "stats.json").read_text())
+    assert len(stats["mean"]) == 93 and min(stats["std"]) > 0
+    rec = index["utterances"][1]
+    assert rec["transcript"] == "a cool dog's bone" and rec["frames"] == 1 + int(1.2 * 16000) // 160
+
+
+def test_rerun_is_noop_and_config_mismatch_is_refused(bad_corpus, tmp_path):
+    out = tmp_path / "feats"
+    prepare(bad_corpus, out, workers=1, progress=False)
+    mtime = (out / "train-clean" / "index.json").stat().st_mtime_ns
+    prepare(bad_corpus, out, workers=1, progress=False)
+    assert (out / "train-clean" / "index.json").stat().st_mtime_ns == mtime
+    with pytest.raises(SpeechperfError, match="another FeatureConfig"):
+        prepare(bad_corpus, out, workers=1, progress=False, config=FeatureConfig(n_mels=40))
+
+
+def test_killed_prepare_resumes_to_the_same_result(tiny_corpus, tiny_features, tmp_path):
+    out = tmp_path / "feats"
+    p = subprocess.Popen([sys.executable, "-m", "speechperf", "prepare", str(tiny_corpus), str(out), "--workers", "1",
+                          "--splits", "train-clean"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((out / "train-clean").glob("shard-*.json")):
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not (out / "train-clean" / "index.json").exists()
+    done = {f.name: f.stat().st_mtime_ns for f in (out / "train-clean").glob("shard-*.json")}
+    assert done
+    prepare(tiny_corpus, out, splits=["train-clean"], workers=1, progress=False)
+    for name, mtime in done.items():  # finished shards were kept, not redone
+        assert (out / "train-clean" / name).stat().st_mtime_ns == mtime
+    a = load_index(out / "train-clean")
+    b = load_index(tiny_features / "train-clean")
+    assert a["utterances"] == b["utterances"] and a["shards"] == b["shards"]
