@@ -70,3 +70,52 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
         "eval_s": time.perf_counter() - start,
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
     }
+
+
+BEAM_SWEEP_SCHEMA = """
+CREATE TABLE IF NOT EXISTS beam_sweep (
+    run_id TEXT, split TEXT, decoder TEXT, beam INTEGER,
+    eval_s REAL, wer REAL, cer REAL, cer_paper REAL, n_utts INTEGER, device TEXT,
+    PRIMARY KEY (run_id, split, decoder, beam)
+);
+"""
+
+
+def _load_run_model(run: Path):
+    from speechperf.config import RunConfig
+    from speechperf.models import build_model
+    from speechperf.train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(run)
+    cfg = RunConfig.from_dict(ckpt["config"])
+    model = build_model(cfg.model)
+    model.load_state_dict(ckpt["model"])
+    return model, cfg, Path(ckpt["data"]), ckpt["run_id"]
+
+
+def evaluate_run(run: Path, split: str = "dev-clean", decoder: str = "wordbeam", beam: int = 256,
+                 workers: int = 0) -> dict:
+    """``speechperf eval``: the run's latest checkpoint on ``split``; one row."""
+    model, cfg, feats, _ = _load_run_model(Path(run))
+    r = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=beam, workers=workers)
+    return {k: v for k, v in r.items() if k != "pairs"}
+
+
+def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: str = "wordbeam",
+               workers: int = 0) -> list[dict]:
+    """Table 3 form: evaluation seconds, WER and CER per beam width; rows also go to the DB."""
+    from speechperf.metrics.tta import read_run_info
+    from speechperf.results import ResultsDB
+
+    model, cfg, feats, run_id = _load_run_model(Path(run))
+    rows = []
+    with ResultsDB(read_run_info(Path(run))["db"]) as db:
+        db.ensure_schema(BEAM_SWEEP_SCHEMA)
+        for width in widths:
+            r = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=width,
+                         workers=workers)
+            row = {"run_id": run_id, "split": split, "decoder": decoder, "beam": r["beam"], "eval_s": r["eval_s"],
+                   "wer": r["wer"], "cer": r["cer"], "cer_paper": r["cer_paper"], "n_utts": r["n_utts"], "device": "cpu"}
+            db.upsert("beam_sweep", row)
+            rows.append(row)
+    return rows
