@@ -48,7 +48,7 @@ def cmd_train(a) -> int:
     result = train(
         preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
         overrides=a.overrides, resume=Path(a.resume) if a.resume else None,
-        db_path=Path(a.db) if a.db else None, quiet=a.json,
+        db_path=Path(a.db) if a.db else None, quiet=a.json, platform=a.platform,
     )
     emit([result], a.json)
     return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data", help="prepared features folder")
     sp.add_argument("--out", help="run folder")
     sp.add_argument("--resume", help="run folder to continue")
+    sp.add_argument("--platform", help="platform profile whose loader values apply (sys1, sys2, sys10)")
     sp.add_argument("--db", help="results database (default: results.db beside the run folder)")
     sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
 

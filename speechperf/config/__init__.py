@@ -17,6 +17,7 @@ from speechperf.models.config import ModelConfig
 from speechperf.train.config import TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
+PLATFORM_DIR = Path(__file__).with_name("platforms")
 SECTIONS = {"model": ModelConfig, "loader": LoaderConfig, "train": TrainConfig}
 
 
@@ -48,8 +49,26 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
-def load_preset(name: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Preset ``name`` (or a path to a TOML file) with ``key=value`` overrides applied."""
+def platform_names() -> list[str]:
+    return sorted(p.stem for p in PLATFORM_DIR.glob("*.toml"))
+
+
+def load_platform(name: str) -> dict:
+    """A platform profile: its ``[platform]`` facts (devices, prices) and ``[loader]`` values."""
+    path = Path(name) if name.endswith(".toml") else PLATFORM_DIR / f"{name}.toml"
+    if not path.exists():
+        raise ConfigError(f"unknown platform {name!r}; known: {', '.join(platform_names())}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    if set(data) - {"platform", "loader"}:
+        raise ConfigError(f"{path}: only [platform] and [loader] sections are allowed")
+    return data
+
+
+def load_preset(name: str, overrides: list[str] | tuple[str, ...] = (), platform: str | None = None) -> RunConfig:
+    """Preset ``name`` (or a TOML path), then a platform's loader values, then ``key=value`` overrides."""
     path = Path(name) if name.endswith(".toml") else PRESET_DIR / f"{name}.toml"
     if not path.exists():
         raise ConfigError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
@@ -60,6 +79,8 @@ def load_preset(name: str, overrides: list[str] | tuple[str, ...] = ()) -> RunCo
     unknown = set(data) - set(SECTIONS)
     if unknown:
         raise ConfigError(f"{path}: unknown sections {sorted(unknown)}")
+    if platform:
+        data.setdefault("loader", {}).update(load_platform(platform).get("loader", {}))
     for item in overrides:
         _apply_override(data, item)
     cfg = RunConfig.from_dict({"preset": path.stem, **data})

@@ -68,7 +68,8 @@ class Clock:
 
 
 def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None, overrides=(),
-          resume: Path | None = None, db_path: Path | None = None, quiet: bool = False) -> dict:
+          resume: Path | None = None, db_path: Path | None = None, quiet: bool = False,
+          platform: str | None = None) -> dict:
     """Train (or resume) a run; returns its summary row."""
     # ---- configuration and run folder -------------------------------------------------
     rank, world, local_rank = _dist_env()
@@ -80,7 +81,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     else:
         if data is None or out is None:
             raise ConfigError("train needs --data FEATS and --out RUN (or --resume RUN)")
-        ckpt, cfg = None, load_preset(preset, overrides)
+        ckpt, cfg = None, load_preset(preset, overrides, platform)
         out, data = Path(out), Path(data)
         if (out / "run.json").exists():
             raise SpeechperfError(f"{out} already holds a run; continue it with --resume {out} or choose another --out")
@@ -125,7 +126,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         db = ResultsDB(db_path)
         events = EventLog(out / "events.log", run_id)
         if ckpt is None:
-            _write_run_files(out, run_id, cfg, data, db_path, device, world)
+            _write_run_files(out, run_id, cfg, data, db_path, device, world, platform)
             _db_register(db, run_id, cfg, out, device, world, started=time.time() - clock.now())
             _log_run_start(events, cfg, world, len(train_splits))
         else:
@@ -342,12 +343,13 @@ def _truncate_logs(out: Path, sizes: dict) -> None:
                 f.truncate(size)
 
 
-def _write_run_files(out, run_id, cfg, data, db_path, device, world) -> None:
+def _write_run_files(out, run_id, cfg, data, db_path, device, world, platform) -> None:
     from speechperf.telemetry.environment import capture_env
 
     atomic_write_text(out / "run.json", json.dumps({"run_id": run_id, "db": str(db_path.resolve()), "data": str(data)}))
     atomic_write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=1))
-    atomic_write_text(out / "env.json", json.dumps({**capture_env(str(device)), "world_size": world}, indent=1, default=str))
+    env = {**capture_env(str(device)), "world_size": world, "platform": platform}
+    atomic_write_text(out / "env.json", json.dumps(env, indent=1, default=str))
 
 
 def _db_register(db, run_id, cfg, out, device, world, started) -> None:
