@@ -1,0 +1,114 @@
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+from speechperf.telemetry.environment import capture_env
+from speechperf.telemetry.sampler import Sampler, SamplerConfig
+
+
+def burn(seconds):
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+
+
+def test_cpu_utilization_of_this_process_rises_under_load():
+    s = Sampler(config=SamplerConfig(gpus=False, rapl=False))
+    with s:
+        time.sleep(0.5)
+        idle = [x.value for x in s.samples if x.metric == "util_pct"]
+        t = threading.Thread(target=burn, args=(1.0,))
+        t.start()
+        t.join()
+    busy = [x.value for x in s.samples if x.metric == "util_pct"][len(idle):]
+    assert len(idle) >= 5 and len(busy) >= 10  # ~0.03 s period
+    assert sorted(busy)[len(busy) // 2] > 60 > sorted(idle)[len(idle) // 2]
+    summary = s.summary()
+    assert 0 < summary["cpu_util_mean"] < 250
+    assert summary["sampler_cpu_s"] < 0.5  # its own cost over ~1.5 s
+
+
+class FakeNVML:
+    """Two GPUs; gpu0 has the instant power field and the energy counter, gpu1 neither."""
+
+    NVML_FI_DEV_POWER_INSTANT = 186
+
+    def __init__(self):
+        self.energy = [1000.0, None]
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=50 + 10 * h)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=2**30)
+
+    def nvmlDeviceGetFieldValues(self, h, fields):
+        if h == 1:
+            return [SimpleNamespace(nvmlReturn=3, value=None)]  # not supported
+        return [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=150_000))]
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 90_000  # mW, averaged
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        if self.energy[h] is None:
+            raise RuntimeError("NVMLError_NotSupported")
+        self.energy[h] += 7.5  # mJ per call
+        return self.energy[h]
+
+
+def test_nvml_path_against_a_fake_driver():
+    s = Sampler(config=SamplerConfig(rapl=False, gpu_interval=0.01), nvml=FakeNVML())
+    with s:
+        time.sleep(0.3)
+    by = {(x.source, x.metric) for x in s.samples}
+    assert {("gpu0", "util_pct"), ("gpu0", "power_w"), ("gpu0", "energy_j"), ("gpu1", "power_avg_w")} <= by
+    assert ("gpu1", "energy_j") not in by and ("gpu1", "power_w") not in by
+    summary = s.summary()
+    assert summary["power_w"]["gpu0"] == 150.0 and summary["power_w"]["gpu1"] == 90.0
+    assert summary["energy_method"] == {"gpu0": "counter", "gpu1": "integrated-power"}
+    assert summary["energy_j"]["gpu0"] > 0 and summary["energy_j"]["gpu1"] > 0
+    assert "gpu1:energy" in summary["unavailable"]
+
+
+def test_no_nvml_and_unreadable_rapl_are_recorded(tmp_path):
+    zone = tmp_path / "intel-rapl:0"
+    zone.mkdir()
+    (zone / "energy_uj").write_text("not a number")
+    s = Sampler(config=SamplerConfig(), nvml=SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(OSError("no driver"))),
+                rapl_root=tmp_path)
+    with s:
+        time.sleep(0.05)
+    un = s.summary()["unavailable"]
+    assert "no driver" in un["gpu"] and "rapl:intel-rapl:0" in un
+    assert Sampler(config=SamplerConfig(gpus=False), rapl_root=tmp_path / "none").unavailable["rapl"].startswith("no RAPL")
+
+
+def test_rapl_counter_with_wraparound(tmp_path):
+    zone = tmp_path / "intel-rapl:0"
+    zone.mkdir()
+    (zone / "energy_uj").write_text("999000000")
+    (zone / "max_energy_range_uj").write_text("1000000000")
+    s = Sampler(config=SamplerConfig(gpus=False), rapl_root=tmp_path).start()
+    (zone / "energy_uj").write_text("2000000")  # wrapped: 1 J before the top + 2 J after
+    s.stop()
+    summary = s.summary()
+    assert summary["energy_j"]["rapl:intel-rapl:0"] == 3.0
+    assert summary["energy_method"]["rapl:intel-rapl:0"] == "counter"
+
+
+def test_environment_is_recorded():
+    env = capture_env("cpu")
+    json.dumps(env)
+    assert env["cpu_cores_logical"] >= 1 and env["libraries"]["torch"] and env["gpus"] == []
