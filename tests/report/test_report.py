@@ -1,0 +1,60 @@
+"""The report from a recorded run: files, honest gaps, escaping, and a real browser."""
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from speechperf.report.html import build_report
+from speechperf.train.loop import train
+
+HOSTILE = "<b>bold</b> <script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tiny_features, tmp_path_factory):
+    run = tmp_path_factory.mktemp("runs") / "run"
+    train(preset="tiny", data=tiny_features, out=run, overrides=["max_epochs=2", "threads=1"], quiet=True)
+    with open(run / "sentences.jsonl", "a") as f:
+        f.write(json.dumps({"iteration": 999, "epoch": 2, "loss": 1.0, "pairs": [{"ref": HOSTILE, "hyp": "x"}]}) + "\n")
+    return run
+
+
+def test_report_files_and_gaps(recorded_run, tmp_path):
+    index = build_report([recorded_run, recorded_run], tmp_path / "rep")
+    page = index.read_text()
+    for name in ("fig7.png", "fig8.png", "fig9.png", "tta.csv", "final.csv", "runs.csv"):
+        assert (tmp_path / "rep" / name).stat().st_size > 0, name
+    assert "Time to accuracy" in page and "Final evaluation" in page
+    assert "(no GPU in this run)" not in page or "utilization" in page
+    assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    if not list((tmp_path / "rep").glob("energy.csv")):
+        assert "Not measured: no energy counter" in page
+
+
+CHECK = """<script>window.addEventListener('load', () => {
+  const imgs = [...document.images].map(i => i.complete && i.naturalWidth > 0);
+  const tables = [...document.querySelectorAll('table')].map(t => t.rows.length);
+  const cells = [...document.querySelectorAll('td')].map(td => td.textContent);
+  document.body.setAttribute('data-check', JSON.stringify({imgs, tables, hostile: cells.includes(%s),
+    injected: document.querySelectorAll('td b, td script').length}));
+});</script>"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium not installed (scripts/test.sh installs it)")
+def test_report_in_headless_chromium(recorded_run, tmp_path):
+    out = tmp_path / "rep"
+    index = build_report([recorded_run], out)
+    probe = out / "probe.html"  # the report plus a checking script; the report itself is untouched
+    probe.write_text(index.read_text().replace("</body>", CHECK % json.dumps(HOSTILE).replace("</", "<\\/") + "</body>"))
+    p = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={tmp_path / 'ud'}",
+                        "--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    m = re.search(r'data-check="([^"]*)"', p.stdout)
+    assert m, p.stdout[-2000:] + p.stderr[-2000:]
+    check = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
+    assert len(check["imgs"]) == 3 and all(check["imgs"]), check
+    assert len(check["tables"]) >= 3 and all(n >= 2 for n in check["tables"]), check
+    assert check["hostile"] and check["injected"] == 0
