@@ -16,6 +16,7 @@ from pathlib import Path
 from speechperf.atomic import atomic_write_text
 from speechperf.metrics.tta import read_run_info, tta_minutes
 from speechperf.report import figures
+from speechperf.report.aggregate import price_rows, repeated_rows
 from speechperf.results import ResultsDB
 from speechperf.tables import _fmt
 
@@ -89,6 +90,8 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None) -> Pa
            "seed": r["row"].get("seed"), "cpu": r["env"].get("cpu_model"), "cores": r["env"].get("cpu_cores_logical"),
            "gpus": ", ".join(g["name"] for g in r["env"].get("gpus", [])) or "none",
            "torch": r["env"].get("libraries", {}).get("torch")} for r in data]),
+        ("Price/performance (Table 1 prices; TTA to CER 10)", "price.csv", price_rows(data)),
+        ("Repeated runs (seeds), MLPerf aggregation", "repeated.csv", repeated_rows(data)),
         ("Energy (counters)", "energy.csv", energy_rows(data)),
     ]
     for title, name, rows in tables:
@@ -97,7 +100,8 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None) -> Pa
             _write_csv(out / name, rows)
             parts.append(_html_table(rows) + f'<p><a href="{name}">{name}</a></p>')
         else:
-            what = "no energy counter (RAPL or NVML) was readable in these runs" if name == "energy.csv" else "no rows"
+            what = {"energy.csv": "no energy counter (RAPL or NVML) was readable in these runs",
+                    "repeated.csv": "no configuration was run with more than one seed"}.get(name, "no rows")
             parts.append(f"<p class=na>Not measured: {what}.</p>")
     parts.append("<h2>Sentences generated during training (greedy, last three)</h2>")
     pairs = [(r["label"], s["iteration"], p) for r in data for s in r["sentences"] for p in s["pairs"][:1]]

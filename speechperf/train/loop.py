@@ -30,6 +30,7 @@ from speechperf.data import alphabet
 from speechperf.errors import SpeechperfError
 from speechperf.models import build_model
 from speechperf.results import ResultsDB, default_db_path
+from speechperf.telemetry.status import StatusLine
 from speechperf.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from speechperf.train.evaluate import autocast, evaluate
 from speechperf.train.events import C, EventLog
@@ -153,6 +154,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     from speechperf.data.loader import make_loader
 
     rows: list[dict] = []
+    status_line = StatusLine() if lead and not quiet else None
     model.train()
     try:
         while prog.status is None and prog.epoch <= tc.max_epochs:
@@ -170,8 +172,13 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
                 prog.start_batch += 1
                 if lead:
                     rows.append(_iteration_row(run_id, prog, clock.now(), loss, batch, batch_s))
+                    if status_line:
+                        status_line.update(prog.epoch, prog.iteration, loss, rows[-1]["utts_per_s"],
+                                           prog.evals[-1][2] if prog.evals else None, clock.now())
                 # -- generating sentences
                 if lead and prog.iteration % tc.sentence_every == 0:
+                    if status_line:
+                        status_line.clear()
                     _log_sentences(out, prog, batch, log_probs, out_lens, loss, quiet)
                 # -- saving checkpoint
                 if prog.iteration % tc.checkpoint_every == 0:
@@ -182,6 +189,8 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             else:
                 # -- evaluating (the model stays resident; its seconds are recorded apart)
                 if lead:
+                    if status_line:
+                        status_line.clear()
                     events.end(C.EPOCH_STOP, epoch_num=prog.epoch)
                     prog.status = _epoch_eval(core, data, cfg, device, prog, clock, db, events, run_id, quiet)
                 prog.status = _broadcast(prog.status, world)

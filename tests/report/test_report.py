@@ -58,3 +58,23 @@ def test_report_in_headless_chromium(recorded_run, tmp_path):
     assert len(check["imgs"]) == 3 and all(check["imgs"]), check
     assert len(check["tables"]) >= 3 and all(n >= 2 for n in check["tables"]), check
     assert check["hostile"] and check["injected"] == 0
+
+
+def test_mlperf_aggregation_and_prices():
+    from speechperf.report.aggregate import price_rows, repeated_rows
+
+    def run(seed, cers, platform=None):
+        evals = [{"clock_s": 60.0 * (i + 1), "cer": c, "wer": 2 * c} for i, c in enumerate(cers)]
+        return {"label": f"s{seed}", "config": {"preset": "cpu", "train": {"seed": seed}}, "row": {"seed": seed},
+                "evals": evals, "env": {"platform": platform}, "samples": []}
+
+    runs = [run(1, [9, 9, 9]), run(2, [20, 9, 9, 9]), run(3, [20, 20, 9, 9, 9]), run(4, [20, 20, 20, 9, 9, 9]),
+            run(5, [20, 20])]
+    (row,) = repeated_rows(runs)
+    # median of the last 3 epochs first <= 10 at minutes 3, 3, 4, 5 and one NA:
+    # drop one 3 and the 5, mean of 3 and 4
+    assert (row["runs"], row["never reached"], row["MLPerf mean TTA min"], row["median TTA min"]) == (5, 1, 3.5, 3.5)
+    rows = price_rows([run(1, [9, 9, 9], platform="sys1")])
+    assert rows[0]["TTA x price ($ min)"] == pytest.approx(3 * 2605.29)
+    paper = {r["platform"]: r for r in rows[1:]}
+    assert paper["Sys10$"]["TTA x price ($ min)"] == pytest.approx(511 * 25999.0)

@@ -1,0 +1,30 @@
+"""A live one-line training status on a terminal (nothing when output is not a TTY)."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+class StatusLine:
+    """Rewrites one line at most ``every`` seconds: epoch, iteration, loss, throughput, CER, clock."""
+
+    def __init__(self, stream=None, every: float = 0.5):
+        self.stream = stream or sys.stdout
+        self.enabled = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.every, self.last = every, 0.0
+
+    def update(self, epoch: int, iteration: int, loss: float, utts_per_s: float, cer: float | None, clock_s: float) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.last < self.every:
+            return
+        self.last = now
+        cer_txt = f"{cer:.2f}" if cer is not None else "-"
+        self.stream.write(f"\repoch {epoch} it {iteration} loss {loss:8.3f} {utts_per_s:6.1f} utt/s "
+                          f"CER {cer_txt} TTA clock {clock_s / 60:6.2f} min ")
+        self.stream.flush()
+
+    def clear(self) -> None:
+        """End the status line before other output."""
+        if self.enabled and self.last:
+            self.stream.write("\n")
+            self.last = 0.0
