@@ -33,12 +33,15 @@ def load_run(run: Path, db_path: Path | None) -> dict:
         evals = db.query("SELECT * FROM evals WHERE run_id = ? AND final = 0 AND split = ? ORDER BY epoch", [rid, split])
         finals = db.query("SELECT * FROM evals WHERE run_id = ? AND final = 1 ORDER BY split", [rid])
         samples = db.query("SELECT t, source, metric, value FROM samples WHERE run_id = ?", [rid])
+        has_sweep = db.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'beam_sweep'")
+        sweep = db.query("SELECT * FROM beam_sweep WHERE run_id = ? ORDER BY decoder, beam", [rid]) if has_sweep else []
     env = json.loads(row[0]["env_json"]) if row and row[0]["env_json"] else {}
     sentences = []
     if (run / "sentences.jsonl").exists():
         sentences = [json.loads(line) for line in (run / "sentences.jsonl").read_text().splitlines()[-3:]]
     return {"run": str(run), "run_id": rid, "label": run.name, "row": row[0] if row else {}, "config": cfg, "env": env,
-            "iterations": its, "evals": evals, "finals": finals, "samples": samples, "sentences": sentences}
+            "iterations": its, "evals": evals, "finals": finals, "samples": samples, "sentences": sentences,
+            "sweep": sweep}
 
 
 def tta_rows(runs: list[dict]) -> list[dict]:
@@ -82,6 +85,9 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None) -> Pa
                                             else f"<p class=na>Not shown: {html.escape(why)}.</p>"))
     tables = [
         ("Time to accuracy (Table 4/6)", "tta.csv", tta_rows(data)),
+        ("Beam width vs evaluation time and accuracy (Table 3; speechperf beam-sweep)", "beam_sweep.csv",
+         [{"run": r["label"], "split": w["split"], "decoder": w["decoder"], "beam": w["beam"], "eval s": w["eval_s"],
+           "WER %": w["wer"], "CER %": w["cer"], "utterances": w["n_utts"]} for r in data for w in r["sweep"]]),
         ("Final evaluation (Table 5)", "final.csv",
          [{"run": r["label"], "split": f["split"], "decoder": f["decoder"], "beam": f["beam"], "WER %": f["wer"],
            "CER %": f["cer"], "CER paper %": f["cer_paper"], "utterances": f["n_utts"]} for r in data for f in r["finals"]]),
@@ -101,7 +107,8 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None) -> Pa
             parts.append(_html_table(rows) + f'<p><a href="{name}">{name}</a></p>')
         else:
             what = {"energy.csv": "no energy counter (RAPL or NVML) was readable in these runs",
-                    "repeated.csv": "no configuration was run with more than one seed"}.get(name, "no rows")
+                    "repeated.csv": "no configuration was run with more than one seed",
+                    "beam_sweep.csv": "no beam sweep was run (speechperf beam-sweep RUN)"}.get(name, "no rows")
             parts.append(f"<p class=na>Not measured: {what}.</p>")
     parts.append("<h2>Sentences generated during training (greedy, last three)</h2>")
     pairs = [(r["label"], s["iteration"], p) for r in data for s in r["sentences"] for p in s["pairs"][:1]]
