@@ -1,0 +1,214 @@
+"""``speechperf bench ops``: achieved FLOPS of single operators against the device's peak.
+
+Operators (SPEC E): matmul N x N for N = 2048, 4096, 8192; the three conv2d workloads of
+paper 002; and the GEMMs of the DS2 LSTM at the paper's per-GPU batch sizes (24, 60, 150):
+the input projection of all 830 frames at once and one recurrent step. Timing: a warm-up,
+then ``iters`` calls each timed alone with the device synchronized, the middle third (in
+time order: the paper's middle 100 of 300) averaged; median and spread of all calls too.
+On a GPU the default is 300 calls; on a CPU the count adapts so that one op takes about
+``cpu_seconds`` (at least 6 calls). A dtype the device cannot run, or an allocation that
+fails, gives a row that says why, and the sweep goes on.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from speechperf.bench.peaks import Peak, cpu_peak, gpu_peak
+from speechperf.errors import SpeechperfError
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+LSTM_FRAMES = 830  # output frames of a 1670-frame utterance after the stride-2 conv
+PAPER_BATCHES = (24, 60, 150)  # per GPU on Sys1$, Sys2$, Sys10$
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str  # e.g. "matmul", "conv2d", "lstm_input"
+    shape: str  # human-readable workload
+    flops: float  # by formula
+    make: Callable[[torch.device, torch.dtype], Callable[[], torch.Tensor]]  # builds inputs, returns the call
+
+
+def matmul_op(m: int, k: int, n: int, name: str = "matmul") -> Op:
+    def make(dev, dt):
+        a, b = torch.randn(m, k, device=dev, dtype=dt), torch.randn(k, n, device=dev, dtype=dt)
+        return lambda: a @ b
+    return Op(name, f"{m}x{k} @ {k}x{n}", 2.0 * m * n * k, make)
+
+
+def conv_out(size: int, kernel: int, stride: int, pad: int) -> int:
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def conv_op(n: int, hw: int, c: int, r: int, k: int, stride: int) -> Op:
+    """F(n, hw, hw, c) K(r, r, c, k) S(stride): 2 N K C R S P Q FLOPs, 'same'-style padding."""
+    pad = r // 2
+    p = conv_out(hw, r, stride, pad)
+
+    def make(dev, dt):
+        x = torch.randn(n, c, hw, hw, device=dev, dtype=dt)
+        w = torch.randn(k, c, r, r, device=dev, dtype=dt)
+        return lambda: F.conv2d(x, w, stride=stride, padding=pad)
+    return Op("conv2d", f"F({n},{hw},{hw},{c}) K({r},{r},{c},{k}) S({stride},{stride})", 2.0 * n * k * c * r * r * p * p, make)
+
+
+def default_ops(quick: bool = False) -> list[Op]:
+    if quick:  # smoke test: seconds on any CPU
+        return [matmul_op(256, 256, 256), conv_op(2, 32, 3, 3, 8, 1), matmul_op(24, 800, 3200, "lstm_recurrent")]
+    ops = [matmul_op(n, n, n) for n in (2048, 4096, 8192)]
+    ops += [conv_op(256, 224, 3, 7, 64, 2), conv_op(128, 112, 64, 3, 128, 1), conv_op(256, 56, 128, 3, 256, 1)]
+    for b in PAPER_BATCHES:
+        ops.append(matmul_op(b * LSTM_FRAMES, 800, 4 * 800, "lstm_input"))
+        ops.append(matmul_op(b, 800, 4 * 800, "lstm_recurrent"))
+    return ops
+
+
+def middle_third(times: list[float]) -> float:
+    """Mean of the middle third of the calls in time order (the paper: middle 100 of 300)."""
+    if not times:
+        raise SpeechperfError("no timings to aggregate")
+    n = len(times)
+    lo, hi = n // 3, n - n // 3
+    mid = times[lo:hi] or times
+    return sum(mid) / len(mid)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def time_call(call, dev: torch.device, iters: int | None, cpu_seconds: float) -> list[float]:
+    _sync(dev)
+    t = time.perf_counter()
+    call()  # warm-up (allocations, kernel selection)
+    _sync(dev)
+    first = time.perf_counter() - t
+    if iters is None:
+        iters = 300 if dev.type == "cuda" else max(6, min(300, int(cpu_seconds / max(first, 1e-6))))
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        call()
+        _sync(dev)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def device_peak(dev: torch.device, dtype: str, threads: int) -> Peak:
+    if dev.type == "cuda":
+        return gpu_peak(torch.cuda.get_device_name(dev), dtype)
+    import psutil
+
+    freq = psutil.cpu_freq()
+    ghz = (freq.max or freq.current) / 1000.0 if freq else 0.0
+    return cpu_peak(threads, ghz, dtype=dtype)
+
+
+def unsupported(dev: torch.device, dtype: str) -> str | None:
+    """Why ``dtype`` cannot run on ``dev`` (None: it can)."""
+    if dtype not in DTYPES:
+        return f"unknown dtype {dtype!r} (one of {', '.join(DTYPES)})"
+    if dtype == "tf32" and dev.type != "cuda":
+        return "tf32 is a CUDA tensor-core mode; not available on CPU"
+    try:
+        a = torch.ones(4, 4, device=dev, dtype=DTYPES[dtype])
+        (a @ a).sum().item()
+    except (RuntimeError, TypeError) as e:
+        return f"{dtype} matmul not supported on {dev}: {e}"
+    return None
+
+
+def _row(dev, dtype, threads, op, peak, times=None, status="ok") -> dict:
+    row = {"device": str(dev), "dtype": dtype, "accumulate": "fp32", "threads": threads, "op": op.name, "shape": op.shape,
+           "gflop": op.flops / 1e9, "iters": len(times) if times else 0, "ms_mid": None, "ms_median": None,
+           "spread_pct": None, "tflops": None, "pct_peak": None, "peak_tflops": peak.tflops, "peak_source": peak.source,
+           "torch": torch.__version__, "status": status}
+    if times:
+        mid = middle_third(times)
+        row.update(ms_mid=1000 * mid, ms_median=1000 * statistics.median(times),
+                   spread_pct=100 * (max(times) - min(times)) / statistics.median(times), tflops=op.flops / mid / 1e12)
+        if peak.tflops:
+            row["pct_peak"] = 100 * row["tflops"] / peak.tflops
+    return row
+
+
+def run_op(op: Op, dev: torch.device, dtype: str, iters: int | None, cpu_seconds: float) -> list[float]:
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+    return time_call(op.make(dev, DTYPES[dtype]), dev, iters, cpu_seconds)
+
+
+def sweep(dev: torch.device, dtypes, threads_list, ops, iters, cpu_seconds) -> list[dict]:
+    rows = []
+    for threads in threads_list:
+        if dev.type == "cpu":
+            torch.set_num_threads(threads)
+        for dtype in dtypes:
+            peak = device_peak(dev, dtype, threads)
+            why = unsupported(dev, dtype)
+            for op in ops:
+                if why:
+                    rows.append(_row(dev, dtype, threads, op, peak, status=f"skipped: {why}"))
+                    continue
+                try:
+                    rows.append(_row(dev, dtype, threads, op, peak, run_op(op, dev, dtype, iters, cpu_seconds)))
+                except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+                    rows.append(_row(dev, dtype, threads, op, peak, status=f"out of memory: {str(e)[:80]}"))
+                except RuntimeError as e:
+                    status = "out of memory" if "out of memory" in str(e).lower() else "failed"
+                    rows.append(_row(dev, dtype, threads, op, peak, status=f"{status}: {str(e)[:80]}"))
+                finally:
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+    return rows
+
+
+def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | None = None, db_path=None,
+            quick: bool = False, cpu_seconds: float = 3.0) -> list[dict]:
+    """The whole sweep; rows also go to the results DB when ``db_path`` is given."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise SpeechperfError(f"unknown device {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpeechperfError(f"device {device!r} requested but no CUDA device is available")
+    if dev.type not in ("cpu", "cuda"):
+        raise SpeechperfError(f"device {device!r} is not supported (cpu or cuda:N)")
+    if threads is None:
+        threads = sorted({1, torch.get_num_threads()}) if dev.type == "cpu" else [torch.get_num_threads()]
+    saved = torch.get_num_threads()
+    try:
+        rows = sweep(dev, list(dtypes), threads, default_ops(quick), iters, cpu_seconds)
+    finally:
+        torch.set_num_threads(saved)
+    if db_path:
+        _store(rows, db_path)
+    return rows
+
+
+OPS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS bench_ops (
+    at REAL, device TEXT, dtype TEXT, accumulate TEXT, threads INTEGER, op TEXT, shape TEXT, gflop REAL,
+    iters INTEGER, ms_mid REAL, ms_median REAL, spread_pct REAL, tflops REAL, pct_peak REAL,
+    peak_tflops REAL, peak_source TEXT, torch TEXT, status TEXT, env_json TEXT
+);
+"""
+
+
+def _store(rows: list[dict], db_path) -> None:
+    from speechperf.results import ResultsDB
+    from speechperf.telemetry.environment import capture_env
+
+    env = capture_env(rows[0]["device"] if rows else "cpu")
+    now = time.time()
+    with ResultsDB(db_path) as db:
+        db.ensure_schema(OPS_SCHEMA)
+        db.insert_many("bench_ops", [{"at": now, **r, "env_json": json.dumps(env)} for r in rows])

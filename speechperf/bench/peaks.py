@@ -1,0 +1,75 @@
+"""Theoretical peak FLOPS of accelerators (vendor figures) and of this CPU (derived).
+
+GPU entries are dense (no structured sparsity) TFLOPS per precision with their source;
+``tf32``/``fp16``/``bf16`` on tensor cores where the device has them. A CPU's peak is
+cores x clock x FLOPs per cycle of its vector FMA units, labelled "derived": it is an
+upper bound the hardware may never reach (turbo and AVX clocks differ); the ops benchmark
+also reports the best rate it measured, labelled "measured".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# name -> ({dtype: TFLOPS}, source)
+DEVICE_PEAKS: dict[str, tuple[dict[str, float], str]] = {
+    "V100": ({"fp32": 14.13, "fp16": 112.0}, "paper 002 Tables 2-3 (Tesla V100 PCIe; fp16 on Tensor Cores)"),
+    "P100": ({"fp32": 9.526, "fp16": 19.05}, "paper 002 Table 2"),
+    "TITAN X": ({"fp32": 10.97}, "paper 002 Table 2 (Titan X Pascal)"),
+    "Radeon VII": ({"fp32": 13.44, "fp16": 26.88}, "paper 002 Table 2"),
+    "RTX 2070": ({"fp32": 7.46, "fp16": 59.7}, "NVIDIA Turing architecture whitepaper (reference clocks)"),
+    "1080 Ti": ({"fp32": 11.34, "fp16": 0.177}, "NVIDIA GTX 1080 Ti specification (fp16 at 1/64 rate)"),
+    "A100": ({"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}, "NVIDIA A100 datasheet (SXM, dense)"),
+    "H100": ({"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}, "NVIDIA H100 datasheet (SXM, dense)"),
+    "H200": ({"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}, "NVIDIA H200 datasheet (SXM, dense)"),
+}
+
+
+@dataclass(frozen=True)
+class Peak:
+    tflops: float | None  # None: unknown for this device and dtype
+    source: str  # where the figure comes from, or why there is none
+
+
+def gpu_peak(device_name: str, dtype: str) -> Peak:
+    """Look the device up by a substring of its name (e.g. 'Tesla V100-SXM2-16GB')."""
+    for key, (peaks, source) in DEVICE_PEAKS.items():
+        if key.lower() in device_name.lower():
+            if dtype in peaks:
+                return Peak(peaks[dtype], source)
+            return Peak(None, f"{key}: no {dtype} figure in the table")
+    return Peak(None, f"{device_name!r} is not in the peak table")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def flops_per_cycle(flags: set[str], dtype: str = "fp32") -> int:
+    """fp32 FLOPs per cycle per core, assuming two FMA pipes (an FMA is 2 FLOPs per lane)."""
+    if "avx512f" in flags:
+        lanes = 16
+    elif "avx2" in flags and "fma" in flags:
+        lanes = 8
+    elif "avx" in flags:
+        return 16  # 8 lanes, separate add and multiply pipes
+    else:
+        return 8  # SSE: 4 lanes, add + multiply
+    per = 2 * lanes * 2
+    if dtype == "bf16" and "avx512_bf16" in flags:
+        per *= 2  # VDPBF16PS: two bf16 products per fp32 lane
+    return per
+
+
+def cpu_peak(cores: int, ghz: float, flags: set[str] | None = None, dtype: str = "fp32") -> Peak:
+    flags = cpu_flags() if flags is None else flags
+    if dtype in ("tf32",):
+        return Peak(None, "tf32 is a GPU tensor-core mode")
+    fpc = flops_per_cycle(flags, dtype)
+    isa = "AVX-512" if "avx512f" in flags else "AVX2+FMA" if {"avx2", "fma"} <= flags else "AVX" if "avx" in flags else "SSE"
+    return Peak(cores * ghz * fpc / 1000.0, f"derived: {cores} cores x {ghz:.2f} GHz x {fpc} FLOP/cycle ({isa}, 2 FMA pipes)")

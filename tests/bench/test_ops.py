@@ -1,0 +1,73 @@
+import pytest
+import torch
+
+from speechperf.bench import ops
+from speechperf.bench.peaks import cpu_peak, flops_per_cycle, gpu_peak
+from speechperf.errors import SpeechperfError
+
+
+def test_flop_formulas_against_hand_counts():
+    assert ops.matmul_op(2048, 2048, 2048).flops == pytest.approx(1.72e10, rel=0.01)  # SPEC E
+    assert ops.matmul_op(4096, 4096, 4096).flops == pytest.approx(1.37e11, rel=0.01)
+    assert ops.matmul_op(8192, 8192, 8192).flops == pytest.approx(1.10e12, rel=0.01)
+    # F(256,224,224,3) K(7,7,3,64) S(2,2): output 112 x 112 with padding 3
+    c = ops.conv_op(256, 224, 3, 7, 64, 2)
+    assert c.flops == 2 * 256 * 64 * 3 * 7 * 7 * 112 * 112
+    # the formula matches the tensor the op really produces
+    small = ops.conv_op(2, 16, 3, 3, 4, 2)
+    y = small.make(torch.device("cpu"), torch.float32)()
+    assert small.flops == 2 * y.shape[0] * y.shape[1] * 3 * 3 * 3 * y.shape[2] * y.shape[3]
+
+
+def test_middle_third_aggregation():
+    times = [9.0] * 10 + [1.0] * 10 + [5.0] * 10  # warm-up spike, steady state, drift
+    assert ops.middle_third(times) == 1.0
+    assert ops.middle_third([2.0, 4.0]) == 3.0
+    with pytest.raises(SpeechperfError):
+        ops.middle_third([])
+
+
+def test_peak_table_and_cpu_derivation():
+    assert gpu_peak("Tesla V100-PCIE-16GB", "fp32").tflops == 14.13
+    assert gpu_peak("NVIDIA H100 80GB HBM3", "bf16").tflops == 989.4
+    assert gpu_peak("NVIDIA GeForce GTX 1080 Ti", "fp32").tflops == 11.34
+    for name in ("P100", "TITAN X (Pascal)", "Radeon VII", "RTX 2070", "A100-SXM4-40GB", "H200"):
+        assert gpu_peak(name, "fp32").tflops > 0, name
+    assert gpu_peak("Some GPU", "fp32").tflops is None
+    assert gpu_peak("Tesla P100", "bf16").tflops is None
+    assert flops_per_cycle({"avx2", "fma"}) == 32 and flops_per_cycle({"avx512f"}) == 64
+    p = cpu_peak(2, 2.5, {"avx", "avx2", "fma"})
+    assert p.tflops == pytest.approx(2 * 2.5 * 32 / 1000) and p.source.startswith("derived")
+    assert cpu_peak(2, 2.5, set(), "tf32").tflops is None
+
+
+def test_quick_sweep_rows_and_unsupported_dtype():
+    rows = ops.run_ops("cpu", dtypes=["fp32", "tf32"], threads=[1], quick=True, cpu_seconds=0.05)
+    ok = [r for r in rows if r["dtype"] == "fp32"]
+    assert len(ok) == 3 and all(r["status"] == "ok" and r["tflops"] > 0 and r["iters"] >= 6 for r in ok)
+    assert all(r["threads"] == 1 and r["accumulate"] == "fp32" and r["torch"] for r in ok)
+    tf32 = [r for r in rows if r["dtype"] == "tf32"]
+    assert tf32 and all(r["status"].startswith("skipped: tf32") for r in tf32)
+
+
+def test_out_of_memory_gives_a_row_and_the_sweep_continues(monkeypatch):
+    real = ops.run_op
+    calls = []
+
+    def flaky(op, *a):
+        calls.append(op.name)
+        if op.name == "conv2d":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(op, *a)
+
+    monkeypatch.setattr(ops, "run_op", flaky)
+    rows = ops.run_ops("cpu", dtypes=["fp32"], threads=[1], quick=True, cpu_seconds=0.05)
+    assert [r["status"].split(":")[0] for r in rows] == ["ok", "out of memory", "ok"]
+
+
+def test_bad_device():
+    with pytest.raises(SpeechperfError):
+        ops.run_ops("tpu:0", quick=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(SpeechperfError, match="no CUDA"):
+            ops.run_ops("cuda:0", quick=True)
