@@ -1,0 +1,214 @@
+"""``speechperf bench zoo``: end-to-end training throughput of the paper-002 model zoo, with
+power and energy per sample from the telemetry sampler.
+
+Models (Table 5 of paper 002, parameters ours vs theirs in ``PAPER_PARAMS_M``): ResNet-50,
+Inception v3 and VGG16 from torchvision (rows say "skipped" where torchvision does not
+import), a 2-layer LSTM language model of PTB size (vocabulary 10,000, 1,500 units,
+sequence 20), Deep Speech 2 (our model with the paper preset, 100-400 frames), and a
+Transformer of WMT14 EN-DE base size (d_model 512, 6+6 layers, shared 37,000-token
+vocabulary, sequence 512). Inputs are synthetic tensors of the right shapes: throughput
+does not depend on their values. Batch sizes default to Table 8's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from speechperf.errors import SpeechperfError
+from speechperf.telemetry.sampler import Sampler, SamplerConfig
+from speechperf.train.evaluate import autocast
+
+PAPER_PARAMS_M = {"resnet50": 26, "inception_v3": 27, "vgg16": 138, "lstm": 66, "ds2": 27, "transformer": 65}
+TABLE8_BATCHES = {"resnet50": (64, 128), "inception_v3": (64, 128), "vgg16": (64, 128), "lstm": (64, 128, 256),
+                  "ds2": (8, 16, 32), "transformer": (1024, 2048, 4096)}
+UNITS = {"resnet50": "images", "inception_v3": "images", "vgg16": "images", "lstm": "sentences",
+         "ds2": "utterances", "transformer": "tokens"}
+
+
+class LSTMLanguageModel(nn.Module):
+    """Embedding -> 2-layer LSTM -> softmax over the vocabulary (PTB 'large' sizes)."""
+
+    def __init__(self, vocab: int = 10_000, hidden: int = 1500, layers: int = 2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, layers, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.emb(tokens))  # (B, S, H)
+        return self.out(h)  # (B, S, V)
+
+
+class TransformerMT(nn.Module):
+    """Transformer base for translation with a shared, tied source/target embedding."""
+
+    def __init__(self, vocab: int = 37_000, d: int = 512):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.core = nn.Transformer(d, 8, 6, 6, 2048, dropout=0.1, batch_first=True)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        h = self.core(self.emb(src), self.emb(tgt))  # (B, S, d)
+        return h @ self.emb.weight.T  # (B, S, V), tied output projection
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    build: Callable[[], nn.Module]
+    step: Callable[[nn.Module, int, torch.device], torch.Tensor]  # returns the loss of one batch
+    samples: Callable[[int], float]  # samples per step for a batch size
+
+
+def _cnn(name: str, size: int) -> ZooModel:
+    def build():
+        try:
+            import torchvision.models as tvm
+        except Exception as e:  # ImportError, or the operator registration error of a mismatched build
+            raise SpeechperfError(f"torchvision not importable ({type(e).__name__}: {str(e)[:60]})") from None
+        kw = {"aux_logits": True, "init_weights": False} if name == "inception_v3" else {}
+        return getattr(tvm, name)(weights=None, **kw)
+
+    def step(model, b, dev):
+        out = model(torch.randn(b, 3, size, size, device=dev))
+        logits = out.logits if hasattr(out, "logits") else out
+        return F.cross_entropy(logits, torch.randint(0, 1000, (b,), device=dev))
+    return ZooModel(build, step, float)
+
+
+def _lstm_step(model, b, dev):
+    tokens = torch.randint(0, 10_000, (b, 21), device=dev)
+    logits = model(tokens[:, :-1])  # (B, 20, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def _ds2_build():
+    from speechperf.config import load_preset
+    from speechperf.models import build_model
+
+    return build_model(load_preset("paper").model)
+
+
+def _ds2_step(model, b, dev):
+    lens = torch.randint(100, 401, (b,), device=dev)
+    x = torch.randn(b, int(lens.max()), 93, device=dev)
+    lp, ol = model(x, lens)
+    labels = torch.randint(2, 28, (int((ol // 3).sum()),), device=dev)
+    return F.ctc_loss(lp.float(), labels, ol, ol // 3, zero_infinity=True)
+
+
+def _transformer_step(model, tokens, dev):
+    b = max(1, tokens // 512)  # batch size counts tokens, sequences of 512
+    src = torch.randint(0, 37_000, (b, 512), device=dev)
+    tgt = torch.randint(0, 37_000, (b, 513), device=dev)
+    logits = model(src, tgt[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt[:, 1:].reshape(-1))
+
+
+ZOO: dict[str, ZooModel] = {
+    "resnet50": _cnn("resnet50", 224),
+    "inception_v3": _cnn("inception_v3", 299),
+    "vgg16": _cnn("vgg16", 224),
+    "lstm": ZooModel(LSTMLanguageModel, _lstm_step, float),
+    "ds2": ZooModel(_ds2_build, _ds2_step, float),
+    "transformer": ZooModel(TransformerMT, _transformer_step, lambda tokens: float(max(1, tokens // 512) * 512)),
+}
+
+
+def parameter_millions(model: nn.Module) -> float:
+    return sum(p.numel() for p in model.parameters()) / 1e6
+
+
+def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, iters: int) -> dict:
+    """Warm-up step, then ``iters`` timed steps under the sampler; one Table 8 row."""
+    spec = ZOO[name]
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "amp" and dev.type == "cuda")
+    amp = "fp32" if precision == "fp32" else ("fp16" if dev.type == "cuda" else "bf16")
+
+    def one():
+        with autocast(dev, amp):
+            loss = spec.step(model, batch, dev)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    one()
+    sampler = Sampler(config=SamplerConfig(interval=0.05)).start()
+    t = time.perf_counter()
+    for _ in range(iters):
+        one()
+    seconds = time.perf_counter() - t
+    sampler.stop()
+    s = sampler.summary()
+    per_s = spec.samples(batch) * iters / seconds
+    watts = sum(s["power_w"].values()) if s["power_w"] else None
+    return {"samples_per_s": per_s, "step_s": seconds / iters, "power_w": watts,
+            "joules_per_sample": watts / per_s if watts else None,
+            "energy_method": ", ".join(f"{k}: {v}" for k, v in s["energy_method"].items()) or "unavailable: "
+            + "; ".join(f"{k}: {v}" for k, v in s["unavailable"].items())}
+
+
+def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu", iters: int | None = None,
+            db_path=None) -> list[dict]:
+    """Table 8 rows (PERF samples/s, POW W, NRG J/sample) per model, batch size and precision."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpeechperfError(f"device {device!r} requested but no CUDA device is available")
+    unknown = set(models or []) - set(ZOO)
+    if unknown:
+        raise SpeechperfError(f"unknown zoo models {sorted(unknown)}; known: {', '.join(ZOO)}")
+    iters = iters or (1000 if dev.type == "cuda" else 2)
+    rows = []
+    for name in models or list(ZOO):
+        try:
+            model = ZOO[name].build().to(dev).train()
+        except SpeechperfError as e:
+            rows.append(_row(name, None, None, device, None, None, f"skipped: {e}"))
+            continue
+        params = parameter_millions(model)
+        for batch in batches or TABLE8_BATCHES[name]:
+            for precision in precisions:
+                try:
+                    rows.append(_row(name, batch, precision, device, params, measure(name, model, batch, precision, dev, iters)))
+                except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+                    rows.append(_row(name, batch, precision, device, params, None, f"out of memory: {str(e)[:60]}"))
+                except RuntimeError as e:
+                    rows.append(_row(name, batch, precision, device, params, None, f"failed: {str(e)[:80]}"))
+    if db_path:
+        _store(rows, db_path)
+    return rows
+
+
+def _row(name, batch, precision, device, params, m, status="ok") -> dict:
+    return {"model": name, "batch": batch, "precision": precision, "device": device,
+            "params_m": round(params, 2) if params else None, "paper_params_m": PAPER_PARAMS_M[name],
+            "unit": UNITS[name], "samples_per_s": m and m["samples_per_s"], "step_s": m and m["step_s"],
+            "power_w": m and m["power_w"], "joules_per_sample": m and m["joules_per_sample"],
+            "energy": m and m["energy_method"], "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "status": status}
+
+
+ZOO_SCHEMA = """
+CREATE TABLE IF NOT EXISTS bench_zoo (
+    at REAL, model TEXT, batch INTEGER, precision TEXT, device TEXT, params_m REAL, paper_params_m REAL, unit TEXT,
+    samples_per_s REAL, step_s REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
+    status TEXT
+);
+"""
+
+
+def _store(rows: list[dict], db_path) -> None:
+    from speechperf.results import ResultsDB
+
+    with ResultsDB(db_path) as db:
+        db.ensure_schema(ZOO_SCHEMA)
+        now = time.time()
+        db.insert_many("bench_zoo", [{"at": now, **r} for r in rows])

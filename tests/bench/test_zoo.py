@@ -1,0 +1,46 @@
+import importlib.util
+
+import pytest
+
+from speechperf.bench import zoo
+from speechperf.errors import SpeechperfError
+
+
+def _torchvision_ok() -> bool:
+    try:
+        import torchvision.models  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("name", ["lstm", "ds2", "transformer"])
+def test_parameter_counts_within_10_percent_of_paper(name):
+    params = zoo.parameter_millions(zoo.ZOO[name].build())
+    assert abs(params - zoo.PAPER_PARAMS_M[name]) / zoo.PAPER_PARAMS_M[name] < 0.10, params
+
+
+def test_a_few_iterations_per_model_on_cpu():
+    rows = zoo.run_zoo(models=["lstm", "ds2", "transformer"], batches=[2], iters=1)
+    assert [r["status"] for r in rows] == ["ok"] * 3
+    by = {r["model"]: r for r in rows}
+    assert by["transformer"]["unit"] == "tokens" and by["transformer"]["samples_per_s"] > 0
+    assert all(r["samples_per_s"] > 0 and r["step_s"] > 0 and r["params_m"] > 1 for r in rows)
+    assert all(r["power_w"] is None and r["energy"].startswith("unavailable") for r in rows)  # no GPU/RAPL here
+
+
+def test_cnns_run_or_say_why():
+    rows = zoo.run_zoo(models=["resnet50"], batches=[1], iters=1)
+    if _torchvision_ok():
+        assert rows[0]["status"] == "ok"
+        assert abs(rows[0]["params_m"] - 26) / 26 < 0.10
+    else:
+        assert rows[0]["status"].startswith("skipped: torchvision not importable")
+
+
+def test_unknown_model_and_device():
+    with pytest.raises(SpeechperfError, match="unknown zoo"):
+        zoo.run_zoo(models=["alexnet"])
+    if importlib.util.find_spec("torch") and not __import__("torch").cuda.is_available():
+        with pytest.raises(SpeechperfError, match="no CUDA"):
+            zoo.run_zoo(models=["lstm"], device="cuda:0")
