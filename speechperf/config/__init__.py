@@ -53,32 +53,30 @@ def platform_names() -> list[str]:
     return sorted(p.stem for p in PLATFORM_DIR.glob("*.toml"))
 
 
-def load_platform(name: str) -> dict:
-    """A platform profile: its ``[platform]`` facts (devices, prices) and ``[loader]`` values."""
-    path = Path(name) if name.endswith(".toml") else PLATFORM_DIR / f"{name}.toml"
+def _read_toml(name: str, folder: Path, kind: str, allowed: set[str]) -> tuple[Path, dict]:
+    """A named TOML file of ``folder`` (or a path), with only ``allowed`` sections."""
+    path = Path(name) if name.endswith(".toml") else folder / f"{name}.toml"
     if not path.exists():
-        raise ConfigError(f"unknown platform {name!r}; known: {', '.join(platform_names())}")
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.toml")))
+        raise ConfigError(f"unknown {kind} {name!r}; known: {known}")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: {e}") from e
-    if set(data) - {"platform", "loader"}:
-        raise ConfigError(f"{path}: only [platform] and [loader] sections are allowed")
-    return data
+    unknown = set(data) - allowed
+    if unknown:
+        raise ConfigError(f"{path}: unknown sections {sorted(unknown)}")
+    return path, data
+
+
+def load_platform(name: str) -> dict:
+    """A platform profile: its ``[platform]`` facts (devices, prices) and ``[loader]`` values."""
+    return _read_toml(name, PLATFORM_DIR, "platform", {"platform", "loader"})[1]
 
 
 def load_preset(name: str, overrides: list[str] | tuple[str, ...] = (), platform: str | None = None) -> RunConfig:
     """Preset ``name`` (or a TOML path), then a platform's loader values, then ``key=value`` overrides."""
-    path = Path(name) if name.endswith(".toml") else PRESET_DIR / f"{name}.toml"
-    if not path.exists():
-        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: {e}") from e
-    unknown = set(data) - set(SECTIONS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown sections {sorted(unknown)}")
+    path, data = _read_toml(name, PRESET_DIR, "preset", set(SECTIONS))
     if platform:
         data.setdefault("loader", {}).update(load_platform(platform).get("loader", {}))
     for item in overrides:
