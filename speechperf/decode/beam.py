@@ -9,6 +9,7 @@ of prefixes the search is exact (tested against exhaustive enumeration).
 """
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -32,24 +33,33 @@ def logsumexp(a: float, b: float) -> float:
 def prefix_beam_search(log_probs: np.ndarray, beam: int, blank: int = 0, prune: float = 1e-3) -> tuple[int, ...]:
     """(T, C) log-probabilities -> the most probable label sequence (a tuple)."""
     log_prune = math.log(prune) if prune > 0 else NEG_INF
+    lse = logsumexp
     beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, NEG_INF)}  # prefix -> (p_blank, p_label)
-    for frame in log_probs:
-        candidates = [c for c in np.flatnonzero(frame >= log_prune) if c != blank] if prune > 0 else \
-            [c for c in range(len(frame)) if c != blank]
+    for frame_np in log_probs:
+        frame = frame_np.tolist()  # Python floats: indexing a list is ~10x faster than numpy scalars
+        p_blank = frame[blank]
+        candidates = [(c, frame[c]) for c in np.flatnonzero(frame_np >= log_prune).tolist() if c != blank]
         nxt: dict[tuple[int, ...], list[float]] = {}
         for prefix, (pb, pnb) in beams.items():
-            total = logsumexp(pb, pnb)
-            entry = nxt.setdefault(prefix, [NEG_INF, NEG_INF])
-            entry[0] = logsumexp(entry[0], total + float(frame[blank]))
-            last = prefix[-1] if prefix else None
-            if last is not None:  # the last label continues without a new label
-                entry[1] = logsumexp(entry[1], pnb + float(frame[last]))
-            for c in candidates:
-                p = float(frame[c])
-                ext = nxt.setdefault(prefix + (int(c),), [NEG_INF, NEG_INF])
+            total = lse(pb, pnb)
+            entry = nxt.get(prefix)
+            if entry is None:
+                entry = nxt[prefix] = [NEG_INF, NEG_INF]
+            entry[0] = lse(entry[0], total + p_blank)
+            last = prefix[-1] if prefix else -1
+            if last >= 0:  # the last label continues without a new label
+                entry[1] = lse(entry[1], pnb + frame[last])
+            for c, p in candidates:
+                key = prefix + (c,)
+                ext = nxt.get(key)
+                if ext is None:
+                    ext = nxt[key] = [NEG_INF, NEG_INF]
                 # after the same label, only a blank-ended path may start a new one
-                ext[1] = logsumexp(ext[1], (pb if c == last else total) + p)
-        ranked = sorted(nxt.items(), key=lambda kv: logsumexp(*kv[1]), reverse=True)[:beam]
+                ext[1] = lse(ext[1], (pb if c == last else total) + p)
+        if len(nxt) > beam:
+            ranked = heapq.nlargest(beam, nxt.items(), key=lambda kv: lse(kv[1][0], kv[1][1]))
+        else:
+            ranked = nxt.items()
         beams = {k: (v[0], v[1]) for k, v in ranked}
     return max(beams.items(), key=lambda kv: logsumexp(*kv[1]))[0]
 
