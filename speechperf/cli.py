@@ -229,7 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "parallel":  # the worker's and the sweep's own options pass through
+        args.rest = unknown + list(args.rest)
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
     except SpeechperfError as e:

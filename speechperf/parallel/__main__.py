@@ -1,0 +1,3 @@
+from speechperf.parallel.worker import main
+
+raise SystemExit(main())

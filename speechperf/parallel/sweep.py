@@ -1,0 +1,93 @@
+"""``speechperf parallel sweep``: algorithms x workers x sync periods x batch sizes, each a
+torchrun job, all from one shared starting model (one epoch of single-worker SGD, trained
+once and reused), then the paper-003 tables: speedup against one worker with the same
+batch size, WER on test-clean / test-other, communication per synchronization.
+
+The same command drives a GPU cluster; on this project's CI machine the speedups are
+measured on 2 CPU cores and are labelled so.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from speechperf.errors import SpeechperfError
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="speechperf parallel sweep")
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--algos", default="sync,bsp,bmuf")
+    p.add_argument("--workers", default="2")
+    p.add_argument("--sync-periods", default="1,5")
+    p.add_argument("--batch-sizes", default="8")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--model", default="dnn")
+    p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--db", default=None)
+    return p.parse_args(argv)
+
+
+def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: Path, port: int) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(workers), "--master-port", str(port),
+           "-m", "speechperf.parallel", "--algo", algo, "--out", str(out), *common, *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if p.returncode != 0:
+        ranks = sorted(set(re.findall(r"rank\s*:\s*(\d+)", p.stderr)))
+        who = f"worker rank {', '.join(ranks)} failed" if ranks else "a worker failed"
+        tail = "\n".join(p.stderr.strip().splitlines()[-6:])
+        raise SpeechperfError(f"{algo} x{workers} ({out}): {who} (exit {p.returncode})\n{tail}")
+
+
+def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
+    """Run the grid; returns one row per run with its speedup against one worker."""
+    from speechperf.results import ResultsDB
+
+    a = parse(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    db = Path(a.db) if a.db else out / "results.db"
+    common = ["--data", a.data, "--model", a.model, "--epochs", str(a.epochs), "--lr", str(a.lr), "--db", str(db)]
+    if a.hidden:
+        common += ["--hidden", str(a.hidden)]
+    init = out / "init.pt"
+    if not init.exists():  # the shared start: one epoch of single-worker SGD
+        _launch([c if c != str(a.epochs) else "1" for c in common], "single", 1, ["--save-init", str(init)],
+                out / "init", 29600)
+    port = 29601
+    for batch in [int(b) for b in a.batch_sizes.split(",")]:
+        _launch(common, "single", 1, ["--init", str(init), "--batch-size", str(batch)], out / f"single-b{batch}", port)
+        for algo in a.algos.split(","):
+            periods = [1] if algo == "sync" else [int(t) for t in a.sync_periods.split(",")]
+            for workers in [int(w) for w in a.workers.split(",")]:
+                for tau in periods:
+                    port += 1
+                    name = f"{algo}-n{workers}-tau{tau}-b{batch}"
+                    _launch(common, algo, workers, ["--init", str(init), "--batch-size", str(batch),
+                                                    "--sync-period", str(tau)], out / name, port)
+    with ResultsDB(db) as conn:
+        rows = conn.query("SELECT * FROM parallel_runs WHERE model = ? ORDER BY batch, algo, workers, sync_period",
+                          [a.model])
+    return table(rows)
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """Tables 1-5 form: speedup of epoch time against the single worker with the same batch."""
+    single = {r["batch"]: r["s_per_epoch"] for r in rows if r["algo"] == "single" and r["epochs"]}
+    out = []
+    for r in rows:
+        base = single.get(r["batch"])
+        out.append({"algo": r["algo"], "workers": r["workers"], "tau": r["sync_period"], "batch": r["batch"],
+                    "epochs": r["epochs"], "s/epoch": r["s_per_epoch"],
+                    "speedup (2 CPU cores)": base / r["s_per_epoch"] if base and r["s_per_epoch"] else None,
+                    "comm s/sync": r["comm_s"] / r["syncs"] if r["syncs"] else None,
+                    "MB/sync": r["comm_bytes"] / r["syncs"] / 1e6 if r["syncs"] else None,
+                    "cv_loss": r["cv_loss"], "WER test-clean": r["wer_test_clean"],
+                    "WER test-other": r["wer_test_other"]})
+    return out
