@@ -110,6 +110,7 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None) -> Pa
                     "repeated.csv": "no configuration was run with more than one seed",
                     "beam_sweep.csv": "no beam sweep was run (speechperf beam-sweep RUN)"}.get(name, "no rows")
             parts.append(f"<p class=na>Not measured: {what}.</p>")
+    parts += _db_sections(db_path or read_run_info(Path(runs[0]))["db"], out)
     parts.append("<h2>Sentences generated during training (greedy, last three)</h2>")
     pairs = [(r["label"], s["iteration"], p) for r in data for s in r["sentences"] for p in s["pairs"][:1]]
     parts.append(_html_table([{"run": lab, "iteration": it, "reference": p["ref"], "hypothesis": p["hyp"]}
@@ -120,6 +121,23 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None) -> Pa
             "</style></head><body>" + "\n".join(parts) + "</body></html>")
     atomic_write_text(out / "index.html", page)
     return out / "index.html"
+
+
+def _db_sections(db_path, out: Path) -> list[str]:
+    """Bench and parallel tables of the same results database (sections registry)."""
+    from speechperf.report.sections import SECTIONS
+
+    parts = []
+    with ResultsDB(db_path) as db:
+        for name, section in SECTIONS.items():
+            title, rows, why = section(db)
+            parts.append(f"<h2>{html.escape(title)}</h2>")
+            if rows:
+                _write_csv(out / f"{name}.csv", rows)
+                parts.append(_html_table(rows) + f'<p><a href="{name}.csv">{name}.csv</a></p>')
+            else:
+                parts.append(f"<p class=na>Not shown: {html.escape(why)}.</p>")
+    return parts
 
 
 def _html_table(rows: list[dict]) -> str:

@@ -78,3 +78,14 @@ def test_mlperf_aggregation_and_prices():
     assert rows[0]["TTA x price ($ min)"] == pytest.approx(3 * 2605.29)
     paper = {r["platform"]: r for r in rows[1:]}
     assert paper["Sys10$"]["TTA x price ($ min)"] == pytest.approx(511 * 25999.0)
+
+
+def test_bench_and_parallel_sections_from_the_database(recorded_run, tmp_path):
+    from speechperf.bench.ops import run_ops
+    from speechperf.metrics.tta import read_run_info
+
+    db = read_run_info(recorded_run)["db"]
+    run_ops("cpu", threads=[1], quick=True, cpu_seconds=0.05, db_path=db)
+    page = build_report([recorded_run], tmp_path / "rep").read_text()
+    assert "achieved TFLOPS" in page and (tmp_path / "rep" / "ops.csv").exists()
+    assert "no parallel sweep in this database" in page
