@@ -39,8 +39,10 @@ def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: P
            "-m", "speechperf.parallel", "--algo", algo, "--out", str(out), *common, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if p.returncode != 0:
-        ranks = sorted(set(re.findall(r"rank\s*:\s*(\d+)", p.stderr)))
-        who = f"worker rank {', '.join(ranks)} failed" if ranks else "a worker failed"
+        # torchrun names the first failure under "Root Cause"; the other ranks fail after it
+        root = p.stderr.split("Root Cause", 1)[-1]
+        ranks = sorted(set(re.findall(r"rank\s*:\s*(\d+)", root)))
+        who = f"worker rank {', '.join(ranks)} failed first" if ranks else "a worker failed"
         tail = "\n".join(p.stderr.strip().splitlines()[-6:])
         raise SpeechperfError(f"{algo} x{workers} ({out}): {who} (exit {p.returncode})\n{tail}")
 

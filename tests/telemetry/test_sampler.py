@@ -24,7 +24,8 @@ def test_cpu_utilization_of_this_process_rises_under_load():
         t.join()
     busy = [x.value for x in s.samples if x.metric == "util_pct"][len(idle):]
     assert len(idle) >= 5 and len(busy) >= 10  # ~0.03 s period
-    assert sorted(busy)[len(busy) // 2] > 60 > sorted(idle)[len(idle) // 2]
+    # a busy thread is ~100% of one core; 40 leaves room for a loaded 2-core machine
+    assert sorted(busy)[len(busy) // 2] > 40 > sorted(idle)[len(idle) // 2] + 20
     summary = s.summary()
     assert 0 < summary["cpu_util_mean"] < 250
     assert summary["sampler_cpu_s"] < 0.5  # its own cost over ~1.5 s
