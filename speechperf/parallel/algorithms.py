@@ -44,6 +44,7 @@ class AlgoConfig:
     block_momentum: float | None = None  # zeta of BMUF; None: 1 - eta / (N C)
     bmuf_c: float = 1.05  # C of Eq. 6
     nesterov: bool = True  # CBM-BMUF (Nesterov) or classical BMUF
+    easgd_alpha: float = 0.1  # alpha = eta * lambda of EASGD (Eq. 9)
 
 
 @dataclass
@@ -56,10 +57,10 @@ class CommStats:
 class Algorithm:
     name = "base"
 
-    def __init__(self, cfg: AlgoConfig, world: int):
+    def __init__(self, cfg: AlgoConfig, world: int, rank: int = 0):
         if cfg.sync_period < 1:
             raise SpeechperfError(f"sync period must be >= 1, got {cfg.sync_period}")
-        self.cfg, self.world, self.stats, self.steps = cfg, world, CommStats(), 0
+        self.cfg, self.world, self.rank, self.stats, self.steps = cfg, world, rank, CommStats(), 0
 
     def setup(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.world > 1:
@@ -71,6 +72,14 @@ class Algorithm:
 
     def finish(self, model: torch.nn.Module) -> None:
         pass
+
+    def end_epoch(self, model: torch.nn.Module) -> None:
+        """Bring the workers to a common model before the epoch's evaluation."""
+        self.finish(model)
+
+    def eval_vector(self, model: torch.nn.Module) -> torch.Tensor:
+        """The parameters to evaluate (flattened): the model itself unless overridden."""
+        return parameters_to_vector(model.parameters()).detach().clone()
 
     def _timed(self, fn, nbytes: int):
         t = time.perf_counter()
@@ -91,10 +100,10 @@ def _bytes(model) -> int:
 
 @register_algorithm("single")
 class Single(Algorithm):
-    def __init__(self, cfg: AlgoConfig, world: int):
+    def __init__(self, cfg: AlgoConfig, world: int, rank: int = 0):
         if world != 1:
             raise SpeechperfError(f"'single' runs on one worker, not {world}")
-        super().__init__(cfg, world)
+        super().__init__(cfg, world, rank)
 
 
 @register_algorithm("sync")
@@ -112,8 +121,8 @@ class SyncSGD(Algorithm):
 class BSP(Algorithm):
     """Periodic model averaging weighted by the frames each worker trained on."""
 
-    def __init__(self, cfg: AlgoConfig, world: int):
-        super().__init__(cfg, world)
+    def __init__(self, cfg: AlgoConfig, world: int, rank: int = 0):
+        super().__init__(cfg, world, rank)
         self.frames = 0
 
     def after_step(self, model, frames):
@@ -179,12 +188,14 @@ class BMUF(BSP):
         vector_to_parameters(start.clone(), model.parameters())
         return more
 
-    def final_model(self, model) -> None:
-        """After training, evaluate the global model (not the Nesterov look-ahead)."""
-        vector_to_parameters(self.global_params.clone(), model.parameters())
+    def eval_vector(self, model) -> torch.Tensor:
+        """Evaluate the global model, not the Nesterov look-ahead the workers continue from."""
+        return self.global_params.clone()
 
 
-def make_algorithm(name: str, cfg: AlgoConfig, world: int) -> Algorithm:
+def make_algorithm(name: str, cfg: AlgoConfig, world: int, rank: int = 0) -> Algorithm:
+    import speechperf.parallel.server  # noqa: F401  (registers asgd and easgd)
+
     if name not in ALGORITHMS:
         raise SpeechperfError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[name](cfg, world)
+    return ALGORITHMS[name](cfg, world, rank)

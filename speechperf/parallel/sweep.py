@@ -43,7 +43,10 @@ def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: P
         root = p.stderr.split("Root Cause", 1)[-1]
         ranks = sorted(set(re.findall(r"rank\s*:\s*(\d+)", root)))
         who = f"worker rank {', '.join(ranks)} failed first" if ranks else "a worker failed"
-        tail = "\n".join(p.stderr.strip().splitlines()[-6:])
+        # the workers' own error lines, not torchrun's summary
+        said = [ln for ln in p.stderr.splitlines() if re.search(r"(Error|error:)", ln) and "torch/distributed" not in ln
+                and "ChildFailedError" not in ln]
+        tail = "\n".join(dict.fromkeys(said[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
         raise SpeechperfError(f"{algo} x{workers} ({out}): {who} (exit {p.returncode})\n{tail}")
 
 

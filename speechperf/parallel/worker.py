@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from speechperf.data.config import LoaderConfig
 from speechperf.errors import SpeechperfError
@@ -40,6 +41,8 @@ CREATE TABLE IF NOT EXISTS parallel_epochs (
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    import speechperf.parallel.server  # noqa: F401  (registers the asynchronous algorithms)
+
     p = argparse.ArgumentParser(prog="speechperf.parallel", description=__doc__.splitlines()[0])
     p.add_argument("--algo", required=True, choices=sorted(ALGORITHMS))
     p.add_argument("--sync-period", type=int, default=1)
@@ -56,6 +59,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--db", help="results database (default: results.db beside the run folder)")
     p.add_argument("--block-momentum", type=float, default=None)
     p.add_argument("--classical", action="store_true", help="classical BMUF instead of Nesterov")
+    p.add_argument("--alpha", type=float, default=0.1, help="EASGD moving rate alpha")
     return p.parse_args(argv)
 
 
@@ -120,7 +124,12 @@ def _run(args, rank: int, world: int) -> int:
         raise SpeechperfError(f"{world} workers but only {len(shards)} shards in {data}: use fewer workers")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     algo = make_algorithm(args.algo, AlgoConfig(sync_period=args.sync_period, block_momentum=args.block_momentum,
-                                                nesterov=not args.classical), world)
+                                                nesterov=not args.classical, easgd_alpha=args.alpha), world, rank)
+    asynchronous = args.algo in ("asgd", "easgd")
+    if asynchronous:
+        from speechperf.parallel.server import start_rpc
+
+        start_rpc(rank, world)
     model = algo.setup(build(args))
     core = model.module if hasattr(model, "module") else model
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -135,16 +144,12 @@ def _run(args, rank: int, world: int) -> int:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)  # the same clip for every algorithm
             opt.step()
             algo.after_step(model, int(batch.feat_lens.sum()))
-        algo.finish(core)
+        algo.end_epoch(core)
         train_s += time.perf_counter() - t
-        if hasattr(algo, "final_model"):
-            saved = [p.detach().clone() for p in core.parameters()]
-            algo.final_model(core)
+        saved = parameters_to_vector(core.parameters()).detach().clone()
+        vector_to_parameters(algo.eval_vector(core), core.parameters())
         loss = cv_loss(core, data, loader_cfg) if rank == 0 else 0.0
-        if hasattr(algo, "final_model"):
-            with torch.no_grad():
-                for p, s in zip(core.parameters(), saved):
-                    p.copy_(s)
+        vector_to_parameters(saved, core.parameters())
         loss = _broadcast(loss, world)
         lr = schedule.step(loss)
         for g in opt.param_groups:
@@ -155,14 +160,18 @@ def _run(args, rank: int, world: int) -> int:
                   flush=True)
         if schedule.stop:
             break
-    if hasattr(algo, "final_model"):
-        algo.final_model(core)
+    algo.finish(core)
+    vector_to_parameters(algo.eval_vector(core), core.parameters())
     if args.save_init and rank == 0:
         from speechperf.atomic import atomic_torch_save
 
         atomic_torch_save(core.state_dict(), args.save_init)
     if rank == 0:
         _report(args, out, data, core, loader_cfg, algo, world, epochs, train_s, loss)
+    if asynchronous:
+        import torch.distributed.rpc as rpc
+
+        rpc.shutdown()  # waits for every worker's outstanding calls
     return 0
 
 

@@ -8,6 +8,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from speechperf.errors import SpeechperfError
+from torch.nn.utils import vector_to_parameters
+
 from speechperf.parallel.algorithms import AlgoConfig, make_algorithm
 
 WORLD, STEPS, LR = 2, 6, 0.1
@@ -65,7 +67,7 @@ def worker(rank, port, out):
         algo.finish(model)
         core = model.module if hasattr(model, "module") else model
         if name == "bmuf":
-            algo.final_model(core)
+            vector_to_parameters(algo.eval_vector(core), core.parameters())
         results[key] = flat(core)
     torch.save(results, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()

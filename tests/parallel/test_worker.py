@@ -10,12 +10,12 @@ from speechperf.parallel import sweep
 
 
 def test_small_sweep_end_to_end(tiny_features, tmp_path):
-    rows = sweep.run_sweep(["--data", str(tiny_features), "--out", str(tmp_path / "sw"), "--algos", "sync,bmuf",
+    rows = sweep.run_sweep(["--data", str(tiny_features), "--out", str(tmp_path / "sw"), "--algos", "sync,bmuf,easgd",
                             "--workers", "2", "--sync-periods", "2", "--batch-sizes", "4", "--epochs", "1",
                             "--hidden", "32"])
     by = {(r["algo"], r["workers"]): r for r in rows}
-    assert {("single", 1), ("sync", 2), ("bmuf", 2)} <= set(by)
-    for key in (("sync", 2), ("bmuf", 2)):
+    assert {("single", 1), ("sync", 2), ("bmuf", 2), ("easgd", 2)} <= set(by)
+    for key in (("sync", 2), ("bmuf", 2), ("easgd", 2)):
         r = by[key]
         assert r["speedup (2 CPU cores)"] > 0 and r["cv_loss"] > 0 and r["WER test-clean"] is not None
     assert by[("bmuf", 2)]["MB/sync"] > 0 and by[("bmuf", 2)]["comm s/sync"] > 0
