@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from speechperf.bench.peaks import Peak, cpu_peak, gpu_peak
+from speechperf.bench.power import PowerMeter
 from speechperf.errors import SpeechperfError
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -126,24 +127,48 @@ def unsupported(dev: torch.device, dtype: str) -> str | None:
     return None
 
 
-def _row(dev, dtype, threads, op, peak, times=None, status="ok") -> dict:
+def _row(dev, dtype, threads, op, peak, measured=None, status="ok") -> dict:
+    """One result row; ``measured`` is run_op's (call times in s, PowerMeter result)."""
+    times, energy = measured or (None, {})
     row = {"device": str(dev), "dtype": dtype, "accumulate": "fp32", "threads": threads, "op": op.name, "shape": op.shape,
            "gflop": op.flops / 1e9, "iters": len(times) if times else 0, "ms_mid": None, "ms_median": None,
            "spread_pct": None, "tflops": None, "pct_peak": None, "peak_tflops": peak.tflops, "peak_source": peak.source,
-           "torch": torch.__version__, "status": status}
+           "torch": torch.__version__, "power_w": energy.get("power_w"), "joules_per_call": energy.get("joules_per_sample"),
+           "gflops_per_w": None, "energy": energy.get("energy"), "status": status}
     if times:
         mid = middle_third(times)
         row.update(ms_mid=1000 * mid, ms_median=1000 * statistics.median(times),
                    spread_pct=100 * (max(times) - min(times)) / statistics.median(times), tflops=op.flops / mid / 1e12)
         if peak.tflops:
             row["pct_peak"] = 100 * row["tflops"] / peak.tflops
+        if row["power_w"]:
+            row["gflops_per_w"] = 1000 * row["tflops"] / row["power_w"]
     return row
 
 
-def run_op(op: Op, dev: torch.device, dtype: str, iters: int | None, cpu_seconds: float) -> list[float]:
+def add_measured_peak(rows: list[dict]) -> list[dict]:
+    """The best rate of each (device, dtype, threads) as a measured peak beside the vendor or
+    derived one, for CPUs whose clock under vector load the derivation can only guess."""
+    best: dict[tuple, float] = {}
+    for r in rows:
+        if r["tflops"]:
+            key = (r["device"], r["dtype"], r["threads"])
+            best[key] = max(best.get(key, 0.0), r["tflops"])
+    for r in rows:
+        top = best.get((r["device"], r["dtype"], r["threads"]))
+        r["measured_peak_tflops"] = top
+        r["pct_measured_peak"] = 100 * r["tflops"] / top if r["tflops"] and top else None
+    return rows
+
+
+def run_op(op: Op, dev: torch.device, dtype: str, iters: int | None, cpu_seconds: float) -> tuple[list[float], dict]:
+    """Call times of ``op`` and the power and energy (per call) the sampler saw meanwhile."""
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     torch.backends.cudnn.allow_tf32 = dtype == "tf32"
-    return time_call(op.make(dev, DTYPES[dtype]), dev, iters, cpu_seconds)
+    call = op.make(dev, DTYPES[dtype])
+    with PowerMeter() as meter:
+        times = time_call(call, dev, iters, cpu_seconds)
+    return times, meter.result(len(times) + 1)  # + the warm-up call inside the metered block
 
 
 def sweep(dev: torch.device, dtypes, threads_list, ops, iters, cpu_seconds) -> list[dict]:
@@ -186,7 +211,7 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
         threads = sorted({1, torch.get_num_threads()}) if dev.type == "cpu" else [torch.get_num_threads()]
     saved = torch.get_num_threads()
     try:
-        rows = sweep(dev, list(dtypes), threads, default_ops(quick), iters, cpu_seconds)
+        rows = add_measured_peak(sweep(dev, list(dtypes), threads, default_ops(quick), iters, cpu_seconds))
     finally:
         torch.set_num_threads(saved)
     if db_path:
@@ -198,7 +223,8 @@ OPS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS bench_ops (
     at REAL, device TEXT, dtype TEXT, accumulate TEXT, threads INTEGER, op TEXT, shape TEXT, gflop REAL,
     iters INTEGER, ms_mid REAL, ms_median REAL, spread_pct REAL, tflops REAL, pct_peak REAL,
-    peak_tflops REAL, peak_source TEXT, torch TEXT, status TEXT, env_json TEXT
+    peak_tflops REAL, peak_source TEXT, torch TEXT, power_w REAL, joules_per_call REAL, gflops_per_w REAL,
+    energy TEXT, status TEXT, measured_peak_tflops REAL, pct_measured_peak REAL, env_json TEXT
 );
 """
 
@@ -211,4 +237,13 @@ def _store(rows: list[dict], db_path) -> None:
     now = time.time()
     with ResultsDB(db_path) as db:
         db.ensure_schema(OPS_SCHEMA)
+        _add_missing_columns(db, "bench_ops", rows[0] if rows else {})
         db.insert_many("bench_ops", [{"at": now, **r, "env_json": json.dumps(env)} for r in rows])
+
+
+def _add_missing_columns(db, table: str, row: dict) -> None:
+    """A database written by an older version lacks the newer columns (power, measured peak)."""
+    have = {c["name"] for c in db.query(f"PRAGMA table_info({table})")}
+    for col in row:
+        if col not in have:
+            db.conn.execute(f"ALTER TABLE {table} ADD COLUMN {col}")

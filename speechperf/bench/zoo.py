@@ -11,16 +11,20 @@ does not depend on their values. Batch sizes default to Table 8's.
 """
 from __future__ import annotations
 
+import csv
+import io
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from speechperf.atomic import atomic_write_text
+from speechperf.bench.power import PowerMeter
 from speechperf.errors import SpeechperfError
-from speechperf.telemetry.sampler import Sampler, SamplerConfig
 from speechperf.train.evaluate import autocast
 
 PAPER_PARAMS_M = {"resnet50": 26, "inception_v3": 27, "vgg16": 138, "lstm": 66, "ds2": 27, "transformer": 65}
@@ -141,24 +145,21 @@ def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.
             torch.cuda.synchronize(dev)
 
     one()
-    sampler = Sampler(config=SamplerConfig(interval=0.05)).start()
-    t = time.perf_counter()
-    for _ in range(iters):
-        one()
-    seconds = time.perf_counter() - t
-    sampler.stop()
-    s = sampler.summary()
-    per_s = spec.samples(batch) * iters / seconds
-    watts = sum(s["power_w"].values()) if s["power_w"] else None
-    return {"samples_per_s": per_s, "step_s": seconds / iters, "power_w": watts,
-            "joules_per_sample": watts / per_s if watts else None,
-            "energy_method": ", ".join(f"{k}: {v}" for k, v in s["energy_method"].items()) or "unavailable: "
-            + "; ".join(f"{k}: {v}" for k, v in s["unavailable"].items())}
+    with PowerMeter() as meter:
+        for _ in range(iters):
+            one()
+    samples = spec.samples(batch) * iters
+    energy = meter.result(samples)
+    return {"samples_per_s": samples / meter.seconds, "step_s": meter.seconds / iters, **energy}
 
 
 def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu", iters: int | None = None,
-            db_path=None) -> list[dict]:
-    """Table 8 rows (PERF samples/s, POW W, NRG J/sample) per model, batch size and precision."""
+            db_path=None, csv_path=None) -> list[dict]:
+    """Rows (samples/s, W, J/sample) per model, batch size and precision.
+
+    With ``db_path`` the rows go to table ``bench_zoo`` and the Table 8 layout to a CSV
+    (``csv_path``, default ``bench_zoo_table8.csv`` beside the database).
+    """
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SpeechperfError(f"device {device!r} requested but no CUDA device is available")
@@ -184,7 +185,37 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
                     rows.append(_row(name, batch, precision, device, params, None, f"failed: {str(e)[:80]}"))
     if db_path:
         _store(rows, db_path)
+    if csv_path or db_path:
+        write_csv(table8(rows), Path(csv_path) if csv_path else Path(db_path).with_name("bench_zoo_table8.csv"))
     return rows
+
+
+def table8(rows: list[dict]) -> list[dict]:
+    """Paper 002 Table 8 layout: one line per device, model and batch; PERF (samples/s),
+    POW (W) and NRG (J/sample) per precision side by side."""
+    lines: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["device"], r["model"], r["batch"])
+        line = lines.setdefault(key, {"device": r["device"], "model": r["model"], "batch": r["batch"],
+                                      "unit": r["unit"], "status": []})
+        p = r["precision"] or "-"
+        line[f"PERF_{p}"], line[f"POW_{p}"], line[f"NRG_{p}"] = r["samples_per_s"], r["power_w"], r["joules_per_sample"]
+        if r["status"] != "ok":
+            line["status"].append(f"{p}: {r['status']}")
+    return [{**v, "status": "; ".join(v["status"]) or "ok"} for v in lines.values()]
+
+
+def write_csv(lines: list[dict], path: Path) -> Path:
+    """Atomic CSV of ``lines`` (columns: the union, in first-seen order)."""
+    cols: list[str] = []
+    for line in lines:
+        cols += [c for c in line if c not in cols]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, cols)
+    writer.writeheader()
+    writer.writerows(lines)
+    atomic_write_text(path, buf.getvalue())
+    return path
 
 
 def _row(name, batch, precision, device, params, m, status="ok") -> dict:
@@ -192,7 +223,7 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
             "params_m": round(params, 2) if params else None, "paper_params_m": PAPER_PARAMS_M[name],
             "unit": UNITS[name], "samples_per_s": m and m["samples_per_s"], "step_s": m and m["step_s"],
             "power_w": m and m["power_w"], "joules_per_sample": m and m["joules_per_sample"],
-            "energy": m and m["energy_method"], "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "energy": m and m["energy"], "torch": torch.__version__, "threads": torch.get_num_threads(),
             "status": status}
 
 

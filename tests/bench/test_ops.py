@@ -71,3 +71,11 @@ def test_bad_device():
     if not torch.cuda.is_available():
         with pytest.raises(SpeechperfError, match="no CUDA"):
             ops.run_ops("cuda:0", quick=True)
+
+
+def test_measured_peak_and_power_columns():
+    rows = ops.run_ops("cpu", dtypes=["fp32"], threads=[1], quick=True, cpu_seconds=0.05)
+    best = max(r["tflops"] for r in rows)
+    assert all(r["measured_peak_tflops"] == best for r in rows)
+    assert max(r["pct_measured_peak"] for r in rows) == pytest.approx(100.0)
+    assert all("power_w" in r and r["energy"] for r in rows)  # a reason when no power source

@@ -44,3 +44,17 @@ def test_unknown_model_and_device():
     if importlib.util.find_spec("torch") and not __import__("torch").cuda.is_available():
         with pytest.raises(SpeechperfError, match="no CUDA"):
             zoo.run_zoo(models=["lstm"], device="cuda:0")
+
+
+def test_table8_layout_and_csv(tmp_path):
+    rows = [zoo._row("lstm", 64, p, "cpu", 66.0, {"samples_per_s": s, "step_s": 1.0, "power_w": w,
+                                                   "joules_per_sample": j, "energy": "x"})
+            for p, s, w, j in (("fp32", 10.0, 100.0, 10.0), ("amp", 20.0, 80.0, 4.0))]
+    rows.append(zoo._row("vgg16", None, None, "cpu", None, None, "skipped: torchvision not importable"))
+    lines = zoo.table8(rows)
+    assert lines[0] == {"device": "cpu", "model": "lstm", "batch": 64, "unit": "sentences", "status": "ok",
+                        "PERF_fp32": 10.0, "POW_fp32": 100.0, "NRG_fp32": 10.0,
+                        "PERF_amp": 20.0, "POW_amp": 80.0, "NRG_amp": 4.0}
+    assert lines[1]["status"] == "-: skipped: torchvision not importable"
+    text = zoo.write_csv(lines, tmp_path / "t8.csv").read_text().splitlines()
+    assert text[0].startswith("device,model,batch,unit,status,PERF_fp32") and len(text) == 3
