@@ -2,9 +2,9 @@
 power and energy per sample from the telemetry sampler.
 
 Models (Table 5 of paper 002, parameters ours vs theirs in ``PAPER_PARAMS_M``): ResNet-50,
-Inception v3 and VGG16 from torchvision (rows say "skipped" where torchvision does not
-import), a 2-layer LSTM language model of PTB size (vocabulary 10,000, 1,500 units,
-sequence 20), Deep Speech 2 (our model with the paper preset, 100-400 frames), and a
+Inception v3 and VGG16 from torchvision (see bench/vision.py for the CPU build of torch;
+rows say "skipped" where torchvision is absent), a 2-layer LSTM language model of PTB size
+(vocabulary 10,000, 1,500 units, sequence 20), Deep Speech 2 (our model with the paper preset, 100-400 frames), and a
 Transformer of WMT14 EN-DE base size (d_model 512, 6+6 layers, shared 37,000-token
 vocabulary, sequence 512). Inputs are synthetic tensors of the right shapes: throughput
 does not depend on their values. Batch sizes default to Table 8's.
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from speechperf.atomic import atomic_write_text
 from speechperf.bench.power import PowerMeter
+from speechperf.bench.vision import vision_models
 from speechperf.errors import SpeechperfError
 from speechperf.train.evaluate import autocast
 
@@ -70,10 +71,7 @@ class ZooModel:
 
 def _cnn(name: str, size: int) -> ZooModel:
     def build():
-        try:
-            import torchvision.models as tvm
-        except Exception as e:  # ImportError, or the operator registration error of a mismatched build
-            raise SpeechperfError(f"torchvision not importable ({type(e).__name__}: {str(e)[:60]})") from None
+        tvm = vision_models()  # SpeechperfError when torchvision is absent: the row says so
         kw = {"aux_logits": True, "init_weights": False} if name == "inception_v3" else {}
         return getattr(tvm, name)(weights=None, **kw)
 
@@ -127,8 +125,9 @@ def parameter_millions(model: nn.Module) -> float:
     return sum(p.numel() for p in model.parameters()) / 1e6
 
 
-def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, iters: int) -> dict:
-    """Warm-up step, then ``iters`` timed steps under the sampler; one Table 8 row."""
+def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, iters: int,
+            warmup: int = 1) -> dict:
+    """``warmup`` untimed steps, then ``iters`` timed steps under the sampler; one Table 8 row."""
     spec = ZOO[name]
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "amp" and dev.type == "cuda")
@@ -144,7 +143,8 @@ def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    one()
+    for _ in range(warmup):
+        one()
     with PowerMeter() as meter:
         for _ in range(iters):
             one()
@@ -154,7 +154,7 @@ def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.
 
 
 def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu", iters: int | None = None,
-            db_path=None, csv_path=None) -> list[dict]:
+            db_path=None, csv_path=None, warmup: int = 1) -> list[dict]:
     """Rows (samples/s, W, J/sample) per model, batch size and precision.
 
     With ``db_path`` the rows go to table ``bench_zoo`` and the Table 8 layout to a CSV
@@ -178,7 +178,8 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
         for batch in batches or TABLE8_BATCHES[name]:
             for precision in precisions:
                 try:
-                    rows.append(_row(name, batch, precision, device, params, measure(name, model, batch, precision, dev, iters)))
+                    m = measure(name, model, batch, precision, dev, iters, warmup)
+                    rows.append(_row(name, batch, precision, device, params, m))
                 except (torch.cuda.OutOfMemoryError, MemoryError) as e:
                     rows.append(_row(name, batch, precision, device, params, None, f"out of memory: {str(e)[:60]}"))
                 except RuntimeError as e:

@@ -6,12 +6,7 @@ from speechperf.bench import zoo
 from speechperf.errors import SpeechperfError
 
 
-def _torchvision_ok() -> bool:
-    try:
-        import torchvision.models  # noqa: F401
-        return True
-    except Exception:
-        return False
+HAVE_TV = importlib.util.find_spec("torchvision") is not None
 
 
 @pytest.mark.parametrize("name", ["lstm", "ds2", "transformer"])
@@ -21,7 +16,7 @@ def test_parameter_counts_within_10_percent_of_paper(name):
 
 
 def test_a_few_iterations_per_model_on_cpu():
-    rows = zoo.run_zoo(models=["lstm", "ds2", "transformer"], batches=[2], iters=1)
+    rows = zoo.run_zoo(models=["lstm", "ds2", "transformer"], batches=[2], iters=1, warmup=0)
     assert [r["status"] for r in rows] == ["ok"] * 3
     by = {r["model"]: r for r in rows}
     assert by["transformer"]["unit"] == "tokens" and by["transformer"]["samples_per_s"] > 0
@@ -29,13 +24,20 @@ def test_a_few_iterations_per_model_on_cpu():
     assert all(r["power_w"] is None and r["energy"].startswith("unavailable") for r in rows)  # no GPU/RAPL here
 
 
+@pytest.mark.skipif(not HAVE_TV, reason="torchvision not installed (pip install 'speechperf[zoo]')")
+@pytest.mark.parametrize("name", ["resnet50", "inception_v3", "vgg16"])
+def test_torchvision_parameter_counts_within_10_percent(name):
+    params = zoo.parameter_millions(zoo.ZOO[name].build())
+    assert abs(params - zoo.PAPER_PARAMS_M[name]) / zoo.PAPER_PARAMS_M[name] < 0.10, params
+
+
 def test_cnns_run_or_say_why():
-    rows = zoo.run_zoo(models=["resnet50"], batches=[1], iters=1)
-    if _torchvision_ok():
-        assert rows[0]["status"] == "ok"
-        assert abs(rows[0]["params_m"] - 26) / 26 < 0.10
+    rows = zoo.run_zoo(models=["resnet50", "inception_v3"], batches=[2], iters=1, warmup=0)
+    if HAVE_TV:
+        assert [r["status"] for r in rows] == ["ok", "ok"]
+        assert all(r["samples_per_s"] > 0 and r["unit"] == "images" for r in rows)
     else:
-        assert rows[0]["status"].startswith("skipped: torchvision not importable")
+        assert all(r["status"].startswith("skipped: torchvision not installed") for r in rows)
 
 
 def test_unknown_model_and_device():
@@ -58,3 +60,8 @@ def test_table8_layout_and_csv(tmp_path):
     assert lines[1]["status"] == "-: skipped: torchvision not importable"
     text = zoo.write_csv(lines, tmp_path / "t8.csv").read_text().splitlines()
     assert text[0].startswith("device,model,batch,unit,status,PERF_fp32") and len(text) == 3
+
+
+def test_mixed_precision_row_beside_fp32():
+    rows = zoo.run_zoo(models=["lstm"], batches=[2], precisions=["fp32", "amp"], iters=1, warmup=0)
+    assert [(r["precision"], r["status"]) for r in rows] == [("fp32", "ok"), ("amp", "ok")]
