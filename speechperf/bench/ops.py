@@ -133,7 +133,7 @@ def _row(dev, dtype, threads, op, peak, measured=None, status="ok") -> dict:
     row = {"device": str(dev), "dtype": dtype, "accumulate": "fp32", "threads": threads, "op": op.name, "shape": op.shape,
            "gflop": op.flops / 1e9, "iters": len(times) if times else 0, "ms_mid": None, "ms_median": None,
            "spread_pct": None, "tflops": None, "pct_peak": None, "peak_tflops": peak.tflops, "peak_source": peak.source,
-           "torch": torch.__version__, "power_w": energy.get("power_w"), "joules_per_call": energy.get("joules_per_sample"),
+           "torch": torch.__version__, "libraries": libraries(dev), "power_w": energy.get("power_w"), "joules_per_call": energy.get("joules_per_sample"),
            "gflops_per_w": None, "energy": energy.get("energy"), "status": status}
     if times:
         mid = middle_third(times)
@@ -144,6 +144,14 @@ def _row(dev, dtype, threads, op, peak, measured=None, status="ok") -> dict:
         if row["power_w"]:
             row["gflops_per_w"] = 1000 * row["tflops"] / row["power_w"]
     return row
+
+
+def libraries(dev: torch.device) -> str:
+    """The math libraries behind the op (the GPU driver is in the DB row's env_json)."""
+    if dev.type == "cuda":
+        return f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
+    blas = "MKL" if torch.backends.mkl.is_available() else "OpenBLAS/other BLAS"
+    return f"{blas}, oneDNN {'on' if torch.backends.mkldnn.is_available() else 'off'}"
 
 
 def add_measured_peak(rows: list[dict]) -> list[dict]:
@@ -223,7 +231,7 @@ OPS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS bench_ops (
     at REAL, device TEXT, dtype TEXT, accumulate TEXT, threads INTEGER, op TEXT, shape TEXT, gflop REAL,
     iters INTEGER, ms_mid REAL, ms_median REAL, spread_pct REAL, tflops REAL, pct_peak REAL,
-    peak_tflops REAL, peak_source TEXT, torch TEXT, power_w REAL, joules_per_call REAL, gflops_per_w REAL,
+    peak_tflops REAL, peak_source TEXT, torch TEXT, libraries TEXT, power_w REAL, joules_per_call REAL, gflops_per_w REAL,
     energy TEXT, status TEXT, measured_peak_tflops REAL, pct_measured_peak REAL, env_json TEXT
 );
 """

@@ -78,4 +78,4 @@ def test_measured_peak_and_power_columns():
     best = max(r["tflops"] for r in rows)
     assert all(r["measured_peak_tflops"] == best for r in rows)
     assert max(r["pct_measured_peak"] for r in rows) == pytest.approx(100.0)
-    assert all("power_w" in r and r["energy"] for r in rows)  # a reason when no power source
+    assert all("power_w" in r and r["energy"] and r["libraries"] for r in rows)  # a reason when no power source
