@@ -179,9 +179,12 @@ def run_op(op: Op, dev: torch.device, dtype: str, iters: int | None, cpu_seconds
     return times, meter.result(len(times) + 1)  # + the warm-up call inside the metered block
 
 
-def sweep(dev: torch.device, dtypes, threads_list, ops, iters, cpu_seconds) -> list[dict]:
+def sweep(dev: torch.device, dtypes, threads_list, ops, iters, cpu_seconds, scaling_max_gflop=None) -> list[dict]:
+    """Every op x dtype x thread count; below the largest CPU thread count, ops above
+    ``scaling_max_gflop`` per call are skipped (rows say so)."""
     rows = []
     for threads in threads_list:
+        big = scaling_max_gflop is not None and dev.type == "cpu" and threads < max(threads_list)
         if dev.type == "cpu":
             torch.set_num_threads(threads)
         for dtype in dtypes:
@@ -190,6 +193,10 @@ def sweep(dev: torch.device, dtypes, threads_list, ops, iters, cpu_seconds) -> l
             for op in ops:
                 if why:
                     rows.append(_row(dev, dtype, threads, op, peak, status=f"skipped: {why}"))
+                    continue
+                if big and op.flops > 1e9 * scaling_max_gflop:
+                    rows.append(_row(dev, dtype, threads, op, peak, status=f"skipped: over {scaling_max_gflop:g} GFLOP "
+                                     f"per call; the thread-scaling pass keeps to smaller shapes (--threads to run)"))
                     continue
                 try:
                     rows.append(_row(dev, dtype, threads, op, peak, run_op(op, dev, dtype, iters, cpu_seconds)))
@@ -205,8 +212,14 @@ def sweep(dev: torch.device, dtypes, threads_list, ops, iters, cpu_seconds) -> l
 
 
 def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | None = None, db_path=None,
-            quick: bool = False, cpu_seconds: float = 3.0) -> list[dict]:
-    """The whole sweep; rows also go to the results DB when ``db_path`` is given."""
+            quick: bool = False, cpu_seconds: float = 3.0, scaling_max_gflop: float = 300.0) -> list[dict]:
+    """The whole sweep; rows also go to the results DB when ``db_path`` is given.
+
+    On CPU by default: 1 thread and all threads, ops adapting their call count to about
+    ``cpu_seconds`` (at least 6 calls), and the 1-thread pass without the ops over
+    ``scaling_max_gflop`` (at 1 thread the 8192 matmul alone takes minutes). Explicit
+    ``threads`` run every op at every count.
+    """
     try:
         dev = torch.device(device)
     except RuntimeError as e:
@@ -217,9 +230,12 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
         raise SpeechperfError(f"device {device!r} is not supported (cpu or cuda:N)")
     if threads is None:
         threads = sorted({1, torch.get_num_threads()}) if dev.type == "cpu" else [torch.get_num_threads()]
+    else:
+        scaling_max_gflop = None
     saved = torch.get_num_threads()
     try:
-        rows = add_measured_peak(sweep(dev, list(dtypes), threads, default_ops(quick), iters, cpu_seconds))
+        rows = add_measured_peak(sweep(dev, list(dtypes), threads, default_ops(quick), iters, cpu_seconds,
+                                        scaling_max_gflop))
     finally:
         torch.set_num_threads(saved)
     if db_path:

@@ -79,3 +79,10 @@ def test_measured_peak_and_power_columns():
     assert all(r["measured_peak_tflops"] == best for r in rows)
     assert max(r["pct_measured_peak"] for r in rows) == pytest.approx(100.0)
     assert all("power_w" in r and r["energy"] and r["libraries"] for r in rows)  # a reason when no power source
+
+
+def test_thread_scaling_pass_skips_big_ops_and_says_so():
+    big, small = ops.matmul_op(512, 512, 512), ops.matmul_op(64, 64, 64)  # 0.27 and 0.0005 GFLOP
+    rows = ops.sweep(torch.device("cpu"), ["fp32"], [1, 2], [big, small], 6, 0.01, scaling_max_gflop=0.1)
+    status = [(r["threads"], r["shape"].split()[0], r["status"][:22]) for r in rows]
+    assert status == [(1, "512x512", "skipped: over 0.1 GFLO"), (1, "64x64", "ok"), (2, "512x512", "ok"), (2, "64x64", "ok")]
