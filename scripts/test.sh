@@ -4,7 +4,7 @@
 # pulling a multi-GB CUDA build (see README, "Installing torch").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q torch==2.13.0 -e '.[test]'
+python -m pip install -q torch==2.13.0 -e '.[test,zoo]'
 # The report test opens the HTML page in a real browser (Debian's chromium).
 if ! command -v chromium >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
