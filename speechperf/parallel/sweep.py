@@ -34,7 +34,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: Path, port: int) -> None:
+def free_port() -> int:
+    """A TCP port nobody listens on now (torchrun's store; the rpc store takes the next one)."""
+    import socket
+
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 65535:
+            return port
+
+
+def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: Path, port: int | None = None) -> None:
+    port = port or free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(workers), "--master-port", str(port),
            "-m", "speechperf.parallel", "--algo", algo, "--out", str(out), *common, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -64,18 +77,16 @@ def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
     init = out / "init.pt"
     if not init.exists():  # the shared start: one epoch of single-worker SGD
         _launch([c if c != str(a.epochs) else "1" for c in common], "single", 1, ["--save-init", str(init)],
-                out / "init", 29600)
-    port = 29601
+                out / "init")
     for batch in [int(b) for b in a.batch_sizes.split(",")]:
-        _launch(common, "single", 1, ["--init", str(init), "--batch-size", str(batch)], out / f"single-b{batch}", port)
+        _launch(common, "single", 1, ["--init", str(init), "--batch-size", str(batch)], out / f"single-b{batch}")
         for algo in a.algos.split(","):
             periods = [1] if algo == "sync" else [int(t) for t in a.sync_periods.split(",")]
             for workers in [int(w) for w in a.workers.split(",")]:
                 for tau in periods:
-                    port += 1
                     name = f"{algo}-n{workers}-tau{tau}-b{batch}"
                     _launch(common, algo, workers, ["--init", str(init), "--batch-size", str(batch),
-                                                    "--sync-period", str(tau)], out / name, port)
+                                                    "--sync-period", str(tau)], out / name)
     with ResultsDB(db) as conn:
         rows = conn.query("SELECT * FROM parallel_runs WHERE model = ? ORDER BY batch, algo, workers, sync_period",
                           [a.model])

@@ -9,11 +9,12 @@ import time
 import pytest
 import torch
 
+from speechperf.parallel.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.train.checkpoint import CheckpointError, load_checkpoint
 from speechperf.train.events import read_events
 
-ARGS = ["--preset", "tiny", "max_epochs=3", "threads=1", "checkpoint_every=4", "sentence_every=3"]
+ARGS = ["--preset", "tiny", "max_epochs=5", "threads=1", "checkpoint_every=4", "sentence_every=3"]
 
 
 def _train(*args):
@@ -76,7 +77,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_features, tmp_path):
 def test_ddp_two_gloo_processes(tiny_features, tmp_path):
     run = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
                         "-m", "speechperf", "train", "--data", str(tiny_features), "--out", str(run),
                         "--preset", "tiny", "max_epochs=1", "threads=1", "batch_size=4"],
                        capture_output=True, text=True, timeout=380, env=env)
