@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from speechperf.data import alphabet
-from speechperf.decode import register_decoder
+from speechperf.decode import check_log_probs, register_decoder
 
 
 class GreedyDecoder:
@@ -14,16 +14,19 @@ class GreedyDecoder:
 
     def decode(self, log_probs: np.ndarray) -> str:
         """(T, C) log-probabilities -> text."""
-        if log_probs.ndim != 2 or log_probs.shape[1] != alphabet.NUM_SYMBOLS:
-            raise ValueError(f"expected (T, {alphabet.NUM_SYMBOLS}) log-probabilities, got {log_probs.shape}")
+        check_log_probs(log_probs, alphabet.NUM_SYMBOLS)
         return alphabet.decode(alphabet.collapse(log_probs.argmax(axis=1)))
 
     def decode_batch(self, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:
         """(T, B, C) with valid lengths (B,) -> B texts (argmax is cheap: no worker processes)."""
+        if log_probs.ndim != 3 or log_probs.shape[2] != alphabet.NUM_SYMBOLS or len(lens) != log_probs.shape[1]:
+            from speechperf.decode import DecodeError
+
+            raise DecodeError(f"expected (T, B, 30) log-probs with B lengths, got {log_probs.shape}, {len(lens)}")
         best = log_probs.argmax(axis=2)  # (T, B)
         return [alphabet.decode(alphabet.collapse(best[: int(n), b])) for b, n in enumerate(lens)]
 
 
 @register_decoder("greedy")
-def make_greedy(beam: int = 1, features=None, **kw) -> GreedyDecoder:
+def make_greedy(beam: int = 1, **kw) -> GreedyDecoder:
     return GreedyDecoder()
