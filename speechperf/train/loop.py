@@ -203,6 +203,8 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             _final_eval(core, data, cfg, device, prog, clock, db, events, run_id, quiet)
             checkpoint()
             events.end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
+        if world > 1:  # the other ranks wait for rank 0's final evaluation: tear down together
+            dist.barrier()
     except BaseException as e:
         if lead:
             _flush(db, rows)
