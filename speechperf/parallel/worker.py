@@ -108,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     if world > 1:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        return _run(args, rank, world)
+        code = _run(args, rank, world)
+        if world > 1:
+            dist.barrier()  # rank 0 writes the report last: tear the group down together
+        return code
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

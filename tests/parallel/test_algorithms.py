@@ -70,6 +70,7 @@ def worker(rank, port, out):
             vector_to_parameters(algo.eval_vector(core), core.parameters())
         results[key] = flat(core)
     torch.save(results, f"{out}/rank{rank}.pt")
+    dist.barrier()  # tear down together (a rank leaving early can abort gloo's threads)
     dist.destroy_process_group()
 
 
