@@ -1,77 +1,131 @@
 """Decoder speed and accuracy on identical log-prob matrices, side by side in one process.
 
-Matrices: T = 400 frames x 30 symbols spelling sentences of the embedded corpus's grammar,
-``peaked`` (confident, few confusions) and ``noisy`` (flat, confusable emissions). The
-reference for ``beam`` is pyctcdecode without LM (install it for the benchmark only:
-``pip install pyctcdecode``); ``wordbeam`` uses the bigram LM built from 2,000 sentences
-of the same grammar. Prints ms per utterance, CER and the ratio ours / theirs per width.
-Usage: python benchmarks/bench_decoders.py [--utts 10] [--widths 16,64,256]
+Matrices: T = 400 frames x 30 symbols whose best path spells a sentence of the embedded
+corpus's grammar (2,400-word vocabulary): every label holds 2-4 frames with 0-3 blank
+frames after it, the rest of the 400 frames are blanks split between start and end.
+``peaked``: the path symbol dominates, 2% of frames give mass to a wrong letter.
+``noisy``: a weaker peak, heavier Gaussian noise, 20% of frames confused with a wrong
+letter or a space (greedy CER about 30%). The dictionary and bigram LM (lm.py smoothing) come from 2,000
+training sentences of the same grammar; the flashlight decoder gets the same LM as ARPA.
+References (install for the benchmark only): pyctcdecode without LM for ``beam``, and
+flashlight-text's lexicon decoder + KenLM (same bigram) for ``wordbeam`` (NGrams mode).
+Per utterance times: one warm-up utterance, then the median (min-max) over utterances.
+Usage: python benchmarks/bench_decoders.py [--utts 12] [--widths 16,64,256]
 """
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 from speechperf.corpus.sentences import SentenceGenerator
 from speechperf.data import alphabet
 from speechperf.decode.beam import BeamDecoder
-from speechperf.decode.lm import BigramLM, count
+from speechperf.decode.greedy import GreedyDecoder
+from speechperf.decode.lm import BigramLM, count, write_arpa
 from speechperf.decode.wordbeam import WordBeamDecoder
 from speechperf.metrics.errors import error_rates
 
+T = 400
+KINDS = {"peaked": dict(peak=8.0, noise=0.5, confuse=0.02, strength=5.0),
+         "noisy": dict(peak=5.0, noise=0.8, confuse=0.20, strength=4.0)}
 
-def emissions(text: str, T: int, noise: float, rng) -> np.ndarray:
-    """A (T, 30) log-softmax matrix whose frames follow ``text`` with blanks, plus noise."""
-    labels = alphabet.encode(text)
-    per = T / (2 * len(labels) + 1)
-    path = np.zeros(T, dtype=int)
-    for i, lab in enumerate(labels):
-        path[int((2 * i + 1) * per): int((2 * i + 2) * per)] = lab
-    x = rng.standard_normal((T, alphabet.NUM_SYMBOLS)) * noise
-    x[np.arange(T), path] += 5.0
-    confuse = rng.random(T) < (0.15 if noise > 1 else 0.02)  # a plausible wrong symbol gets mass
-    x[np.flatnonzero(confuse), rng.integers(1, 28, confuse.sum())] += 4.5
+
+def emissions(text: str, rng, peak: float, noise: float, confuse: float, strength: float) -> np.ndarray:
+    """A (T, 30) log-softmax matrix following ``text`` (see the module docstring)."""
+    path: list[int] = []
+    for lab in alphabet.encode(text):
+        path += [lab] * int(rng.integers(2, 5)) + [alphabet.BLANK] * int(rng.integers(0, 4))
+    lead = (T - len(path)) // 2
+    full = np.zeros(T, dtype=np.int64)
+    full[lead: lead + len(path)] = path  # (T,) frame labels, blanks around
+    x = rng.standard_normal((T, alphabet.NUM_SYMBOLS)) * noise  # (T, 30) logits
+    x[np.arange(T), full] += peak
+    hit = np.flatnonzero(rng.random(T) < confuse)
+    x[hit, rng.integers(1, 28, hit.size)] += strength  # a wrong letter or a space gains mass
     return x - np.log(np.exp(x).sum(1, keepdims=True))
 
 
-def timed(decode, mats) -> tuple[float, list[str]]:
-    decode(mats[0])
-    t = time.perf_counter()
-    out = [decode(m) for m in mats]
-    return 1000 * (time.perf_counter() - t) / len(mats), out
+def sentences(gen: SentenceGenerator, n: int) -> list[str]:
+    """``n`` sentences whose frame paths fit into T (at most T / 4.5 labels)."""
+    out: list[str] = []
+    while len(out) < n:
+        s = gen.sentence()
+        if len(alphabet.encode(s)) <= T / 4.5:
+            out.append(s)
+    return out
+
+
+def timed(decode, mats) -> tuple[float, float, float, list[str]]:
+    """(median, min, max) ms per utterance and the outputs."""
+    decode(mats[0])  # warm-up (numba cache load, LM state allocation)
+    ts, out = [], []
+    for m in mats:
+        t = time.perf_counter()
+        out.append(decode(m))
+        ts.append(1000 * (time.perf_counter() - t))
+    return statistics.median(ts), min(ts), max(ts), out
+
+
+def row(name: str, refs, result) -> str:
+    med, lo, hi, hyp = result
+    r = error_rates(refs, hyp)
+    return f"{name:34} {med:8.1f} ms ({lo:6.1f}-{hi:7.1f})  CER {r.cer:5.2f}  WER {r.wer:5.2f}"
+
+
+def references(lm: BigramLM, folder: Path):
+    """(pyctcdecode decoder or None, flashlight factory or None), with a note when missing."""
+    try:
+        from pyctcdecode import build_ctcdecoder
+
+        pyctc = build_ctcdecoder(["", " ", *alphabet.SYMBOLS[2:]])
+    except ImportError:
+        pyctc = None
+        print("pyctcdecode not installed: no beam reference (pip install pyctcdecode)")
+    try:
+        from speechperf.decode.flashlight import FlashlightDecoder
+
+        write_arpa(lm, folder / "lm.arpa")
+        flash = lambda width: FlashlightDecoder(folder / "lm.arpa", width)  # noqa: E731
+    except ImportError:
+        flash = None
+        print("flashlight-text not installed: no wordbeam reference (pip install flashlight-text)")
+    return pyctc, flash
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--utts", type=int, default=10)
+    ap.add_argument("--utts", type=int, default=12)
     ap.add_argument("--widths", default="16,64,256")
     a = ap.parse_args()
     gen = SentenceGenerator(5, min_words=8, max_words=12)
-    uni, bi = count(gen.sentence() for _ in range(2000))
+    uni, bi = count(sentences(gen, 2000))
     lm = BigramLM(dict(uni), {k: dict(v) for k, v in bi.items()})
-    refs = [gen.sentence() for _ in range(a.utts)]
+    refs = sentences(gen, a.utts)
     rng = np.random.default_rng(0)
-    try:
-        from pyctcdecode import build_ctcdecoder
-
-        theirs = build_ctcdecoder([""] + list(alphabet.SYMBOLS[1:-1]) + ["_"])
-    except ImportError:
-        theirs = None
-        print("pyctcdecode not installed: reference columns empty (pip install pyctcdecode)")
-    for kind, noise in (("peaked", 0.5), ("noisy", 1.5)):
-        mats = [emissions(r, 400, noise, rng) for r in refs]
+    pyctc, flash = references(lm, Path(tempfile.mkdtemp(prefix="bench-decoders-")))
+    print(f"{len(lm.words)} dictionary words, {sum(map(len, lm.bigrams.values()))} bigrams, {a.utts} utterances")
+    for kind, params in KINDS.items():
+        mats = [emissions(r, rng, **params) for r in refs]
+        print(f"\n== {kind}: " + row("greedy", refs, timed(GreedyDecoder().decode, mats)))
         for width in [int(w) for w in a.widths.split(",")]:
-            ms, hyp = timed(BeamDecoder(width).decode, mats)
-            line = f"{kind:6} width {width:4}  beam {ms:8.1f} ms CER {error_rates(refs, hyp).cer:5.2f}"
-            if theirs is not None:
-                ms_t, hyp_t = timed(lambda m: theirs.decode(m, beam_width=width).replace("_", ""), mats)
-                line += f" | pyctcdecode {ms_t:8.1f} ms CER {error_rates(refs, hyp_t).cer:5.2f} | ours/theirs time {ms / ms_t:.2f}"
-            print(line)
-            ms_w, hyp_w = timed(WordBeamDecoder(lm, width, mode="ngrams").decode, mats)
-            print(f"{kind:6} width {width:4}  wordbeam (ngrams) {ms_w:8.1f} ms CER {error_rates(refs, hyp_w).cer:5.2f} "
-                  f"WER {error_rates(refs, hyp_w).wer:5.2f}")
+            ours = timed(BeamDecoder(width).decode, mats)
+            print(row(f"beam {width}", refs, ours))
+            if pyctc is not None:
+                theirs = timed(lambda m: pyctc.decode(m, beam_width=width).replace("_", ""), mats)
+                print(row(f"pyctcdecode {width} (no LM)", refs, theirs) + f"  ours/theirs time {ours[0] / theirs[0]:.3f}")
+            ours = timed(WordBeamDecoder(lm, width, mode="ngrams").decode, mats)
+            print(row(f"wordbeam {width} ngrams", refs, ours))
+            if flash is not None:
+                theirs = timed(flash(width).decode, mats)
+                print(row(f"flashlight {width} (KenLM bigram)", refs, theirs)
+                      + f"  ours/theirs time {ours[0] / theirs[0]:.3f}")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -62,13 +62,14 @@ def _forecast(nd, h, mode, samples, node_lo, node_hi, uni, cum_uni, row_start, r
 
 
 @njit(cache=True, nogil=True)
-def beam_search(lp, beam, log_thresh, constrained, mode, lm_weight, samples, next_node, node_word, node_lo,
+def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, samples, next_node, node_word, node_lo,
                 node_hi, is_non_word, uni, cum_uni, row_start, row_word, row_disc, cum_disc, backoff):
     """(T, C) log-probs -> (labels of the best prefix, ids of its words; -1 if unconstrained).
 
     ``constrained`` False: plain prefix beam search over all C symbols (the tree and LM
     arguments are ignored). Symbols below ``log_thresh`` in a frame are not tried as
-    extensions. The blank is symbol 0.
+    extensions, and candidates scoring more than ``score_gap`` below the frame's best are
+    dropped before the width cut (inf keeps all). The blank is symbol 0.
     """
     T, C = lp.shape
     V = uni.shape[0]
@@ -155,19 +156,23 @@ def beam_search(lp, beam, log_thresh, constrained, mode, lm_weight, samples, nex
                     nc += 1
                 k = pos[q]
                 c_pnb[k] = _lse(c_pnb[k], (pb if c == last else tot) + f[c])
-        nb = _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, b_id, b_pb, b_pnb)
+        nb = _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b_id, b_pb, b_pnb)
     return _best(b_id, b_pb, b_pnb, nb, constrained, mode, lm_weight, parent, label, node, hist, done, lm_base,
                  lm_fc, node_word, uni, row_start, row_word, row_disc, backoff)
 
 
 @njit(cache=True, nogil=True)
-def _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, b_id, b_pb, b_pnb):
+def _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b_id, b_pb, b_pnb):
     """Copy the ``beam`` best candidates (CTC + weighted LM score) into the beam arrays."""
     score = np.empty(nc)
+    top = NEG_INF
     for k in range(nc):
         q = c_id[k]
         score[k] = _lse(c_pb[k], c_pnb[k]) + lm_weight * (lm_base[q] + lm_fc[q])
+        top = max(top, score[k])
     cut = NEG_INF if nc <= beam else np.partition(score, nc - beam)[nc - beam]
+    if top - score_gap > cut:
+        cut = top - score_gap
     nb = 0
     for strict in (True, False):  # above the cut first, then ties up to the width
         for k in range(nc):

@@ -19,6 +19,7 @@ import numpy as np
 from speechperf.data import alphabet
 from speechperf.decode import check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
+from speechperf.decode.beam import GAP
 from speechperf.decode.kernel import beam_search
 from speechperf.decode.lm import BigramLM, load_lm
 from speechperf.decode.tables import build_tables
@@ -33,7 +34,7 @@ class WordBeamDecoder:
     name = "wordbeam"
 
     def __init__(self, lm: BigramLM, beam: int, mode: str = "ngrams", lm_weight: float = 1.0, samples: int = 20,
-                 prune: float = 1e-3):
+                 prune: float = 1e-3, gap: float = GAP):
         if mode not in MODES:
             raise SpeechperfError(f"unknown word beam search mode {mode!r}; one of {', '.join(MODES)}")
         if beam < 1:
@@ -42,6 +43,7 @@ class WordBeamDecoder:
             raise SpeechperfError(f"forecast samples must be >= 1, got {samples}")
         self.beam, self.mode, self.weight, self.samples = beam, mode, float(lm_weight), samples
         self.log_prune = math.log(prune) if prune > 0 else -math.inf
+        self.gap = gap
         self.tables = build_tables(lm)
         self.is_non_word = np.zeros(alphabet.NUM_SYMBOLS, np.bool_)
         self.is_non_word[self.tables.non_word] = True
@@ -53,7 +55,7 @@ class WordBeamDecoder:
             return [], []
         t = self.tables
         labels, words = beam_search(
-            np.ascontiguousarray(log_probs, dtype=np.float64), self.beam, self.log_prune, True,
+            np.ascontiguousarray(log_probs, dtype=np.float64), self.beam, self.log_prune, self.gap, True,
             MODES.index(self.mode), self.weight, self.samples, t.next_node, t.node_word, t.node_lo, t.node_hi,
             self.is_non_word, t.uni, t.cum_uni, t.row_start, t.row_word, t.row_disc, t.cum_disc, t.backoff)
         return labels.tolist(), [t.words[w] for w in words.tolist()]

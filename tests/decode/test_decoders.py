@@ -48,7 +48,7 @@ def exhaustive(lp):
 @pytest.mark.parametrize("seed", range(12))
 def test_prefix_beam_equals_exhaustive_search(seed):
     lp = log_softmax(np.random.default_rng(seed).standard_normal((5, 4)) * 2)
-    assert prefix_beam_search(lp, beam=10_000, prune=0) == exhaustive(lp)
+    assert prefix_beam_search(lp, beam=10_000, prune=0, gap=np.inf) == exhaustive(lp)
 
 
 def test_greedy_is_argmax_collapse():
@@ -127,3 +127,112 @@ def test_lm_build_load_and_corruption(tmp_path):
     (split / "index.json").write_text(json.dumps({"utterances": [{"transcript": "caf\u00e9 ole"}]}))
     with pytest.raises(LMError, match="caf"):
         build_lm_for_features(tmp_path)
+
+
+def reference_prefix_beam(lp, beam):
+    """Plain-Python prefix beam search (dict of prefixes, full sort), no pruning."""
+    beams = {(): (0.0, -np.inf)}
+    for frame in lp:
+        nxt = {}
+        for prefix, (pb, pnb) in beams.items():
+            total = np.logaddexp(pb, pnb)
+            e = nxt.setdefault(prefix, [-np.inf, -np.inf])
+            e[0] = np.logaddexp(e[0], total + frame[0])
+            if prefix:
+                e[1] = np.logaddexp(e[1], pnb + frame[prefix[-1]])
+            for c in range(1, len(frame)):
+                x = nxt.setdefault(prefix + (c,), [-np.inf, -np.inf])
+                x[1] = np.logaddexp(x[1], (pb if prefix and c == prefix[-1] else total) + frame[c])
+        beams = dict(sorted(nxt.items(), key=lambda kv: -np.logaddexp(*kv[1]))[:beam])
+    return max(beams, key=lambda k: np.logaddexp(*beams[k]))
+
+
+@pytest.mark.parametrize("beam", [2, 8])
+def test_compiled_beam_equals_python_reference(beam):
+    for seed in range(4):
+        lp = log_softmax(np.random.default_rng(seed).standard_normal((30, 6)) * 2)
+        assert prefix_beam_search(lp, beam, prune=0, gap=np.inf) == reference_prefix_beam(lp, beam)
+
+
+def test_get_decoder_options_and_width_one(tmp_path):
+    lm = lm_of()
+    dec = get_decoder("wordbeam", beam=8, lm=lm, mode="ngrams_forecast")
+    assert isinstance(dec, WordBeamDecoder) and dec.mode == "ngrams_forecast"
+    assert type(get_decoder("wordbeam", beam=1, lm=lm)).__name__ == "GreedyDecoder"
+    assert type(get_decoder("beam", beam=1)).__name__ == "GreedyDecoder"
+    with pytest.raises(SpeechperfError, match="needs a dictionary"):
+        get_decoder("wordbeam", beam=4)
+
+
+def test_separator_and_apostrophe_between_words():
+    lm = lm_of()
+    # "the_cat": the separator stands where the space should be; "'" likewise
+    for gap in (alphabet.SEPARATOR, alphabet.CHAR_TO_INDEX["'"]):
+        labels = alphabet.encode("the") + [gap] + alphabet.encode("cat")
+        lp = log_softmax(np.eye(30)[sum(([lab, lab, 0] for lab in labels), [])] * 9.0)
+        assert WordBeamDecoder(lm, beam=8).decode(lp) == "the cat"
+    lp = spell("a good book")  # doubled letters inside words keep their separator
+    assert WordBeamDecoder(lm, beam=8).search(lp)[0] == alphabet.encode("a good book")
+
+
+def test_forecast_sample_is_deterministic_and_words_sorted_by_labels():
+    lm = lm_of()
+    lp = spell("the cot dug rn", noise=1.5, seed=3)
+    d = WordBeamDecoder(lm, beam=16, mode="ngrams_forecast_sample", samples=2)
+    assert d.decode(lp) == d.decode(lp)
+    from speechperf.decode.tables import tree_order
+
+    assert tree_order(["cool", "coo", "col"]) == ["col", "coo", "cool"]  # c o l < c o o < c o _ o l
+    with pytest.raises(LMError, match="caf"):
+        tree_order(["caf\u00e9"])
+
+
+def test_log_prob_checks():
+    dec = get_decoder("beam", beam=4)
+    with pytest.raises(SpeechperfError, match=r"\(T, 30\)"):
+        dec.decode(np.zeros((5, 29)))
+    with pytest.raises(SpeechperfError, match="NaN"):
+        dec.decode(np.full((5, 30), np.nan))
+    with pytest.raises(SpeechperfError, match="logits"):
+        dec.decode(np.ones((5, 30)))
+    with pytest.raises(SpeechperfError, match="beam width"):
+        get_decoder("wordbeam", beam=0, lm=lm_of())
+    with pytest.raises(SpeechperfError, match="float"):
+        dec.decode(np.zeros((5, 30), dtype=np.int64))
+
+
+def test_decode_batch_in_worker_processes_matches_serial():
+    lm = lm_of()
+    mats = [spell(t, noise=1.0, seed=i) for i, t in enumerate(TEXTS)]
+    T = max(len(m) for m in mats)
+    batch = np.full((T, len(mats), 30), np.log(1e-6))  # (T, B, C) padded
+    for b, m in enumerate(mats):
+        batch[: len(m), b] = m
+    lens = [len(m) for m in mats]
+    for dec in (get_decoder("beam", beam=8), WordBeamDecoder(lm, beam=8)):
+        assert dec.decode_batch(batch, lens, workers=2) == dec.decode_batch(batch, lens) == [dec.decode(m) for m in mats]
+
+
+def test_lm_file_from_another_alphabet_is_rejected(tmp_path):
+    import hashlib
+
+    body = {"alphabet": ["", " ", "a"], "discount": 0.75, "splits": ["train"], "unigrams": {"a": 1}, "bigrams": {}}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    (tmp_path / "lm.json").write_text(json.dumps({**body, "sha256": digest}))
+    with pytest.raises(LMError, match="alphabet"):
+        load_lm(tmp_path / "lm.json")
+
+
+def test_flashlight_agrees_on_peaked_matrices(tmp_path):
+    pytest.importorskip("flashlight.lib.text.decoder")
+    from speechperf.decode.flashlight import arpa_words
+    from speechperf.decode.lm import write_arpa
+
+    write_arpa(lm_of(), tmp_path / "lm.arpa")
+    assert sorted(arpa_words(tmp_path / "lm.arpa")) == lm_of().words
+    dec = get_decoder("flashlight", beam=16, lm=tmp_path / "lm.arpa")
+    for text in ["the cool dog ran", "a good book"]:
+        assert dec.decode(spell(text)) == text
+    (tmp_path / "bad.arpa").write_text("hello\n")
+    with pytest.raises(LMError, match="bad.arpa"):
+        get_decoder("flashlight", beam=16, lm=tmp_path / "bad.arpa")
