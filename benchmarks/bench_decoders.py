@@ -119,12 +119,13 @@ def main() -> None:
             if pyctc is not None:
                 theirs = timed(lambda m: pyctc.decode(m, beam_width=width).replace("_", ""), mats)
                 print(row(f"pyctcdecode {width} (no LM)", refs, theirs) + f"  ours/theirs time {ours[0] / theirs[0]:.3f}")
-            ours = timed(WordBeamDecoder(lm, width, mode="ngrams").decode, mats)
-            print(row(f"wordbeam {width} ngrams", refs, ours))
-            if flash is not None:
-                theirs = timed(flash(width).decode, mats)
-                print(row(f"flashlight {width} (KenLM bigram)", refs, theirs)
-                      + f"  ours/theirs time {ours[0] / theirs[0]:.3f}")
+            ours = {m: timed(WordBeamDecoder(lm, width, mode=m).decode, mats) for m in ("ngrams", "ngrams_forecast")}
+            theirs = timed(flash(width).decode, mats) if flash is not None else None
+            for mode, result in ours.items():
+                ratio = f"  ours/theirs time {result[0] / theirs[0]:.3f}" if theirs else ""
+                print(row(f"wordbeam {width} {mode}", refs, result) + ratio)
+            if theirs:
+                print(row(f"flashlight {width} (KenLM bigram)", refs, theirs))
     sys.stdout.flush()
 
 

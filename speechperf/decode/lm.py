@@ -93,7 +93,10 @@ def build_lm_for_features(features: Path, split: str | None = None) -> dict:
                                           if p.name.startswith("train") and (p / "index.json").exists())
     if not splits:
         raise LMError(f"no prepared train-* split under {features}")
-    texts = [r["transcript"] for s in splits for r in load_index(features / s)["utterances"]]
+    try:
+        texts = [r["transcript"] for s in splits for r in load_index(features / s)["utterances"]]
+    except (KeyError, TypeError) as e:
+        raise LMError(f"an index.json under {features} ({', '.join(splits)}) lacks utterances/transcript: {e}") from e
     uni, bi = count(texts)
     _check_words(uni)
     body = {"alphabet": list(alphabet.SYMBOLS), "discount": DISCOUNT, "splits": splits, "unigrams": dict(uni),
