@@ -89,6 +89,8 @@ def build_lm_for_features(features: Path, split: str | None = None) -> dict:
 
     t0 = time.perf_counter()
     features = Path(features)
+    if not features.is_dir():
+        raise LMError(f"{features} is not a prepared features folder (speechperf prepare writes one)")
     splits = [split] if split else sorted(p.name for p in features.iterdir()
                                           if p.name.startswith("train") and (p / "index.json").exists())
     if not splits:

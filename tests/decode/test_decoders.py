@@ -236,3 +236,14 @@ def test_flashlight_agrees_on_peaked_matrices(tmp_path):
     (tmp_path / "bad.arpa").write_text("hello\n")
     with pytest.raises(LMError, match="bad.arpa"):
         get_decoder("flashlight", beam=16, lm=tmp_path / "bad.arpa")
+
+
+def test_lm_build_errors_name_the_folder(tmp_path):
+    with pytest.raises(LMError, match="nosuch"):
+        build_lm_for_features(tmp_path / "nosuch")
+    with pytest.raises(LMError, match="no prepared train"):
+        build_lm_for_features(tmp_path)
+    (tmp_path / "train-x").mkdir()
+    (tmp_path / "train-x" / "index.json").write_text(json.dumps({"utterances": [{"id": "u1"}]}))
+    with pytest.raises(LMError, match="transcript"):
+        build_lm_for_features(tmp_path)
