@@ -72,4 +72,15 @@ def capture_env(device: str = "cpu") -> dict:
         "torch_threads": torch.get_num_threads(),
         "mkldnn": torch.backends.mkldnn.is_available(),
         "libraries": versions,
+        "telemetry": _telemetry(),
     }
+
+
+def _telemetry() -> dict:
+    """Which power/energy sources the sampler can read here, and why not the others."""
+    from speechperf.telemetry.sampler import availability
+
+    try:
+        return availability()
+    except Exception as e:  # capture_env must never fail a run: the failure itself is recorded
+        return {"gpus": 0, "rapl_zones": {}, "unavailable": {"telemetry": f"{type(e).__name__}: {e}"}}

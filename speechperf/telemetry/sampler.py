@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from speechperf.telemetry.rapl import DEFAULT_ROOT, RaplCounters
+
 
 @dataclass(frozen=True)
 class SamplerConfig:
@@ -26,13 +28,14 @@ class SamplerConfig:
     include_children: bool = True  # count loader worker processes
     gpus: bool = True  # sample NVML devices when present
     rapl: bool = True  # read RAPL powercap counters when readable
+    rapl_interval: float = 1.0  # RAPL period, s: often enough to undo every counter wrap, cheap
 
 
 @dataclass(frozen=True)
 class Sample:
     t: float  # seconds since the sampler started
-    source: str  # "cpu", "gpu0", "rapl:package-0", ...
-    metric: str  # "util_pct", "mem_mb", "power_w", "power_avg_w", "energy_j"
+    source: str  # "cpu", "gpu0", "rapl:intel-rapl:0" (package 0), "rapl:intel-rapl:0:1" (its DRAM)
+    metric: str  # "util_pct", "mem_mb", "power_w" (instant), "power_avg_w" (driver-averaged), "energy_j"
     value: float
 
 
@@ -40,7 +43,7 @@ class Sampler:
     """Start, run the workload, stop; ``samples`` and ``summary()`` hold the results."""
 
     def __init__(self, pid: int | None = None, config: SamplerConfig = SamplerConfig(), nvml=None,
-                 rapl_root: Path = Path("/sys/class/powercap")):
+                 rapl_root: Path = DEFAULT_ROOT):
         self.proc = psutil.Process(pid or os.getpid())
         self.cfg = config
         self.samples: list[Sample] = []
@@ -48,12 +51,16 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml = _open_nvml(nvml, self.unavailable) if config.gpus else None
-        self._rapl = _rapl_zones(rapl_root, self.unavailable) if config.rapl else []
+        self._rapl = RaplCounters(rapl_root) if config.rapl else None
+        if self._rapl is not None:
+            self.unavailable.update(self._rapl.unavailable)
         self._own_cpu = 0.0
 
     def start(self) -> "Sampler":
         self._t0 = time.perf_counter()
-        self._rapl_start = {z: _read_uj(z) for z in self._rapl}
+        if self._rapl is not None:
+            self._rapl.reset()  # counters count from 0 J at start
+            self._sample_rapl(0.0)
         self._thread = threading.Thread(target=self._run, name="speechperf-sampler", daemon=True)
         self._thread.start()
         return self
@@ -64,10 +71,8 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         self._thread = None
-        t = time.perf_counter() - self._t0
-        for zone, start in self._rapl_start.items():
-            joules = _uj_delta(zone, start, _read_uj(zone)) / 1e6
-            self.samples.append(Sample(t, f"rapl:{zone.name}", "energy_j", joules))
+        if self._rapl is not None:
+            self._sample_rapl(time.perf_counter() - self._t0)
 
     def __enter__(self) -> "Sampler":
         return self.start()
@@ -80,7 +85,7 @@ class Sampler:
         reader = CpuReader(self.proc.pid)
         refreshed = time.perf_counter()
         last_t, last_cpu = refreshed, reader.seconds()
-        next_gpu = last_t
+        next_gpu = next_rapl = last_t
         # time.sleep, not Event.wait: half the wake-up cost (measured); stop() waits <= interval
         while not self._stop.is_set():
             time.sleep(self.cfg.interval)
@@ -95,6 +100,9 @@ class Sampler:
             if self._nvml is not None and now >= next_gpu:
                 self._sample_gpus(now - self._t0)
                 next_gpu = now + self.cfg.gpu_interval
+            if self._rapl is not None and now >= next_rapl:
+                self._sample_rapl(now - self._t0)
+                next_rapl = now + self.cfg.rapl_interval
         reader.close()
         self._own_cpu = time.thread_time() - thread_t0
 
@@ -103,6 +111,11 @@ class Sampler:
             return [c.pid for c in self.proc.children(recursive=True)]
         except psutil.Error:
             return []
+
+    def _sample_rapl(self, t: float) -> None:
+        for source, joules in self._rapl.read().items():
+            self.samples.append(Sample(t, source, "energy_j", joules))
+        self.unavailable.update(self._rapl.unavailable)
 
     def _sample_gpus(self, t: float) -> None:
         nv, handles = self._nvml
@@ -125,22 +138,48 @@ class Sampler:
         by: dict[tuple[str, str], list[Sample]] = {}
         for s in self.samples:
             by.setdefault((s.source, s.metric), []).append(s)
-        mean = lambda xs: sum(x.value for x in xs) / len(xs)  # noqa: E731
-        out = {"cpu_util_mean": mean(by[("cpu", "util_pct")]) if ("cpu", "util_pct") in by else None,
-               "power_w": {}, "energy_j": {}, "energy_method": {}, "unavailable": dict(self.unavailable),
-               "sampler_cpu_s": self._own_cpu, "samples": len(self.samples)}
+        cpu = by.get(("cpu", "util_pct"))
+        out = {"cpu_util_mean": _mean(cpu) if cpu else None, "gpus": {}, "power_w": {}, "energy_j": {},
+               "energy_method": {}, "unavailable": dict(self.unavailable), "sampler_cpu_s": self._own_cpu,
+               "samples": len(self.samples), "rapl_names": self._rapl.names() if self._rapl is not None else {}}
         for (src, metric), xs in by.items():
             if metric in ("power_w", "power_avg_w"):
-                out["power_w"][src] = mean(xs)
+                out["power_w"][src] = _mean(xs)
                 if (src, "energy_j") not in by:
                     out["energy_j"][src] = _integrate(xs)
                     out["energy_method"][src] = "integrated-power"
             elif metric == "energy_j":
-                out["energy_j"][src] = xs[-1].value - (xs[0].value if src.startswith("gpu") else 0.0)
+                out["energy_j"][src] = xs[-1].value - xs[0].value  # NVML counts since driver load, RAPL from 0
                 out["energy_method"][src] = "counter"
-                if src.startswith("rapl:") and xs[-1].t > 0:
-                    out["power_w"][src] = out["energy_j"][src] / xs[-1].t
+                if src.startswith("rapl:") and xs[-1].t > xs[0].t:
+                    out["power_w"][src] = out["energy_j"][src] / (xs[-1].t - xs[0].t)
+        for src in sorted({src for src, _ in by if src.startswith("gpu")}):
+            out["gpus"][src] = _gpu_summary(by, src)
         return out
+
+
+def _mean(xs: list[Sample]) -> float:
+    return sum(x.value for x in xs) / len(xs)
+
+
+def _gpu_summary(by: dict, src: str) -> dict:
+    """Mean utilization, peak memory and which power reading one GPU had."""
+    util, mem = by.get((src, "util_pct")), by.get((src, "mem_mb"))
+    field = "instant" if (src, "power_w") in by else "average" if (src, "power_avg_w") in by else None
+    return {"util_mean": _mean(util) if util else None, "mem_mb_max": max(x.value for x in mem) if mem else None,
+            "power_field": field}
+
+
+def availability(nvml=None, rapl_root: Path = DEFAULT_ROOT) -> dict:
+    """What the sampler can measure on this machine: {"gpus": n, "rapl_zones": {...}, "unavailable": {...}}.
+
+    Recorded in every run's environment, so a report can say why power or energy is missing.
+    """
+    unavailable: dict[str, str] = {}
+    opened = _open_nvml(nvml, unavailable)
+    rapl = RaplCounters(rapl_root)
+    unavailable.update(rapl.unavailable)
+    return {"gpus": len(opened[1]) if opened else 0, "rapl_zones": rapl.names(), "unavailable": unavailable}
 
 
 def _integrate(xs: list[Sample]) -> float:
@@ -174,35 +213,6 @@ def _instant_power(nv, handle) -> float | None:
         return v.value.uiVal / 1000.0
     except Exception:
         return None
-
-
-def _rapl_zones(root: Path, unavailable: dict) -> list[Path]:
-    zones = sorted(p for p in Path(root).glob("intel-rapl:*") if (p / "energy_uj").exists())
-    readable = []
-    for z in zones:
-        try:
-            _read_uj(z)
-            readable.append(z)
-        except (OSError, ValueError) as e:
-            unavailable[f"rapl:{z.name}"] = f"energy_uj not readable ({e})"
-    if not zones:
-        unavailable["rapl"] = f"no RAPL zones under {root}"
-    return readable
-
-
-def _read_uj(zone: Path) -> int:
-    return int((zone / "energy_uj").read_text().strip())
-
-
-def _uj_delta(zone: Path, start: int, end: int) -> int:
-    """Counter difference with one wrap-around at max_energy_range_uj."""
-    if end >= start:
-        return end - start
-    try:
-        top = int((zone / "max_energy_range_uj").read_text().strip())
-    except (OSError, ValueError):
-        return end
-    return end + top - start
 
 
 class CpuReader:

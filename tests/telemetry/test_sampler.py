@@ -1,7 +1,10 @@
 import json
+from pathlib import Path
 import threading
 import time
 from types import SimpleNamespace
+
+import pytest
 
 from speechperf.telemetry.environment import capture_env
 from speechperf.telemetry.sampler import Sampler, SamplerConfig
@@ -81,6 +84,8 @@ def test_nvml_path_against_a_fake_driver():
     assert summary["energy_method"] == {"gpu0": "counter", "gpu1": "integrated-power"}
     assert summary["energy_j"]["gpu0"] > 0 and summary["energy_j"]["gpu1"] > 0
     assert "gpu1:energy" in summary["unavailable"]
+    assert summary["gpus"]["gpu0"] == {"util_mean": 50.0, "mem_mb_max": 1024.0, "power_field": "instant"}
+    assert summary["gpus"]["gpu1"]["power_field"] == "average"
 
 
 def test_no_nvml_and_unreadable_rapl_are_recorded(tmp_path):
@@ -96,17 +101,59 @@ def test_no_nvml_and_unreadable_rapl_are_recorded(tmp_path):
     assert Sampler(config=SamplerConfig(gpus=False), rapl_root=tmp_path / "none").unavailable["rapl"].startswith("no RAPL")
 
 
-def test_rapl_counter_with_wraparound(tmp_path):
-    zone = tmp_path / "intel-rapl:0"
+def _zone(root, name, label, uj, top="1000000000"):
+    zone = root / name
     zone.mkdir()
-    (zone / "energy_uj").write_text("999000000")
-    (zone / "max_energy_range_uj").write_text("1000000000")
-    s = Sampler(config=SamplerConfig(gpus=False), rapl_root=tmp_path).start()
-    (zone / "energy_uj").write_text("2000000")  # wrapped: 1 J before the top + 2 J after
+    (zone / "name").write_text(label + "\n")
+    (zone / "energy_uj").write_text(str(uj))
+    if top is not None:
+        (zone / "max_energy_range_uj").write_text(top)
+    return zone
+
+
+def test_rapl_counter_with_wraparound(tmp_path):
+    pkg = _zone(tmp_path, "intel-rapl:0", "package-0", 999000000)
+    _zone(tmp_path, "intel-rapl:0:1", "dram", 5)
+    s = Sampler(config=SamplerConfig(gpus=False, rapl_interval=0.01), rapl_root=tmp_path).start()
+    # two wraps, each seen by a periodic read: 1 J to the top + 2 J, then 998 J + 1 J more
+    for raw in ("2000000", "999000000", "0"):
+        (pkg / "energy_uj").write_text(raw)
+        time.sleep(0.15)
     s.stop()
     summary = s.summary()
-    assert summary["energy_j"]["rapl:intel-rapl:0"] == 3.0
+    assert summary["energy_j"]["rapl:intel-rapl:0"] == pytest.approx(1.0 + 2.0 + 997.0 + 1.0)
+    assert summary["energy_j"]["rapl:intel-rapl:0:1"] == 0.0
     assert summary["energy_method"]["rapl:intel-rapl:0"] == "counter"
+    assert summary["rapl_names"] == {"rapl:intel-rapl:0": "package-0", "rapl:intel-rapl:0:1": "dram"}
+    pts = [x for x in s.samples if x.source == "rapl:intel-rapl:0"]
+    assert pts[0].t == 0.0 and pts[0].value == 0.0 and len(pts) >= 4  # a time series, not one reading
+
+
+def test_rapl_zone_without_wrap_limit_or_permission_is_unavailable(tmp_path, monkeypatch):
+    from speechperf.telemetry import rapl
+
+    _zone(tmp_path, "intel-rapl:0", "package-0", 10, top=None)
+    _zone(tmp_path, "intel-rapl:1", "package-1", 10)
+    real = rapl.RaplZone.read_raw
+
+    def denied(self):
+        if self.path.name == "intel-rapl:1":
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(rapl.RaplZone, "read_raw", denied)
+    counters = rapl.RaplCounters(tmp_path)
+    assert counters.zones == []
+    assert "max_energy_range_uj" in counters.unavailable["rapl:intel-rapl:0"]
+    assert "PermissionError" in counters.unavailable["rapl:intel-rapl:1"]
+
+
+def test_availability_is_recorded_in_the_environment():
+    from speechperf.telemetry.sampler import availability
+
+    env = capture_env("cpu")
+    assert set(env["telemetry"]) == {"gpus", "rapl_zones", "unavailable"}
+    assert availability(nvml=FakeNVML(), rapl_root=Path("/nonexistent"))["gpus"] == 2
 
 
 def test_environment_is_recorded():
