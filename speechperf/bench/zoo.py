@@ -166,7 +166,8 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     unknown = set(models or []) - set(ZOO)
     if unknown:
         raise SpeechperfError(f"unknown zoo models {sorted(unknown)}; known: {', '.join(ZOO)}")
-    iters = iters or (1000 if dev.type == "cuda" else 1)  # CPU: one timed step after the warm-up keeps the default sweep near 20 min
+    # CPU: one timed step after the warm-up keeps the default sweep near 20 minutes
+    iters = iters or (1000 if dev.type == "cuda" else 1)
     rows = []
     for name in models or list(ZOO):
         try:
