@@ -1,6 +1,5 @@
 """Equivalences of the parallel algorithms with 2 gloo processes, float64, a tiny model."""
 import os
-import socket
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from speechperf.errors import SpeechperfError
 from torch.nn.utils import vector_to_parameters
 
 from speechperf.parallel.algorithms import AlgoConfig, make_algorithm
+from speechperf.parallel.sweep import free_port
 
 WORLD, STEPS, LR = 2, 6, 0.1
 
@@ -74,14 +74,15 @@ def worker(rank, port, out):
     dist.destroy_process_group()
 
 
+def run_ranks(fn, out):
+    """Run ``fn(rank, port, out)`` in WORLD processes; each leaves ``out/rankR.pt``."""
+    mp.spawn(fn, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("par")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(port, str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+    return run_ranks(worker, tmp_path_factory.mktemp("par"))
 
 
 def local_models(steps_per_block, blocks, start):

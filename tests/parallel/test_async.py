@@ -1,20 +1,18 @@
 """ASGD and EASGD through the rpc parameter server: exact against serial simulations when
 the server serves the workers round robin; EASGD exchanges conserve w_i + w~."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
-import torch.multiprocessing as mp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from speechperf.parallel import server
 from speechperf.parallel.algorithms import AlgoConfig, make_algorithm
 
 WORLD, STEPS, LR, ALPHA = 2, 4, 0.1, 0.3
-from tests.parallel.test_algorithms import batch, flat, model_fn, sgd_step  # noqa: E402
+from tests.parallel.test_algorithms import batch, flat, model_fn, run_ranks, sgd_step  # noqa: E402
 
 
 def test_elastic_exchange_conserves_the_sum_and_alpha_zero_is_inert():
@@ -52,12 +50,7 @@ def worker(rank, port, out):
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("async")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(port, str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+    return run_ranks(worker, tmp_path_factory.mktemp("async"))
 
 
 def _model_at(vec):
