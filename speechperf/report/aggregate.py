@@ -1,11 +1,14 @@
-"""Tables that combine runs: price/performance per platform and repeated runs (MLPerf rule)."""
+"""Tables that combine runs: time to accuracy (Table 4/6), price/performance per platform, and
+repeated runs (MLPerf rule)."""
 from __future__ import annotations
 
 import json
 import statistics
 
-from speechperf.config import ConfigError, load_platform
+from speechperf.bench.power import top_level
 from speechperf.metrics.tta import tta_minutes
+from speechperf.report.figures import CER_TARGETS, WER_TARGETS
+from speechperf.telemetry.platforms import Platform, load, of_run, price_performance
 
 # The paper's TTA to dev-clean CER 10 on LibriSpeech (SPEC D), for orientation beside ours.
 PAPER_TTA_CER10 = {"sys1": 820.0, "sys2": 672.0, "sys10": 511.0}
@@ -15,57 +18,86 @@ def run_tta(run: dict, target: float = 10.0, metric: str = "cer") -> float | Non
     return tta_minutes([(e["clock_s"], e[metric]) for e in run["evals"]], target, 3)
 
 
+def energy_by_source(run: dict, seconds: float) -> dict[str, tuple[float, str]]:
+    """{source: (joules in the first ``seconds`` of the run, "counter" | "integrated-power")}.
+
+    Energy counters (NVML total energy, RAPL) where a source has one, else its sampled power
+    integrated over time. RAPL sub-zones (a package's cores or DRAM) are inside their
+    package's count, so they are left out to avoid counting the same joules twice.
+    """
+    series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for s in run["samples"]:
+        if s["metric"] in ("energy_j", "power_w", "power_avg_w") and s["t"] <= seconds and top_level(s["source"]):
+            series.setdefault((s["source"], s["metric"]), []).append((s["t"], s["value"]))
+    out = {}
+    for (source, metric), pts in sorted(series.items()):
+        pts.sort()
+        if metric == "energy_j":
+            out[source] = (pts[-1][1] - pts[0][1], "counter")
+        elif (source, "energy_j") not in series:
+            out[source] = (sum((t1 - t0) * (a + b) / 2 for (t0, a), (t1, b) in zip(pts, pts[1:])), "integrated-power")
+    return out
+
+
 def energy_until(run: dict, seconds: float | None) -> float | None:
-    """Joules from the energy counters up to ``seconds`` of the run (None: not measured)."""
+    """Joules of all sources in the first ``seconds`` of the run; None when nothing measured it."""
     if seconds is None:
         return None
-    total, found = 0.0, False
-    for source in {s["source"] for s in run["samples"] if s["metric"] == "energy_j"}:
-        pts = sorted((s["t"], s["value"]) for s in run["samples"] if s["source"] == source and s["metric"] == "energy_j")
-        upto = [v for t, v in pts if t <= seconds] or [pts[0][1]]
-        total += upto[-1] - (pts[0][1] if source.startswith("gpu") else 0.0)
-        found = True
-    return total if found else None
+    sources = energy_by_source(run, seconds)
+    return sum(j for j, _ in sources.values()) if sources else None
 
 
-def price_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
-    """TTA x price, TTA x $/hour and energy to accuracy, per run with a platform profile,
-    then the paper's platforms with the paper's TTA (LibriSpeech, not comparable in size)."""
+def cheapest_first(platform: Platform) -> tuple:
+    """Sort key: purchase price, then $/hour, then unpriced machines."""
+    if platform.price_usd is not None:
+        return (0, platform.price_usd)
+    return (1, platform.usd_per_hour) if platform.usd_per_hour is not None else (2, 0.0)
+
+
+def tta_rows(runs: list[dict]) -> list[dict]:
+    """Table 4/6: TTA per run and target, and relative to the run on the cheapest platform that
+    reached it (the fastest run when no platform has a price; the row names its reference)."""
     rows = []
-    for r in runs:
-        name = r["env"].get("platform")
-        facts = {}
-        if name:
-            try:
-                facts = load_platform(name).get("platform", {})
-            except ConfigError:
-                facts = {}
-        tta = run_tta(r, target)
-        joules = energy_until(r, tta * 60 if tta is not None else None)
-        rows.append(_price_row(r["label"], name or "this machine (no price given)", tta, facts, joules))
-    for name, tta in PAPER_TTA_CER10.items():
-        rows.append(_price_row("paper, LibriSpeech", load_platform(name)["platform"]["name"], tta,
-                               load_platform(name)["platform"], None))
+    for metric, targets in (("cer", CER_TARGETS), ("wer", WER_TARGETS)):
+        for target in targets:
+            mins = [(r, run_tta(r, target, metric)) for r in runs]
+            reached = [(r, m) for r, m in mins if m is not None]
+            ref = min(reached, key=lambda rm: (cheapest_first(of_run(rm[0]["env"])), rm[1]), default=(None, None))
+            for r, m in mins:
+                rows.append({"run": r["label"], "platform": of_run(r["env"]).name, "metric": metric.upper(),
+                             "target %": target, "TTA minutes": m,
+                             "relative %": 100 * m / ref[1] if m is not None and ref[1] else None,
+                             "reference": ref[0]["label"] if ref[0] else None})
     return rows
 
 
-def _price_row(label, platform, tta, facts, joules) -> dict:
-    price, hourly = facts.get("price_usd"), facts.get("usd_per_hour")
-    return {"run": label, "platform": platform, "TTA CER 10 min": tta, "price $": price,
-            "price date": facts.get("price_date"),
-            "TTA x price ($ min)": tta * price if tta is not None and price else None,
-            "cost at $/hour": tta / 60 * hourly if tta is not None and hourly else None,
-            "energy to accuracy kWh": joules / 3.6e6 if joules is not None else None}
+def price_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
+    """TTA x price, cost at $/hour and energy to accuracy per run (to CER ``target``), then the
+    paper's platforms with the paper's TTA (LibriSpeech: a far larger job than ours)."""
+    rows = []
+    for r in runs:
+        plat = of_run(r["env"])
+        tta = run_tta(r, target)
+        joules = energy_until(r, tta * 60 if tta is not None else None)
+        rows.append({"run": r["label"], "platform": plat.name, "price $": plat.price_usd, "$/hour": plat.usd_per_hour,
+                     "price date": plat.price_date, **price_performance(tta, plat, joules)})
+    for name, tta in PAPER_TTA_CER10.items():
+        plat = load(name)
+        rows.append({"run": "paper, LibriSpeech", "platform": plat.name, "price $": plat.price_usd, "$/hour": None,
+                     "price date": plat.price_date, **price_performance(tta, plat)})
+    return rows
 
 
 def repeated_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
-    """Runs that differ only in seed, grouped; TTA as MLPerf aggregates it (drop the fastest
-    and the slowest, average the rest) beside median, spread and runs that never reached it."""
+    """Runs of one configuration on one platform that differ only in seed, grouped; TTA to CER
+    ``target`` as MLPerf aggregates it (drop the fastest and the slowest, average the rest;
+    with fewer than 3 runs that reached it, the plain mean, and the row says so) beside
+    median, spread and the runs that never reached it."""
     groups: dict[str, list[dict]] = {}
     for r in runs:
         cfg = json.loads(json.dumps(r["config"]))
         cfg.get("train", {}).pop("seed", None)
-        groups.setdefault(json.dumps(cfg, sort_keys=True), []).append(r)
+        groups.setdefault(json.dumps([cfg, of_run(r["env"]).name], sort_keys=True), []).append(r)
     rows = []
     for members in groups.values():
         if len(members) < 2:
@@ -73,10 +105,11 @@ def repeated_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
         ttas = [run_tta(r, target) for r in members]
         done = sorted(t for t in ttas if t is not None)
         kept = done[1:-1] if len(done) >= 3 else done
-        rows.append({"preset": members[0]["config"].get("preset"), "runs": len(members),
-                     "seeds": ", ".join(str(r["row"].get("seed")) for r in members),
+        rows.append({"preset": members[0]["config"].get("preset"), "platform": of_run(members[0]["env"]).name,
+                     "runs": len(members), "seeds": ", ".join(str(r["row"].get("seed")) for r in members),
                      "MLPerf mean TTA min": statistics.mean(kept) if kept else None,
+                     "aggregation": "dropped fastest and slowest" if len(done) >= 3 else "mean (fewer than 3 reached)",
                      "median TTA min": statistics.median(done) if done else None,
                      "min": done[0] if done else None, "max": done[-1] if done else None,
-                     "never reached": ttas.count(None)})
+                     "spread min": done[-1] - done[0] if done else None, "never reached": ttas.count(None)})
     return rows

@@ -82,24 +82,70 @@ def utilization_window(runs: list[dict], path: Path, window_s: float = 25.0) -> 
 
 
 def throughput(runs: list[dict], path: Path) -> tuple[Path | None, str]:
-    """Fig. 9/10: utterances and audio seconds per second, per batch, over time."""
+    """Fig. 9/10: utterances and audio seconds per second over time: per batch (thin) and
+    averaged over windows of the TTA clock (bold), where evaluations show as dips."""
     if not any(r["iterations"] for r in runs):
         return None, "no training iterations recorded"
     fig, axes = plt.subplots(1, 2, figsize=(14, 4))
-    for r in runs:
+    for k, r in enumerate(runs):
         its = r["iterations"]
         if not its:
             continue
+        color = f"C{k % 10}"
         t = [i["clock_s"] / 60 for i in its]
-        axes[0].plot(t, [i["utts_per_s"] for i in its], lw=0.6, label=r["label"])
-        axes[1].plot(t, [i["audio_s_per_s"] for i in its], lw=0.6, label=r["label"])
+        for ax, key, amount in ((axes[0], "utts_per_s", "batch_size"), (axes[1], "audio_s_per_s", "audio_s")):
+            ax.plot(t, [i[key] for i in its], lw=0.4, alpha=0.35, color=color)
+            ax.plot(*_windowed(its, amount), lw=1.6, color=color, label=r["label"])
         for e in r["evals"]:  # evaluation periods: training stands still there
             for ax in axes:
-                ax.axvspan((e["clock_s"] - e["eval_s"]) / 60, e["clock_s"] / 60, color="orange", alpha=0.25, lw=0)
-    axes[0].set_title("throughput: utterances / s per batch (orange: evaluation)")
-    axes[1].set_title("throughput: audio seconds / s per batch")
+                ax.axvspan((e["clock_s"] - e["eval_s"]) / 60, e["clock_s"] / 60, color="orange", alpha=0.2, lw=0)
+    axes[0].set_title("utterances / s (thin: per batch; bold: moving average over clock time; orange: evaluation)", fontsize=9)
+    axes[1].set_title("audio seconds / s (same)", fontsize=9)
     for ax in axes:
-        ax.set_xlabel("training time (minutes)")
+        ax.set_xlabel("training time (minutes, TTA clock)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     return _save(fig, path), ""
+
+
+def _windowed(its: list[dict], amount: str) -> tuple[list[float], list[float]]:
+    """(minutes, amount per second of clock) over the last k batches (k = 1% of the run, >= 5):
+    the clock of an evaluation between them lowers the rate, as the paper's throughput dips."""
+    t = np.array([i["clock_s"] for i in its], dtype=float)
+    done = np.cumsum([i[amount] or 0.0 for i in its])
+    k = max(5, len(its) // 100)
+    if len(its) <= k:
+        return list(t / 60), [float("nan")] * len(its)
+    rate = (done[k:] - done[:-k]) / np.maximum(t[k:] - t[:-k], 1e-9)  # batches k+1..n over their clock span
+    return list(t[k:] / 60), list(rate)
+
+
+def power_over_time(runs: list[dict], path: Path) -> tuple[Path | None, str]:
+    """Power per source over time: GPUs from NVML (instant or averaged reading), CPU packages and
+    DRAM from the differences of the RAPL energy counters."""
+    have = [r for r in runs if any(s["metric"] in ("power_w", "power_avg_w", "energy_j") for s in r["samples"])]
+    if not have:
+        return None, "no run measured power (no NVML GPU, no readable RAPL counter)"
+    fig, axes = plt.subplots(len(have), 1, figsize=(12, 2.6 * len(have)), squeeze=False)
+    for ax, r in zip(axes[:, 0], have):
+        for source, label, (t, watts) in _power_series(r["samples"]):
+            ax.plot(t, watts, lw=0.8, ls="-" if source.startswith("rapl") else "--", label=f"{source} ({label})")
+        ax.set_title(f"{r['label']}: power")
+        ax.set_xlabel("seconds since the sampler started")
+        ax.set_ylabel("W")
+        ax.legend(fontsize=8, loc="upper right")
+        ax.grid(alpha=0.3)
+    return _save(fig, path), ""
+
+
+def _power_series(samples: list[dict]):
+    """(source, how measured, (t, W)) per source; RAPL W = energy difference / time difference."""
+    sources = sorted({(s["source"], s["metric"]) for s in samples if s["metric"] in ("power_w", "power_avg_w")})
+    for source, metric in sources:
+        pts = sorted((s["t"], s["value"]) for s in samples if s["source"] == source and s["metric"] == metric)
+        yield source, "instant" if metric == "power_w" else "driver average", tuple(map(list, zip(*pts)))
+    for source in sorted({s["source"] for s in samples if s["metric"] == "energy_j" and s["source"].startswith("rapl")}):
+        pts = sorted((s["t"], s["value"]) for s in samples if s["source"] == source and s["metric"] == "energy_j")
+        rate = [((t0 + t1) / 2, (e1 - e0) / (t1 - t0)) for (t0, e0), (t1, e1) in zip(pts, pts[1:]) if t1 > t0]
+        if rate:
+            yield source, "RAPL counter", tuple(map(list, zip(*rate)))

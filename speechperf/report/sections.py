@@ -1,51 +1,113 @@
-"""Report sections read straight from results-database tables of the other jobs (bench ops,
-bench zoo, parallel sweeps), in a registry filled by a decorator: each returns its title
-and rows, or no rows when the database holds none (the report then says so)."""
+"""The report's sections: a registry of builders, filled by a decorator, drawn in ``order``.
+
+A builder takes the report context (the loaded runs, the output folder, the open results
+database) and returns a :class:`Section`: a title and blocks (figures, tables, notes). A
+block with nothing to show carries the reason, which the page prints instead of empty axes
+or an empty table. Other stages add sections by decorating a builder with
+``register_section(name, order)`` in a module listed in ``SECTION_MODULES``.
+"""
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from speechperf.results import ResultsDB
 
-SECTIONS: dict[str, Callable[[ResultsDB], tuple[str, list[dict], str]]] = {}
+# Modules whose import registers sections (per-run sections, then the database-wide ones here).
+SECTION_MODULES = ("speechperf.report.run_sections",)
 
 
-def register_section(name: str):
-    def deco(fn):
-        SECTIONS[name] = fn
-        return fn
+@dataclass(frozen=True)
+class Figure:
+    name: str  # PNG file name in the report folder
+    path: Path | None  # the drawn PNG, None when there was nothing to draw
+    why: str = ""  # the reason when path is None
+    caption: str = ""  # what the reader is looking at
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str  # CSV file name in the report folder
+    rows: list[dict]  # the table; empty when not measured
+    why: str = ""  # the reason when rows is empty
+
+
+@dataclass(frozen=True)
+class Note:
+    text: str  # a paragraph of plain text (escaped when drawn)
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str  # heading
+    blocks: list = field(default_factory=list)  # Figure, Table and Note blocks in page order
+
+
+@dataclass(frozen=True)
+class Context:
+    runs: list[dict]  # load_run() of each run, in command-line order
+    out: Path  # report folder (PNG and CSV files go here)
+    db: ResultsDB  # the results database of the runs (bench and parallel tables too)
+
+
+Builder = Callable[[Context], Section]
+SECTIONS: dict[str, tuple[int, Builder]] = {}
+
+
+def register_section(name: str, order: int):
+    """Register ``builder`` as section ``name``; sections are drawn by increasing ``order``."""
+    def deco(builder: Builder) -> Builder:
+        SECTIONS[name] = (order, builder)
+        return builder
     return deco
+
+
+def ordered() -> list[tuple[str, Builder]]:
+    for module in SECTION_MODULES:
+        importlib.import_module(module)
+    return [(name, fn) for name, (_, fn) in sorted(SECTIONS.items(), key=lambda kv: kv[1][0])]
 
 
 def _has(db: ResultsDB, table: str) -> bool:
     return bool(db.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", [table]))
 
 
-@register_section("ops")
-def ops_section(db: ResultsDB):
+@register_section("ops", 200)
+def ops_section(ctx: Context) -> Section:
     title = "Operators: achieved TFLOPS and % of peak (speechperf bench ops, latest sweep)"
-    if not _has(db, "bench_ops"):
-        return title, [], "no operator benchmark in this database (speechperf bench ops --db ...)"
-    rows = db.query("SELECT device, dtype, threads, op, shape, iters, ms_mid, spread_pct, tflops, pct_peak, "
-                    "peak_source, status FROM bench_ops WHERE at = (SELECT MAX(at) FROM bench_ops)")
-    return title, rows, ""
+    if not _has(ctx.db, "bench_ops"):
+        return Section(title, [Table("ops.csv", [], "no operator benchmark in this database (speechperf bench ops --db ...)")])
+    rows = ctx.db.query("SELECT device, dtype, threads, op, shape, iters, ms_mid, spread_pct, tflops, pct_peak, "
+                        "peak_source, status FROM bench_ops WHERE at = (SELECT MAX(at) FROM bench_ops)")
+    return Section(title, [Table("ops.csv", rows, "the latest sweep has no rows")])
 
 
-@register_section("zoo")
-def zoo_section(db: ResultsDB):
+@register_section("zoo", 210)
+def zoo_section(ctx: Context) -> Section:
     title = "Model zoo: training throughput, power and energy per sample (Table 8 form, latest sweep)"
-    if not _has(db, "bench_zoo"):
-        return title, [], "no model-zoo benchmark in this database (speechperf bench zoo --db ...)"
-    rows = db.query("SELECT model, batch, precision, device, params_m, paper_params_m, unit, samples_per_s, power_w, "
-                    "joules_per_sample, energy, status FROM bench_zoo WHERE at = (SELECT MAX(at) FROM bench_zoo)")
-    return title, rows, ""
+    if not _has(ctx.db, "bench_zoo"):
+        return Section(title, [Table("zoo.csv", [], "no model-zoo benchmark in this database (speechperf bench zoo --db ...)")])
+    rows = ctx.db.query("SELECT model, batch, precision, device, params_m, paper_params_m, unit, samples_per_s, power_w, "
+                        "joules_per_sample, energy, status FROM bench_zoo WHERE at = (SELECT MAX(at) FROM bench_zoo)")
+    return Section(title, [Table("zoo.csv", rows, "the latest sweep has no rows")])
 
 
-@register_section("parallel")
-def parallel_section(db: ResultsDB):
+@register_section("bench_figures", 220)
+def bench_figures_section(ctx: Context) -> Section:
+    from speechperf.bench.plots import draw_all
+
+    blocks = [Figure(f"{name}.png", path, why, caption=name.replace("_", " ")) for name, path, why in draw_all(ctx.db, ctx.out)]
+    return Section("Benchmark figures (zoo throughput vs batch, CPU thread scaling, % of peak)", blocks)
+
+
+@register_section("parallel", 300)
+def parallel_section(ctx: Context) -> Section:
     from speechperf.parallel.sweep import table
 
     title = "Parallel training algorithms: speedup, communication and WER (paper 003 Tables 1-5 form)"
-    if not _has(db, "parallel_runs"):
-        return title, [], "no parallel sweep in this database (speechperf parallel sweep ...)"
-    return title, table(db.query("SELECT * FROM parallel_runs ORDER BY model, batch, algo, workers, sync_period")), ""
+    if not _has(ctx.db, "parallel_runs"):
+        return Section(title, [Table("parallel.csv", [], "no parallel sweep in this database (speechperf parallel sweep ...)")])
+    rows = table(ctx.db.query("SELECT * FROM parallel_runs ORDER BY model, batch, algo, workers, sync_period"))
+    return Section(title, [Table("parallel.csv", rows, "no parallel runs")])

@@ -1,4 +1,6 @@
-"""The report from a recorded run: files, honest gaps, escaping, and a real browser."""
+"""The report from recorded runs (conftest.py): files, numbers, honest gaps, escaping, and a
+real browser; one real training run checks the contract with the train loop."""
+import csv
 import json
 import re
 import shutil
@@ -6,31 +8,128 @@ import subprocess
 
 import pytest
 
+from speechperf.errors import SpeechperfError
+from speechperf.report import figures
 from speechperf.report.html import build_report
-from speechperf.train.loop import train
 
-HOSTILE = "<b>bold</b> <script>alert(1)</script>"
+HOSTILE = "<b>bold</b> <script>alert(1)</script>"  # the transcript conftest.py logs in every run
+
+
+def _csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 @pytest.fixture(scope="module")
-def recorded_run(tiny_features, tmp_path_factory):
-    run = tmp_path_factory.mktemp("runs") / "run"
-    train(preset="tiny", data=tiny_features, out=run, overrides=["max_epochs=2", "threads=1"], quiet=True)
-    with open(run / "sentences.jsonl", "a") as f:
-        f.write(json.dumps({"iteration": 999, "epoch": 2, "loss": 1.0, "pairs": [{"ref": HOSTILE, "hyp": "x"}]}) + "\n")
-    return run
+def full_report(recorded_runs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep")
+    return build_report(list(recorded_runs.values()), out)
 
 
-def test_report_files_and_gaps(recorded_run, tmp_path):
-    index = build_report([recorded_run, recorded_run], tmp_path / "rep")
-    page = index.read_text()
-    for name in ("fig7.png", "fig8.png", "fig9.png", "tta.csv", "final.csv", "runs.csv"):
-        assert (tmp_path / "rep" / name).stat().st_size > 0, name
-    assert "Time to accuracy" in page and "Final evaluation" in page
-    assert "(no GPU in this run)" not in page or "utilization" in page
+def test_every_section_has_its_files(full_report):
+    out = full_report.parent
+    for name in ("fig7.png", "fig8.png", "fig9.png", "power.png", "tta.csv", "beam_sweep.csv", "final.csv", "runs.csv",
+                 "platforms.csv", "price.csv", "repeated.csv", "energy.csv", "unavailable.csv", "sentences.csv"):
+        assert (out / name).stat().st_size > 0, name
+    page = full_report.read_text()
     assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    if not list((tmp_path / "rep").glob("energy.csv")):
-        assert "Not measured: no energy counter" in page
+    assert "No GPU in: cpu-seed1, cpu-seed2, cpu-seed3, cloud-rapl (CPU only)." in page
+    assert "no operator benchmark in this database" in page and "no parallel sweep in this database" in page
+
+
+def test_tta_relative_to_the_cheapest_platform(full_report):
+    rows = {r["run"]: r for r in _csv(full_report.parent / "tta.csv") if r["metric"] == "CER" and r["target %"] == "10.0"}
+    # TTA to CER 10: 8, 10, never, 6 (Sys1$, the only purchase price), 10 (rented by the hour)
+    assert {k: r["TTA minutes"] for k, r in rows.items()} == {
+        "cpu-seed1": "8.0", "cpu-seed2": "10.0", "cpu-seed3": "", "sys1-gpu": "6.0", "cloud-rapl": "10.0"}
+    assert {r["reference"] for r in rows.values()} == {"sys1-gpu"}
+    assert float(rows["cpu-seed1"]["relative %"]) == pytest.approx(100 * 8 / 6)
+    assert rows["sys1-gpu"]["platform"] == "Sys1$" and rows["cloud-rapl"]["platform"] == "cloud-a100"
+
+
+def test_price_performance_and_energy_to_accuracy(full_report):
+    rows = {(r["run"], r["platform"]): r for r in _csv(full_report.parent / "price.csv")}
+    sys1 = rows[("sys1-gpu", "Sys1$")]
+    assert float(sys1["TTA x price ($ min)"]) == pytest.approx(6 * 2605.29)
+    # gpu0 counter 150 W and gpu1 averaged 120 W integrated, over the 360 s to the TTA
+    assert float(sys1["energy to accuracy kWh"]) == pytest.approx((150 + 120) * 360 / 3.6e6)
+    cloud = rows[("cloud-rapl", "cloud-a100")]
+    assert float(cloud["cost to accuracy $"]) == pytest.approx(10 / 60 * 3.0) and cloud["TTA x price ($ min)"] == ""
+    assert float(cloud["energy to accuracy kWh"]) == pytest.approx(60 * 600 / 3.6e6)  # package only, not its sub-zone
+    assert rows[("cpu-seed1", "Test CPU 9000")]["price $"] == ""
+    assert float(rows[("paper, LibriSpeech", "Sys10$")]["TTA x price ($ min)"]) == pytest.approx(511 * 25999.0)
+    energy = {(r["run"], r["source"]): r for r in _csv(full_report.parent / "energy.csv")}
+    assert energy[("sys1-gpu", "gpu0")]["method"] == "counter"
+    assert energy[("sys1-gpu", "gpu1")]["method"] == "integrated-power"
+    assert ("cloud-rapl", "rapl:intel-rapl:0:0") not in energy
+
+
+def test_repeated_seeds_grouped(full_report):
+    (row,) = _csv(full_report.parent / "repeated.csv")
+    assert (row["preset"], row["runs"], row["seeds"], row["never reached"]) == ("cpu", "3", "1, 2, 3", "1")
+    assert (float(row["MLPerf mean TTA min"]), float(row["median TTA min"]), float(row["spread min"])) == (9.0, 9.0, 2.0)
+    assert row["aggregation"].startswith("mean (fewer than 3")
+
+
+def test_tables_5_and_3(full_report):
+    finals = _csv(full_report.parent / "final.csv")
+    assert len(finals) == 5 * 4 and {r["split"] for r in finals} == {"dev-clean", "dev-other", "test-clean", "test-other"}
+    sweep = _csv(full_report.parent / "beam_sweep.csv")
+    assert [r["beam"] for r in sweep] == ["64", "256", "1024"] and {r["run"] for r in sweep} == {"sys1-gpu"}
+
+
+def test_run_without_gpu_or_rapl_says_so(recorded_runs, tmp_path):
+    page = build_report([recorded_runs["cpu-seed1"]], tmp_path / "rep").read_text()
+    assert re.search(r"Not shown \(GPU power[^)]*\)[^:]*: no run measured power \(no NVML GPU, no readable RAPL counter\)", page)
+    assert "Not measured: no run measured power or energy" in page
+    assert "NVMLError_LibraryNotFound" in page and "no RAPL zones under /sys/class/powercap" in page
+    assert "Not measured: no beam sweep was run" in page
+    assert not (tmp_path / "rep" / "power.png").exists()
+
+
+def test_fig8_draws_cpu_solid_and_each_gpu_dashed(recorded_runs, tmp_path, monkeypatch):
+    from speechperf.report.runs import load_run
+    from speechperf.results import ResultsDB
+
+    drawn = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
+    with ResultsDB(recorded_runs["sys1-gpu"].parent / "results.db") as db:
+        runs = [load_run(recorded_runs[n], db) for n in ("sys1-gpu", "cpu-seed1")]
+    assert figures.utilization_window(runs, tmp_path / "f.png")[0] is not None
+    gpu_axes, cpu_axes = drawn[0].axes
+    styles = {line.get_label().split()[0]: line.get_linestyle() for line in gpu_axes.lines}
+    assert styles == {"cpu": "-", "gpu0": "--", "gpu1": "--", "gpu2": "--", "gpu3": "--"}
+    xs = gpu_axes.lines[0].get_xdata()
+    assert min(xs) >= 0 and max(xs) <= 25.0  # a 25 s window
+    assert [line.get_label().split()[0] for line in cpu_axes.lines] == ["cpu"]
+    assert "(no GPU in this run)" in cpu_axes.get_title()
+    series = {src: w for src, _, (t, w) in figures._power_series(runs[0]["samples"])}
+    assert set(series) == {"gpu0", "gpu1"} and set(series["gpu1"]) == {120.0}
+
+
+def test_rapl_power_is_the_counter_rate():
+    samples = [{"t": t, "source": "rapl:intel-rapl:0", "metric": "energy_j", "value": 60.0 * t} for t in (0.0, 1.0, 2.5)]
+    ((source, how, (t, watts)),) = list(figures._power_series(samples))
+    assert (source, how, t) == ("rapl:intel-rapl:0", "RAPL counter", [0.5, 1.75]) and watts == pytest.approx([60.0, 60.0])
+
+
+def test_bad_input_is_named(recorded_runs, tmp_path):
+    with pytest.raises(SpeechperfError, match="not a run folder"):
+        build_report([tmp_path], tmp_path / "rep")
+    with pytest.raises(SpeechperfError, match="is not in"):
+        build_report([recorded_runs["cpu-seed1"]], tmp_path / "rep", db_path=tmp_path / "empty.db")
+
+
+def test_bench_section_from_the_database(recorded_runs, tmp_path):
+    import shutil as sh
+
+    from speechperf.bench.ops import run_ops
+
+    db = tmp_path / "results.db"
+    sh.copy(recorded_runs["cpu-seed1"].parent / "results.db", db)
+    run_ops("cpu", threads=[1], quick=True, cpu_seconds=0.05, db_path=db)
+    page = build_report([recorded_runs["cpu-seed1"]], tmp_path / "rep", db_path=db).read_text()
+    assert "achieved TFLOPS" in page and (tmp_path / "rep" / "ops.csv").exists()
 
 
 CHECK = """<script>window.addEventListener('load', () => {
@@ -43,11 +142,10 @@ CHECK = """<script>window.addEventListener('load', () => {
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium not installed (scripts/test.sh installs it)")
-def test_report_in_headless_chromium(recorded_run, tmp_path):
-    out = tmp_path / "rep"
-    index = build_report([recorded_run], out)
-    probe = out / "probe.html"  # the report plus a checking script; the report itself is untouched
-    probe.write_text(index.read_text().replace("</body>", CHECK % json.dumps(HOSTILE).replace("</", "<\\/") + "</body>"))
+def test_report_in_headless_chromium(full_report, tmp_path):
+    page = full_report.read_text()
+    probe = full_report.with_name("probe.html")  # the report plus a checking script; index.html is untouched
+    probe.write_text(page.replace("</body>", CHECK % json.dumps(HOSTILE).replace("</", "<\\/") + "</body>"))
     p = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                         "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={tmp_path / 'ud'}",
                         "--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
@@ -55,37 +153,20 @@ def test_report_in_headless_chromium(recorded_run, tmp_path):
     m = re.search(r'data-check="([^"]*)"', p.stdout)
     assert m, p.stdout[-2000:] + p.stderr[-2000:]
     check = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
-    assert len(check["imgs"]) == 3 and all(check["imgs"]), check
-    assert len(check["tables"]) >= 3 and all(n >= 2 for n in check["tables"]), check
+    assert len(check["imgs"]) == page.count("<img ") == 4 and all(check["imgs"]), check
+    assert len(check["tables"]) == page.count("<table>") >= 10 and all(n >= 2 for n in check["tables"]), check
     assert check["hostile"] and check["injected"] == 0
 
 
-def test_mlperf_aggregation_and_prices():
-    from speechperf.report.aggregate import price_rows, repeated_rows
+def test_report_of_a_real_training_run(tiny_features, tmp_path):
+    from speechperf.train.loop import train
 
-    def run(seed, cers, platform=None):
-        evals = [{"clock_s": 60.0 * (i + 1), "cer": c, "wer": 2 * c} for i, c in enumerate(cers)]
-        return {"label": f"s{seed}", "config": {"preset": "cpu", "train": {"seed": seed}}, "row": {"seed": seed},
-                "evals": evals, "env": {"platform": platform}, "samples": []}
-
-    runs = [run(1, [9, 9, 9]), run(2, [20, 9, 9, 9]), run(3, [20, 20, 9, 9, 9]), run(4, [20, 20, 20, 9, 9, 9]),
-            run(5, [20, 20])]
-    (row,) = repeated_rows(runs)
-    # median of the last 3 epochs first <= 10 at minutes 3, 3, 4, 5 and one NA:
-    # drop one 3 and the 5, mean of 3 and 4
-    assert (row["runs"], row["never reached"], row["MLPerf mean TTA min"], row["median TTA min"]) == (5, 1, 3.5, 3.5)
-    rows = price_rows([run(1, [9, 9, 9], platform="sys1")])
-    assert rows[0]["TTA x price ($ min)"] == pytest.approx(3 * 2605.29)
-    paper = {r["platform"]: r for r in rows[1:]}
-    assert paper["Sys10$"]["TTA x price ($ min)"] == pytest.approx(511 * 25999.0)
-
-
-def test_bench_and_parallel_sections_from_the_database(recorded_run, tmp_path):
-    from speechperf.bench.ops import run_ops
-    from speechperf.metrics.tta import read_run_info
-
-    db = read_run_info(recorded_run)["db"]
-    run_ops("cpu", threads=[1], quick=True, cpu_seconds=0.05, db_path=db)
-    page = build_report([recorded_run], tmp_path / "rep").read_text()
-    assert "achieved TFLOPS" in page and (tmp_path / "rep" / "ops.csv").exists()
-    assert "no parallel sweep in this database" in page
+    run = tmp_path / "runs" / "run"
+    train(preset="tiny", data=tiny_features, out=run, overrides=["max_epochs=1", "threads=1"], quiet=True)
+    index = build_report([run], tmp_path / "rep")
+    page = index.read_text()
+    for name in ("fig7.png", "fig8.png", "fig9.png", "tta.csv", "final.csv", "runs.csv", "sentences.csv"):
+        assert (tmp_path / "rep" / name).stat().st_size > 0, name
+    assert "Runs that did not record" not in page  # the train loop records the sampler's availability
+    env = json.loads((run / "env.json").read_text())
+    assert {s["source"] for s in _csv(tmp_path / "rep" / "unavailable.csv")} == set(env["telemetry"]["unavailable"])

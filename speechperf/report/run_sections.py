@@ -1,0 +1,132 @@
+"""The report's sections about training runs: the papers' figures and tables, platforms,
+prices, power and energy, and sentences logged during training (registered in order)."""
+from __future__ import annotations
+
+from speechperf.report import figures
+from speechperf.report.aggregate import energy_by_source, price_rows, repeated_rows, tta_rows
+from speechperf.report.sections import Context, Figure, Note, Section, Table, register_section
+from speechperf.telemetry.platforms import of_run, presets, table
+
+
+def _figure(ctx: Context, draw, name: str, caption: str) -> Figure:
+    path, why = draw(ctx.runs, ctx.out / name)
+    return Figure(name, path, why, caption)
+
+
+@register_section("fig7", 10)
+def loss_accuracy_section(ctx: Context) -> Section:
+    return Section("Loss and accuracy over time (Fig. 7)", [_figure(
+        ctx, figures.loss_and_accuracy, "fig7.png",
+        "Training loss per batch smoothed with a Gaussian (sigma 10 batches); validation CER and WER after each "
+        "epoch; dotted lines: the TTA targets. Log y axes; x is the TTA clock: time since the model was created, "
+        "evaluations included, time the process was down (before a resume) excluded.")])
+
+
+@register_section("fig8", 20)
+def utilization_section(ctx: Context) -> Section:
+    blocks = [_figure(ctx, figures.utilization_window, "fig8.png",
+                      "25 s from the middle of each run: CPU of the training process and its loader workers "
+                      "(solid, % of one core, so above 100 on several cores), each GPU dashed.")]
+    no_gpu = [r["label"] for r in ctx.runs if not r["env"].get("gpus")]
+    if no_gpu:
+        blocks.append(Note(f"No GPU in: {', '.join(no_gpu)} (CPU only)."))
+    return Section("Utilization (Fig. 8)", blocks)
+
+
+@register_section("fig9", 30)
+def throughput_section(ctx: Context) -> Section:
+    return Section("Throughput over time (Fig. 9/10)", [_figure(
+        ctx, figures.throughput, "fig9.png",
+        "Utterances and audio seconds processed per second: thin, each batch on its own; bold, a moving average "
+        "over clock time. Orange bands: evaluations, where training stands still, so the average dips there.")])
+
+
+@register_section("power", 40)
+def power_section(ctx: Context) -> Section:
+    energy = []
+    for r in ctx.runs:
+        end = max((s["t"] for s in r["samples"]), default=0.0)
+        for source, (joules, method) in energy_by_source(r, end).items():
+            energy.append({"run": r["label"], "source": source, "method": method, "seconds": end, "energy J": joules,
+                           "kWh": joules / 3.6e6, "mean W": joules / end if end else None})
+    missing = [{"run": r["label"], "source": src, "why": why} for r in ctx.runs
+               for src, why in sorted(r["env"].get("telemetry", {}).get("unavailable", {}).items())]
+    not_recorded = [r["label"] for r in ctx.runs if "telemetry" not in r["env"]]
+    blocks = [_figure(ctx, figures.power_over_time, "power.png",
+                      "GPU power from NVML (dashed; instant field where the driver has it, else its averaged "
+                      "reading), CPU package and DRAM from RAPL energy counters (solid)."),
+              Table("energy.csv", energy, "no run measured power or energy (no NVML GPU, no readable RAPL counter); "
+                                          "nothing is estimated from TDP"),
+              Table("unavailable.csv", missing, "every power source was available")]
+    if not_recorded:
+        blocks.append(Note(f"Runs that did not record which sources were available: {', '.join(not_recorded)}."))
+    return Section("Power and energy", blocks)
+
+
+@register_section("tta", 50)
+def tta_section(ctx: Context) -> Section:
+    return Section("Time to accuracy (Table 4/6)", [
+        Note("TTA: minutes from model creation until the median validation error of the last 3 epochs reaches the "
+             "target (empty: never reached). Relative %: TTA against the run named in 'reference' - the run on the "
+             "cheapest platform that reached the target, or the fastest when no platform has a price."),
+        Table("tta.csv", tta_rows(ctx.runs), "no evaluations recorded")])
+
+
+@register_section("beam_sweep", 60)
+def beam_sweep_section(ctx: Context) -> Section:
+    rows = [{"run": r["label"], "split": w["split"], "decoder": w["decoder"], "beam": w["beam"], "eval s": w["eval_s"],
+             "WER %": w["wer"], "CER %": w["cer"], "utterances": w["n_utts"]} for r in ctx.runs for w in r["sweep"]]
+    return Section("Beam width vs evaluation time and accuracy (Table 3)", [
+        Table("beam_sweep.csv", rows, "no beam sweep was run for these runs (speechperf beam-sweep RUN)")])
+
+
+@register_section("final", 70)
+def final_section(ctx: Context) -> Section:
+    rows = [{"run": r["label"], "split": f["split"], "decoder": f["decoder"], "beam": f["beam"], "WER %": f["wer"],
+             "CER %": f["cer"], "CER paper %": f["cer_paper"], "utterances": f["n_utts"]}
+            for r in ctx.runs for f in r["finals"]]
+    return Section("Final evaluation (Table 5)", [
+        Note("CER: edits / reference characters; CER paper: edits / the longer of hypothesis and reference."),
+        Table("final.csv", rows, "no run has a final evaluation (it runs when training ends)")])
+
+
+@register_section("runs", 80)
+def runs_section(ctx: Context) -> Section:
+    rows = [{"run": r["label"], "status": r["row"].get("status"), "preset": r["row"].get("preset"),
+             "seed": r["row"].get("seed"), "platform": of_run(r["env"]).name, "cpu": r["env"].get("cpu_model"),
+             "cores": r["env"].get("cpu_cores_logical"),
+             "gpus": ", ".join(g.get("name", "?") for g in r["env"].get("gpus", [])) or "none",
+             "torch": r["env"].get("libraries", {}).get("torch")} for r in ctx.runs]
+    return Section("Runs and machines", [Table("runs.csv", rows)])
+
+
+@register_section("platforms", 90)
+def platforms_section(ctx: Context) -> Section:
+    seen = {p.name: p for p in presets()}
+    for r in ctx.runs:
+        p = of_run(r["env"])
+        seen.setdefault(p.name, p)
+    return Section("Platforms and prices (Table 1)", [Table("platforms.csv", table(list(seen.values())))])
+
+
+@register_section("price", 100)
+def price_section(ctx: Context) -> Section:
+    return Section("Price/performance (TTA to CER 10)", [
+        Note("TTA x price: minutes x purchase price ($ min, lower is better); cost to accuracy: TTA in hours x "
+             "$/hour; energy to accuracy: counters (or integrated power) up to the TTA. The paper rows are LibriSpeech "
+             "runs, a far larger job than the embedded corpus: compare platforms within one job only."),
+        Table("price.csv", price_rows(ctx.runs))])
+
+
+@register_section("repeated", 110)
+def repeated_section(ctx: Context) -> Section:
+    return Section("Repeated runs (seeds), MLPerf aggregation", [
+        Table("repeated.csv", repeated_rows(ctx.runs), "no configuration was run with more than one seed")])
+
+
+@register_section("sentences", 400)
+def sentences_section(ctx: Context) -> Section:
+    rows = [{"run": r["label"], "iteration": s.get("iteration"), "reference": p.get("ref"), "hypothesis": p.get("hyp")}
+            for r in ctx.runs for s in r["sentences"] for p in s.get("pairs", [])[:1]]
+    return Section("Sentences generated during training (greedy, last three)", [
+        Table("sentences.csv", rows, "no sentences logged")])
