@@ -9,8 +9,12 @@ letter or a space (greedy CER about 30%). The dictionary and bigram LM (lm.py sm
 training sentences of the same grammar; the flashlight decoder gets the same LM as ARPA.
 References (install for the benchmark only): pyctcdecode without LM for ``beam``, and
 flashlight-text's lexicon decoder + KenLM (same bigram) for ``wordbeam`` (NGrams mode).
+``--run DIR`` adds the emissions of a trained model (e.g. the demo's ``DEMO/run``) on its
+dev-clean and dev-other splits, decoded with that run's own dictionary and LM: the realistic
+case (the synthetic matrices are no model's posteriors: on ``noisy`` greedy beats every
+search that sums alignments, pyctcdecode included).
 Per utterance times: one warm-up utterance, then the median (min-max) over utterances.
-Usage: python benchmarks/bench_decoders.py [--utts 12] [--widths 16,64,256]
+Usage: python benchmarks/bench_decoders.py [--utts 30] [--widths 16,64,256] [--run DEMO/run]
 """
 from __future__ import annotations
 
@@ -98,35 +102,83 @@ def references(lm: BigramLM, folder: Path):
     return pyctc, flash
 
 
+def model_emissions(run: Path, splits=("dev-clean", "dev-other")) -> dict[str, tuple[list, list[str]]]:
+    """Log-probs of a trained run's checkpoint (e.g. the demo's) on its validation splits:
+    {split: (list of (T_i, 30) arrays, transcripts)}, T_i the model's output lengths."""
+    import torch
+    from dataclasses import replace
+
+    from speechperf.data.loader import make_loader
+    from speechperf.train.evaluate import _load_run_model
+
+    model, cfg, feats, _ = _load_run_model(run)
+    model.eval()
+    out = {}
+    for split in splits:
+        mats, refs = [], []
+        loader_cfg = replace(cfg.loader, shuffle=False, mode="bucket", sort_first_epoch=False)
+        with torch.no_grad():
+            for b in make_loader(feats, split, loader_cfg, epoch=0, seed=0):
+                lp, lens = model(b.feats, b.feat_lens)  # (T', B, 30), (B,)
+                lp = lp.float().numpy().astype(np.float64)
+                mats += [np.ascontiguousarray(lp[: int(lens[i]), i]) for i in range(lp.shape[1])]
+                refs += list(b.transcripts)
+        out[f"model {split}"] = (mats, refs)
+    return out, feats
+
+
+def compare(kind: str, mats, refs, widths, lm, pyctc, flash) -> None:
+    """Greedy, then per width: beam vs pyctcdecode, wordbeam (two modes) vs flashlight."""
+    print(f"\n== {kind} ({len(mats)} utterances, T median {int(np.median([m.shape[0] for m in mats]))}): "
+          + row("greedy", refs, timed(GreedyDecoder().decode, mats)))
+    for width in widths:
+        ours = timed(BeamDecoder(width).decode, mats)
+        print(row(f"beam {width}", refs, ours))
+        if pyctc is not None:
+            theirs = timed(lambda m: pyctc.decode(m, beam_width=width).replace("_", ""), mats)
+            print(row(f"pyctcdecode {width} (no LM)", refs, theirs) + f"  ours/theirs time {ours[0] / theirs[0]:.3f}"
+                  + f"  CER ours-theirs {error_rates(refs, ours[3]).cer - error_rates(refs, theirs[3]).cer:+.2f}")
+        ours = {m: timed(WordBeamDecoder(lm, width, mode=m).decode, mats) for m in ("ngrams", "ngrams_forecast")}
+        theirs = timed(flash(width).decode, mats) if flash is not None else None
+        for mode, result in ours.items():
+            ratio = ""
+            if theirs:
+                ratio = (f"  ours/theirs time {result[0] / theirs[0]:.3f}"
+                         f"  CER ours-theirs {error_rates(refs, result[3]).cer - error_rates(refs, theirs[3]).cer:+.2f}")
+            print(row(f"wordbeam {width} {mode}", refs, result) + ratio)
+        if theirs:
+            print(row(f"flashlight {width} (KenLM bigram)", refs, theirs))
+    sys.stdout.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--utts", type=int, default=12)
+    ap.add_argument("--utts", type=int, default=30)
     ap.add_argument("--widths", default="16,64,256")
+    ap.add_argument("--run", default=None, help="a trained run (e.g. DEMO/run): also decode its model's emissions")
     a = ap.parse_args()
+    widths = [int(w) for w in a.widths.split(",")]
     gen = SentenceGenerator(5, min_words=8, max_words=12)
     uni, bi = count(sentences(gen, 2000))
     lm = BigramLM(dict(uni), {k: dict(v) for k, v in bi.items()})
     refs = sentences(gen, a.utts)
     rng = np.random.default_rng(0)
     pyctc, flash = references(lm, Path(tempfile.mkdtemp(prefix="bench-decoders-")))
-    print(f"{len(lm.words)} dictionary words, {sum(map(len, lm.bigrams.values()))} bigrams, {a.utts} utterances")
+    words = [w for r in refs for w in r.split()]
+    oov = sum(w not in set(lm.words) for w in words)
+    print(f"{len(lm.words)} dictionary words, {sum(map(len, lm.bigrams.values()))} bigrams, {a.utts} utterances; "
+          f"{oov} of {len(words)} reference words are out of the dictionary (no lexicon decoder can spell them: "
+          f"on peaked matrices these are all the errors)")
     for kind, params in KINDS.items():
-        mats = [emissions(r, rng, **params) for r in refs]
-        print(f"\n== {kind}: " + row("greedy", refs, timed(GreedyDecoder().decode, mats)))
-        for width in [int(w) for w in a.widths.split(",")]:
-            ours = timed(BeamDecoder(width).decode, mats)
-            print(row(f"beam {width}", refs, ours))
-            if pyctc is not None:
-                theirs = timed(lambda m: pyctc.decode(m, beam_width=width).replace("_", ""), mats)
-                print(row(f"pyctcdecode {width} (no LM)", refs, theirs) + f"  ours/theirs time {ours[0] / theirs[0]:.3f}")
-            ours = {m: timed(WordBeamDecoder(lm, width, mode=m).decode, mats) for m in ("ngrams", "ngrams_forecast")}
-            theirs = timed(flash(width).decode, mats) if flash is not None else None
-            for mode, result in ours.items():
-                ratio = f"  ours/theirs time {result[0] / theirs[0]:.3f}" if theirs else ""
-                print(row(f"wordbeam {width} {mode}", refs, result) + ratio)
-            if theirs:
-                print(row(f"flashlight {width} (KenLM bigram)", refs, theirs))
-    sys.stdout.flush()
+        compare(kind, [emissions(r, rng, **params) for r in refs], refs, widths, lm, pyctc, flash)
+    if a.run:
+        from speechperf.decode.lm import load_lm
+
+        kinds, feats = model_emissions(Path(a.run))
+        run_lm = load_lm(feats)  # the run's own dictionary and bigram, as its evaluation uses
+        _, run_flash = references(run_lm, Path(tempfile.mkdtemp(prefix="bench-decoders-run-")))
+        for kind, (mats, run_refs) in kinds.items():
+            compare(kind, mats, run_refs, widths, run_lm, pyctc, run_flash)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
 from speechperf.tables import emit
 
@@ -66,7 +67,8 @@ def cmd_tta(a) -> int:
 def cmd_eval(a) -> int:
     from speechperf.train.evaluate import evaluate_run
 
-    row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers)
+    row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers,
+                       mode=a.mode)
     emit([row], a.json)
     return 0
 
@@ -74,7 +76,8 @@ def cmd_eval(a) -> int:
 def cmd_beam_sweep(a) -> int:
     from speechperf.train.evaluate import beam_sweep
 
-    rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers)
+    rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers,
+                      mode=a.mode)
     emit(rows, a.json)
     return 0
 
@@ -97,7 +100,8 @@ def cmd_report(a) -> int:
 def cmd_bench_ops(a) -> int:
     from speechperf.bench.ops import run_ops
 
-    rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick)
+    rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick,
+                   cpu_seconds=a.cpu_seconds, csv_path=a.csv)
     emit(rows, a.json)
     return 0
 
@@ -105,7 +109,8 @@ def cmd_bench_ops(a) -> int:
 def cmd_bench_zoo(a) -> int:
     from speechperf.bench.zoo import run_zoo
 
-    rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters, db_path=a.db)
+    rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters,
+                   db_path=a.db, csv_path=a.csv, warmup=a.warmup)
     emit(rows, a.json)
     return 0
 
@@ -177,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run")
     sp.add_argument("--split", default="dev-clean")
     sp.add_argument("--decoder", default="wordbeam")
+    sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
     sp.add_argument("--beam", type=int, default=256)
     sp.add_argument("--workers", type=int, default=0)
 
@@ -185,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--widths", type=_csv(int), default=[64, 128, 256, 512, 1024, 2048, 4096])
     sp.add_argument("--split", default="dev-clean")
     sp.add_argument("--decoder", default="wordbeam")
+    sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
     sp.add_argument("--workers", type=int, default=0)
 
     lm = sub.add_parser("lm", help="dictionary and language model").add_subparsers(dest="sub", required=True)
@@ -204,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--threads", type=_csv(int), default=None)
     sp.add_argument("--iters", type=int, default=None)
     sp.add_argument("--quick", action="store_true", help="small shapes only (smoke test)")
+    sp.add_argument("--cpu-seconds", type=float, default=3.0, help="CPU: timed seconds per op (calls adapt to it)")
+    sp.add_argument("--csv", help="also write the rows to this CSV file")
     sp.add_argument("--db")
     sp = add("zoo", cmd_bench_zoo, "model-zoo training throughput, power and energy", bench)
     sp.add_argument("--models", type=_csv(), default=None)
@@ -211,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--precision", type=_csv(), default=["fp32"])
     sp.add_argument("--device", default="cpu")
     sp.add_argument("--iters", type=int, default=None)
+    sp.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
+    sp.add_argument("--csv", help="Table 8 layout CSV (default: bench_zoo_table8.csv beside --db)")
     sp.add_argument("--db")
 
     par = sub.add_parser("parallel", help="parallel training algorithms").add_subparsers(dest="sub", required=True)

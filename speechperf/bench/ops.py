@@ -15,6 +15,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -212,8 +213,10 @@ def sweep(dev: torch.device, dtypes, threads_list, ops, iters, cpu_seconds, scal
 
 
 def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | None = None, db_path=None,
-            quick: bool = False, cpu_seconds: float = 3.0, scaling_max_gflop: float = 300.0) -> list[dict]:
-    """The whole sweep; rows also go to the results DB when ``db_path`` is given.
+            quick: bool = False, cpu_seconds: float = 3.0, scaling_max_gflop: float = 300.0,
+            csv_path=None) -> list[dict]:
+    """The whole sweep; rows also go to the results DB when ``db_path`` is given and to a
+    CSV file when ``csv_path`` is.
 
     On CPU by default: 1 thread and all threads, ops adapting their call count to about
     ``cpu_seconds`` (at least 6 calls), and the 1-thread pass without the ops over
@@ -240,6 +243,10 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
         torch.set_num_threads(saved)
     if db_path:
         _store(rows, db_path)
+    if csv_path:
+        from speechperf.bench.zoo import write_csv
+
+        write_csv([{k: v for k, v in r.items() if k != "env_json"} for r in rows], Path(csv_path))
     return rows
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speechperf.data.config import LoaderConfig
+from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
 from speechperf.models.config import ModelConfig
 from speechperf.train.config import TrainConfig
@@ -152,6 +153,7 @@ def validate(cfg: RunConfig) -> None:
         (t.sentence_every >= 1 and t.checkpoint_every >= 1, "train.sentence_every and checkpoint_every must be >= 1"),
         (t.target_epochs >= 1, f"train.target_epochs={t.target_epochs} must be >= 1"),
         (t.max_epochs >= 1, f"train.max_epochs={t.max_epochs} must be >= 1"),
+        (t.eval_mode in WORDBEAM_MODES, f"train.eval_mode={t.eval_mode!r} must be one of {', '.join(WORDBEAM_MODES)}"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -15,6 +15,9 @@ import numpy as np
 from speechperf.errors import SpeechperfError
 
 DECODERS: dict[str, Callable[..., object]] = {}
+# Scheidl's four word beam search modes (here, not in wordbeam.py, so configs and the CLI can
+# name them without importing numba)
+WORDBEAM_MODES = ("words", "ngrams", "ngrams_forecast", "ngrams_forecast_sample")
 _BUILTIN = ("greedy", "beam", "wordbeam", "flashlight")
 
 

@@ -28,15 +28,18 @@ _EMPTY_I32 = np.zeros(1, np.int32)
 _EMPTY_I64 = np.zeros(2, np.int64)
 
 
-def prefix_beam_search(log_probs: np.ndarray, beam: int, prune: float = PRUNE, gap: float = GAP) -> tuple[int, ...]:
+def prefix_beam_search(log_probs: np.ndarray, beam: int, prune: float = PRUNE, gap: float = GAP,
+                       space: int = -1) -> tuple[int, ...]:
     """(T, C) log-probabilities, blank = 0, any C -> the most probable label sequence.
 
     ``prune``: symbols below this probability in a frame are not tried; ``gap``: prefixes
     more than this (natural log) below the frame's best are dropped. 0 and inf: exact.
+    ``space``: a label whose leading and repeated occurrences make no new prefix (the
+    search is then over texts with single spaces); -1: every label sequence is its own.
     """
     lp = np.ascontiguousarray(log_probs, dtype=np.float64)  # (T, C)
     C = lp.shape[1]
-    labels, _ = beam_search(lp, beam, math.log(prune) if prune > 0 else -np.inf, gap, False, MODE_WORDS, 0.0, 1,
+    labels, _ = beam_search(lp, beam, math.log(prune) if prune > 0 else -np.inf, gap, False, MODE_WORDS, 0.0, 1, space,
                             np.zeros((1, C), np.int32), _EMPTY_I32, _EMPTY_I32, _EMPTY_I32,
                             np.zeros(C, np.bool_), _EMPTY_F, _EMPTY_F, _EMPTY_I64, _EMPTY_I32, _EMPTY_F,
                             _EMPTY_F, _EMPTY_F)
@@ -57,7 +60,7 @@ class BeamDecoder:
         check_log_probs(log_probs)
         if log_probs.shape[0] == 0:
             return ""
-        return " ".join(alphabet.decode(prefix_beam_search(log_probs, self.beam, self.prune, self.gap)).split())
+        return " ".join(alphabet.decode(prefix_beam_search(log_probs, self.beam, self.prune, self.gap, alphabet.SPACE)).split())
 
     def decode_batch(self, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:
         """(T, B, 30) with valid lengths (B,) -> B texts; ``workers`` > 1 uses processes."""

@@ -62,14 +62,18 @@ def _forecast(nd, h, mode, samples, node_lo, node_hi, uni, cum_uni, row_start, r
 
 
 @njit(cache=True, nogil=True)
-def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, samples, next_node, node_word, node_lo,
-                node_hi, is_non_word, uni, cum_uni, row_start, row_word, row_disc, cum_disc, backoff):
+def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, samples, space, next_node, node_word,
+                node_lo, node_hi, is_non_word, uni, cum_uni, row_start, row_word, row_disc, cum_disc, backoff):
     """(T, C) log-probs -> (labels of the best prefix, ids of its words; -1 if unconstrained).
 
     ``constrained`` False: plain prefix beam search over all C symbols (the tree and LM
     arguments are ignored). Symbols below ``log_thresh`` in a frame are not tried as
     extensions, and candidates scoring more than ``score_gap`` below the frame's best are
     dropped before the width cut (inf keeps all). The blank is symbol 0.
+    ``space`` (-1: none): a space that would lead the text or follow a space is no new
+    prefix; its paths are added to the prefix itself, so texts that differ only in runs of
+    spaces (the same words after normalization) share one beam instead of splitting their
+    probability over several.
     """
     T, C = lp.shape
     V = uni.shape[0]
@@ -120,6 +124,10 @@ def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, s
             nd = node[p]
             for c in range(1, C):
                 if f[c] < log_thresh:
+                    continue
+                if c == space and (p == 0 or last == space):
+                    # ending in space either way; after a space label the repeat is counted above
+                    c_pnb[k] = _lse(c_pnb[k], (pb if last == space else tot) + f[c])
                     continue
                 tree_next = -1
                 if constrained:

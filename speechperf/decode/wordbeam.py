@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from speechperf.data import alphabet
-from speechperf.decode import check_log_probs, register_decoder
+from speechperf.decode import WORDBEAM_MODES, check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
 from speechperf.decode.beam import GAP
 from speechperf.decode.kernel import beam_search
@@ -25,7 +25,7 @@ from speechperf.decode.lm import BigramLM, load_lm
 from speechperf.decode.tables import build_tables
 from speechperf.errors import SpeechperfError
 
-MODES = ("words", "ngrams", "ngrams_forecast", "ngrams_forecast_sample")
+MODES = WORDBEAM_MODES
 
 
 class WordBeamDecoder:
@@ -56,7 +56,7 @@ class WordBeamDecoder:
         t = self.tables
         labels, words = beam_search(
             np.ascontiguousarray(log_probs, dtype=np.float64), self.beam, self.log_prune, self.gap, True,
-            MODES.index(self.mode), self.weight, self.samples, t.next_node, t.node_word, t.node_lo, t.node_hi,
+            MODES.index(self.mode), self.weight, self.samples, alphabet.SPACE, t.next_node, t.node_word, t.node_lo, t.node_hi,
             self.is_non_word, t.uni, t.cum_uni, t.row_start, t.row_word, t.row_disc, t.cum_disc, t.backoff)
         return labels.tolist(), [t.words[w] for w in words.tolist()]
 

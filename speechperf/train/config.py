@@ -22,6 +22,7 @@ class TrainConfig:
     eval_split: str = "dev-clean"  # validation split evaluated every epoch
     eval_decoder: str = "greedy"  # decoder registry key for per-epoch evaluation
     eval_beam: int = 256  # beam width for per-epoch evaluation (paper 256)
+    eval_mode: str = "ngrams"  # word beam search mode (wordbeam only): words, ngrams, ngrams_forecast, ngrams_forecast_sample
     final_beam: int = 512  # beam width for the final evaluation (paper 512)
     target_metric: str = "cer"  # "cer" (standard) or "wer": what the stop rule watches
     target: float = 0.0  # stop once the median of the last target_epochs evals is <= this (percent); 0 = never

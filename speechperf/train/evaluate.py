@@ -18,11 +18,18 @@ from speechperf.data.config import LoaderConfig
 from speechperf.metrics.errors import error_rates
 
 
-def make_decoder(name: str, beam: int, feats: Path):
-    """The registry decoder ``name``; decoders that need a dictionary/LM get the dataset's."""
+def make_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams"):
+    """The registry decoder ``name``; decoders that need a dictionary/LM get the dataset's;
+    ``mode`` is the word beam search mode (ignored by the other decoders)."""
     from speechperf.decode import get_decoder
 
-    return get_decoder(name, beam=beam, features=feats)
+    return get_decoder(name, beam=beam, features=feats, mode=mode if name == "wordbeam" else None)
+
+
+def decoder_label(name: str, mode: str = "ngrams") -> str:
+    """The decoder as results record it: ``wordbeam`` in its default NGrams mode, else
+    ``wordbeam:MODE``, so rows of different modes never overwrite each other."""
+    return f"{name}:{mode}" if name == "wordbeam" and mode != "ngrams" else name
 
 
 def autocast(device: torch.device, precision: str):
@@ -36,7 +43,7 @@ def autocast(device: torch.device, precision: str):
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: LoaderConfig, device: torch.device,
              decoder: str = "greedy", beam: int = 1, workers: int = 0, precision: str = "fp32",
-             keep_pairs: int = 0) -> dict:
+             keep_pairs: int = 0, mode: str = "ngrams") -> dict:
     """Loss, WER, CER (standard and paper) and seconds of one pass over ``split``."""
     from speechperf.data.loader import make_loader
 
@@ -44,7 +51,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     beam = 1 if decoder == "greedy" else beam
     was_training = model.training
     model.eval()
-    dec = make_decoder(decoder, beam, feats)
+    dec = make_decoder(decoder, beam, feats, mode)
     cfg = replace(loader_cfg, shuffle=False, mode="bucket", sort_first_epoch=False)
     refs: list[str] = []
     hyps: list[str] = []
@@ -65,7 +72,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
         model.train()
     rates = error_rates(refs, hyps)
     return {
-        "split": split, "decoder": decoder, "beam": beam,
+        "split": split, "decoder": decoder_label(decoder, mode), "beam": beam,
         "loss": loss_sum / max(n_loss, 1), **rates.to_dict(),
         "eval_s": time.perf_counter() - start,
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
@@ -94,15 +101,16 @@ def _load_run_model(run: Path):
 
 
 def evaluate_run(run: Path, split: str = "dev-clean", decoder: str = "wordbeam", beam: int = 256,
-                 workers: int = 0) -> dict:
+                 workers: int = 0, mode: str = "ngrams") -> dict:
     """``speechperf eval``: the run's latest checkpoint on ``split``; one row."""
     model, cfg, feats, _ = _load_run_model(Path(run))
-    r = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=beam, workers=workers)
+    r = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=beam, workers=workers,
+                 mode=mode)
     return {k: v for k, v in r.items() if k != "pairs"}
 
 
 def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: str = "wordbeam",
-               workers: int = 0) -> list[dict]:
+               workers: int = 0, mode: str = "ngrams") -> list[dict]:
     """Table 3 form: evaluation seconds, WER and CER per beam width; rows also go to the DB."""
     from speechperf.metrics.tta import read_run_info
     from speechperf.results import ResultsDB
@@ -113,8 +121,8 @@ def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: 
         db.ensure_schema(BEAM_SWEEP_SCHEMA)
         for width in widths:
             r = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=width,
-                         workers=workers)
-            row = {"run_id": run_id, "split": split, "decoder": decoder, "beam": r["beam"], "eval_s": r["eval_s"],
+                         workers=workers, mode=mode)
+            row = {"run_id": run_id, "split": split, "decoder": r["decoder"], "beam": r["beam"], "eval_s": r["eval_s"],
                    "wer": r["wer"], "cer": r["cer"], "cer_paper": r["cer_paper"], "n_utts": r["n_utts"], "device": "cpu"}
             db.upsert("beam_sweep", row)
             rows.append(row)

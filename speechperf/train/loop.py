@@ -275,7 +275,7 @@ def _epoch_eval(model, data, cfg, device, prog, clock, db, events, run_id, quiet
     tc = cfg.train
     events.start(C.EVAL_START, epoch_num=prog.epoch)
     r = evaluate(model, data, tc.eval_split, cfg.loader, device, decoder=tc.eval_decoder,
-                 beam=tc.eval_beam, precision=tc.precision, keep_pairs=3)
+                 beam=tc.eval_beam, precision=tc.precision, keep_pairs=3, mode=tc.eval_mode)
     now = clock.now()
     prog.evals.append((now, r["wer"], r["cer"]))
     db.upsert("evals", {"run_id": run_id, "epoch": prog.epoch, "split": r["split"], "decoder": r["decoder"],
@@ -301,7 +301,7 @@ def _final_eval(model, data, cfg, device, prog, clock, db, events, run_id, quiet
     tc = cfg.train
     for split in [s for s in FINAL_SPLITS if (Path(data) / s / "index.json").exists()]:
         r = evaluate(model, data, split, cfg.loader, device, decoder=tc.eval_decoder, beam=tc.final_beam,
-                     precision=tc.precision)
+                     precision=tc.precision, mode=tc.eval_mode)
         db.upsert("evals", {"run_id": run_id, "epoch": prog.epoch - 1, "split": split, "decoder": r["decoder"],
                             "beam": r["beam"], "clock_s": clock.now(), "eval_s": r["eval_s"], "loss": r["loss"],
                             "wer": r["wer"], "cer": r["cer"], "cer_paper": r["cer_paper"], "n_utts": r["n_utts"],

@@ -86,3 +86,22 @@ def test_thread_scaling_pass_skips_big_ops_and_says_so():
     rows = ops.sweep(torch.device("cpu"), ["fp32"], [1, 2], [big, small], 6, 0.01, scaling_max_gflop=0.1)
     status = [(r["threads"], r["shape"].split()[0], r["status"][:22]) for r in rows]
     assert status == [(1, "512x512", "skipped: over 0.1 GFLO"), (1, "64x64", "ok"), (2, "512x512", "ok"), (2, "64x64", "ok")]
+
+
+def test_cli_bench_ops_writes_json_csv_and_db(tmp_path, capsys):
+    import csv
+    import json
+
+    from speechperf.cli import main
+    from speechperf.results import ResultsDB
+
+    code = main(["bench", "ops", "--quick", "--threads", "1", "--cpu-seconds", "0.05", "--json",
+                 "--csv", str(tmp_path / "ops.csv"), "--db", str(tmp_path / "r.db")])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)
+    with open(tmp_path / "ops.csv") as f:
+        written = list(csv.DictReader(f))
+    assert [r["op"] for r in written] == [r["op"] for r in rows] and len(rows) == 3
+    assert float(written[0]["tflops"]) == pytest.approx(rows[0]["tflops"])
+    with ResultsDB(tmp_path / "r.db") as db:
+        assert len(db.query("SELECT * FROM bench_ops")) == 3

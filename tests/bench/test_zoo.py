@@ -65,3 +65,18 @@ def test_table8_layout_and_csv(tmp_path):
 def test_mixed_precision_row_beside_fp32():
     rows = zoo.run_zoo(models=["lstm"], batches=[2], precisions=["fp32", "amp"], iters=1, warmup=0)
     assert [(r["precision"], r["status"]) for r in rows] == [("fp32", "ok"), ("amp", "ok")]
+
+
+def test_cli_bench_zoo_writes_table8_csv(tmp_path, capsys):
+    import csv
+    import json
+
+    from speechperf.cli import main
+
+    code = main(["bench", "zoo", "--models", "lstm", "--batch", "2", "--iters", "1", "--warmup", "0", "--json",
+                 "--csv", str(tmp_path / "t8.csv")])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 1 and rows[0]["model"] == "lstm" and rows[0]["samples_per_s"] > 0
+    with open(tmp_path / "t8.csv") as f:
+        assert [r["model"] for r in csv.DictReader(f)] == ["lstm"]

@@ -39,6 +39,7 @@ def test_overrides():
     (["train.dropout=0.1"], "no field"),
     (["model.dropout=1.5"], "dropout"),
     (["batch_norm=maybe"], "not a bool"),
+    (["eval_mode=fastest"], "train.eval_mode='fastest' must be one of words, ngrams"),
 ])
 def test_bad_overrides_name_the_value(bad, match):
     with pytest.raises(ConfigError, match=match):

@@ -51,6 +51,28 @@ def test_prefix_beam_equals_exhaustive_search(seed):
     assert prefix_beam_search(lp, beam=10_000, prune=0, gap=np.inf) == exhaustive(lp)
 
 
+def _single_spaced(labels, space=1):
+    """Label sequence with leading spaces dropped and runs of spaces made one."""
+    out = []
+    for lab in labels:
+        if lab == space and (not out or out[-1] == space):
+            continue
+        out.append(lab)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_prefix_beam_with_space_merging_equals_exhaustive_search_over_single_spaced_texts(seed):
+    # symbol 1 plays the space: mass of texts that differ only in runs of spaces is summed
+    lp = log_softmax(np.random.default_rng(100 + seed).standard_normal((5, 4)) * 2)
+    T, C = lp.shape
+    scores = {}
+    for path in itertools.product(range(C), repeat=T):
+        labels = _single_spaced(alphabet.collapse(path))
+        scores[labels] = np.logaddexp(scores.get(labels, -np.inf), sum(lp[t, c] for t, c in enumerate(path)))
+    assert prefix_beam_search(lp, beam=10_000, prune=0, gap=np.inf, space=1) == max(scores, key=scores.get)
+
+
 def test_greedy_is_argmax_collapse():
     lp = log_softmax(np.random.default_rng(1).standard_normal((50, 30)) * 3)
     want = alphabet.decode(alphabet.collapse(lp.argmax(1)))

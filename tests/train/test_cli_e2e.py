@@ -50,6 +50,16 @@ def test_cli_end_to_end(tmp_path):
     text = cli("tta", run, "--targets", "0.001").stdout
     assert "NA" in text
 
+    row = json.loads(cli("eval", run, "--decoder", "wordbeam", "--beam", "4", "--mode", "ngrams_forecast",
+                         "--json").stdout)
+    assert row[0]["decoder"] == "wordbeam:ngrams_forecast" and row[0]["n_utts"] > 0 and 0 <= row[0]["cer"]
+    sweep = json.loads(cli("beam-sweep", run, "--widths", "1,4", "--json").stdout)
+    assert [r["beam"] for r in sweep] == [1, 4] and all(r["eval_s"] > 0 and r["decoder"] == "wordbeam" for r in sweep)
+    with ResultsDB(info["db"]) as db:
+        assert len(db.query("SELECT * FROM beam_sweep WHERE run_id = ?", [info["run_id"]])) == 2
+    bad_mode = cli("eval", run, "--mode", "fastest", check=False)
+    assert bad_mode.returncode == 2 and "fastest" in bad_mode.stderr
+
     again = cli("train", "--preset", "tiny", "--data", feats, "--out", run, check=False)
     assert again.returncode == 2 and "already holds a run" in again.stderr
     bad = cli("train", "--preset", "tiny", "--data", tmp_path / "nowhere", "--out", tmp_path / "r2", check=False)
