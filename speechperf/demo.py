@@ -15,6 +15,7 @@ from speechperf.config import load_preset
 CER_TARGETS = (10.0, 8.0, 7.0)  # SPEC D, LibriSpeech dev-clean
 WER_TARGETS = (22.0, 20.2, 19.2)
 DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo
+SWEEP_WIDTHS = (1, 16, 64, 256)  # Table 3 form on dev-clean: greedy (1) against word beam search
 
 
 def run_demo(out: Path, hours: float | None = None, minutes: float | None = None, preset: str = "cpu",
@@ -46,9 +47,27 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     else:
         say(f"training preset {preset!r} -> {run} ({time.perf_counter() - t0:.0f} s so far)")
         train(preset=preset, data=out / "features", out=run, overrides=overrides, quiet=quiet)
+    _beam_sweep(run, say)
     _report(run, out / "report", say)
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
     return tta_table([run], metric="cer", targets=CER_TARGETS) + tta_table([run], metric="wer", targets=WER_TARGETS)
+
+
+def _beam_sweep(run: Path, say) -> None:
+    """Evaluation seconds, WER and CER per beam width of the final model, once per run."""
+    from speechperf.metrics.tta import read_run_info
+    from speechperf.results import ResultsDB
+    from speechperf.train.evaluate import beam_sweep
+
+    info = read_run_info(run)
+    with ResultsDB(info["db"]) as db:
+        have = db.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'beam_sweep'") and db.query(
+            "SELECT beam FROM beam_sweep WHERE run_id = ?", [info["run_id"]])
+    if have:
+        return
+    say(f"beam sweep on dev-clean, widths {', '.join(map(str, SWEEP_WIDTHS))}")
+    for r in beam_sweep(run, list(SWEEP_WIDTHS), split="dev-clean"):
+        say(f"  width {r['beam']:>4}: WER {r['wer']:.2f}  CER {r['cer']:.2f}  ({r['eval_s']:.1f} s)")
 
 
 def _report(run: Path, out: Path, say) -> None:
