@@ -100,18 +100,26 @@ def cmd_report(a) -> int:
 def cmd_bench_ops(a) -> int:
     from speechperf.bench.ops import run_ops
 
+    from speechperf.bench.ops import COLUMNS, notes
+
     rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick,
                    cpu_seconds=a.cpu_seconds, csv_path=a.csv)
-    emit(rows, a.json)
+    emit(rows, a.json, columns=COLUMNS)
+    if not a.json:
+        print("\n".join(notes(rows)))
     return 0
 
 
 def cmd_bench_zoo(a) -> int:
     from speechperf.bench.zoo import run_zoo
 
+    from speechperf.bench.zoo import COLUMNS, CPU_SECONDS, notes
+
     rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters,
-                   db_path=a.db, csv_path=a.csv, warmup=a.warmup)
-    emit(rows, a.json)
+                   db_path=a.db, csv_path=a.csv, warmup=a.warmup, cpu_seconds=a.cpu_seconds or CPU_SECONDS)
+    emit(rows, a.json, columns=COLUMNS)
+    if not a.json:
+        print("\n".join(notes(rows)))
     return 0
 
 
@@ -221,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="cpu")
     sp.add_argument("--iters", type=int, default=None)
     sp.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
+    sp.add_argument("--cpu-seconds", type=float, default=None, help="CPU without --iters: timed seconds per row")
     sp.add_argument("--csv", help="Table 8 layout CSV (default: bench_zoo_table8.csv beside --db)")
     sp.add_argument("--db")
 

@@ -128,6 +128,39 @@ def unsupported(dev: torch.device, dtype: str) -> str | None:
     return None
 
 
+def spread_pct(times: list[float]) -> float | None:
+    """Interquartile range of the call times in % of their median: robust to the odd call a
+    shared machine stalls (max - min reported 700% for 0.1 GFLOP calls that were steady).
+    None for a single call: one time has no spread."""
+    if len(times) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles(times, n=4)
+    return 100 * (q3 - q1) / statistics.median(times)
+
+
+# The columns the text table shows (--json, --csv and the database hold every column)
+COLUMNS = ("device", "dtype", "accumulate", "threads", "op", "shape", "gflop", "iters", "ms_mid", "ms_median",
+           "spread_pct", "tflops", "pct_peak", "pct_measured_peak", "power_w", "status")
+
+
+def notes(rows: list[dict]) -> list[str]:
+    """What the text table leaves out: the peak behind each %, the power source, and every
+    row that was not measured, with why."""
+    lines, seen = [], set()
+    for r in rows:
+        key = (r["device"], r["dtype"], r["threads"])
+        if key not in seen:
+            seen.add(key)
+            vendor = "NA" if r["peak_tflops"] is None else f"{r['peak_tflops']:.4g}"
+            best = "NA" if r["measured_peak_tflops"] is None else f"{r['measured_peak_tflops']:.4g}"
+            lines.append(f"peak {r['device']} {r['dtype']} {r['threads']} thread(s): {vendor} TFLOPS "
+                         f"({r['peak_source']}); best measured {best} TFLOPS")
+    lines += sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
+    lines += [f"not measured: {r['op']} {r['shape']} {r['dtype']} {r['threads']} thread(s): {r['status']}"
+              for r in rows if r["status"] != "ok"]
+    return lines
+
+
 def _row(dev, dtype, threads, op, peak, measured=None, status="ok") -> dict:
     """One result row; ``measured`` is run_op's (call times in s, PowerMeter result)."""
     times, energy = measured or (None, {})
@@ -139,7 +172,7 @@ def _row(dev, dtype, threads, op, peak, measured=None, status="ok") -> dict:
     if times:
         mid = middle_third(times)
         row.update(ms_mid=1000 * mid, ms_median=1000 * statistics.median(times),
-                   spread_pct=100 * (max(times) - min(times)) / statistics.median(times), tflops=op.flops / mid / 1e12)
+                   spread_pct=spread_pct(times), tflops=op.flops / mid / 1e12)
         if peak.tflops:
             row["pct_peak"] = 100 * row["tflops"] / peak.tflops
         if row["power_w"]:

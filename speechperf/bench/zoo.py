@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speechperf.atomic import atomic_write_text
+from speechperf.bench.ops import libraries, spread_pct
 from speechperf.bench.power import PowerMeter
 from speechperf.bench.vision import vision_models
 from speechperf.errors import SpeechperfError
@@ -31,6 +33,12 @@ from speechperf.train.evaluate import autocast
 PAPER_PARAMS_M = {"resnet50": 26, "inception_v3": 27, "vgg16": 138, "lstm": 66, "ds2": 27, "transformer": 65}
 TABLE8_BATCHES = {"resnet50": (64, 128), "inception_v3": (64, 128), "vgg16": (64, 128), "lstm": (64, 128, 256),
                   "ds2": (8, 16, 32), "transformer": (1024, 2048, 4096)}
+# CPU: timed seconds per row (at least one step); measured to keep the default sweep of
+# bench ops + bench zoo within 20 minutes on 2 cores (see the closing note of issue 5)
+CPU_SECONDS = 5.0
+# The columns of the text table (--json, --csv and the database hold every column)
+COLUMNS = ("model", "batch", "precision", "multiply", "device", "params_m", "paper_params_m", "unit", "samples_per_s",
+           "step_s", "iters", "spread_pct", "power_w", "joules_per_sample", "status")
 UNITS = {"resnet50": "images", "inception_v3": "images", "vgg16": "images", "lstm": "sentences",
          "ds2": "utterances", "transformer": "tokens"}
 
@@ -125,9 +133,14 @@ def parameter_millions(model: nn.Module) -> float:
     return sum(p.numel() for p in model.parameters()) / 1e6
 
 
-def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, iters: int,
-            warmup: int = 1) -> dict:
-    """``warmup`` untimed steps, then ``iters`` timed steps under the sampler; one Table 8 row."""
+def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, iters: int | None,
+            warmup: int = 1, cpu_seconds: float = 0.0) -> dict:
+    """``warmup`` untimed steps, then timed steps under the sampler; one Table 8 row.
+
+    ``iters`` steps when given; else (CPU) steps until ``cpu_seconds`` have passed, at
+    least one: a ResNet-50 step at batch 128 takes over 10 s on 2 cores, an LSTM step 1 s.
+    Each step is timed on its own (device synchronized), so the spread is reported.
+    """
     spec = ZOO[name]
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "amp" and dev.type == "cuda")
@@ -145,16 +158,20 @@ def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.
 
     for _ in range(warmup):
         one()
+    steps: list[float] = []
     with PowerMeter() as meter:
-        for _ in range(iters):
+        while len(steps) < (iters or 1) or (not iters and sum(steps) < cpu_seconds):
+            t = time.perf_counter()
             one()
-    samples = spec.samples(batch) * iters
+            steps.append(time.perf_counter() - t)
+    samples = spec.samples(batch) * len(steps)
     energy = meter.result(samples)
-    return {"samples_per_s": samples / meter.seconds, "step_s": meter.seconds / iters, **energy}
+    return {"samples_per_s": samples / meter.seconds, "step_s": statistics.median(steps), "iters": len(steps),
+            "spread_pct": spread_pct(steps), **energy}
 
 
 def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu", iters: int | None = None,
-            db_path=None, csv_path=None, warmup: int = 1) -> list[dict]:
+            db_path=None, csv_path=None, warmup: int = 1, cpu_seconds: float = CPU_SECONDS) -> list[dict]:
     """Rows (samples/s, W, J/sample) per model, batch size and precision.
 
     With ``db_path`` the rows go to table ``bench_zoo`` and the Table 8 layout to a CSV
@@ -166,8 +183,7 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     unknown = set(models or []) - set(ZOO)
     if unknown:
         raise SpeechperfError(f"unknown zoo models {sorted(unknown)}; known: {', '.join(ZOO)}")
-    # CPU: one timed step after the warm-up keeps the default sweep near 20 minutes
-    iters = iters or (1000 if dev.type == "cuda" else 1)
+    iters = iters or (1000 if dev.type == "cuda" else None)  # CPU: as many steps as fit in cpu_seconds
     rows = []
     for name in models or list(ZOO):
         try:
@@ -179,7 +195,7 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
         for batch in batches or TABLE8_BATCHES[name]:
             for precision in precisions:
                 try:
-                    m = measure(name, model, batch, precision, dev, iters, warmup)
+                    m = measure(name, model, batch, precision, dev, iters, warmup, cpu_seconds)
                     rows.append(_row(name, batch, precision, device, params, m))
                 except (torch.cuda.OutOfMemoryError, MemoryError) as e:
                     rows.append(_row(name, batch, precision, device, params, None, f"out of memory: {str(e)[:60]}"))
@@ -190,6 +206,14 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     if csv_path or db_path:
         write_csv(table8(rows), Path(csv_path) if csv_path else Path(db_path).with_name("bench_zoo_table8.csv"))
     return rows
+
+
+def notes(rows: list[dict]) -> list[str]:
+    """What the text table leaves out: the power source and every row not measured, with why."""
+    lines = sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
+    lines += [f"threads {sorted({r['threads'] for r in rows})}, {rows[0]['libraries']}, torch {rows[0]['torch']}"] if rows else []
+    return lines + [f"not measured: {r['model']} batch {r['batch']} {r['precision']}: {r['status']}"
+                    for r in rows if r["status"] != "ok"]
 
 
 def table8(rows: list[dict]) -> list[dict]:
@@ -220,10 +244,21 @@ def write_csv(lines: list[dict], path: Path) -> Path:
     return path
 
 
+def math_types(precision: str, device: str) -> tuple[str, str]:
+    """(multiply, accumulate) types of the matrix products: autocast runs them in fp16 on
+    CUDA and bf16 on CPU, accumulating in fp32; fp32 is fp32 throughout (no TF32 here)."""
+    if precision == "fp32":
+        return "fp32", "fp32"
+    return ("fp16" if device.startswith("cuda") else "bf16"), "fp32"
+
+
 def _row(name, batch, precision, device, params, m, status="ok") -> dict:
-    return {"model": name, "batch": batch, "precision": precision, "device": device,
+    multiply, accumulate = math_types(precision, device) if precision else (None, None)
+    return {"model": name, "batch": batch, "precision": precision, "multiply": multiply, "accumulate": accumulate,
+            "device": device, "libraries": libraries(torch.device(device)),
             "params_m": round(params, 2) if params else None, "paper_params_m": PAPER_PARAMS_M[name],
             "unit": UNITS[name], "samples_per_s": m and m["samples_per_s"], "step_s": m and m["step_s"],
+            "iters": m and m["iters"], "spread_pct": m and m["spread_pct"],
             "power_w": m and m["power_w"], "joules_per_sample": m and m["joules_per_sample"],
             "energy": m and m["energy"], "torch": torch.__version__, "threads": torch.get_num_threads(),
             "status": status}
@@ -231,8 +266,9 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
 
 ZOO_SCHEMA = """
 CREATE TABLE IF NOT EXISTS bench_zoo (
-    at REAL, model TEXT, batch INTEGER, precision TEXT, device TEXT, params_m REAL, paper_params_m REAL, unit TEXT,
-    samples_per_s REAL, step_s REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
+    at REAL, model TEXT, batch INTEGER, precision TEXT, multiply TEXT, accumulate TEXT, device TEXT, libraries TEXT,
+    params_m REAL, paper_params_m REAL, unit TEXT,
+    samples_per_s REAL, step_s REAL, iters INTEGER, spread_pct REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
     status TEXT
 );
 """

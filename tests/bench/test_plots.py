@@ -3,7 +3,7 @@ from speechperf.results import ResultsDB
 
 
 def _zoo_rows():
-    m = lambda s: {"samples_per_s": s, "step_s": 1.0, "power_w": None, "joules_per_sample": None, "energy": "-"}  # noqa: E731
+    m = lambda s: {"samples_per_s": s, "step_s": 1.0, "iters": 3, "spread_pct": 1.0, "power_w": None, "joules_per_sample": None, "energy": "-"}  # noqa: E731
     return [zoo._row("lstm", b, p, "cpu", 66.0, m(b * k)) for b in (64, 128) for p, k in (("fp32", 1), ("amp", 2))]
 
 

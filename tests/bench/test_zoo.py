@@ -49,7 +49,7 @@ def test_unknown_model_and_device():
 
 
 def test_table8_layout_and_csv(tmp_path):
-    rows = [zoo._row("lstm", 64, p, "cpu", 66.0, {"samples_per_s": s, "step_s": 1.0, "power_w": w,
+    rows = [zoo._row("lstm", 64, p, "cpu", 66.0, {"samples_per_s": s, "step_s": 1.0, "iters": 2, "spread_pct": 0.5, "power_w": w,
                                                    "joules_per_sample": j, "energy": "x"})
             for p, s, w, j in (("fp32", 10.0, 100.0, 10.0), ("amp", 20.0, 80.0, 4.0))]
     rows.append(zoo._row("vgg16", None, None, "cpu", None, None, "skipped: torchvision not importable"))
@@ -80,3 +80,16 @@ def test_cli_bench_zoo_writes_table8_csv(tmp_path, capsys):
     assert len(rows) == 1 and rows[0]["model"] == "lstm" and rows[0]["samples_per_s"] > 0
     with open(tmp_path / "t8.csv") as f:
         assert [r["model"] for r in csv.DictReader(f)] == ["lstm"]
+
+
+def test_cpu_time_budget_times_every_step_and_records_math_types():
+    rows = zoo.run_zoo(models=["lstm"], batches=[2], precisions=["fp32", "amp"], warmup=0, cpu_seconds=0.3)
+    fp32, amp = rows
+    assert fp32["iters"] >= 2 or fp32["step_s"] >= 0.3  # steps until the budget is spent, at least one
+    fixed = zoo.run_zoo(models=["lstm"], batches=[2], iters=3, warmup=0)[0]
+    assert fixed["iters"] == 3 and fixed["spread_pct"] >= 0 and fixed["step_s"] > 0
+    assert zoo.run_zoo(models=["lstm"], batches=[2], iters=1, warmup=0)[0]["spread_pct"] is None
+    assert (fp32["multiply"], fp32["accumulate"]) == ("fp32", "fp32")
+    assert (amp["multiply"], amp["accumulate"]) == ("bf16", "fp32")  # CPU autocast
+    assert fp32["libraries"] and fp32["threads"] >= 1 and fp32["torch"]
+    assert zoo.math_types("amp", "cuda:0") == ("fp16", "fp32")
