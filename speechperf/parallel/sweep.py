@@ -48,8 +48,9 @@ def free_port() -> int:
 
 def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: Path, port: int | None = None) -> None:
     port = port or free_port()
+    argv = ["--algo", algo, "--out", str(out), *common, *extra]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(workers), "--master-port", str(port),
-           "-m", "speechperf.parallel", "--algo", algo, "--out", str(out), *common, *extra]
+           "-m", "speechperf.parallel", *argv]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if p.returncode != 0:
         # torchrun names the first failure under "Root Cause"; the other ranks fail after it
@@ -60,7 +61,11 @@ def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: P
         said = [ln for ln in p.stderr.splitlines() if re.search(r"(Error|error:)", ln) and "torch/distributed" not in ln
                 and "ChildFailedError" not in ln]
         tail = "\n".join(dict.fromkeys(said[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
-        raise SpeechperfError(f"{algo} x{workers} ({out}): {who} (exit {p.returncode})\n{tail}")
+        from speechperf.parallel.worker import resume_note
+
+        note = resume_note(out, argv, workers)  # the epochs done are not lost: say how to continue
+        raise SpeechperfError(f"{algo} x{workers} ({out}): {who} (exit {p.returncode})\n{tail}"
+                              + (f"\n{note}" if note else ""))
 
 
 def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
