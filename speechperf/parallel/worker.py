@@ -1,12 +1,22 @@
 """One worker of a parallel training run (paper 003), started by torchrun:
 
     torchrun --nproc-per-node N -m speechperf.parallel --algo bmuf --sync-period 20 \
-        --data FEATS --out RUN [--model dnn|cldnn|PRESET] [--init INIT.pt]
+        --data FEATS --out RUN [--model dnn|cldnn|PRESET] [--init INIT.pt] [--resume auto|yes|no]
 
 Every worker trains its slice of each batch with plain SGD, the algorithm synchronizes,
 rank 0 measures the cross-validation loss after every epoch and the newbob schedule (the
 same for every algorithm) sets the rate or stops; at the end rank 0 decodes test-clean and
-test-other (greedy) and writes the run's rows to the results database.
+test-other (greedy) and writes the run's rows to the results database (``parallel_runs``,
+and ``parallel_epochs`` with the CV loss of every epoch) and ``RUN/parallel.json``.
+
+After every epoch rank 0 writes ``RUN/checkpoint.pt`` atomically: the evaluated model (the
+global model of BMUF, the server's of asgd/easgd), the rate, the newbob state, the epochs so
+far, the training seconds, the algorithm's state and the arguments that define the run. If
+a worker dies, the same command continues at the next epoch (``--resume auto``, the
+default, when the checkpoint's arguments match and it is unfinished; ``yes`` insists,
+``no`` starts over); the data order is a function of (seed, epoch), so nothing else is
+needed, and a resumed bsp/bmuf/sync run equals the uninterrupted one. ``parallel.json``
+lists the epochs after which the run was resumed.
 """
 from __future__ import annotations
 
