@@ -287,19 +287,43 @@ def check_checkpoint(path: Path, args: argparse.Namespace, world: int) -> dict |
             raise SpeechperfError(f"--resume yes but there is no checkpoint {path}")
         return None
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    for key, here in run_key(args, world).items():
-        there = ckpt["args"].get(key)
-        if there != here:
-            flag = "workers (--nproc-per-node)" if key == "workers" else f"--{key.replace('_', '-')}"
-            raise SpeechperfError(f"{path} is of another run: {flag} = {there!r} there, {here!r} now; repeat its "
-                                  "arguments, choose another --out, or start over with --resume no")
-    if ckpt["stopped"] or ckpt["epoch"] >= args.epochs:
+    _same_run(path, ckpt, args, world)
+    if _finished(ckpt, args):
         if args.resume == "yes":
             why = "newbob stopped it" if ckpt["stopped"] else f"--epochs {args.epochs} reached"
             raise SpeechperfError(f"{path} is of a finished run ({why} after epoch {ckpt['epoch']}): nothing to "
                                   "resume; raise --epochs, or start over with --resume no")
         return None
     return ckpt
+
+
+def _same_run(path: Path, ckpt: dict, args: argparse.Namespace, world: int) -> None:
+    for key, here in run_key(args, world).items():
+        there = ckpt["args"].get(key)
+        if there != here:
+            flag = "workers (--nproc-per-node)" if key == "workers" else f"--{key.replace('_', '-')}"
+            raise SpeechperfError(f"{path} is of another run: {flag} = {there!r} there, {here!r} now; repeat its "
+                                  "arguments, choose another --out, or start over with --resume no")
+
+
+def _finished(ckpt: dict, args: argparse.Namespace) -> bool:
+    return ckpt["stopped"] or ckpt["epoch"] >= args.epochs
+
+
+def finished_run(out: Path, argv: list[str], world: int) -> bool:
+    """Whether ``out`` holds a finished and reported run of these arguments: a sweep run again
+    after a failure keeps it instead of training it anew (and doubling its rows)."""
+    path, summary = Path(out) / CHECKPOINT, Path(out) / "parallel.json"
+    if not (path.exists() and summary.exists()):
+        return False
+    args = parse(argv)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        _same_run(path, ckpt, args, world)
+        reported = json.loads(summary.read_text()).get("run_id")
+    except (SpeechperfError, OSError, RuntimeError, KeyError, ValueError):  # another run, or unreadable: train
+        return False
+    return args.resume != "no" and _finished(ckpt, args) and reported == ckpt["run_id"]
 
 
 def _resume_point(args, out: Path, rank: int, world: int) -> dict | None:

@@ -175,7 +175,8 @@ def parallel_cv_curves(runs: list[dict], epochs: list[dict], path: Path) -> tupl
         keys = sorted(k for k in latest if k[0] == model)
         for k, (_, algo, workers, tau, batch) in enumerate(keys):
             pts = sorted(curves[latest[keys[k]]["run_id"]], key=lambda e: e["epoch"])
-            style = {"marker": "o", "ms": 3, "ls": ("-", "--", ":")[k // 10 % 3],  # 10 colours, then dashes
+            # matplotlib cycles 10 colours: the next 10 lines are dashed, then dotted
+            style = {"marker": "o", "ms": 3, "ls": ("-", "--", ":")[k // 10 % 3],
                      "label": f"{algo} x{workers}, tau {tau}, batch {batch}"}
             left.plot([e["epoch"] for e in pts], [e["cv_loss"] for e in pts], **style)
             right.plot([e["train_s"] for e in pts], [e["cv_loss"] for e in pts], **style)

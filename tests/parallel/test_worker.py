@@ -13,9 +13,9 @@ from speechperf.parallel import sweep
 
 
 def test_small_sweep_end_to_end(tiny_features, tmp_path):
-    rows = sweep.run_sweep(["--data", str(tiny_features), "--out", str(tmp_path / "sw"), "--algos", "sync,bmuf,easgd",
-                            "--workers", "2", "--sync-periods", "2", "--batch-sizes", "4", "--epochs", "1",
-                            "--hidden", "32"])
+    argv = ["--data", str(tiny_features), "--out", str(tmp_path / "sw"), "--algos", "sync,bmuf,easgd",
+            "--workers", "2", "--sync-periods", "2", "--batch-sizes", "4", "--epochs", "1", "--hidden", "32"]
+    rows = sweep.run_sweep(argv)
     by = {(r["algo"], r["workers"]): r for r in rows}
     assert {("single", 1), ("sync", 2), ("bmuf", 2), ("easgd", 2)} <= set(by)
     for key in (("sync", 2), ("bmuf", 2), ("easgd", 2)):
@@ -23,6 +23,9 @@ def test_small_sweep_end_to_end(tiny_features, tmp_path):
         assert r["speedup (2 CPU cores)"] > 0 and r["cv_loss"] > 0 and r["WER test-clean"] is not None
     assert by[("bmuf", 2)]["MB/sync"] > 0 and by[("bmuf", 2)]["comm s/sync"] > 0
     assert (tmp_path / "sw" / "init.pt").exists()
+    t = time.perf_counter()
+    assert sweep.run_sweep(argv) == rows  # run again: every run finished, none is trained (or recorded) twice
+    assert time.perf_counter() - t < 10
 
 
 def test_more_workers_than_shards_is_refused(tiny_features, tmp_path):
@@ -100,14 +103,14 @@ def test_k_epochs_and_a_resume_equal_the_uninterrupted_run(tiny_features, tmp_pa
 
 def test_checkpoint_of_another_or_a_finished_run(tmp_path):
     from speechperf.atomic import atomic_torch_save
-    from speechperf.parallel.worker import check_checkpoint, parse, run_key
+    from speechperf.parallel.worker import check_checkpoint, finished_run, parse, run_key
 
     argv = ["--algo", "bmuf", "--data", "FEATS", "--out", str(tmp_path), "--sync-period", "5", "--epochs", "3"]
     path = tmp_path / "checkpoint.pt"
     assert check_checkpoint(path, parse(argv), 2) is None
     with pytest.raises(SpeechperfError, match="no checkpoint"):
         check_checkpoint(path, parse(argv + ["--resume", "yes"]), 2)
-    atomic_torch_save({"args": run_key(parse(argv), 2), "epoch": 2, "stopped": False}, path)
+    atomic_torch_save({"args": run_key(parse(argv), 2), "epoch": 2, "stopped": False, "run_id": "r1"}, path)
     assert check_checkpoint(path, parse(argv), 2)["epoch"] == 2
     assert check_checkpoint(path, parse(argv + ["--resume", "no"]), 2) is None
     with pytest.raises(SpeechperfError, match=r"--sync-period = 5 there, 20 now"):
@@ -117,3 +120,10 @@ def test_checkpoint_of_another_or_a_finished_run(tmp_path):
     assert check_checkpoint(path, parse(argv + ["--epochs", "2"]), 2) is None  # finished: starts over
     with pytest.raises(SpeechperfError, match="finished run .--epochs 2 reached after epoch 2"):
         check_checkpoint(path, parse(argv + ["--epochs", "2", "--resume", "yes"]), 2)
+    # a sweep run again keeps a finished, reported run of the same arguments and trains the others
+    assert not finished_run(tmp_path, argv + ["--epochs", "2"], 2)  # not reported yet
+    (tmp_path / "parallel.json").write_text(json.dumps({"run_id": "r1"}))
+    assert finished_run(tmp_path, argv + ["--epochs", "2"], 2)
+    assert not finished_run(tmp_path, argv, 2)  # --epochs 3: one epoch left to resume
+    assert not finished_run(tmp_path, argv + ["--epochs", "2", "--sync-period", "20"], 2)
+    assert not finished_run(tmp_path, argv + ["--epochs", "2", "--resume", "no"], 2)
