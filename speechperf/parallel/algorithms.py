@@ -18,7 +18,7 @@ BatchNorm running statistics are averaged at every synchronization.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -80,6 +80,19 @@ class Algorithm:
     def eval_vector(self, model: torch.nn.Module) -> torch.Tensor:
         """The parameters to evaluate (flattened): the model itself unless overridden."""
         return parameters_to_vector(model.parameters()).detach().clone()
+
+    def state_dict(self) -> dict:
+        """This rank's state beyond the model, taken after ``end_epoch`` for a checkpoint."""
+        # steps: the synchronization cadence counts steps across epochs, so a restart that
+        # reset it would synchronize at other steps than the uninterrupted run
+        return {"steps": self.steps, "stats": asdict(self.stats)}
+
+    def load_state_dict(self, state: dict, model: torch.nn.Module) -> None:
+        """Continue from ``state``, after ``setup`` has given every rank the checkpoint's model."""
+        self.steps = state["steps"]
+        # setup's broadcast on restart is not training communication: the totals continue
+        # as if the run had not stopped
+        self.stats = CommStats(**state["stats"])
 
     def _timed(self, fn, nbytes: int):
         t = time.perf_counter()
@@ -191,6 +204,17 @@ class BMUF(BSP):
     def eval_vector(self, model) -> torch.Tensor:
         """Evaluate the global model, not the Nesterov look-ahead the workers continue from."""
         return self.global_params.clone()
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "global": self.global_params.clone(), "delta": self.delta.clone()}
+
+    def load_state_dict(self, state, model):
+        super().load_state_dict(state, model)
+        self.global_params, self.delta = state["global"].clone(), state["delta"].clone()
+        # the workers resume where the last block left them: the look-ahead under Nesterov
+        # (the same expression as in sync, so the restart is bitwise the uninterrupted run)
+        start = self.global_params + self.zeta * self.delta if self.cfg.nesterov else self.global_params
+        vector_to_parameters(start.clone(), model.parameters())
 
 
 def make_algorithm(name: str, cfg: AlgoConfig, world: int, rank: int = 0) -> Algorithm:

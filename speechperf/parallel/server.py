@@ -121,6 +121,12 @@ class _Async(Algorithm):
     def end_epoch(self, model):
         """Asynchronous: nobody waits for anybody at the end of an epoch."""
 
+    # A checkpoint keeps only the server's model (eval_vector) and the base state: after a
+    # restart the server starts from it and every worker pulls it, so the workers' own
+    # models (EASGD: away from the centre) and the staleness counts start afresh. That is
+    # an approximation of the uninterrupted run, accepted since asynchronous runs are not
+    # reproducible step by step anyway.
+
     def eval_vector(self, model) -> torch.Tensor:
         """The server's model (EASGD: the centre variable)."""
         return rpc.rpc_sync(SERVER, _call, args=("pull",))[0]

@@ -3,6 +3,9 @@ torchrun job, all from one shared starting model (one epoch of single-worker SGD
 once and reused), then the paper-003 tables: speedup against one worker with the same
 batch size, WER on test-clean / test-other, communication per synchronization.
 
+Run again after a failure, the same command keeps the runs that finished and resumes the
+failed one from its checkpoint (``RUN/checkpoint.pt``, written after every epoch).
+
 The same command drives a GPU cluster; on this project's CI machine the speedups are
 measured on 2 CPU cores and are labelled so.
 """
@@ -47,9 +50,14 @@ def free_port() -> int:
 
 
 def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: Path, port: int | None = None) -> None:
+    from speechperf.parallel.worker import finished_run, resume_note
+
+    argv = ["--algo", algo, "--out", str(out), *common, *extra]
+    if finished_run(out, argv, workers):  # the same sweep again continues where it failed
+        return
     port = port or free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(workers), "--master-port", str(port),
-           "-m", "speechperf.parallel", "--algo", algo, "--out", str(out), *common, *extra]
+           "-m", "speechperf.parallel", *argv]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if p.returncode != 0:
         # torchrun names the first failure under "Root Cause"; the other ranks fail after it
@@ -60,7 +68,9 @@ def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: P
         said = [ln for ln in p.stderr.splitlines() if re.search(r"(Error|error:)", ln) and "torch/distributed" not in ln
                 and "ChildFailedError" not in ln]
         tail = "\n".join(dict.fromkeys(said[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
-        raise SpeechperfError(f"{algo} x{workers} ({out}): {who} (exit {p.returncode})\n{tail}")
+        note = resume_note(out, argv, workers)  # the epochs done are not lost: say how to continue
+        raise SpeechperfError(f"{algo} x{workers} ({out}): {who} (exit {p.returncode})\n{tail}"
+                              + (f"\n{note}" if note else ""))
 
 
 def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:

@@ -1,12 +1,22 @@
 """One worker of a parallel training run (paper 003), started by torchrun:
 
     torchrun --nproc-per-node N -m speechperf.parallel --algo bmuf --sync-period 20 \
-        --data FEATS --out RUN [--model dnn|cldnn|PRESET] [--init INIT.pt]
+        --data FEATS --out RUN [--model dnn|cldnn|PRESET] [--init INIT.pt] [--resume auto|yes|no]
 
 Every worker trains its slice of each batch with plain SGD, the algorithm synchronizes,
 rank 0 measures the cross-validation loss after every epoch and the newbob schedule (the
 same for every algorithm) sets the rate or stops; at the end rank 0 decodes test-clean and
-test-other (greedy) and writes the run's rows to the results database.
+test-other (greedy) and writes the run's rows to the results database (``parallel_runs``,
+and ``parallel_epochs`` with the CV loss of every epoch) and ``RUN/parallel.json``.
+
+After every epoch rank 0 writes ``RUN/checkpoint.pt`` atomically: the evaluated model (the
+global model of BMUF, the server's of asgd/easgd), the rate, the newbob state, the epochs so
+far, the training seconds, the algorithm's state and the arguments that define the run. If
+a worker dies, the same command continues at the next epoch (``--resume auto``, the
+default, when the checkpoint's arguments match and it is unfinished; ``yes`` insists,
+``no`` starts over); the data order is a function of (seed, epoch), so nothing else is
+needed, and a resumed bsp/bmuf/sync run equals the uninterrupted one. ``parallel.json``
+lists the epochs after which the run was resumed.
 """
 from __future__ import annotations
 
@@ -15,7 +25,7 @@ import json
 import os
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -23,9 +33,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from speechperf.atomic import atomic_torch_save, atomic_write_text
 from speechperf.data.config import LoaderConfig
 from speechperf.errors import SpeechperfError
-from speechperf.parallel.algorithms import ALGORITHMS, AlgoConfig, make_algorithm
+from speechperf.parallel.algorithms import ALGORITHMS, AlgoConfig, Algorithm, make_algorithm
 from speechperf.parallel.newbob import NewBob
 
 SCHEMA = """
@@ -60,6 +71,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--block-momentum", type=float, default=None)
     p.add_argument("--classical", action="store_true", help="classical BMUF instead of Nesterov")
     p.add_argument("--alpha", type=float, default=0.1, help="EASGD moving rate alpha")
+    p.add_argument("--resume", choices=("auto", "yes", "no"), default="auto",
+                   help="continue from OUT/checkpoint.pt: auto (if there is an unfinished one of the same run), "
+                        "yes (insist), no (start over)")
     return p.parse_args(argv)
 
 
@@ -117,65 +131,245 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
 
 
-def _run(args, rank: int, world: int) -> int:
-    from speechperf.data.loader import load_records, make_loader
+@dataclass
+class Job:
+    """One worker's fixed surroundings, shared by the steps of ``_run``."""
+    args: argparse.Namespace
+    rank: int
+    world: int
+    data: Path
+    out: Path
+    splits: list[str]
+    loader_cfg: LoaderConfig
+    algo: Algorithm
 
+
+@dataclass
+class Progress:
+    """What a checkpoint carries from one epoch to the next, and across a restart."""
+    run_id: str
+    epochs: list[dict] = field(default_factory=list)  # {epoch, train_s, cv_loss, lr} per finished epoch
+    train_s: float = 0.0  # training seconds so far (a restart does not count the time it was down)
+    resumed_after: list[int] = field(default_factory=list)  # epochs after which this run was restarted
+
+
+def _run(args, rank: int, world: int) -> int:
     data, out = Path(args.data), Path(args.out)
-    splits = sorted(p.name for p in data.iterdir() if p.name.startswith("train") and (p / "index.json").exists())
-    shards = {r["key"] for r in load_records(data, splits)[0]}
-    if world > len(shards):
-        raise SpeechperfError(f"{world} workers but only {len(shards)} shards in {data}: use fewer workers")
+    splits = _train_splits(data, world)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     algo = make_algorithm(args.algo, AlgoConfig(sync_period=args.sync_period, block_momentum=args.block_momentum,
                                                 nesterov=not args.classical, easgd_alpha=args.alpha), world, rank)
+    job = Job(args, rank, world, data, out, splits, LoaderConfig(batch_size=args.batch_size * world, readers=0), algo)
     asynchronous = args.algo in ("asgd", "easgd")
     if asynchronous:
         from speechperf.parallel.server import start_rpc
 
         start_rpc(rank, world)
-    model = algo.setup(build(args))
+    ckpt = _resume_point(args, out, rank, world)
+    model = build(args)
+    if ckpt is not None and rank == 0:
+        model.load_state_dict(ckpt["model"])  # the other ranks receive it from setup's broadcast
+    model = algo.setup(model)
     core = model.module if hasattr(model, "module") else model
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    schedule = NewBob(lr=args.lr)
-    loader_cfg = LoaderConfig(batch_size=args.batch_size * world, readers=0)
-    epochs, train_s, loss = [], 0.0, None
-    for epoch in range(1, args.epochs + 1):
+    schedule, prog = NewBob(lr=args.lr), Progress(run_id=f"{out.name}-{uuid.uuid4().hex[:8]}")
+    if ckpt is not None:
+        schedule, prog = _restore(job, ckpt, core, opt)
+    loss = _train(job, model, core, opt, schedule, prog)
+    algo.finish(core)
+    vector_to_parameters(algo.eval_vector(core), core.parameters())
+    if args.save_init and rank == 0:
+        atomic_torch_save(core.state_dict(), args.save_init)
+    if rank == 0:
+        _report(job, core, prog, loss)
+    if asynchronous:
+        import torch.distributed.rpc as rpc
+
+        rpc.shutdown()  # waits for every worker's outstanding calls
+    return 0
+
+
+def _train_splits(data: Path, world: int) -> list[str]:
+    from speechperf.data.loader import load_records
+
+    splits = sorted(p.name for p in data.iterdir() if p.name.startswith("train") and (p / "index.json").exists())
+    shards = {r["key"] for r in load_records(data, splits)[0]}
+    if world > len(shards):
+        raise SpeechperfError(f"{world} workers but only {len(shards)} shards in {data}: use fewer workers")
+    return splits
+
+
+def _train(job: Job, model, core, opt, schedule: NewBob, prog: Progress) -> float | None:
+    """The epochs left (all of them on a fresh start); returns the last CV loss."""
+    from speechperf.data.loader import make_loader
+
+    args, algo = job.args, job.algo
+    first = prog.epochs[-1]["epoch"] + 1 if prog.epochs else 1
+    for epoch in range(first, args.epochs + 1):
         t = time.perf_counter()
-        for batch in make_loader(data, splits, loader_cfg, epoch, args.seed, rank=rank, world=world):
+        # the order is a pure function of (seed, epoch): a restart at epoch k needs nothing else
+        batches = make_loader(job.data, job.splits, job.loader_cfg, epoch, args.seed, rank=job.rank, world=job.world)
+        for batch in batches:
             opt.zero_grad(set_to_none=True)
             ctc(model, batch).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)  # the same clip for every algorithm
             opt.step()
             algo.after_step(model, int(batch.feat_lens.sum()))
         algo.end_epoch(core)
-        train_s += time.perf_counter() - t
-        saved = parameters_to_vector(core.parameters()).detach().clone()
-        vector_to_parameters(algo.eval_vector(core), core.parameters())
-        loss = cv_loss(core, data, loader_cfg) if rank == 0 else 0.0
-        vector_to_parameters(saved, core.parameters())
-        loss = _broadcast(loss, world)
+        prog.train_s += time.perf_counter() - t
+        loss, state = _evaluate(job, core)
         lr = schedule.step(loss)
         for g in opt.param_groups:
             g["lr"] = lr
-        epochs.append({"epoch": epoch, "train_s": train_s, "cv_loss": loss, "lr": lr})
-        if rank == 0:
-            print(f"[{args.algo} x{world}] epoch {epoch}: CV loss {loss:.3f}, next lr {lr:.4g}, train {train_s:.1f}s",
-                  flush=True)
+        prog.epochs.append({"epoch": epoch, "train_s": prog.train_s, "cv_loss": loss, "lr": lr})
+        _checkpoint(job, state, schedule, prog)
+        if job.rank == 0:
+            print(f"[{args.algo} x{job.world}] epoch {epoch}: CV loss {loss:.3f}, next lr {lr:.4g}, "
+                  f"train {prog.train_s:.1f}s", flush=True)
         if schedule.stop:
             break
-    algo.finish(core)
-    vector_to_parameters(algo.eval_vector(core), core.parameters())
-    if args.save_init and rank == 0:
-        from speechperf.atomic import atomic_torch_save
+    return prog.epochs[-1]["cv_loss"] if prog.epochs else None
 
-        atomic_torch_save(core.state_dict(), args.save_init)
+
+def _evaluate(job: Job, core) -> tuple[float, dict | None]:
+    """CV loss of the algorithm's evaluated model (BMUF: the global model; asgd/easgd: the
+    server's) and, on rank 0, that model's state: the one the checkpoint keeps."""
+    saved = parameters_to_vector(core.parameters()).detach().clone()
+    vector_to_parameters(job.algo.eval_vector(core), core.parameters())
+    loss, state = 0.0, None
+    if job.rank == 0:
+        loss = cv_loss(core, job.data, job.loader_cfg)
+        state = {k: v.detach().clone() for k, v in core.state_dict().items()}
+    vector_to_parameters(saved, core.parameters())
+    return _broadcast(loss, job.world), state
+
+
+# --- checkpoint and restart ------------------------------------------------------------
+
+CHECKPOINT = "checkpoint.pt"
+# The arguments a restart must share with the checkpointed run (--epochs may grow, --lr and
+# --init only matter at the start, --data may have moved).
+RUN_KEYS = ("algo", "workers", "sync_period", "batch_size", "model", "hidden", "seed", "block_momentum",
+            "classical", "alpha")
+
+
+def run_key(args: argparse.Namespace, world: int) -> dict:
+    return {k: world if k == "workers" else getattr(args, k) for k in RUN_KEYS}
+
+
+def _checkpoint(job: Job, state: dict | None, schedule: NewBob, prog: Progress) -> None:
+    """Rank 0 writes OUT/checkpoint.pt atomically: a worker dying while it is written leaves
+    the previous epoch's checkpoint."""
+    algo_state = job.algo.state_dict()
+    algo_state["steps"] = _gather_int(job.algo.steps, job.world)  # ranks with less data took fewer steps
+    if job.rank != 0:
+        return
+    atomic_torch_save({"format": 1, "args": run_key(job.args, job.world), "epoch": prog.epochs[-1]["epoch"],
+                       "stopped": schedule.stop, "model": state, "lr": schedule.lr, "newbob": asdict(schedule),
+                       "algo": algo_state, "run_id": prog.run_id, "epochs": prog.epochs, "train_s": prog.train_s,
+                       "resumed_after": prog.resumed_after}, job.out / CHECKPOINT)
+
+
+def _gather_int(value: int, world: int) -> list[int]:
+    if world == 1:
+        return [value]
+    parts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(parts, torch.tensor([value], dtype=torch.int64))
+    return [int(t) for t in parts]
+
+
+def check_checkpoint(path: Path, args: argparse.Namespace, world: int) -> dict | None:
+    """The checkpoint at ``path`` if this command continues it; None if it starts over (none
+    there, ``--resume no``, or the checkpointed run already finished). Raises when the
+    checkpoint is of another run, or when ``--resume yes`` finds nothing to continue."""
+    if args.resume == "no" or not path.exists():
+        if args.resume == "yes":
+            raise SpeechperfError(f"--resume yes but there is no checkpoint {path}")
+        return None
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    _same_run(path, ckpt, args, world)
+    if _finished(ckpt, args):
+        if args.resume == "yes":
+            why = "newbob stopped it" if ckpt["stopped"] else f"--epochs {args.epochs} reached"
+            raise SpeechperfError(f"{path} is of a finished run ({why} after epoch {ckpt['epoch']}): nothing to "
+                                  "resume; raise --epochs, or start over with --resume no")
+        return None
+    return ckpt
+
+
+def _same_run(path: Path, ckpt: dict, args: argparse.Namespace, world: int) -> None:
+    for key, here in run_key(args, world).items():
+        there = ckpt["args"].get(key)
+        if there != here:
+            flag = "workers (--nproc-per-node)" if key == "workers" else f"--{key.replace('_', '-')}"
+            raise SpeechperfError(f"{path} is of another run: {flag} = {there!r} there, {here!r} now; repeat its "
+                                  "arguments, choose another --out, or start over with --resume no")
+
+
+def _finished(ckpt: dict, args: argparse.Namespace) -> bool:
+    return ckpt["stopped"] or ckpt["epoch"] >= args.epochs
+
+
+def finished_run(out: Path, argv: list[str], world: int) -> bool:
+    """Whether ``out`` holds a finished and reported run of these arguments: a sweep run again
+    after a failure keeps it instead of training it anew (and doubling its rows)."""
+    path, summary = Path(out) / CHECKPOINT, Path(out) / "parallel.json"
+    if not (path.exists() and summary.exists()):
+        return False
+    args = parse(argv)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        _same_run(path, ckpt, args, world)
+        reported = json.loads(summary.read_text()).get("run_id")
+    except (SpeechperfError, OSError, RuntimeError, KeyError, ValueError):  # another run, or unreadable: train
+        return False
+    return args.resume != "no" and _finished(ckpt, args) and reported == ckpt["run_id"]
+
+
+def _resume_point(args, out: Path, rank: int, world: int) -> dict | None:
+    """Rank 0 reads the checkpoint (across machines only its disk holds OUT) and sends every
+    rank the small part (the model itself travels with setup's broadcast); an error is sent
+    too, so that every rank stops with it instead of waiting for rank 0."""
+    found, error = None, None
     if rank == 0:
-        _report(args, out, data, core, loader_cfg, algo, world, epochs, train_s, loss)
-    if asynchronous:
-        import torch.distributed.rpc as rpc
+        try:
+            found = check_checkpoint(out / CHECKPOINT, args, world)
+        except SpeechperfError as e:
+            error = str(e)
+        if found is None and error is None and (out / CHECKPOINT).exists() and args.resume == "auto":
+            print(f"{out / CHECKPOINT} is of a finished run: training from the start", flush=True)
+    if world > 1:
+        box = [(None if found is None else {k: v for k, v in found.items() if k != "model"}, error)]
+        dist.broadcast_object_list(box, src=0)
+        if rank != 0:
+            found, error = box[0]
+    if error:
+        raise SpeechperfError(error)
+    return found
 
-        rpc.shutdown()  # waits for every worker's outstanding calls
-    return 0
+
+def _restore(job: Job, ckpt: dict, core, opt) -> tuple[NewBob, Progress]:
+    job.algo.load_state_dict({**ckpt["algo"], "steps": ckpt["algo"]["steps"][job.rank]}, core)
+    schedule = NewBob(**ckpt["newbob"])
+    for g in opt.param_groups:
+        g["lr"] = ckpt["lr"]
+    prog = Progress(ckpt["run_id"], list(ckpt["epochs"]), ckpt["train_s"], [*ckpt["resumed_after"], ckpt["epoch"]])
+    if job.rank == 0:
+        print(f"[{job.args.algo} x{job.world}] resumed from epoch {ckpt['epoch']} ({job.out / CHECKPOINT}): "
+              f"continuing at epoch {ckpt['epoch'] + 1}", flush=True)
+    return schedule, prog
+
+
+def resume_note(out: Path, argv: list[str], world: int) -> str:
+    """For a failed run's message: whether the same command continues it, and from which epoch."""
+    path = Path(out) / CHECKPOINT
+    try:
+        ckpt = check_checkpoint(path, parse(argv), world)
+    except (SpeechperfError, OSError, RuntimeError, KeyError) as e:  # unreadable or of another run
+        return f"{path} cannot be resumed: {e}" if path.exists() else ""
+    if ckpt is None:
+        return ""
+    return f"{path} exists (epoch {ckpt['epoch']}): the same command resumes from epoch {ckpt['epoch'] + 1}"
 
 
 def _broadcast(value: float, world: int) -> float:
@@ -186,25 +380,26 @@ def _broadcast(value: float, world: int) -> float:
     return float(t)
 
 
-def _report(args, out, data, model, loader_cfg, algo, world, epochs, train_s, loss) -> None:
+def _report(job: Job, model, prog: Progress, loss: float | None) -> None:
     from speechperf.results import ResultsDB, default_db_path
     from speechperf.telemetry.environment import capture_env
     from speechperf.train.evaluate import evaluate
 
+    args, out, algo, epochs = job.args, job.out, job.algo, prog.epochs
     out.mkdir(parents=True, exist_ok=True)
     wer = {}
     for split in ("test-clean", "test-other"):
-        if (data / split / "index.json").exists():
-            wer[split] = evaluate(model, data, split, loader_cfg, torch.device("cpu"))["wer"]
-    run_id = f"{out.name}-{uuid.uuid4().hex[:8]}"
-    row = {"run_id": run_id, "algo": args.algo, "workers": world, "sync_period": args.sync_period,
-           "batch": args.batch_size, "model": args.model, "epochs": len(epochs), "train_s": train_s,
-           "s_per_epoch": train_s / max(len(epochs), 1), "comm_s": algo.stats.seconds, "comm_bytes": algo.stats.bytes,
-           "syncs": algo.stats.syncs, "cv_loss": loss, "wer_test_clean": wer.get("test-clean"),
-           "wer_test_other": wer.get("test-other"), "device": "cpu", "status": "success",
-           "env_json": json.dumps(capture_env("cpu"))}
+        if (job.data / split / "index.json").exists():
+            wer[split] = evaluate(model, job.data, split, job.loader_cfg, torch.device("cpu"))["wer"]
+    row = {"run_id": prog.run_id, "algo": args.algo, "workers": job.world, "sync_period": args.sync_period,
+           "batch": args.batch_size, "model": args.model, "epochs": len(epochs), "train_s": prog.train_s,
+           "s_per_epoch": prog.train_s / max(len(epochs), 1), "comm_s": algo.stats.seconds,
+           "comm_bytes": algo.stats.bytes, "syncs": algo.stats.syncs, "cv_loss": loss,
+           "wer_test_clean": wer.get("test-clean"), "wer_test_other": wer.get("test-other"), "device": "cpu",
+           "status": "success", "env_json": json.dumps(capture_env("cpu"))}
     with ResultsDB(Path(args.db) if args.db else default_db_path(out)) as db:
         db.ensure_schema(SCHEMA)
         db.upsert("parallel_runs", row)
-        db.insert_many("parallel_epochs", [{"run_id": run_id, **e} for e in epochs])
-    (out / "parallel.json").write_text(json.dumps({k: v for k, v in row.items() if k != "env_json"}, indent=1))
+        db.insert_many("parallel_epochs", [{"run_id": prog.run_id, **e} for e in epochs])
+    summary = {k: v for k, v in row.items() if k != "env_json"}
+    atomic_write_text(out / "parallel.json", json.dumps({**summary, "resumed_after": prog.resumed_after}, indent=1))

@@ -110,4 +110,15 @@ def parallel_section(ctx: Context) -> Section:
     if not _has(ctx.db, "parallel_runs"):
         return Section(title, [Table("parallel.csv", [], "no parallel sweep in this database (speechperf parallel sweep ...)")])
     rows = table(ctx.db.query("SELECT * FROM parallel_runs ORDER BY model, batch, algo, workers, sync_period"))
-    return Section(title, [Table("parallel.csv", rows, "no parallel runs")])
+    return Section(title, [Table("parallel.csv", rows, "no parallel runs"), _parallel_curves(ctx)])
+
+
+def _parallel_curves(ctx: Context) -> Figure:
+    from speechperf.report.figures import parallel_cv_curves
+
+    # rowid order: the latest run of a configuration is drawn (INSERT OR REPLACE moves it last)
+    runs = ctx.db.query("SELECT * FROM parallel_runs ORDER BY rowid")
+    epochs = ctx.db.query("SELECT * FROM parallel_epochs") if _has(ctx.db, "parallel_epochs") else []
+    path, why = parallel_cv_curves(runs, epochs, ctx.out / "parallel_cv.png")
+    return Figure("parallel_cv.png", path, why, caption="CV loss per epoch and against training seconds, "
+                  "per algorithm, workers, sync period (tau) and batch; one row per model")
