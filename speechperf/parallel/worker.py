@@ -63,6 +63,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=None, help="override hidden width (dnn/cldnn) for small runs")
     p.add_argument("--batch-size", type=int, default=16, help="utterances per worker per step")
     p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--momentum", type=float, default=0.0,
+                   help="momentum of every worker's local SGD (paper: 0, plain SGD)")
     p.add_argument("--epochs", type=int, default=10, help="at most this many epochs (newbob may stop earlier)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--init", help="starting model (state dict) shared by every algorithm")
@@ -171,7 +173,9 @@ def _run(args, rank: int, world: int) -> int:
         model.load_state_dict(ckpt["model"])  # the other ranks receive it from setup's broadcast
     model = algo.setup(model)
     core = model.module if hasattr(model, "module") else model
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    # momentum buffers stay local to each worker and are not checkpointed: a resumed run with
+    # momentum > 0 restarts them at zero (with the paper's 0 a resume is exact)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     schedule, prog = NewBob(lr=args.lr), Progress(run_id=f"{out.name}-{uuid.uuid4().hex[:8]}")
     if ckpt is not None:
         schedule, prog = _restore(job, ckpt, core, opt)
@@ -250,7 +254,7 @@ CHECKPOINT = "checkpoint.pt"
 # The arguments a restart must share with the checkpointed run (--epochs may grow, --lr and
 # --init only matter at the start, --data may have moved).
 RUN_KEYS = ("algo", "workers", "sync_period", "batch_size", "model", "hidden", "seed", "block_momentum",
-            "classical", "alpha")
+            "classical", "alpha", "momentum")
 
 
 def run_key(args: argparse.Namespace, world: int) -> dict:
