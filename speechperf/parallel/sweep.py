@@ -105,8 +105,15 @@ def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
     return table(rows)
 
 
+def shared_start(row: dict) -> bool:
+    """True for the run that made the shared starting model (run folder ``init``): one epoch
+    at the default batch, no configuration of the grid, so no row of the tables."""
+    return str(row.get("run_id", "")).startswith("init-")
+
+
 def table(rows: list[dict]) -> list[dict]:
     """Tables 1-5 form: speedup of epoch time against the single worker with the same batch."""
+    rows = [r for r in rows if not shared_start(r)]
     single = {r["batch"]: r["s_per_epoch"] for r in rows if r["algo"] == "single" and r["epochs"]}
     out = []
     for r in rows:

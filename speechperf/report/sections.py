@@ -114,10 +114,11 @@ def parallel_section(ctx: Context) -> Section:
 
 
 def _parallel_curves(ctx: Context) -> Figure:
+    from speechperf.parallel.sweep import shared_start
     from speechperf.report.figures import parallel_cv_curves
 
     # rowid order: the latest run of a configuration is drawn (INSERT OR REPLACE moves it last)
-    runs = ctx.db.query("SELECT * FROM parallel_runs ORDER BY rowid")
+    runs = [r for r in ctx.db.query("SELECT * FROM parallel_runs ORDER BY rowid") if not shared_start(r)]
     epochs = ctx.db.query("SELECT * FROM parallel_epochs") if _has(ctx.db, "parallel_epochs") else []
     path, why = parallel_cv_curves(runs, epochs, ctx.out / "parallel_cv.png")
     return Figure("parallel_cv.png", path, why, caption="CV loss per epoch and against training seconds, "

@@ -17,7 +17,8 @@ def test_small_sweep_end_to_end(tiny_features, tmp_path):
             "--workers", "2", "--sync-periods", "2", "--batch-sizes", "4", "--epochs", "1", "--hidden", "32"]
     rows = sweep.run_sweep(argv)
     by = {(r["algo"], r["workers"]): r for r in rows}
-    assert {("single", 1), ("sync", 2), ("bmuf", 2), ("easgd", 2)} <= set(by)
+    assert len(rows) == 4 and set(by) == {("single", 1), ("sync", 2), ("bmuf", 2), ("easgd", 2)}  # not the shared start
+    assert by[("single", 1)]["batch"] == 4 and by[("single", 1)]["speedup (2 CPU cores)"] == 1
     for key in (("sync", 2), ("bmuf", 2), ("easgd", 2)):
         r = by[key]
         assert r["speedup (2 CPU cores)"] > 0 and r["cv_loss"] > 0 and r["WER test-clean"] is not None
