@@ -34,6 +34,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=None)
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--momentum", type=float, default=0.0, help="local SGD momentum of every worker (paper: 0)")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="every worker's local optimizer")
     p.add_argument("--db", default=None)
     return p.parse_args(argv)
 
@@ -83,7 +84,7 @@ def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     db = Path(a.db) if a.db else out / "results.db"
     common = ["--data", a.data, "--model", a.model, "--epochs", str(a.epochs), "--lr", str(a.lr),
-              "--momentum", str(a.momentum), "--db", str(db)]
+              "--momentum", str(a.momentum), "--optimizer", a.optimizer, "--db", str(db)]
     if a.hidden:
         common += ["--hidden", str(a.hidden)]
     init = out / "init.pt"

@@ -65,6 +65,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--momentum", type=float, default=0.0,
                    help="momentum of every worker's local SGD (paper: 0, plain SGD)")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                   help="every worker's local optimizer (paper: sgd); the algorithms act on the models it produces")
     p.add_argument("--epochs", type=int, default=10, help="at most this many epochs (newbob may stop earlier)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--init", help="starting model (state dict) shared by every algorithm")
@@ -175,7 +177,13 @@ def _run(args, rank: int, world: int) -> int:
     core = model.module if hasattr(model, "module") else model
     # momentum buffers stay local to each worker and are not checkpointed: a resumed run with
     # momentum > 0 restarts them at zero (with the paper's 0 a resume is exact)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    # AdamW: a DNN with a CTC head stays on the all-blank plateau for 1,000+ plain-SGD steps
+    # on the embedded corpus but leaves it after ~400 AdamW steps (measured), so short sweeps
+    # that must learn use it; its moment estimates stay local to each worker like the buffers
+    if args.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     schedule, prog = NewBob(lr=args.lr), Progress(run_id=f"{out.name}-{uuid.uuid4().hex[:8]}")
     if ckpt is not None:
         schedule, prog = _restore(job, ckpt, core, opt)
@@ -254,7 +262,7 @@ CHECKPOINT = "checkpoint.pt"
 # The arguments a restart must share with the checkpointed run (--epochs may grow, --lr and
 # --init only matter at the start, --data may have moved).
 RUN_KEYS = ("algo", "workers", "sync_period", "batch_size", "model", "hidden", "seed", "block_momentum",
-            "classical", "alpha", "momentum")
+            "classical", "alpha", "momentum", "optimizer")
 
 
 def run_key(args: argparse.Namespace, world: int) -> dict:

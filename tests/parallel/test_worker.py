@@ -116,6 +116,8 @@ def test_checkpoint_of_another_or_a_finished_run(tmp_path):
     assert check_checkpoint(path, parse(argv + ["--resume", "no"]), 2) is None
     with pytest.raises(SpeechperfError, match=r"--sync-period = 5 there, 20 now"):
         check_checkpoint(path, parse(argv + ["--sync-period", "20"]), 2)
+    with pytest.raises(SpeechperfError, match=r"--optimizer = 'sgd' there, 'adamw' now"):
+        check_checkpoint(path, parse(argv + ["--optimizer", "adamw"]), 2)
     with pytest.raises(SpeechperfError, match=r"workers \(--nproc-per-node\) = 2 there, 4 now"):
         check_checkpoint(path, parse(argv), 4)
     assert check_checkpoint(path, parse(argv + ["--epochs", "2"]), 2) is None  # finished: starts over
