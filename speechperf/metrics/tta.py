@@ -64,7 +64,7 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float
             if index == 0:
                 first[target] = minutes
             ref = first[target]
-            relative = 100.0 * minutes / ref if minutes is not None and ref else None
+            relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference row: exactly 100
             rows.append({"run": str(run), "metric": metric, "target": target, "epochs": epochs,
                          "minutes": minutes, "relative": relative})
     return rows
