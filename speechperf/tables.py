@@ -1,10 +1,16 @@
-"""Print rows as an aligned text table or, with ``--json``, as a JSON list of objects."""
+"""Print rows as an aligned text table or, with ``--json``, as a JSON list of objects; write
+them as CSV files."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any, Sequence
+
+from speechperf.atomic import atomic_write_text
 
 
 def _fmt(v: Any) -> str:
@@ -33,3 +39,13 @@ def emit(rows: Sequence[dict], as_json: bool, columns: Sequence[str] | None = No
         out.write("\n")
     else:
         out.write(format_table(rows, columns) + "\n")
+
+
+def write_csv(path: Path, rows: Sequence[dict]) -> Path:
+    """Atomic CSV of ``rows`` (columns: the union of their keys, in first-seen order)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(c for r in rows for c in r)))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(Path(path), buf.getvalue())
+    return Path(path)

@@ -15,7 +15,6 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from speechperf.bench.peaks import Peak, cpu_peak, gpu_peak
 from speechperf.bench.power import PowerMeter
 from speechperf.errors import SpeechperfError
+from speechperf.tables import write_csv
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LSTM_FRAMES = 830  # output frames of a 1670-frame utterance after the stride-2 conv
@@ -277,9 +277,7 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
     if db_path:
         _store(rows, db_path)
     if csv_path:
-        from speechperf.bench.zoo import write_csv
-
-        write_csv([{k: v for k, v in r.items() if k != "env_json"} for r in rows], Path(csv_path))
+        write_csv(csv_path, [{k: v for k, v in r.items() if k != "env_json"} for r in rows])
     return rows
 
 

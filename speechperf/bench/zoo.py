@@ -11,8 +11,6 @@ does not depend on their values. Batch sizes default to Table 8's.
 """
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 import time
 from dataclasses import dataclass
@@ -23,11 +21,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speechperf.atomic import atomic_write_text
 from speechperf.bench.ops import libraries, spread_pct
 from speechperf.bench.power import PowerMeter
 from speechperf.bench.vision import vision_models
 from speechperf.errors import SpeechperfError
+from speechperf.tables import write_csv
 from speechperf.train.evaluate import autocast
 
 PAPER_PARAMS_M = {"resnet50": 26, "inception_v3": 27, "vgg16": 138, "lstm": 66, "ds2": 27, "transformer": 65}
@@ -204,7 +202,7 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     if db_path:
         _store(rows, db_path)
     if csv_path or db_path:
-        write_csv(table8(rows), Path(csv_path) if csv_path else Path(db_path).with_name("bench_zoo_table8.csv"))
+        write_csv(Path(csv_path) if csv_path else Path(db_path).with_name("bench_zoo_table8.csv"), table8(rows))
     return rows
 
 
@@ -229,19 +227,6 @@ def table8(rows: list[dict]) -> list[dict]:
         if r["status"] != "ok":
             line["status"].append(f"{p}: {r['status']}")
     return [{**v, "status": "; ".join(v["status"]) or "ok"} for v in lines.values()]
-
-
-def write_csv(lines: list[dict], path: Path) -> Path:
-    """Atomic CSV of ``lines`` (columns: the union, in first-seen order)."""
-    cols: list[str] = []
-    for line in lines:
-        cols += [c for c in line if c not in cols]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, cols)
-    writer.writeheader()
-    writer.writerows(lines)
-    atomic_write_text(path, buf.getvalue())
-    return path
 
 
 def math_types(precision: str, device: str) -> tuple[str, str]:

@@ -8,9 +8,7 @@ databases (transcripts above all) is HTML-escaped.
 """
 from __future__ import annotations
 
-import csv
 import html
-import io
 from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
@@ -18,7 +16,7 @@ from speechperf.errors import SpeechperfError
 from speechperf.report.runs import db_of, load_run
 from speechperf.report.sections import Context, Figure, Note, Section, Table, ordered
 from speechperf.results import ResultsDB
-from speechperf.tables import _fmt
+from speechperf.tables import _fmt, write_csv
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
@@ -80,9 +78,3 @@ def html_table(rows: list[dict]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(c for r in rows for c in r)))
-    w.writeheader()
-    w.writerows(rows)
-    atomic_write_text(path, buf.getvalue())

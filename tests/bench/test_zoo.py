@@ -4,6 +4,7 @@ import pytest
 
 from speechperf.bench import zoo
 from speechperf.errors import SpeechperfError
+from speechperf.tables import write_csv
 
 
 HAVE_TV = importlib.util.find_spec("torchvision") is not None
@@ -58,7 +59,7 @@ def test_table8_layout_and_csv(tmp_path):
                         "PERF_fp32": 10.0, "POW_fp32": 100.0, "NRG_fp32": 10.0,
                         "PERF_amp": 20.0, "POW_amp": 80.0, "NRG_amp": 4.0}
     assert lines[1]["status"] == "-: skipped: torchvision not importable"
-    text = zoo.write_csv(lines, tmp_path / "t8.csv").read_text().splitlines()
+    text = write_csv(tmp_path / "t8.csv", lines).read_text().splitlines()
     assert text[0].startswith("device,model,batch,unit,status,PERF_fp32") and len(text) == 3
 
 
