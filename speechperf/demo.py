@@ -61,8 +61,7 @@ def _beam_sweep(run: Path, say) -> None:
 
     info = read_run_info(run)
     with ResultsDB(info["db"]) as db:
-        have = db.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'beam_sweep'") and db.query(
-            "SELECT beam FROM beam_sweep WHERE run_id = ?", [info["run_id"]])
+        have = db.has_table("beam_sweep") and db.query("SELECT beam FROM beam_sweep WHERE run_id = ?", [info["run_id"]])
     if have:
         return
     say(f"beam sweep on dev-clean, widths {', '.join(map(str, SWEEP_WIDTHS))}")

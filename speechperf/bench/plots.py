@@ -100,7 +100,7 @@ def draw_all(db, out: Path) -> list[tuple[str, Path | None, str]]:
     (name, PNG path or None, reason when None)."""
     drawn = []
     for name, (table, draw) in FIGURES.items():
-        if not db.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", [table]):
+        if not db.has_table(table):
             drawn.append((name, None, f"no {table} table in this database"))
             continue
         rows = db.query(f"SELECT * FROM {table} WHERE at = (SELECT MAX(at) FROM {table})")

@@ -24,7 +24,6 @@ def load_run(run: Path, db: ResultsDB) -> dict:
         raise SpeechperfError(f"{run}: run {rid!r} is not in {db.path} (give the right --db)")
     cfg = json.loads(row[0]["config_json"]) if row[0]["config_json"] else {}
     split = cfg.get("train", {}).get("eval_split", "dev-clean")
-    has_sweep = db.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'beam_sweep'")
     return {
         "run": str(run), "run_id": rid, "label": run.name, "row": row[0], "config": cfg,
         "env": json.loads(row[0]["env_json"]) if row[0]["env_json"] else {},
@@ -32,7 +31,7 @@ def load_run(run: Path, db: ResultsDB) -> dict:
         "evals": db.query("SELECT * FROM evals WHERE run_id = ? AND final = 0 AND split = ? ORDER BY epoch", [rid, split]),
         "finals": db.query("SELECT * FROM evals WHERE run_id = ? AND final = 1 ORDER BY split, decoder, beam", [rid]),
         "samples": db.query("SELECT t, source, metric, value FROM samples WHERE run_id = ? ORDER BY t", [rid]),
-        "sweep": db.query("SELECT * FROM beam_sweep WHERE run_id = ? ORDER BY decoder, beam", [rid]) if has_sweep else [],
+        "sweep": db.query("SELECT * FROM beam_sweep WHERE run_id = ? ORDER BY decoder, beam", [rid]) if db.has_table("beam_sweep") else [],
         "sentences": _sentences(run / "sentences.jsonl"),
     }
 

@@ -70,28 +70,28 @@ def ordered() -> list[tuple[str, Builder]]:
     return [(name, fn) for name, (_, fn) in sorted(SECTIONS.items(), key=lambda kv: kv[1][0])]
 
 
-def _has(db: ResultsDB, table: str) -> bool:
-    return bool(db.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", [table]))
+def _latest_sweep(ctx: Context, title: str, table: str, columns: str, missing: str) -> Section:
+    """``columns`` of the latest sweep in bench table ``table``, or why there is none."""
+    csv_name = f"{table.removeprefix('bench_')}.csv"
+    if not ctx.db.has_table(table):
+        return Section(title, [Table(csv_name, [], missing)])
+    rows = ctx.db.query(f"SELECT {columns} FROM {table} WHERE at = (SELECT MAX(at) FROM {table})")
+    return Section(title, [Table(csv_name, rows, "the latest sweep has no rows")])
 
 
 @register_section("ops", 200)
 def ops_section(ctx: Context) -> Section:
-    title = "Operators: achieved TFLOPS and % of peak (speechperf bench ops, latest sweep)"
-    if not _has(ctx.db, "bench_ops"):
-        return Section(title, [Table("ops.csv", [], "no operator benchmark in this database (speechperf bench ops --db ...)")])
-    rows = ctx.db.query("SELECT device, dtype, threads, op, shape, iters, ms_mid, spread_pct, tflops, pct_peak, "
-                        "peak_source, status FROM bench_ops WHERE at = (SELECT MAX(at) FROM bench_ops)")
-    return Section(title, [Table("ops.csv", rows, "the latest sweep has no rows")])
+    return _latest_sweep(ctx, "Operators: achieved TFLOPS and % of peak (speechperf bench ops, latest sweep)",
+                         "bench_ops", "device, dtype, threads, op, shape, iters, ms_mid, spread_pct, tflops, pct_peak, "
+                         "peak_source, status", "no operator benchmark in this database (speechperf bench ops --db ...)")
 
 
 @register_section("zoo", 210)
 def zoo_section(ctx: Context) -> Section:
-    title = "Model zoo: training throughput, power and energy per sample (Table 8 form, latest sweep)"
-    if not _has(ctx.db, "bench_zoo"):
-        return Section(title, [Table("zoo.csv", [], "no model-zoo benchmark in this database (speechperf bench zoo --db ...)")])
-    rows = ctx.db.query("SELECT model, batch, precision, device, params_m, paper_params_m, unit, samples_per_s, power_w, "
-                        "joules_per_sample, energy, status FROM bench_zoo WHERE at = (SELECT MAX(at) FROM bench_zoo)")
-    return Section(title, [Table("zoo.csv", rows, "the latest sweep has no rows")])
+    return _latest_sweep(ctx, "Model zoo: training throughput, power and energy per sample (Table 8 form, latest sweep)",
+                         "bench_zoo", "model, batch, precision, device, params_m, paper_params_m, unit, samples_per_s, "
+                         "power_w, joules_per_sample, energy, status",
+                         "no model-zoo benchmark in this database (speechperf bench zoo --db ...)")
 
 
 @register_section("bench_figures", 220)
@@ -107,7 +107,7 @@ def parallel_section(ctx: Context) -> Section:
     from speechperf.parallel.sweep import table
 
     title = "Parallel training algorithms: speedup, communication and WER (paper 003 Tables 1-5 form)"
-    if not _has(ctx.db, "parallel_runs"):
+    if not ctx.db.has_table("parallel_runs"):
         return Section(title, [Table("parallel.csv", [], "no parallel sweep in this database (speechperf parallel sweep ...)")])
     rows = table(ctx.db.query("SELECT * FROM parallel_runs ORDER BY model, batch, algo, workers, sync_period"))
     return Section(title, [Table("parallel.csv", rows, "no parallel runs"), _parallel_curves(ctx)])
@@ -119,7 +119,7 @@ def _parallel_curves(ctx: Context) -> Figure:
 
     # rowid order: the latest run of a configuration is drawn (INSERT OR REPLACE moves it last)
     runs = [r for r in ctx.db.query("SELECT * FROM parallel_runs ORDER BY rowid") if not shared_start(r)]
-    epochs = ctx.db.query("SELECT * FROM parallel_epochs") if _has(ctx.db, "parallel_epochs") else []
+    epochs = ctx.db.query("SELECT * FROM parallel_epochs") if ctx.db.has_table("parallel_epochs") else []
     path, why = parallel_cv_curves(runs, epochs, ctx.out / "parallel_cv.png")
     return Figure("parallel_cv.png", path, why, caption="CV loss per epoch and against training seconds, "
                   "per algorithm, workers, sync period (tau) and batch; one row per model")

@@ -68,6 +68,10 @@ class ResultsDB:
         """Create a stage's own tables (idempotent DDL)."""
         self.conn.executescript(ddl)
 
+    def has_table(self, name: str) -> bool:
+        """True once a stage created table ``name`` (bench, sweep and parallel tables are optional)."""
+        return bool(self.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", [name]))
+
     def upsert(self, table: str, row: dict[str, Any]) -> None:
         row = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in row.items()}
         cols = ", ".join(row)
