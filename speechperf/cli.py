@@ -98,9 +98,7 @@ def cmd_report(a) -> int:
 
 
 def cmd_bench_ops(a) -> int:
-    from speechperf.bench.ops import run_ops
-
-    from speechperf.bench.ops import COLUMNS, notes
+    from speechperf.bench.ops import COLUMNS, notes, run_ops
 
     rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick,
                    cpu_seconds=a.cpu_seconds, csv_path=a.csv)
@@ -111,9 +109,7 @@ def cmd_bench_ops(a) -> int:
 
 
 def cmd_bench_zoo(a) -> int:
-    from speechperf.bench.zoo import run_zoo
-
-    from speechperf.bench.zoo import COLUMNS, CPU_SECONDS, notes
+    from speechperf.bench.zoo import COLUMNS, CPU_SECONDS, notes, run_zoo
 
     rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters,
                    db_path=a.db, csv_path=a.csv, warmup=a.warmup, cpu_seconds=a.cpu_seconds or CPU_SECONDS)

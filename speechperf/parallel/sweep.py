@@ -107,9 +107,9 @@ def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
 
 
 def shared_start(row: dict) -> bool:
-    """True for the run that made the shared starting model (run folder ``init``): one epoch
-    at the default batch, no configuration of the grid, so no row of the tables."""
-    return str(row.get("run_id", "")).startswith("init-")
+    """True for the run that made the shared starting model (it ran with ``--save-init``): one
+    epoch at the default batch, no configuration of the grid, so no row of the tables."""
+    return bool(row.get("shared_start"))
 
 
 def table(rows: list[dict]) -> list[dict]:

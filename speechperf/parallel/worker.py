@@ -43,7 +43,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS parallel_runs (
     run_id TEXT PRIMARY KEY, algo TEXT, workers INTEGER, sync_period INTEGER, batch INTEGER, model TEXT,
     epochs INTEGER, train_s REAL, s_per_epoch REAL, comm_s REAL, comm_bytes INTEGER, syncs INTEGER,
-    cv_loss REAL, wer_test_clean REAL, wer_test_other REAL, device TEXT, status TEXT, env_json TEXT
+    cv_loss REAL, wer_test_clean REAL, wer_test_other REAL, device TEXT, status TEXT, env_json TEXT,
+    shared_start INTEGER  -- 1: the run that made a sweep's starting model (--save-init), no grid point
 );
 CREATE TABLE IF NOT EXISTS parallel_epochs (
     run_id TEXT, epoch INTEGER, train_s REAL, cv_loss REAL, lr REAL, PRIMARY KEY (run_id, epoch)
@@ -408,7 +409,7 @@ def _report(job: Job, model, prog: Progress, loss: float | None) -> None:
            "s_per_epoch": prog.train_s / max(len(epochs), 1), "comm_s": algo.stats.seconds,
            "comm_bytes": algo.stats.bytes, "syncs": algo.stats.syncs, "cv_loss": loss,
            "wer_test_clean": wer.get("test-clean"), "wer_test_other": wer.get("test-other"), "device": "cpu",
-           "status": "success", "env_json": json.dumps(capture_env("cpu"))}
+           "status": "success", "env_json": json.dumps(capture_env("cpu")), "shared_start": int(bool(args.save_init))}
     with ResultsDB(Path(args.db) if args.db else default_db_path(out)) as db:
         db.ensure_schema(SCHEMA)
         db.upsert("parallel_runs", row)
