@@ -158,6 +158,19 @@ def describe(env: dict) -> Platform:
     return Platform(key="detected", name=name, devices=devices, gpus=len(gpus), source="detected")
 
 
+def gpu_count(env: dict) -> tuple[int, str | None]:
+    """GPUs a run used and, when that is not simply the GPUs its machine recorded, why.
+
+    Training puts one process on each GPU (cuda:LOCAL_RANK), so a world larger than the
+    GPUs rank 0's machine recorded spanned several machines: it used ``world_size`` GPUs.
+    """
+    n = len(env.get("gpus") or [])
+    world = env.get("world_size") or 1
+    if n and world > n:
+        return world, f"world_size {world} > the {n} GPUs recorded on rank 0's machine: {world} GPUs, one per process"
+    return n, None
+
+
 def _norm(s: str) -> str:
     return " ".join(s.casefold().split())
 
@@ -192,7 +205,7 @@ def match(env: dict, candidates: list[Platform] | None = None) -> list[Platform]
             return []  # mixed GPU models: no single profile prices them
         model = models.pop()
         mine = [p for p in candidates if model in {_norm(n) for n in p.gpu_names}]
-        exact = [p for p in mine if not p.per_gpu and p.gpus == len(gpus)]
+        exact = [p for p in mine if not p.per_gpu and p.gpus == gpu_count(env)[0]]
         return exact or [p for p in mine if p.per_gpu]
     instance = _instance_type(env)
     if instance is None:
@@ -204,10 +217,11 @@ def resolve(profile: Platform, env: dict) -> Platform:
     """``profile``'s prices for the machine of ``env``: a per-GPU profile times the run's GPUs."""
     if not profile.per_gpu:
         return profile
-    n = len(env.get("gpus") or []) or profile.gpus  # a GPU profile named for a run that recorded no GPU: as named
+    n, why = gpu_count(env)
+    n = n or profile.gpus  # a GPU profile named for a run that recorded no GPU: as named
     scale = lambda v: None if v is None else v * n  # noqa: E731
     what = f"{n} x the per-GPU price{'s' if profile.price_gpus_usd is not None and profile.usd_per_hour is not None else ''}"
-    note = "; ".join(x for x in (what + " (host not priced)", profile.note) if x)
+    note = "; ".join(x for x in (what + " (host not priced)", why, profile.note) if x)
     return dataclasses.replace(profile, name=f"{n}x {profile.name}" if n != 1 else profile.name, gpus=n,
                                usd_per_hour=scale(profile.usd_per_hour), price_gpus_usd=scale(profile.price_gpus_usd),
                                price_usd=scale(profile.price_usd), price_cpus_usd=scale(profile.price_cpus_usd),
@@ -321,7 +335,8 @@ def price_performance(tta_min: float | None, platform: Platform, energy_j: float
 def price_columns(env: dict, tta_min: float | None, energy_j: float | None = None) -> dict:
     """The platform and price/performance columns of one run's row (``tta``, ``report``)."""
     plat = of_run(env)
-    return {"platform": plat.name, "$/hour": plat.usd_per_hour, "hourly date": plat.hourly_date,
+    return {"platform": plat.name, "price $": plat.price_usd if plat.price_usd is not None else plat.price_gpus_usd,
+            "price date": plat.price_date, "$/hour": plat.usd_per_hour, "hourly date": plat.hourly_date,
             **price_performance(tta_min, plat, energy_j)}
 
 

@@ -73,6 +73,12 @@ def test_the_environment_picks_the_profile_and_the_count_scales_it(gpu, n, key, 
     assert p.name.startswith(f"{n}x ") == (n > 1)
 
 
+def test_a_run_across_machines_is_priced_for_all_its_gpus():
+    p = P.of_run({**env("NVIDIA H100 80GB HBM3", 8), "world_size": 16})  # two 8-GPU nodes under torchrun
+    assert p.gpus == 16 and p.usd_per_hour == pytest.approx(16 * 3.99) and "world_size 16" in p.note
+    assert P.of_run({**env("NVIDIA H100 80GB HBM3", 8), "world_size": 4}).gpus == 8  # 4 of 8 rented GPUs: pay 8
+
+
 def test_gpu_purchase_price_scales_and_prices_tta():
     p = P.of_run(env("NVIDIA H100 80GB HBM3", 2))
     assert (p.price_gpus_usd, p.price_usd, p.usd_per_hour) == (50000.0, None, 7.98)
