@@ -33,6 +33,7 @@ PRICE_KEYS = PURCHASE_KEYS + HOURLY_KEYS
 PAPER_SYSTEMS = ("sys1", "sys2", "sys10")  # the ASR paper's Table 1 machines
 DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")  # when a price was quoted: YYYY, YYYY-MM or YYYY-MM-DD
 READ_TIME = "price_overrides"  # env key set by with_price_overrides (never written to disk)
+WHAT = {"purchase": "a purchase price", "hourly": "an hourly rate"}  # for messages
 AWS_VENDOR = "Amazon EC2"  # DMI sys_vendor of EC2 instances, whose DMI product_name is the instance type
 
 
@@ -118,12 +119,12 @@ def load(name: str) -> Platform:
         if not any(facts.get(k) is not None for k in keys):
             continue
         if not dates[kind]:
-            _fail(where, f"has a {kind} price but no {date_key} (when was it quoted?)")
+            _fail(where, f"has {WHAT[kind]} but no {date_key} (when was it quoted?)")
         if not DATE.match(dates[kind]):
             _fail(where, f"{date_key} = {dates[kind]!r} is not YYYY, YYYY-MM or YYYY-MM-DD")
         if not sources[kind]:
             if not is_file:
-                _fail(where, f"has a {kind} price but no {source_key} (who quoted it?)")
+                _fail(where, f"has {WHAT[kind]} but no {source_key} (who quoted it?)")
             sources[kind] = f"user file {name}"
     prices = {k: float(facts[k]) for k in PRICE_KEYS if facts.get(k) is not None}
     hourly = "usd_per_hour" in prices
@@ -146,10 +147,7 @@ def presets() -> list[Platform]:
 def describe(env: dict) -> Platform:
     """The machine of a recorded environment (``capture_env``), named from its CPU and GPUs; no price."""
     gpus = env.get("gpus") or []
-    names: dict[str, int] = {}
-    for g in gpus:
-        names[g.get("name", "GPU")] = names.get(g.get("name", "GPU"), 0) + 1
-    gpu_text = ", ".join(f"{n}x {name}" for name, n in names.items()) or "no GPU"
+    gpu_text = ", ".join(f"{n}x {name}" for name, n in _gpu_models(env).items()) or "no GPU"
     cpu = env.get("cpu_model") or "unknown CPU"
     cores = env.get("cpu_cores_logical")
     memory = env.get("memory_gb")
@@ -171,18 +169,22 @@ def gpu_count(env: dict) -> tuple[int, str | None]:
     return n, None
 
 
+def _gpu_models(env: dict) -> dict[str, int]:
+    """{GPU name: how many} of a recorded environment, in recorded order."""
+    names: dict[str, int] = {}
+    for g in env.get("gpus") or []:
+        names[g.get("name", "GPU")] = names.get(g.get("name", "GPU"), 0) + 1
+    return names
+
+
 def _norm(s: str) -> str:
     return " ".join(s.casefold().split())
 
 
 def hardware(env: dict) -> str:
     """The hardware of a recorded environment in words, for messages ("2x NVIDIA L4", a CPU model)."""
-    gpus = env.get("gpus") or []
-    if gpus:
-        names: dict[str, int] = {}
-        for g in gpus:
-            names[g.get("name", "GPU")] = names.get(g.get("name", "GPU"), 0) + 1
-        return " + ".join(f"{n}x {name}" for name, n in names.items())
+    if env.get("gpus"):
+        return " + ".join(f"{n}x {name}" for name, n in _gpu_models(env).items())
     instance = _instance_type(env)
     cpu = env.get("cpu_model") or "unknown CPU"
     return f"{cpu} ({AWS_VENDOR} {instance})" if instance else cpu
@@ -220,8 +222,7 @@ def resolve(profile: Platform, env: dict) -> Platform:
     n, why = gpu_count(env)
     n = n or profile.gpus  # a GPU profile named for a run that recorded no GPU: as named
     scale = lambda v: None if v is None else v * n  # noqa: E731
-    what = f"{n} x the per-GPU price{'s' if profile.price_gpus_usd is not None and profile.usd_per_hour is not None else ''}"
-    note = "; ".join(x for x in (what + " (host not priced)", why, profile.note) if x)
+    note = "; ".join(x for x in (f"{n} x the per-GPU prices (host not priced)", why, profile.note) if x)
     return dataclasses.replace(profile, name=f"{n}x {profile.name}" if n != 1 else profile.name, gpus=n,
                                usd_per_hour=scale(profile.usd_per_hour), price_gpus_usd=scale(profile.price_gpus_usd),
                                price_usd=scale(profile.price_usd), price_cpus_usd=scale(profile.price_cpus_usd),

@@ -74,5 +74,6 @@ def test_platform_profiles_are_table_2():
         assert (cfg.loader.batch_size, cfg.loader.readers, cfg.loader.prefetch_batches) == (batch, readers, buffer)
         assert load_platform(name)["platform"]["price_usd"] == price
     assert load_preset("paper", ["batch_size=8"], platform="sys1").loader.batch_size == 8  # overrides win
+    assert load_preset("paper", platform="h100-sxm") == load_preset("paper")  # a price-only profile: no loader values
     with pytest.raises(ConfigError, match="unknown platform"):
         load_preset("paper", platform="sys99")
