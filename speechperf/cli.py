@@ -59,8 +59,10 @@ def cmd_tta(a) -> int:
     from speechperf.metrics.tta import tta_table
 
     rows = tta_table([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
-                     db_path=Path(a.db) if a.db else None)
-    emit(rows, a.json, columns=["run", "metric", "target", "epochs", "minutes", "relative"])
+                     db_path=Path(a.db) if a.db else None, price_per_hour=a.price_per_hour,
+                     platform_file=a.platform_file)
+    emit(rows, a.json, columns=["run", "metric", "target", "epochs", "minutes", "relative", "platform",
+                                "cost to accuracy $", "TTA x price ($ min)", "price note"])
     return 0
 
 
@@ -92,8 +94,19 @@ def cmd_lm_build(a) -> int:
 def cmd_report(a) -> int:
     from speechperf.report.html import build_report
 
-    path = build_report([Path(r) for r in a.runs], Path(a.out), db_path=Path(a.db) if a.db else None)
+    path = build_report([Path(r) for r in a.runs], Path(a.out), db_path=Path(a.db) if a.db else None,
+                        price_per_hour=a.price_per_hour, platform_file=a.platform_file)
     print(path)
+    return 0
+
+
+def cmd_platforms(a) -> int:
+    from speechperf.telemetry.platforms import profile_table
+
+    emit(profile_table(a.file), a.json, columns=None if a.json else
+         ["profile", "matches", "per", "$/hour", "hourly date", "purchase $", "price date"])
+    if not a.json:
+        print("Sources of every price: speechperf platforms --json")
     return 0
 
 
@@ -171,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data", help="prepared features folder")
     sp.add_argument("--out", help="run folder")
     sp.add_argument("--resume", help="run folder to continue")
-    sp.add_argument("--platform", help="platform profile whose loader values apply (sys1, sys2, sys10)")
+    sp.add_argument("--platform", help="platform profile (a name from `speechperf platforms`, or FILE.toml): its "
+                    "prices, and its loader values where it has them (sys1, sys2, sys10)")
     sp.add_argument("--db", help="results database (default: results.db beside the run folder)")
     sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
 
@@ -181,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--targets", type=_csv(float), default=[10.0, 8.0, 7.0])
     sp.add_argument("--epochs", type=int, default=3)
     sp.add_argument("--db")
+    sp.add_argument("--price-per-hour", type=float, default=None,
+                    help="$/hour of the whole machine of every run given (overrides every profile)")
+    sp.add_argument("--platform-file", default=None,
+                    help="a platform profile TOML whose prices apply to every run given (overrides the recorded one)")
 
     sp = add("eval", cmd_eval, "evaluate a run's checkpoint on a split")
     sp.add_argument("run")
@@ -207,6 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("runs", nargs="+")
     sp.add_argument("--out", required=True)
     sp.add_argument("--db")
+    sp.add_argument("--price-per-hour", type=float, default=None,
+                    help="$/hour of the whole machine of every run given (overrides every profile)")
+    sp.add_argument("--platform-file", default=None,
+                    help="a platform profile TOML whose prices apply to every run given (overrides the recorded one)")
+
+    sp = add("platforms", cmd_platforms, "platform profiles: what each matches, prices with their date and source")
+    sp.add_argument("--file", action="append", default=[], help="also a user profile TOML (repeatable)")
 
     bench = sub.add_parser("bench", help="accelerator characterization").add_subparsers(dest="sub", required=True)
     sp = add("ops", cmd_bench_ops, "operator FLOPS against peak", bench)

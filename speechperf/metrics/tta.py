@@ -49,8 +49,13 @@ def epoch_evals(db: ResultsDB, run_id: str, metric: str) -> list[tuple[float, fl
 
 
 def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float] = (10.0, 8.0, 7.0),
-              epochs: int = 3, db_path: Path | None = None) -> list[dict]:
-    """Table 4 form: one row per (run, target) with minutes and % of the first run."""
+              epochs: int = 3, db_path: Path | None = None, price_per_hour: float | None = None,
+              platform_file: Path | None = None) -> list[dict]:
+    """Table 4 form: one row per (run, target) with minutes and % of the first run, and the run's
+    platform with cost to accuracy and TTA x price (``price_per_hour``/``platform_file``
+    override what the run recorded; :func:`speechperf.telemetry.platforms.of_run`)."""
+    from speechperf.telemetry.platforms import price_columns, with_price_overrides
+
     if metric not in ("cer", "wer"):
         raise SpeechperfError(f"metric must be cer or wer, got {metric!r}")
     rows: list[dict] = []
@@ -59,6 +64,7 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float
         info = read_run_info(run)
         with ResultsDB(db_path or info.get("db") or default_db_path(run)) as db:
             evals = epoch_evals(db, info["run_id"], metric)
+        env = with_price_overrides(_run_env(run), price_per_hour, platform_file)
         for target in targets:
             minutes = tta_minutes(evals, target, epochs)
             if index == 0:
@@ -66,5 +72,14 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float
             ref = first[target]
             relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference row: exactly 100
             rows.append({"run": str(run), "metric": metric, "target": target, "epochs": epochs,
-                         "minutes": minutes, "relative": relative})
+                         "minutes": minutes, "relative": relative, **price_columns(env, minutes)})
     return rows
+
+
+def _run_env(run: Path) -> dict:
+    """The environment a run recorded (``env.json``); without one, no hardware is known, so no price."""
+    path = Path(run) / "env.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError as e:
+        raise SpeechperfError(f"{path}: not valid JSON ({e})") from e

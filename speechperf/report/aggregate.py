@@ -8,7 +8,7 @@ import statistics
 from speechperf.bench.power import top_level
 from speechperf.metrics.tta import tta_minutes
 from speechperf.report.figures import CER_TARGETS, WER_TARGETS
-from speechperf.telemetry.platforms import Platform, load, of_run, price_performance
+from speechperf.telemetry.platforms import Platform, load, of_run, price_columns, price_performance
 
 # The paper's TTA to dev-clean CER 10 on LibriSpeech (SPEC D), for orientation beside ours.
 PAPER_TTA_CER10 = {"sys1": 820.0, "sys2": 672.0, "sys10": 511.0}
@@ -76,11 +76,9 @@ def price_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
     paper's platforms with the paper's TTA (LibriSpeech: a far larger job than ours)."""
     rows = []
     for r in runs:
-        plat = of_run(r["env"])
         tta = run_tta(r, target)
         joules = energy_until(r, tta * 60 if tta is not None else None)
-        rows.append({"run": r["label"], "platform": plat.name, "price $": plat.price_usd, "$/hour": plat.usd_per_hour,
-                     "price date": plat.price_date, **price_performance(tta, plat, joules)})
+        rows.append({"run": r["label"], **price_columns(r["env"], tta, joules)})
     for name, tta in PAPER_TTA_CER10.items():
         plat = load(name)
         rows.append({"run": "paper, LibriSpeech", "platform": plat.name, "price $": plat.price_usd, "$/hour": None,

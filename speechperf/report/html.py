@@ -17,24 +17,30 @@ from speechperf.report.runs import db_of, load_run
 from speechperf.report.sections import Context, Figure, Note, Section, Table, ordered
 from speechperf.results import ResultsDB
 from speechperf.tables import _fmt, write_csv
+from speechperf.telemetry.platforms import with_price_overrides
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
          "th{background:#f3f3f3}img{max-width:100%}.na{color:#a60}.cap{color:#555;font-size:90%}")
 
 
-def build_report(runs: list[Path], out: Path, db_path: Path | None = None) -> Path:
+def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price_per_hour: float | None = None,
+                 platform_file: Path | None = None) -> Path:
     """Write ``out/index.html`` (+ PNG and CSV files) for ``runs``; returns its path.
 
     ``db_path``: the results database; default the one the first run recorded (results.db
-    beside its run folder).
+    beside its run folder). ``price_per_hour``, ``platform_file``: prices that override what
+    the runs recorded (:func:`speechperf.telemetry.platforms.of_run`).
     """
     if not runs:
         raise SpeechperfError("report needs at least one run folder")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with ResultsDB(db_of(Path(runs[0]), db_path)) as db:
-        ctx = Context([load_run(Path(r), db) for r in runs], out, db)
+        loaded = [load_run(Path(r), db) for r in runs]
+        for r in loaded:
+            r["env"] = with_price_overrides(r["env"], price_per_hour, platform_file)
+        ctx = Context(loaded, out, db)
         sections = [builder(ctx) for _, builder in ordered()]
     labels = ", ".join(r["label"] for r in ctx.runs)
     parts = [f"<h1>speechperf report: {len(ctx.runs)} run(s)</h1>",

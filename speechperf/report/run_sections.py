@@ -114,7 +114,10 @@ def price_section(ctx: Context) -> Section:
     return Section("Price/performance (TTA to CER 10)", [
         Note("TTA x price: minutes x purchase price ($ min, lower is better); cost to accuracy: TTA in hours x "
              "$/hour; energy to accuracy: counters (or integrated power) up to the TTA. The paper rows are LibriSpeech "
-             "runs, a far larger job than the embedded corpus: compare platforms within one job only."),
+             "runs, a far larger job than the embedded corpus: compare platforms within one job only. Prices come "
+             "from --price-per-hour, --platform-file, the platform named at training, or the profile the run's GPUs "
+             "(or EC2 instance type) match, in that order; `speechperf platforms` lists every profile's prices with "
+             "their date and source. 'price note' says why a column is empty."),
         Table("price.csv", price_rows(ctx.runs))])
 
 

@@ -45,6 +45,20 @@ def gpus() -> list[dict]:
     return out
 
 
+def cloud_instance(dmi: str = "/sys/class/dmi/id") -> dict | None:
+    """The machine's DMI vendor and product name ({"vendor", "product"}), None where unreadable.
+
+    On EC2 Nitro instances they are "Amazon EC2" and the instance type ("m7i.xlarge"): the
+    one local, honest way to know which cloud instance a CPU-only run was priced on.
+    """
+    try:
+        vendor = open(f"{dmi}/sys_vendor", encoding="utf-8").read().strip()
+        product = open(f"{dmi}/product_name", encoding="utf-8").read().strip()
+    except OSError:
+        return None
+    return {"vendor": vendor, "product": product}
+
+
 def capture_env(device: str = "cpu") -> dict:
     """A JSON-serializable description of this machine and software."""
     import psutil
@@ -73,6 +87,7 @@ def capture_env(device: str = "cpu") -> dict:
         "mkldnn": torch.backends.mkldnn.is_available(),
         "libraries": versions,
         "telemetry": _telemetry(),
+        "cloud_instance": cloud_instance(),
     }
 
 

@@ -67,12 +67,13 @@ def test_configs_are_frozen():
 def test_platform_profiles_are_table_2():
     from speechperf.config import load_platform, platform_names
 
-    assert platform_names() == ["sys1", "sys10", "sys2"]
+    assert {"sys1", "sys10", "sys2"} <= set(platform_names())  # today's machines: tests/telemetry/test_platforms.py
     table2 = {"sys1": (96, 8, 40, 2605.29), "sys2": (240, 16, 100, 5699.95), "sys10": (300, 16, 100, 25999.00)}
     for name, (batch, readers, buffer, price) in table2.items():
         cfg = load_preset("paper", platform=name)
         assert (cfg.loader.batch_size, cfg.loader.readers, cfg.loader.prefetch_batches) == (batch, readers, buffer)
         assert load_platform(name)["platform"]["price_usd"] == price
     assert load_preset("paper", ["batch_size=8"], platform="sys1").loader.batch_size == 8  # overrides win
+    assert load_preset("paper", platform="h100-sxm") == load_preset("paper")  # a price-only profile: no loader values
     with pytest.raises(ConfigError, match="unknown platform"):
         load_preset("paper", platform="sys99")

@@ -45,4 +45,25 @@ def test_table_relative_to_first_run(tmp_path):
     rows = tta_table([a, b], metric="cer", targets=[10, 8], epochs=3)
     assert [(r["run"][-1], r["target"], r["minutes"], r["relative"]) for r in rows] == [
         ("a", 10, 30.0, 100.0), ("a", 8, None, None), ("b", 10, 15.0, 50.0), ("b", 8, None, None)]
-    assert set(rows[0]) == {"run", "metric", "target", "epochs", "minutes", "relative"}
+    assert set(rows[0]) >= {"run", "metric", "target", "epochs", "minutes", "relative", "platform",
+                            "cost to accuracy $", "TTA x price ($ min)", "price note"}
+    # no env.json: no hardware known, so no price, and the row says why
+    assert rows[0]["cost to accuracy $"] is None and "no price for unknown CPU" in rows[0]["price note"]
+
+
+def test_table_prices_each_run_from_its_environment_and_overrides(tmp_path, capsys):
+    from speechperf.cli import main
+
+    h100 = _fake_run(tmp_path, "h100", [(600, 9), (1200, 9), (1800, 9)])  # CER 10 at 30 min
+    (h100 / "env.json").write_text(json.dumps({"cpu_model": "x", "gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 2}))
+    odd = _fake_run(tmp_path, "odd", [(600, 9), (1200, 9), (1800, 9)])
+    (odd / "env.json").write_text(json.dumps({"cpu_model": "x", "gpus": [{"name": "NVIDIA B300"}]}))
+    rows = {r["run"][-3:]: r for r in tta_table([h100, odd], targets=[10])}
+    assert rows["100"]["platform"] == "2x NVIDIA H100 SXM 80 GB"
+    assert rows["100"]["cost to accuracy $"] == pytest.approx(0.5 * 2 * 3.99)
+    assert rows["100"]["TTA x price ($ min)"] == pytest.approx(30 * 2 * 25000.0)
+    assert rows["odd"]["cost to accuracy $"] is None
+    assert "no price for 1x NVIDIA B300; give --price-per-hour" in rows["odd"]["price note"]
+    assert main(["tta", str(h100), str(odd), "--targets", "10", "--price-per-hour", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["cost to accuracy $"] for r in out] == [2.0, 2.0]

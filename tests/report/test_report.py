@@ -170,3 +170,13 @@ def test_report_of_a_real_training_run(tiny_features, tmp_path):
     assert "Runs that did not record" not in page  # the train loop records the sampler's availability
     env = json.loads((run / "env.json").read_text())
     assert {s["source"] for s in _csv(tmp_path / "rep" / "unavailable.csv")} == set(env["telemetry"]["unavailable"])
+
+
+def test_price_overrides_at_read_time(recorded_runs, tmp_path):
+    runs = [recorded_runs["cpu-seed1"], recorded_runs["cloud-rapl"]]
+    rows = {r["run"]: r for r in _csv(build_report(runs, tmp_path / "a", price_per_hour=6.0).parent / "price.csv")}
+    assert float(rows["cpu-seed1"]["cost to accuracy $"]) == pytest.approx(8 / 60 * 6.0)  # unknown CPU, priced by hand
+    assert float(rows["cloud-rapl"]["cost to accuracy $"]) == pytest.approx(10 / 60 * 6.0)  # beats its named file
+    rows = {r["run"]: r for r in _csv(build_report(runs, tmp_path / "b").parent / "price.csv")}
+    assert rows["cpu-seed1"]["cost to accuracy $"] == ""
+    assert "no price for Test CPU 9000; give --price-per-hour" in rows["cpu-seed1"]["price note"]

@@ -44,7 +44,11 @@ def test_cli_end_to_end(tmp_path):
     assert {"dev-clean", "test-clean"} <= {r["split"] for r in finals}
 
     table = json.loads(cli("tta", run, "--metric", "cer", "--targets", "1000,0.001", "--epochs", "1", "--json").stdout)
-    assert [set(r) for r in table] == [{"run", "metric", "target", "epochs", "minutes", "relative"}] * 2
+    assert all(set(r) >= {"run", "metric", "target", "epochs", "minutes", "relative", "platform", "cost to accuracy $",
+                          "price note"} for r in table)
+    assert table[0]["cost to accuracy $"] is None and "give --price-per-hour" in table[0]["price note"]  # a CPU box
+    priced = json.loads(cli("tta", run, "--targets", "1000", "--epochs", "1", "--price-per-hour", "6", "--json").stdout)
+    assert priced[0]["cost to accuracy $"] == priced[0]["minutes"] / 60 * 6
     assert table[0]["minutes"] > 0 and table[0]["relative"] == 100.0  # CER <= 1000 % at the first epoch
     assert table[1]["minutes"] is None and table[1]["relative"] is None  # never reached: NA
     text = cli("tta", run, "--targets", "0.001").stdout
