@@ -142,7 +142,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     # ---- initialization: one-time work outside the TTA clock -----------------------------
     init_parts = initialize(model, cfg, data, device) if lead else {}
     if not lead:
-        warm_model(model, cfg.model.input_dim, device, tc.precision)
+        warm_model(model, cfg, device)
     init_s = time.perf_counter() - init_t0
     prog.init_s += init_s
     clock = Clock(prog.clock_s)  # TTA time starts now (continues where a resumed run stopped)

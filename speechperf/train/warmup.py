@@ -45,15 +45,25 @@ def warm_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams") -> Non
     dec.decode_batch(log_probs.astype(np.float32), np.array([WARM_FRAMES, WARM_FRAMES // 2], dtype=np.int64))
 
 
-def warm_model(model: torch.nn.Module, input_dim: int, device: torch.device, precision: str) -> None:
+def warm_shape(cfg, device: torch.device) -> tuple[int, int]:
+    """(batch, frames) of the warm-up pass: on a GPU with padded batches (the paper's
+    mode) every step has one shape, so the warm-up takes exactly it and its kernels are the
+    ones training will run; otherwise a small batch (shapes vary from batch to batch)."""
+    if device.type == "cuda" and cfg.loader.mode == "pad":
+        return cfg.loader.batch_size, cfg.loader.pad_frames
+    return 2, WARM_FRAMES
+
+
+def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
     """One training-mode forward and backward pass of a copy of ``model`` on zeros."""
     from speechperf.train.evaluate import autocast
 
+    batch, frames = warm_shape(cfg, device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         twin = copy.deepcopy(model).train()
-        x = torch.zeros(2, WARM_FRAMES, input_dim, device=device)  # (B, T, F)
-        lens = torch.tensor([WARM_FRAMES, WARM_FRAMES], device=device)
-        with autocast(device, precision):
+        x = torch.zeros(batch, frames, cfg.model.input_dim, device=device)  # (B, T, F)
+        lens = torch.full((batch,), frames, device=device)
+        with autocast(device, cfg.train.precision):
             log_probs, _ = twin(x, lens)  # (T', B, C)
         log_probs.float().sum().backward()
         if device.type == "cuda":
@@ -71,7 +81,7 @@ def initialize(model: torch.nn.Module, cfg, feats: Path, device: torch.device) -
         warm_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode)
     parts["decoder_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    warm_model(model, cfg.model.input_dim, device, tc.precision)
+    warm_model(model, cfg, device)
     parts["model_s"] = time.perf_counter() - t
     return parts
 
