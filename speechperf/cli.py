@@ -66,6 +66,14 @@ def cmd_tta(a) -> int:
     return 0
 
 
+def cmd_check_log(a) -> int:
+    from speechperf.train.mlperf import check_run
+
+    row = check_run(Path(a.run))
+    emit([row], a.json)
+    return 0 if row["compliant"] else 1
+
+
 def cmd_eval(a) -> int:
     from speechperf.train.evaluate import evaluate_run
 
@@ -220,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("build", cmd_lm_build, "build the dictionary and bigram LM of a prepared dataset", lm)
     sp.add_argument("features")
     sp.add_argument("--split", default=None, help="training split(s) whose text is used (default: all train-*)")
+
+    sp = add("check-log", cmd_check_log, "check a run's events.log with mlperf-logging's compliance checker "
+             "(training rules, speechperf's benchmark rules); exit 1 if it does not comply")
+    sp.add_argument("run", help="run folder or events.log")
 
     sp = add("report", cmd_report, "HTML report comparing runs")
     sp.add_argument("runs", nargs="+")

@@ -26,14 +26,14 @@ class EventLog:
             self.logger.addHandler(logging.NullHandler())
         self.ml = mllog.MLLogger(logger=self.logger, default_stack_offset=2)
 
-    def event(self, key: str, value=None, **metadata) -> None:
-        self.ml.event(key=key, value=value, metadata=metadata or None)
+    def event(self, key: str, value=None, time_ms: int | None = None, **metadata) -> None:
+        self.ml.event(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
 
-    def start(self, key: str, value=None, **metadata) -> None:
-        self.ml.start(key=key, value=value, metadata=metadata or None)
+    def start(self, key: str, value=None, time_ms: int | None = None, **metadata) -> None:
+        self.ml.start(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
 
-    def end(self, key: str, value=None, **metadata) -> None:
-        self.ml.end(key=key, value=value, metadata=metadata or None)
+    def end(self, key: str, value=None, time_ms: int | None = None, **metadata) -> None:
+        self.ml.end(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
 
     def close(self) -> None:
         if self.handler is not None:

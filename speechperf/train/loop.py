@@ -5,8 +5,10 @@ batch and log hypothesis vs reference; every ``checkpoint_every`` iterations an 
 checkpoint; after every epoch evaluate the validation split (loss, WER, both CERs) with
 the evaluation seconds recorded apart from training; stop at the target (median of the
 last e epochs), the time cap or the last epoch; then a final evaluation of every
-validation and test split. The TTA clock starts when the model is created and only runs
-while this process runs, so a resumed run does not count the time it was down.
+validation and test split. As in MLPerf, the TTA clock starts after initialization
+(``init_start``..``init_stop``: the model built, the decoder kernels compiled, one warm-up
+step; see train/warmup.py), whose seconds are reported beside the TTA; it only runs while
+this process runs, so a resumed run does not count the time it was down.
 
 Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the model is wrapped in DDP
 (gloo on CPU, NCCL on GPU); rank 0 alone writes files, evaluates and decides to stop.
@@ -34,6 +36,8 @@ from speechperf.telemetry.status import StatusLine
 from speechperf.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from speechperf.train.evaluate import autocast, evaluate
 from speechperf.train.events import C, EventLog
+from speechperf.train.mlperf import log_submission
+from speechperf.train.warmup import initialize, warm_model, warn_if_slow
 
 FINAL_SPLITS = ("dev-clean", "dev-other", "test-clean", "test-other")
 
@@ -56,6 +60,7 @@ class Progress:
     evals: list = field(default_factory=list)  # per-epoch (clock_s, wer, cer) history
     log_sizes: dict = field(default_factory=dict)  # byte sizes of append-only logs at checkpoint
     status: str | None = None  # why training stopped: success, time_cap, max_epochs (None: running)
+    init_s: float = 0.0  # initialization seconds outside the TTA clock, summed over (re)starts
 
 
 class Clock:
@@ -73,6 +78,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
           platform: str | None = None) -> dict:
     """Train (or resume) a run; returns its summary row."""
     # ---- configuration and run folder -------------------------------------------------
+    init_t0, init_ms = time.perf_counter(), int(time.time() * 1000)  # init_start
     rank, world, local_rank = _dist_env()
     if resume is not None:
         ckpt = load_checkpoint(resume)
@@ -100,7 +106,6 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     # ---- model, optimizer, state ---------------------------------------------------------
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model).to(device)
-    clock = Clock()  # the model exists: TTA time starts now
     optimizer = _optimizer(model, tc)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(tc))
     scaler = torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16")
@@ -112,7 +117,6 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         scaler.load_state_dict(ckpt["scaler"])
         prog = Progress(**ckpt["progress"])
         set_rng_state(ckpt["rng"])
-        clock = Clock(prog.clock_s)
     core = model
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -128,13 +132,30 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         events = EventLog(out / "events.log", run_id)
         if ckpt is None:
             _write_run_files(out, run_id, cfg, data, db_path, device, world, platform)
-            _db_register(db, run_id, cfg, out, device, world, started=time.time() - clock.now())
-            _log_run_start(events, cfg, world, len(train_splits))
+            events.start(C.INIT_START, time_ms=init_ms)
+            _log_run_config(events, cfg, world, data, train_splits, platform or _platform_name(out))
         else:
             db.conn.execute("DELETE FROM iterations WHERE run_id = ? AND iteration > ?", [run_id, prog.iteration])
             db.conn.execute("DELETE FROM evals WHERE run_id = ? AND (epoch >= ? OR final = 1)", [run_id, prog.epoch])
             db.conn.commit()
-            events.event("resume", clock_s=round(clock.now(), 3), iteration=prog.iteration, epoch=prog.epoch)
+
+    # ---- initialization: one-time work outside the TTA clock -----------------------------
+    init_parts = initialize(model, cfg, data, device) if lead else {}
+    if not lead:
+        warm_model(model, cfg, device)
+    init_s = time.perf_counter() - init_t0
+    prog.init_s += init_s
+    clock = Clock(prog.clock_s)  # TTA time starts now (continues where a resumed run stopped)
+    if lead:
+        warn_if_slow(init_s, str(out))
+        parts = {k: round(v, 3) for k, v in init_parts.items()}
+        if ckpt is None:
+            _db_register(db, run_id, cfg, out, device, world, started=time.time())
+            events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
+            events.start(C.RUN_START)
+        else:  # MLPerf has no resume: init_start/init_stop/run_start stay exactly once
+            events.event("resume", clock_s=round(clock.now(), 3), iteration=prog.iteration, epoch=prog.epoch,
+                         init_s=round(init_s, 3), **parts)
         sampler = _start_sampler()
 
     def checkpoint() -> None:
@@ -375,15 +396,31 @@ def _run_row(db, run_id) -> dict:
     return rows[0] if rows else {"run_id": run_id, "kind": "train"}
 
 
-def _log_run_start(events, cfg, world, n_splits) -> None:
-    events.event(C.SUBMISSION_BENCHMARK, "speechperf_ds2")
+def _log_run_config(events, cfg, world, data, train_splits, platform: str) -> None:
+    """The submission keys and hyperparameters MLPerf's training rules ask for (train/mlperf.py)."""
+    log_submission(events, platform)
     events.event(C.GLOBAL_BATCH_SIZE, cfg.loader.batch_size)
+    events.event(C.GRADIENT_ACCUMULATION_STEPS, 1)
     events.event(C.OPT_NAME, cfg.train.optimizer)
     events.event(C.OPT_BASE_LR, cfg.train.lr)
     events.event(C.SEED, cfg.train.seed)
+    events.event(C.TRAIN_SAMPLES, sum(_utterances(data, s) for s in train_splits), splits=list(train_splits))
+    events.event(C.EVAL_SAMPLES, _utterances(data, cfg.train.eval_split), split=cfg.train.eval_split)
     events.event("world_size", world)
     events.event("preset", cfg.preset)
-    events.start(C.RUN_START)
+
+
+def _utterances(data: Path, split: str) -> int:
+    """Utterances in a prepared split's index (0 when the split is missing)."""
+    index = Path(data) / split / "index.json"
+    return len(json.loads(index.read_text(encoding="utf-8"))["utterances"]) if index.exists() else 0
+
+
+def _platform_name(out: Path) -> str:
+    """The machine the run's env.json describes (the submission platform of its log)."""
+    from speechperf.telemetry.platforms import of_run
+
+    return of_run(json.loads((out / "env.json").read_text(encoding="utf-8"))).name
 
 
 def _start_sampler():
@@ -403,7 +440,7 @@ def _store_samples(db, run_id, samples) -> None:
 def _summary(run_id, out, status, prog, clock) -> dict:
     last = prog.evals[-1] if prog.evals else (None, None, None)
     return {"run": str(out), "run_id": run_id, "status": status, "epochs": len(prog.evals),
-            "iterations": prog.iteration, "clock_min": clock.now() / 60, "last_wer": last[1], "last_cer": last[2],
+            "iterations": prog.iteration, "clock_min": clock.now() / 60, "init_s": prog.init_s, "last_wer": last[1], "last_cer": last[2],
             "skipped_steps": prog.skipped_steps, "impossible_utts": prog.impossible_utts}
 
 

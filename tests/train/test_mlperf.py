@@ -1,0 +1,104 @@
+"""MLPerf compliance of events.log (the real mlperf-logging checker) and the TTA clock
+starting after initialization."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from speechperf.results import ResultsDB
+from speechperf.train import loop
+from speechperf.train.events import read_events
+from speechperf.train.mlperf import check_log
+
+TINY = ["max_epochs=2", "threads=1", "checkpoint_every=3"]
+
+
+def _train(feats, out, overrides=TINY, **kw):
+    return loop.train("tiny", feats, out, overrides, quiet=True, **kw)
+
+
+def test_run_log_passes_the_compliance_checker(tiny_features, tmp_path):
+    _train(tiny_features, tmp_path / "run")
+    result = check_log(tmp_path / "run" / "events.log")
+    assert result["ok"], result["output"]
+    keys = [e["key"] for e in read_events(tmp_path / "run" / "events.log")]
+    # initialization comes first and ends before the clock starts
+    assert keys.index("init_start") == 0 and keys.index("init_stop") < keys.index("run_start")
+    for key in ("submission_org", "submission_platform", "submission_division", "submission_benchmark",
+                "cache_clear", "train_samples", "eval_samples"):
+        assert keys.count(key) == 1, key
+
+
+def test_checker_fails_a_log_without_init_stop(tiny_features, tmp_path):
+    _train(tiny_features, tmp_path / "run")
+    lines = (tmp_path / "run" / "events.log").read_text().splitlines()
+    broken = tmp_path / "broken.log"
+    broken.write_text("\n".join(line for line in lines if '"init_stop"' not in line) + "\n")
+    result = check_log(broken)
+    assert not result["ok"] and "init_stop" in result["output"]
+    p = subprocess.run([sys.executable, "-m", "speechperf", "check-log", str(broken), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    row = json.loads(p.stdout)[0]
+    assert p.returncode == 1 and not row["compliant"] and "init_stop" in row["first_finding"]
+    ok = subprocess.run([sys.executable, "-m", "speechperf", "check-log", str(tmp_path / "run")],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "True" in ok.stdout
+
+
+def test_samples_counted_from_the_indexes(tiny_features, tmp_path):
+    _train(tiny_features, tmp_path / "run")
+    events = {e["key"]: e for e in read_events(tmp_path / "run" / "events.log")}
+    train_utts = sum(len(json.loads((tiny_features / s / "index.json").read_text())["utterances"])
+                     for s in events["train_samples"]["metadata"]["splits"])
+    dev_utts = len(json.loads((tiny_features / "dev-clean" / "index.json").read_text())["utterances"])
+    assert events["train_samples"]["value"] == train_utts > 0
+    assert events["eval_samples"]["value"] == dev_utts > 0
+
+
+def test_initialization_is_outside_the_tta_clock(tiny_features, tmp_path, monkeypatch):
+    real = loop.initialize
+
+    def slow_initialize(*args, **kw):
+        time.sleep(1.5)  # a cold numba cache, say
+        return real(*args, **kw)
+
+    monkeypatch.setattr(loop, "initialize", slow_initialize)
+    summary = _train(tiny_features, tmp_path / "run")
+    assert summary["init_s"] >= 1.5
+    stop = [e for e in read_events(tmp_path / "run" / "events.log") if e["key"] == "init_stop"][0]
+    assert stop["metadata"]["init_s"] >= 1.5 and "decoder_s" in stop["metadata"]
+    with ResultsDB(tmp_path / "results.db") as db:
+        first = db.query("SELECT clock_s FROM iterations ORDER BY iteration LIMIT 1")[0]["clock_s"]
+    assert first < 1.5  # the first step is timed from run_start, not from init_start
+
+
+def test_resumed_run_log_still_complies(tiny_features, tmp_path, monkeypatch):
+    real_step, calls = loop._step, {"n": 0}
+
+    def dying_step(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 5:  # after the checkpoint at iteration 3
+            raise KeyboardInterrupt
+        return real_step(*args, **kw)
+
+    monkeypatch.setattr(loop, "_step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_features, tmp_path / "run")
+    monkeypatch.setattr(loop, "_step", real_step)
+    summary = loop.train(resume=tmp_path / "run", quiet=True)
+    assert summary["status"] == "success"
+    events = read_events(tmp_path / "run" / "events.log")
+    keys = [e["key"] for e in events]
+    assert keys.count("init_start") == keys.count("init_stop") == keys.count("run_start") == 1
+    assert keys.count("run_stop") == 1  # the aborted run_stop after the checkpoint was truncated away
+    resume = [e for e in events if e["key"] == "resume"][0]
+    assert resume["metadata"]["init_s"] > 0
+    assert summary["init_s"] >= stop_init(events) + resume["metadata"]["init_s"] - 1e-3
+    result = check_log(tmp_path / "run" / "events.log")
+    assert result["ok"], result["output"]
+
+
+def stop_init(events) -> float:
+    return [e for e in events if e["key"] == "init_stop"][0]["metadata"]["init_s"]
