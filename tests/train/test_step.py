@@ -197,9 +197,12 @@ def test_steps_between_read_points_add_no_host_sync_beyond_ctc():
     batch, meter = _batch(), StepMeter()
     train_step(model, batch, opt, scaler, dev, cfg.train)  # warm-up: lazy init, optimizer state
 
-    def ctc_alone():
+    labels = batch.labels.to(dev)
+
+    def ctc_alone():  # the step's call: CPU lengths, no reduction, zero_infinity
         lp = torch.randn(batch.feats.shape[1] // 2, 2, 30, device=dev, requires_grad=True).log_softmax(-1)
-        F.ctc_loss(lp, batch.labels.to(dev), torch.tensor([15, 10]), batch.label_lens, zero_infinity=True).backward()
+        F.ctc_loss(lp, labels, torch.tensor([15, 10]), batch.label_lens, reduction="none",
+                   zero_infinity=True).sum().backward()
 
     per_ctc = _sync_warnings(ctc_alone)
     steps = _sync_warnings(lambda: [meter.add(i, train_step(model, batch, opt, scaler, dev, cfg.train)) for i in range(5)])
