@@ -31,7 +31,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda:LOCAL_RANK if CUDA, else cpu), "cpu", "cuda" (the local rank's GPU), "cuda:N"
     dist_backend: str = "auto"  # process group under torchrun: "auto" (gloo on CPU, "cpu:gloo,cuda:nccl" on GPU), "gloo", "nccl", "cpu:gloo,cuda:nccl"
     deterministic: bool = False  # deterministic kernels (cuDNN, cuBLAS workspace, CTC on the CPU): a resumed GPU run equals the uninterrupted one, slower
-    sync_every: int = 1  # read losses and skip counters from the device every N steps (and at sentence, checkpoint, epoch end): at most one host sync per step
+    sync_every: int = 1  # read losses and skip flags from the device every N steps (and at sentences, checkpoints, epoch end; the time cap is checked there): one host sync per N steps
     optimizer_impl: str = "default"  # "default", "foreach" or "fused" (AdamW; fewer, larger kernels on a GPU)
     compile: bool = False  # torch.compile the model (off unless measured faster; the first steps compile)
     threads: int = 0  # torch intra-op threads; 0 = torch default
