@@ -15,7 +15,7 @@ from speechperf.data.config import LoaderConfig
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
 from speechperf.models.config import ModelConfig
-from speechperf.train.config import TrainConfig
+from speechperf.train.config import DIST_BACKENDS, TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
@@ -154,8 +154,7 @@ def validate(cfg: RunConfig) -> None:
         (t.target_epochs >= 1, f"train.target_epochs={t.target_epochs} must be >= 1"),
         (t.max_epochs >= 1, f"train.max_epochs={t.max_epochs} must be >= 1"),
         (t.sync_every >= 1, f"train.sync_every={t.sync_every} must be >= 1"),
-        (t.dist_backend in ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl"),
-         f"train.dist_backend={t.dist_backend!r} must be auto, gloo, nccl or cpu:gloo,cuda:nccl"),
+        (t.dist_backend in DIST_BACKENDS, f"train.dist_backend={t.dist_backend!r} must be one of {', '.join(DIST_BACKENDS)}"),
         (t.optimizer_impl in ("default", "foreach", "fused"),
          f"train.optimizer_impl={t.optimizer_impl!r} must be default, foreach or fused"),
         (t.optimizer_impl != "fused" or t.optimizer == "adamw",

@@ -36,8 +36,8 @@ class MaskedBatchNorm(nn.Module):
         # x: (T, B, C); index: flat (T*B) positions of the valid frames in row-major order,
         # the order of x[mask]: (N, C) -> BN -> back in place, padding zero.
         t, b, c = x.shape
-        flat = x.reshape(t * b, c)
-        return torch.zeros_like(flat).index_copy(0, index, self.bn(flat.index_select(0, index))).reshape(t, b, c)
+        y = self.bn(x.reshape(t * b, c).index_select(0, index))
+        return y.new_zeros(t * b, c).index_copy(0, index, y).reshape(t, b, c)  # BN's dtype under autocast
 
 
 def output_lengths(lengths: torch.Tensor, kernel: int, stride: int) -> torch.Tensor:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DIST_BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl")  # train.dist_backend values
+
 
 @dataclass(frozen=True)
 class TrainConfig:

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from speechperf.config import ConfigError
+from speechperf.train.config import DIST_BACKENDS as BACKENDS
 
-BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl")
 MIXED = "cpu:gloo,cuda:nccl"
 # cuBLAS reproducibility (CUDA docs, "Results reproducibility"): a fixed workspace per handle.
 CUBLAS_WORKSPACE = ":4096:8"
