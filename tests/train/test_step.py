@@ -173,7 +173,8 @@ def test_step_on_cuda_learns_in_every_precision(precision):
     prog = Progress()
     losses = _steps(model, _batch(), opt, scaler, cfg, prog, n=20, device=dev)
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
-    assert prog.skipped_steps == 0
+    # fp16: the scaler starts at 2**16 and halves after each overflow, skipping those steps
+    assert prog.skipped_steps == 0 if precision != "fp16" else prog.skipped_steps < 10
 
 
 def _sync_warnings(fn) -> int:
