@@ -272,11 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("sweep", cmd_parallel_sweep, "algorithms x workers x sync periods (Tables 1-5 form)", par)
     sp.add_argument("rest", nargs=argparse.REMAINDER)
 
-    sp = add("demo", cmd_demo, "synth -> prepare -> train the CPU preset -> TTA table")
+    sp = add("demo", cmd_demo, "synth -> prepare -> train (gpu preset with CUDA, else cpu) -> TTA table")
     sp.add_argument("--out", default="demo")
     sp.add_argument("--hours", type=float, default=None, help="hours of training audio (default: the preset's)")
     sp.add_argument("--minutes", type=float, default=None, help="training time cap (default: the preset's)")
-    sp.add_argument("--preset", default="cpu")
+    sp.add_argument("--preset", default=None, help="default: gpu where torch sees a CUDA device, else cpu")
     sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
     return p
 

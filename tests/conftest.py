@@ -1,9 +1,20 @@
-"""Shared fixtures: one tiny synthesized corpus and its features per test session."""
+"""Shared fixtures: one tiny synthesized corpus and its features per test session; the
+``cuda`` marker: CUDA variants of core tests run where torch sees a GPU, skip elsewhere."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None and not HAS_CUDA:
+            item.add_marker(skip)
 
 TINY_HOURS = 0.03  # about a hundred short train utterances: seconds to synthesize and prepare
 

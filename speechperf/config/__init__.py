@@ -15,7 +15,7 @@ from speechperf.data.config import LoaderConfig
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
 from speechperf.models.config import ModelConfig
-from speechperf.train.config import TrainConfig
+from speechperf.train.config import DIST_BACKENDS, TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
@@ -153,6 +153,12 @@ def validate(cfg: RunConfig) -> None:
         (t.sentence_every >= 1 and t.checkpoint_every >= 1, "train.sentence_every and checkpoint_every must be >= 1"),
         (t.target_epochs >= 1, f"train.target_epochs={t.target_epochs} must be >= 1"),
         (t.max_epochs >= 1, f"train.max_epochs={t.max_epochs} must be >= 1"),
+        (t.sync_every >= 1, f"train.sync_every={t.sync_every} must be >= 1"),
+        (t.dist_backend in DIST_BACKENDS, f"train.dist_backend={t.dist_backend!r} must be one of {', '.join(DIST_BACKENDS)}"),
+        (t.optimizer_impl in ("default", "foreach", "fused"),
+         f"train.optimizer_impl={t.optimizer_impl!r} must be default, foreach or fused"),
+        (t.optimizer_impl != "fused" or t.optimizer == "adamw",
+         f"train.optimizer_impl=fused needs optimizer=adamw (torch has no fused {t.optimizer})"),
         (t.eval_mode in WORDBEAM_MODES, f"train.eval_mode={t.eval_mode!r} must be one of {', '.join(WORDBEAM_MODES)}"),
     ]
     for ok, msg in checks:

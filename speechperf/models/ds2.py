@@ -5,6 +5,11 @@ conv1d (valid, stride 2) -> BN -> clipped ReLU -> dropout -> [LSTM -> BN -> drop
 (padding would otherwise bias them: in the paper's pad mode most frames are padding).
 The LSTMs are unidirectional, so the outputs at valid frames do not depend on the padding
 after them and no packing is needed.
+
+Host synchronization: the valid frames are gathered by an index of known length (never a
+boolean mask, whose result size needs the device's answer), so with the index planned on
+the CPU (:meth:`DeepSpeech2.plan`, from the loader's CPU lengths) a forward pass on a GPU
+never waits for it.
 """
 from __future__ import annotations
 
@@ -27,16 +32,23 @@ class MaskedBatchNorm(nn.Module):
         super().__init__()
         self.bn = nn.BatchNorm1d(channels)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # x: (T, B, C); mask: (T, B) bool. Valid frames only: (N, C) -> BN -> back in place.
-        out = torch.zeros_like(x)
-        out[mask] = self.bn(x[mask])
-        return out
+    def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        # x: (T, B, C); index: flat (T*B) positions of the valid frames in row-major order,
+        # the order of x[mask]: (N, C) -> BN -> back in place, padding zero.
+        t, b, c = x.shape
+        y = self.bn(x.reshape(t * b, c).index_select(0, index))
+        return y.new_zeros(t * b, c).index_copy(0, index, y).reshape(t, b, c)  # BN's dtype under autocast
 
 
 def output_lengths(lengths: torch.Tensor, kernel: int, stride: int) -> torch.Tensor:
     """Frames after the valid strided conv: (T - k) // s + 1."""
     return torch.div(lengths - kernel, stride, rounding_mode="floor") + 1
+
+
+def valid_index(out_lens: torch.Tensor, frames: int) -> torch.Tensor:
+    """Flat positions (row-major over ``(frames, B)``) of the valid output frames."""
+    mask = torch.arange(frames, device=out_lens.device)[:, None] < out_lens[None, :]
+    return mask.reshape(-1).nonzero().squeeze(1)
 
 
 class DeepSpeech2(nn.Module):
@@ -64,22 +76,39 @@ class DeepSpeech2(nn.Module):
             else:
                 nn.init.zeros_(p)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, T, F) features, lengths: (B,) -> log-probs (T', B, C), out lengths (B,)."""
+    def plan(self, lengths: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """On the CPU, from CPU ``lengths`` of inputs padded to ``frames``: the output lengths
+        and the valid-frame index that :meth:`forward` takes as ``index`` (no host sync)."""
         k, s = self.cfg.conv_kernel, self.cfg.conv_stride
         if int(lengths.min()) < k:
             raise TooShortError(f"an input has {int(lengths.min())} frames; the conv needs at least {k}")
         out_lens = output_lengths(lengths, k, s)
+        return out_lens, valid_index(out_lens, (frames - k) // s + 1)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
+                index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, F) features, lengths: (B,) -> log-probs (T', B, C), out lengths (B,).
+
+        ``index``: the valid-frame index from :meth:`plan`, on x's device; without it the
+        index is computed here (a host sync when ``lengths`` live on a GPU)."""
+        k, s = self.cfg.conv_kernel, self.cfg.conv_stride
+        if lengths.device.type == "cpu":
+            if int(lengths.min()) < k:
+                raise TooShortError(f"an input has {int(lengths.min())} frames; the conv needs at least {k}")
+        else:  # checked on the device: a failed check stops the run without a host sync here
+            torch._assert_async(lengths.min() >= k, f"an input has fewer frames than the conv's {k}")
+        out_lens = output_lengths(lengths, k, s)
         h = self.conv(x.transpose(1, 2))  # (B, F, T) -> (B, C, T')
         h = h.permute(2, 0, 1)  # (T', B, C)
-        mask = torch.arange(h.shape[0], device=h.device)[:, None] < out_lens.to(h.device)[None, :]  # (T', B)
+        if index is None and (self.conv_bn is not None or self.bns is not None):
+            index = valid_index(out_lens, h.shape[0]).to(h.device, non_blocking=True)
         if self.conv_bn is not None:
-            h = self.conv_bn(h, mask)
+            h = self.conv_bn(h, index)
         h = self.dropout(torch.clamp(h, 0.0, 20.0))  # clipped ReLU as in DS2
         for i, lstm in enumerate(self.lstms):
             h, _ = lstm(h)  # (T', B, H)
             if self.bns is not None:
-                h = self.bns[i](h, mask)
+                h = self.bns[i](h, index)
             h = self.dropout(h)
         logits = self.fc(h)  # (T', B, C)
         return logits.log_softmax(-1), out_lens

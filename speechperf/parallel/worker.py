@@ -17,6 +17,10 @@ default, when the checkpoint's arguments match and it is unfinished; ``yes`` ins
 ``no`` starts over); the data order is a function of (seed, epoch), so nothing else is
 needed, and a resumed bsp/bmuf/sync run equals the uninterrupted one. ``parallel.json``
 lists the epochs after which the run was resumed.
+
+Devices: the worker trains on the CPU (the paper's clusters were CPU clusters) over gloo,
+whatever GPUs the machine has; its process group and collective helpers are the training
+loop's (:mod:`speechperf.train.distributed`).
 """
 from __future__ import annotations
 
@@ -29,7 +33,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
@@ -38,6 +41,8 @@ from speechperf.data.config import LoaderConfig
 from speechperf.errors import SpeechperfError
 from speechperf.parallel.algorithms import ALGORITHMS, AlgoConfig, Algorithm, make_algorithm
 from speechperf.parallel.newbob import NewBob
+from speechperf.train import distributed
+from speechperf.train.distributed import Group
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS parallel_runs (
@@ -123,17 +128,14 @@ def cv_loss(model, data: Path, loader_cfg) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv if argv is not None else __import__("sys").argv[1:])
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if world > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    # the CPU and gloo, also on a GPU machine (where NCCL would put every rank on one GPU)
+    group = distributed.setup(device="cpu", backend="gloo")
     try:
-        code = _run(args, rank, world)
-        if world > 1:
-            dist.barrier()  # rank 0 writes the report last: tear the group down together
+        code = _run(args, group)
+        group.barrier()  # rank 0 writes the report last: tear the group down together
         return code
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        group.close()
 
 
 @dataclass
@@ -147,6 +149,7 @@ class Job:
     splits: list[str]
     loader_cfg: LoaderConfig
     algo: Algorithm
+    group: Group  # the process group's collective helpers
 
 
 @dataclass
@@ -158,19 +161,21 @@ class Progress:
     resumed_after: list[int] = field(default_factory=list)  # epochs after which this run was restarted
 
 
-def _run(args, rank: int, world: int) -> int:
+def _run(args, group: Group) -> int:
+    rank, world = group.env.rank, group.world
     data, out = Path(args.data), Path(args.out)
     splits = _train_splits(data, world)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     algo = make_algorithm(args.algo, AlgoConfig(sync_period=args.sync_period, block_momentum=args.block_momentum,
                                                 nesterov=not args.classical, easgd_alpha=args.alpha), world, rank)
-    job = Job(args, rank, world, data, out, splits, LoaderConfig(batch_size=args.batch_size * world, readers=0), algo)
+    job = Job(args, rank, world, data, out, splits, LoaderConfig(batch_size=args.batch_size * world, readers=0), algo,
+              group)
     asynchronous = args.algo in ("asgd", "easgd")
     if asynchronous:
         from speechperf.parallel.server import start_rpc
 
         start_rpc(rank, world)
-    ckpt = _resume_point(args, out, rank, world)
+    ckpt = _resume_point(args, out, group)
     model = build(args)
     if ckpt is not None and rank == 0:
         model.load_state_dict(ckpt["model"])  # the other ranks receive it from setup's broadcast
@@ -254,7 +259,7 @@ def _evaluate(job: Job, core) -> tuple[float, dict | None]:
         loss = cv_loss(core, job.data, job.loader_cfg)
         state = {k: v.detach().clone() for k, v in core.state_dict().items()}
     vector_to_parameters(saved, core.parameters())
-    return _broadcast(loss, job.world), state
+    return job.group.broadcast_float(loss), state
 
 
 # --- checkpoint and restart ------------------------------------------------------------
@@ -274,21 +279,13 @@ def _checkpoint(job: Job, state: dict | None, schedule: NewBob, prog: Progress) 
     """Rank 0 writes OUT/checkpoint.pt atomically: a worker dying while it is written leaves
     the previous epoch's checkpoint."""
     algo_state = job.algo.state_dict()
-    algo_state["steps"] = _gather_int(job.algo.steps, job.world)  # ranks with less data took fewer steps
+    algo_state["steps"] = job.group.gather_int(job.algo.steps)  # ranks with less data took fewer steps
     if job.rank != 0:
         return
     atomic_torch_save({"format": 1, "args": run_key(job.args, job.world), "epoch": prog.epochs[-1]["epoch"],
                        "stopped": schedule.stop, "model": state, "lr": schedule.lr, "newbob": asdict(schedule),
                        "algo": algo_state, "run_id": prog.run_id, "epochs": prog.epochs, "train_s": prog.train_s,
                        "resumed_after": prog.resumed_after}, job.out / CHECKPOINT)
-
-
-def _gather_int(value: int, world: int) -> list[int]:
-    if world == 1:
-        return [value]
-    parts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(parts, torch.tensor([value], dtype=torch.int64))
-    return [int(t) for t in parts]
 
 
 def check_checkpoint(path: Path, args: argparse.Namespace, world: int) -> dict | None:
@@ -339,10 +336,11 @@ def finished_run(out: Path, argv: list[str], world: int) -> bool:
     return args.resume != "no" and _finished(ckpt, args) and reported == ckpt["run_id"]
 
 
-def _resume_point(args, out: Path, rank: int, world: int) -> dict | None:
+def _resume_point(args, out: Path, group: Group) -> dict | None:
     """Rank 0 reads the checkpoint (across machines only its disk holds OUT) and sends every
     rank the small part (the model itself travels with setup's broadcast); an error is sent
     too, so that every rank stops with it instead of waiting for rank 0."""
+    rank, world = group.env.rank, group.world
     found, error = None, None
     if rank == 0:
         try:
@@ -352,10 +350,9 @@ def _resume_point(args, out: Path, rank: int, world: int) -> dict | None:
         if found is None and error is None and (out / CHECKPOINT).exists() and args.resume == "auto":
             print(f"{out / CHECKPOINT} is of a finished run: training from the start", flush=True)
     if world > 1:
-        box = [(None if found is None else {k: v for k, v in found.items() if k != "model"}, error)]
-        dist.broadcast_object_list(box, src=0)
+        sent = group.broadcast((None if found is None else {k: v for k, v in found.items() if k != "model"}, error))
         if rank != 0:
-            found, error = box[0]
+            found, error = sent
     if error:
         raise SpeechperfError(error)
     return found
@@ -383,14 +380,6 @@ def resume_note(out: Path, argv: list[str], world: int) -> str:
     if ckpt is None:
         return ""
     return f"{path} exists (epoch {ckpt['epoch']}): the same command resumes from epoch {ckpt['epoch'] + 1}"
-
-
-def _broadcast(value: float, world: int) -> float:
-    if world == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.broadcast(t, 0)
-    return float(t)
 
 
 def _report(job: Job, model, prog: Progress, loss: float | None) -> None:

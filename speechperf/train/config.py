@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DIST_BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl")  # train.dist_backend values
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -28,6 +30,11 @@ class TrainConfig:
     target: float = 0.0  # stop once the median of the last target_epochs evals is <= this (percent); 0 = never
     target_epochs: int = 3  # e of TTA(a, e)
     precision: str = "fp32"  # "fp32", "bf16" (autocast, CPU and GPU) or "fp16" (GPU, with a scaler)
-    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
+    device: str = "auto"  # "auto" (cuda:LOCAL_RANK if CUDA, else cpu), "cpu", "cuda" (the local rank's GPU), "cuda:N"
+    dist_backend: str = "auto"  # process group under torchrun: "auto" (gloo on CPU, "cpu:gloo,cuda:nccl" on GPU), "gloo", "nccl", "cpu:gloo,cuda:nccl"
+    deterministic: bool = False  # deterministic kernels (cuDNN, cuBLAS workspace, CTC on the CPU): a resumed GPU run equals the uninterrupted one, slower
+    sync_every: int = 1  # read losses and skip flags from the device every N steps (and at sentences, checkpoints, epoch end; the time cap is checked there): one host sync per N steps
+    optimizer_impl: str = "default"  # "default", "foreach" or "fused" (AdamW; fewer, larger kernels on a GPU)
+    compile: bool = False  # torch.compile the model (off unless measured faster; the first steps compile)
     threads: int = 0  # torch intra-op threads; 0 = torch default
     max_bad_losses: int = 100  # abort after this many consecutive NaN/inf losses

@@ -10,8 +10,16 @@ validation and test split. As in MLPerf, the TTA clock starts after initializati
 step; see train/warmup.py), whose seconds are reported beside the TTA; it only runs while
 this process runs, so a resumed run does not count the time it was down.
 
-Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the model is wrapped in DDP
-(gloo on CPU, NCCL on GPU); rank 0 alone writes files, evaluates and decides to stop.
+Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the model is wrapped in DDP;
+:mod:`speechperf.train.distributed` picks each process's device (``cuda:LOCAL_RANK``) and
+the backend (``train.dist_backend``, gloo on CPU, gloo+NCCL on GPU) and refuses a launch
+that does not fit the GPUs before any work; rank 0 alone writes files, evaluates and
+decides to stop.
+
+Host synchronization: a step leaves its loss and skip flag on the device
+(:mod:`speechperf.train.step`); they are read together every ``train.sync_every`` steps
+and where needed (sentences, checkpoints, epoch end), where the iteration rows, the status
+line, the skip counters and the divergence abort catch up in step order.
 """
 from __future__ import annotations
 
@@ -23,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 from speechperf.atomic import atomic_write_text
 from speechperf.config import ConfigError, RunConfig, load_preset
@@ -33,17 +39,15 @@ from speechperf.errors import SpeechperfError
 from speechperf.models import build_model
 from speechperf.results import ResultsDB, default_db_path
 from speechperf.telemetry.status import StatusLine
+from speechperf.train import distributed
 from speechperf.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
-from speechperf.train.evaluate import autocast, evaluate
+from speechperf.train.evaluate import evaluate
 from speechperf.train.events import C, EventLog
 from speechperf.train.mlperf import log_submission
+from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
 from speechperf.train.warmup import initialize, warm_model, warn_if_slow
 
 FINAL_SPLITS = ("dev-clean", "dev-other", "test-clean", "test-other")
-
-
-class TrainingDiverged(SpeechperfError):
-    """Too many consecutive steps had non-finite losses or gradients."""
 
 
 @dataclass
@@ -79,7 +83,8 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     """Train (or resume) a run; returns its summary row."""
     # ---- configuration and run folder -------------------------------------------------
     init_t0, init_ms = time.perf_counter(), int(time.time() * 1000)  # init_start
-    rank, world, local_rank = _dist_env()
+    env = distributed.DistEnv.from_env()
+    rank, world = env.rank, env.world
     if resume is not None:
         ckpt = load_checkpoint(resume)
         if overrides:
@@ -95,18 +100,19 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         run_id = f"{out.name}-{uuid.uuid4().hex[:8]}"
     train_splits = _train_splits(data)
     tc = cfg.train
-    device = _device(tc.device, local_rank)
+    distributed.configure_determinism(tc.deterministic)  # before CUDA starts (cuBLAS workspace)
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
+    group = distributed.setup(tc.device, tc.dist_backend, env)  # checks the launch against the GPUs first
+    device = group.device
     if tc.precision == "fp16" and device.type != "cuda":
+        group.close()
         raise ConfigError("train.precision=fp16 needs a CUDA device; use bf16 on CPU")
-    if world > 1:
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
 
     # ---- model, optimizer, state ---------------------------------------------------------
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model).to(device)
-    optimizer = _optimizer(model, tc)
+    optimizer = make_optimizer(model, tc, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(tc))
     scaler = torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16")
     prog = Progress()
@@ -118,6 +124,8 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         prog = Progress(**ckpt["progress"])
         set_rng_state(ckpt["rng"])
     core = model
+    if tc.compile:
+        model = torch.compile(model)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -140,9 +148,9 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             db.conn.commit()
 
     # ---- initialization: one-time work outside the TTA clock -----------------------------
-    init_parts = initialize(model, cfg, data, device) if lead else {}
+    init_parts = initialize(core, cfg, data, device) if lead else {}
     if not lead:
-        warm_model(model, cfg, device)
+        warm_model(core, cfg, device)
     init_s = time.perf_counter() - init_t0
     prog.init_s += init_s
     clock = Clock(prog.clock_s)  # TTA time starts now (continues where a resumed run stopped)
@@ -176,6 +184,18 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
 
     rows: list[dict] = []
     status_line = StatusLine() if lead and not quiet else None
+    meter = StepMeter()
+
+    def settle() -> None:
+        """The one host read: pending steps' losses and skip flags, applied in step order."""
+        reads = meter.read()
+        if lead:
+            rows.extend(r.row for r in reads)
+        count_steps(prog, reads, tc.max_bad_losses)
+        if status_line and reads:
+            status_line.update(prog.epoch, reads[-1].iteration, reads[-1].loss, rows[-1]["utts_per_s"],
+                               prog.evals[-1][2] if prog.evals else None, clock.now())
+
     model.train()
     try:
         while prog.status is None and prog.epoch <= tc.max_epochs:
@@ -187,34 +207,36 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             for batch in loader:
                 # -- training
                 prog.iteration += 1
-                loss, log_probs, out_lens = _step(model, batch, optimizer, scaler, device, tc, prog)
+                step = train_step(model, batch, optimizer, scaler, device, tc)
+                prog.impossible_utts += step.impossible
                 now = time.perf_counter()
                 batch_s, last = now - last, now
                 prog.start_batch += 1
-                if lead:
-                    rows.append(_iteration_row(run_id, prog, clock.now(), loss, batch, batch_s))
-                    if status_line:
-                        status_line.update(prog.epoch, prog.iteration, loss, rows[-1]["utts_per_s"],
-                                           prog.evals[-1][2] if prog.evals else None, clock.now())
+                meter.add(prog.iteration, step, _iteration_row(run_id, prog, clock.now(), None, batch, batch_s)
+                          if lead else None)
+                if not read_point(prog.iteration, tc):
+                    continue
+                settle()
                 # -- generating sentences
                 if lead and prog.iteration % tc.sentence_every == 0:
                     if status_line:
                         status_line.clear()
-                    _log_sentences(out, prog, batch, log_probs, out_lens, loss, quiet)
+                    _log_sentences(out, prog, batch, step.log_probs, step.out_lens, rows[-1]["loss"], quiet)
                 # -- saving checkpoint
                 if prog.iteration % tc.checkpoint_every == 0:
                     checkpoint()
-                if _agree(tc.time_cap_minutes > 0 and clock.now() >= 60 * tc.time_cap_minutes, world):
+                if group.agree(tc.time_cap_minutes > 0 and clock.now() >= 60 * tc.time_cap_minutes):
                     prog.status = "time_cap"
                     break
             else:
+                settle()
                 # -- evaluating (the model stays resident; its seconds are recorded apart)
                 if lead:
                     if status_line:
                         status_line.clear()
                     events.end(C.EPOCH_STOP, epoch_num=prog.epoch)
                     prog.status = _epoch_eval(core, data, cfg, device, prog, clock, db, events, run_id, quiet)
-                prog.status = _broadcast(prog.status, world)
+                prog.status = group.broadcast(prog.status)
                 scheduler.step()
                 prog.epoch += 1
                 prog.start_batch = 0
@@ -224,10 +246,13 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             _final_eval(core, data, cfg, device, prog, clock, db, events, run_id, quiet)
             checkpoint()
             events.end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
-        if world > 1:  # the other ranks wait for rank 0's final evaluation: tear down together
-            dist.barrier()
+        group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
     except BaseException as e:
         if lead:
+            try:  # the steps since the last read, when the device still answers
+                rows.extend(r.row for r in meter.read())
+            except Exception:  # noqa: BLE001 (the original error is re-raised below)
+                pass
             _flush(db, rows)
             db.upsert("runs", {**_run_row(db, run_id), "status": "failed"})
             events.end(C.RUN_STOP, None, status="aborted", reason=f"{type(e).__name__}: {e}")
@@ -237,8 +262,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             sampler.stop()
             _store_samples(db, run_id, sampler.samples)
             events.close()
-        if world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        group.close()
     summary = _summary(run_id, out, status, prog, clock)
     if lead:
         db.upsert("runs", {**_run_row(db, run_id), "status": status})
@@ -247,45 +271,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     return summary
 
 
-# ---- one optimizer step ------------------------------------------------------------------
-def _step(model, batch, optimizer, scaler, device, tc, prog: Progress):
-    """Forward, CTC, backward, clip, step; skips (and counts) non-finite steps."""
-    x, lens = batch.feats.to(device, non_blocking=True), batch.feat_lens.to(device)
-    labels, label_lens = batch.labels.to(device), batch.label_lens.to(device)
-    with autocast(device, tc.precision):
-        log_probs, out_lens = model(x, lens)
-    log_probs = log_probs.float()  # (T', B, C): CTC in fp32 whatever the autocast dtype
-    # Labels never repeat a symbol (the separator splits doubles), so an alignment exists
-    # iff out_len >= label_len; impossible ones give inf, zeroed and counted, never averaged in.
-    impossible = out_lens < label_lens
-    prog.impossible_utts += int(impossible.sum())
-    losses = F.ctc_loss(log_probs, labels, out_lens, label_lens, blank=0, reduction="none", zero_infinity=True)
-    valid = max(int((~impossible).sum()), 1)
-    loss = losses.sum() / valid
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()  # always: DDP needs every rank to reach the all-reduce
-    scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip if tc.grad_clip > 0 else float("inf"))
-    if torch.isfinite(loss) and torch.isfinite(norm):
-        scaler.step(optimizer)
-        scaler.update()
-        prog.consecutive_bad = 0
-    else:
-        scaler.update()
-        prog.skipped_steps += 1
-        prog.consecutive_bad += 1
-        if prog.consecutive_bad > tc.max_bad_losses:
-            raise TrainingDiverged(f"{prog.consecutive_bad} consecutive steps with non-finite loss or gradients "
-                                   f"(iteration {prog.iteration}); the last checkpoint is kept")
-    return float(loss.detach()), log_probs.detach(), out_lens
-
-
-def _optimizer(model, tc):
-    if tc.optimizer == "adadelta":
-        return torch.optim.Adadelta(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-
-
+# ---- optimizer --------------------------------------------------------------------------
 def _lr_lambda(tc):
     """Per-epoch multiplicative decay (the scheduler steps once per epoch)."""
     return lambda epochs_done: tc.lr_decay ** epochs_done
@@ -442,36 +428,6 @@ def _summary(run_id, out, status, prog, clock) -> dict:
     return {"run": str(out), "run_id": run_id, "status": status, "epochs": len(prog.evals),
             "iterations": prog.iteration, "clock_min": clock.now() / 60, "init_s": prog.init_s, "last_wer": last[1], "last_cer": last[2],
             "skipped_steps": prog.skipped_steps, "impossible_utts": prog.impossible_utts}
-
-
-# ---- devices and distributed -------------------------------------------------------------
-def _dist_env() -> tuple[int, int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-
-
-def _device(name: str, local_rank: int) -> torch.device:
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name!r} but no CUDA device is available")
-    return torch.device(name)
-
-
-def _agree(flag: bool, world: int) -> bool:
-    """All ranks stop together: any rank's True is everyone's."""
-    if world == 1:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
-def _broadcast(value, world: int):
-    if world == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _train_splits(data: Path) -> list[str]:

@@ -105,3 +105,11 @@ def test_cli_bench_ops_writes_json_csv_and_db(tmp_path, capsys):
     assert float(written[0]["tflops"]) == pytest.approx(rows[0]["tflops"])
     with ResultsDB(tmp_path / "r.db") as db:
         assert len(db.query("SELECT * FROM bench_ops")) == 3
+
+
+@pytest.mark.cuda
+def test_quick_sweep_on_cuda():
+    rows = ops.run_ops("cuda:0", dtypes=["fp32", "tf32", "bf16"], quick=True)
+    assert rows and all(r["status"] == "ok" and r["tflops"] > 0 for r in rows)
+    assert {r["dtype"] for r in rows} == {"fp32", "tf32", "bf16"}
+    assert all(r["peak_source"] for r in rows)  # a vendor peak, or why there is none

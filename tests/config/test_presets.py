@@ -13,7 +13,7 @@ def test_every_preset_loads_validates_and_round_trips(name):
 
 
 def test_named_presets_exist():
-    assert {"paper", "cpu", "tiny"} <= set(preset_names())
+    assert {"paper", "cpu", "tiny", "gpu", "modern"} <= set(preset_names())
 
 
 def test_paper_preset_is_spec_b():
@@ -77,3 +77,38 @@ def test_platform_profiles_are_table_2():
     assert load_preset("paper", platform="h100-sxm") == load_preset("paper")  # a price-only profile: no loader values
     with pytest.raises(ConfigError, match="unknown platform"):
         load_preset("paper", platform="sys99")
+
+
+def test_gpu_preset_is_the_papers_model_in_bf16_on_buckets():
+    gpu, paper = load_preset("gpu"), load_preset("paper")
+    assert gpu.model == paper.model
+    assert (gpu.train.precision, gpu.loader.mode, gpu.train.optimizer) == ("bf16", "bucket", "adadelta")
+    assert gpu.train.sync_every > 1 and gpu.train.target == 10.0
+
+
+def test_modern_against_paper_differ_in_the_recipe_only():
+    modern, paper = load_preset("modern"), load_preset("paper")
+    assert modern.model == paper.model and modern.loader.batch_size == paper.loader.batch_size
+    assert (paper.loader.mode, paper.loader.pad_frames, paper.train.precision, paper.train.optimizer) == \
+        ("pad", 1670, "fp32", "adadelta")
+    assert (modern.loader.mode, modern.train.precision, modern.train.optimizer, modern.train.optimizer_impl) == \
+        ("bucket", "bf16", "adamw", "fused")
+    assert not modern.train.compile  # an option, on only where measured faster
+    assert (modern.train.target_metric, modern.train.target) == (paper.train.target_metric, paper.train.target)
+    assert (modern.train.eval_beam, modern.train.final_beam) == (paper.train.eval_beam, paper.train.final_beam)
+
+
+def test_gpu_fields_default_to_todays_cpu_behaviour():
+    t = load_preset("cpu").train
+    assert (t.sync_every, t.deterministic, t.dist_backend, t.optimizer_impl, t.compile) == (1, False, "auto", "default", False)
+    assert load_preset("tiny", ["deterministic=true", "compile=true"]).train.deterministic
+
+
+@pytest.mark.parametrize("bad,match", [
+    (["sync_every=0"], "train.sync_every=0 must be >= 1"),
+    (["optimizer_impl=turbo"], "optimizer_impl='turbo'"),
+    (["optimizer=adadelta", "optimizer_impl=fused"], "fused needs optimizer=adamw"),
+])
+def test_bad_gpu_fields(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        load_preset("tiny", bad)

@@ -63,3 +63,31 @@ def test_xavier_init_bounds():
     bound = (6.0 / (w.shape[0] + w.shape[1])) ** 0.5
     assert float(w.abs().max()) <= bound
     assert float(model.fc.bias.detach().abs().max()) == 0.0
+
+
+def test_masked_batch_norm_equals_boolean_mask_reference_bit_for_bit():
+    """The index form (no host sync on a GPU) computes exactly what x[mask] computes."""
+    from speechperf.models.ds2 import MaskedBatchNorm, valid_index
+
+    torch.manual_seed(0)
+    bn, x, out_lens = MaskedBatchNorm(7), torch.randn(10, 3, 7, requires_grad=True), torch.tensor([10, 4, 7])
+    mask = torch.arange(10)[:, None] < out_lens[None, :]
+    ref = torch.zeros_like(x)
+    ref[mask] = bn.bn(x[mask])
+    ref_grad = torch.autograd.grad(ref.square().sum(), x)[0]
+    got = bn(x, valid_index(out_lens, 10))
+    assert torch.equal(got, ref) and torch.equal(torch.autograd.grad(got.square().sum(), x)[0], ref_grad)
+    assert torch.equal(got[~mask], torch.zeros(int((~mask).sum()), 7))
+
+
+def test_plan_gives_the_forward_lengths_and_index_on_the_cpu():
+    model = build_model(load_preset("tiny").model).eval()
+    x, lens = torch.randn(2, 40, 93), torch.tensor([40, 25])
+    out_lens, index = model.plan(lens, 40)
+    assert out_lens.tolist() == [15, 8] and len(index) == 23
+    with torch.no_grad():
+        a, la = model(x, lens)
+        b, lb = model(x, lens, index=index)
+    assert torch.equal(a, b) and torch.equal(la, out_lens) and torch.equal(lb, out_lens)
+    with pytest.raises(TooShortError, match="an input has 5 frames"):
+        model.plan(torch.tensor([40, 5]), 40)

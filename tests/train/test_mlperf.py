@@ -75,7 +75,7 @@ def test_initialization_is_outside_the_tta_clock(tiny_features, tmp_path, monkey
 
 
 def test_resumed_run_log_still_complies(tiny_features, tmp_path, monkeypatch):
-    real_step, calls = loop._step, {"n": 0}
+    real_step, calls = loop.train_step, {"n": 0}
 
     def dying_step(*args, **kw):
         calls["n"] += 1
@@ -83,10 +83,10 @@ def test_resumed_run_log_still_complies(tiny_features, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_step(*args, **kw)
 
-    monkeypatch.setattr(loop, "_step", dying_step)
+    monkeypatch.setattr(loop, "train_step", dying_step)
     with pytest.raises(KeyboardInterrupt):
         _train(tiny_features, tmp_path / "run")
-    monkeypatch.setattr(loop, "_step", real_step)
+    monkeypatch.setattr(loop, "train_step", real_step)
     summary = loop.train(resume=tmp_path / "run", quiet=True)
     assert summary["status"] == "success"
     events = read_events(tmp_path / "run" / "events.log")

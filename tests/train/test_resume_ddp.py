@@ -1,4 +1,5 @@
-"""Resume after SIGKILL continues the same run; DDP with 2 gloo processes trains."""
+"""Resume after SIGKILL continues the same run; DDP with 2 gloo processes trains (on the CPU,
+and sharing one GPU where there is one); a launch that does not fit the GPUs is refused."""
 import json
 import os
 import signal
@@ -15,6 +16,9 @@ from speechperf.train.checkpoint import CheckpointError, load_checkpoint
 from speechperf.train.events import read_events
 
 ARGS = ["--preset", "tiny", "max_epochs=5", "threads=1", "checkpoint_every=4", "sentence_every=3"]
+# On a GPU the resume is exact only with deterministic kernels (cuDNN, cuBLAS, CTC).
+DEVICES = [pytest.param(["device=cpu"], id="cpu"),
+           pytest.param(["device=cuda", "deterministic=true", "sync_every=5"], id="cuda", marks=pytest.mark.cuda)]
 
 
 def _train(*args):
@@ -28,12 +32,13 @@ def _rows(run, sql):
         return db.query(sql, [info["run_id"]])
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(tiny_features, tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_sigkill_then_resume_matches_uninterrupted_run(device, tiny_features, tmp_path):
     ref, run = tmp_path / "ref", tmp_path / "run"
-    p = _train("--data", tiny_features, "--out", ref, *ARGS)
+    p = _train("--data", tiny_features, "--out", ref, *ARGS, *device)
     assert p.wait(timeout=300) == 0, p.stderr.read()
 
-    p = _train("--data", tiny_features, "--out", run, *ARGS)
+    p = _train("--data", tiny_features, "--out", run, *ARGS, *device)
     deadline = time.time() + 300
     while time.time() < deadline:  # kill once a mid-run checkpoint exists
         try:
@@ -53,9 +58,13 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_features, tmp_path):
     a, b = load_checkpoint(ref), load_checkpoint(run)
     assert a["progress"]["iteration"] == b["progress"]["iteration"]
     # Same seed, same data order, same RNG state restored: bit-identical on one thread;
-    # the tolerance only absorbs float reordering we do not expect on CPU.
+    # the tolerance only absorbs float reordering we do not expect on CPU. On a GPU
+    # deterministic kernels promise the bits.
     for k, v in a["model"].items():
-        assert torch.allclose(v.float(), b["model"][k].float(), atol=1e-5), k
+        if "device=cuda" in device:
+            assert torch.equal(v, b["model"][k]), k
+        else:
+            assert torch.allclose(v.float(), b["model"][k].float(), atol=1e-5), k
     ea = _rows(ref, "SELECT epoch, cer, wer FROM evals WHERE run_id = ? ORDER BY final, split, epoch")
     eb = _rows(run, "SELECT epoch, cer, wer FROM evals WHERE run_id = ? ORDER BY final, split, epoch")
     assert [(r["epoch"], round(r["cer"], 4)) for r in ea] == [(r["epoch"], round(r["cer"], 4)) for r in eb]
@@ -73,18 +82,25 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_features, tmp_path):
     assert [k for k in keys if k != "resume"] == ref_keys  # no event lost or doubled
 
 
-@pytest.mark.timeout(400)
-def test_ddp_two_gloo_processes(tiny_features, tmp_path):
-    run = tmp_path / "ddp"
+def _torchrun(nproc, *args, timeout=380):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                        "-m", "speechperf", "train", "--data", str(tiny_features), "--out", str(run),
-                        "--preset", "tiny", "max_epochs=1", "threads=1", "batch_size=4"],
-                       capture_output=True, text=True, timeout=380, env=env)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                           "--master-port", str(free_port()), "-m", "speechperf", "train", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("device", [pytest.param(["device=cpu"], id="cpu"),
+                                    pytest.param(["device=cuda:0", "dist_backend=gloo"], id="one-gpu-gloo",
+                                                 marks=pytest.mark.cuda)])
+def test_ddp_two_gloo_processes(device, tiny_features, tmp_path):
+    run = tmp_path / "ddp"
+    p = _torchrun(2, "--data", tiny_features, "--out", run, "--preset", "tiny", "max_epochs=1", "threads=1",
+                  "batch_size=4", "sync_every=3", *device)  # ranks agree on stopping at read points only
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads((run / "summary.json").read_text())
     single = _train("--data", tiny_features, "--out", tmp_path / "single", "--preset", "tiny", "max_epochs=1",
-                    "threads=1", "batch_size=4")
+                    "threads=1", "batch_size=4", *device[:1])
     assert single.wait(timeout=300) == 0
     one = json.loads((tmp_path / "single" / "summary.json").read_text())
     # batch_size is the total over ranks: both runs see the epoch in the same number of steps
@@ -92,3 +108,14 @@ def test_ddp_two_gloo_processes(tiny_features, tmp_path):
     events = read_events(run / "events.log")
     assert [e["value"] for e in events if e["key"] == "world_size"] == [2]
     assert summary["status"] == "success"
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(200)
+def test_more_processes_than_gpus_under_nccl_is_refused_before_any_work(tiny_features, tmp_path):
+    n = torch.cuda.device_count() + 1
+    p = _torchrun(n, "--data", tiny_features, "--out", tmp_path / "many", "--preset", "tiny", "max_epochs=1",
+                  timeout=180)
+    assert p.returncode != 0
+    assert f"{n} processes on this node but {n - 1} visible GPU" in p.stderr and "dist_backend=gloo" in p.stderr
+    assert not (tmp_path / "many" / "run.json").exists()

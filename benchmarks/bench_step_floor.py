@@ -1,0 +1,116 @@
+"""The training loop's step time against its floor: the same step on data already on the device.
+
+Goal (issue 12): on a GPU the loop's step (real loader, host-to-device copies, losses read
+every ``train.sync_every`` steps) within 5% of the floor (the same batches, in the same
+order, resident on the device before timing; the same step function, the same reads). The
+reference is measured in the same process, on the same model and optimizer. Works on the
+CPU too (there the copies are no-ops and the ratio measures the loader's share).
+
+Usage: python benchmarks/bench_step_floor.py FEATS [--preset cpu] [--device auto]
+           [--precision fp32|bf16|fp16] [--steps 30] [--warmup 5] [key=value ...]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from speechperf.config import load_preset  # noqa: E402
+from speechperf.data.loader import make_loader  # noqa: E402
+from speechperf.models import build_model  # noqa: E402
+from speechperf.train.distributed import DistEnv, configure_determinism, pick_device  # noqa: E402
+from speechperf.train.step import StepMeter, make_optimizer, read_point, train_step  # noqa: E402
+
+GOAL = 1.05  # loop / floor
+
+
+def splits(feats: Path) -> list[str]:
+    return sorted(p.name for p in feats.iterdir() if p.name.startswith("train") and (p / "index.json").exists())
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_steps(batches, model, opt, scaler, device, tc, warmup: int) -> tuple[float, int]:
+    """Seconds per step after ``warmup`` steps, the loop's reads included; steps timed."""
+    meter, t0, n = StepMeter(), None, 0
+    for i, batch in enumerate(batches, 1):
+        if i == warmup + 1:
+            meter.read()
+            sync(device)
+            t0 = time.perf_counter()
+        meter.add(i, train_step(model, batch, opt, scaler, device, tc))
+        if read_point(i, tc):
+            meter.read()
+        n = i
+    meter.read()
+    sync(device)
+    return (time.perf_counter() - t0) / (n - warmup), n - warmup
+
+
+def resident(batch, device: torch.device):
+    """The batch with its big tensors on the device (lengths stay on the host, as the
+    step plans with them there)."""
+    return SimpleNamespace(feats=batch.feats.to(device), labels=batch.labels.to(device),
+                           feat_lens=batch.feat_lens, label_lens=batch.label_lens)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("feats", type=Path)
+    p.add_argument("--preset", default="cpu")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None, help="default: the preset's")
+    p.add_argument("--steps", type=int, default=30, help="timed steps")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("overrides", nargs="*")
+    a = p.parse_intermixed_args(argv)
+    over = [*a.overrides, f"train.device={a.device}"] + ([f"train.precision={a.precision}"] if a.precision else [])
+    cfg = load_preset(a.preset, over)
+    tc = cfg.train
+    configure_determinism(tc.deterministic)
+    device = pick_device(tc.device, DistEnv())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if tc.threads > 0:
+        torch.set_num_threads(tc.threads)
+    total = a.warmup + a.steps
+
+    def setup():
+        torch.manual_seed(tc.seed)
+        model = build_model(cfg.model).to(device).train()
+        if tc.compile:
+            model = torch.compile(model)
+        return (model, make_optimizer(model, tc, device),
+                torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
+
+    def loader():
+        it = make_loader(a.feats, splits(a.feats), cfg.loader, epoch=1, seed=tc.seed)
+        return (b for _, b in zip(range(total), it))
+
+    cached = [resident(b, device) for b in loader()]
+    if len(cached) < total:
+        raise SystemExit(f"{a.feats} gives {len(cached)} batches of {cfg.loader.batch_size}; "
+                         f"need {total} (fewer --steps or a smaller batch_size=)")
+    floor, n = run_steps(cached, *setup(), device, tc, a.warmup)
+    loop, _ = run_steps(loader(), *setup(), device, tc, a.warmup)
+    utts = sum(len(b.feat_lens) for b in cached[a.warmup:]) / n
+    print(f"preset {a.preset}, {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
+          f"{tc.precision}, batch {cfg.loader.batch_size} ({cfg.loader.mode}), readers {cfg.loader.readers}, "
+          f"sync_every {tc.sync_every}, {n} steps after {a.warmup} warm-up")
+    print(f"{'':<34}{'s/step':>9}{'utt/s':>9}")
+    print(f"{'floor (batches on the device)':<34}{floor:>9.4f}{utts / floor:>9.1f}")
+    print(f"{'loop (loader, copies, reads)':<34}{loop:>9.4f}{utts / loop:>9.1f}")
+    print(f"loop / floor = {loop / floor:.3f} (goal <= {GOAL} on a GPU)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""One training step without host synchronization, and its results read in batches.
+
+A GPU runs ahead of the Python loop only while the loop never waits for it. So the step
+leaves its loss and its skip flag on the device (:class:`StepOut`), and the loop keeps
+them in a :class:`StepMeter` that reads every pending step with one transfer every
+``train.sync_every`` steps (and where a value is needed: sentence logging, checkpoints,
+the end of an epoch). Everything the step decides on the host is computed from the
+loader's CPU tensors: output lengths, the valid-frame index of the model's batch norm,
+the impossible utterances and the divisor of the mean loss.
+
+A step with a non-finite loss or gradient norm is skipped without asking the host:
+the optimizer steps, then every parameter and every state tensor it touched is put back
+where the step was bad (``torch.where`` on a device flag; GradScaler's check, which
+reads the flag on the host, is not used). The count of consecutive bad steps, and the
+divergence abort at ``train.max_bad_losses``, are applied at the read point in step order,
+so they name the same iteration as a per-step check would.
+
+What remains on a GPU: PyTorch's CUDA CTC copies the length lists to the device with
+blocking copies inside ``F.ctc_loss`` (forward and backward); the loop adds none.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from speechperf.errors import SpeechperfError
+from speechperf.train.evaluate import autocast
+
+
+class TrainingDiverged(SpeechperfError):
+    """Too many consecutive steps had non-finite losses or gradients."""
+
+
+@dataclass
+class StepOut:
+    """What one step leaves: device values (read later) and host values (known now)."""
+
+    loss: torch.Tensor  # 0-dim fp32 on the device: CTC summed over the batch / possible utterances
+    bad: torch.Tensor  # 0-dim bool on the device: non-finite loss or gradient norm, update undone
+    impossible: int  # utterances whose labels cannot fit their output frames (host: from lengths)
+    log_probs: torch.Tensor  # (T', B, C) fp32, detached
+    out_lens: torch.Tensor  # (B,) output frames, on the CPU
+
+
+def train_step(model, batch, optimizer, scaler, device: torch.device, tc) -> StepOut:
+    """Forward, CTC, backward, clip, step; a non-finite step is undone on the device."""
+    core = getattr(model, "module", model)  # DDP's wrapped model plans the frames
+    out_lens, index = core.plan(batch.feat_lens, batch.feats.shape[1])
+    x = batch.feats.to(device, non_blocking=True)
+    lens = batch.feat_lens.to(device, non_blocking=True)
+    with autocast(device, tc.precision):
+        log_probs, _ = model(x, lens, index=index.to(device, non_blocking=True))
+    log_probs = log_probs.float()  # (T', B, C): CTC in fp32 whatever the autocast dtype
+    # Labels never repeat a symbol (the separator splits doubles), so an alignment exists
+    # iff out_len >= label_len; impossible ones give inf, zeroed and counted, never averaged in.
+    impossible = int((out_lens < batch.label_lens).sum())  # CPU tensors: no device sync
+    valid = max(len(out_lens) - impossible, 1)
+    if tc.deterministic and device.type == "cuda":
+        # CUDA's CTC backward accumulates with atomics and has no deterministic variant: the
+        # CPU's is exact (the cost of determinism: a transfer and the CPU's CTC per step)
+        losses = F.ctc_loss(log_probs.cpu(), batch.labels, out_lens, batch.label_lens, blank=0, reduction="none",
+                            zero_infinity=True)
+        loss = (losses.sum() / valid).to(device)
+    else:
+        labels = batch.labels.to(device, non_blocking=True)
+        # lengths stay on the CPU: F.ctc_loss wants them there, a device copy would be read back
+        losses = F.ctc_loss(log_probs, labels, out_lens, batch.label_lens, blank=0, reduction="none",
+                            zero_infinity=True)
+        loss = losses.sum() / valid
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()  # always: DDP needs every rank to reach the all-reduce
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip if tc.grad_clip > 0 else float("inf"))
+    ok = torch.isfinite(loss.detach()) & torch.isfinite(norm)
+    masked_step(optimizer, ok)
+    scaler.update()  # fp16: the scale shrinks after an overflow, from its own device flag
+    return StepOut(loss.detach(), ~ok, impossible, log_probs.detach(), out_lens)
+
+
+def masked_step(optimizer, ok: torch.Tensor) -> None:
+    """``optimizer.step()`` kept only where the 0-dim bool ``ok`` is True: parameters and
+    state go back to their values before the step otherwise (a state the step created
+    goes back to its initial zeros). No host sync; exact when ``ok``."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    old = [(t, t.detach().clone()) for p in params
+           for t in (p, *(v for v in optimizer.state.get(p, {}).values() if torch.is_tensor(v)))]
+    fresh = [p for p in params if not optimizer.state.get(p)]
+    optimizer.step()
+    with torch.no_grad():
+        for t, before in old:
+            t.copy_(torch.where(ok, t, before))
+        for p in fresh:  # created by this step (Adam's, AdaDelta's: zeros and step 0)
+            for v in optimizer.state[p].values():
+                if torch.is_tensor(v):
+                    v.copy_(torch.where(ok, v, torch.zeros_like(v)))
+
+
+@dataclass
+class Pending:
+    """A step whose device values are not read yet, with what the host knew at the time."""
+
+    iteration: int
+    loss: torch.Tensor
+    bad: torch.Tensor
+    row: dict | None = None  # the iteration row, completed with the loss at the read
+
+
+@dataclass
+class Read:
+    """A step after the read: host values."""
+
+    iteration: int
+    loss: float
+    bad: bool
+    row: dict | None = None
+
+
+@dataclass
+class StepMeter:
+    """Per-step device values, read back together: one host sync per read."""
+
+    pending: list[Pending] = field(default_factory=list)
+    reads: int = 0  # host reads so far (the sync count, for tests and benchmarks)
+
+    def add(self, iteration: int, out: StepOut, row: dict | None = None) -> None:
+        self.pending.append(Pending(iteration, out.loss, out.bad, row))
+
+    def read(self) -> list[Read]:
+        """Every pending step, in order, with one device-to-host transfer."""
+        if not self.pending:
+            return []
+        values = torch.stack([torch.stack([p.loss.float(), p.bad.float()]) for p in self.pending]).tolist()
+        self.reads += 1
+        done = []
+        for p, (loss, bad) in zip(self.pending, values):
+            if p.row is not None:
+                p.row["loss"] = loss
+            done.append(Read(p.iteration, loss, bool(bad), p.row))
+        self.pending.clear()
+        return done
+
+
+def count_steps(prog, reads: list[Read], max_bad_losses: int) -> None:
+    """Apply read steps to ``prog``'s skip counters in step order; abort on divergence.
+
+    ``prog`` has ``skipped_steps`` and ``consecutive_bad``."""
+    for r in reads:
+        if r.bad:
+            prog.skipped_steps += 1
+            prog.consecutive_bad += 1
+            if prog.consecutive_bad > max_bad_losses:
+                raise TrainingDiverged(f"{prog.consecutive_bad} consecutive steps with non-finite loss or gradients "
+                                       f"(iteration {r.iteration}); the last checkpoint is kept")
+        else:
+            prog.consecutive_bad = 0
+
+
+def read_point(iteration: int, tc) -> bool:
+    """Whether the loop reads the device after this iteration: every ``sync_every`` steps
+    and where a value is needed (sentence logging, checkpoints)."""
+    return iteration % tc.sync_every == 0 or iteration % tc.sentence_every == 0 or iteration % tc.checkpoint_every == 0
+
+
+def make_optimizer(model, tc, device: torch.device):
+    """AdaDelta (the paper's) or AdamW; ``optimizer_impl`` picks torch's foreach or fused
+    kernels. On a GPU the step counters live on the device (``capturable``), so that
+    :func:`masked_step` can undo a step without reading a flag on the host."""
+    kw = {}
+    if tc.optimizer_impl == "foreach":
+        kw["foreach"] = True
+    elif tc.optimizer_impl == "fused":
+        kw["fused"] = True  # its step counters are device tensors already
+    if device.type == "cuda" and tc.optimizer_impl != "fused":
+        kw["capturable"] = True
+    if tc.optimizer == "adadelta":
+        return torch.optim.Adadelta(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, **kw)
+    return torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, **kw)
