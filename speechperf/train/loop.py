@@ -126,6 +126,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     core = model
     if tc.compile:
         model = torch.compile(model)
+    local = model  # compiled or not, without DDP's hooks: what the warm-up runs
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -148,9 +149,9 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             db.conn.commit()
 
     # ---- initialization: one-time work outside the TTA clock -----------------------------
-    init_parts = initialize(core, cfg, data, device) if lead else {}
+    init_parts = initialize(local, cfg, data, device) if lead else {}
     if not lead:
-        warm_model(core, cfg, device)
+        warm_model(local, cfg, device)
     init_s = time.perf_counter() - init_t0
     prog.init_s += init_s
     clock = Clock(prog.clock_s)  # TTA time starts now (continues where a resumed run stopped)

@@ -6,15 +6,14 @@ here, so that the first epoch and the first evaluation cost what the later ones 
 - the evaluation decoder is built (the dictionary and bigram LM are read, or built once
   beside the features) and its numba kernels are compiled: 13-14 s with a cold cache on
   both an H100 machine and 2 CPU cores, 0 s with a warm one (issue 11's measurement);
-- one forward and backward pass of a copy of the model, so that the CUDA context exists,
+- one forward and backward pass of the model (compiled, if ``train.compile``), so that the CUDA context exists,
   cuDNN has picked its LSTM/convolution algorithms and oneDNN has built its primitives.
 
-The copy keeps the real model's weights, batch-norm statistics and the RNG streams
-untouched: a run trains identically with or without the warm-up.
+The warm-up restores the model's batch-norm statistics and gradients and runs in a forked
+RNG stream: a run trains identically with or without it.
 """
 from __future__ import annotations
 
-import copy
 import time
 import warnings
 from pathlib import Path
@@ -55,20 +54,36 @@ def warm_shape(cfg, device: torch.device) -> tuple[int, int]:
 
 
 def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
-    """One training-mode forward and backward pass of a copy of ``model`` on zeros."""
+    """One training-mode forward and backward pass of ``model`` on zeros, leaving its
+    weights, buffers (batch-norm statistics), gradients and the RNG streams as they were.
+
+    The model itself runs, not a copy, so that a ``torch.compile``d model compiles here
+    (its graph is tied to the module it wraps) and no second copy takes GPU memory.
+    """
     from speechperf.train.evaluate import autocast
 
     batch, frames = warm_shape(cfg, device)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    was_training = model.training
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        twin = copy.deepcopy(model).train()
+        model.train()
         x = torch.zeros(batch, frames, cfg.model.input_dim, device=device)  # (B, T, F)
-        lens = torch.full((batch,), frames, device=device)
+        lens = torch.full((batch,), frames)
+        kw = {}
+        plan = getattr(getattr(model, "_orig_mod", model), "plan", None)  # as train_step calls it
+        if plan is not None:
+            kw["index"] = plan(lens, frames)[1].to(device)
         with autocast(device, cfg.train.precision):
-            log_probs, _ = twin(x, lens)  # (T', B, C)
+            log_probs, _ = model(x, lens.to(device), **kw)  # (T', B, C)
         log_probs.float().sum().backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        del twin
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    for p in model.parameters():
+        p.grad = None
+    model.train(was_training)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def initialize(model: torch.nn.Module, cfg, feats: Path, device: torch.device) -> dict:
