@@ -33,17 +33,18 @@ def energy_of(summary: dict, seconds: float, min_seconds: float = 0.0) -> dict:
     ``min_seconds``, or a source whose energy is not positive (a counter that did not step,
     fewer than two power samples), is left out with the reason: never 0 W.
     """
+    sources = sorted(s for s in summary.get("energy_j", {}) if top_level(s))
+    if not sources:
+        why = "; ".join(f"{k}: {v}" for k, v in summary.get("unavailable", {}).items()) or "no power source"
+        return {"power_w": None, "energy_j": None, "energy": f"unavailable: {why}"}
     if seconds < min_seconds:
         return {"power_w": None, "energy_j": None,
                 "energy": f"window too short for the energy counter ({seconds:.2f} s < {min_seconds:g} s)"}
-    sources = sorted(s for s in summary.get("energy_j", {}) if top_level(s))
     still = [s for s in sources if not summary["energy_j"][s] > 0]
     sources = [s for s in sources if s not in still]
     if not sources:
-        why = "; ".join(f"{k}: {v}" for k, v in summary.get("unavailable", {}).items()) or "no power source"
-        if still:
-            why = f"{', '.join(still)}: no energy counted in {seconds:.2f} s (counter did not step)"
-        return {"power_w": None, "energy_j": None, "energy": f"unavailable: {why}"}
+        return {"power_w": None, "energy_j": None,
+                "energy": f"unavailable: {', '.join(still)}: no energy counted in {seconds:.2f} s (counter did not step)"}
     joules = sum(summary["energy_j"][s] for s in sources)
     label = ", ".join(f"{s}: {summary['energy_method'].get(s, '?')}" for s in sources)
     if still:
