@@ -149,17 +149,16 @@ class Sampler:
                     self._cpu_sample(last_read, (before, after), cpu)
                     last_read = (before, after)
                 elif task == "children":
-                    found = reader.follow(self._children(), baseline=first_scan)
-                    for pid, used, started in found:
+                    for pid, used in reader.follow(self._children(), baseline=first_scan):
                         # started after the previous scan (else that scan would have found it)
-                        self._spread(used, max(started, self._cpu.scan_t) if started is not None
-                                     else self._cpu.scan_t)
+                        started = _started(pid, self._t0)
+                        self._spread(used, max(started, self._cpu.scan_t) if started is not None else self._cpu.scan_t)
                     self._cpu.new_scan(time.perf_counter() - self._t0)
                     first_scan = False
                 elif task == "gpu":
                     t = time.perf_counter() - self._t0
-                    for g in self._gpus:
-                        self.samples.extend(g.tick(t))
+                    for g in list(self._gpus):
+                        self._guard(g, g.tick, t)
                 elif task == "buffer":
                     self._drain_gpus()
                 elif task == "rapl":
@@ -191,17 +190,24 @@ class Sampler:
             self.samples[i] = Sample(t, "cpu", "util_machine_pct", 100.0 * used / span / self.cores)
             self.samples[i + 1] = Sample(t, "cpu", "util_core_pct", 100.0 * used / span)
 
-    def _children(self) -> list[tuple[int, float | None]]:
-        """(pid, start in sampler time or None) of every descendant."""
+    def _children(self) -> list[int]:
         try:
-            kids = self.proc.children(recursive=True)
+            return [c.pid for c in self.proc.children(recursive=True)]
         except psutil.Error:
             return []
-        return [(c.pid, _started(c.pid, self._t0)) for c in kids]
 
     def _drain_gpus(self) -> None:
-        for g in self._gpus:
-            self.samples.extend(g.drain(time.perf_counter() - self._t0, self._wall0))
+        for g in list(self._gpus):
+            self._guard(g, g.drain, time.perf_counter() - self._t0, self._wall0)
+
+    def _guard(self, g: "_Gpu", call, *args) -> None:
+        """Samples of one NVML call; a GPU whose call fails (device lost, driver gone) stops
+        being sampled, with the reason, instead of ending the sampler's thread."""
+        try:
+            self.samples.extend(call(*args))
+        except Exception as e:
+            self.unavailable[g.source] = f"NVML stopped answering ({type(e).__name__}: {e}); sampling stopped"
+            self._gpus.remove(g)
 
     def _sample_rapl(self, t: float) -> None:
         for source, joules in self._rapl.read().items():
@@ -331,8 +337,10 @@ class _Gpu:
         self.source = f"gpu{index}"
         self.instant = self.energy_field = True  # until the driver says otherwise
         self.energy_call = False  # nvmlDeviceGetTotalEnergyConsumption where the field is missing
+        self.fields_answered = False  # nvmlDeviceGetFieldValues has worked once
         self.buffered = {UTIL_SAMPLES: True, POWER_SAMPLES: True}
         self.seen = {UTIL_SAMPLES: 0, POWER_SAMPLES: 0}  # last driver timestamp drained, us
+        self.offset: float | None = None  # wall clock - driver clock, s (0 when the driver's is the wall clock)
 
     def power_field(self) -> str:
         return "instant" if self.instant else "buffered" if self.buffered[POWER_SAMPLES] else "average"
@@ -358,8 +366,11 @@ class _Gpu:
         if fields:
             try:
                 values = nv.nvmlDeviceGetFieldValues(self.h, fields)
-            except Exception:  # the call itself is missing: neither field
-                values = [None] * len(fields)
+                self.fields_answered = True
+            except Exception:
+                if self.fields_answered:  # it worked before: the device is in trouble, not the driver lacking it
+                    raise
+                values = [None] * len(fields)  # the call itself is missing: neither field
             for field, v in zip(fields, values):
                 ok = v is not None and getattr(v, "nvmlReturn", 0) == 0
                 if field == FI_POWER_INSTANT:
@@ -397,18 +408,23 @@ class _Gpu:
             if not self.buffered[kind]:
                 continue
             metric, scale = ("util_pct", 1.0) if kind == UTIL_SAMPLES else ("power_avg_w", 1e-3)
-            since = max(self.seen[kind], int(wall0 * 1e6))  # none from before the sampler started
             try:
-                vtype, samples = self.nv.nvmlDeviceGetSamples(self.h, kind, since)
+                vtype, samples = self.nv.nvmlDeviceGetSamples(self.h, kind, self.seen[kind])
             except Exception as e:
                 if _nvml_code(e) != ERROR_NOT_FOUND:  # not found: nothing new; anything else: not supported
                     self.buffered[kind] = False
                 continue
+            if samples and self.offset is None:
+                # NVML stamps samples in us of the wall clock; should a driver use another
+                # clock, its newest sample is taken as now (off by at most one driver period)
+                newest = max(s.timeStamp for s in samples) / 1e6
+                self.offset = 0.0 if abs(time.time() - newest) < 60 else time.time() - newest
             for s in samples:
-                if s.timeStamp > since:
-                    out.append(Sample(s.timeStamp / 1e6 - wall0, self.source, metric,
-                                      _sample_value(vtype, s.sampleValue) * scale))
-                    self.seen[kind] = max(self.seen[kind], s.timeStamp)
+                if s.timeStamp > self.seen[kind]:
+                    t = s.timeStamp / 1e6 + self.offset - wall0
+                    if t >= 0:  # the buffer holds samples from before the sampler started
+                        out.append(Sample(t, self.source, metric, _sample_value(vtype, s.sampleValue) * scale))
+            self.seen[kind] = max([self.seen[kind]] + [s.timeStamp for s in samples])
         return out
 
 
@@ -507,17 +523,17 @@ class CpuReader:
         self.readers[pid], self.base[pid], self.last[pid] = reader, value, value
         return value
 
-    def follow(self, pids: list[tuple[int, float | None]], baseline: bool = False) -> list[tuple[int, float, float | None]]:
-        """Follow the new ones among (pid, start) pairs: [(pid, CPU seconds used before now,
-        start)], for the caller to place. ``baseline``: processes already running when the
-        sampler started, whose past is not the sampler's to place (returned as [])."""
+    def follow(self, pids: list[int], baseline: bool = False) -> list[tuple[int, float]]:
+        """Follow the new ones among ``pids``: [(pid, CPU seconds it used before now)], for
+        the caller to place. ``baseline``: processes already running when the sampler
+        started, whose past is not the sampler's to place (returned as [])."""
         found = []
-        for pid, started in pids:
+        for pid in pids:
             if pid in self.readers:
                 continue
             value = self._open(pid)
             if value is not None and not baseline:
-                found.append((pid, value, started))
+                found.append((pid, value))
         return found
 
     def seconds(self) -> float:

@@ -90,7 +90,7 @@ def test_cpu_reader_counts_a_new_process_from_when_it_is_found():
         time.sleep(0.3)
         r = CpuReader(os.getpid())
         start = r.seconds()
-        found = r.follow([(w.pid, None)])
+        found = r.follow([w.pid])
         assert found[0][0] == w.pid and found[0][1] > 0.05  # what it used before: returned, not counted
         assert r.seconds() - start < 0.05
         time.sleep(0.2)
@@ -310,3 +310,19 @@ def test_environment_is_recorded():
     env = capture_env("cpu")
     json.dumps(env)
     assert env["cpu_cores_logical"] >= 1 and env["libraries"]["torch"] and env["gpus"] == []
+
+
+def test_a_gpu_that_stops_answering_is_dropped_with_the_reason_and_cpu_sampling_goes_on():
+    class Lost(FakeNVML):
+        def nvmlDeviceGetFieldValues(self, h, fields):
+            if h == 0 and time.time() - self.born > 0.2:
+                raise NVMLError(15)  # GPU is lost
+            return super().nvmlDeviceGetFieldValues(h, fields)
+
+    s = Sampler(config=SamplerConfig(rapl=False), nvml=Lost())
+    with s:
+        time.sleep(0.6)
+    assert "GPU is lost" not in s.unavailable.get("gpu1", "") and "NVML stopped answering" in s.unavailable["gpu0"]
+    last_gpu0 = max(x.t for x in s.samples if x.source == "gpu0" and x.metric == "power_w")
+    assert last_gpu0 < 0.35 and max(x.t for x in s.samples if x.source == "cpu") > 0.5
+    assert max(x.t for x in s.samples if x.source == "gpu1") > 0.5
