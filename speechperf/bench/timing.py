@@ -159,7 +159,7 @@ def measure(step, dev: torch.device, m: Method, samples_per_step: float = 1.0, m
         per, stride, wall, timer = timed(step, dev, m, warm["step_s"])
     steps = len(per) * stride
     groups = _split(per, m.repeats)
-    rates = [len(g) * stride * samples_per_step / sum(g) for g in groups if sum(g) > 0]
+    rates = [len(g) * samples_per_step / sum(g) for g in groups if sum(g) > 0]  # per-step times: stride cancels
     rate = statistics.median(rates) if rates else None
     repeat_iqr = spread_pct(rates) if len(rates) >= 2 else None
     spread = spread_pct(per)

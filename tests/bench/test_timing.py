@@ -123,7 +123,8 @@ def test_many_short_steps_are_marked_in_strides(clock, monkeypatch):
     r = timing.measure(c.step, torch.device("cuda:0"), m, meter=Meter())
     stride = int(r["timer"].split(", ")[1].split()[0])
     assert stride == 50 and r["iters"] == pytest.approx(1e5, rel=0.01)  # 100,000 steps, 2,000 events
-    assert r["step_s"] == pytest.approx(1e-5)
+    assert r["step_s"] == pytest.approx(1e-5) and r["samples_per_s"] == pytest.approx(1e5)
+    assert r["window_s"] == pytest.approx(1.0, abs=1e-3)
 
 
 def test_default_methods_fit_the_gpu_goal_and_the_cpu_budget():
