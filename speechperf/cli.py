@@ -122,7 +122,8 @@ def cmd_bench_ops(a) -> int:
     from speechperf.bench.ops import COLUMNS, notes, run_ops
 
     rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick,
-                   cpu_seconds=a.cpu_seconds, csv_path=a.csv)
+                   seconds=a.seconds, csv_path=a.csv, warmup_seconds=a.warmup_seconds, repeats=a.repeats,
+                   energy_min_seconds=a.energy_min_seconds)
     emit(rows, a.json, columns=COLUMNS)
     if not a.json:
         print("\n".join(notes(rows)))
@@ -130,14 +131,25 @@ def cmd_bench_ops(a) -> int:
 
 
 def cmd_bench_zoo(a) -> int:
-    from speechperf.bench.zoo import COLUMNS, CPU_SECONDS, notes, run_zoo
+    from speechperf.bench.zoo import COLUMNS, notes, run_zoo
 
     rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters,
-                   db_path=a.db, csv_path=a.csv, warmup=a.warmup, cpu_seconds=a.cpu_seconds or CPU_SECONDS)
+                   db_path=a.db, csv_path=a.csv, warmup=a.warmup, seconds=a.seconds, warmup_seconds=a.warmup_seconds,
+                   repeats=a.repeats, energy_min_seconds=a.energy_min_seconds)
     emit(rows, a.json, columns=COLUMNS)
     if not a.json:
         print("\n".join(notes(rows)))
     return 0
+
+
+def _timing_args(sp, what: str) -> None:
+    """The measurement method's options (speechperf/bench/timing.py; defaults per device there)."""
+    sp.add_argument("--seconds", "--cpu-seconds", type=float, default=None,
+                    help=f"timed seconds per {what} without --iters (default: per device, docs/bench.md)")
+    sp.add_argument("--warmup-seconds", type=float, default=None, help="warm-up budget when the step time is not yet stable")
+    sp.add_argument("--repeats", type=int, default=None, help="consecutive windows the timed steps are split into (default 3)")
+    sp.add_argument("--energy-min-seconds", type=float, default=None,
+                    help="shortest window given power and energy (default 2; shorter: none, with the reason)")
 
 
 def cmd_parallel(a) -> int:
@@ -252,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--threads", type=_csv(int), default=None)
     sp.add_argument("--iters", type=int, default=None)
     sp.add_argument("--quick", action="store_true", help="small shapes only (smoke test)")
-    sp.add_argument("--cpu-seconds", type=float, default=3.0, help="CPU: timed seconds per op (calls adapt to it)")
+    _timing_args(sp, "op")
     sp.add_argument("--csv", help="also write the rows to this CSV file")
     sp.add_argument("--db")
     sp = add("zoo", cmd_bench_zoo, "model-zoo training throughput, power and energy", bench)
@@ -261,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--precision", type=_csv(), default=["fp32"])
     sp.add_argument("--device", default="cpu")
     sp.add_argument("--iters", type=int, default=None)
-    sp.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
-    sp.add_argument("--cpu-seconds", type=float, default=None, help="CPU without --iters: timed seconds per row")
+    sp.add_argument("--warmup", type=int, default=None, help="untimed steps at least (default: 3 on a GPU, 1 on a CPU)")
+    _timing_args(sp, "row")
     sp.add_argument("--csv", help="Table 8 layout CSV (default: bench_zoo_table8.csv beside --db)")
     sp.add_argument("--db")
 

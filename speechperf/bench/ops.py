@@ -2,26 +2,29 @@
 
 Operators (SPEC E): matmul N x N for N = 2048, 4096, 8192; the three conv2d workloads of
 paper 002; and the GEMMs of the DS2 LSTM at the paper's per-GPU batch sizes (24, 60, 150):
-the input projection of all 830 frames at once and one recurrent step. Timing: a warm-up,
-then ``iters`` calls each timed alone with the device synchronized, the middle third (in
-time order: the paper's middle 100 of 300) averaged; median and spread of all calls too.
-On a GPU the default is 300 calls; on a CPU the count adapts so that one op takes about
-``cpu_seconds`` (at least 6 calls). A dtype the device cannot run, or an allocation that
-fails, gives a row that says why, and the sweep goes on.
+the input projection of all 830 frames at once and one recurrent step. Timing (bench.timing):
+warm-up until the call time is stable, then a timed window of calls (on a GPU timed with
+CUDA events, no synchronize between calls; on a CPU at most the paper's 300 calls), the
+middle third of the call times (in time order: the paper's middle 100 of 300) averaged;
+median, spread and the range over repeats too. A dtype the device cannot run, or an
+allocation that fails, gives a row that says why, and the sweep goes on. Every row goes to
+the database the moment it is measured.
 """
 from __future__ import annotations
 
 import json
 import statistics
-import time
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from speechperf.bench.peaks import Peak, cpu_peak, gpu_peak
-from speechperf.bench.power import PowerMeter
+from speechperf.bench.store import SweepStore
+from speechperf.bench.timing import TIMING_COLUMNS, Method, measure, method, noisy_notes, spread_pct  # noqa: F401
 from speechperf.errors import SpeechperfError
 from speechperf.tables import write_csv
 
@@ -82,28 +85,6 @@ def middle_third(times: list[float]) -> float:
     return sum(mid) / len(mid)
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def time_call(call, dev: torch.device, iters: int | None, cpu_seconds: float) -> list[float]:
-    _sync(dev)
-    t = time.perf_counter()
-    call()  # warm-up (allocations, kernel selection)
-    _sync(dev)
-    first = time.perf_counter() - t
-    if iters is None:
-        iters = 300 if dev.type == "cuda" else max(6, min(300, int(cpu_seconds / max(first, 1e-6))))
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        call()
-        _sync(dev)
-        times.append(time.perf_counter() - t)
-    return times
-
-
 def device_peak(dev: torch.device, dtype: str, threads: int) -> Peak:
     if dev.type == "cuda":
         return gpu_peak(torch.cuda.get_device_name(dev), dtype)
@@ -128,19 +109,9 @@ def unsupported(dev: torch.device, dtype: str) -> str | None:
     return None
 
 
-def spread_pct(times: list[float]) -> float | None:
-    """Interquartile range of the call times in % of their median: robust to the odd call a
-    shared machine stalls (max - min reported 700% for 0.1 GFLOP calls that were steady).
-    None for a single call: one time has no spread."""
-    if len(times) < 2:
-        return None
-    q1, _, q3 = statistics.quantiles(times, n=4)
-    return 100 * (q3 - q1) / statistics.median(times)
-
-
 # The columns the text table shows (--json, --csv and the database hold every column)
 COLUMNS = ("device", "dtype", "accumulate", "threads", "op", "shape", "gflop", "iters", "ms_mid", "ms_median",
-           "spread_pct", "tflops", "pct_peak", "pct_measured_peak", "power_w", "status")
+           "spread_pct", "repeat_iqr_pct", "noisy", "tflops", "pct_peak", "pct_measured_peak", "power_w", "status")
 
 
 def notes(rows: list[dict]) -> list[str]:
@@ -156,23 +127,25 @@ def notes(rows: list[dict]) -> list[str]:
             lines.append(f"peak {r['device']} {r['dtype']} {r['threads']} thread(s): {vendor} TFLOPS "
                          f"({r['peak_source']}); best measured {best} TFLOPS")
     lines += sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
+    lines += noisy_notes(rows, lambda r: f"{r['op']} {r['shape']} {r['dtype']} {r['threads']} thread(s)")
     lines += [f"not measured: {r['op']} {r['shape']} {r['dtype']} {r['threads']} thread(s): {r['status']}"
               for r in rows if r["status"] != "ok"]
     return lines
 
 
 def _row(dev, dtype, threads, op, peak, measured=None, status="ok") -> dict:
-    """One result row; ``measured`` is run_op's (call times in s, PowerMeter result)."""
-    times, energy = measured or (None, {})
+    """One result row; ``measured`` is run_op's (bench.timing.measure with the call times)."""
+    m = measured or {}
+    times = m.get("times")
     row = {"device": str(dev), "dtype": dtype, "accumulate": "fp32", "threads": threads, "op": op.name, "shape": op.shape,
-           "gflop": op.flops / 1e9, "iters": len(times) if times else 0, "ms_mid": None, "ms_median": None,
-           "spread_pct": None, "tflops": None, "pct_peak": None, "peak_tflops": peak.tflops, "peak_source": peak.source,
-           "torch": torch.__version__, "libraries": libraries(dev), "power_w": energy.get("power_w"), "joules_per_call": energy.get("joules_per_sample"),
-           "gflops_per_w": None, "energy": energy.get("energy"), "status": status}
+           "gflop": op.flops / 1e9, "iters": m.get("iters", 0), "ms_mid": None, "ms_median": None,
+           "spread_pct": m.get("spread_pct"), "tflops": None, "pct_peak": None, "peak_tflops": peak.tflops,
+           "peak_source": peak.source, "torch": torch.__version__, "libraries": libraries(dev),
+           "power_w": m.get("power_w"), "joules_per_call": m.get("joules_per_sample"), "gflops_per_w": None,
+           "energy": m.get("energy"), "status": status, **{k: m.get(k) for k in TIMING_COLUMNS}}
     if times:
         mid = middle_third(times)
-        row.update(ms_mid=1000 * mid, ms_median=1000 * statistics.median(times),
-                   spread_pct=spread_pct(times), tflops=op.flops / mid / 1e12)
+        row.update(ms_mid=1000 * mid, ms_median=1000 * statistics.median(times), tflops=op.flops / mid / 1e12)
         if peak.tflops:
             row["pct_peak"] = 100 * row["tflops"] / peak.tflops
         if row["power_w"]:
@@ -203,20 +176,27 @@ def add_measured_peak(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def run_op(op: Op, dev: torch.device, dtype: str, iters: int | None, cpu_seconds: float) -> tuple[list[float], dict]:
+def run_op(op: Op, dev: torch.device, dtype: str, m: Method) -> dict:
     """Call times of ``op`` and the power and energy (per call) the sampler saw meanwhile."""
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     torch.backends.cudnn.allow_tf32 = dtype == "tf32"
-    call = op.make(dev, DTYPES[dtype])
-    with PowerMeter() as meter:
-        times = time_call(call, dev, iters, cpu_seconds)
-    return times, meter.result(len(times) + 1)  # + the warm-up call inside the metered block
+    return measure(op.make(dev, DTYPES[dtype]), dev, m)
 
 
-def sweep(dev: torch.device, dtypes, threads_list, ops, iters, cpu_seconds, scaling_max_gflop=None) -> list[dict]:
+def sweep(dev: torch.device, dtypes, threads_list, ops, m: Method, scaling_max_gflop=None, store=None,
+          bar=None) -> list[dict]:
     """Every op x dtype x thread count; below the largest CPU thread count, ops above
-    ``scaling_max_gflop`` per call are skipped (rows say so)."""
+    ``scaling_max_gflop`` per call are skipped (rows say so). Each row goes to ``store``
+    (a SweepStore) as soon as it is measured, and advances ``bar`` (tqdm)."""
     rows = []
+
+    def done(row):
+        rows.append(row)
+        if store is not None:
+            store.add(row)  # committed now: an interrupted sweep keeps what it measured
+        if bar is not None:
+            bar.update(1)
+
     for threads in threads_list:
         big = scaling_max_gflop is not None and dev.type == "cpu" and threads < max(threads_list)
         if dev.type == "cpu":
@@ -225,36 +205,41 @@ def sweep(dev: torch.device, dtypes, threads_list, ops, iters, cpu_seconds, scal
             peak = device_peak(dev, dtype, threads)
             why = unsupported(dev, dtype)
             for op in ops:
+                if bar is not None:
+                    bar.set_postfix_str(f"{op.name} {op.shape} {dtype} {threads} thread(s)")
                 if why:
-                    rows.append(_row(dev, dtype, threads, op, peak, status=f"skipped: {why}"))
+                    done(_row(dev, dtype, threads, op, peak, status=f"skipped: {why}"))
                     continue
                 if big and op.flops > 1e9 * scaling_max_gflop:
-                    rows.append(_row(dev, dtype, threads, op, peak, status=f"skipped: over {scaling_max_gflop:g} GFLOP "
-                                     f"per call; the thread-scaling pass keeps to smaller shapes (--threads to run)"))
+                    done(_row(dev, dtype, threads, op, peak, status=f"skipped: over {scaling_max_gflop:g} GFLOP "
+                              f"per call; the thread-scaling pass keeps to smaller shapes (--threads to run)"))
                     continue
                 try:
-                    rows.append(_row(dev, dtype, threads, op, peak, run_op(op, dev, dtype, iters, cpu_seconds)))
+                    row = _row(dev, dtype, threads, op, peak, run_op(op, dev, dtype, m))
                 except (torch.cuda.OutOfMemoryError, MemoryError) as e:
-                    rows.append(_row(dev, dtype, threads, op, peak, status=f"out of memory: {str(e)[:80]}"))
+                    row = _row(dev, dtype, threads, op, peak, status=f"out of memory: {str(e)[:80]}")
                 except RuntimeError as e:
                     status = "out of memory" if "out of memory" in str(e).lower() else "failed"
-                    rows.append(_row(dev, dtype, threads, op, peak, status=f"{status}: {str(e)[:80]}"))
+                    row = _row(dev, dtype, threads, op, peak, status=f"{status}: {str(e)[:80]}")
                 finally:
                     if dev.type == "cuda":
                         torch.cuda.empty_cache()
+                done(row)
     return rows
 
 
 def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | None = None, db_path=None,
-            quick: bool = False, cpu_seconds: float = 3.0, scaling_max_gflop: float = 300.0,
-            csv_path=None) -> list[dict]:
-    """The whole sweep; rows also go to the results DB when ``db_path`` is given and to a
-    CSV file when ``csv_path`` is.
+            quick: bool = False, seconds: float | None = None, scaling_max_gflop: float = 300.0,
+            csv_path=None, warmup_seconds: float | None = None, repeats: int | None = None,
+            energy_min_seconds: float | None = None, progress: bool = True) -> list[dict]:
+    """The whole sweep; every row also goes to the results DB when ``db_path`` is given (as
+    it is measured) and to a CSV file when ``csv_path`` is.
 
-    On CPU by default: 1 thread and all threads, ops adapting their call count to about
-    ``cpu_seconds`` (at least 6 calls), and the 1-thread pass without the ops over
-    ``scaling_max_gflop`` (at 1 thread the 8192 matmul alone takes minutes). Explicit
-    ``threads`` run every op at every count.
+    The method (bench.timing) is the device's default with any of ``iters``, ``seconds``
+    (timed window per op), ``warmup_seconds``, ``repeats`` and ``energy_min_seconds``
+    replaced. On CPU by default: 1 thread and all threads, and the 1-thread pass without the
+    ops over ``scaling_max_gflop`` (at 1 thread the 8192 matmul alone takes minutes).
+    Explicit ``threads`` run every op at every count. A progress bar goes to stderr.
     """
     try:
         dev = torch.device(device)
@@ -268,16 +253,30 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
         threads = sorted({1, torch.get_num_threads()}) if dev.type == "cpu" else [torch.get_num_threads()]
     else:
         scaling_max_gflop = None
+    m = method("ops", device, iters=iters, seconds=seconds, warmup_seconds=warmup_seconds, repeats=repeats,
+               energy_min_seconds=energy_min_seconds)
+    ops = default_ops(quick)
     saved = torch.get_num_threads()
-    try:
-        rows = add_measured_peak(sweep(dev, list(dtypes), threads, default_ops(quick), iters, cpu_seconds,
-                                        scaling_max_gflop))
-    finally:
-        torch.set_num_threads(saved)
+    store = None
     if db_path:
-        _store(rows, db_path)
+        from speechperf.telemetry.environment import capture_env
+
+        example = _row(dev, "fp32", 1, ops[0], Peak(None, ""))
+        example.update(measured_peak_tflops=None, pct_measured_peak=None)
+        store = SweepStore(db_path, "bench_ops", OPS_SCHEMA, example, {"env_json": json.dumps(capture_env(str(dev)))})
+    bar = tqdm(total=len(threads) * len(dtypes) * len(ops), desc="bench ops", unit="row", file=sys.stderr,
+               disable=not progress, dynamic_ncols=True)
+    try:
+        rows = add_measured_peak(sweep(dev, list(dtypes), threads, ops, m, scaling_max_gflop, store, bar))
+        if store is not None:
+            store.replace(rows)  # with the sweep's measured peak
+    finally:
+        bar.close()
+        torch.set_num_threads(saved)
+        if store is not None:
+            store.close()
     if csv_path:
-        write_csv(csv_path, [{k: v for k, v in r.items() if k != "env_json"} for r in rows])
+        write_csv(csv_path, rows)
     return rows
 
 
@@ -286,26 +285,7 @@ CREATE TABLE IF NOT EXISTS bench_ops (
     at REAL, device TEXT, dtype TEXT, accumulate TEXT, threads INTEGER, op TEXT, shape TEXT, gflop REAL,
     iters INTEGER, ms_mid REAL, ms_median REAL, spread_pct REAL, tflops REAL, pct_peak REAL,
     peak_tflops REAL, peak_source TEXT, torch TEXT, libraries TEXT, power_w REAL, joules_per_call REAL, gflops_per_w REAL,
-    energy TEXT, status TEXT, measured_peak_tflops REAL, pct_measured_peak REAL, env_json TEXT
+    energy TEXT, status TEXT, measured_peak_tflops REAL, pct_measured_peak REAL, env_json TEXT,
+    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT
 );
 """
-
-
-def _store(rows: list[dict], db_path) -> None:
-    from speechperf.results import ResultsDB
-    from speechperf.telemetry.environment import capture_env
-
-    env = capture_env(rows[0]["device"] if rows else "cpu")
-    now = time.time()
-    with ResultsDB(db_path) as db:
-        db.ensure_schema(OPS_SCHEMA)
-        _add_missing_columns(db, "bench_ops", rows[0] if rows else {})
-        db.insert_many("bench_ops", [{"at": now, **r, "env_json": json.dumps(env)} for r in rows])
-
-
-def _add_missing_columns(db, table: str, row: dict) -> None:
-    """A database written by an older version lacks the newer columns (power, measured peak)."""
-    have = {c["name"] for c in db.query(f"PRAGMA table_info({table})")}
-    for col in row:
-        if col not in have:
-            db.conn.execute(f"ALTER TABLE {table} ADD COLUMN {col}")

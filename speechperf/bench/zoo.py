@@ -11,7 +11,7 @@ does not depend on their values. Batch sizes default to Table 8's.
 """
 from __future__ import annotations
 
-import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +20,11 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
-from speechperf.bench.ops import libraries, spread_pct
-from speechperf.bench.power import PowerMeter
+from speechperf.bench import timing
+from speechperf.bench.ops import libraries
+from speechperf.bench.store import SweepStore
 from speechperf.bench.vision import vision_models
 from speechperf.errors import SpeechperfError
 from speechperf.tables import write_csv
@@ -31,12 +33,9 @@ from speechperf.train.evaluate import autocast
 PAPER_PARAMS_M = {"resnet50": 26, "inception_v3": 27, "vgg16": 138, "lstm": 66, "ds2": 27, "transformer": 65}
 TABLE8_BATCHES = {"resnet50": (64, 128), "inception_v3": (64, 128), "vgg16": (64, 128), "lstm": (64, 128, 256),
                   "ds2": (8, 16, 32), "transformer": (1024, 2048, 4096)}
-# CPU: timed seconds per row (at least one step); measured to keep the default sweep of
-# bench ops + bench zoo within 20 minutes on 2 cores (see the closing note of issue 5)
-CPU_SECONDS = 5.0
 # The columns of the text table (--json, --csv and the database hold every column)
 COLUMNS = ("model", "batch", "precision", "multiply", "device", "params_m", "paper_params_m", "unit", "samples_per_s",
-           "step_s", "iters", "spread_pct", "power_w", "joules_per_sample", "status")
+           "step_s", "iters", "spread_pct", "repeat_iqr_pct", "noisy", "power_w", "joules_per_sample", "status")
 UNITS = {"resnet50": "images", "inception_v3": "images", "vgg16": "images", "lstm": "sentences",
          "ds2": "utterances", "transformer": "tokens"}
 
@@ -102,7 +101,7 @@ def _ds2_build():
 
 
 def _ds2_step(model, b, dev):
-    lens = torch.randint(100, 401, (b,), device=dev)
+    lens = torch.randint(100, 401, (b,))  # on the host, as a loader's: sizes read without waiting for the GPU
     x = torch.randn(b, int(lens.max()), 93, device=dev)
     lp, ol = model(x, lens)
     labels = torch.randint(2, 28, (int((ol // 3).sum()),), device=dev)
@@ -131,14 +130,9 @@ def parameter_millions(model: nn.Module) -> float:
     return sum(p.numel() for p in model.parameters()) / 1e6
 
 
-def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, iters: int | None,
-            warmup: int = 1, cpu_seconds: float = 0.0) -> dict:
-    """``warmup`` untimed steps, then timed steps under the sampler; one Table 8 row.
-
-    ``iters`` steps when given; else (CPU) steps until ``cpu_seconds`` have passed, at
-    least one: a ResNet-50 step at batch 128 takes over 10 s on 2 cores, an LSTM step 1 s.
-    Each step is timed on its own (device synchronized), so the spread is reported.
-    """
+def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, m: Method) -> dict:
+    """One Table 8 row's measurement of training steps (bench.timing: warm-up until stable,
+    a timed window without synchronizing on CUDA, repeats, power over the window)."""
     spec = ZOO[name]
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "amp" and dev.type == "cuda")
@@ -151,29 +145,24 @@ def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
 
-    for _ in range(warmup):
-        one()
-    steps: list[float] = []
-    with PowerMeter() as meter:
-        while len(steps) < (iters or 1) or (not iters and sum(steps) < cpu_seconds):
-            t = time.perf_counter()
-            one()
-            steps.append(time.perf_counter() - t)
-    samples = spec.samples(batch) * len(steps)
-    energy = meter.result(samples)
-    return {"samples_per_s": samples / meter.seconds, "step_s": statistics.median(steps), "iters": len(steps),
-            "spread_pct": spread_pct(steps), **energy}
+    out = timing.measure(one, dev, m, spec.samples(batch))
+    del out["times"]
+    return out
 
 
 def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu", iters: int | None = None,
-            db_path=None, csv_path=None, warmup: int = 1, cpu_seconds: float = CPU_SECONDS) -> list[dict]:
+            db_path=None, csv_path=None, warmup: int | None = None, seconds: float | None = None,
+            warmup_seconds: float | None = None, repeats: int | None = None, energy_min_seconds: float | None = None,
+            progress: bool = True) -> list[dict]:
     """Rows (samples/s, W, J/sample) per model, batch size and precision.
 
-    With ``db_path`` the rows go to table ``bench_zoo`` and the Table 8 layout to a CSV
-    (``csv_path``, default ``bench_zoo_table8.csv`` beside the database).
+    The method (bench.timing) is the device's default with any of ``iters``, ``warmup``
+    (warm-up steps at least), ``seconds`` (timed window), ``warmup_seconds``, ``repeats``
+    and ``energy_min_seconds`` replaced. With ``db_path`` every row goes to table
+    ``bench_zoo`` the moment it is measured (an interrupted sweep keeps what it measured)
+    and the Table 8 layout to a CSV (``csv_path``, default ``bench_zoo_table8.csv`` beside
+    the database). A progress bar goes to stderr.
     """
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -181,28 +170,45 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     unknown = set(models or []) - set(ZOO)
     if unknown:
         raise SpeechperfError(f"unknown zoo models {sorted(unknown)}; known: {', '.join(ZOO)}")
-    iters = iters or (1000 if dev.type == "cuda" else None)  # CPU: as many steps as fit in cpu_seconds
-    rows = []
-    for name in models or list(ZOO):
-        try:
-            model = ZOO[name].build().to(dev).train()
-        except SpeechperfError as e:
-            rows.append(_row(name, None, None, device, None, None, f"skipped: {e}"))
-            continue
-        params = parameter_millions(model)
-        for batch in batches or TABLE8_BATCHES[name]:
-            for precision in precisions:
-                try:
-                    m = measure(name, model, batch, precision, dev, iters, warmup, cpu_seconds)
-                    rows.append(_row(name, batch, precision, device, params, m))
-                except (torch.cuda.OutOfMemoryError, MemoryError) as e:
-                    rows.append(_row(name, batch, precision, device, params, None, f"out of memory: {str(e)[:60]}"))
-                except RuntimeError as e:
-                    rows.append(_row(name, batch, precision, device, params, None, f"failed: {str(e)[:80]}"))
-    if db_path:
-        _store(rows, db_path)
-    if csv_path or db_path:
-        write_csv(Path(csv_path) if csv_path else Path(db_path).with_name("bench_zoo_table8.csv"), table8(rows))
+    m = timing.method("zoo", device, iters=iters, warmup_steps=warmup, seconds=seconds, warmup_seconds=warmup_seconds,
+                      repeats=repeats, energy_min_seconds=energy_min_seconds)
+    names = models or list(ZOO)
+    plan = {name: list(batches or TABLE8_BATCHES[name]) for name in names}
+    rows: list[dict] = []
+    store = SweepStore(db_path, "bench_zoo", ZOO_SCHEMA, _row("lstm", 1, "fp32", device, 1.0, None))
+    bar = tqdm(total=sum(len(b) * len(precisions) for b in plan.values()), desc="bench zoo", unit="row",
+               file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    try:
+        for name in names:
+            try:
+                model = ZOO[name].build().to(dev).train()
+            except SpeechperfError as e:
+                rows.append(_row(name, None, None, device, None, None, f"skipped: {e}"))
+                store.add(rows[-1])
+                bar.update(len(plan[name]) * len(precisions))
+                continue
+            params = parameter_millions(model)
+            for batch in plan[name]:
+                for precision in precisions:
+                    bar.set_postfix_str(f"{name} batch {batch} {precision}")
+                    try:
+                        row = _row(name, batch, precision, device, params, measure(name, model, batch, precision, dev, m))
+                    except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+                        row = _row(name, batch, precision, device, params, None, f"out of memory: {str(e)[:60]}")
+                    except RuntimeError as e:
+                        row = _row(name, batch, precision, device, params, None, f"failed: {str(e)[:80]}")
+                    finally:
+                        if dev.type == "cuda":
+                            torch.cuda.empty_cache()
+                    rows.append(row)
+                    store.add(row)  # committed now: an interrupted sweep keeps what it measured
+                    bar.update(1)
+            del model
+    finally:
+        bar.close()
+        store.close()
+        if rows and (csv_path or db_path):
+            write_csv(Path(csv_path) if csv_path else Path(db_path).with_name("bench_zoo_table8.csv"), table8(rows))
     return rows
 
 
@@ -210,6 +216,7 @@ def notes(rows: list[dict]) -> list[str]:
     """What the text table leaves out: the power source and every row not measured, with why."""
     lines = sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
     lines += [f"threads {sorted({r['threads'] for r in rows})}, {rows[0]['libraries']}, torch {rows[0]['torch']}"] if rows else []
+    lines += timing.noisy_notes(rows, lambda r: f"{r['model']} batch {r['batch']} {r['precision']}")
     return lines + [f"not measured: {r['model']} batch {r['batch']} {r['precision']}: {r['status']}"
                     for r in rows if r["status"] != "ok"]
 
@@ -244,6 +251,7 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
             "params_m": round(params, 2) if params else None, "paper_params_m": PAPER_PARAMS_M[name],
             "unit": UNITS[name], "samples_per_s": m and m["samples_per_s"], "step_s": m and m["step_s"],
             "iters": m and m["iters"], "spread_pct": m and m["spread_pct"],
+            **{k: (m or {}).get(k) for k in timing.TIMING_COLUMNS},
             "power_w": m and m["power_w"], "joules_per_sample": m and m["joules_per_sample"],
             "energy": m and m["energy"], "torch": torch.__version__, "threads": torch.get_num_threads(),
             "status": status}
@@ -254,15 +262,15 @@ CREATE TABLE IF NOT EXISTS bench_zoo (
     at REAL, model TEXT, batch INTEGER, precision TEXT, multiply TEXT, accumulate TEXT, device TEXT, libraries TEXT,
     params_m REAL, paper_params_m REAL, unit TEXT,
     samples_per_s REAL, step_s REAL, iters INTEGER, spread_pct REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
-    status TEXT
+    status TEXT,
+    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT
 );
 """
 
 
 def _store(rows: list[dict], db_path) -> None:
-    from speechperf.results import ResultsDB
-
-    with ResultsDB(db_path) as db:
-        db.ensure_schema(ZOO_SCHEMA)
-        now = time.time()
-        db.insert_many("bench_zoo", [{"at": now, **r} for r in rows])
+    """Rows measured elsewhere into ``bench_zoo`` as one sweep."""
+    store = SweepStore(db_path, "bench_zoo", ZOO_SCHEMA, rows[0] if rows else {})
+    for row in rows:
+        store.add(row)
+    store.close()

@@ -17,6 +17,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.ndimage import gaussian_filter1d  # noqa: E402
 
+from speechperf.telemetry.sampler import achieved_periods  # noqa: E402
+
 CER_TARGETS = (10.0, 8.0, 7.0)
 WER_TARGETS = (22.0, 20.2, 19.2)
 
@@ -60,23 +62,30 @@ def loss_and_accuracy(runs: list[dict], path: Path) -> tuple[Path | None, str]:
 
 
 def utilization_window(runs: list[dict], path: Path, window_s: float = 25.0) -> tuple[Path | None, str]:
-    """Fig. 8: a 25 s window of utilization, CPU solid, each GPU dashed (middle of each run)."""
+    """Fig. 8: a 25 s window of utilization, CPU solid (% of the whole machine, as the paper;
+    runs recorded before that unit have % of one core, labelled so), each GPU dashed (middle
+    of each run); the title gives each series' achieved sampling period."""
     have = [r for r in runs if any(s["source"] == "cpu" for s in r["samples"])]
     if not have:
         return None, "no utilization samples recorded"
     fig, axes = plt.subplots(len(have), 1, figsize=(12, 2.6 * len(have)), squeeze=False)
     for ax, r in zip(axes[:, 0], have):
-        util = [s for s in r["samples"] if s["metric"] == "util_pct"]
+        cpu_metric = "util_machine_pct" if any(s["metric"] == "util_machine_pct" for s in r["samples"]) else "util_pct"
+        util = [s for s in r["samples"] if s["metric"] == "util_pct" and s["source"] != "cpu"
+                or s["source"] == "cpu" and s["metric"] == cpu_metric]
         end = max(s["t"] for s in util)
         start = max(0.0, end / 2 - window_s / 2)
         for source in sorted({s["source"] for s in util}):
             pts = [(s["t"] - start, s["value"]) for s in util if s["source"] == source and start <= s["t"] <= start + window_s]
+            unit = "%" if source != "cpu" else "% of the machine" if cpu_metric == "util_machine_pct" else "% of one core"
             if pts:
-                ax.plot(*zip(*pts), ls="-" if source == "cpu" else "--", lw=1,
-                        label=f"{source} ({'% of one core' if source == 'cpu' else '%'})")
+                ax.plot(*zip(*pts), ls="-" if source == "cpu" else "--", lw=1, label=f"{source} ({unit})")
         gpus = {s["source"] for s in util if s["source"].startswith("gpu")}
+        periods = achieved_periods(util)
+        every = ", ".join(f"{key.split(':')[0]} every {1000 * p['median_s']:.0f} ms (n = {p['count']})"
+                          for key, p in periods.items() if p["median_s"])
         ax.set_title(f"{r['label']}: utilization, 25 s window from t = {start:.0f} s"
-                     + ("" if gpus else " (no GPU in this run)"))
+                     + ("" if gpus else " (no GPU in this run)") + (f"\nsampled: {every}" if every else ""), fontsize=9)
         ax.set_xlabel("seconds")
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(alpha=0.3)

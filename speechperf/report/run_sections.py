@@ -26,7 +26,9 @@ def loss_accuracy_section(ctx: Context) -> Section:
 def utilization_section(ctx: Context) -> Section:
     blocks = [_figure(ctx, figures.utilization_window, "fig8.png",
                       "25 s from the middle of each run: CPU of the training process and its loader workers "
-                      "(solid, % of one core, so above 100 on several cores), each GPU dashed.")]
+                      "(solid, % of the whole machine: the average over all its cores, as the paper; runs "
+                      "recorded before that unit show % of one core, labelled), each GPU dashed. The title "
+                      "gives each series' achieved sampling period (median interval) and sample count.")]
     no_gpu = [r["label"] for r in ctx.runs if not r["env"].get("gpus")]
     if no_gpu:
         blocks.append(Note(f"No GPU in: {', '.join(no_gpu)} (CPU only)."))

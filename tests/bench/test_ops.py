@@ -3,6 +3,7 @@ import torch
 
 from speechperf.bench import ops
 from speechperf.bench.peaks import cpu_peak, flops_per_cycle, gpu_peak
+from speechperf.bench.timing import method
 from speechperf.errors import SpeechperfError
 
 
@@ -42,7 +43,7 @@ def test_peak_table_and_cpu_derivation():
 
 
 def test_quick_sweep_rows_and_unsupported_dtype():
-    rows = ops.run_ops("cpu", dtypes=["fp32", "tf32"], threads=[1], quick=True, cpu_seconds=0.05)
+    rows = ops.run_ops("cpu", dtypes=["fp32", "tf32"], threads=[1], quick=True, seconds=0.05, warmup_seconds=0)
     ok = [r for r in rows if r["dtype"] == "fp32"]
     assert len(ok) == 3 and all(r["status"] == "ok" and r["tflops"] > 0 and r["iters"] >= 6 for r in ok)
     assert all(r["threads"] == 1 and r["accumulate"] == "fp32" and r["torch"] for r in ok)
@@ -61,7 +62,7 @@ def test_out_of_memory_gives_a_row_and_the_sweep_continues(monkeypatch):
         return real(op, *a)
 
     monkeypatch.setattr(ops, "run_op", flaky)
-    rows = ops.run_ops("cpu", dtypes=["fp32"], threads=[1], quick=True, cpu_seconds=0.05)
+    rows = ops.run_ops("cpu", dtypes=["fp32"], threads=[1], quick=True, seconds=0.05, warmup_seconds=0)
     assert [r["status"].split(":")[0] for r in rows] == ["ok", "out of memory", "ok"]
 
 
@@ -74,7 +75,7 @@ def test_bad_device():
 
 
 def test_measured_peak_and_power_columns():
-    rows = ops.run_ops("cpu", dtypes=["fp32"], threads=[1], quick=True, cpu_seconds=0.05)
+    rows = ops.run_ops("cpu", dtypes=["fp32"], threads=[1], quick=True, seconds=0.05, warmup_seconds=0)
     best = max(r["tflops"] for r in rows)
     assert all(r["measured_peak_tflops"] == best for r in rows)
     assert max(r["pct_measured_peak"] for r in rows) == pytest.approx(100.0)
@@ -83,7 +84,8 @@ def test_measured_peak_and_power_columns():
 
 def test_thread_scaling_pass_skips_big_ops_and_says_so():
     big, small = ops.matmul_op(512, 512, 512), ops.matmul_op(64, 64, 64)  # 0.27 and 0.0005 GFLOP
-    rows = ops.sweep(torch.device("cpu"), ["fp32"], [1, 2], [big, small], 6, 0.01, scaling_max_gflop=0.1)
+    m = method("ops", "cpu", iters=6, warmup_seconds=0)
+    rows = ops.sweep(torch.device("cpu"), ["fp32"], [1, 2], [big, small], m, scaling_max_gflop=0.1)
     status = [(r["threads"], r["shape"].split()[0], r["status"][:22]) for r in rows]
     assert status == [(1, "512x512", "skipped: over 0.1 GFLO"), (1, "64x64", "ok"), (2, "512x512", "ok"), (2, "64x64", "ok")]
 
@@ -113,3 +115,38 @@ def test_quick_sweep_on_cuda():
     assert rows and all(r["status"] == "ok" and r["tflops"] > 0 for r in rows)
     assert {r["dtype"] for r in rows} == {"fp32", "tf32", "bf16"}
     assert all(r["peak_source"] for r in rows)  # a vendor peak, or why there is none
+
+
+def test_an_interrupted_sweep_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    from speechperf.results import ResultsDB
+
+    real, calls = ops.run_op, []
+
+    def interrupted(op, *a):
+        calls.append(op.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # stopped by hand during row 2
+        return real(op, *a)
+
+    monkeypatch.setattr(ops, "run_op", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ops.run_ops("cpu", threads=[1], quick=True, seconds=0.05, warmup_seconds=0, db_path=tmp_path / "r.db",
+                    progress=False)
+    with ResultsDB(tmp_path / "r.db") as db:
+        rows = db.query("SELECT op, status, tflops, env_json, warmup_steps, timer FROM bench_ops")
+    assert [(r["op"], r["status"]) for r in rows] == [("matmul", "ok")] and rows[0]["tflops"] > 0
+    assert rows[0]["env_json"] and rows[0]["warmup_steps"] == 1 and rows[0]["timer"] == "perf_counter"
+
+
+def test_rows_carry_the_method_and_the_database_the_measured_peak(tmp_path, capsys):
+    from speechperf.results import ResultsDB
+
+    rows = ops.run_ops("cpu", threads=[1], quick=True, seconds=0.3, warmup_seconds=0.1, repeats=3,
+                       db_path=tmp_path / "r.db")
+    assert "bench ops" in capsys.readouterr().err  # the progress bar, on stderr
+    r = rows[0]
+    assert r["repeats"] == 3 and r["window_s"] > 0 and r["iters"] >= 6 and r["noisy"] in (0, 1)
+    assert r["energy"].startswith("unavailable")  # no power source on this machine: the reason, not 0 W
+    with ResultsDB(tmp_path / "r.db") as db:
+        stored = db.query("SELECT op, measured_peak_tflops, repeats FROM bench_ops")
+    assert len(stored) == 3 and all(x["measured_peak_tflops"] == rows[0]["measured_peak_tflops"] for x in stored)

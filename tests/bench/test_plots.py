@@ -10,7 +10,7 @@ def _zoo_rows():
 def test_figures_are_png_or_say_why(tmp_path):
     png, why = plots.zoo_throughput_vs_batch(_zoo_rows(), tmp_path / "z.png")
     assert png.read_bytes()[:4] == b"\x89PNG" and why == ""
-    rows = ops.run_ops("cpu", dtypes=["fp32"], threads=[1, 2], quick=True, cpu_seconds=0.02)
+    rows = ops.run_ops("cpu", dtypes=["fp32"], threads=[1, 2], quick=True, seconds=0.02, warmup_seconds=0)
     for draw in (plots.thread_scaling, plots.percent_of_peak):
         png, why = draw(rows, tmp_path / f"{draw.__name__}.png")
         assert png.read_bytes()[:4] == b"\x89PNG", why

@@ -1,7 +1,10 @@
+import time
+from types import SimpleNamespace
+
 import pytest
 
 from speechperf.bench.power import PowerMeter, energy_of, top_level
-from speechperf.telemetry.sampler import Sample
+from speechperf.telemetry.sampler import Sample, Sampler, SamplerConfig
 
 
 def test_counter_energy_sums_packages_not_their_subzones():
@@ -36,8 +39,62 @@ class FakeSampler:
 
 
 def test_power_meter_joules_per_sample():
-    with PowerMeter(sampler=FakeSampler()) as m:
+    with PowerMeter(sampler=FakeSampler(), min_seconds=0.0) as m:
         pass
     r = m.result(samples=50)
     assert r["joules_per_sample"] == pytest.approx(4.0) and r["energy"] == "gpu0: integrated-power"
     assert m.seconds >= 0 and r["power_w"] == pytest.approx(200.0 / m.seconds)
+
+
+class SteppingNVML:
+    """One GPU at 200 W whose energy counter steps every 100 ms (as NVML's), no instant field."""
+
+    def __init__(self):
+        self.born = time.time()
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=0)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=100)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 200_000
+
+    def nvmlDeviceGetFieldValues(self, h, fields):
+        steps = int((time.time() - self.born) / 0.1)
+        energy = SimpleNamespace(nvmlReturn=0, valueType=3, value=SimpleNamespace(ullVal=steps * 20_000))  # mJ
+        return [energy if f == 83 else SimpleNamespace(nvmlReturn=3, valueType=1, value=None) for f in fields]
+
+
+def _meter(min_seconds, seconds):
+    sampler = Sampler(config=SamplerConfig(rapl=False), nvml=SteppingNVML())
+    with PowerMeter(sampler=sampler, min_seconds=min_seconds) as m:
+        time.sleep(seconds)
+    return m.result(samples=10)
+
+
+def test_a_window_shorter_than_the_counter_can_measure_is_marked_never_zero_watts():
+    short = _meter(0.5, 0.05)
+    assert short["power_w"] is None and short["energy_j"] is None and short["joules_per_sample"] is None
+    assert short["energy"].startswith("window too short for the energy counter (0.0")
+    still = _meter(0.0, 0.05)  # allowed, but the counter did not step inside it
+    assert still["power_w"] is None and "gpu0: no energy counted" in still["energy"]
+    long = _meter(0.5, 1.0)
+    assert long["power_w"] == pytest.approx(200.0, rel=0.2) and long["energy"] == "gpu0: counter"
+    assert long["joules_per_sample"] == pytest.approx(long["energy_j"] / 10)
+
+
+def test_energy_of_leaves_out_a_source_that_did_not_count():
+    summary = {"energy_j": {"gpu0": 0.0, "gpu1": 50.0}, "energy_method": {"gpu0": "counter", "gpu1": "counter"}}
+    e = energy_of(summary, 2.0, min_seconds=2.0)
+    assert e["energy_j"] == 50.0 and e["power_w"] == 25.0 and "gpu0: no energy counted, left out" in e["energy"]

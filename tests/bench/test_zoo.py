@@ -89,9 +89,11 @@ def test_cli_bench_zoo_writes_table8_csv(tmp_path, capsys):
 
 
 def test_cpu_time_budget_times_every_step_and_records_math_types():
-    rows = zoo.run_zoo(models=["lstm"], batches=[2], precisions=["fp32", "amp"], warmup=0, cpu_seconds=0.3)
+    rows = zoo.run_zoo(models=["lstm"], batches=[2], precisions=["fp32", "amp"], warmup=0, seconds=0.3,
+                       warmup_seconds=0)
     fp32, amp = rows
     assert fp32["iters"] >= 2 or fp32["step_s"] >= 0.3  # steps until the budget is spent, at least one
+    assert fp32["window_s"] >= 0.3 and fp32["timer"] == "perf_counter" and fp32["warmup_steps"] == 0
     fixed = zoo.run_zoo(models=["lstm"], batches=[2], iters=3, warmup=0)[0]
     assert fixed["iters"] == 3 and fixed["spread_pct"] >= 0 and fixed["step_s"] > 0
     assert zoo.run_zoo(models=["lstm"], batches=[2], iters=1, warmup=0)[0]["spread_pct"] is None
@@ -108,3 +110,23 @@ def test_quick_sweep_on_cuda_in_both_precisions():
     assert [r["status"] for r in rows] == ["ok"] * 4 and all(r["device"].startswith("cuda") for r in rows)
     assert all(r["samples_per_s"] > 0 and r["iters"] == 3 for r in rows)
     assert {(r["multiply"], r["accumulate"]) for r in rows if r["precision"] == "amp"} == {("fp16", "fp32")}
+
+
+def test_an_interrupted_zoo_sweep_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    from speechperf.results import ResultsDB
+
+    real, calls = zoo.measure, []
+
+    def interrupted(*a):
+        calls.append(a[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(zoo, "measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        zoo.run_zoo(models=["lstm"], batches=[2, 3], iters=1, warmup=0, db_path=tmp_path / "r.db", progress=False)
+    with ResultsDB(tmp_path / "r.db") as db:
+        rows = db.query("SELECT model, batch, status, samples_per_s, iters FROM bench_zoo")
+    assert [(r["model"], r["batch"], r["status"], r["iters"]) for r in rows] == [("lstm", 2, "ok", 1)]
+    assert (tmp_path / "bench_zoo_table8.csv").read_text().count("lstm") == 1  # the Table 8 CSV of what was measured

@@ -127,7 +127,7 @@ def test_bench_section_from_the_database(recorded_runs, tmp_path):
 
     db = tmp_path / "results.db"
     sh.copy(recorded_runs["cpu-seed1"].parent / "results.db", db)
-    run_ops("cpu", threads=[1], quick=True, cpu_seconds=0.05, db_path=db)
+    run_ops("cpu", threads=[1], quick=True, seconds=0.05, warmup_seconds=0, db_path=db)
     page = build_report([recorded_runs["cpu-seed1"]], tmp_path / "rep", db_path=db).read_text()
     assert "achieved TFLOPS" in page and (tmp_path / "rep" / "ops.csv").exists()
 
