@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,3 +80,51 @@ def test_killed_prepare_resumes_to_the_same_result(tiny_corpus, tiny_features, t
     a = load_index(out / "train-clean")
     b = load_index(tiny_features / "train-clean")
     assert a["utterances"] == b["utterances"] and a["shards"] == b["shards"]
+
+
+def test_shards_are_byte_deterministic(tmp_path):
+    feats = [np.arange(40 * 93, dtype=np.float32).reshape(40, 93) / 7]
+    a = write_shard(tmp_path / "a.npz", feats, ["u"], ["hi"], [0.4])
+    time.sleep(2.1)  # zip timestamps have a 2 s resolution: a stamped write would differ now
+    b = write_shard(tmp_path / "b.npz", feats, ["u"], ["hi"], [0.4])
+    assert a == b and (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
+
+
+def test_prepare_rebuilds_a_corrupt_shard_identical_and_the_loader_names_the_repair(tiny_corpus, tiny_features,
+                                                                                    tmp_path, capsys):
+    from speechperf.data.config import LoaderConfig
+    from speechperf.data.loader import make_loader
+
+    out = tmp_path / "feats"
+    shutil.copytree(tiny_features, out)
+    shard = out / "train-clean" / "shard-00000.npz"
+    original = shard.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0x40  # one flipped bit inside the deflated frames
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ShardError) as e:
+        for _ in make_loader(out, ["train-clean"], LoaderConfig(readers=0), epoch=1, seed=1):
+            pass
+    assert f"speechperf prepare {tiny_corpus} {out} --splits train-clean" in str(e.value)
+    untouched = {p: p.stat().st_mtime_ns for p in out.glob("*/*") if p.parent.name != "train-clean"}
+    prepare(tiny_corpus, out, workers=1, progress=False)
+    assert f"{shard} is missing or does not match its checksum; rebuilding it" in capsys.readouterr().err
+    assert shard.read_bytes() == original  # rebuilt, byte for byte
+    assert load_index(out / "train-clean") == load_index(tiny_features / "train-clean")
+    assert {p: p.stat().st_mtime_ns for p in untouched} == untouched  # the intact splits were only read
+    assert json.loads((out / "prepare.json").read_text())["rebuilt"] == {"train-clean": [str(shard)]}
+    (out / "train-clean" / "index.json").write_text("{trunc")  # an unreadable index is rebuilt from the sidecars
+    prepare(tiny_corpus, out, splits=["train-clean"], workers=1, progress=False)
+    assert load_index(out / "train-clean") == load_index(tiny_features / "train-clean")
+
+
+def test_cli_prepare_repairs_a_corrupt_shard(tiny_corpus, tiny_features, tmp_path):
+    out = tmp_path / "feats"
+    shutil.copytree(tiny_features, out)
+    shard = out / "dev-clean" / "shard-00000.npz"
+    original = shard.read_bytes()
+    shard.write_bytes(original[:-10])
+    p = subprocess.run([sys.executable, "-m", "speechperf", "prepare", str(tiny_corpus), str(out), "--workers", "1",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert str(shard) in p.stderr and shard.read_bytes() == original
