@@ -1,10 +1,12 @@
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,3 +130,30 @@ def test_cli_prepare_repairs_a_corrupt_shard(tiny_corpus, tiny_features, tmp_pat
                         "--json"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert str(shard) in p.stderr and shard.read_bytes() == original
+
+
+@pytest.mark.timeout(600)
+def test_a_chain_of_sigkills_then_prepare_is_byte_identical(tiny_corpus, tiny_features, tmp_path):
+    """Killed at seeded random moments, again and again: the finished folder equals an
+    uninterrupted prepare byte for byte (prepare.json aside: it records the seconds taken)."""
+    out, rng, kills = tmp_path / "feats", random.Random(8), 0
+    cmd = [sys.executable, "-m", "speechperf", "prepare", str(tiny_corpus), str(out), "--workers", "1", "--json"]
+    for _ in range(4):
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        files = len(list(out.glob("*/*"))) if out.exists() else 0
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None and (len(list(out.glob("*/*"))) if out.exists() else 0) <= files:
+            time.sleep(0.01)  # until this run has written something
+        time.sleep(rng.random() * 0.5)
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            kills += 1
+        p.wait()
+    assert kills >= 3
+    prepare(tiny_corpus, out, workers=1, progress=False)
+    want = {p.relative_to(tiny_features): p.read_bytes() for p in tiny_features.rglob("*") if p.is_file()}
+    got = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k] and k != Path("prepare.json")] == []
+    a, b = (json.loads(x.pop(Path("prepare.json"))) for x in (got, want))
+    assert {**a, "seconds": 0} == {**b, "seconds": 0}
