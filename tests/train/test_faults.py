@@ -125,3 +125,32 @@ def test_a_chain_of_sigkills_and_resumes_equals_the_uninterrupted_run(tiny_featu
         assert torch.equal(v, b["model"][k]), k
     sql = "SELECT epoch, split, final, loss, wer, cer FROM evals WHERE run_id = ? ORDER BY final, split, epoch"
     assert _rows(run, sql) == _rows(ref, sql)
+
+
+@pytest.mark.timeout(600)
+def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_features, tmp_path):
+    """Issue 13's one inexact resume: with train.threads=0 the intra-op thread count is the
+    process's (OMP_NUM_THREADS, the CPUs it may use); sums split by thread round differently,
+    so a resume given another count drifted from the second resumed step on. The count is
+    kept in the checkpoint and restored."""
+    args = ["--preset", "tiny", "max_epochs=3", "checkpoint_every=3", "sentence_every=50"]
+    two, one = {**os.environ, "OMP_NUM_THREADS": "2"}, {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref, run = tmp_path / "ref", tmp_path / "run"
+
+    def popen(*a, env):
+        return subprocess.Popen([sys.executable, "-m", "speechperf", "train", "--json", *map(str, a)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    p = popen("--data", tiny_features, "--out", ref, *args, env=two)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    p = popen("--data", tiny_features, "--out", run, *args, env=two)
+    assert _wait_checkpoint(run, p, 6), "the run finished before it could be killed"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert load_checkpoint(run)["rng"]["threads"] == 2
+    p = popen("--resume", run, env=one)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    sql = "SELECT iteration, loss FROM iterations WHERE run_id = ? ORDER BY iteration"
+    assert _rows(run, sql) == _rows(ref, sql)
+    a, b = load_checkpoint(ref), load_checkpoint(run)
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
