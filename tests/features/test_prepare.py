@@ -138,11 +138,13 @@ def test_a_chain_of_sigkills_then_prepare_is_byte_identical(tiny_corpus, tiny_fe
     uninterrupted prepare byte for byte (prepare.json aside: it records the seconds taken)."""
     out, rng, kills = tmp_path / "feats", random.Random(8), 0
     cmd = [sys.executable, "-m", "speechperf", "prepare", str(tiny_corpus), str(out), "--workers", "1", "--json"]
+    def written():
+        return len(list(out.glob("*/*"))) if out.exists() else 0
+
     for _ in range(4):
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        files = len(list(out.glob("*/*"))) if out.exists() else 0
-        deadline = time.time() + 120
-        while time.time() < deadline and p.poll() is None and (len(list(out.glob("*/*"))) if out.exists() else 0) <= files:
+        files, deadline = written(), time.time() + 120
+        while time.time() < deadline and p.poll() is None and written() <= files:
             time.sleep(0.01)  # until this run has written something
         time.sleep(rng.random() * 0.5)
         if p.poll() is None:
