@@ -9,16 +9,15 @@ the shard, with its records and SHA-256; only shards with it count as done, and
 ``SPLIT/index.json`` (all records) is written last, so a killed prepare never leaves a
 partial shard that is read as whole.
 
-Shards are byte-deterministic (zip entries carry a fixed timestamp, not the time of
-writing), so a shard rebuilt by ``prepare`` after damage is identical to the original and
-matches the checksum in the index.
+Shards are byte-deterministic (numpy opens each zip entry by name, which stamps it
+1980-01-01, not the time of writing; a test keeps this true), so a shard rebuilt by
+``prepare`` after damage is identical to the original and matches the index's checksum.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -39,17 +38,9 @@ def write_shard(path: Path, feats: list[np.ndarray], ids: list[str], transcripts
                 durations: list[float]) -> str:
     """Write one shard atomically; returns its SHA-256 (a function of the content only)."""
     offsets = np.cumsum([0] + [len(f) for f in feats]).astype(np.int64)
-    arrays = {"feats": np.concatenate(feats).astype(np.float16), "offsets": offsets, "ids": np.array(ids),
-              "transcripts": np.array(transcripts), "durations": np.array(durations)}
     buf = io.BytesIO()
-    # np.savez_compressed stamps every entry with the current time: the same shard written
-    # twice would differ. A fixed stamp makes a rebuilt shard match the index's checksum.
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for key, value in arrays.items():
-            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            with z.open(info, "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, value, allow_pickle=False)
+    np.savez_compressed(buf, feats=np.concatenate(feats).astype(np.float16), offsets=offsets,
+                        ids=np.array(ids), transcripts=np.array(transcripts), durations=np.array(durations))
     data = buf.getvalue()
     atomic_write(path, lambda f: f.write(data))
     return hashlib.sha256(data).hexdigest()
