@@ -15,11 +15,10 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections import Counter
 from pathlib import Path
-
-import sys
 
 import numpy as np
 

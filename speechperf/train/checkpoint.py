@@ -5,12 +5,15 @@ A checkpoint holds the model, optimizer and scheduler state, the position in the
 RunConfig, so that ``train --resume RUN`` needs nothing else.
 
 It also holds the number of intra-op threads the run computed with. On CPU the result of
-a step depends on it (oneDNN and MKL split reductions, e.g. the conv weight gradient, by
-thread), and with ``train.threads=0`` it is whatever the process was given (the CPUs in
-its affinity mask, ``OMP_NUM_THREADS``): a run resumed with another count computes the
-same forward pass, then a weight update that differs in the last bits, and the runs drift
-apart (issue 13's inexact resume: equal loss at the first resumed step, different from the
-second on). ``set_rng_state`` therefore restores the count with the RNG states.
+a step depends on it: ATen's parallel reductions (the sums of the masked batch norm, of
+the loss, of weight gradients) give each thread a slice and add the partial sums, so 1
+and 2 threads round differently in the last bits (measured: ``x.sum()`` of a conv output
+differs, the elementwise conv, batch norm and LSTM outputs do not). With
+``train.threads=0`` the count is whatever the process was given (the CPUs in its affinity
+mask, ``OMP_NUM_THREADS``), so a run resumed with another count drifted apart: issue 13's
+inexact resume, where the scalar loss of the first resumed steps still rounded equal and
+the difference showed from the second or third on. ``set_rng_state`` therefore restores
+the count with the RNG states.
 """
 from __future__ import annotations
 
