@@ -51,6 +51,8 @@ def verify_splits(feats: Path, train: list[str] | None = None, valid: str = "dev
         train = _found_train(feats)
         if not train:
             raise SplitError(f"{feats} has no prepared train-* split")
+    if not train:
+        raise SplitError("train.train_splits names no split to train on")
     if final is None:
         final = [s for s in final_candidates if s in _prepared(feats)]
     facts = {}

@@ -56,6 +56,8 @@ def test_named_splits_are_used_exactly(feats):
     assert verify_splits(feats, train=train[:1], final=parse_splits("none"))["final"] == []
     with pytest.raises(SplitError, match="final-evaluation split 'test-other'"):
         verify_splits(feats, train=train[:1], final=["test-other"])
+    with pytest.raises(SplitError, match="names no split to train on"):
+        verify_splits(feats, train=parse_splits("none"))
 
 
 def test_damaged_index_shard_and_empty_split(feats):
