@@ -7,6 +7,7 @@ dataclass default. Command-line overrides are ``key=value`` or ``section.key=val
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,7 +138,18 @@ def _build(kind, values: dict, section: str):
 
 
 def validate(cfg: RunConfig) -> None:
-    """Reject values that would fail later, naming the field."""
+    """Reject values that would fail later or cannot train, naming the field and value.
+
+    Runs in ``load_preset``, before any run folder exists: a run that cannot train (an
+    infinite learning rate skips every step, a batch of 0 never steps) is bad input (exit
+    2), not a "successful" run of broken weights.
+    """
+    for name, kind in SECTIONS.items():  # inf and nan pass every comparison below or fail it silently
+        section = getattr(cfg, name)
+        for f in dataclasses.fields(kind):
+            value = getattr(section, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{name}.{f.name}={value} must be a finite number")
     m, lo, t = cfg.model, cfg.loader, cfg.train
     checks = [
         (m.conv_channels > 0 and m.lstm_layers > 0 and m.lstm_hidden > 0, "model sizes must be positive"),
@@ -145,9 +157,22 @@ def validate(cfg: RunConfig) -> None:
         (m.conv_kernel >= 1 and m.conv_stride >= 1, "model.conv_kernel and conv_stride must be >= 1"),
         (lo.batch_size >= 1, f"loader.batch_size={lo.batch_size} must be >= 1"),
         (lo.readers >= 0, f"loader.readers={lo.readers} must be >= 0"),
+        (lo.prefetch_batches >= 1, f"loader.prefetch_batches={lo.prefetch_batches} must be >= 1"),
+        (lo.bucket_window >= 1, f"loader.bucket_window={lo.bucket_window} must be >= 1"),
+        (lo.pad_frames >= 1, f"loader.pad_frames={lo.pad_frames} must be >= 1"),
         (lo.mode in ("bucket", "pad"), f"loader.mode={lo.mode!r} must be 'bucket' or 'pad'"),
         (t.optimizer in ("adadelta", "adamw"), f"train.optimizer={t.optimizer!r} must be adadelta or adamw"),
         (t.lr > 0, f"train.lr={t.lr} must be > 0"),
+        (t.weight_decay >= 0, f"train.weight_decay={t.weight_decay} must be >= 0"),
+        (t.warmup_iters >= 0, f"train.warmup_iters={t.warmup_iters} must be >= 0"),
+        (t.lr_decay > 0, f"train.lr_decay={t.lr_decay} must be > 0"),
+        (t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 disables clipping)"),
+        (t.time_cap_minutes >= 0, f"train.time_cap_minutes={t.time_cap_minutes} must be >= 0 (0 = no cap)"),
+        (t.target >= 0, f"train.target={t.target} must be >= 0 (0 = never stop early)"),
+        (t.eval_beam >= 1 and t.final_beam >= 1,
+         f"train.eval_beam={t.eval_beam} and train.final_beam={t.final_beam} must be >= 1"),
+        (t.threads >= 0, f"train.threads={t.threads} must be >= 0 (0 = torch default)"),
+        (t.max_bad_losses >= 0, f"train.max_bad_losses={t.max_bad_losses} must be >= 0"),
         (t.precision in ("fp32", "bf16", "fp16"), f"train.precision={t.precision!r} must be fp32, bf16 or fp16"),
         (t.target_metric in ("cer", "wer"), f"train.target_metric={t.target_metric!r} must be cer or wer"),
         (t.sentence_every >= 1 and t.checkpoint_every >= 1, "train.sentence_every and checkpoint_every must be >= 1"),

@@ -3,6 +3,9 @@
 Parallel over CPU worker processes (one shard per task), resumable (a shard whose
 ``.json`` exists is done and skipped), and honest about input: every file that cannot be
 used is reported with its name and reason in ``FEATS/prepare.json``, the rest is prepared.
+A split already prepared is checked, not trusted: every shard is hashed against the index,
+and those missing or damaged (and an unreadable index) are rebuilt and named, so re-running
+prepare is the repair the loader's checksum error advises.
 Also writes ``FEATS/features.json`` (the FeatureConfig) and ``FEATS/stats.json``
 (per-dimension mean and std over the train-* splits, for normalization).
 """
@@ -12,6 +15,7 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,7 +25,7 @@ import numpy as np
 from speechperf.corpus.librispeech import AudioError, Problem, Utterance, find_splits, read_audio, scan_split
 from speechperf.errors import SpeechperfError
 from speechperf.features.config import FeatureConfig
-from speechperf.features.shards import load_index, shard_name, write_json, write_shard
+from speechperf.features.shards import ShardError, file_sha256, load_index, shard_name, write_json, write_shard
 
 
 def prepare(corpus: Path, out: Path, splits: list[str] | None = None, workers: int = 0, progress: bool = True,
@@ -37,8 +41,9 @@ def prepare(corpus: Path, out: Path, splits: list[str] | None = None, workers: i
         rows.append(_prepare_split(corpus, out, split, workers or os.cpu_count() or 1, progress, config))
     _write_stats(out, [r["split"] for r in rows if r["split"].startswith("train")])
     problems = {r["split"]: load_index(out / r["split"])["problems"] for r in rows}
+    rebuilt = {r["split"]: r.pop("rebuilt") for r in rows if r.get("rebuilt")}
     write_json(out / "prepare.json", {"corpus": str(corpus), "seconds": time.perf_counter() - t0, "splits": rows,
-                                      "problems": problems})
+                                      "problems": problems, "rebuilt": rebuilt})
     if progress:
         for split, probs in problems.items():
             for p in probs[:20]:
@@ -64,7 +69,8 @@ def _prepare_split(corpus, out, split, workers, progress, config) -> dict:
     from tqdm import tqdm
 
     split_dir = out / split
-    if (split_dir / "index.json").exists():
+    rebuilt = _damaged(split_dir)
+    if rebuilt is None:
         return _row(load_index(split_dir))
     scan = scan_split(corpus, split)
     n = config.utts_per_shard
@@ -83,7 +89,32 @@ def _prepare_split(corpus, out, split, workers, progress, config) -> dict:
              "problems": [p.to_dict() for p in scan.problems] + [p for m in metas for p in m["problems"]],
              "sums": _add_sums([m["sums"] for m in metas])}
     write_json(split_dir / "index.json", index)  # last: the split is complete
-    return _row(index)
+    return {**_row(index), **({"rebuilt": rebuilt} if rebuilt else {})}
+
+
+def _damaged(split_dir: Path) -> list[str] | None:
+    """None if ``split_dir`` is complete and every shard matches the index; otherwise the
+    damaged files (named on stderr), with them, their sidecars and the index removed so the
+    normal path rebuilds exactly those shards (a kill meanwhile leaves the split unfinished)."""
+    path = split_dir / "index.json"
+    if not path.exists():
+        return []  # never finished: the normal (resumable) path
+    try:
+        index = load_index(split_dir)
+        shards = index["shards"]
+        bad = [name for name, sha in sorted(shards.items()) if file_sha256(split_dir / f"{name}.npz") != sha]
+        damaged = [f"{split_dir / name}.npz" for name in bad]
+    except (ShardError, KeyError, TypeError, AttributeError):
+        bad, damaged = [], [str(path)]  # the index itself: rebuilt from the sidecars
+    if not damaged:
+        return None
+    for item in damaged:
+        print(f"prepare: {item} is missing or does not match its checksum; rebuilding it", file=sys.stderr)
+    path.unlink()  # first: from here on the split reads as unfinished
+    for name in bad:
+        (split_dir / f"{name}.json").unlink(missing_ok=True)
+        (split_dir / f"{name}.npz").unlink(missing_ok=True)
+    return damaged
 
 
 def _shard_task(task) -> str:

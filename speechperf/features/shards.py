@@ -8,6 +8,10 @@ variation, for half the disk and read time. ``SPLIT/shard-NNNNN.json`` is writte
 the shard, with its records and SHA-256; only shards with it count as done, and
 ``SPLIT/index.json`` (all records) is written last, so a killed prepare never leaves a
 partial shard that is read as whole.
+
+Shards are byte-deterministic (numpy opens each zip entry by name, which stamps it
+1980-01-01, not the time of writing; a test keeps this true), so a shard rebuilt by
+``prepare`` after damage is identical to the original and matches the index's checksum.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ def shard_name(k: int) -> str:
 
 def write_shard(path: Path, feats: list[np.ndarray], ids: list[str], transcripts: list[str],
                 durations: list[float]) -> str:
-    """Write one shard atomically; returns its SHA-256."""
+    """Write one shard atomically; returns its SHA-256 (a function of the content only)."""
     offsets = np.cumsum([0] + [len(f) for f in feats]).astype(np.int64)
     buf = io.BytesIO()
     np.savez_compressed(buf, feats=np.concatenate(feats).astype(np.float16), offsets=offsets,
@@ -42,21 +46,43 @@ def write_shard(path: Path, feats: list[np.ndarray], ids: list[str], transcripts
     return hashlib.sha256(data).hexdigest()
 
 
+def file_sha256(path: Path) -> str | None:
+    """SHA-256 of a file's bytes; None when it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def repair_command(split_dir: Path) -> str:
+    """The command that rebuilds ``split_dir``'s missing or damaged shards and index."""
+    split_dir = Path(split_dir)
+    feats, corpus = split_dir.parent, "CORPUS"
+    try:
+        corpus = json.loads((feats / "prepare.json").read_text())["corpus"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # prepare.json lost too: the user knows where the corpus is
+    return f"speechperf prepare {corpus} {feats} --splits {split_dir.name}"
+
+
 def read_shard(path: Path, sha256: str | None = None) -> dict[str, tuple[np.ndarray, str, float]]:
     """id -> (frames (T, 93) float32, transcript, duration); verifies the checksum if given."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise ShardError(f"shard {path} is missing; re-run speechperf prepare") from None
+        raise ShardError(f"shard {path} is missing; rebuild it with: {repair_command(path.parent)}") from None
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise ShardError(f"shard {path} does not match its checksum (truncated or modified); re-run speechperf prepare")
+        raise ShardError(f"shard {path} does not match its checksum (truncated or modified); rebuild it with: "
+                         f"{repair_command(path.parent)}")
     try:
         z = np.load(io.BytesIO(data))
         feats, offsets = z["feats"], z["offsets"]
         ids, texts, durs = z["ids"], z["transcripts"], z["durations"]
     except Exception as e:  # zipfile/numpy raise several types for damaged archives
-        raise ShardError(f"shard {path} cannot be read ({type(e).__name__}: {e})") from e
+        raise ShardError(f"shard {path} cannot be read ({type(e).__name__}: {e}); rebuild it with: "
+                         f"{repair_command(path.parent)}") from e
     return {str(ids[i]): (feats[offsets[i]: offsets[i + 1]].astype(np.float32), str(texts[i]), float(durs[i]))
             for i in range(len(ids))}
 
@@ -65,11 +91,12 @@ def load_index(split_dir: Path) -> dict:
     """The split's index: {"split", "utterances": [records], "shards": {name: sha256}, ...}."""
     path = Path(split_dir) / "index.json"
     if not path.exists():
-        raise ShardError(f"{path} is missing: the split was not prepared (or prepare was interrupted)")
+        raise ShardError(f"{path} is missing: the split was not prepared (or prepare was interrupted); "
+                         f"prepare it with: {repair_command(path.parent)}")
     try:
         return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ShardError(f"{path} is not valid JSON ({e})") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardError(f"{path} is not valid JSON ({e}); rebuild it with: {repair_command(path.parent)}") from e
 
 
 def write_json(path: Path, obj) -> None:

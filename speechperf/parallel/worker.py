@@ -164,7 +164,7 @@ class Progress:
 def _run(args, group: Group) -> int:
     rank, world = group.env.rank, group.world
     data, out = Path(args.data), Path(args.out)
-    splits = _train_splits(data, world)
+    splits = _train_splits(data, world, args.batch_size * world)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     algo = make_algorithm(args.algo, AlgoConfig(sync_period=args.sync_period, block_momentum=args.block_momentum,
                                                 nesterov=not args.classical, easgd_alpha=args.alpha), world, rank)
@@ -207,10 +207,12 @@ def _run(args, group: Group) -> int:
     return 0
 
 
-def _train_splits(data: Path, world: int) -> list[str]:
+def _train_splits(data: Path, world: int, batch_size: int) -> list[str]:
+    from speechperf.data.check import verify_splits
     from speechperf.data.loader import load_records
 
-    splits = sorted(p.name for p in data.iterdir() if p.name.startswith("train") and (p / "index.json").exists())
+    # every split this run reads (train-*, dev-clean for the CV loss, test-* decoded at the end)
+    splits = verify_splits(data, None, "dev-clean", None, batch_size, world, ("test-clean", "test-other"))["train"]
     shards = {r["key"] for r in load_records(data, splits)[0]}
     if world > len(shards):
         raise SpeechperfError(f"{world} workers but only {len(shards)} shards in {data}: use fewer workers")

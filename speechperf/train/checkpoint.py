@@ -3,6 +3,17 @@
 A checkpoint holds the model, optimizer and scheduler state, the position in the data
 (epoch and next batch), the TTA clock, RNG states, the evaluation history and the
 RunConfig, so that ``train --resume RUN`` needs nothing else.
+
+It also holds the number of intra-op threads the run computed with. On CPU the result of
+a step depends on it: ATen's parallel reductions (the sums of the masked batch norm, of
+the loss, of weight gradients) give each thread a slice and add the partial sums, so 1
+and 2 threads round differently in the last bits (measured: ``x.sum()`` of a conv output
+differs, the elementwise conv, batch norm and LSTM outputs do not). With
+``train.threads=0`` the count is whatever the process was given (the CPUs in its affinity
+mask, ``OMP_NUM_THREADS``), so a run resumed with another count drifted apart: issue 13's
+inexact resume, where the scalar loss of the first resumed steps still rounded equal and
+the difference showed from the second or third on. ``set_rng_state`` therefore restores
+the count with the RNG states.
 """
 from __future__ import annotations
 
@@ -24,11 +35,17 @@ class CheckpointError(SpeechperfError):
 
 
 def rng_state() -> dict:
+    """What makes the next steps' numbers: every RNG state and the intra-op thread count."""
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "threads": torch.get_num_threads()}
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore ``rng_state()``; a checkpoint of format 1 written before the thread count was
+    kept leaves the process's count as it is."""
+    if state.get("threads") and state["threads"] != torch.get_num_threads():
+        torch.set_num_threads(state["threads"])  # even above the cores now available: exact, only slower
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])

@@ -21,7 +21,9 @@ class TrainConfig:
     time_cap_minutes: float = 0.0  # stop when the TTA clock passes this; 0 = no cap
     sentence_every: int = 50  # greedy-decode the current batch and log it every N iterations
     checkpoint_every: int = 250  # atomic checkpoint every N iterations
+    train_splits: str = ""  # comma-separated splits to train on; "" = every train-* split prepared (all intact)
     eval_split: str = "dev-clean"  # validation split evaluated every epoch
+    final_splits: str = ""  # comma-separated final-eval splits; "" = dev/test-clean/other prepared; "none"
     eval_decoder: str = "greedy"  # decoder registry key for per-epoch evaluation
     eval_beam: int = 256  # beam width for per-epoch evaluation (paper 256)
     eval_mode: str = "ngrams"  # word beam search mode (wordbeam only): words, ngrams, ngrams_forecast, ngrams_forecast_sample

@@ -35,6 +35,7 @@ import torch
 from speechperf.atomic import atomic_write_text
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.data import alphabet
+from speechperf.data.check import parse_splits, verify_splits
 from speechperf.errors import SpeechperfError
 from speechperf.models import build_model
 from speechperf.results import ResultsDB, default_db_path
@@ -46,8 +47,6 @@ from speechperf.train.events import C, EventLog
 from speechperf.train.mlperf import log_submission
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
 from speechperf.train.warmup import initialize, warm_model, warn_if_slow
-
-FINAL_SPLITS = ("dev-clean", "dev-other", "test-clean", "test-other")
 
 
 @dataclass
@@ -98,8 +97,11 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         if (out / "run.json").exists():
             raise SpeechperfError(f"{out} already holds a run; continue it with --resume {out} or choose another --out")
         run_id = f"{out.name}-{uuid.uuid4().hex[:8]}"
-    train_splits = _train_splits(data)
     tc = cfg.train
+    # every split this run reads, verified before the model and the clock exist
+    splits = verify_splits(data, parse_splits(tc.train_splits), tc.eval_split, parse_splits(tc.final_splits),
+                           cfg.loader.batch_size, world)
+    train_splits = splits["train"]
     distributed.configure_determinism(tc.deterministic)  # before CUDA starts (cuBLAS workspace)
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
@@ -143,6 +145,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             _write_run_files(out, run_id, cfg, data, db_path, device, world, platform)
             events.start(C.INIT_START, time_ms=init_ms)
             _log_run_config(events, cfg, world, data, train_splits, platform or _platform_name(out))
+            events.event("data_splits", splits)
         else:
             db.conn.execute("DELETE FROM iterations WHERE run_id = ? AND iteration > ?", [run_id, prog.iteration])
             db.conn.execute("DELETE FROM evals WHERE run_id = ? AND (epoch >= ? OR final = 1)", [run_id, prog.epoch])
@@ -244,7 +247,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
                 checkpoint()
         status = prog.status = prog.status or ("max_epochs" if tc.target > 0 else "success")
         if lead:
-            _final_eval(core, data, cfg, device, prog, clock, db, events, run_id, quiet)
+            _final_eval(core, data, splits["final"], cfg, device, prog, clock, db, events, run_id, quiet)
             checkpoint()
             events.end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
         group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
@@ -304,10 +307,10 @@ def _epoch_eval(model, data, cfg, device, prog, clock, db, events, run_id, quiet
     return None
 
 
-def _final_eval(model, data, cfg, device, prog, clock, db, events, run_id, quiet) -> None:
-    """Table 5: every validation and test split present, with the final beam width."""
+def _final_eval(model, data, splits, cfg, device, prog, clock, db, events, run_id, quiet) -> None:
+    """Table 5: the final-evaluation splits (verified before training), with the final beam width."""
     tc = cfg.train
-    for split in [s for s in FINAL_SPLITS if (Path(data) / s / "index.json").exists()]:
+    for split in splits:
         r = evaluate(model, data, split, cfg.loader, device, decoder=tc.eval_decoder, beam=tc.final_beam,
                      precision=tc.precision, mode=tc.eval_mode)
         db.upsert("evals", {"run_id": run_id, "epoch": prog.epoch - 1, "split": split, "decoder": r["decoder"],
@@ -431,11 +434,3 @@ def _summary(run_id, out, status, prog, clock) -> dict:
             "skipped_steps": prog.skipped_steps, "impossible_utts": prog.impossible_utts}
 
 
-def _train_splits(data: Path) -> list[str]:
-    data = Path(data)
-    if not (data / "features.json").exists():
-        raise SpeechperfError(f"{data} is not a prepared features folder (no features.json); run speechperf prepare")
-    splits = sorted(p.name for p in data.iterdir() if p.name.startswith("train") and (p / "index.json").exists())
-    if not splits:
-        raise SpeechperfError(f"{data} has no prepared train-* split")
-    return splits

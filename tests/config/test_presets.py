@@ -40,6 +40,17 @@ def test_overrides():
     (["model.dropout=1.5"], "dropout"),
     (["batch_norm=maybe"], "not a bool"),
     (["eval_mode=fastest"], "train.eval_mode='fastest' must be one of words, ngrams"),
+    # values that cannot train (issue 13: lr=inf ran to a "successful" run of non-finite weights)
+    (["lr=inf"], r"train\.lr=inf must be a finite number"),
+    (["lr=nan"], r"train\.lr=nan must be a finite number"),
+    (["lr=0"], r"train\.lr=0\.0 must be > 0"),
+    (["lr_decay=0"], r"train\.lr_decay=0\.0 must be > 0"),
+    (["grad_clip=-inf"], r"train\.grad_clip=-inf must be a finite number"),
+    (["weight_decay=-0.1"], r"train\.weight_decay=-0\.1 must be >= 0"),
+    (["batch_size=0"], r"loader\.batch_size=0 must be >= 1"),
+    (["bucket_window=0"], r"loader\.bucket_window=0 must be >= 1"),
+    (["max_epochs=0"], r"train\.max_epochs=0 must be >= 1"),
+    (["time_cap_minutes=nan"], r"train\.time_cap_minutes=nan must be a finite number"),
 ])
 def test_bad_overrides_name_the_value(bad, match):
     with pytest.raises(ConfigError, match=match):
@@ -112,3 +123,10 @@ def test_gpu_fields_default_to_todays_cpu_behaviour():
 def test_bad_gpu_fields(bad, match):
     with pytest.raises(ConfigError, match=match):
         load_preset("tiny", bad)
+
+
+def test_a_toml_infinity_is_refused_too(tmp_path):
+    bad = tmp_path / "inf.toml"
+    bad.write_text("[train]\nlr = inf\n")
+    with pytest.raises(ConfigError, match=r"train\.lr=inf must be a finite number"):
+        load_preset(str(bad))

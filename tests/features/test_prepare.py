@@ -1,9 +1,12 @@
 import json
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,3 +82,81 @@ def test_killed_prepare_resumes_to_the_same_result(tiny_corpus, tiny_features, t
     a = load_index(out / "train-clean")
     b = load_index(tiny_features / "train-clean")
     assert a["utterances"] == b["utterances"] and a["shards"] == b["shards"]
+
+
+def test_shards_are_byte_deterministic(tmp_path, monkeypatch):
+    feats = [np.arange(40 * 93, dtype=np.float32).reshape(40, 93) / 7]
+    a = write_shard(tmp_path / "a.npz", feats, ["u"], ["hi"], [0.4])
+    later = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: later)  # an hour on: a time-stamped zip entry would differ
+    b = write_shard(tmp_path / "b.npz", feats, ["u"], ["hi"], [0.4])
+    assert a == b and (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
+
+
+def test_prepare_rebuilds_a_corrupt_shard_identical_and_the_loader_names_the_repair(tiny_corpus, tiny_features,
+                                                                                    tmp_path, capsys):
+    from speechperf.data.config import LoaderConfig
+    from speechperf.data.loader import make_loader
+
+    out = tmp_path / "feats"
+    shutil.copytree(tiny_features, out)
+    shard = out / "train-clean" / "shard-00000.npz"
+    original = shard.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0x40  # one flipped bit inside the deflated frames
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ShardError) as e:
+        for _ in make_loader(out, ["train-clean"], LoaderConfig(readers=0), epoch=1, seed=1):
+            pass
+    assert f"speechperf prepare {tiny_corpus} {out} --splits train-clean" in str(e.value)
+    untouched = {p: p.stat().st_mtime_ns for p in out.glob("*/*") if p.parent.name != "train-clean"}
+    prepare(tiny_corpus, out, workers=1, progress=False)
+    assert f"{shard} is missing or does not match its checksum; rebuilding it" in capsys.readouterr().err
+    assert shard.read_bytes() == original  # rebuilt, byte for byte
+    assert load_index(out / "train-clean") == load_index(tiny_features / "train-clean")
+    assert {p: p.stat().st_mtime_ns for p in untouched} == untouched  # the intact splits were only read
+    assert json.loads((out / "prepare.json").read_text())["rebuilt"] == {"train-clean": [str(shard)]}
+    (out / "train-clean" / "index.json").write_text("{trunc")  # an unreadable index is rebuilt from the sidecars
+    prepare(tiny_corpus, out, splits=["train-clean"], workers=1, progress=False)
+    assert load_index(out / "train-clean") == load_index(tiny_features / "train-clean")
+
+
+def test_cli_prepare_repairs_a_corrupt_shard(tiny_corpus, tiny_features, tmp_path):
+    out = tmp_path / "feats"
+    shutil.copytree(tiny_features, out)
+    shard = out / "dev-clean" / "shard-00000.npz"
+    original = shard.read_bytes()
+    shard.write_bytes(original[:-10])
+    p = subprocess.run([sys.executable, "-m", "speechperf", "prepare", str(tiny_corpus), str(out), "--workers", "1",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert str(shard) in p.stderr and shard.read_bytes() == original
+
+
+@pytest.mark.timeout(600)
+def test_a_chain_of_sigkills_then_prepare_is_byte_identical(tiny_corpus, tiny_features, tmp_path):
+    """Killed at seeded random moments, again and again: the finished folder equals an
+    uninterrupted prepare byte for byte (prepare.json aside: it records the seconds taken)."""
+    out, rng, kills = tmp_path / "feats", random.Random(8), 0
+    cmd = [sys.executable, "-m", "speechperf", "prepare", str(tiny_corpus), str(out), "--workers", "1", "--json"]
+    def written():
+        return len(list(out.glob("*/*"))) if out.exists() else 0
+
+    for _ in range(4):
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        files, deadline = written(), time.time() + 120
+        while time.time() < deadline and p.poll() is None and written() <= files:
+            time.sleep(0.01)  # until this run has written something
+        time.sleep(rng.random() * 0.5)
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            kills += 1
+        p.wait()
+    assert kills >= 3
+    prepare(tiny_corpus, out, workers=1, progress=False)
+    want = {p.relative_to(tiny_features): p.read_bytes() for p in tiny_features.rglob("*") if p.is_file()}
+    got = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k] and k != Path("prepare.json")] == []
+    a, b = (json.loads(x.pop(Path("prepare.json"))) for x in (got, want))
+    assert {**a, "seconds": 0} == {**b, "seconds": 0}

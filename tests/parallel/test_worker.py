@@ -130,3 +130,15 @@ def test_checkpoint_of_another_or_a_finished_run(tmp_path):
     assert not finished_run(tmp_path, argv, 2)  # --epochs 3: one epoch left to resume
     assert not finished_run(tmp_path, argv + ["--epochs", "2", "--sync-period", "20"], 2)
     assert not finished_run(tmp_path, argv + ["--epochs", "2", "--resume", "no"], 2)
+
+
+def test_a_missing_split_is_refused_before_any_worker_trains(tiny_features, tmp_path):
+    import shutil
+
+    from speechperf.parallel.worker import _train_splits
+
+    feats = tmp_path / "feats"
+    shutil.copytree(tiny_features, feats)
+    (feats / "dev-clean" / "index.json").unlink()  # the CV loss of every epoch reads it
+    with pytest.raises(SpeechperfError, match="validation split 'dev-clean'"):
+        _train_splits(feats, 2, 8)

@@ -1,0 +1,123 @@
+"""Check the data a run will use before the clock starts.
+
+``verify_splits`` opens every split a run reads (the train splits, the validation split,
+the final-evaluation splits), verifies its index (readable, non-empty, every record's shard
+listed with a checksum and present on disk) and returns what will be used, for the run to
+record. A split that should be there and is not is an error naming it and its path, before
+the model exists: a run must not train on part of the data, or skip a final split, without
+saying so.
+
+Which splits "should be there" when the user did not name them (today's behaviour):
+
+- train: every ``train-*`` folder under FEATS plus the train splits ``stats.json`` was
+  computed over (a train split whose folder vanished is missing, not absent);
+- final: those of dev-clean, dev-other, test-clean, test-other that were prepared (a
+  folder, or a split listed in ``prepare.json``); one never prepared is not used.
+
+Named splits (``train.train_splits``, ``train.final_splits``) are used exactly; each must be
+intact. Shard contents are not hashed here (the loader checks every shard's checksum when
+it reads it): this check is about which splits a run uses, and costs a stat per shard.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from speechperf.errors import SpeechperfError
+from speechperf.features.shards import ShardError, load_index, repair_command
+
+FINAL_SPLITS = ("dev-clean", "dev-other", "test-clean", "test-other")
+
+
+class SplitError(SpeechperfError):
+    """A split a run will use is missing, unreadable or empty, or the batch does not fit the data."""
+
+
+def verify_splits(feats: Path, train: list[str] | None = None, valid: str = "dev-clean",
+                  final: list[str] | None = None, batch_size: int | None = None, world: int = 1,
+                  final_candidates: tuple[str, ...] = FINAL_SPLITS) -> dict:
+    """Verify every split a run will use; returns {"train", "valid", "final", "splits": {name: facts}}.
+
+    ``train``/``final`` None: the splits found as described in the module docstring (final:
+    those of ``final_candidates`` prepared); a list: exactly those (named by the user).
+    ``batch_size``: the global batch over ``world`` processes, refused when it is larger
+    than the training data (the run would train with smaller batches than it records) or
+    smaller than ``world`` (every batch would be dropped: no process gets an utterance).
+    """
+    feats = Path(feats)
+    if not (feats / "features.json").exists():
+        raise SplitError(f"{feats} is not a prepared features folder (no features.json); run speechperf prepare")
+    if train is None:
+        train = _found_train(feats)
+        if not train:
+            raise SplitError(f"{feats} has no prepared train-* split")
+    if not train:
+        raise SplitError("train.train_splits names no split to train on")
+    if final is None:
+        final = [s for s in final_candidates if s in _prepared(feats)]
+    facts = {}
+    for split in dict.fromkeys([*train, valid, *final]):  # once each, in order
+        role = "train" if split in train else "validation" if split == valid else "final-evaluation"
+        facts[split] = _verify_index(feats, split, role)
+    n_train = sum(facts[s]["utterances"] for s in train)
+    if batch_size is not None and batch_size > n_train:
+        raise SplitError(f"loader.batch_size={batch_size} is larger than the {n_train} utterances of "
+                         f"{', '.join(train)} under {feats}: use a batch of at most {n_train}")
+    if batch_size is not None and batch_size < world:
+        raise SplitError(f"loader.batch_size={batch_size} is the batch over all {world} processes: "
+                         f"it must be at least {world}")
+    return {"train": list(train), "valid": valid, "final": list(final), "splits": facts}
+
+
+def parse_splits(value: str) -> list[str] | None:
+    """A config field's comma-separated split list: "" = None (found), "none" = []."""
+    value = value.strip()
+    if not value:
+        return None
+    if value.lower() == "none":
+        return []
+    return [s.strip() for s in value.split(",") if s.strip()]
+
+
+def _prepared(feats: Path) -> set[str]:
+    """Splits that were prepared here: folders, and the splits prepare.json and stats.json name."""
+    names = {p.name for p in feats.iterdir() if p.is_dir()}
+    for file, key in (("prepare.json", "splits"), ("stats.json", "splits")):
+        path = feats / file
+        if path.exists():
+            try:
+                listed = json.loads(path.read_text()).get(key, [])
+            except (json.JSONDecodeError, AttributeError) as e:
+                raise SplitError(f"{path} cannot be read ({e}); it is rewritten by speechperf prepare") from e
+            names.update(r["split"] if isinstance(r, dict) else r for r in listed)
+    return names
+
+
+def _found_train(feats: Path) -> list[str]:
+    return sorted(s for s in _prepared(feats) if s.startswith("train"))
+
+
+def _verify_index(feats: Path, split: str, role: str) -> dict:
+    split_dir = feats / split
+    try:
+        index = load_index(split_dir)
+    except ShardError as e:
+        raise SplitError(f"{role} split {split!r}: {e}") from None
+    path = split_dir / "index.json"
+    records, shards = index.get("utterances"), index.get("shards")
+    if not isinstance(records, list) or not isinstance(shards, dict):
+        raise SplitError(f"{role} split {split!r}: {path} has no utterances or shards list; "
+                         f"rebuild it with: {repair_command(split_dir)}")
+    if not records:
+        raise SplitError(f"{role} split {split!r}: {path} lists no utterances (every file was dropped? "
+                         f"see {feats / 'prepare.json'})")
+    for name in sorted({r.get("shard") for r in records}):
+        if not shards.get(name):
+            raise SplitError(f"{role} split {split!r}: {path} has no checksum for shard {name!r}; "
+                             f"rebuild it with: {repair_command(split_dir)}")
+        shard = split_dir / f"{name}.npz"
+        if not shard.is_file() or shard.stat().st_size == 0:
+            raise SplitError(f"{role} split {split!r}: shard {shard} is missing or empty; "
+                             f"rebuild it with: {repair_command(split_dir)}")
+    return {"utterances": len(records), "shards": len(shards),
+            "hours": round(sum(r.get("duration", 0.0) for r in records) / 3600, 4)}

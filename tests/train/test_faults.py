@@ -1,0 +1,156 @@
+"""Fault injection (issue 13): kills, missing data and values that cannot train.
+
+Each case runs the CLI as a user would and checks the run is either exactly right or
+refused with a message naming what is wrong (exit 2, no run folder made).
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from speechperf.results import ResultsDB
+from speechperf.train.checkpoint import CheckpointError, load_checkpoint
+from speechperf.train.events import read_events
+
+TINY = ["--preset", "tiny", "threads=1"]
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _popen(*args):
+    return subprocess.Popen([sys.executable, "-m", "speechperf", "train", "--json", *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _rows(run, sql):
+    info = json.loads((run / "run.json").read_text())
+    with ResultsDB(info["db"]) as db:
+        return db.query(sql, [info["run_id"]])
+
+
+@pytest.fixture
+def feats(tiny_features, tmp_path):
+    out = tmp_path / "feats"
+    shutil.copytree(tiny_features, out)
+    return out
+
+
+@pytest.mark.parametrize("split,role", [("train-clean", "train"), ("dev-clean", "validation"),
+                                        ("test-other", "final-evaluation")])
+def test_a_missing_split_is_refused_before_training(feats, tmp_path, split, role):
+    (feats / split / "index.json").unlink()
+    run = tmp_path / "run"
+    p = _cli("train", "--data", feats, "--out", run, *TINY)
+    assert p.returncode == 2, p.stderr
+    assert f"{role} split {split!r}" in p.stderr and str(feats / split / "index.json") in p.stderr
+    assert not run.exists()  # refused before the run folder (and the model, and the clock)
+
+
+def test_named_splits_train_without_the_missing_one(feats, tmp_path):
+    (feats / "test-other" / "index.json").unlink()
+    run = tmp_path / "run"
+    p = _cli("train", "--data", feats, "--out", run, *TINY, "max_epochs=1",
+             "final_splits=dev-clean,test-clean", "--json")
+    assert p.returncode == 0, p.stderr
+    finals = _rows(run, "SELECT split FROM evals WHERE run_id = ? AND final = 1 ORDER BY split")
+    assert [r["split"] for r in finals] == ["dev-clean", "test-clean"]
+    (used,) = [e["value"] for e in read_events(run / "events.log") if e["key"] == "data_splits"]
+    assert used["final"] == ["dev-clean", "test-clean"] and used["valid"] == "dev-clean"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("lr=inf", "train.lr=inf must be a finite number"),
+    ("batch_size=100000", "loader.batch_size=100000 is larger than the {n} utterances"),
+])
+def test_values_that_cannot_train_are_refused(tiny_features, tmp_path, override, message):
+    from speechperf.features.shards import load_index
+
+    n = sum(len(load_index(p)["utterances"]) for p in sorted(tiny_features.glob("train*")))
+    run = tmp_path / "run"
+    p = _cli("train", "--data", tiny_features, "--out", run, *TINY, override)
+    assert p.returncode == 2 and message.format(n=n) in p.stderr, p.stderr
+    assert not run.exists()
+
+
+def _wait_checkpoint(run, p, at_least):
+    """Until the run's checkpoint is at iteration >= at_least (False: it finished first)."""
+    while p.poll() is None:
+        try:
+            if load_checkpoint(run)["progress"]["iteration"] >= at_least:
+                return True
+        except CheckpointError:
+            pass
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.timeout(600)
+def test_a_chain_of_sigkills_and_resumes_equals_the_uninterrupted_run(tiny_features, tmp_path):
+    args = [*TINY, "max_epochs=4", "checkpoint_every=3", "sentence_every=5"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    p = _popen("--data", tiny_features, "--out", ref, *args)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    total = load_checkpoint(ref)["progress"]["iteration"]
+
+    rng = random.Random(13)
+    targets = sorted(rng.sample(range(2, total - 2), 4))
+    p, resumed = _popen("--data", tiny_features, "--out", run, *args), []
+    for target in targets:
+        if not _wait_checkpoint(run, p, target):
+            break
+        time.sleep(rng.random() * 0.2)  # anywhere between two checkpoints
+        if p.poll() is not None:
+            break
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        resumed.append(load_checkpoint(run)["progress"]["iteration"])
+        p = _popen("--resume", run)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    assert len(resumed) >= 2, f"the run finished before it was killed often enough ({resumed})"
+
+    sql = "SELECT iteration, loss, batch_size FROM iterations WHERE run_id = ? ORDER BY iteration"
+    assert _rows(run, sql) == _rows(ref, sql)  # every loss, bit for bit
+    a, b = load_checkpoint(ref), load_checkpoint(run)
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    sql = "SELECT epoch, split, final, loss, wer, cer FROM evals WHERE run_id = ? ORDER BY final, split, epoch"
+    assert _rows(run, sql) == _rows(ref, sql)
+
+
+@pytest.mark.timeout(600)
+def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_features, tmp_path):
+    """Issue 13's one inexact resume: with train.threads=0 the intra-op thread count is the
+    process's (OMP_NUM_THREADS, the CPUs it may use); sums split by thread round differently,
+    so a resume given another count drifted from the second resumed step on. The count is
+    kept in the checkpoint and restored."""
+    args = ["--preset", "tiny", "max_epochs=2", "checkpoint_every=3", "sentence_every=50"]
+    two, one = {**os.environ, "OMP_NUM_THREADS": "2"}, {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref, run = tmp_path / "ref", tmp_path / "run"
+
+    def popen(*a, env):
+        return subprocess.Popen([sys.executable, "-m", "speechperf", "train", "--json", *map(str, a)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    p = popen("--data", tiny_features, "--out", ref, *args, env=two)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    p = popen("--data", tiny_features, "--out", run, *args, env=two)
+    assert _wait_checkpoint(run, p, 6), "the run finished before it could be killed"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert load_checkpoint(run)["rng"]["threads"] == 2
+    p = popen("--resume", run, env=one)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    sql = "SELECT iteration, loss FROM iterations WHERE run_id = ? ORDER BY iteration"
+    assert _rows(run, sql) == _rows(ref, sql)
+    a, b = load_checkpoint(ref), load_checkpoint(run)
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
