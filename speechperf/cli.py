@@ -48,8 +48,8 @@ def cmd_train(a) -> int:
 
     result = train(
         preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
-        overrides=a.overrides, resume=Path(a.resume) if a.resume else None,
-        db_path=Path(a.db) if a.db else None, quiet=a.json, platform=a.platform,
+        overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, quiet=a.json,
+        platform=a.platform, label=a.label,
     )
     emit([result], a.json)
     return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
@@ -68,7 +68,7 @@ def cmd_eval(a) -> int:
     from speechperf.train.evaluate import evaluate_run
 
     row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers,
-                       mode=a.mode)
+                       mode=a.mode, data=Path(a.data) if a.data else None)
     emit([row], a.json)
     return 0
 
@@ -77,7 +77,7 @@ def cmd_beam_sweep(a) -> int:
     from speechperf.train.evaluate import beam_sweep
 
     rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers,
-                      mode=a.mode)
+                      mode=a.mode, data=Path(a.data) if a.data else None, db_path=Path(a.db) if a.db else None)
     emit(rows, a.json)
     return 0
 
@@ -170,9 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--preset", default="cpu")
     sp.add_argument("--data", help="prepared features folder")
     sp.add_argument("--out", help="run folder")
-    sp.add_argument("--resume", help="run folder to continue")
+    sp.add_argument("--resume", default="auto",
+                    help="auto: continue a run of the same configuration in --out from its last checkpoint (a "
+                         "finished one is only reported; another configuration is refused); yes: insist; no: refuse "
+                         "an existing run; or a run folder to continue with its own configuration")
+    sp.add_argument("--label", help="the run's name in tables and legends (default: machine, preset, precision, "
+                                    "e.g. 'H100x1 paper bf16')")
     sp.add_argument("--platform", help="platform profile whose loader values apply (sys1, sys2, sys10)")
-    sp.add_argument("--db", help="results database (default: results.db beside the run folder)")
+    sp.add_argument("--db", help="a shared results database that also receives the rows (the run folder keeps its "
+                                 "own RUN/results.db)")
     sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
 
     sp = add("tta", cmd_tta, "time-to-accuracy table (Table 4 form)")
@@ -189,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
     sp.add_argument("--beam", type=int, default=256)
     sp.add_argument("--workers", type=int, default=0)
+    sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
 
     sp = add("beam-sweep", cmd_beam_sweep, "evaluation time, WER and CER per beam width (Table 3 form)")
     sp.add_argument("run")
@@ -197,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--decoder", default="wordbeam")
     sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
     sp.add_argument("--workers", type=int, default=0)
+    sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
+    sp.add_argument("--db", help="a shared results database that also receives the rows")
 
     lm = sub.add_parser("lm", help="dictionary and language model").add_subparsers(dest="sub", required=True)
     sp = add("build", cmd_lm_build, "build the dictionary and bigram LM of a prepared dataset", lm)

@@ -25,6 +25,7 @@ from speechperf.bench.ops import libraries, spread_pct
 from speechperf.bench.power import PowerMeter
 from speechperf.bench.vision import vision_models
 from speechperf.errors import SpeechperfError
+from speechperf.results import schema
 from speechperf.tables import write_csv
 from speechperf.train.evaluate import autocast
 
@@ -249,14 +250,7 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
             "status": status}
 
 
-ZOO_SCHEMA = """
-CREATE TABLE IF NOT EXISTS bench_zoo (
-    at REAL, model TEXT, batch INTEGER, precision TEXT, multiply TEXT, accumulate TEXT, device TEXT, libraries TEXT,
-    params_m REAL, paper_params_m REAL, unit TEXT,
-    samples_per_s REAL, step_s REAL, iters INTEGER, spread_pct REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
-    status TEXT
-);
-"""
+ZOO_SCHEMA = schema.BENCH_ZOO  # every table's DDL lives in results/schema.py
 
 
 def _store(rows: list[dict], db_path) -> None:

@@ -2,13 +2,11 @@
 the last e per-epoch evaluations first reaches the target a; None (NA) when never."""
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Sequence
 
 from speechperf.errors import SpeechperfError
-from speechperf.results import ResultsDB, default_db_path
 
 
 def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> float | None:
@@ -26,45 +24,41 @@ def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int
     return None
 
 
-def read_run_info(run: Path) -> dict:
-    """The ``run.json`` a training run writes into its folder (run_id, db path)."""
-    path = Path(run) / "run.json"
-    if not path.exists():
-        raise SpeechperfError(f"{run} is not a run folder (no run.json)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SpeechperfError(f"{path}: not valid JSON ({e})") from e
-
-
-def epoch_evals(db: ResultsDB, run_id: str, metric: str) -> list[tuple[float, float]]:
-    """Per-epoch validation (clock_s, metric) of a run, in epoch order."""
-    rows = db.query(
-        "SELECT e.clock_s, e.wer, e.cer FROM evals e JOIN runs r ON r.run_id = e.run_id "
-        "WHERE e.run_id = ? AND e.final = 0 AND e.split = json_extract(r.config_json, '$.train.eval_split') "
-        "ORDER BY e.epoch",
-        [run_id],
-    )
-    return [(r["clock_s"], r[metric]) for r in rows]
+def epoch_evals(run, metric: str) -> list[tuple[float, float]]:
+    """Per-epoch validation (clock_s, metric) of an open :class:`~speechperf.results.Run`, in
+    epoch order; a run whose rows are not in its database is an error, never an empty list."""
+    run.row()
+    return [(r["clock_s"], r[metric]) for r in run.evals()]
 
 
 def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float] = (10.0, 8.0, 7.0),
               epochs: int = 3, db_path: Path | None = None) -> list[dict]:
-    """Table 4 form: one row per (run, target) with minutes and % of the first run."""
+    """Table 4 form: one row per (run, target) with minutes and % of the first run (the reference).
+
+    Runs are named by their labels (told apart where they collide); each run's rows come
+    from its own folder, so folders from different machines compare in one table.
+    ``db_path``: where the rows of a folder of the previous release are (it has no database
+    of its own).
+    """
+    from speechperf.results.run import Run, machine_name, unique_labels
+
     if metric not in ("cer", "wer"):
         raise SpeechperfError(f"metric must be cer or wer, got {metric!r}")
+    opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
     rows: list[dict] = []
     first: dict[float, float | None] = {}
-    for index, run in enumerate(runs):
-        info = read_run_info(run)
-        with ResultsDB(db_path or info.get("db") or default_db_path(run)) as db:
-            evals = epoch_evals(db, info["run_id"], metric)
-        for target in targets:
-            minutes = tta_minutes(evals, target, epochs)
-            if index == 0:
-                first[target] = minutes
-            ref = first[target]
-            relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference row: exactly 100
-            rows.append({"run": str(run), "metric": metric, "target": target, "epochs": epochs,
-                         "minutes": minutes, "relative": relative})
+    try:
+        for index, (run, label) in enumerate(zip(opened, unique_labels(opened))):
+            evals = epoch_evals(run, metric)
+            for target in targets:
+                minutes = tta_minutes(evals, target, epochs)
+                if index == 0:
+                    first[target] = minutes
+                ref = first[target]
+                relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference: exactly 100
+                rows.append({"run": label, "machine": machine_name(run.env), "metric": metric, "target": target,
+                             "epochs": epochs, "minutes": minutes, "relative": relative})
+    finally:
+        for run in opened:
+            run.close()
     return rows

@@ -13,25 +13,21 @@ Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the model is wrapped in
 """
 from __future__ import annotations
 
-import json
 import os
 import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from speechperf.atomic import atomic_write_text
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.data import alphabet
 from speechperf.errors import SpeechperfError
 from speechperf.models import build_model
-from speechperf.results import ResultsDB, default_db_path
+from speechperf.results.run import Clock, Progress, Run, read_checkpoint
 from speechperf.telemetry.status import StatusLine
-from speechperf.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from speechperf.train.checkpoint import set_rng_state
 from speechperf.train.evaluate import autocast, evaluate
 from speechperf.train.events import C, EventLog
 
@@ -42,52 +38,33 @@ class TrainingDiverged(SpeechperfError):
     """Too many consecutive steps had non-finite losses or gradients."""
 
 
-@dataclass
-class Progress:
-    """Where the run stands; saved in every checkpoint."""
-
-    epoch: int = 1  # current epoch (1-based)
-    start_batch: int = 0  # next batch of the current epoch
-    iteration: int = 0  # optimizer steps attempted so far
-    clock_s: float = 0.0  # TTA clock at the last checkpoint
-    skipped_steps: int = 0  # steps skipped for non-finite loss or gradients
-    consecutive_bad: int = 0  # skipped steps in a row (abort at max_bad_losses)
-    impossible_utts: int = 0  # utterances whose labels cannot fit the output frames
-    evals: list = field(default_factory=list)  # per-epoch (clock_s, wer, cer) history
-    log_sizes: dict = field(default_factory=dict)  # byte sizes of append-only logs at checkpoint
-    status: str | None = None  # why training stopped: success, time_cap, max_epochs (None: running)
-
-
-class Clock:
-    """Seconds since model creation, counting only time this process (or its predecessors) ran."""
-
-    def __init__(self, base: float = 0.0):
-        self.base, self.t0 = base, time.perf_counter()
-
-    def now(self) -> float:
-        return self.base + time.perf_counter() - self.t0
+RESUME_MODES = ("auto", "yes", "no")
 
 
 def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None, overrides=(),
-          resume: Path | None = None, db_path: Path | None = None, quiet: bool = False,
-          platform: str | None = None) -> dict:
-    """Train (or resume) a run; returns its summary row."""
+          resume: str | Path | None = "auto", db_path: Path | None = None, quiet: bool = False,
+          platform: str | None = None, label: str | None = None) -> dict:
+    """Train (or continue) the run in ``out``; returns its summary row.
+
+    ``resume``: ``auto`` continues a run of the same configuration found in ``out`` from its
+    last checkpoint (a finished one is only reported, a different configuration refused), so
+    that the same command, repeated by ``torchrun --max-restarts``, recovers from a dead
+    worker; ``yes`` insists on continuing, ``no`` refuses an existing run. A run folder (the
+    previous release's ``--resume RUN``) continues that run with its own configuration.
+    ``db_path``: a shared database that receives the rows too (the run folder keeps its own).
+    """
     # ---- configuration and run folder -------------------------------------------------
     rank, world, local_rank = _dist_env()
-    if resume is not None:
-        ckpt = load_checkpoint(resume)
+    mode = "auto" if resume is None else str(resume)
+    if mode not in RESUME_MODES:  # --resume RUN: that run, with its recorded configuration
         if overrides:
-            raise ConfigError("a resumed run keeps its configuration; overrides are not allowed with --resume")
-        cfg, out, data, run_id = RunConfig.from_dict(ckpt["config"]), Path(resume), Path(ckpt["data"]), ckpt["run_id"]
+            raise ConfigError("a resumed run keeps its configuration; overrides are not allowed with --resume RUN")
+        out, mode = Path(resume), "yes"
+        cfg = RunConfig.from_dict(Run.open(out).config)
     else:
-        if data is None or out is None:
-            raise ConfigError("train needs --data FEATS and --out RUN (or --resume RUN)")
-        ckpt, cfg = None, load_preset(preset, overrides, platform)
-        out, data = Path(out), Path(data)
-        if (out / "run.json").exists():
-            raise SpeechperfError(f"{out} already holds a run; continue it with --resume {out} or choose another --out")
-        run_id = f"{out.name}-{uuid.uuid4().hex[:8]}"
-    train_splits = _train_splits(data)
+        if out is None:
+            raise ConfigError("train needs --out RUN (and --data FEATS for a new run)")
+        out, cfg = Path(out), load_preset(preset, overrides, platform)
     tc = cfg.train
     device = _device(tc.device, local_rank)
     if tc.threads > 0:
@@ -96,6 +73,62 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         raise ConfigError("train.precision=fp16 needs a CUDA device; use bf16 on CPU")
     if world > 1:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    try:
+        # rank 0 alone looks at the folder (across machines only its disk holds it) and tells
+        # every rank what to do, or the error that stops them all
+        plan, feats, error = _broadcast(_plan(out, cfg, mode, data) if rank == 0 else None, world)
+        if error:
+            raise SpeechperfError(error)
+        if plan == "finished":
+            return _broadcast(Run.open(out).summary() if rank == 0 else None, world)
+        return _train(cfg, device, Path(feats), out, plan, rank, world, db_path, quiet, platform, label)
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None) -> tuple[str | None, str | None, str | None]:
+    """(fresh | restart | resume | finished, features folder, error) for the run folder ``out``."""
+    try:
+        if not Run.exists(out):
+            if mode == "yes":
+                raise SpeechperfError(f"--resume yes but {out} holds no run")
+            if data is None:
+                raise ConfigError("train needs --data FEATS for a new run")
+            _train_splits(data)  # a bad features folder fails before any file is written
+            return "fresh", str(data), None
+        if mode == "no":
+            raise SpeechperfError(f"{out} already holds a run; continue it with --resume auto (the default) "
+                                  "or choose another --out")
+        run = Run.open(out, data=data)
+        differ = config_diff(run.config, cfg.to_dict())
+        if differ:
+            raise ConfigError(f"{out} holds a run of another configuration ({'; '.join(differ)}): repeat its "
+                              "configuration to continue it, or choose another --out")
+        if run.finished:
+            return "finished", None, None
+        return ("resume" if run.has_checkpoint() else "restart"), str(run.features()), None
+    except SpeechperfError as e:
+        return None, None, str(e)
+
+
+def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:
+    """``key: X there, Y now`` for every field where two configurations differ."""
+    out = []
+    for key in sorted(set(there) | set(here)):
+        a, b = there.get(key), here.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_diff(a, b, f"{prefix}{key}.")
+        elif a != b and not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)):
+            out.append(f"{prefix}{key}: {a!r} there, {b!r} now")
+    return out
+
+
+def _train(cfg: RunConfig, device, data: Path, out: Path, plan: str, rank: int, world: int, db_path, quiet: bool,
+           platform, label) -> dict:
+    tc = cfg.train
+    train_splits = _train_splits(data)
+    ckpt = read_checkpoint(out) if plan == "resume" else None
 
     # ---- model, optimizer, state ---------------------------------------------------------
     torch.manual_seed(tc.seed)
@@ -110,50 +143,46 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
-        prog = Progress(**ckpt["progress"])
+        prog = Progress.from_dict(ckpt["progress"])
         set_rng_state(ckpt["rng"])
         clock = Clock(prog.clock_s)
     core = model
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-    # ---- outputs (rank 0) ----------------------------------------------------------------
+    # ---- the run folder (rank 0) ---------------------------------------------------------
     lead = rank == 0
-    db_path = Path(db_path) if db_path else default_db_path(out)
-    db = events = sampler = None
+    run = sampler = None
     if lead:
-        out.mkdir(parents=True, exist_ok=True)
-        _truncate_logs(out, prog.log_sizes)
-        db = ResultsDB(db_path)
-        events = EventLog(out / "events.log", run_id)
-        if ckpt is None:
-            _write_run_files(out, run_id, cfg, data, db_path, device, world, platform)
-            _db_register(db, run_id, cfg, out, device, world, started=time.time() - clock.now())
-            _log_run_start(events, cfg, world, len(train_splits))
+        if plan == "fresh":
+            from speechperf.telemetry.environment import capture_env
+
+            env = {**capture_env(str(device)), "world_size": world, "platform": platform}
+            run = Run.create(out, kind="train", config=cfg.to_dict(), env=env, data=data, label=label,
+                             shared_db=db_path, started_at=time.time() - clock.now())
         else:
-            db.conn.execute("DELETE FROM iterations WHERE run_id = ? AND iteration > ?", [run_id, prog.iteration])
-            db.conn.execute("DELETE FROM evals WHERE run_id = ? AND (epoch >= ? OR final = 1)", [run_id, prog.epoch])
-            db.conn.commit()
-            events.event("resume", clock_s=round(clock.now(), 3), iteration=prog.iteration, epoch=prog.epoch)
+            run = Run.open(out, data=data, shared_db=db_path, write=True)
+            run.truncate_logs(prog.log_sizes)  # a restart without checkpoint: cut to nothing
+            run.forget_after(prog)
+            run.set_status("running")
+        if plan == "resume":
+            run.events().event("resume", clock_s=round(clock.now(), 3), iteration=prog.iteration, epoch=prog.epoch)
+        else:
+            _log_run_start(run.events(), cfg, world, len(train_splits))
         sampler = _start_sampler()
 
     def checkpoint() -> None:
         if not lead:
             return
-        _flush(db, rows)
         prog.clock_s = clock.now()
         # Logged before the log sizes are taken, so a resume keeps this line.
-        events.event("checkpoint", iteration=prog.iteration, epoch=prog.epoch, clock_s=round(prog.clock_s, 3))
-        prog.log_sizes = _log_sizes(out)
-        save_checkpoint(out, {
-            "config": cfg.to_dict(), "data": str(data), "run_id": run_id, "progress": prog.__dict__,
-            "model": core.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict()})
+        run.events().event("checkpoint", iteration=prog.iteration, epoch=prog.epoch, clock_s=round(prog.clock_s, 3))
+        run.save_checkpoint(prog, model=core.state_dict(), optimizer=optimizer.state_dict(),
+                            scheduler=scheduler.state_dict(), scaler=scaler.state_dict())
 
     # ---- the state machine ---------------------------------------------------------------
     from speechperf.data.loader import make_loader
 
-    rows: list[dict] = []
     status_line = StatusLine() if lead and not quiet else None
     model.train()
     try:
@@ -161,7 +190,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             loader = make_loader(data, train_splits, cfg.loader, epoch=prog.epoch, seed=tc.seed,
                                  start_batch=prog.start_batch, rank=rank, world=world)
             if lead and prog.start_batch == 0:  # a resumed epoch already logged its start
-                events.start(C.EPOCH_START, epoch_num=prog.epoch)
+                run.events().start(C.EPOCH_START, epoch_num=prog.epoch)
             last = time.perf_counter()
             for batch in loader:
                 # -- training
@@ -171,15 +200,16 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
                 batch_s, last = now - last, now
                 prog.start_batch += 1
                 if lead:
-                    rows.append(_iteration_row(run_id, prog, clock.now(), loss, batch, batch_s))
+                    row = _iteration_row(run.run_id, prog, clock.now(), loss, batch, batch_s)
+                    run.add_iteration(row)
                     if status_line:
-                        status_line.update(prog.epoch, prog.iteration, loss, rows[-1]["utts_per_s"],
+                        status_line.update(prog.epoch, prog.iteration, loss, row["utts_per_s"],
                                            prog.evals[-1][2] if prog.evals else None, clock.now())
                 # -- generating sentences
                 if lead and prog.iteration % tc.sentence_every == 0:
                     if status_line:
                         status_line.clear()
-                    _log_sentences(out, prog, batch, log_probs, out_lens, loss, quiet)
+                    _log_sentences(run, prog, batch, log_probs, out_lens, loss, quiet)
                 # -- saving checkpoint
                 if prog.iteration % tc.checkpoint_every == 0:
                     checkpoint()
@@ -191,8 +221,8 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
                 if lead:
                     if status_line:
                         status_line.clear()
-                    events.end(C.EPOCH_STOP, epoch_num=prog.epoch)
-                    prog.status = _epoch_eval(core, data, cfg, device, prog, clock, db, events, run_id, quiet)
+                    run.events().end(C.EPOCH_STOP, epoch_num=prog.epoch)
+                    prog.status = _epoch_eval(core, data, cfg, device, prog, clock, run, quiet)
                 prog.status = _broadcast(prog.status, world)
                 scheduler.step()
                 prog.epoch += 1
@@ -200,29 +230,27 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
                 checkpoint()
         status = prog.status = prog.status or ("max_epochs" if tc.target > 0 else "success")
         if lead:
-            _final_eval(core, data, cfg, device, prog, clock, db, events, run_id, quiet)
+            _final_eval(core, data, cfg, device, prog, clock, run, quiet)
             checkpoint()
-            events.end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
+            run.events().end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
         if world > 1:  # the other ranks wait for rank 0's final evaluation: tear down together
             dist.barrier()
     except BaseException as e:
         if lead:
-            _flush(db, rows)
-            db.upsert("runs", {**_run_row(db, run_id), "status": "failed"})
-            events.end(C.RUN_STOP, None, status="aborted", reason=f"{type(e).__name__}: {e}")
+            run.flush()
+            run.set_status("failed")
+            run.events().end(C.RUN_STOP, None, status="aborted", reason=f"{type(e).__name__}: {e}")
         raise
     finally:
         if sampler is not None:
             sampler.stop()
-            _store_samples(db, run_id, sampler.samples)
-            events.close()
-        if world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
-    summary = _summary(run_id, out, status, prog, clock)
+            _store_samples(run, sampler.samples)
+            run.close()
+    summary = _summary(run.run_id if run else None, out, status, prog, clock)
     if lead:
-        db.upsert("runs", {**_run_row(db, run_id), "status": status})
-        db.close()
-        atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
+        run.set_status(status)
+        run.write_summary(summary)  # last: its presence means the run finished
+        run.close()
     return summary
 
 
@@ -271,14 +299,14 @@ def _lr_lambda(tc):
 
 
 # ---- evaluation ------------------------------------------------------------------------
-def _epoch_eval(model, data, cfg, device, prog, clock, db, events, run_id, quiet) -> str | None:
-    tc = cfg.train
+def _epoch_eval(model, data, cfg, device, prog, clock, run: Run, quiet) -> str | None:
+    tc, events = cfg.train, run.events()
     events.start(C.EVAL_START, epoch_num=prog.epoch)
     r = evaluate(model, data, tc.eval_split, cfg.loader, device, decoder=tc.eval_decoder,
                  beam=tc.eval_beam, precision=tc.precision, keep_pairs=3, mode=tc.eval_mode)
     now = clock.now()
     prog.evals.append((now, r["wer"], r["cer"]))
-    db.upsert("evals", {"run_id": run_id, "epoch": prog.epoch, "split": r["split"], "decoder": r["decoder"],
+    run.upsert("evals", {"run_id": run.run_id, "epoch": prog.epoch, "split": r["split"], "decoder": r["decoder"],
                         "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"], "wer": r["wer"],
                         "cer": r["cer"], "cer_paper": r["cer_paper"], "n_utts": r["n_utts"], "final": 0})
     events.event(C.EVAL_ACCURACY, r["cer"], epoch_num=prog.epoch, metric="cer", wer=round(r["wer"], 3),
@@ -296,17 +324,17 @@ def _epoch_eval(model, data, cfg, device, prog, clock, db, events, run_id, quiet
     return None
 
 
-def _final_eval(model, data, cfg, device, prog, clock, db, events, run_id, quiet) -> None:
+def _final_eval(model, data, cfg, device, prog, clock, run: Run, quiet) -> None:
     """Table 5: every validation and test split present, with the final beam width."""
     tc = cfg.train
     for split in [s for s in FINAL_SPLITS if (Path(data) / s / "index.json").exists()]:
         r = evaluate(model, data, split, cfg.loader, device, decoder=tc.eval_decoder, beam=tc.final_beam,
                      precision=tc.precision, mode=tc.eval_mode)
-        db.upsert("evals", {"run_id": run_id, "epoch": prog.epoch - 1, "split": split, "decoder": r["decoder"],
+        run.upsert("evals", {"run_id": run.run_id, "epoch": prog.epoch - 1, "split": split, "decoder": r["decoder"],
                             "beam": r["beam"], "clock_s": clock.now(), "eval_s": r["eval_s"], "loss": r["loss"],
                             "wer": r["wer"], "cer": r["cer"], "cer_paper": r["cer_paper"], "n_utts": r["n_utts"],
                             "final": 1})
-        events.event("final_eval", r["wer"], split=split, cer=round(r["cer"], 3), decoder=r["decoder"], beam=r["beam"])
+        run.events().event("final_eval", r["wer"], split=split, cer=round(r["cer"], 3), decoder=r["decoder"], beam=r["beam"])
         if not quiet:
             print(f"final {split}: WER {r['wer']:.2f} CER {r['cer']:.2f} ({r['decoder']}, beam {r['beam']})", flush=True)
 
@@ -319,60 +347,16 @@ def _iteration_row(run_id, prog, clock_s, loss, batch, batch_s) -> dict:
             "step_s": batch_s, "utts_per_s": b / batch_s, "audio_s_per_s": float(batch.audio_seconds) / batch_s}
 
 
-def _log_sentences(out, prog, batch, log_probs, out_lens, loss, quiet) -> None:
+def _log_sentences(run: Run, prog, batch, log_probs, out_lens, loss, quiet) -> None:
     paths = log_probs.argmax(-1).cpu()  # (T', B)
     pairs = []
     for b in range(min(3, paths.shape[1])):
         hyp = alphabet.decode(alphabet.collapse(paths[: int(out_lens[b]), b].tolist()))
         pairs.append({"ref": batch.transcripts[b], "hyp": hyp})
-    with open(out / "sentences.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps({"iteration": prog.iteration, "epoch": prog.epoch, "loss": loss, "pairs": pairs}) + "\n")
+    run.append_sentences({"iteration": prog.iteration, "epoch": prog.epoch, "loss": loss, "pairs": pairs})
     if not quiet:
         print(f"iter {prog.iteration} epoch {prog.epoch} loss {loss:.3f}\n  ref: {pairs[0]['ref']}\n  hyp: {pairs[0]['hyp']}",
               flush=True)
-
-
-def _flush(db, rows: list[dict]) -> None:
-    if db is not None and rows:
-        db.insert_many("iterations", rows)
-        rows.clear()
-
-
-APPEND_LOGS = ("events.log", "sentences.jsonl")
-
-
-def _log_sizes(out: Path) -> dict:
-    return {n: (out / n).stat().st_size for n in APPEND_LOGS if (out / n).exists()}
-
-
-def _truncate_logs(out: Path, sizes: dict) -> None:
-    """On resume, cut append-only logs back to the checkpoint so events are not doubled."""
-    for name, size in sizes.items():
-        path = out / name
-        if path.exists() and path.stat().st_size > size:
-            with open(path, "r+b") as f:
-                f.truncate(size)
-
-
-def _write_run_files(out, run_id, cfg, data, db_path, device, world, platform) -> None:
-    from speechperf.telemetry.environment import capture_env
-
-    atomic_write_text(out / "run.json", json.dumps({"run_id": run_id, "db": str(db_path.resolve()), "data": str(data)}))
-    atomic_write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=1))
-    env = {**capture_env(str(device)), "world_size": world, "platform": platform}
-    atomic_write_text(out / "env.json", json.dumps(env, indent=1, default=str))
-
-
-def _db_register(db, run_id, cfg, out, device, world, started) -> None:
-    env = json.loads((out / "env.json").read_text())
-    db.upsert("runs", {"run_id": run_id, "kind": "train", "preset": cfg.preset, "seed": cfg.train.seed,
-                       "platform": env.get("platform") or env.get("cpu_model"), "out_dir": str(out.resolve()),
-                       "config_json": cfg.to_dict(), "env_json": env, "started_at": started, "status": "running"})
-
-
-def _run_row(db, run_id) -> dict:
-    rows = db.query("SELECT * FROM runs WHERE run_id = ?", [run_id])
-    return rows[0] if rows else {"run_id": run_id, "kind": "train"}
 
 
 def _log_run_start(events, cfg, world, n_splits) -> None:
@@ -394,9 +378,9 @@ def _start_sampler():
     return s
 
 
-def _store_samples(db, run_id, samples) -> None:
+def _store_samples(run: Run, samples) -> None:
     if samples:
-        db.insert_many("samples", [{"run_id": run_id, "t": s.t, "source": s.source, "metric": s.metric,
+        run.insert("samples", [{"run_id": run.run_id, "t": s.t, "source": s.source, "metric": s.metric,
                                     "value": s.value} for s in samples])
 
 

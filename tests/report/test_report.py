@@ -11,6 +11,7 @@ import pytest
 from speechperf.errors import SpeechperfError
 from speechperf.report import figures
 from speechperf.report.html import build_report
+from speechperf.results import ResultsDB
 
 HOSTILE = "<b>bold</b> <script>alert(1)</script>"  # the transcript conftest.py logs in every run
 
@@ -89,12 +90,14 @@ def test_run_without_gpu_or_rapl_says_so(recorded_runs, tmp_path):
 
 def test_fig8_draws_cpu_solid_and_each_gpu_dashed(recorded_runs, tmp_path, monkeypatch):
     from speechperf.report.runs import load_run
-    from speechperf.results import ResultsDB
+    from speechperf.results.run import Run
 
     drawn = []
     monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
-    with ResultsDB(recorded_runs["sys1-gpu"].parent / "results.db") as db:
-        runs = [load_run(recorded_runs[n], db) for n in ("sys1-gpu", "cpu-seed1")]
+    runs = []
+    for n in ("sys1-gpu", "cpu-seed1"):
+        with Run.open(recorded_runs[n]) as r:
+            runs.append(load_run(r))
     assert figures.utilization_window(runs, tmp_path / "f.png")[0] is not None
     gpu_axes, cpu_axes = drawn[0].axes
     styles = {line.get_label().split()[0]: line.get_linestyle() for line in gpu_axes.lines}
@@ -116,8 +119,15 @@ def test_rapl_power_is_the_counter_rate():
 def test_bad_input_is_named(recorded_runs, tmp_path):
     with pytest.raises(SpeechperfError, match="not a run folder"):
         build_report([tmp_path], tmp_path / "rep")
-    with pytest.raises(SpeechperfError, match="is not in"):
-        build_report([recorded_runs["cpu-seed1"]], tmp_path / "rep", db_path=tmp_path / "empty.db")
+    emptied = tmp_path / "emptied"
+    shutil.copytree(recorded_runs["cpu-seed1"], emptied)
+    with ResultsDB(emptied / "results.db") as db:
+        db.execute("DELETE FROM runs")
+    with pytest.raises(SpeechperfError, match="is not in .*results.db: its rows are missing"):
+        build_report([emptied], tmp_path / "rep")
+    (emptied / "results.db").write_bytes(b"not a database" * 100)
+    with pytest.raises(SpeechperfError, match="results.db is not a readable results database"):
+        build_report([emptied], tmp_path / "rep")
 
 
 def test_bench_section_from_the_database(recorded_runs, tmp_path):
@@ -126,7 +136,7 @@ def test_bench_section_from_the_database(recorded_runs, tmp_path):
     from speechperf.bench.ops import run_ops
 
     db = tmp_path / "results.db"
-    sh.copy(recorded_runs["cpu-seed1"].parent / "results.db", db)
+    sh.copy(recorded_runs["cpu-seed1"] / "results.db", db)
     run_ops("cpu", threads=[1], quick=True, cpu_seconds=0.05, db_path=db)
     page = build_report([recorded_runs["cpu-seed1"]], tmp_path / "rep", db_path=db).read_text()
     assert "achieved TFLOPS" in page and (tmp_path / "rep" / "ops.csv").exists()
