@@ -223,7 +223,7 @@ class Run:
             hint = {"given": hint}
         candidates = []
         if hint.get("relative"):
-            candidates.append(self.folder / hint["relative"])
+            candidates.append(Path(os.path.normpath(self.folder / hint["relative"])))
         candidates += [Path(hint[k]) for k in ("resolved", "given") if hint.get(k)]
         for c in candidates:
             if (c / "features.json").is_file():
