@@ -43,34 +43,40 @@ from speechperf.results.run import Progress, Run, read_checkpoint
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The worker's options (also those of ``speechperf parallel run``)."""
     import speechperf.parallel.server  # noqa: F401  (registers the asynchronous algorithms)
 
-    p = argparse.ArgumentParser(prog="speechperf.parallel", description=__doc__.splitlines()[0])
-    p.add_argument("--algo", required=True, choices=sorted(ALGORITHMS))
-    p.add_argument("--sync-period", type=int, default=1)
+    p = argparse.ArgumentParser(prog="speechperf.parallel", description=__doc__.splitlines()[0], add_help=add_help,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--algo", required=True, choices=sorted(ALGORITHMS), help="parallel training algorithm")
+    p.add_argument("--sync-period", type=int, default=1, help="local steps between synchronizations (tau)")
     p.add_argument("--data", required=True, help="prepared features folder")
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--model", default="dnn", help="dnn, cldnn, or a DS2 preset name")
     p.add_argument("--hidden", type=int, default=None, help="override hidden width (dnn/cldnn) for small runs")
     p.add_argument("--batch-size", type=int, default=16, help="utterances per worker per step")
-    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--lr", type=float, default=0.2, help="learning rate (newbob halves it when the CV loss stalls)")
     p.add_argument("--momentum", type=float, default=0.0,
                    help="momentum of every worker's local SGD (paper: 0, plain SGD)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
                    help="every worker's local optimizer (paper: sgd); the algorithms act on the models it produces")
     p.add_argument("--epochs", type=int, default=10, help="at most this many epochs (newbob may stop earlier)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="model initialization and data order")
     p.add_argument("--init", help="starting model (state dict) shared by every algorithm")
     p.add_argument("--save-init", help="write the trained model here (to make the shared start)")
     p.add_argument("--db", help="a shared results database that also receives the rows (the run folder keeps its own)")
     p.add_argument("--label", help="the run's name in tables (default: machine, algorithm x workers, model)")
-    p.add_argument("--block-momentum", type=float, default=None)
+    p.add_argument("--block-momentum", type=float, default=None, help="BMUF block momentum (default: 1 - 1/workers)")
     p.add_argument("--classical", action="store_true", help="classical BMUF instead of Nesterov")
     p.add_argument("--alpha", type=float, default=0.1, help="EASGD moving rate alpha")
     p.add_argument("--resume", choices=("auto", "yes", "no"), default="auto",
                    help="continue from OUT/checkpoint.pt: auto (if there is an unfinished one of the same run), "
                         "yes (insist), no (start over)")
-    return p.parse_args(argv)
+    return p
 
 
 def build(args):
