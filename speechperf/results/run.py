@@ -390,7 +390,8 @@ class Run:
         atomic_write_text(self.folder / name, json.dumps(summary, indent=1))
 
     def close(self) -> None:
-        self.flush() if self.write and self._dbs is not None else None
+        if self._pending:
+            self.flush()
         if self._events is not None:
             self._events.close()
             self._events = None
