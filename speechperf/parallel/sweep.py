@@ -106,7 +106,7 @@ def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
                     name = f"{algo}-n{workers}-tau{tau}-b{batch}"
                     _launch(common, algo, workers, ["--init", str(init), "--batch-size", str(batch),
                                                     "--sync-period", str(tau)], out / name)
-    with ResultsDB(db) as conn:
+    with ResultsDB(db, readonly=True) as conn:  # every run of the grid wrote its rows here too
         rows = conn.query("SELECT * FROM parallel_runs WHERE model = ? ORDER BY batch, algo, workers, sync_period",
                           [a.model])
     return table(rows)
