@@ -7,6 +7,7 @@ value and exit with status 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -15,8 +16,91 @@ from speechperf.errors import SpeechperfError
 from speechperf.tables import emit
 
 
-def _csv(kind=str):
-    return lambda s: [kind(x) for x in s.split(",") if x.strip()]
+class Registry:
+    """The names in a registry, read when argparse first checks or shows them (importing a
+    registry can take seconds: torch, numba), so that ``--help`` lists them as choices."""
+
+    def __init__(self, load):
+        self.load, self.names = load, None
+
+    def _get(self) -> list[str]:
+        if self.names is None:
+            self.names = sorted(self.load())
+        return self.names
+
+    def __contains__(self, name) -> bool:
+        return name in self._get()
+
+    def __iter__(self):
+        return iter(self._get())
+
+
+def _decoders():
+    from speechperf.decode import DECODERS, _load_builtin
+
+    _load_builtin()
+    return DECODERS
+
+
+def _zoo_models():
+    from speechperf.bench.zoo import ZOO
+
+    return ZOO
+
+
+def _dtypes():
+    from speechperf.bench.ops import DTYPES
+
+    return DTYPES
+
+
+def _presets():
+    from speechperf.config import preset_names
+
+    return preset_names()
+
+
+DECODER_NAMES, ZOO_MODELS, DTYPE_NAMES, PRESETS = (Registry(_decoders), Registry(_zoo_models), Registry(_dtypes),
+                                                   Registry(_presets))
+ZOO_PRECISIONS = ("fp32", "amp")
+
+
+def _csv(kind=str, choices=None):
+    """A comma-separated list; with ``choices``, every item must be one of them."""
+    def parse(s):
+        items = [kind(x) for x in s.split(",") if x.strip()]
+        bad = [x for x in items if choices is not None and x not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(str, bad))} not among: {', '.join(map(str, choices))}")
+        return items
+    return parse
+
+
+def _preset(name: str) -> str:
+    """A preset name or a TOML file."""
+    if name.endswith(".toml") or name in PRESETS:
+        return name
+    raise argparse.ArgumentTypeError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)} (or a .toml file)")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown for every option, documented or not."""
+
+    def _format_action(self, action):
+        if not action.help and action.option_strings and self._shows_default(action):
+            action = copy.copy(action)  # argparse prints nothing for an option without help
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" not in text and action.option_strings and self._shows_default(action):
+            text = f"{text.strip()} (default: %(default)s)".strip()
+        return text
+
+    @staticmethod
+    def _shows_default(action) -> bool:
+        return not (action.default is None or action.default is False or action.default is argparse.SUPPRESS)
 
 
 def cmd_corpus_synth(a) -> int:
@@ -48,8 +132,8 @@ def cmd_train(a) -> int:
 
     result = train(
         preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
-        overrides=a.overrides, resume=Path(a.resume) if a.resume else None,
-        db_path=Path(a.db) if a.db else None, quiet=a.json, platform=a.platform,
+        overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, quiet=a.json,
+        platform=a.platform, label=a.label,
     )
     emit([result], a.json)
     return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
@@ -61,8 +145,8 @@ def cmd_tta(a) -> int:
     rows = tta_table([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
                      db_path=Path(a.db) if a.db else None, price_per_hour=a.price_per_hour,
                      platform_file=a.platform_file)
-    emit(rows, a.json, columns=["run", "metric", "target", "epochs", "minutes", "relative", "platform",
-                                "cost to accuracy $", "TTA x price ($ min)", "price note"])
+    emit(rows, a.json, columns=["run", "machine", "metric", "target", "epochs", "minutes", "relative", "init s",
+                                "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
     return 0
 
 
@@ -78,7 +162,7 @@ def cmd_eval(a) -> int:
     from speechperf.train.evaluate import evaluate_run
 
     row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers,
-                       mode=a.mode)
+                       mode=a.mode, data=Path(a.data) if a.data else None)
     emit([row], a.json)
     return 0
 
@@ -87,7 +171,7 @@ def cmd_beam_sweep(a) -> int:
     from speechperf.train.evaluate import beam_sweep
 
     rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers,
-                      mode=a.mode)
+                      mode=a.mode, data=Path(a.data) if a.data else None, db_path=Path(a.db) if a.db else None)
     emit(rows, a.json)
     return 0
 
@@ -175,11 +259,11 @@ def cmd_demo(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="speechperf", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="speechperf", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    def add(name, func, help, parent=sub):
-        sp = parent.add_parser(name, help=help, description=help)
+    def add(name, func, help, parent=sub, parents=()):
+        sp = parent.add_parser(name, help=help, description=help, formatter_class=HelpFormatter, parents=list(parents))
         sp.add_argument("--json", action="store_true", help="print the rows as JSON")
         sp.set_defaults(func=func)
         return sp
@@ -200,21 +284,28 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--workers", type=int, default=0, help="CPU worker processes (0: one per core)")
 
     sp = add("train", cmd_train, "train an acoustic model and log time-to-accuracy")
-    sp.add_argument("--preset", default="cpu")
+    sp.add_argument("--preset", default="cpu", type=_preset, metavar="PRESET",
+                    help=f"named preset ({', '.join(PRESETS)}) or a TOML file")
     sp.add_argument("--data", help="prepared features folder")
     sp.add_argument("--out", help="run folder")
-    sp.add_argument("--resume", help="run folder to continue")
+    sp.add_argument("--resume", default="auto",
+                    help="auto: continue a run of the same configuration in --out from its last checkpoint (a "
+                         "finished one is only reported; another configuration is refused); yes: insist; no: refuse "
+                         "an existing run; or a run folder to continue with its own configuration")
+    sp.add_argument("--label", help="the run's name in tables and legends (default: machine, preset, precision, "
+                                    "e.g. 'H100x1 paper bf16')")
     sp.add_argument("--platform", help="platform profile (a name from `speechperf platforms`, or FILE.toml): its "
                     "prices, and its loader values where it has them (sys1, sys2, sys10)")
-    sp.add_argument("--db", help="results database (default: results.db beside the run folder)")
+    sp.add_argument("--db", help="a shared results database that also receives the rows (the run folder keeps its "
+                                 "own RUN/results.db)")
     sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
 
     sp = add("tta", cmd_tta, "time-to-accuracy table (Table 4 form)")
     sp.add_argument("runs", nargs="+")
-    sp.add_argument("--metric", choices=["cer", "wer"], default="cer")
-    sp.add_argument("--targets", type=_csv(float), default=[10.0, 8.0, 7.0])
-    sp.add_argument("--epochs", type=int, default=3)
-    sp.add_argument("--db")
+    sp.add_argument("--metric", choices=["cer", "wer"], default="cer", help="validation error the targets apply to")
+    sp.add_argument("--targets", type=_csv(float), default=[10.0, 8.0, 7.0], help="target error rates (%%)")
+    sp.add_argument("--epochs", type=int, default=3, help="median over this many last epochs")
+    sp.add_argument("--db", help="where the rows of a previous-release run folder without its own database are")
     sp.add_argument("--price-per-hour", type=float, default=None,
                     help="$/hour of the whole machine of every run given (overrides every profile)")
     sp.add_argument("--platform-file", default=None,
@@ -222,19 +313,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("eval", cmd_eval, "evaluate a run's checkpoint on a split")
     sp.add_argument("run")
-    sp.add_argument("--split", default="dev-clean")
-    sp.add_argument("--decoder", default="wordbeam")
+    sp.add_argument("--split", default="dev-clean", help="prepared split to evaluate")
+    sp.add_argument("--decoder", default="wordbeam", choices=DECODER_NAMES, help="CTC decoder")
     sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
-    sp.add_argument("--beam", type=int, default=256)
-    sp.add_argument("--workers", type=int, default=0)
+    sp.add_argument("--beam", type=int, default=256, help="beam width")
+    sp.add_argument("--workers", type=int, default=0, help="decoding processes (0: in this process)")
+    sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
 
     sp = add("beam-sweep", cmd_beam_sweep, "evaluation time, WER and CER per beam width (Table 3 form)")
     sp.add_argument("run")
-    sp.add_argument("--widths", type=_csv(int), default=[64, 128, 256, 512, 1024, 2048, 4096])
-    sp.add_argument("--split", default="dev-clean")
-    sp.add_argument("--decoder", default="wordbeam")
+    sp.add_argument("--widths", type=_csv(int), default=[64, 128, 256, 512, 1024, 2048, 4096], help="beam widths")
+    sp.add_argument("--split", default="dev-clean", help="prepared split to evaluate")
+    sp.add_argument("--decoder", default="wordbeam", choices=DECODER_NAMES, help="CTC decoder")
     sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
-    sp.add_argument("--workers", type=int, default=0)
+    sp.add_argument("--workers", type=int, default=0, help="decoding processes (0: in this process)")
+    sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
+    sp.add_argument("--db", help="a shared results database that also receives the rows")
 
     lm = sub.add_parser("lm", help="dictionary and language model").add_subparsers(dest="sub", required=True)
     sp = add("build", cmd_lm_build, "build the dictionary and bigram LM of a prepared dataset", lm)
@@ -246,9 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run", help="run folder or events.log")
 
     sp = add("report", cmd_report, "HTML report comparing runs")
-    sp.add_argument("runs", nargs="+")
-    sp.add_argument("--out", required=True)
-    sp.add_argument("--db")
+    sp.add_argument("runs", nargs="+", help="run folders, from any machines")
+    sp.add_argument("--out", required=True, help="report folder")
+    sp.add_argument("--db", help="shared database for the benchmark and parallel sections (default: the first "
+                                 "run's), and for previous-release run folders without their own")
     sp.add_argument("--price-per-hour", type=float, default=None,
                     help="$/hour of the whole machine of every run given (overrides every profile)")
     sp.add_argument("--platform-file", default=None,
@@ -260,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="accelerator characterization").add_subparsers(dest="sub", required=True)
     sp = add("ops", cmd_bench_ops, "operator FLOPS against peak", bench)
     sp.add_argument("--device", default="cpu")
-    sp.add_argument("--dtype", type=_csv(), default=["fp32"])
+    sp.add_argument("--dtype", type=_csv(choices=DTYPE_NAMES), default=["fp32"],
+                    help=f"data types, comma separated ({', '.join(DTYPE_NAMES)})")
     sp.add_argument("--threads", type=_csv(int), default=None)
     sp.add_argument("--iters", type=int, default=None)
     sp.add_argument("--quick", action="store_true", help="small shapes only (smoke test)")
@@ -268,9 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--csv", help="also write the rows to this CSV file")
     sp.add_argument("--db")
     sp = add("zoo", cmd_bench_zoo, "model-zoo training throughput, power and energy", bench)
-    sp.add_argument("--models", type=_csv(), default=None)
-    sp.add_argument("--batch", type=_csv(int), default=None)
-    sp.add_argument("--precision", type=_csv(), default=["fp32"])
+    sp.add_argument("--models", type=_csv(choices=ZOO_MODELS), default=None,
+                    help=f"models, comma separated ({', '.join(ZOO_MODELS)}; default: all)")
+    sp.add_argument("--batch", type=_csv(int), default=None, help="batch sizes, comma separated (default: per model)")
+    sp.add_argument("--precision", type=_csv(choices=ZOO_PRECISIONS), default=["fp32"],
+                    help=f"precisions, comma separated ({', '.join(ZOO_PRECISIONS)})")
     sp.add_argument("--device", default="cpu")
     sp.add_argument("--iters", type=int, default=None)
     sp.add_argument("--warmup", type=int, default=None, help="untimed steps at least (default: 3 on a GPU, 1 on a CPU)")
@@ -279,27 +377,30 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--db")
 
     par = sub.add_parser("parallel", help="parallel training algorithms").add_subparsers(dest="sub", required=True)
-    sp = add("run", cmd_parallel, "one parallel run (the torchrun worker arguments)", par)
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp = add("sweep", cmd_parallel_sweep, "algorithms x workers x sync periods (Tables 1-5 form)", par)
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    from speechperf.parallel import sweep, worker
+
+    add("run", cmd_parallel, "one parallel run (the torchrun worker, here as one process)", par,
+        parents=[worker.parser(add_help=False)])
+    add("sweep", cmd_parallel_sweep, "algorithms x workers x sync periods (Tables 1-5 form)", par,
+        parents=[sweep.parser(add_help=False)])
 
     sp = add("demo", cmd_demo, "synth -> prepare -> train (gpu preset with CUDA, else cpu) -> TTA table")
     sp.add_argument("--out", default="demo")
     sp.add_argument("--hours", type=float, default=None, help="hours of training audio (default: the preset's)")
     sp.add_argument("--minutes", type=float, default=None, help="training time cap (default: the preset's)")
-    sp.add_argument("--preset", default=None, help="default: gpu where torch sees a CUDA device, else cpu")
+    sp.add_argument("--preset", default=None, type=_preset, metavar="PRESET",
+                    help=f"named preset ({', '.join(PRESETS)}) or a TOML file; default: gpu where torch sees a CUDA "
+                         "device, else cpu")
     sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if args.command == "parallel":  # the worker's and the sweep's own options pass through
-        args.rest = unknown + list(args.rest)
-    elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)  # the parallel commands' options are checked (and shown) here
+    if args.command == "parallel":  # and passed on as given to the worker's or the sweep's own parser
+        args.rest = [x for x in argv[argv.index(args.sub) + 1:] if x != "--json"]
     try:
         return args.func(args)
     except SpeechperfError as e:

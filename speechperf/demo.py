@@ -65,12 +65,10 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     summary_path = run / "summary.json"
     if summary_path.exists():
         say(f"{run} already finished ({json.loads(summary_path.read_text())['status']}); delete it to train anew")
-    elif (run / "checkpoint.pt").exists():
-        say(f"resuming {run}")
-        train(resume=run, quiet=quiet)
     else:
-        say(f"training preset {preset!r} -> {run} ({time.perf_counter() - t0:.0f} s so far)")
-        train(preset=preset, data=out / "features", out=run, overrides=overrides, quiet=quiet)
+        say(f"{'resuming' if (run / 'checkpoint.pt').exists() else 'training'} preset {preset!r} -> {run} "
+            f"({time.perf_counter() - t0:.0f} s so far)")
+        train(preset=preset, data=out / "features", out=run, overrides=overrides, quiet=quiet, resume="auto")
     _beam_sweep(run, say)
     _report(run, out / "report", say)
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
@@ -79,15 +77,12 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
 
 def _beam_sweep(run: Path, say) -> None:
     """Evaluation seconds, WER and CER per beam width of the final model, once per run."""
-    from speechperf.metrics.tta import read_run_info
-    from speechperf.results import ResultsDB
+    from speechperf.results.run import Run
     from speechperf.train.evaluate import beam_sweep
 
-    info = read_run_info(run)
-    with ResultsDB(info["db"]) as db:
-        have = db.has_table("beam_sweep") and db.query("SELECT beam FROM beam_sweep WHERE run_id = ?", [info["run_id"]])
-    if have:
-        return
+    with Run.open(run) as r:
+        if r.beam_sweep():
+            return
     say(f"beam sweep on dev-clean, widths {', '.join(map(str, SWEEP_WIDTHS))}")
     for r in beam_sweep(run, list(SWEEP_WIDTHS), split="dev-clean"):
         say(f"  width {r['beam']:>4}: WER {r['wer']:.2f}  CER {r['cer']:.2f}  ({r['eval_s']:.1f} s)")

@@ -26,6 +26,7 @@ from speechperf.bench.peaks import Peak, cpu_peak, gpu_peak
 from speechperf.bench.store import SweepStore
 from speechperf.bench.timing import TIMING_COLUMNS, Method, measure, method, noisy_notes, spread_pct  # noqa: F401
 from speechperf.errors import SpeechperfError
+from speechperf.results import schema
 from speechperf.tables import write_csv
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -280,12 +281,4 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
     return rows
 
 
-OPS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS bench_ops (
-    at REAL, device TEXT, dtype TEXT, accumulate TEXT, threads INTEGER, op TEXT, shape TEXT, gflop REAL,
-    iters INTEGER, ms_mid REAL, ms_median REAL, spread_pct REAL, tflops REAL, pct_peak REAL,
-    peak_tflops REAL, peak_source TEXT, torch TEXT, libraries TEXT, power_w REAL, joules_per_call REAL, gflops_per_w REAL,
-    energy TEXT, status TEXT, measured_peak_tflops REAL, pct_measured_peak REAL, env_json TEXT,
-    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT
-);
-"""
+OPS_SCHEMA = schema.BENCH_OPS  # every table's DDL lives in results/schema.py

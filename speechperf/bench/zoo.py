@@ -27,6 +27,7 @@ from speechperf.bench.ops import libraries
 from speechperf.bench.store import SweepStore
 from speechperf.bench.vision import vision_models
 from speechperf.errors import SpeechperfError
+from speechperf.results import schema
 from speechperf.tables import write_csv
 from speechperf.train.evaluate import autocast
 
@@ -130,7 +131,7 @@ def parameter_millions(model: nn.Module) -> float:
     return sum(p.numel() for p in model.parameters()) / 1e6
 
 
-def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, m: Method) -> dict:
+def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, m: "timing.Method") -> dict:
     """One Table 8 row's measurement of training steps (bench.timing: warm-up until stable,
     a timed window without synchronizing on CUDA, repeats, power over the window)."""
     spec = ZOO[name]
@@ -257,15 +258,7 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
             "status": status}
 
 
-ZOO_SCHEMA = """
-CREATE TABLE IF NOT EXISTS bench_zoo (
-    at REAL, model TEXT, batch INTEGER, precision TEXT, multiply TEXT, accumulate TEXT, device TEXT, libraries TEXT,
-    params_m REAL, paper_params_m REAL, unit TEXT,
-    samples_per_s REAL, step_s REAL, iters INTEGER, spread_pct REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
-    status TEXT,
-    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT
-);
-"""
+ZOO_SCHEMA = schema.BENCH_ZOO  # every table's DDL lives in results/schema.py
 
 
 def _store(rows: list[dict], db_path) -> None:

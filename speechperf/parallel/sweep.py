@@ -22,21 +22,27 @@ from speechperf.errors import SpeechperfError
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="speechperf parallel sweep")
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--algos", default="sync,bsp,bmuf")
-    p.add_argument("--workers", default="2")
-    p.add_argument("--sync-periods", default="1,5")
-    p.add_argument("--batch-sizes", default="8")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--model", default="dnn")
-    p.add_argument("--hidden", type=int, default=None)
-    p.add_argument("--lr", type=float, default=0.2)
+    return parser().parse_args(argv)
+
+
+def parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The sweep's options (also those of ``speechperf parallel sweep``)."""
+    p = argparse.ArgumentParser(prog="speechperf parallel sweep", add_help=add_help,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", required=True, help="prepared features folder")
+    p.add_argument("--out", required=True, help="sweep folder (one run folder per grid point)")
+    p.add_argument("--algos", default="sync,bsp,bmuf", help="algorithms, comma separated")
+    p.add_argument("--workers", default="2", help="worker counts, comma separated")
+    p.add_argument("--sync-periods", default="1,5", help="sync periods (tau), comma separated")
+    p.add_argument("--batch-sizes", default="8", help="utterances per worker per step, comma separated")
+    p.add_argument("--epochs", type=int, default=3, help="at most this many epochs per run")
+    p.add_argument("--model", default="dnn", help="dnn, cldnn, or a DS2 preset name")
+    p.add_argument("--hidden", type=int, default=None, help="override hidden width (dnn/cldnn)")
+    p.add_argument("--lr", type=float, default=0.2, help="learning rate")
     p.add_argument("--momentum", type=float, default=0.0, help="local SGD momentum of every worker (paper: 0)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="every worker's local optimizer")
-    p.add_argument("--db", default=None)
-    return p.parse_args(argv)
+    p.add_argument("--db", default=None, help="shared results database (default: OUT/results.db)")
+    return p
 
 
 def free_port() -> int:
@@ -100,7 +106,7 @@ def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
                     name = f"{algo}-n{workers}-tau{tau}-b{batch}"
                     _launch(common, algo, workers, ["--init", str(init), "--batch-size", str(batch),
                                                     "--sync-period", str(tau)], out / name)
-    with ResultsDB(db) as conn:
+    with ResultsDB(db, readonly=True) as conn:  # every run of the grid wrote its rows here too
         rows = conn.query("SELECT * FROM parallel_runs WHERE model = ? ORDER BY batch, algo, workers, sync_period",
                           [a.model])
     return table(rows)

@@ -6,8 +6,9 @@
 Every worker trains its slice of each batch with plain SGD, the algorithm synchronizes,
 rank 0 measures the cross-validation loss after every epoch and the newbob schedule (the
 same for every algorithm) sets the rate or stops; at the end rank 0 decodes test-clean and
-test-other (greedy) and writes the run's rows to the results database (``parallel_runs``,
-and ``parallel_epochs`` with the CV loss of every epoch) and ``RUN/parallel.json``.
+test-other (greedy) and writes the run's rows (``parallel_runs``, and ``parallel_epochs``
+with the CV loss of every epoch) to the run folder's own database (``RUN/results.db``, and
+``--db`` if given) and ``RUN/parallel.json``. The folder is a :class:`speechperf.results.Run`.
 
 After every epoch rank 0 writes ``RUN/checkpoint.pt`` atomically: the evaluated model (the
 global model of BMUF, the server's of asgd/easgd), the rate, the newbob state, the epochs so
@@ -28,63 +29,59 @@ import argparse
 import json
 import os
 import time
-import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from speechperf.atomic import atomic_torch_save, atomic_write_text
+from speechperf.atomic import atomic_torch_save
 from speechperf.data.config import LoaderConfig
 from speechperf.errors import SpeechperfError
 from speechperf.parallel.algorithms import ALGORITHMS, AlgoConfig, Algorithm, make_algorithm
 from speechperf.parallel.newbob import NewBob
 from speechperf.train import distributed
 from speechperf.train.distributed import Group
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS parallel_runs (
-    run_id TEXT PRIMARY KEY, algo TEXT, workers INTEGER, sync_period INTEGER, batch INTEGER, model TEXT,
-    epochs INTEGER, train_s REAL, s_per_epoch REAL, comm_s REAL, comm_bytes INTEGER, syncs INTEGER,
-    cv_loss REAL, wer_test_clean REAL, wer_test_other REAL, device TEXT, status TEXT, env_json TEXT,
-    shared_start INTEGER  -- 1: the run that made a sweep's starting model (--save-init), no grid point
-);
-CREATE TABLE IF NOT EXISTS parallel_epochs (
-    run_id TEXT, epoch INTEGER, train_s REAL, cv_loss REAL, lr REAL, PRIMARY KEY (run_id, epoch)
-);
-"""
+from speechperf.results.run import CHECKPOINT_FILE as CHECKPOINT
+from speechperf.results.run import Progress, Run, read_checkpoint
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The worker's options (also those of ``speechperf parallel run``)."""
     import speechperf.parallel.server  # noqa: F401  (registers the asynchronous algorithms)
 
-    p = argparse.ArgumentParser(prog="speechperf.parallel", description=__doc__.splitlines()[0])
-    p.add_argument("--algo", required=True, choices=sorted(ALGORITHMS))
-    p.add_argument("--sync-period", type=int, default=1)
+    p = argparse.ArgumentParser(prog="speechperf.parallel", description=__doc__.splitlines()[0], add_help=add_help,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--algo", required=True, choices=sorted(ALGORITHMS), help="parallel training algorithm")
+    p.add_argument("--sync-period", type=int, default=1, help="local steps between synchronizations (tau)")
     p.add_argument("--data", required=True, help="prepared features folder")
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--model", default="dnn", help="dnn, cldnn, or a DS2 preset name")
     p.add_argument("--hidden", type=int, default=None, help="override hidden width (dnn/cldnn) for small runs")
     p.add_argument("--batch-size", type=int, default=16, help="utterances per worker per step")
-    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--lr", type=float, default=0.2, help="learning rate (newbob halves it when the CV loss stalls)")
     p.add_argument("--momentum", type=float, default=0.0,
                    help="momentum of every worker's local SGD (paper: 0, plain SGD)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
                    help="every worker's local optimizer (paper: sgd); the algorithms act on the models it produces")
     p.add_argument("--epochs", type=int, default=10, help="at most this many epochs (newbob may stop earlier)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="model initialization and data order")
     p.add_argument("--init", help="starting model (state dict) shared by every algorithm")
     p.add_argument("--save-init", help="write the trained model here (to make the shared start)")
-    p.add_argument("--db", help="results database (default: results.db beside the run folder)")
-    p.add_argument("--block-momentum", type=float, default=None)
+    p.add_argument("--db", help="a shared results database that also receives the rows (the run folder keeps its own)")
+    p.add_argument("--label", help="the run's name in tables (default: machine, algorithm x workers, model)")
+    p.add_argument("--block-momentum", type=float, default=None, help="BMUF block momentum (default: 1 - 1/workers)")
     p.add_argument("--classical", action="store_true", help="classical BMUF instead of Nesterov")
     p.add_argument("--alpha", type=float, default=0.1, help="EASGD moving rate alpha")
     p.add_argument("--resume", choices=("auto", "yes", "no"), default="auto",
                    help="continue from OUT/checkpoint.pt: auto (if there is an unfinished one of the same run), "
                         "yes (insist), no (start over)")
-    return p.parse_args(argv)
+    return p
 
 
 def build(args):
@@ -150,15 +147,7 @@ class Job:
     loader_cfg: LoaderConfig
     algo: Algorithm
     group: Group  # the process group's collective helpers
-
-
-@dataclass
-class Progress:
-    """What a checkpoint carries from one epoch to the next, and across a restart."""
-    run_id: str
-    epochs: list[dict] = field(default_factory=list)  # {epoch, train_s, cv_loss, lr} per finished epoch
-    train_s: float = 0.0  # training seconds so far (a restart does not count the time it was down)
-    resumed_after: list[int] = field(default_factory=list)  # epochs after which this run was restarted
+    run: Run | None = None  # the run folder, on rank 0 (the only rank that writes)
 
 
 def _run(args, group: Group) -> int:
@@ -190,16 +179,22 @@ def _run(args, group: Group) -> int:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    schedule, prog = NewBob(lr=args.lr), Progress(run_id=f"{out.name}-{uuid.uuid4().hex[:8]}")
+    schedule, prog = NewBob(lr=args.lr), Progress()
     if ckpt is not None:
         schedule, prog = _restore(job, ckpt, core, opt)
-    loss = _train(job, model, core, opt, schedule, prog)
-    algo.finish(core)
-    vector_to_parameters(algo.eval_vector(core), core.parameters())
-    if args.save_init and rank == 0:
-        atomic_torch_save(core.state_dict(), args.save_init)
     if rank == 0:
-        _report(job, core, prog, loss)
+        job.run = _open_run(job, ckpt)
+    try:
+        loss = _train(job, model, core, opt, schedule, prog)
+        algo.finish(core)
+        vector_to_parameters(algo.eval_vector(core), core.parameters())
+        if args.save_init and rank == 0:
+            atomic_torch_save(core.state_dict(), args.save_init)
+        if rank == 0:
+            _report(job, core, prog, loss)
+    finally:
+        if job.run is not None:
+            job.run.close()
     if asynchronous:
         import torch.distributed.rpc as rpc
 
@@ -224,8 +219,7 @@ def _train(job: Job, model, core, opt, schedule: NewBob, prog: Progress) -> floa
     from speechperf.data.loader import make_loader
 
     args, algo = job.args, job.algo
-    first = prog.epochs[-1]["epoch"] + 1 if prog.epochs else 1
-    for epoch in range(first, args.epochs + 1):
+    for epoch in range(prog.epoch, args.epochs + 1):
         t = time.perf_counter()
         # the order is a pure function of (seed, epoch): a restart at epoch k needs nothing else
         batches = make_loader(job.data, job.splits, job.loader_cfg, epoch, args.seed, rank=job.rank, world=job.world)
@@ -236,19 +230,20 @@ def _train(job: Job, model, core, opt, schedule: NewBob, prog: Progress) -> floa
             opt.step()
             algo.after_step(model, int(batch.feat_lens.sum()))
         algo.end_epoch(core)
-        prog.train_s += time.perf_counter() - t
+        prog.clock_s += time.perf_counter() - t  # training seconds: evaluation and down time excluded
         loss, state = _evaluate(job, core)
         lr = schedule.step(loss)
         for g in opt.param_groups:
             g["lr"] = lr
-        prog.epochs.append({"epoch": epoch, "train_s": prog.train_s, "cv_loss": loss, "lr": lr})
+        prog.evals.append({"epoch": epoch, "train_s": prog.clock_s, "cv_loss": loss, "lr": lr})
+        prog.epoch = epoch + 1
         _checkpoint(job, state, schedule, prog)
         if job.rank == 0:
             print(f"[{args.algo} x{job.world}] epoch {epoch}: CV loss {loss:.3f}, next lr {lr:.4g}, "
-                  f"train {prog.train_s:.1f}s", flush=True)
+                  f"train {prog.clock_s:.1f}s", flush=True)
         if schedule.stop:
             break
-    return prog.epochs[-1]["cv_loss"] if prog.epochs else None
+    return prog.evals[-1]["cv_loss"] if prog.evals else None
 
 
 def _evaluate(job: Job, core) -> tuple[float, dict | None]:
@@ -266,7 +261,6 @@ def _evaluate(job: Job, core) -> tuple[float, dict | None]:
 
 # --- checkpoint and restart ------------------------------------------------------------
 
-CHECKPOINT = "checkpoint.pt"
 # The arguments a restart must share with the checkpointed run (--epochs may grow, --lr and
 # --init only matter at the start, --data may have moved).
 RUN_KEYS = ("algo", "workers", "sync_period", "batch_size", "model", "hidden", "seed", "block_momentum",
@@ -277,6 +271,22 @@ def run_key(args: argparse.Namespace, world: int) -> dict:
     return {k: world if k == "workers" else getattr(args, k) for k in RUN_KEYS}
 
 
+def _open_run(job: Job, ckpt: dict | None) -> Run:
+    """Rank 0's run folder: the checkpointed run's, or a new one (config.json: the run's key)."""
+    out, args = job.out, job.args
+    if ckpt is not None and Run.exists(out):
+        run = Run.open(out, data=job.data, shared_db=args.db, write=True)
+        if run.run_id == ckpt["run_id"]:
+            return run
+        run.close()
+    from speechperf.telemetry.environment import capture_env
+
+    env = {**capture_env("cpu"), "world_size": job.world}
+    config = {**run_key(args, job.world), "epochs": args.epochs, "lr": args.lr}
+    return Run.create(out, kind="parallel", config=config, env=env, data=job.data, label=args.label,
+                      shared_db=args.db, run_id=ckpt["run_id"] if ckpt else None)
+
+
 def _checkpoint(job: Job, state: dict | None, schedule: NewBob, prog: Progress) -> None:
     """Rank 0 writes OUT/checkpoint.pt atomically: a worker dying while it is written leaves
     the previous epoch's checkpoint."""
@@ -284,10 +294,9 @@ def _checkpoint(job: Job, state: dict | None, schedule: NewBob, prog: Progress) 
     algo_state["steps"] = job.group.gather_int(job.algo.steps)  # ranks with less data took fewer steps
     if job.rank != 0:
         return
-    atomic_torch_save({"format": 1, "args": run_key(job.args, job.world), "epoch": prog.epochs[-1]["epoch"],
-                       "stopped": schedule.stop, "model": state, "lr": schedule.lr, "newbob": asdict(schedule),
-                       "algo": algo_state, "run_id": prog.run_id, "epochs": prog.epochs, "train_s": prog.train_s,
-                       "resumed_after": prog.resumed_after}, job.out / CHECKPOINT)
+    job.run.save_checkpoint(prog, args=run_key(job.args, job.world), epoch=prog.evals[-1]["epoch"],
+                            stopped=schedule.stop, model=state, lr=schedule.lr, newbob=asdict(schedule),
+                            algo=algo_state)
 
 
 def check_checkpoint(path: Path, args: argparse.Namespace, world: int) -> dict | None:
@@ -298,7 +307,7 @@ def check_checkpoint(path: Path, args: argparse.Namespace, world: int) -> dict |
         if args.resume == "yes":
             raise SpeechperfError(f"--resume yes but there is no checkpoint {path}")
         return None
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ckpt = read_checkpoint(path.parent)
     _same_run(path, ckpt, args, world)
     if _finished(ckpt, args):
         if args.resume == "yes":
@@ -330,7 +339,7 @@ def finished_run(out: Path, argv: list[str], world: int) -> bool:
         return False
     args = parse(argv)
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = read_checkpoint(path.parent)
         _same_run(path, ckpt, args, world)
         reported = json.loads(summary.read_text()).get("run_id")
     except (SpeechperfError, OSError, RuntimeError, KeyError, ValueError):  # another run, or unreadable: train
@@ -365,7 +374,8 @@ def _restore(job: Job, ckpt: dict, core, opt) -> tuple[NewBob, Progress]:
     schedule = NewBob(**ckpt["newbob"])
     for g in opt.param_groups:
         g["lr"] = ckpt["lr"]
-    prog = Progress(ckpt["run_id"], list(ckpt["epochs"]), ckpt["train_s"], [*ckpt["resumed_after"], ckpt["epoch"]])
+    prog = Progress.from_dict(ckpt["progress"])
+    prog.resumed_after = [*prog.resumed_after, ckpt["epoch"]]
     if job.rank == 0:
         print(f"[{job.args.algo} x{job.world}] resumed from epoch {ckpt['epoch']} ({job.out / CHECKPOINT}): "
               f"continuing at epoch {ckpt['epoch'] + 1}", flush=True)
@@ -385,25 +395,21 @@ def resume_note(out: Path, argv: list[str], world: int) -> str:
 
 
 def _report(job: Job, model, prog: Progress, loss: float | None) -> None:
-    from speechperf.results import ResultsDB, default_db_path
-    from speechperf.telemetry.environment import capture_env
     from speechperf.train.evaluate import evaluate
 
-    args, out, algo, epochs = job.args, job.out, job.algo, prog.epochs
-    out.mkdir(parents=True, exist_ok=True)
+    args, run, algo, epochs = job.args, job.run, job.algo, prog.evals
     wer = {}
     for split in ("test-clean", "test-other"):
         if (job.data / split / "index.json").exists():
             wer[split] = evaluate(model, job.data, split, job.loader_cfg, torch.device("cpu"))["wer"]
-    row = {"run_id": prog.run_id, "algo": args.algo, "workers": job.world, "sync_period": args.sync_period,
-           "batch": args.batch_size, "model": args.model, "epochs": len(epochs), "train_s": prog.train_s,
-           "s_per_epoch": prog.train_s / max(len(epochs), 1), "comm_s": algo.stats.seconds,
+    row = {"run_id": run.run_id, "algo": args.algo, "workers": job.world, "sync_period": args.sync_period,
+           "batch": args.batch_size, "model": args.model, "epochs": len(epochs), "train_s": prog.clock_s,
+           "s_per_epoch": prog.clock_s / max(len(epochs), 1), "comm_s": algo.stats.seconds,
            "comm_bytes": algo.stats.bytes, "syncs": algo.stats.syncs, "cv_loss": loss,
            "wer_test_clean": wer.get("test-clean"), "wer_test_other": wer.get("test-other"), "device": "cpu",
-           "status": "success", "env_json": json.dumps(capture_env("cpu")), "shared_start": int(bool(args.save_init))}
-    with ResultsDB(Path(args.db) if args.db else default_db_path(out)) as db:
-        db.ensure_schema(SCHEMA)
-        db.upsert("parallel_runs", row)
-        db.insert_many("parallel_epochs", [{"run_id": prog.run_id, **e} for e in epochs])
+           "status": "success", "env_json": json.dumps(run.env), "shared_start": int(bool(args.save_init))}
+    run.upsert("parallel_runs", row)
+    run.insert("parallel_epochs", [{"run_id": run.run_id, **e} for e in epochs])
+    run.set_status("success")
     summary = {k: v for k, v in row.items() if k != "env_json"}
-    atomic_write_text(out / "parallel.json", json.dumps({**summary, "resumed_after": prog.resumed_after}, indent=1))
+    run.write_summary({**summary, "resumed_after": prog.resumed_after}, name="parallel.json")

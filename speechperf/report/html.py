@@ -13,7 +13,7 @@ from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
-from speechperf.report.runs import db_of, load_run
+from speechperf.report.runs import load_run
 from speechperf.report.sections import Context, Figure, Note, Section, Table, ordered
 from speechperf.results import ResultsDB
 from speechperf.tables import _fmt, write_csv
@@ -28,23 +28,38 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
                  platform_file: Path | None = None) -> Path:
     """Write ``out/index.html`` (+ PNG and CSV files) for ``runs``; returns its path.
 
-    ``db_path``: the results database; default the one the first run recorded (results.db
-    beside its run folder). ``price_per_hour``, ``platform_file``: prices that override what
-    the runs recorded (:func:`speechperf.telemetry.platforms.of_run`).
+    Each run's rows come from its own folder (runs from different machines side by side);
+    ``db_path``: a shared database for the database-wide sections (benchmarks, parallel
+    sweeps) and for folders of the previous release without a database of their own;
+    default for those sections: the first run's database. ``price_per_hour``,
+    ``platform_file``: prices that override what the runs recorded
+    (:func:`speechperf.telemetry.platforms.of_run`).
     """
+    from speechperf.results.run import Run, unique_labels
+
     if not runs:
         raise SpeechperfError("report needs at least one run folder")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with ResultsDB(db_of(Path(runs[0]), db_path)) as db:
-        loaded = [load_run(Path(r), db) for r in runs]
+    opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
+    try:
+        loaded = [load_run(r, label) for r, label in zip(opened, unique_labels(opened))]
         for r in loaded:
             r["env"] = with_price_overrides(r["env"], price_per_hour, platform_file)
-        ctx = Context(loaded, out, db)
-        sections = [builder(ctx) for _, builder in ordered()]
+        shared = ResultsDB(db_path, readonly=True) if db_path else None
+        db = shared or opened[0].db
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            ctx = Context(loaded, out, db)
+            sections = [builder(ctx) for _, builder in ordered()]
+        finally:
+            if shared is not None:
+                shared.close()
+    finally:
+        for r in opened:
+            r.close()
     labels = ", ".join(r["label"] for r in ctx.runs)
     parts = [f"<h1>speechperf report: {len(ctx.runs)} run(s)</h1>",
-             f"<p>Runs: {html.escape(labels)}. Results database: {html.escape(str(db.path))}.</p>"]
+             f"<p>Runs: {html.escape(labels)}. Benchmark and parallel sections from: {html.escape(str(db.path))}.</p>"]
     parts += [render_section(s, out) for s in sections]
     page = ("<!doctype html><html><head><meta charset=utf-8><title>speechperf report</title>"
             f"<style>{STYLE}</style></head><body>" + "\n".join(parts) + "</body></html>")

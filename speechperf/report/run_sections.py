@@ -2,6 +2,8 @@
 prices, power and energy, and sentences logged during training (registered in order)."""
 from __future__ import annotations
 
+import statistics
+
 from speechperf.report import figures
 from speechperf.report.aggregate import energy_by_source, price_rows, repeated_rows, tta_rows
 from speechperf.report.sections import Context, Figure, Note, Section, Table, register_section
@@ -94,12 +96,44 @@ def final_section(ctx: Context) -> Section:
 
 @register_section("runs", 80)
 def runs_section(ctx: Context) -> Section:
-    rows = [{"run": r["label"], "status": r["row"].get("status"), "preset": r["row"].get("preset"),
-             "seed": r["row"].get("seed"), "platform": of_run(r["env"]).name, "cpu": r["env"].get("cpu_model"),
-             "cores": r["env"].get("cpu_cores_logical"),
-             "gpus": ", ".join(g.get("name", "?") for g in r["env"].get("gpus", [])) or "none",
-             "torch": r["env"].get("libraries", {}).get("torch")} for r in ctx.runs]
+    rows = []
+    for r in ctx.runs:
+        env, gpus = r["env"], r["env"].get("gpus") or []
+        rows.append({"run": r["label"], "folder": r["run"], "status": r["row"].get("status"),
+                     "preset": r["config"].get("preset") or r["row"].get("preset"),
+                     "precision": r["config"].get("train", {}).get("precision", "fp32"), "seed": r["row"].get("seed"),
+                     "processes": env.get("world_size"), "platform": of_run(env).name, "cpu": env.get("cpu_model"),
+                     "cores": env.get("cpu_cores_logical"),
+                     "gpu": ", ".join(dict.fromkeys(g.get("name", "?") for g in gpus)) or "none", "gpus": len(gpus),
+                     "driver": ", ".join(dict.fromkeys(str(g.get("driver")) for g in gpus if g.get("driver"))) or None,
+                     "cuda": env.get("cuda"), "torch": env.get("libraries", {}).get("torch"), "host": env.get("hostname")})
     return Section("Runs and machines", [Table("runs.csv", rows)])
+
+
+@register_section("throughput", 35)
+def throughput_table_section(ctx: Context) -> Section:
+    rows = []
+    for r in ctx.runs:
+        its = r["iterations"]
+        if its:
+            rows.append({"run": r["label"], "iterations": len(its),
+                         "median utterances/s": statistics.median(i["utts_per_s"] for i in its),
+                         "median audio s/s": statistics.median(i["audio_s_per_s"] for i in its),
+                         "mean batch": statistics.mean(i["batch_size"] for i in its),
+                         "training clock min": its[-1]["clock_s"] / 60})
+    util = []
+    for r in ctx.runs:
+        by_source: dict[str, list[float]] = {}
+        for s in r["samples"]:
+            if s["metric"] == "util_pct":
+                by_source.setdefault(s["source"], []).append(s["value"])
+        for source, values in sorted(by_source.items()):
+            util.append({"run": r["label"], "source": source, "samples": len(values),
+                         "mean %": statistics.mean(values), "max %": max(values),
+                         "unit": "% of one core" if source == "cpu" else "% of the GPU"})
+    return Section("Throughput and utilization side by side", [
+        Table("throughput.csv", rows, "no training iterations recorded"),
+        Table("utilization.csv", util, "no utilization samples recorded")])
 
 
 @register_section("platforms", 90)

@@ -1,4 +1,12 @@
-"""The SQLite results database every command writes and ``tta``/``report`` read."""
-from speechperf.results.db import ResultsDB, default_db_path
+"""The results of runs: the SQLite results database (one schema module) and the run folder."""
+from speechperf.results.db import ResultsDB, ResultsError, default_db_path
 
-__all__ = ["ResultsDB", "default_db_path"]
+__all__ = ["ResultsDB", "ResultsError", "default_db_path", "Run"]
+
+
+def __getattr__(name):  # Run imports torch (checkpoints): loaded on first use, not with the database
+    if name == "Run":
+        from speechperf.results.run import Run
+
+        return Run
+    raise AttributeError(name)

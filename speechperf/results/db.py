@@ -1,10 +1,11 @@
 """SQLite results database.
 
-One file (by default ``results.db`` beside the run folders) holds every run's rows, so that
-``tta``, ``report`` and the benchmarks compare runs made at different times and on
-different machines. Tables of other stages (bench, parallel) are created by those stages
-through :meth:`ResultsDB.ensure_schema`. WAL mode lets a reader (the report) open the file
-while a run writes it.
+Every run writes its rows into its own folder (``RUN/results.db``), so that a folder copied to
+another machine carries everything it measured; a shared database (``--db``) may collect the
+rows of many runs as well. The schema of every table lives in :mod:`speechperf.results.schema`.
+WAL mode and a busy timeout let several runs write one shared file at once and a reader (the
+report) open a file while a run writes it; readers open the file read-only and never create
+one.
 """
 from __future__ import annotations
 
@@ -13,64 +14,68 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,      -- unique name (the run folder's name plus a short hash)
-    kind TEXT NOT NULL,           -- 'train', 'parallel', 'bench'
-    preset TEXT,
-    seed INTEGER,
-    platform TEXT,                -- platform name (detected or given)
-    out_dir TEXT,                 -- run folder
-    config_json TEXT,             -- RunConfig.to_dict()
-    env_json TEXT,                -- hardware and library versions
-    started_at REAL,              -- unix time of model creation
-    status TEXT                   -- 'running', 'success', 'aborted', 'failed'
-);
-CREATE TABLE IF NOT EXISTS iterations (
-    run_id TEXT, iteration INTEGER, epoch INTEGER,
-    clock_s REAL,                 -- TTA clock (seconds since model creation, down time excluded)
-    loss REAL, batch_size INTEGER, frames INTEGER, audio_s REAL,
-    step_s REAL, utts_per_s REAL, audio_s_per_s REAL,
-    PRIMARY KEY (run_id, iteration)
-);
-CREATE TABLE IF NOT EXISTS evals (
-    run_id TEXT, epoch INTEGER, split TEXT, decoder TEXT, beam INTEGER,
-    clock_s REAL,                 -- TTA clock when the evaluation finished
-    eval_s REAL,                  -- seconds the evaluation took (not training time)
-    loss REAL, wer REAL, cer REAL, cer_paper REAL, n_utts INTEGER,
-    final INTEGER DEFAULT 0,      -- 1 for the final evaluation after training
-    PRIMARY KEY (run_id, epoch, split, decoder, beam, final)
-);
-CREATE TABLE IF NOT EXISTS samples (
-    run_id TEXT, t REAL, source TEXT, metric TEXT, value REAL
-);
-CREATE INDEX IF NOT EXISTS samples_run ON samples (run_id, source, metric);
-"""
+from speechperf.errors import SpeechperfError
+from speechperf.results import schema
+
+BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transaction (several runs, one file)
+# Columns added after the first release: a database written by it gets them when opened for writing.
+ADDED_COLUMNS = {"runs": ("label",)}
+
+
+class ResultsError(SpeechperfError):
+    """A results database is missing, unreadable or not a database; the message names it."""
 
 
 def default_db_path(out_dir: str | Path) -> Path:
-    """The database shared by all runs under ``out_dir``'s parent folder."""
-    return Path(out_dir).resolve().parent / "results.db"
+    """A run folder's own database: ``RUN/results.db``."""
+    return Path(out_dir) / "results.db"
 
 
 class ResultsDB:
-    """A thin wrapper over sqlite3 with the speechperf schema."""
+    """A thin wrapper over sqlite3 with the speechperf schema.
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=30.0)
+    ``readonly``: open an existing file without writing or creating it (``mode=ro``); a
+    missing or corrupt file raises :class:`ResultsError` naming it instead of reading as empty.
+    """
+
+    def __init__(self, path: str | Path, readonly: bool = False):
+        self.path, self.readonly = Path(path), readonly
+        try:
+            if readonly:
+                if not self.path.is_file():
+                    raise ResultsError(f"no results database at {self.path}")
+                self.conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+                self.conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # a non-database fails here
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S)
+                self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.executescript(schema.ALL)
+                for table, cols in ADDED_COLUMNS.items():
+                    self.add_missing_columns(table, cols)
+        except sqlite3.DatabaseError as e:
+            raise ResultsError(f"{self.path} is not a readable results database ({e})") from e
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.executescript(SCHEMA)
 
     def ensure_schema(self, ddl: str) -> None:
-        """Create a stage's own tables (idempotent DDL)."""
+        """Create tables from idempotent DDL (every speechperf table exists already: schema.ALL)."""
         self.conn.executescript(ddl)
 
+    def add_missing_columns(self, table: str, columns: Iterable[str]) -> None:
+        """Add ``columns`` that a database written by an older release lacks."""
+        have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
+        for col in columns:
+            if col not in have:
+                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {col}")
+
     def has_table(self, name: str) -> bool:
-        """True once a stage created table ``name`` (bench, sweep and parallel tables are optional)."""
-        return bool(self.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", [name]))
+        """True when table ``name`` exists and holds rows: a database of this release has every
+        table from the start (an empty one: nothing recorded), one of an older release may
+        lack the newer tables."""
+        if not self.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", [name]):
+            return False
+        return bool(self.query(f"SELECT 1 FROM {name} LIMIT 1"))
 
     def upsert(self, table: str, row: dict[str, Any]) -> None:
         row = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in row.items()}
@@ -91,8 +96,16 @@ class ResultsDB:
                 [[r[c] for c in cols] for r in rows],
             )
 
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> None:
+        """One write statement in its own transaction."""
+        with self.conn:
+            self.conn.execute(sql, list(params))
+
     def query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.conn.execute(sql, list(params))]
+        try:
+            return [dict(r) for r in self.conn.execute(sql, list(params))]
+        except sqlite3.DatabaseError as e:
+            raise ResultsError(f"{self.path}: cannot read ({e})") from e
 
     def close(self) -> None:
         self.conn.close()

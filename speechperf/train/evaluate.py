@@ -79,51 +79,46 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     }
 
 
-BEAM_SWEEP_SCHEMA = """
-CREATE TABLE IF NOT EXISTS beam_sweep (
-    run_id TEXT, split TEXT, decoder TEXT, beam INTEGER,
-    eval_s REAL, wer REAL, cer REAL, cer_paper REAL, n_utts INTEGER, device TEXT,
-    PRIMARY KEY (run_id, split, decoder, beam)
-);
-"""
-
-
-def _load_run_model(run: Path):
+def _load_run_model(run, data: Path | None = None):
+    """(model with the run's latest weights, RunConfig, features folder, the open Run)."""
     from speechperf.config import RunConfig
     from speechperf.models import build_model
-    from speechperf.train.checkpoint import load_checkpoint
+    from speechperf.results.run import Run
 
-    ckpt = load_checkpoint(run)
+    r = run if not isinstance(run, (str, Path)) else Run.open(Path(run), data=data)
+    feats = r.features()  # a missing features folder fails before the checkpoint is read
+    ckpt = r.load_checkpoint()
     cfg = RunConfig.from_dict(ckpt["config"])
     model = build_model(cfg.model)
     model.load_state_dict(ckpt["model"])
-    return model, cfg, Path(ckpt["data"]), ckpt["run_id"]
+    return model, cfg, feats, r
 
 
 def evaluate_run(run: Path, split: str = "dev-clean", decoder: str = "wordbeam", beam: int = 256,
-                 workers: int = 0, mode: str = "ngrams") -> dict:
-    """``speechperf eval``: the run's latest checkpoint on ``split``; one row."""
-    model, cfg, feats, _ = _load_run_model(Path(run))
+                 workers: int = 0, mode: str = "ngrams", data: Path | None = None) -> dict:
+    """``speechperf eval``: the run's latest checkpoint on ``split``; one row. ``data``: the
+    features folder, where it is not where the run recorded it (another machine)."""
+    model, cfg, feats, _ = _load_run_model(Path(run), data)
     r = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=beam, workers=workers,
                  mode=mode)
     return {k: v for k, v in r.items() if k != "pairs"}
 
 
 def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: str = "wordbeam",
-               workers: int = 0, mode: str = "ngrams") -> list[dict]:
-    """Table 3 form: evaluation seconds, WER and CER per beam width; rows also go to the DB."""
-    from speechperf.metrics.tta import read_run_info
-    from speechperf.results import ResultsDB
+               workers: int = 0, mode: str = "ngrams", data: Path | None = None,
+               db_path: Path | None = None) -> list[dict]:
+    """Table 3 form: evaluation seconds, WER and CER per beam width; rows also go to the run's
+    database (and to ``db_path``, a shared one, if given)."""
+    from speechperf.results.run import Run
 
-    model, cfg, feats, run_id = _load_run_model(Path(run))
     rows = []
-    with ResultsDB(read_run_info(Path(run))["db"]) as db:
-        db.ensure_schema(BEAM_SWEEP_SCHEMA)
+    with Run.open(Path(run), data=data, shared_db=db_path, write=True) as r:
+        model, cfg, feats, _ = _load_run_model(r)
         for width in widths:
-            r = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=width,
+            e = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=width,
                          workers=workers, mode=mode)
-            row = {"run_id": run_id, "split": split, "decoder": r["decoder"], "beam": r["beam"], "eval_s": r["eval_s"],
-                   "wer": r["wer"], "cer": r["cer"], "cer_paper": r["cer_paper"], "n_utts": r["n_utts"], "device": "cpu"}
-            db.upsert("beam_sweep", row)
+            row = {"run_id": r.run_id, "split": split, "decoder": e["decoder"], "beam": e["beam"], "eval_s": e["eval_s"],
+                   "wer": e["wer"], "cer": e["cer"], "cer_paper": e["cer_paper"], "n_utts": e["n_utts"], "device": "cpu"}
+            r.upsert("beam_sweep", row)
             rows.append(row)
     return rows

@@ -24,8 +24,10 @@ def test_needs_e_epochs_before_reaching():
 def _fake_run(tmp_path, name, evals):
     run = tmp_path / name
     run.mkdir()
-    db_path = tmp_path / "results.db"
-    json.dump({"run_id": name, "db": str(db_path)}, open(run / "run.json", "w"))
+    db_path = run / "results.db"
+    (run / "run.json").write_text(json.dumps({"format": 2, "run_id": name, "label": f"run {name}"}))
+    (run / "config.json").write_text(json.dumps({"train": {"eval_split": "dev-clean"}}))
+    (run / "env.json").write_text(json.dumps({"cpu_model": "Test CPU", "cpu_cores_logical": 2}))
     with ResultsDB(db_path) as db:
         db.upsert("runs", {"run_id": name, "kind": "train", "config_json": {"train": {"eval_split": "dev-clean"}}})
         for epoch, (clock, cer) in enumerate(evals, 1):
@@ -45,10 +47,11 @@ def test_table_relative_to_first_run(tmp_path):
     rows = tta_table([a, b], metric="cer", targets=[10, 8], epochs=3)
     assert [(r["run"][-1], r["target"], r["minutes"], r["relative"]) for r in rows] == [
         ("a", 10, 30.0, 100.0), ("a", 8, None, None), ("b", 10, 15.0, 50.0), ("b", 8, None, None)]
-    assert set(rows[0]) >= {"run", "metric", "target", "epochs", "minutes", "relative", "platform",
-                            "cost to accuracy $", "TTA x price ($ min)", "price note"}
-    # no env.json: no hardware known, so no price, and the row says why
-    assert rows[0]["cost to accuracy $"] is None and "no price for unknown CPU" in rows[0]["price note"]
+    assert set(rows[0]) >= {"run", "machine", "metric", "target", "epochs", "minutes", "relative", "init s",
+                            "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"}
+    assert rows[0]["run"] == "run a" and rows[0]["machine"] == "2-core Test"
+    # a CPU that no profile prices: no price, and the row says why
+    assert rows[0]["cost to accuracy $"] is None and "no price for Test CPU" in rows[0]["price note"]
 
 
 def test_table_prices_each_run_from_its_environment_and_overrides(tmp_path, capsys):

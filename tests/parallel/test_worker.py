@@ -111,7 +111,7 @@ def test_checkpoint_of_another_or_a_finished_run(tmp_path):
     assert check_checkpoint(path, parse(argv), 2) is None
     with pytest.raises(SpeechperfError, match="no checkpoint"):
         check_checkpoint(path, parse(argv + ["--resume", "yes"]), 2)
-    atomic_torch_save({"args": run_key(parse(argv), 2), "epoch": 2, "stopped": False, "run_id": "r1"}, path)
+    atomic_torch_save({"format": 1, "args": run_key(parse(argv), 2), "epoch": 2, "stopped": False, "run_id": "r1"}, path)
     assert check_checkpoint(path, parse(argv), 2)["epoch"] == 2
     assert check_checkpoint(path, parse(argv + ["--resume", "no"]), 2) is None
     with pytest.raises(SpeechperfError, match=r"--sync-period = 5 there, 20 now"):

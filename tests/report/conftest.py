@@ -1,4 +1,4 @@
-"""A recorded set of runs, written directly as a results database and run folders.
+"""A recorded set of runs, written directly as run folders (format 2), each with its own results.db.
 
 Five runs of known numbers: three seeds of one CPU-only configuration (one never reaches
 CER 10), one on Sys1$ with four GPUs (NVML utilization, instant and averaged power, an
@@ -10,7 +10,6 @@ import json
 import pytest
 
 from speechperf.results import ResultsDB
-from speechperf.train.evaluate import BEAM_SWEEP_SCHEMA
 
 HOSTILE = "<b>bold</b> <script>alert(1)</script>"
 EPOCH_S = 120.0  # TTA clock per epoch, its evaluation included (as the train loop counts it)
@@ -51,13 +50,20 @@ def _samples(name: str) -> list[tuple]:
     return rows
 
 
-def _write_run(db: ResultsDB, root, name: str, seed: int, platform, env: dict) -> None:
+def write_run(root, name: str, seed: int, platform, env: dict, label: str | None = None):
+    """One recorded run folder ``root/name`` with its own results.db; returns the folder."""
     run = root / name
     run.mkdir()
+    with ResultsDB(run / "results.db") as db:
+        _write_rows(db, run, name, seed, platform, env, label)
+    return run
+
+
+def _write_rows(db: ResultsDB, run, name: str, seed: int, platform, env: dict, label) -> None:
     run_id = f"{name}-0001"
     config = {"preset": "cpu" if name.startswith("cpu") else name, "train": {"seed": seed, "eval_split": "dev-clean"},
               "loader": {"batch_size": 8}}
-    (run / "run.json").write_text(json.dumps({"run_id": run_id, "db": str(db.path)}))
+    (run / "run.json").write_text(json.dumps({"format": 2, "run_id": run_id, "kind": "train", "label": label or name}))
     (run / "config.json").write_text(json.dumps(config))
     (run / "env.json").write_text(json.dumps(env))
     (run / "sentences.jsonl").write_text(
@@ -84,7 +90,6 @@ def _write_run(db: ResultsDB, root, name: str, seed: int, platform, env: dict) -
     db.insert_many("samples", [{"run_id": run_id, "t": t, "source": s, "metric": m, "value": v}
                                for t, s, m, v in _samples(name)])
     if name == "sys1-gpu":
-        db.ensure_schema(BEAM_SWEEP_SCHEMA)
         db.insert_many("beam_sweep", [{"run_id": run_id, "split": "dev-clean", "decoder": "wordbeam", "beam": b,
                                        "eval_s": 2.0 * b, "wer": 25.0 - b / 1000, "cer": 9.3, "cer_paper": 9.0,
                                        "n_utts": 20, "device": "cpu"} for b in (64, 256, 1024)])
@@ -92,7 +97,7 @@ def _write_run(db: ResultsDB, root, name: str, seed: int, platform, env: dict) -
 
 @pytest.fixture(scope="session")
 def recorded_runs(tmp_path_factory):
-    """{name: run folder} of the five recorded runs, sharing one results.db."""
+    """{name: run folder} of the five recorded runs (labelled by their names)."""
     root = tmp_path_factory.mktemp("recorded")
     cloud = root / "cloud.toml"
     cloud.write_text(CLOUD_TOML)
@@ -101,9 +106,8 @@ def recorded_runs(tmp_path_factory):
         "gpus": [{"index": g, "name": "GeForce RTX 2070", "memory_gb": 8.0} for g in range(4)]}
     rapl_env = {**CPU_ENV, "platform": str(cloud), "telemetry": {"gpus": 0, "unavailable": {"gpu": "NVML: no GPU"},
                 "rapl_zones": {"rapl:intel-rapl:0": "package-0", "rapl:intel-rapl:0:0": "core"}}}
-    with ResultsDB(root / "results.db") as db:
-        for seed, name in enumerate(("cpu-seed1", "cpu-seed2", "cpu-seed3"), start=1):
-            _write_run(db, root, name, seed, None, CPU_ENV)
-        _write_run(db, root, "sys1-gpu", 1, "sys1", gpu_env)
-        _write_run(db, root, "cloud-rapl", 1, str(cloud), rapl_env)
+    for seed, name in enumerate(("cpu-seed1", "cpu-seed2", "cpu-seed3"), start=1):
+        write_run(root, name, seed, None, CPU_ENV)
+    write_run(root, "sys1-gpu", 1, "sys1", gpu_env)
+    write_run(root, "cloud-rapl", 1, str(cloud), rapl_env)
     return {name: root / name for name in CERS}

@@ -2,7 +2,6 @@
 and the CV-loss learning curves, or the reason when no run recorded per-epoch losses."""
 import pytest
 
-from speechperf.parallel.worker import SCHEMA
 from speechperf.report import figures
 from speechperf.report.html import render_section
 from speechperf.report.sections import Context, Figure, parallel_section
@@ -17,8 +16,7 @@ RUNS = [("old-bsp", "dnn", "bsp", 2, 2, 4, [9.0, 8.0]),  # repeated below: the l
 
 
 def _db(path, with_epochs: bool) -> ResultsDB:
-    db = ResultsDB(path)
-    db.ensure_schema(SCHEMA)
+    db = ResultsDB(path)  # every table of results/schema.py exists from the start
     for run_id, model, algo, workers, tau, batch, losses in RUNS:
         db.upsert("parallel_runs", {"run_id": run_id, "algo": algo, "workers": workers, "sync_period": tau,
                                     "batch": batch, "model": model, "epochs": len(losses), "train_s": 2.0 * len(losses),
@@ -51,7 +49,7 @@ def test_learning_curves_drawn_per_model_and_configuration(tmp_path, monkeypatch
 @pytest.mark.parametrize("with_table", [True, False])
 def test_without_epochs_the_figure_says_why(tmp_path, with_table):
     with _db(tmp_path / "results.db", with_epochs=False) as db:
-        if not with_table:  # a database from before the sweep wrote per-epoch rows
+        if not with_table:  # a database of a release before the sweep wrote per-epoch rows
             db.conn.execute("DROP TABLE parallel_epochs")
         section = parallel_section(Context([], tmp_path, db))
     page = render_section(section, tmp_path)

@@ -11,6 +11,7 @@ import pytest
 from speechperf.errors import SpeechperfError
 from speechperf.report import figures
 from speechperf.report.html import build_report
+from speechperf.results import ResultsDB
 
 HOSTILE = "<b>bold</b> <script>alert(1)</script>"  # the transcript conftest.py logs in every run
 
@@ -89,12 +90,14 @@ def test_run_without_gpu_or_rapl_says_so(recorded_runs, tmp_path):
 
 def test_fig8_draws_cpu_solid_and_each_gpu_dashed(recorded_runs, tmp_path, monkeypatch):
     from speechperf.report.runs import load_run
-    from speechperf.results import ResultsDB
+    from speechperf.results.run import Run
 
     drawn = []
     monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
-    with ResultsDB(recorded_runs["sys1-gpu"].parent / "results.db") as db:
-        runs = [load_run(recorded_runs[n], db) for n in ("sys1-gpu", "cpu-seed1")]
+    runs = []
+    for n in ("sys1-gpu", "cpu-seed1"):
+        with Run.open(recorded_runs[n]) as r:
+            runs.append(load_run(r))
     assert figures.utilization_window(runs, tmp_path / "f.png")[0] is not None
     gpu_axes, cpu_axes = drawn[0].axes
     styles = {line.get_label().split()[0]: line.get_linestyle() for line in gpu_axes.lines}
@@ -116,8 +119,15 @@ def test_rapl_power_is_the_counter_rate():
 def test_bad_input_is_named(recorded_runs, tmp_path):
     with pytest.raises(SpeechperfError, match="not a run folder"):
         build_report([tmp_path], tmp_path / "rep")
-    with pytest.raises(SpeechperfError, match="is not in"):
-        build_report([recorded_runs["cpu-seed1"]], tmp_path / "rep", db_path=tmp_path / "empty.db")
+    emptied = tmp_path / "emptied"
+    shutil.copytree(recorded_runs["cpu-seed1"], emptied)
+    with ResultsDB(emptied / "results.db") as db:
+        db.execute("DELETE FROM runs")
+    with pytest.raises(SpeechperfError, match="is not in .*results.db: its rows are missing"):
+        build_report([emptied], tmp_path / "rep")
+    (emptied / "results.db").write_bytes(b"not a database" * 100)
+    with pytest.raises(SpeechperfError, match="results.db is not a readable results database"):
+        build_report([emptied], tmp_path / "rep")
 
 
 def test_bench_section_from_the_database(recorded_runs, tmp_path):
@@ -126,7 +136,7 @@ def test_bench_section_from_the_database(recorded_runs, tmp_path):
     from speechperf.bench.ops import run_ops
 
     db = tmp_path / "results.db"
-    sh.copy(recorded_runs["cpu-seed1"].parent / "results.db", db)
+    sh.copy(recorded_runs["cpu-seed1"] / "results.db", db)
     run_ops("cpu", threads=[1], quick=True, seconds=0.05, warmup_seconds=0, db_path=db)
     page = build_report([recorded_runs["cpu-seed1"]], tmp_path / "rep", db_path=db).read_text()
     assert "achieved TFLOPS" in page and (tmp_path / "rep" / "ops.csv").exists()
@@ -156,6 +166,64 @@ def test_report_in_headless_chromium(full_report, tmp_path):
     assert len(check["imgs"]) == page.count("<img ") == 4 and all(check["imgs"]), check
     assert len(check["tables"]) == page.count("<table>") >= 10 and all(n >= 2 for n in check["tables"]), check
     assert check["hostile"] and check["injected"] == 0
+
+
+def _second_machine(run, root, label):
+    """A copy of a recorded run as if made on another machine: its env.json says 1x H100."""
+    copy = root / "h100"
+    shutil.copytree(run, copy)
+    env = json.loads((copy / "env.json").read_text())
+    env.update({"cpu_model": "AMD EPYC 9454 48-Core Processor", "cpu_cores_logical": 96, "device": "cuda:0",
+                "world_size": 1, "platform": None, "cuda": "12.4",
+                "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.2, "driver": "550.54"}]})
+    (copy / "env.json").write_text(json.dumps(env))
+    info = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**info, "label": label}))
+    return copy
+
+
+TWO_MACHINES = """<script>window.addEventListener('load', () => {
+  const labels = %s;
+  const tables = [...document.querySelectorAll('table')].map(t => {
+    const head = [...t.rows[0].cells].map(c => c.textContent);
+    const col = head.indexOf('run');
+    if (col < 0) return null;
+    const runs = [...t.rows].slice(1).map(r => r.cells[col].textContent);
+    return labels.map(l => runs.includes(l));
+  }).filter(x => x !== null);
+  const imgs = [...document.images].map(i => [i.getAttribute('src'), i.complete && i.naturalWidth > 0]);
+  document.body.setAttribute('data-check', JSON.stringify({tables, imgs}));
+});</script>"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium not installed (scripts/test.sh installs it)")
+def test_report_of_two_machines_in_headless_chromium(recorded_runs, tmp_path, monkeypatch):
+    labels = ["cpu-seed1", "H100 copy"]
+    h100 = _second_machine(recorded_runs["cpu-seed1"], tmp_path, labels[1])
+    legends = []  # every figure's legend or panel titles name both runs
+    save = figures._save
+    monkeypatch.setattr(figures, "_save", lambda fig, path: legends.append(
+        (path.name, " ".join(t.get_text() for ax in fig.axes for t in [ax.title, *(ax.get_legend().get_texts()
+                                                                              if ax.get_legend() else [])]))) or save(fig, path))
+    index = build_report([recorded_runs["cpu-seed1"], h100], tmp_path / "rep")
+    for name, text in legends:
+        if name != "power.png":
+            assert all(label in text for label in labels), (name, text)
+    machines = {r["run"]: r for r in _csv(tmp_path / "rep" / "runs.csv")}
+    assert machines["H100 copy"]["gpu"] == "NVIDIA H100 80GB HBM3" and machines["H100 copy"]["driver"] == "550.54"
+    assert machines["cpu-seed1"]["gpu"] == "none" and machines["cpu-seed1"]["cores"] == "2"
+    page = index.read_text()
+    probe = index.with_name("probe.html")
+    probe.write_text(page.replace("</body>", TWO_MACHINES % json.dumps(labels) + "</body>"))
+    p = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={tmp_path / 'ud'}",
+                        "--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    m = re.search(r'data-check="([^"]*)"', p.stdout)
+    assert m, p.stdout[-2000:] + p.stderr[-2000:]
+    check = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert len(check["tables"]) >= 8 and all(all(t) for t in check["tables"]), check["tables"]
+    assert {src for src, _ in check["imgs"]} >= {"fig7.png", "fig8.png", "fig9.png"} and all(ok for _, ok in check["imgs"])
 
 
 def test_report_of_a_real_training_run(tiny_features, tmp_path):

@@ -33,7 +33,8 @@ def test_cli_end_to_end(tmp_path):
     assert stop["metadata"]["status"] == "success"
 
     info = json.loads((run / "run.json").read_text())
-    with ResultsDB(info["db"]) as db:
+    assert info["format"] == 2 and info["label"].endswith(" tiny fp32")
+    with ResultsDB(run / "results.db", readonly=True) as db:
         its = db.query("SELECT * FROM iterations WHERE run_id = ? ORDER BY iteration", [info["run_id"]])
         evals = db.query("SELECT * FROM evals WHERE run_id = ? AND final = 0", [info["run_id"]])
         finals = db.query("SELECT split FROM evals WHERE run_id = ? AND final = 1", [info["run_id"]])
@@ -44,8 +45,9 @@ def test_cli_end_to_end(tmp_path):
     assert {"dev-clean", "test-clean"} <= {r["split"] for r in finals}
 
     table = json.loads(cli("tta", run, "--metric", "cer", "--targets", "1000,0.001", "--epochs", "1", "--json").stdout)
-    assert all(set(r) >= {"run", "metric", "target", "epochs", "minutes", "relative", "platform", "cost to accuracy $",
-                          "price note"} for r in table)
+    assert all(set(r) >= {"run", "machine", "metric", "target", "epochs", "minutes", "relative", "init s", "platform",
+                          "cost to accuracy $", "price note"} for r in table)
+    assert table[0]["run"] == info["label"] and table[0]["init s"] > 0
     assert table[0]["cost to accuracy $"] is None and "give --price-per-hour" in table[0]["price note"]  # a CPU box
     priced = json.loads(cli("tta", run, "--targets", "1000", "--epochs", "1", "--price-per-hour", "6", "--json").stdout)
     assert priced[0]["cost to accuracy $"] == priced[0]["minutes"] / 60 * 6
@@ -59,12 +61,19 @@ def test_cli_end_to_end(tmp_path):
     assert row[0]["decoder"] == "wordbeam:ngrams_forecast" and row[0]["n_utts"] > 0 and 0 <= row[0]["cer"]
     sweep = json.loads(cli("beam-sweep", run, "--widths", "1,4", "--json").stdout)
     assert [r["beam"] for r in sweep] == [1, 4] and all(r["eval_s"] > 0 and r["decoder"] == "wordbeam" for r in sweep)
-    with ResultsDB(info["db"]) as db:
+    with ResultsDB(run / "results.db", readonly=True) as db:
         assert len(db.query("SELECT * FROM beam_sweep WHERE run_id = ?", [info["run_id"]])) == 2
     bad_mode = cli("eval", run, "--mode", "fastest", check=False)
     assert bad_mode.returncode == 2 and "fastest" in bad_mode.stderr
 
     again = cli("train", "--preset", "tiny", "--data", feats, "--out", run, check=False)
-    assert again.returncode == 2 and "already holds a run" in again.stderr
+    assert again.returncode == 2 and "holds a run of another configuration (train.threads: 1 there, 0 now)" in again.stderr
+    events_before = (run / "events.log").read_bytes()
+    done = cli("train", "--preset", "tiny", "--data", feats, "--out", run, "max_epochs=2", "threads=1", "--json")
+    assert json.loads(done.stdout) == [summary]  # finished: reported, nothing changed
+    assert (run / "events.log").read_bytes() == events_before
+    refused = cli("train", "--preset", "tiny", "--data", feats, "--out", run, "max_epochs=2", "threads=1",
+                  "--resume", "no", check=False)
+    assert refused.returncode == 2 and "already holds a run" in refused.stderr
     bad = cli("train", "--preset", "tiny", "--data", tmp_path / "nowhere", "--out", tmp_path / "r2", check=False)
     assert bad.returncode == 2 and "nowhere" in bad.stderr

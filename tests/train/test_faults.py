@@ -34,7 +34,7 @@ def _popen(*args):
 
 def _rows(run, sql):
     info = json.loads((run / "run.json").read_text())
-    with ResultsDB(info["db"]) as db:
+    with ResultsDB(run / "results.db") as db:
         return db.query(sql, [info["run_id"]])
 
 

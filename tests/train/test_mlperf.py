@@ -69,7 +69,7 @@ def test_initialization_is_outside_the_tta_clock(tiny_features, tmp_path, monkey
     assert summary["init_s"] >= 1.5
     stop = [e for e in read_events(tmp_path / "run" / "events.log") if e["key"] == "init_stop"][0]
     assert stop["metadata"]["init_s"] >= 1.5 and "decoder_s" in stop["metadata"]
-    with ResultsDB(tmp_path / "results.db") as db:
+    with ResultsDB(tmp_path / "run" / "results.db") as db:
         first = db.query("SELECT clock_s FROM iterations ORDER BY iteration LIMIT 1")[0]["clock_s"]
     assert first < 1.5  # the first step is timed from run_start, not from init_start
 

@@ -28,7 +28,7 @@ def _train(*args):
 
 def _rows(run, sql):
     info = json.loads((run / "run.json").read_text())
-    with ResultsDB(info["db"]) as db:
+    with ResultsDB(run / "results.db", readonly=True) as db:
         return db.query(sql, [info["run_id"]])
 
 

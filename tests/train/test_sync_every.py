@@ -13,7 +13,7 @@ def _run(feats, out, *over):
     summary = train("tiny", feats, out, ["max_epochs=1", "threads=1", "device=cpu", "checkpoint_every=6",
                                          "sentence_every=4", *over], quiet=True)
     info = json.loads((out / "run.json").read_text())
-    with ResultsDB(info["db"]) as db:
+    with ResultsDB(out / "results.db") as db:
         rows = db.query("SELECT iteration, loss, batch_size FROM iterations WHERE run_id = ? ORDER BY iteration",
                         [info["run_id"]])
     return summary, rows, load_checkpoint(out)

@@ -1,0 +1,469 @@
+"""A run folder and everything in it: the one object that training writes and readers open.
+
+A run folder (``train --out RUN``, a parallel worker's ``--out RUN``) is self-contained and
+portable: it can be copied, renamed or moved to another machine and still opens there.
+
+- ``run.json``: format version, run id, kind, label, where the features were (a hint only)
+- ``config.json``, ``env.json``: the configuration and the machine (hardware, versions)
+- ``results.db``: the run's own rows (runs, iterations, evals, samples, beam sweeps, ...)
+- ``events.log`` (MLPerf style), ``sentences.jsonl``: append-only logs, cut back to the
+  checkpoint's sizes on resume so that no line is doubled
+- ``checkpoint.pt``: weights, optimizer, scheduler, scaler, RNG, data position, TTA clock
+- ``summary.json``: written once the run finished (its presence means: finished)
+
+Nothing recorded inside is trusted as an absolute path: the features folder is recorded
+as given, resolved and relative to the run folder, and used only where it exists (readers
+take ``--data FEATS`` to point elsewhere). A shared database (``--db``) receives the same
+rows as the run's own, for collecting many runs in one file; a reader opens the run's own.
+A folder of the previous release (``run.json`` without a format, rows in a ``results.db``
+beside the folder) opens when that database is inside or beside the folder; otherwise the
+error says how to bring it in.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from speechperf.atomic import atomic_write_text
+from speechperf.errors import SpeechperfError
+from speechperf.results.db import ResultsDB, ResultsError
+
+FORMAT = 2  # run.json "format"; the previous release wrote none (format 1)
+RUN_FILE, DB_FILE, SUMMARY_FILE, CHECKPOINT_FILE = "run.json", "results.db", "summary.json", "checkpoint.pt"
+APPEND_LOGS = ("events.log", "sentences.jsonl")
+SENTENCES_SHOWN = 3  # last logged sentence batches a reader gets
+
+
+class RunError(SpeechperfError):
+    """A run folder that cannot be opened as asked; the message names the folder and what is missing."""
+
+
+@dataclass
+class Progress:
+    """Where a run stands; saved in every checkpoint (training loop and parallel worker)."""
+
+    epoch: int = 1  # current epoch (1-based): the next one to train
+    start_batch: int = 0  # next batch of the current epoch
+    iteration: int = 0  # optimizer steps attempted so far
+    clock_s: float = 0.0  # TTA clock (train) or training seconds (parallel) at the last checkpoint
+    skipped_steps: int = 0  # steps skipped for non-finite loss or gradients
+    consecutive_bad: int = 0  # skipped steps in a row (abort at max_bad_losses)
+    impossible_utts: int = 0  # utterances whose labels cannot fit the output frames
+    evals: list = field(default_factory=list)  # per-epoch history: train (clock_s, wer, cer); parallel epoch rows
+    log_sizes: dict = field(default_factory=dict)  # byte sizes of the append-only logs at the checkpoint
+    status: str | None = None  # why training stopped: success, time_cap, max_epochs (None: running)
+    resumed_after: list = field(default_factory=list)  # epochs after which the run was restarted
+    init_s: float = 0.0  # initialization seconds outside the TTA clock, summed over (re)starts
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Progress":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class Clock:
+    """Seconds since model creation, counting only time this process (or its predecessors) ran."""
+
+    def __init__(self, base: float = 0.0):
+        self.base, self.t0 = base, time.perf_counter()
+
+    def now(self) -> float:
+        return self.base + time.perf_counter() - self.t0
+
+
+class Run:
+    """One run folder. ``Run.create`` starts one (writable), ``Run.open`` opens one (read-only
+    unless ``write=True``); rows go to the folder's own database and to ``shared_db`` if given."""
+
+    def __init__(self, folder: Path, info: dict, db_path: Path, write: bool, shared_db: Path | None = None,
+                 data: Path | None = None):
+        self.folder, self.info, self.db_path, self.write = Path(folder), info, Path(db_path), write
+        self.shared_db = Path(shared_db) if shared_db else None
+        self.data_override = Path(data) if data else None
+        self._dbs: list[ResultsDB] | None = None
+        self._events = None
+        self._pending: list[dict] = []  # iteration rows not yet written (flushed at checkpoints)
+
+    # ---- creating and opening -------------------------------------------------------------
+    @staticmethod
+    def exists(folder: Path) -> bool:
+        return (Path(folder) / RUN_FILE).is_file()
+
+    @classmethod
+    def create(cls, folder: Path, *, kind: str, config: dict, env: dict, data: Path | None = None,
+               label: str | None = None, shared_db: Path | None = None, run_id: str | None = None,
+               started_at: float | None = None) -> "Run":
+        """A new run in ``folder``: writes config.json, env.json, run.json (last: its presence
+        means a run is here) and registers the run in its database(s)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        info = {"format": FORMAT, "run_id": run_id or f"{folder.name}-{uuid.uuid4().hex[:8]}", "kind": kind,
+                "label": label or default_label(env, config), "host": env.get("hostname"), "created_at": time.time()}
+        if data is not None:
+            info["data"] = {"given": str(data), "resolved": str(Path(data).resolve()),
+                            "relative": os.path.relpath(Path(data).resolve(), folder.resolve())}
+        atomic_write_text(folder / "config.json", json.dumps(config, indent=1))
+        atomic_write_text(folder / "env.json", json.dumps(env, indent=1, default=str))
+        atomic_write_text(folder / RUN_FILE, json.dumps(info, indent=1))
+        run = cls(folder, info, folder / DB_FILE, write=True, shared_db=shared_db)
+        env_row = {k: v for k, v in env.items()}
+        run.upsert("runs", {"run_id": run.run_id, "kind": kind, "preset": config.get("preset"),
+                            "seed": config.get("train", {}).get("seed", config.get("seed")),
+                            "platform": env.get("platform") or env.get("cpu_model"), "out_dir": str(folder.resolve()),
+                            "config_json": config, "env_json": env_row, "label": run.label,
+                            "started_at": started_at if started_at is not None else time.time(), "status": "running"})
+        return run
+
+    @classmethod
+    def open(cls, folder: Path, *, data: Path | None = None, shared_db: Path | None = None,
+             write: bool = False) -> "Run":
+        """An existing run folder. ``data``: the features folder to use instead of the recorded
+        one; ``shared_db``: also write rows there (``write``), or, for a folder of the previous
+        release without a database of its own, read its rows there."""
+        folder = Path(folder)
+        path = folder / RUN_FILE
+        if not path.is_file():
+            raise RunError(f"{folder} is not a run folder (no {RUN_FILE})")
+        try:
+            info = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RunError(f"{path}: not valid JSON ({e})") from e
+        if not isinstance(info, dict) or "run_id" not in info:
+            raise RunError(f"{path} has no run_id: not a speechperf run folder")
+        version = info.get("format", 1)
+        if not isinstance(version, int) or version > FORMAT:
+            raise RunError(f"{folder} was written by a newer speechperf (run folder format {version!r}; this release "
+                           f"reads formats 1 to {FORMAT}): upgrade speechperf to read it")
+        if version == FORMAT:
+            db_path = folder / DB_FILE
+        else:
+            db_path = cls._legacy_db(folder, info, shared_db)
+        return cls(folder, info, db_path, write=write, shared_db=shared_db if write else None, data=data)
+
+    @staticmethod
+    def _legacy_db(folder: Path, info: dict, shared_db: Path | None) -> Path:
+        """The database of a run folder of the previous release: inside the folder, then beside
+        it, then ``--db``; never the absolute path it recorded (a path on the machine that made it)."""
+        candidates = [folder / DB_FILE, folder.parent / DB_FILE] + ([Path(shared_db)] if shared_db else [])
+        for c in candidates:
+            if c.is_file():
+                try:
+                    with ResultsDB(c, readonly=True) as db:
+                        if db.has_table("runs") and db.query("SELECT 1 FROM runs WHERE run_id = ?", [info["run_id"]]):
+                            return c
+                except ResultsError:
+                    continue
+        recorded = info.get("db", "its results.db")
+        raise RunError(
+            f"{folder}: run {info['run_id']!r} was made by an earlier speechperf release, which kept its rows in "
+            f"{recorded} (a path on the machine that made it); looked for it in {', '.join(map(str, candidates))}. "
+            f"Copy that database into {folder / DB_FILE} (other runs in it are ignored), or name it with --db")
+
+    # ---- what the run is ------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self.info["run_id"]
+
+    @property
+    def kind(self) -> str:
+        return self.info.get("kind", "train")
+
+    @property
+    def format(self) -> int:
+        return self.info.get("format", 1)
+
+    @property
+    def label(self) -> str:
+        """The name in tables and legends (``train --label``; default machine, preset, precision)."""
+        if self.info.get("label"):
+            return self.info["label"]
+        try:  # a run of the previous release: derived the same way
+            return default_label(self.env, self.config)
+        except RunError:
+            return self.folder.name
+
+    @property
+    def config(self) -> dict:
+        return self._json("config.json")
+
+    @property
+    def env(self) -> dict:
+        return self._json("env.json")
+
+    def _json(self, name: str) -> dict:
+        cache = self.__dict__.setdefault("_json_cache", {})
+        if name not in cache:
+            path = self.folder / name
+            try:
+                cache[name] = json.loads(path.read_text())
+            except FileNotFoundError:
+                raise RunError(f"run {self.label_hint} ({self.folder}): {name} is missing") from None
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise RunError(f"{path}: not valid JSON ({e})") from e
+        return cache[name]
+
+    @property
+    def label_hint(self) -> str:
+        return self.info.get("label") or self.run_id
+
+    def features(self) -> Path:
+        """The prepared features folder: ``data`` given to ``open``, else the recorded one where it
+        exists (relative to the run folder, as resolved, as given); else an error saying so."""
+        if self.data_override is not None:
+            if not (self.data_override / "features.json").is_file():
+                raise RunError(f"{self.data_override} is not a prepared features folder (no features.json)")
+            return self.data_override
+        hint = self.info.get("data")
+        if hint is None:  # previous release: only the checkpoint recorded it
+            hint = self._checkpoint_data()
+        if isinstance(hint, str):
+            hint = {"given": hint}
+        candidates = []
+        if hint.get("relative"):
+            candidates.append(Path(os.path.normpath(self.folder / hint["relative"])))
+        candidates += [Path(hint[k]) for k in ("resolved", "given") if hint.get(k)]
+        for c in candidates:
+            if (c / "features.json").is_file():
+                return c
+        where = f" on {self.info['host']}" if self.info.get("host") else ""
+        raise RunError(f"run {self.label_hint} ({self.folder}): its features folder is not here (recorded as "
+                       f"{hint.get('given')!r}, {hint.get('resolved') or hint.get('given')}{where}); "
+                       "give --data FEATS")
+
+    def _checkpoint_data(self) -> dict:
+        try:
+            return {"given": str(self.load_checkpoint().get("data"))}
+        except SpeechperfError:
+            return {}
+
+    # ---- database -------------------------------------------------------------------------
+    def dbs(self) -> list[ResultsDB]:
+        """The open databases: the run's own (read-only unless writable), then the shared one."""
+        if self._dbs is None:
+            self._dbs = [ResultsDB(self.db_path, readonly=not self.write)]
+            if self.write and self.shared_db is not None and self.shared_db.resolve() != self.db_path.resolve():
+                self._dbs.append(ResultsDB(self.shared_db))
+        return self._dbs
+
+    @property
+    def db(self) -> ResultsDB:
+        return self.dbs()[0]
+
+    def _writable(self) -> list[ResultsDB]:
+        if not self.write:
+            raise RunError(f"{self.folder} was opened read-only")
+        return self.dbs()
+
+    def upsert(self, table: str, row: dict) -> None:
+        for db in self._writable():
+            db.upsert(table, row)
+
+    def insert(self, table: str, rows: list[dict]) -> None:
+        for db in self._writable():
+            db.insert_many(table, rows)
+
+    def execute(self, sql: str, params=()) -> None:
+        for db in self._writable():
+            db.execute(sql, params)
+
+    def query(self, sql: str, params=()) -> list[dict]:
+        return self.db.query(sql, params)
+
+    def add_iteration(self, row: dict) -> None:
+        """Buffer a training iteration's row; written at the next ``flush`` (every checkpoint)."""
+        self._pending.append({"run_id": self.run_id, **row})
+
+    def flush(self) -> None:
+        if self._pending:
+            self.insert("iterations", self._pending)
+            self._pending.clear()
+
+    def set_status(self, status: str) -> None:
+        self.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, self.run_id])
+
+    def forget_after(self, progress: Progress) -> None:
+        """On resume: drop rows written after the checkpoint (they are measured again)."""
+        self.execute("DELETE FROM iterations WHERE run_id = ? AND iteration > ?", [self.run_id, progress.iteration])
+        self.execute("DELETE FROM evals WHERE run_id = ? AND (epoch >= ? OR final = 1)", [self.run_id, progress.epoch])
+        self.execute("DELETE FROM parallel_epochs WHERE run_id = ? AND epoch >= ?", [self.run_id, progress.epoch])
+
+    def row(self) -> dict:
+        rows = self.query("SELECT * FROM runs WHERE run_id = ?", [self.run_id])
+        if not rows:
+            raise RunError(f"run {self.run_id!r} ({self.folder}) is not in {self.db_path}: its rows are missing")
+        return rows[0]
+
+    def eval_split(self) -> str:
+        return self.config.get("train", {}).get("eval_split", "dev-clean")
+
+    def evals(self, final: bool = False) -> list[dict]:
+        """Per-epoch validation rows in epoch order, or the final evaluations (every split)."""
+        if final:
+            return self.query("SELECT * FROM evals WHERE run_id = ? AND final = 1 ORDER BY split, decoder, beam",
+                              [self.run_id])
+        return self.query("SELECT * FROM evals WHERE run_id = ? AND final = 0 AND split = ? ORDER BY epoch",
+                          [self.run_id, self.eval_split()])
+
+    def iterations(self) -> list[dict]:
+        return self.query("SELECT * FROM iterations WHERE run_id = ? ORDER BY iteration", [self.run_id])
+
+    def samples(self) -> list[dict]:
+        return self.query("SELECT t, source, metric, value FROM samples WHERE run_id = ? ORDER BY t", [self.run_id])
+
+    def beam_sweep(self) -> list[dict]:
+        if not self.db.has_table("beam_sweep"):
+            return []
+        return self.query("SELECT * FROM beam_sweep WHERE run_id = ? ORDER BY decoder, beam", [self.run_id])
+
+    # ---- logs -----------------------------------------------------------------------------
+    def events(self):
+        """The MLPerf event log (append mode), opened once."""
+        if self._events is None:
+            from speechperf.train.events import EventLog
+
+            self._events = EventLog(self.folder / "events.log", self.run_id)
+        return self._events
+
+    def append_sentences(self, record: dict) -> None:
+        with open(self.folder / "sentences.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def sentences(self, last: int = SENTENCES_SHOWN) -> list[dict]:
+        path = self.folder / "sentences.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines()[-last:]:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a run killed mid-write leaves half a line: skip it
+                continue
+        return out
+
+    def log_sizes(self) -> dict:
+        return {n: (self.folder / n).stat().st_size for n in APPEND_LOGS if (self.folder / n).exists()}
+
+    def truncate_logs(self, sizes: dict) -> None:
+        """On resume, cut the append-only logs back to the checkpoint so that no line is doubled."""
+        for name in APPEND_LOGS:
+            path = self.folder / name
+            size = sizes.get(name, 0)
+            if path.exists() and path.stat().st_size > size:
+                with open(path, "r+b") as f:
+                    f.truncate(size)
+
+    # ---- checkpoint -----------------------------------------------------------------------
+    def save_checkpoint(self, progress: Progress, **state) -> None:
+        """Write the checkpoint atomically: ``progress`` (with the logs' sizes now), the RNG
+        states and ``state`` (model, optimizer, ... as state dicts). Pending rows go first."""
+        from speechperf.train.checkpoint import save_checkpoint
+
+        self.flush()
+        progress.log_sizes = self.log_sizes()
+        save_checkpoint(self.folder, {"run_id": self.run_id, "config": self.config, "progress": asdict(progress),
+                                      **state})
+
+    def has_checkpoint(self) -> bool:
+        return (self.folder / CHECKPOINT_FILE).is_file()
+
+    def load_checkpoint(self) -> dict:
+        return read_checkpoint(self.folder)
+
+    # ---- summary --------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return (self.folder / SUMMARY_FILE).is_file()
+
+    def summary(self) -> dict | None:
+        path = self.folder / SUMMARY_FILE
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise RunError(f"{path}: not valid JSON ({e})") from e
+
+    def write_summary(self, summary: dict, name: str = SUMMARY_FILE) -> None:
+        atomic_write_text(self.folder / name, json.dumps(summary, indent=1))
+
+    def close(self) -> None:
+        if self._pending:
+            self.flush()
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+        for db in self._dbs or []:
+            db.close()
+        self._dbs = None
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_checkpoint(folder: Path) -> dict:
+    """The checkpoint of a run folder (any rank may read it; only rank 0 writes)."""
+    from speechperf.train.checkpoint import load_checkpoint
+
+    return load_checkpoint(Path(folder))
+
+
+# ---- labels ------------------------------------------------------------------------------
+GPU_VENDOR_WORDS = {"nvidia", "amd", "geforce", "tesla", "quadro", "instinct", "radeon", "intel"}
+CPU_FAMILIES = ("xeon", "epyc", "ryzen", "threadripper", "core", "graviton", "neoverse", "ampere", "apple", "power")
+
+
+def short_gpu(name: str) -> str:
+    """"NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA GeForce RTX 4090" -> "RTX4090", "AMD Instinct MI300X" -> "MI300X"."""
+    words = [w for w in name.replace("(R)", "").split() if w.lower() not in GPU_VENDOR_WORDS]
+    if not words:
+        return "GPU"
+    if words[0].upper() in ("RTX", "GTX") and len(words) > 1:
+        return words[0] + words[1]
+    return words[0].split("-")[0]
+
+
+def short_cpu(model: str | None) -> str:
+    """"Intel(R) Xeon(R) CPU @ 2.20GHz" -> "Xeon", "AMD EPYC 7B13" -> "EPYC"."""
+    words = (model or "").replace("(R)", "").replace("(TM)", "").replace("(tm)", "").split()
+    for w in words:
+        if w.lower() in CPU_FAMILIES:
+            return w
+    rest = [w for w in words if w.lower() not in ("intel", "amd", "cpu")]
+    return rest[0] if rest else "CPU"
+
+
+def machine_name(env: dict) -> str:
+    """GPU model x GPUs used (one per process) on a GPU run, else cores and CPU family."""
+    gpus = env.get("gpus") or []
+    if gpus and str(env.get("device", "")).startswith("cuda"):
+        return f"{short_gpu(gpus[0].get('name', 'GPU'))}x{env.get('world_size') or 1}"
+    cores = env.get("cpu_affinity") or env.get("cpu_cores_logical")
+    return f"{cores}-core {short_cpu(env.get('cpu_model'))}" if cores else short_cpu(env.get("cpu_model"))
+
+
+def default_label(env: dict, config: dict) -> str:
+    """"H100x1 paper bf16", "2-core Xeon cpu fp32": machine, preset, precision."""
+    train = config.get("train", {})
+    parts = [machine_name(env), config.get("preset") or config.get("algo"), train.get("precision") or config.get("model")]
+    return " ".join(str(p) for p in parts if p)
+
+
+def unique_labels(runs: list[Run]) -> list[str]:
+    """The runs' labels, colliding ones told apart by their folder's name (then a number)."""
+    labels = [r.label for r in runs]
+    out = []
+    for r, label in zip(runs, labels):
+        out.append(f"{label} [{r.folder.name}]" if labels.count(label) > 1 else label)
+    seen: dict[str, int] = {}
+    for i, label in enumerate(out):
+        if out.count(label) > 1:
+            seen[label] = seen.get(label, 0) + 1
+            out[i] = f"{label} #{seen[label]}"
+    return out

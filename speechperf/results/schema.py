@@ -1,0 +1,102 @@
+"""Every table of the results database, in one place.
+
+A run folder's own ``results.db`` and a shared collection database (``--db``) have the same
+schema: :class:`speechperf.results.ResultsDB` creates every table when it opens a file for
+writing, so a reader never meets a database without the table it asks for (a database
+written by an older release may still lack the newer tables: readers check ``has_table``).
+Columns are only ever added (``ResultsDB.add_missing_columns``), never renamed.
+"""
+from __future__ import annotations
+
+RUNS = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,      -- unique name (the run folder's name plus a short hash)
+    kind TEXT NOT NULL,           -- 'train', 'parallel'
+    preset TEXT,
+    seed INTEGER,
+    platform TEXT,                -- platform name (detected or given)
+    out_dir TEXT,                 -- run folder as it was when the run started (a hint: folders move)
+    config_json TEXT,             -- RunConfig.to_dict()
+    env_json TEXT,                -- hardware and library versions
+    started_at REAL,              -- unix time of model creation
+    status TEXT,                  -- 'running', 'success', 'time_cap', 'max_epochs', 'failed'
+    label TEXT                    -- the run's label in tables and legends
+);
+"""
+
+ITERATIONS = """
+CREATE TABLE IF NOT EXISTS iterations (
+    run_id TEXT, iteration INTEGER, epoch INTEGER,
+    clock_s REAL,                 -- TTA clock (seconds since model creation, down time excluded)
+    loss REAL, batch_size INTEGER, frames INTEGER, audio_s REAL,
+    step_s REAL, utts_per_s REAL, audio_s_per_s REAL,
+    PRIMARY KEY (run_id, iteration)
+);
+"""
+
+EVALS = """
+CREATE TABLE IF NOT EXISTS evals (
+    run_id TEXT, epoch INTEGER, split TEXT, decoder TEXT, beam INTEGER,
+    clock_s REAL,                 -- TTA clock when the evaluation finished
+    eval_s REAL,                  -- seconds the evaluation took (not training time)
+    loss REAL, wer REAL, cer REAL, cer_paper REAL, n_utts INTEGER,
+    final INTEGER DEFAULT 0,      -- 1 for the final evaluation after training
+    PRIMARY KEY (run_id, epoch, split, decoder, beam, final)
+);
+"""
+
+SAMPLES = """
+CREATE TABLE IF NOT EXISTS samples (
+    run_id TEXT, t REAL, source TEXT, metric TEXT, value REAL
+);
+CREATE INDEX IF NOT EXISTS samples_run ON samples (run_id, source, metric);
+"""
+
+BEAM_SWEEP = """
+CREATE TABLE IF NOT EXISTS beam_sweep (
+    run_id TEXT, split TEXT, decoder TEXT, beam INTEGER,
+    eval_s REAL, wer REAL, cer REAL, cer_paper REAL, n_utts INTEGER, device TEXT,
+    PRIMARY KEY (run_id, split, decoder, beam)
+);
+"""
+
+PARALLEL_RUNS = """
+CREATE TABLE IF NOT EXISTS parallel_runs (
+    run_id TEXT PRIMARY KEY, algo TEXT, workers INTEGER, sync_period INTEGER, batch INTEGER, model TEXT,
+    epochs INTEGER, train_s REAL, s_per_epoch REAL, comm_s REAL, comm_bytes INTEGER, syncs INTEGER,
+    cv_loss REAL, wer_test_clean REAL, wer_test_other REAL, device TEXT, status TEXT, env_json TEXT,
+    shared_start INTEGER  -- 1: the run that made a sweep's starting model (--save-init), no grid point
+);
+"""
+
+PARALLEL_EPOCHS = """
+CREATE TABLE IF NOT EXISTS parallel_epochs (
+    run_id TEXT, epoch INTEGER, train_s REAL, cv_loss REAL, lr REAL, PRIMARY KEY (run_id, epoch)
+);
+"""
+
+BENCH_ZOO = """
+CREATE TABLE IF NOT EXISTS bench_zoo (
+    at REAL, model TEXT, batch INTEGER, precision TEXT, multiply TEXT, accumulate TEXT, device TEXT, libraries TEXT,
+    params_m REAL, paper_params_m REAL, unit TEXT,
+    samples_per_s REAL, step_s REAL, iters INTEGER, spread_pct REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
+    status TEXT,
+    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT
+);
+"""
+
+BENCH_OPS = """
+CREATE TABLE IF NOT EXISTS bench_ops (
+    at REAL, device TEXT, dtype TEXT, accumulate TEXT, threads INTEGER, op TEXT, shape TEXT, gflop REAL,
+    iters INTEGER, ms_mid REAL, ms_median REAL, spread_pct REAL, tflops REAL, pct_peak REAL,
+    peak_tflops REAL, peak_source TEXT, torch TEXT, libraries TEXT, power_w REAL, joules_per_call REAL, gflops_per_w REAL,
+    energy TEXT, status TEXT, measured_peak_tflops REAL, pct_measured_peak REAL, env_json TEXT,
+    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT
+);
+"""
+
+# name -> DDL; ResultsDB runs them all (idempotent) when it opens a database for writing.
+TABLES = {"runs": RUNS, "iterations": ITERATIONS, "evals": EVALS, "samples": SAMPLES, "beam_sweep": BEAM_SWEEP,
+          "parallel_runs": PARALLEL_RUNS, "parallel_epochs": PARALLEL_EPOCHS, "bench_zoo": BENCH_ZOO,
+          "bench_ops": BENCH_OPS}
+ALL = "".join(TABLES.values())

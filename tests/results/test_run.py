@@ -1,0 +1,152 @@
+"""The run folder: create and open, labels, portability of recorded paths, the previous
+release's format, clear errors instead of empty results, and concurrent writers."""
+import json
+import multiprocessing
+import shutil
+
+import pytest
+
+from speechperf.errors import SpeechperfError
+from speechperf.results import ResultsDB
+from speechperf.results.run import (FORMAT, Progress, Run, default_label, machine_name, short_cpu, short_gpu,
+                                    unique_labels)
+
+CPU_ENV = {"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_cores_logical": 2, "device": "cpu", "gpus": [],
+           "hostname": "box-a"}
+H100_ENV = {"cpu_model": "AMD EPYC 9454 48-Core Processor", "cpu_cores_logical": 96, "device": "cuda:0",
+            "world_size": 1, "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.2}]}
+CONFIG = {"preset": "tiny", "train": {"precision": "fp32", "seed": 1, "eval_split": "dev-clean"}}
+
+
+def _features(path):
+    path.mkdir(parents=True)
+    (path / "features.json").write_text("{}")
+    return path
+
+
+def test_labels_name_machine_preset_and_precision():
+    assert short_gpu("NVIDIA H100 80GB HBM3") == "H100" and short_gpu("NVIDIA GeForce RTX 4090") == "RTX4090"
+    assert short_gpu("AMD Instinct MI300X") == "MI300X" and short_gpu("NVIDIA A100-SXM4-80GB") == "A100"
+    assert short_cpu("Intel(R) Xeon(R) CPU @ 2.20GHz") == "Xeon" and short_cpu("AMD EPYC 7B13") == "EPYC"
+    assert default_label(CPU_ENV, CONFIG) == "2-core Xeon tiny fp32"
+    assert default_label(H100_ENV, {"preset": "paper", "train": {"precision": "bf16"}}) == "H100x1 paper bf16"
+    assert machine_name({**H100_ENV, "device": "cpu"}) == "96-core EPYC"  # GPUs present but unused
+
+
+def test_create_open_and_colliding_labels(tmp_path):
+    feats = _features(tmp_path / "feats")
+    a = Run.create(tmp_path / "a", kind="train", config=CONFIG, env=CPU_ENV, data=feats)
+    b = Run.create(tmp_path / "b", kind="train", config=CONFIG, env=CPU_ENV, data=feats)
+    c = Run.create(tmp_path / "c", kind="train", config=CONFIG, env=CPU_ENV, data=feats, label="mine")
+    for r in (a, b, c):
+        r.close()
+    runs = [Run.open(tmp_path / n) for n in "abc"]
+    assert [r.format for r in runs] == [FORMAT] * 3 and runs[0].features() == feats
+    assert unique_labels(runs) == ["2-core Xeon tiny fp32 [a]", "2-core Xeon tiny fp32 [b]", "mine"]
+    assert runs[0].row()["label"] == "2-core Xeon tiny fp32"
+    with pytest.raises(SpeechperfError, match="opened read-only"):
+        runs[0].upsert("evals", {"run_id": "x"})
+    for r in runs:
+        r.close()
+
+
+def test_a_moved_folder_finds_its_features_beside_it_and_never_elsewhere(tmp_path, monkeypatch):
+    feats = _features(tmp_path / "one" / "feats")
+    Run.create(tmp_path / "one" / "run", kind="train", config=CONFIG, env=CPU_ENV, data=feats).close()
+    shutil.move(tmp_path / "one", tmp_path / "two")  # run and features moved together
+    monkeypatch.chdir(tmp_path)
+    run = Run.open(tmp_path / "two" / "run")
+    assert run.features() == tmp_path / "two" / "feats"
+    shutil.rmtree(tmp_path / "two" / "feats")
+    with pytest.raises(SpeechperfError, match=r"its features folder is not here \(recorded as .*feats.* on box-a\); "
+                                              "give --data FEATS"):
+        run.features()
+    other = _features(tmp_path / "elsewhere")
+    assert Run.open(tmp_path / "two" / "run", data=other).features() == other
+    with pytest.raises(SpeechperfError, match="nowhere is not a prepared features folder"):
+        Run.open(tmp_path / "two" / "run", data=tmp_path / "nowhere").features()
+
+
+def test_newer_format_and_broken_folders_are_named(tmp_path):
+    run = Run.create(tmp_path / "run", kind="train", config=CONFIG, env=CPU_ENV)
+    run.close()
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    (tmp_path / "run" / "run.json").write_text(json.dumps({**info, "format": FORMAT + 1}))
+    with pytest.raises(SpeechperfError, match=f"written by a newer speechperf \\(run folder format {FORMAT + 1}"):
+        Run.open(tmp_path / "run")
+    (tmp_path / "run" / "run.json").write_text(json.dumps(info))
+    (tmp_path / "run" / "results.db").unlink()
+    with pytest.raises(SpeechperfError, match="no results database at .*run/results.db"):
+        Run.open(tmp_path / "run").row()
+    (tmp_path / "run" / "results.db").write_bytes(b"garbage" * 200)
+    with pytest.raises(SpeechperfError, match="run/results.db is not a readable results database"):
+        Run.open(tmp_path / "run").row()
+    with pytest.raises(SpeechperfError, match="not a run folder"):
+        Run.open(tmp_path)
+
+
+def _legacy_run(root, name="run", db_beside=True):
+    """A run folder as the previous release wrote it: run.json without a format, naming its
+    database by an absolute path on the machine that made it; the rows beside the folder."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": f"{name}-1234", "db": "/home/someone/exp/results.db",
+                                              "data": "/home/someone/exp/feats"}))
+    (run / "config.json").write_text(json.dumps(CONFIG))
+    (run / "env.json").write_text(json.dumps(CPU_ENV))
+    db_path = (root / "results.db") if db_beside else (root / "elsewhere.db")
+    with ResultsDB(db_path) as db:
+        db.upsert("runs", {"run_id": f"{name}-1234", "kind": "train", "config_json": CONFIG, "env_json": CPU_ENV})
+        for epoch in (1, 2, 3):
+            db.upsert("evals", {"run_id": f"{name}-1234", "epoch": epoch, "split": "dev-clean", "decoder": "greedy",
+                                "beam": 1, "clock_s": 60.0 * epoch, "eval_s": 1.0, "loss": 1.0, "wer": 20.0,
+                                "cer": 5.0, "cer_paper": 5.0, "n_utts": 3, "final": 0})
+    return run
+
+
+def test_a_run_of_the_previous_release_opens_or_says_how_to_convert_it(tmp_path):
+    from speechperf.metrics.tta import tta_table
+
+    run = _legacy_run(tmp_path / "old")
+    opened = Run.open(run)
+    assert opened.format == 1 and opened.db_path == tmp_path / "old" / "results.db"
+    assert opened.label == "2-core Xeon tiny fp32"
+    assert [r["minutes"] for r in tta_table([run], targets=[10])] == [3.0]
+    lone = _legacy_run(tmp_path / "lone", db_beside=False)
+    with pytest.raises(SpeechperfError, match=r"made by an earlier speechperf release.*/home/someone/exp/results.db.*"
+                                              r"Copy that database into .*lone/run/results.db"):
+        Run.open(lone)
+    assert [r["minutes"] for r in tta_table([lone], targets=[10], db_path=tmp_path / "lone" / "elsewhere.db")] == [3.0]
+    shutil.copy(tmp_path / "lone" / "elsewhere.db", lone / "results.db")  # the conversion the message asks for
+    assert Run.open(lone).db_path == lone / "results.db"
+    assert not (tmp_path / "home").exists()  # the recorded absolute path was never touched
+
+
+def _writer(args):
+    folder, shared, n = args
+    run = Run.create(folder, kind="train", config=CONFIG, env=CPU_ENV, shared_db=shared)
+    for i in range(n):
+        run.add_iteration({"iteration": i + 1, "epoch": 1, "clock_s": float(i), "loss": 1.0, "batch_size": 4,
+                           "frames": 10, "audio_s": 1.0, "step_s": 0.1, "utts_per_s": 40.0, "audio_s_per_s": 10.0})
+        if i % 5 == 4:
+            run.flush()  # many small transactions: the writers interleave
+    run.set_status("success")
+    run.close()
+    return run.run_id
+
+
+def test_concurrent_writers_lose_no_row(tmp_path):
+    shared, n, procs = tmp_path / "shared.db", 150, 4
+    with multiprocessing.get_context("spawn").Pool(procs) as pool:
+        ids = pool.map(_writer, [(tmp_path / f"run{k}", shared, n) for k in range(procs)])
+    with ResultsDB(shared, readonly=True) as db:
+        assert sorted(r["run_id"] for r in db.query("SELECT run_id FROM runs WHERE status = 'success'")) == sorted(ids)
+        counts = {r["run_id"]: r["n"] for r in db.query("SELECT run_id, COUNT(*) AS n FROM iterations GROUP BY run_id")}
+    assert counts == {i: n for i in ids}
+    for k, run_id in enumerate(sorted(ids)):  # and each folder's own database holds its own rows only
+        with Run.open(tmp_path / f"run{k}") as r:
+            assert len(r.iterations()) == n and {x["run_id"] for x in r.iterations()} == {r.run_id}
+
+
+def test_progress_ignores_unknown_fields():
+    assert Progress.from_dict({"epoch": 3, "train_s": 1.0}).epoch == 3

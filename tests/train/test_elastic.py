@@ -1,0 +1,78 @@
+"""Elastic restarts: a restarted worker group repeats ``train --out RUN``, which continues the
+run from its last checkpoint (``--resume auto``, the default); killing one of two workers
+and repeating the command leaves a run equal to one never interrupted (gloo on CPU is
+deterministic here).
+
+The test repeats the torchrun command itself, as ``torchrun --max-restarts`` would: with
+torch 2.13's CPU build, torchrun's own restart of a gloo group fails on this machine inside
+``init_process_group`` (gloo connectFullMesh times out on the dead round's address, with
+the static and the c10d rendezvous alike), before any speechperf code runs."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from speechperf.parallel.sweep import free_port
+from speechperf.train.checkpoint import CheckpointError, load_checkpoint
+from speechperf.train.events import read_events
+
+ARGS = ["--preset", "tiny", "max_epochs=3", "threads=1", "batch_size=4", "checkpoint_every=2", "sentence_every=3"]
+
+
+def _torchrun(feats, out) -> subprocess.Popen:
+    """torchrun in the background, its output in OUT.log (a pipe nobody reads would fill and stall it)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--monitor-interval", "0.1",
+           "--master-port", str(free_port()),
+           "-m", "speechperf", "train", "--data", str(feats), "--out", str(out), *ARGS]
+    log = open(f"{out}.log", "a")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _log(out) -> str:
+    return "\n".join(ln for ln in open(f"{out}.log").read().splitlines() if not ln.startswith(("iter", "  ref", "  hyp")))
+
+
+def _rank(parent: psutil.Process, rank: int):
+    for p in parent.children(recursive=True):
+        try:
+            if p.environ().get("RANK") == str(rank) and "speechperf" in " ".join(p.cmdline()):
+                return p
+        except psutil.Error:
+            pass
+    return None
+
+
+@pytest.mark.timeout(450)
+def test_a_killed_worker_then_the_same_command_equals_an_uninterrupted_run(tiny_features, tmp_path):
+    ref = _torchrun(tiny_features, tmp_path / "ref")
+    assert ref.wait(timeout=200) == 0, _log(tmp_path / "ref")
+
+    p = _torchrun(tiny_features, tmp_path / "run")
+    victim, deadline = None, time.time() + 300
+    while victim is None and time.time() < deadline:  # rank 1, once a mid-run checkpoint exists
+        try:
+            if load_checkpoint(tmp_path / "run")["progress"]["iteration"] >= 4:
+                victim = _rank(psutil.Process(p.pid), 1)
+        except CheckpointError:
+            pass
+        assert p.poll() is None, "training finished before a worker could be killed"
+        time.sleep(0.02)
+    assert victim is not None
+    victim.send_signal(signal.SIGKILL)
+    assert p.wait(timeout=200) != 0  # torchrun stops the group: the run is left unfinished
+    assert not (tmp_path / "run" / "summary.json").exists()
+    again = _torchrun(tiny_features, tmp_path / "run")  # the same command, as a restart repeats it
+    assert again.wait(timeout=200) == 0, _log(tmp_path / "run")
+
+    a, b = load_checkpoint(tmp_path / "ref"), load_checkpoint(tmp_path / "run")
+    assert a["progress"]["iteration"] == b["progress"]["iteration"] and b["progress"]["status"] == "success"
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    keys = [e["key"] for e in read_events(tmp_path / "run" / "events.log")]
+    assert keys.count("resume") == 1 and keys.count("run_stop") == 1
+    assert [k for k in keys if k != "resume"] == [e["key"] for e in read_events(tmp_path / "ref" / "events.log")]
