@@ -8,15 +8,33 @@ from __future__ import annotations
 import errno
 import io
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
 
-from speechperf.errors import SpeechperfError
+from speechperf.errors import MachineFault
+
+# Below this many free bytes a failed write is taken for a full disk even when the writer
+# hid the OSError (torch.save reports ENOSPC as "RuntimeError: ... unexpected pos").
+FULL_BYTES = 1 << 20
 
 
-class DiskFullError(SpeechperfError, OSError):
+class DiskFullError(MachineFault, OSError):
     """Writing failed for lack of space; names the file and what is kept."""
+
+
+def disk_full(e: BaseException, where: Path) -> bool:
+    """Whether ``e`` (or an error it wraps) is a full disk, or ``where``'s disk is full now."""
+    seen = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(where).free < FULL_BYTES
+    except OSError:
+        return False
 
 
 def atomic_write(path: str | Path, write: Callable[[io.BufferedWriter], None]) -> None:
@@ -30,10 +48,11 @@ def atomic_write(path: str | Path, write: Callable[[io.BufferedWriter], None]) -
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
         _remove(tmp)
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(e.errno, f"disk full while writing {path}; the previous version (if any) is kept") from e
+        if disk_full(e, path.parent):
+            raise DiskFullError(errno.ENOSPC, f"disk full while writing {path}; the previous version (if any) is "
+                                              "kept: free space there and run the same command again") from e
         raise
     except BaseException:
         _remove(tmp)

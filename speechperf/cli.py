@@ -403,9 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = [x for x in argv[argv.index(args.sub) + 1:] if x != "--json"]
     try:
         return args.func(args)
-    except SpeechperfError as e:
+    except SpeechperfError as e:  # 2: bad input; 1: a run that failed (RunFailed)
         print(f"speechperf: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         print("speechperf: interrupted", file=sys.stderr)
         return 130

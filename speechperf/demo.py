@@ -63,8 +63,9 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     prepare(out / "corpus", out / "features", progress=not quiet)
     run = out / "run"
     summary_path = run / "summary.json"
-    if summary_path.exists():
-        say(f"{run} already finished ({json.loads(summary_path.read_text())['status']}); delete it to train anew")
+    status = json.loads(summary_path.read_text()).get("status", "") if summary_path.exists() else None
+    if status is not None and not status.startswith("failed"):  # a failed run continues (Run.finished)
+        say(f"{run} already finished ({status}); delete it to train anew")
     else:
         say(f"{'resuming' if (run / 'checkpoint.pt').exists() else 'training'} preset {preset!r} -> {run} "
             f"({time.perf_counter() - t0:.0f} s so far)")

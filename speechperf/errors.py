@@ -1,5 +1,24 @@
-"""The base of every error that the CLI reports as a one-line message and exit code 2."""
+"""The errors the CLI reports as a one-line message, with their exit codes.
+
+``SpeechperfError``: bad input (a file, value or configuration the message names): exit 2.
+``RunFailed``: a run that started and could not finish right (it diverged, or the machine
+failed it: a full disk, a read-only or vanished folder): exit 1. Its status in the run's
+summary, database and event log says the same.
+"""
 
 
 class SpeechperfError(Exception):
     """A user-facing failure: bad input, bad config, missing file. The message names it."""
+
+    exit_code = 2
+
+
+class RunFailed(SpeechperfError):
+    """A run that did not train to its end: diverged, or failed by the machine."""
+
+    exit_code = 1
+
+
+class MachineFault(RunFailed):
+    """The machine failed the run (disk full, read-only or vanished path); the message names
+    the path and what to do; the last checkpoint is intact and the same command resumes."""

@@ -173,6 +173,8 @@ def validate(cfg: RunConfig) -> None:
          f"train.eval_beam={t.eval_beam} and train.final_beam={t.final_beam} must be >= 1"),
         (t.threads >= 0, f"train.threads={t.threads} must be >= 0 (0 = torch default)"),
         (t.max_bad_losses >= 0, f"train.max_bad_losses={t.max_bad_losses} must be >= 0"),
+        (0 < t.max_skipped_fraction <= 1,
+         f"train.max_skipped_fraction={t.max_skipped_fraction} must be in (0, 1]"),
         (t.precision in ("fp32", "bf16", "fp16"), f"train.precision={t.precision!r} must be fp32, bf16 or fp16"),
         (t.target_metric in ("cer", "wer"), f"train.target_metric={t.target_metric!r} must be cer or wer"),
         (t.sentence_every >= 1 and t.checkpoint_every >= 1, "train.sentence_every and checkpoint_every must be >= 1"),

@@ -9,12 +9,14 @@ one.
 """
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-from speechperf.errors import SpeechperfError
+from speechperf.errors import MachineFault, SpeechperfError
 from speechperf.results import schema
 
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transaction (several runs, one file)
@@ -54,9 +56,23 @@ class ResultsDB:
                 self.conn.executescript(schema.ALL)
                 for table, cols in ADDED_COLUMNS.items():
                     self.add_missing_columns(table, cols)
+        except sqlite3.OperationalError as e:
+            raise _write_fault(self.path, e) from e
         except sqlite3.DatabaseError as e:
             raise ResultsError(f"{self.path} is not a readable results database ({e})") from e
         self.conn.row_factory = sqlite3.Row
+
+    @contextmanager
+    def _writing(self):
+        """One transaction; a full disk, a read-only file or a corrupt one named, never a bare
+        sqlite3 traceback."""
+        try:
+            with self.conn:
+                yield
+        except sqlite3.OperationalError as e:
+            raise _write_fault(self.path, e) from e
+        except sqlite3.DatabaseError as e:
+            raise ResultsError(f"{self.path} is not a readable results database ({e})") from e
 
     def ensure_schema(self, ddl: str) -> None:
         """Create tables from idempotent DDL (every speechperf table exists already: schema.ALL)."""
@@ -81,7 +97,7 @@ class ResultsDB:
         row = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in row.items()}
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        with self.conn:
+        with self._writing():
             self.conn.execute(f"INSERT OR REPLACE INTO {table} ({cols}) VALUES ({marks})", list(row.values()))
 
     def insert_many(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
@@ -90,7 +106,7 @@ class ResultsDB:
             return
         cols = list(rows[0])
         marks = ", ".join("?" for _ in cols)
-        with self.conn:
+        with self._writing():
             self.conn.executemany(
                 f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES ({marks})",
                 [[r[c] for c in cols] for r in rows],
@@ -98,7 +114,7 @@ class ResultsDB:
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> None:
         """One write statement in its own transaction."""
-        with self.conn:
+        with self._writing():
             self.conn.execute(sql, list(params))
 
     def query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
@@ -115,3 +131,16 @@ class ResultsDB:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _write_fault(path: Path, e: sqlite3.OperationalError) -> Exception:
+    """The error for a failed write to the database at ``path``."""
+    from speechperf.atomic import DiskFullError, disk_full
+
+    text = str(e)
+    if "full" in text or disk_full(e, path.parent):  # sqlite: "database or disk is full"
+        return DiskFullError(errno.ENOSPC, f"disk full while writing {path} ({text}): free space there and run the "
+                                           "same command again (it continues from the last checkpoint)")
+    if "readonly" in text or "unable to open" in text or "read-only" in text:
+        return MachineFault(f"{path} cannot be written ({text}): make its folder writable, or give another folder")
+    return ResultsError(f"{path}: cannot write ({text})")

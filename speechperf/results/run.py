@@ -376,7 +376,10 @@ class Run:
     # ---- summary --------------------------------------------------------------------------
     @property
     def finished(self) -> bool:
-        return (self.folder / SUMMARY_FILE).is_file()
+        """A summary whose status is final: a ``failed: ...`` run (the machine stopped it: a
+        full disk, say) is not finished, the same command continues it."""
+        summary = self.summary()
+        return summary is not None and not str(summary.get("status", "")).startswith("failed")
 
     def summary(self) -> dict | None:
         path = self.folder / SUMMARY_FILE

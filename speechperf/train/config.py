@@ -40,3 +40,4 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (off unless measured faster; the first steps compile)
     threads: int = 0  # torch intra-op threads; 0 = torch default
     max_bad_losses: int = 100  # abort after this many consecutive NaN/inf losses
+    max_skipped_fraction: float = 0.5  # diverged when more than this share of the steps so far were skipped

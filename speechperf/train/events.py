@@ -6,9 +6,18 @@ continues the same log and several runs in one process (tests) never mix their l
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 from mlperf_logging.mllog import constants, mllog
+
+
+class _RaisingFileHandler(logging.FileHandler):
+    """A file handler whose failed write raises: logging's default prints the error and goes
+    on, which would lose events.log lines silently on a full disk."""
+
+    def handleError(self, record) -> None:  # called inside emit's ``except``
+        raise  # noqa: PLE0704 (re-raises the write error being handled)
 
 
 class EventLog:
@@ -20,20 +29,38 @@ class EventLog:
         self.logger.setLevel(logging.INFO)
         self.handler = None
         if enabled:
-            self.handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+            self.handler = _RaisingFileHandler(path, mode="a", encoding="utf-8")
             self.logger.addHandler(self.handler)
         else:
             self.logger.addHandler(logging.NullHandler())
         self.ml = mllog.MLLogger(logger=self.logger, default_stack_offset=2)
+        self.path = Path(path)
+
+    @contextmanager
+    def _writing(self):
+        """A failed write names the log (a full disk: DiskFullError)."""
+        try:
+            yield
+        except OSError as e:
+            from speechperf.atomic import DiskFullError, disk_full
+            from speechperf.errors import MachineFault
+
+            if disk_full(e, self.path.parent):
+                raise DiskFullError(e.errno, f"disk full while writing {self.path}: free space there and run the same "
+                                             "command again (it continues from the last checkpoint)") from e
+            raise MachineFault(f"{self.path} cannot be written ({e.strerror or e})") from e
 
     def event(self, key: str, value=None, time_ms: int | None = None, **metadata) -> None:
-        self.ml.event(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
+        with self._writing():
+            self.ml.event(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
 
     def start(self, key: str, value=None, time_ms: int | None = None, **metadata) -> None:
-        self.ml.start(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
+        with self._writing():
+            self.ml.start(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
 
     def end(self, key: str, value=None, time_ms: int | None = None, **metadata) -> None:
-        self.ml.end(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
+        with self._writing():
+            self.ml.end(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
 
     def close(self) -> None:
         if self.handler is not None:

@@ -41,6 +41,7 @@ from speechperf.telemetry.status import StatusLine
 from speechperf.train import distributed
 from speechperf.train.checkpoint import set_rng_state
 from speechperf.train.evaluate import evaluate
+from speechperf.train.faults import as_fault, check_trained, failure_status, record_failure
 from speechperf.train.events import C
 from speechperf.train.mlperf import log_submission
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
@@ -238,6 +239,7 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
                                prog.evals[-1][2] if prog.evals else None, clock.now())
 
     model.train()
+    failed = False
     try:
         while prog.status is None and prog.epoch <= tc.max_epochs:
             loader = make_loader(data, train_splits, cfg.loader, epoch=prog.epoch, seed=tc.seed,
@@ -271,6 +273,7 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
                     break
             else:
                 settle()
+                check_trained(core, prog, tc)  # a run that cannot train stops here, as diverged
                 # -- evaluating (the model stays resident; its seconds are recorded apart)
                 if lead:
                     if status_line:
@@ -289,21 +292,32 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
             run.events().end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
         group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
     except BaseException as e:
+        failed = True
+        fault = as_fault(e, out)  # a full disk, a vanished folder...: named, exit 1
         if lead:
             try:  # the steps since the last read, when the device still answers
                 for r in meter.read():
                     run.add_iteration(r.row)
             except Exception:  # noqa: BLE001 (the original error is re-raised below)
                 pass
-            run.flush()
-            run.set_status("failed")
-            run.events().end(C.RUN_STOP, None, status="aborted", reason=f"{type(e).__name__}: {e}")
+            status = failure_status(fault or e)
+            unsaved = record_failure(run, _summary(run.run_id, out, status, prog, clock), str(fault or e))
+            if unsaved and fault is not None:
+                fault = type(fault)(f"{fault} (not recorded: {'; '.join(unsaved)})")
+        if fault is not None and fault is not e:
+            raise fault from e
         raise
     finally:
         if sampler is not None:
             sampler.stop()
-            _store_samples(run, sampler.samples)
-            run.close()
+            try:
+                _store_samples(run, sampler.samples)
+            except Exception:  # noqa: BLE001
+                if not failed:
+                    raise
+                # a failed run reports its own cause, not this consequence of it (a full disk)
+            finally:
+                run.close()
     summary = _summary(run.run_id if run else None, out, status, prog, clock)
     if lead:
         run.set_status(status)

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from speechperf.errors import SpeechperfError
+from speechperf.errors import RunFailed
 from speechperf.train.evaluate import autocast
 
 
-class TrainingDiverged(SpeechperfError):
-    """Too many consecutive steps had non-finite losses or gradients."""
+class TrainingDiverged(RunFailed):
+    """The run cannot train: too many consecutive non-finite steps, too large a share of
+    skipped steps, or non-finite weights. Its status is ``diverged`` (exit 1)."""
 
 
 @dataclass

@@ -1,0 +1,82 @@
+"""How a training run ends when it cannot finish right: named, recorded, never a success.
+
+Two kinds (speechperf.errors): the run diverged (``TrainingDiverged``: weights or too many
+steps non-finite; status ``diverged: ...``, final: the same command reports it), or the
+machine failed it (``MachineFault``: a full disk, a read-only or vanished folder; status
+``failed: ...``; the last checkpoint is intact and the same command continues once the
+cause is fixed). Either way the status goes to the run's database, ``summary.json`` and a
+``run_stop`` line with status ``aborted`` in ``events.log``, as far as the machine still
+lets them be written (what could not be is said in the message), and the exit status is 1.
+"""
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import torch
+
+from speechperf.atomic import DiskFullError, disk_full
+from speechperf.errors import MachineFault, RunFailed, SpeechperfError
+from speechperf.train.events import C
+from speechperf.train.step import TrainingDiverged
+
+
+def check_trained(model: torch.nn.Module, prog, tc) -> None:
+    """At the end of an epoch (one host read): raise ``TrainingDiverged`` when the weights hold
+    a non-finite value, or when more than ``train.max_skipped_fraction`` of the steps so far
+    were skipped for non-finite losses or gradients (e.g. ``lr=1e30``: every update blows up)."""
+    if prog.iteration and prog.skipped_steps > tc.max_skipped_fraction * prog.iteration:
+        raise TrainingDiverged(f"{prog.skipped_steps} of {prog.iteration} steps were skipped for non-finite losses or "
+                               f"gradients (more than train.max_skipped_fraction={tc.max_skipped_fraction}); "
+                               f"lower train.lr={tc.lr}")
+    finite = torch.stack([p.detach().isfinite().all() for p in model.parameters()])
+    if not bool(finite.all()):
+        bad = [name for (name, _), ok in zip(model.named_parameters(), finite.tolist()) if not ok]
+        raise TrainingDiverged(f"non-finite weights after epoch {prog.epoch} ({len(bad)} tensors: "
+                               f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); lower train.lr={tc.lr}")
+
+
+def as_fault(e: BaseException, out: Path) -> RunFailed | None:
+    """``e`` as a named failure of the run in ``out``: itself when it already is one, a
+    DiskFullError or MachineFault for an OS error (or torch's wrapped ENOSPC), else None."""
+    if isinstance(e, RunFailed):
+        return e
+    if isinstance(e, SpeechperfError) or not isinstance(e, (OSError, RuntimeError)):
+        return None
+    if disk_full(e, Path(out)):
+        return DiskFullError(errno.ENOSPC, f"disk full under {out} ({e}): free space there and run the same command "
+                                           "again (it continues from the last checkpoint)")
+    if isinstance(e, OSError):
+        where = e.filename or out
+        return MachineFault(f"{where}: {e.strerror or e} (the run in {out} stopped; fix this and run the same command "
+                            "again: it continues from the last checkpoint)")
+    return None
+
+
+def failure_status(e: BaseException) -> str:
+    """The status a failed run records: ``diverged: ...``, ``failed: disk full``, ``failed: ...``."""
+    if isinstance(e, TrainingDiverged):
+        return f"diverged: {e}"
+    if isinstance(e, DiskFullError):
+        return "failed: disk full"
+    if isinstance(e, KeyboardInterrupt):
+        return "failed: interrupted"
+    return f"failed: {type(e).__name__}: {e}"
+
+
+def record_failure(run, summary: dict, reason: str) -> list[str]:
+    """Write what can be written of a failed run: its pending rows, its status, a run_stop
+    line, its summary; returns what could not be (on a full disk, say), each with why.
+
+    A ``failed`` run's summary does not mark it finished (Run.finished), so the same command
+    resumes it; a ``diverged`` one's does."""
+    unsaved = []
+    steps = (("rows", run.flush), ("status", lambda: run.set_status(summary["status"])),
+             ("events.log", lambda: run.events().end(C.RUN_STOP, None, status="aborted", reason=reason)),
+             ("summary.json", lambda: run.write_summary(summary)))
+    for what, write in steps:
+        try:
+            write()
+        except (OSError, SpeechperfError, RuntimeError) as err:
+            unsaved.append(f"{what}: {err}")
+    return unsaved
