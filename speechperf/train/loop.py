@@ -94,6 +94,10 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         if plan == "finished":
             return group.broadcast(Run.open(out).summary() if rank == 0 else None)
         return _train(cfg, group, Path(feats), out, plan, db_path, quiet, platform, label, (init_t0, init_ms))
+    except OSError as e:  # before the run exists (a read-only --out, say): named, exit 1
+        if isinstance(e, SpeechperfError):
+            raise
+        raise as_fault(e, out) from e
     finally:
         group.close()
 
