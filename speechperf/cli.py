@@ -254,7 +254,8 @@ def cmd_demo(a) -> int:
     from speechperf.demo import run_demo
 
     rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json)
-    emit(rows, a.json, columns=["run", "metric", "target", "epochs", "minutes", "relative"])
+    emit(rows, a.json, columns=["run", "metric", "target", "epochs", "minutes", "relative", "init s",
+                                "cost to accuracy $", "price note"])
     return 0
 
 

@@ -313,7 +313,8 @@ def price_performance(tta_min: float | None, platform: Platform, energy_j: float
     if not reached:
         notes.append("target not reached")
     else:
-        if platform.usd_per_hour is None or purchase is None:
+        unpriced = platform.usd_per_hour is None and purchase is None
+        if (platform.usd_per_hour is None or purchase is None) and not (unpriced and platform.note):
             missing = [w for w, v in (("hourly rate", platform.usd_per_hour), ("purchase price", purchase)) if v is None]
             notes.append(f"no {' or '.join(missing)} for {platform.name}" + ("; give --price-per-hour"
                                                                              if platform.usd_per_hour is None else ""))
