@@ -163,6 +163,11 @@ class Sampler:
                     self._drain_gpus()
                 elif task == "rapl":
                     self._sample_rapl(now - self._t0)
+        # one last read: the CPU time since the previous sample (a stretch in which this thread
+        # was starved of the GIL by a busy Python thread, say) is not lost at stop
+        before = time.perf_counter()
+        cpu = reader.seconds()
+        self._cpu_sample(last_read, (before, time.perf_counter()), cpu)
         if self._gpus:
             self._drain_gpus()
         reader.close()
