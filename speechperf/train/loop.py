@@ -196,9 +196,17 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
             _log_run_config(run.events(), cfg, world, splits, run.label)
 
     # ---- initialization: one-time work outside the TTA clock -----------------------------
-    init_parts = initialize(local, cfg, data, device) if lead else {}
-    if not lead:
-        warm_model(local, cfg, device)
+    try:
+        init_parts = initialize(local, cfg, data, device) if lead else {}
+        if not lead:
+            warm_model(local, cfg, device)
+    except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
+        err = _end_failed(run, out, e, prog, Clock(prog.clock_s))
+        if run is not None:
+            run.close()
+        if err is not e:
+            raise err from e
+        raise
     init_s = time.perf_counter() - init_start[0]
     prog.init_s += init_s
     clock = Clock(prog.clock_s)  # TTA time starts now (continues where a resumed run stopped)
@@ -297,19 +305,15 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
         group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
     except BaseException as e:
         failed = True
-        fault = as_fault(e, out)  # a full disk, a vanished folder...: named, exit 1
         if lead:
             try:  # the steps since the last read, when the device still answers
                 for r in meter.read():
                     run.add_iteration(r.row)
             except Exception:  # noqa: BLE001 (the original error is re-raised below)
                 pass
-            status = failure_status(fault or e)
-            unsaved = record_failure(run, _summary(run.run_id, out, status, prog, clock), str(fault or e))
-            if unsaved and fault is not None:
-                fault = type(fault)(f"{fault} (not recorded: {'; '.join(unsaved)})")
-        if fault is not None and fault is not e:
-            raise fault from e
+        err = _end_failed(run, out, e, prog, clock)
+        if err is not e:
+            raise err from e
         raise
     finally:
         if sampler is not None:
@@ -328,6 +332,18 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
         run.write_summary(summary)  # last: its presence means the run finished
         run.close()
     return summary
+
+
+def _end_failed(run: Run | None, out: Path, e: BaseException, prog: Progress, clock: Clock) -> BaseException:
+    """Record a run that stopped on ``e`` (rank 0: ``run``; faults.py) and return the error to
+    raise: ``e`` named as a machine fault where it is one (a full disk: exit 1), else ``e``."""
+    fault = as_fault(e, out)
+    if run is not None:
+        status = failure_status(fault or e)
+        unsaved = record_failure(run, _summary(run.run_id, out, status, prog, clock), str(fault or e))
+        if unsaved and fault is not None:
+            fault = type(fault)(f"{fault} (not recorded: {'; '.join(unsaved)})")
+    return fault if fault is not None else e
 
 
 # ---- optimizer --------------------------------------------------------------------------

@@ -108,3 +108,26 @@ mount -t tmpfs -o size=1m,ro tmpfs {mnt} || exit 97
     err = (tmp_path / "err").read_text()
     assert (tmp_path / "rc").read_text().strip() == "1", err
     assert str(mnt / "run") in err and "Read-only" in err and "Traceback" not in err
+
+
+def test_a_run_that_fails_in_its_initialization_is_recorded_failed_and_resumes(tiny_features, tmp_path, monkeypatch):
+    import errno
+
+    from speechperf.errors import MachineFault
+    from speechperf.train import loop
+
+    real = loop.initialize
+
+    def vanished(*args, **kw):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tiny_features / "lm.json"))
+
+    monkeypatch.setattr(loop, "initialize", vanished)
+    run = tmp_path / "run"
+    with pytest.raises(MachineFault, match="lm.json"):
+        loop.train("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"].startswith("failed: ") and "lm.json" in summary["status"]
+    with sqlite3.connect(run / "results.db") as db:
+        assert db.execute("SELECT status FROM runs").fetchone()[0] == summary["status"]
+    monkeypatch.setattr(loop, "initialize", real)
+    assert loop.train("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True)["status"] == "success"
