@@ -23,6 +23,14 @@ FULL_BYTES = 1 << 20
 class DiskFullError(MachineFault, OSError):
     """Writing failed for lack of space; names the file and what is kept."""
 
+    @classmethod
+    def writing(cls, path, detail: str = "") -> "DiskFullError":
+        """The error for a write to ``path`` that found the disk full; ``detail``: the
+        writer's own words (sqlite's, torch's)."""
+        return cls(errno.ENOSPC, f"disk full while writing {path}{f' ({detail})' if detail else ''}: free space "
+                                 "there and run the same command again (the previous version of the file is kept; "
+                                 "a run continues from its last checkpoint)")
+
 
 def disk_full(e: BaseException, where: Path) -> bool:
     """Whether ``e`` (or an error it wraps) is a full disk, or ``where``'s disk is full now."""
@@ -51,8 +59,7 @@ def atomic_write(path: str | Path, write: Callable[[io.BufferedWriter], None]) -
     except (OSError, RuntimeError) as e:
         _remove(tmp)
         if disk_full(e, path.parent):
-            raise DiskFullError(errno.ENOSPC, f"disk full while writing {path}; the previous version (if any) is "
-                                              "kept: free space there and run the same command again") from e
+            raise DiskFullError.writing(path) from e
         raise
     except BaseException:
         _remove(tmp)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from speechperf.bench.peaks import Peak, cpu_peak, gpu_peak
 from speechperf.bench.store import SweepStore
-from speechperf.bench.timing import TIMING_COLUMNS, Method, measure, method, noisy_notes, spread_pct  # noqa: F401
+from speechperf.bench.timing import TIMING_COLUMNS, Method, measure, method, noisy_notes
 from speechperf.errors import SpeechperfError
 from speechperf.results import schema
 from speechperf.tables import write_csv

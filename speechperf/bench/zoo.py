@@ -12,7 +12,6 @@ does not depend on their values. Batch sizes default to Table 8's.
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable

@@ -1,7 +1,7 @@
 """The results of runs: the SQLite results database (one schema module) and the run folder."""
-from speechperf.results.db import ResultsDB, ResultsError, default_db_path
+from speechperf.results.db import ResultsDB, ResultsError
 
-__all__ = ["ResultsDB", "ResultsError", "default_db_path", "Run"]
+__all__ = ["ResultsDB", "ResultsError", "Run"]
 
 
 def __getattr__(name):  # Run imports torch (checkpoints): loaded on first use, not with the database

@@ -9,7 +9,6 @@ one.
 """
 from __future__ import annotations
 
-import errno
 import json
 import sqlite3
 from contextlib import contextmanager
@@ -26,11 +25,6 @@ ADDED_COLUMNS = {"runs": ("label",)}
 
 class ResultsError(SpeechperfError):
     """A results database is missing, unreadable or not a database; the message names it."""
-
-
-def default_db_path(out_dir: str | Path) -> Path:
-    """A run folder's own database: ``RUN/results.db``."""
-    return Path(out_dir) / "results.db"
 
 
 class ResultsDB:
@@ -139,8 +133,7 @@ def _write_fault(path: Path, e: sqlite3.OperationalError) -> Exception:
 
     text = str(e)
     if "full" in text or disk_full(e, path.parent):  # sqlite: "database or disk is full"
-        return DiskFullError(errno.ENOSPC, f"disk full while writing {path} ({text}): free space there and run the "
-                                           "same command again (it continues from the last checkpoint)")
+        return DiskFullError.writing(path, text)
     if "readonly" in text or "unable to open" in text or "read-only" in text:
         return MachineFault(f"{path} cannot be written ({text}): make its folder writable, or give another folder")
     return ResultsError(f"{path}: cannot write ({text})")

@@ -46,8 +46,7 @@ class EventLog:
             from speechperf.errors import MachineFault
 
             if disk_full(e, self.path.parent):
-                raise DiskFullError(e.errno, f"disk full while writing {self.path}: free space there and run the same "
-                                             "command again (it continues from the last checkpoint)") from e
+                raise DiskFullError.writing(self.path) from e
             raise MachineFault(f"{self.path} cannot be written ({e.strerror or e})") from e
 
     def event(self, key: str, value=None, time_ms: int | None = None, **metadata) -> None:

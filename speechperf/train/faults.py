@@ -10,7 +10,6 @@ lets them be written (what could not be is said in the message), and the exit st
 """
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 
 import torch
@@ -44,8 +43,7 @@ def as_fault(e: BaseException, out: Path) -> RunFailed | None:
     if isinstance(e, SpeechperfError) or not isinstance(e, (OSError, RuntimeError)):
         return None
     if disk_full(e, Path(out)):
-        return DiskFullError(errno.ENOSPC, f"disk full under {out} ({e}): free space there and run the same command "
-                                           "again (it continues from the last checkpoint)")
+        return DiskFullError.writing(getattr(e, "filename", None) or out, str(e))
     if isinstance(e, OSError):
         where = e.filename or out
         return MachineFault(f"{where}: {e.strerror or e} (the run in {out} stopped; fix this and run the same command "

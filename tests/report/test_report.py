@@ -151,18 +151,24 @@ CHECK = """<script>window.addEventListener('load', () => {
 });</script>"""
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium not installed (scripts/test.sh installs it)")
-def test_report_in_headless_chromium(full_report, tmp_path):
-    page = full_report.read_text()
-    probe = full_report.with_name("probe.html")  # the report plus a checking script; index.html is untouched
-    probe.write_text(page.replace("</body>", CHECK % json.dumps(HOSTILE).replace("</", "<\\/") + "</body>"))
+def _in_chromium(index, script: str, tmp_path) -> dict:
+    """Open the report with ``script`` added (in probe.html beside it; index.html untouched) in
+    headless Chromium; the JSON the script left in body[data-check]."""
+    probe = index.with_name("probe.html")
+    probe.write_text(index.read_text().replace("</body>", script + "</body>"))
     p = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                         "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={tmp_path / 'ud'}",
                         "--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
                        capture_output=True, text=True, timeout=120)
     m = re.search(r'data-check="([^"]*)"', p.stdout)
     assert m, p.stdout[-2000:] + p.stderr[-2000:]
-    check = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
+    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium not installed (scripts/test.sh installs it)")
+def test_report_in_headless_chromium(full_report, tmp_path):
+    page = full_report.read_text()
+    check = _in_chromium(full_report, CHECK % json.dumps(HOSTILE).replace("</", "<\\/"), tmp_path)
     assert len(check["imgs"]) == page.count("<img ") == 4 and all(check["imgs"]), check
     assert len(check["tables"]) == page.count("<table>") >= 10 and all(n >= 2 for n in check["tables"]), check
     assert check["hostile"] and check["injected"] == 0
@@ -212,16 +218,7 @@ def test_report_of_two_machines_in_headless_chromium(recorded_runs, tmp_path, mo
     machines = {r["run"]: r for r in _csv(tmp_path / "rep" / "runs.csv")}
     assert machines["H100 copy"]["gpu"] == "NVIDIA H100 80GB HBM3" and machines["H100 copy"]["driver"] == "550.54"
     assert machines["cpu-seed1"]["gpu"] == "none" and machines["cpu-seed1"]["cores"] == "2"
-    page = index.read_text()
-    probe = index.with_name("probe.html")
-    probe.write_text(page.replace("</body>", TWO_MACHINES % json.dumps(labels) + "</body>"))
-    p = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={tmp_path / 'ud'}",
-                        "--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
-                       capture_output=True, text=True, timeout=120)
-    m = re.search(r'data-check="([^"]*)"', p.stdout)
-    assert m, p.stdout[-2000:] + p.stderr[-2000:]
-    check = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    check = _in_chromium(index, TWO_MACHINES % json.dumps(labels), tmp_path)
     assert len(check["tables"]) >= 8 and all(all(t) for t in check["tables"]), check["tables"]
     assert {src for src, _ in check["imgs"]} >= {"fig7.png", "fig8.png", "fig9.png"} and all(ok for _, ok in check["imgs"])
 
