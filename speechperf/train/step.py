@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from speechperf.data import specaugment
+from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.errors import RunFailed
 from speechperf.models.contract import planned_forward
 from speechperf.train.evaluate import autocast
@@ -46,10 +48,15 @@ class StepOut:
     out_lens: torch.Tensor  # (B,) output frames, on the CPU
 
 
-def train_step(model, batch, optimizer, scaler, device: torch.device, tc) -> StepOut:
-    """Forward, CTC, backward, clip, step; a non-finite step is undone on the device."""
+def train_step(model, batch, optimizer, scaler, device: torch.device, tc,
+               augment: SpecAugmentConfig | None = None) -> StepOut:
+    """SpecAugment (``augment``, training batches only), forward, CTC, backward, clip, step;
+    a non-finite step is undone on the device."""
+    feats = batch.feats.to(device, non_blocking=True)
+    if augment is not None:
+        feats = specaugment.apply(feats, batch.feat_lens, augment)  # masks drawn from the run's CPU RNG
     with autocast(device, tc.precision):
-        log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # lengths planned on the CPU
+        log_probs, out_lens = planned_forward(model, feats, batch.feat_lens, device)  # lengths planned on the CPU
     log_probs = log_probs.float()  # (T', B, C): CTC in fp32 whatever the autocast dtype
     # Labels never repeat a symbol (the separator splits doubles), so an alignment exists
     # iff out_len >= label_len; impossible ones give inf, zeroed and counted, never averaged in.

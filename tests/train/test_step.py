@@ -210,3 +210,21 @@ def test_steps_between_read_points_add_no_host_sync_beyond_ctc():
     steps = _sync_warnings(lambda: [meter.add(i, train_step(model, batch, opt, scaler, dev, cfg.train)) for i in range(5)])
     assert steps <= 5 * per_ctc, f"{steps} syncs in 5 steps, CTC alone makes {per_ctc} per step"
     assert _sync_warnings(meter.read) == 1
+
+
+def test_specaugment_masks_the_step_input_from_the_run_rng_only_when_asked():
+    """The step trains on masked features when ``augment`` has masks: the loss differs from
+    the plain step's, is the same for the same RNG state, and the batch itself is untouched."""
+    from speechperf.data.specaugment import SpecAugmentConfig
+
+    batch = _batch()
+    before = batch.feats.clone()
+    algoperf = SpecAugmentConfig(freq_masks=2, time_masks=10)
+    losses = []
+    for augment in (None, SpecAugmentConfig(), algoperf, algoperf):
+        cfg, model, opt, scaler = _setup()  # seeds the RNG: the masked steps draw the same masks
+        losses.append(float(train_step(model, batch, opt, scaler, CPU, cfg.train, augment).loss))
+    plain, off, masked, again = losses
+    assert plain == off  # no masks: the exact plain step (and nothing drawn)
+    assert masked != plain and masked == again
+    assert torch.equal(batch.feats, before)
