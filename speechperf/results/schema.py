@@ -27,7 +27,7 @@ CREATE TABLE IF NOT EXISTS runs (
 ITERATIONS = """
 CREATE TABLE IF NOT EXISTS iterations (
     run_id TEXT, iteration INTEGER, epoch INTEGER,
-    clock_s REAL,                 -- TTA clock (seconds since model creation, down time excluded)
+    clock_s REAL,                 -- TTA clock (seconds since run_start, after initialization; down time excluded)
     loss REAL, batch_size INTEGER, frames INTEGER, audio_s REAL,
     step_s REAL, utts_per_s REAL, audio_s_per_s REAL,
     PRIMARY KEY (run_id, iteration)
