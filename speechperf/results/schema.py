@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS runs (
     out_dir TEXT,                 -- run folder as it was when the run started (a hint: folders move)
     config_json TEXT,             -- RunConfig.to_dict()
     env_json TEXT,                -- hardware and library versions
-    started_at REAL,              -- unix time of model creation
+    started_at REAL,              -- unix time the run (its folder) was created
     status TEXT,                  -- 'running', 'success', 'time_cap', 'max_epochs', 'failed'
     label TEXT                    -- the run's label in tables and legends
 );

@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 
 from speechperf.config import ConfigError, RunConfig, load_preset
-from speechperf.data import alphabet
 from speechperf.data.check import parse_splits, verify_splits
 from speechperf.errors import SpeechperfError
 from speechperf.models import build_model
@@ -44,7 +43,7 @@ from speechperf.train.checkpoint import TrainState
 from speechperf.train.evaluate import evaluate
 from speechperf.train.faults import as_fault, check_trained
 from speechperf.train.progress import Progress
-from speechperf.train.recorder import Recorder, RunRecorder
+from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
 from speechperf.train.schedule import make_scheduler, steps_per_epoch
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
 from speechperf.train.stop import StopSignals, interrupted
@@ -161,7 +160,7 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
     optimizer = make_optimizer(core, tc, device)
-    total_steps = tc.max_epochs * steps_per_epoch(_train_utterances(splits), cfg.loader.batch_size)
+    total_steps = tc.max_epochs * steps_per_epoch(train_utterances(splits), cfg.loader.batch_size)
     state = TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
                        torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
     if ckpt is not None:
@@ -169,7 +168,8 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
     local = torch.compile(core) if tc.compile else core  # without DDP's hooks: what the warm-up runs
     model = local
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(local, device_ids=[device.index] if device.type == "cuda" else None)
+        ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(local, device_ids=ids)
 
     with StopSignals() as stop:
         rec = _recorder(rank, plan, out, cfg, prog, data, device, world, splits, platform, label, db_path, quiet,
@@ -218,9 +218,7 @@ def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, state: Train
             meter.add(prog.iteration, step, rec.iteration_row(batch, batch_s))
             if not read_point(prog.iteration, tc):
                 continue
-            reads = meter.read()  # the one host read: pending steps, in step order
-            rec.steps_read(reads)
-            count_steps(prog, reads, tc.max_bad_losses)
+            _settle(meter, rec, tc)
             # -- generating sentences
             if prog.iteration % tc.sentence_every == 0:
                 rec.sentences(batch, step)
@@ -236,9 +234,7 @@ def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, state: Train
                 prog.status = "time_cap"
                 break
         else:
-            reads = meter.read()
-            rec.steps_read(reads)
-            count_steps(prog, reads, tc.max_bad_losses)
+            _settle(meter, rec, tc)
             check_trained(state.model, prog, tc)  # a run that cannot train stops here, as diverged
             # -- evaluating (the model stays resident; its seconds are recorded apart)
             rec.epoch_ended()
@@ -265,6 +261,14 @@ def _recorder(rank: int, plan: str, out: Path, cfg: RunConfig, prog: Progress, d
                              db_path=db_path, quiet=quiet)
 
 
+def _settle(meter: StepMeter, rec: Recorder, tc) -> None:
+    """The one host read: the pending steps' losses and skip flags, recorded and counted in
+    step order (a divergence aborts here)."""
+    reads = meter.read()
+    rec.steps_read(reads)
+    count_steps(rec.prog, reads, tc.max_bad_losses)
+
+
 def _stop_asked(group, stop: StopSignals, rec: Recorder, tc) -> int:
     """At a read point, all ranks together: the number of a signal any rank was sent, 1 when
     the time cap passed, else 0."""
@@ -277,10 +281,6 @@ def _raise(e: BaseException, err: BaseException):
     if err is not e:
         raise err from e
     raise e
-
-
-def _train_utterances(splits: dict) -> int:
-    return sum(splits["splits"][s]["utterances"] for s in splits["train"])
 
 
 # ---- evaluation ------------------------------------------------------------------------

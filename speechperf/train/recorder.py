@@ -111,9 +111,8 @@ class RunRecorder(Recorder):
         events.event(C.OPT_NAME, cfg.train.optimizer)
         events.event(C.OPT_BASE_LR, cfg.train.lr)
         events.event(C.SEED, cfg.train.seed)
-        facts = splits["splits"]
-        events.event(C.TRAIN_SAMPLES, sum(facts[s]["utterances"] for s in splits["train"]), splits=list(splits["train"]))
-        events.event(C.EVAL_SAMPLES, facts[splits["valid"]]["utterances"], split=splits["valid"])
+        events.event(C.TRAIN_SAMPLES, train_utterances(splits), splits=list(splits["train"]))
+        events.event(C.EVAL_SAMPLES, splits["splits"][splits["valid"]]["utterances"], split=splits["valid"])
         events.event("world_size", world)
         events.event("preset", cfg.preset)
         events.event("data_splits", splits)
@@ -260,6 +259,11 @@ class RunRecorder(Recorder):
             if self.status_line:
                 self.status_line.clear()
             print(text, flush=True)
+
+
+def train_utterances(splits: dict) -> int:
+    """Utterances of the training splits, from ``verify_splits``' facts (data/check.py)."""
+    return sum(splits["splits"][s]["utterances"] for s in splits["train"])
 
 
 def _iteration_row(run_id, prog: Progress, clock_s: float, loss, batch, batch_s: float) -> dict:

@@ -1,6 +1,6 @@
 """The learning-rate schedule: a factor of ``train.lr`` for every optimizer step.
 
-``train.lr_schedule``:
+``train.lr_schedule`` (its values: train/config.py's ``SCHEDULES``):
 
 - ``epoch_decay`` (the default, the paper's): ``lr_decay ** epochs_done``;
 - ``noam`` (the Transformer's, as ESPnet and NeMo use it for Conformers): warm-up, then the
@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-from speechperf.train.config import SCHEDULES  # noqa: F401 (the values this file implements)
 
 
 def warmup(step: int, warmup_iters: int) -> float:

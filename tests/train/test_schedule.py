@@ -81,3 +81,38 @@ def test_schedule_fields_are_validated(override, message):
 def test_valid_schedules_load():
     assert load_preset("tiny", ["lr_schedule=noam", "warmup_iters=10"]).train.lr_schedule == "noam"
     assert load_preset("tiny", ["lr_schedule=cosine", "lr_min=0.0001"]).train.lr_min == 0.0001
+
+
+def test_the_loop_applies_the_schedule_and_a_resume_keeps_every_rate(tiny_features, tmp_path, monkeypatch):
+    """Through the real loop: the warm-up's rates, then the cosine's falling ones; a run
+    interrupted after a checkpoint and resumed sees the same rate at every step and ends
+    with the uninterrupted run's weights."""
+    from speechperf.train import loop
+    from speechperf.train.checkpoint import load_checkpoint
+
+    args = ["max_epochs=2", "threads=1", "checkpoint_every=3", "sentence_every=50", "lr_schedule=cosine",
+            "warmup_iters=4", "lr_min=0.0003"]
+    real = loop.train_step
+
+    def recording(rates, die_at=None):
+        def step(model, batch, optimizer, *a, **kw):
+            if len(rates) + 1 == die_at:
+                raise KeyboardInterrupt
+            rates.append(optimizer.param_groups[0]["lr"])
+            return real(model, batch, optimizer, *a, **kw)
+        return step
+
+    ref_rates, rates, resumed = [], [], []
+    monkeypatch.setattr(loop, "train_step", recording(ref_rates))
+    loop.train("tiny", tiny_features, tmp_path / "ref", args, quiet=True)
+    assert ref_rates[:4] == [0.003 * f for f in (0.25, 0.5, 0.75, 1.0)]
+    assert all(a > b for a, b in zip(ref_rates[4:], ref_rates[5:])) and ref_rates[-1] >= 0.0003
+
+    monkeypatch.setattr(loop, "train_step", recording(rates, die_at=5))  # after the checkpoint at 3
+    with pytest.raises(KeyboardInterrupt):
+        loop.train("tiny", tiny_features, tmp_path / "run", args, quiet=True)
+    monkeypatch.setattr(loop, "train_step", recording(resumed))
+    assert loop.train("tiny", tiny_features, tmp_path / "run", args, quiet=True)["status"] == "success"
+    assert rates == ref_rates[:4] and rates[:3] + resumed == ref_rates  # the resume trains from step 4
+    a, b = load_checkpoint(tmp_path / "ref"), load_checkpoint(tmp_path / "run")
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
