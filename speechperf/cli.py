@@ -134,7 +134,11 @@ def cmd_train(a) -> int:
         overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, quiet=a.json,
         platform=a.platform, label=a.label,
     )
-    emit([result], a.json)
+    from speechperf.train.distributed import DistEnv
+
+    # every rank of a torchrun job returns rank 0's summary (one exit status); one prints it
+    if DistEnv.from_env().rank == 0:
+        emit([result], a.json)
     return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
 
 

@@ -20,7 +20,7 @@ from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
 from speechperf.models import config_class
 from speechperf.models.ds2 import DS2Config
-from speechperf.train.config import DIST_BACKENDS, TrainConfig
+from speechperf.train.config import DIST_BACKENDS, SCHEDULES, TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
@@ -183,6 +183,10 @@ def validate(cfg: RunConfig) -> None:
         (t.weight_decay >= 0, f"train.weight_decay={t.weight_decay} must be >= 0"),
         (t.warmup_iters >= 0, f"train.warmup_iters={t.warmup_iters} must be >= 0"),
         (t.lr_decay > 0, f"train.lr_decay={t.lr_decay} must be > 0"),
+        (t.lr_schedule in SCHEDULES, f"train.lr_schedule={t.lr_schedule!r} must be one of {', '.join(SCHEDULES)}"),
+        (t.lr_schedule != "noam" or t.warmup_iters >= 1,
+         f"train.lr_schedule=noam needs train.warmup_iters >= 1 (its peak), not {t.warmup_iters}"),
+        (0 <= t.lr_min <= t.lr, f"train.lr_min={t.lr_min} must be in [0, train.lr={t.lr}]"),
         (t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 disables clipping)"),
         (t.time_cap_minutes >= 0, f"train.time_cap_minutes={t.time_cap_minutes} must be >= 0 (0 = no cap)"),
         (t.target >= 0, f"train.target={t.target} must be >= 0 (0 = never stop early)"),

@@ -70,9 +70,10 @@ def power_section(ctx: Context) -> Section:
 @register_section("tta", 50)
 def tta_section(ctx: Context) -> Section:
     return Section("Time to accuracy (Table 4/6)", [
-        Note("TTA: minutes from model creation until the median validation error of the last 3 epochs reaches the "
-             "target (empty: never reached). Relative %: TTA against the run named in 'reference' - the run on the "
-             "cheapest platform that reached the target, or the fastest when no platform has a price."),
+        Note("TTA: minutes from run_start (after initialization) until the median validation error of the last 3 "
+             "epochs reaches the target (empty: never reached). Relative %: TTA against the run named in "
+             "'reference' - the run on the cheapest platform that reached the target, or the fastest when no "
+             "platform has a price."),
         Table("tta.csv", tta_rows(ctx.runs), "no evaluations recorded")])
 
 

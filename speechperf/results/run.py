@@ -25,12 +25,13 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
 from speechperf.results.db import ResultsDB, ResultsError
+from speechperf.train.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
 
 FORMAT = 2  # run.json "format"; the previous release wrote none (format 1)
 RUN_FILE, DB_FILE, SUMMARY_FILE, CHECKPOINT_FILE = "run.json", "results.db", "summary.json", "checkpoint.pt"
@@ -40,39 +41,6 @@ SENTENCES_SHOWN = 3  # last logged sentence batches a reader gets
 
 class RunError(SpeechperfError):
     """A run folder that cannot be opened as asked; the message names the folder and what is missing."""
-
-
-@dataclass
-class Progress:
-    """Where a run stands; saved in every checkpoint (training loop and parallel worker)."""
-
-    epoch: int = 1  # current epoch (1-based): the next one to train
-    start_batch: int = 0  # next batch of the current epoch
-    iteration: int = 0  # optimizer steps attempted so far
-    clock_s: float = 0.0  # TTA clock (train) or training seconds (parallel) at the last checkpoint
-    skipped_steps: int = 0  # steps skipped for non-finite loss or gradients
-    consecutive_bad: int = 0  # skipped steps in a row (abort at max_bad_losses)
-    impossible_utts: int = 0  # utterances whose labels cannot fit the output frames
-    evals: list = field(default_factory=list)  # per-epoch history: train (clock_s, wer, cer); parallel epoch rows
-    log_sizes: dict = field(default_factory=dict)  # byte sizes of the append-only logs at the checkpoint
-    status: str | None = None  # why training stopped: success, time_cap, max_epochs (None: running)
-    resumed_after: list = field(default_factory=list)  # epochs after which the run was restarted
-    init_s: float = 0.0  # initialization seconds outside the TTA clock, summed over (re)starts
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Progress":
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-class Clock:
-    """Seconds since model creation, counting only time this process (or its predecessors) ran."""
-
-    def __init__(self, base: float = 0.0):
-        self.base, self.t0 = base, time.perf_counter()
-
-    def now(self) -> float:
-        return self.base + time.perf_counter() - self.t0
 
 
 class Run:
@@ -360,12 +328,11 @@ class Run:
     def save_checkpoint(self, progress: Progress, **state) -> None:
         """Write the checkpoint atomically: ``progress`` (with the logs' sizes now), the RNG
         states and ``state`` (model, optimizer, ... as state dicts). Pending rows go first."""
-        from speechperf.train.checkpoint import save_checkpoint
+        from speechperf.train.checkpoint import contents, save_checkpoint
 
         self.flush()
         progress.log_sizes = self.log_sizes()
-        save_checkpoint(self.folder, {"run_id": self.run_id, "config": self.config, "progress": asdict(progress),
-                                      **state})
+        save_checkpoint(self.folder, contents(self.run_id, self.config, asdict(progress), state))
 
     def has_checkpoint(self) -> bool:
         return (self.folder / CHECKPOINT_FILE).is_file()

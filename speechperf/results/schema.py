@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS runs (
     out_dir TEXT,                 -- run folder as it was when the run started (a hint: folders move)
     config_json TEXT,             -- RunConfig.to_dict()
     env_json TEXT,                -- hardware and library versions
-    started_at REAL,              -- unix time of model creation
+    started_at REAL,              -- unix time the run (its folder) was created
     status TEXT,                  -- 'running', 'success', 'time_cap', 'max_epochs', 'failed'
     label TEXT                    -- the run's label in tables and legends
 );
@@ -27,7 +27,7 @@ CREATE TABLE IF NOT EXISTS runs (
 ITERATIONS = """
 CREATE TABLE IF NOT EXISTS iterations (
     run_id TEXT, iteration INTEGER, epoch INTEGER,
-    clock_s REAL,                 -- TTA clock (seconds since model creation, down time excluded)
+    clock_s REAL,                 -- TTA clock (seconds since run_start, after initialization; down time excluded)
     loss REAL, batch_size INTEGER, frames INTEGER, audio_s REAL,
     step_s REAL, utts_per_s REAL, audio_s_per_s REAL,
     PRIMARY KEY (run_id, iteration)

@@ -108,6 +108,18 @@ class Sampler:
         if self._rapl is not None:
             self._sample_rapl(time.perf_counter() - self._t0)
 
+    def settled(self) -> int:
+        """How many of the first samples are final, to be stored while sampling goes on: all
+        but the CPU samples that a child process found by the next scan may still add its
+        earlier CPU time to (``_spread``), and the newest CPU pair (added to the open ones just
+        after it is appended)."""
+        n = len(self.samples)
+        if not self.cfg.include_children:
+            return n
+        still_open = [x[3] for x in list(self._cpu.open)]
+        newest_cpu = next((i for i in range(n - 1, -1, -1) if self.samples[i].source == "cpu"), n)
+        return min([n, newest_cpu - 1 if newest_cpu < n else n, *still_open])
+
     def __enter__(self) -> "Sampler":
         return self.start()
 

@@ -10,7 +10,7 @@ the loss, of weight gradients) give each thread a slice and add the partial sums
 and 2 threads round differently in the last bits (measured: ``x.sum()`` of a conv output
 differs, the elementwise conv, batch norm and LSTM outputs do not). With
 ``train.threads=0`` the count is whatever the process was given (the CPUs in its affinity
-mask, ``OMP_NUM_THREADS``), so a run resumed with another count drifted apart: issue 13's
+mask, ``OMP_NUM_THREADS``), so a run resumed with another count drifted apart: an
 inexact resume, where the scalar loss of the first resumed steps still rounded equal and
 the difference showed from the second or third on. ``set_rng_state`` therefore restores
 the count with the RNG states.
@@ -18,6 +18,7 @@ the count with the RNG states.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +54,41 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def contents(run_id: str, config: dict, progress: dict, state: dict) -> dict:
+    """Everything a checkpoint holds, the one place its keys are named: format, the run's id and
+    configuration, ``progress`` (train/progress.py, as a dict), the ``state`` dicts of the
+    trainer (:meth:`TrainState.state_dict`; the parallel worker's own) and the RNG states."""
+    return {"format": FORMAT, "run_id": run_id, "config": config, "progress": progress, **state, "rng": rng_state()}
+
+
+@dataclass
+class TrainState:
+    """What the training loop trains and a checkpoint restores: model, optimizer, learning-rate
+    scheduler and fp16 gradient scaler (``model`` without DDP or compile wrappers)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict()}
+
+    def load(self, ckpt: dict) -> None:
+        """Restore the state and the RNG streams of ``ckpt`` (its progress is the caller's)."""
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        set_rng_state(ckpt["rng"])
+
+
 def save_checkpoint(run: Path, state: dict) -> Path:
-    """Write ``RUN/checkpoint.pt`` atomically; the previous one survives a crash mid-write."""
+    """Write ``RUN/checkpoint.pt`` (``state``: :func:`contents`) atomically; the previous one
+    survives a crash mid-write."""
     path = Path(run) / CHECKPOINT_NAME
-    atomic_torch_save({"format": FORMAT, **state, "rng": rng_state()}, path)
+    atomic_torch_save(state, path)
     return path
 
 

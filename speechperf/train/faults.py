@@ -4,9 +4,11 @@ Two kinds (speechperf.errors): the run diverged (``TrainingDiverged``: weights o
 steps non-finite; status ``diverged: ...``, final: the same command reports it), or the
 machine failed it (``MachineFault``: a full disk, a read-only or vanished folder; status
 ``failed: ...``; the last checkpoint is intact and the same command continues once the
-cause is fixed). Either way the status goes to the run's database, ``summary.json`` and a
-``run_stop`` line with status ``aborted`` in ``events.log``, as far as the machine still
-lets them be written (what could not be is said in the message), and the exit status is 1.
+cause is fixed; a run stopped by SIGINT or SIGTERM is recorded the same way, train/stop.py).
+Either way the status goes to the run's database, ``summary.json`` and a ``run_stop`` line
+with status ``aborted`` in ``events.log``, as far as the machine still lets them be written
+(what could not be is said in the message; train/recorder.py writes them), and the exit
+status is 1 (a signal's: 128 + its number).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 
 from speechperf.atomic import DiskFullError, disk_full
 from speechperf.errors import MachineFault, RunFailed, SpeechperfError
-from speechperf.train.events import C
+from speechperf.train.stop import Interrupted
 from speechperf.train.step import TrainingDiverged
 
 
@@ -57,24 +59,8 @@ def failure_status(e: BaseException) -> str:
         return f"diverged: {e}"
     if isinstance(e, DiskFullError):
         return "failed: disk full"
+    if isinstance(e, Interrupted):
+        return f"failed: interrupted ({e.signal_name})"
     if isinstance(e, KeyboardInterrupt):
         return "failed: interrupted"
     return f"failed: {type(e).__name__}: {e}"
-
-
-def record_failure(run, summary: dict, reason: str) -> list[str]:
-    """Write what can be written of a failed run: its pending rows, its status, a run_stop
-    line, its summary; returns what could not be (on a full disk, say), each with why.
-
-    A ``failed`` run's summary does not mark it finished (Run.finished), so the same command
-    resumes it; a ``diverged`` one's does."""
-    unsaved = []
-    steps = (("rows", run.flush), ("status", lambda: run.set_status(summary["status"])),
-             ("events.log", lambda: run.events().end(C.RUN_STOP, None, status="aborted", reason=reason)),
-             ("summary.json", lambda: run.write_summary(summary)))
-    for what, write in steps:
-        try:
-            write()
-        except (OSError, SpeechperfError, RuntimeError) as err:
-            unsaved.append(f"{what}: {err}")
-    return unsaved

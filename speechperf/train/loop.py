@@ -9,8 +9,11 @@ validation and test split. As in MLPerf, the TTA clock starts after initializati
 (``init_start``..``init_stop``: every split verified, the model built, the decoder kernels
 compiled, one warm-up step; see train/warmup.py), whose seconds are reported beside the
 TTA; it only runs while this process runs, so a resumed run does not count the time it was
-down. Persistence (folder, checkpoint, event log, rows, summary) is the run's
-(:class:`speechperf.results.run.Run`).
+down. What happened is written down by the recorder (train/recorder.py: progress, clock,
+rows, events, checkpoint, failure), into the run folder that
+:class:`speechperf.results.run.Run` owns. SIGINT and SIGTERM stop the run at the next read
+point, saved and recorded (train/stop.py); the learning rate follows train/schedule.py,
+set before every step.
 
 Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the model is wrapped in DDP;
 :mod:`speechperf.train.distributed` picks each process's device (``cuda:LOCAL_RANK``) and
@@ -25,27 +28,26 @@ line, the skip counters and the divergence abort catch up in step order.
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import torch
 
 from speechperf.config import ConfigError, RunConfig, load_preset
-from speechperf.data import alphabet
 from speechperf.data.check import parse_splits, verify_splits
 from speechperf.errors import SpeechperfError
 from speechperf.models import build_model
-from speechperf.results.run import Clock, Progress, Run, read_checkpoint
-from speechperf.telemetry.status import StatusLine
+from speechperf.results.run import Run, read_checkpoint
 from speechperf.train import distributed
-from speechperf.train.checkpoint import set_rng_state
+from speechperf.train.checkpoint import TrainState
 from speechperf.train.evaluate import evaluate
-from speechperf.train.faults import as_fault, check_trained, failure_status, record_failure
-from speechperf.train.events import C
-from speechperf.train.mlperf import log_submission
+from speechperf.train.faults import as_fault, check_trained
+from speechperf.train.progress import Progress
+from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
+from speechperf.train.schedule import make_scheduler, steps_per_epoch
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
-from speechperf.train.warmup import initialize, warm_model, warn_if_slow
+from speechperf.train.stop import StopSignals, interrupted
+from speechperf.train.warmup import initialize, warm_model
 
 __all__ = ["train", "config_diff", "TrainingDiverged", "RESUME_MODES"]
 
@@ -150,303 +152,159 @@ def _verify(data: Path, cfg: RunConfig, world: int) -> dict:
 def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan: str, db_path, quiet: bool,
            platform, label, init_start: tuple[float, int]) -> dict:
     tc, device, rank, world = cfg.train, group.device, group.env.rank, group.world
-    # every split this run reads, verified before the model and the clock exist
-    splits = _verify(data, cfg, world)
-    train_splits = splits["train"]
+    splits = _verify(data, cfg, world)  # every split this run reads, before the model and the clock exist
     ckpt = read_checkpoint(out) if plan == "resume" else None
+    prog = Progress.from_dict(ckpt["progress"]) if ckpt is not None else Progress()
 
     # ---- model, optimizer, state ---------------------------------------------------------
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model).to(device)
-    optimizer = make_optimizer(model, tc, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(tc))
-    scaler = torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16")
-    prog = Progress()
+    core = build_model(cfg.model).to(device)
+    optimizer = make_optimizer(core, tc, device)
+    total_steps = tc.max_epochs * steps_per_epoch(train_utterances(splits), cfg.loader.batch_size)
+    state = TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
+                       torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        prog = Progress.from_dict(ckpt["progress"])
-        set_rng_state(ckpt["rng"])
-    core = model
-    if tc.compile:
-        model = torch.compile(model)
-    local = model  # compiled or not, without DDP's hooks: what the warm-up runs
+        state.load(ckpt)
+    local = torch.compile(core) if tc.compile else core  # without DDP's hooks: what the warm-up runs
+    model = local
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(local, device_ids=ids)
 
-    # ---- the run folder (rank 0) ---------------------------------------------------------
-    lead = rank == 0
-    run = sampler = None
-    if lead:
-        if plan == "fresh":
-            from speechperf.telemetry.environment import capture_env
+    with StopSignals() as stop:
+        rec = _recorder(rank, plan, out, cfg, prog, data, device, world, splits, platform, label, db_path, quiet,
+                        init_start[1])
+        try:  # initialization: one-time work outside the TTA clock
+            init_parts = initialize(local, cfg, data, device) if rank == 0 else warm_model(local, cfg, device) or {}
+        except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
+            _raise(e, rec.fail(e))
+        rec.initialized(plan, time.perf_counter() - init_start[0], init_parts)
+        meter = StepMeter()
+        try:
+            status = _epochs(cfg, group, data, splits, model, state, rec, meter, stop)
+            if rank == 0:
+                _final_eval(core, data, splits["final"], cfg, device, rec)
+            rec.checkpoint(state)
+            rec.stopped(status)
+            group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
+        except BaseException as e:
+            _raise(e, rec.fail(e, meter))
+        return group.broadcast(rec.finish(status))  # rank 0's summary on every rank (one exit status)
 
-            env = {**capture_env(str(device)), "world_size": world, "platform": platform}
-            run = Run.create(out, kind="train", config=cfg.to_dict(), env=env, data=data, label=label,
-                             shared_db=db_path)
-        else:
-            run = Run.open(out, data=data, shared_db=db_path, write=True)
-            run.truncate_logs(prog.log_sizes)  # a restart without checkpoint: cut to nothing
-            run.forget_after(prog)
-            run.set_status("running")
-        if plan != "resume":  # MLPerf has no resume: init_start..run_start stay exactly once
-            run.events().start(C.INIT_START, time_ms=init_start[1])
-            _log_run_config(run.events(), cfg, world, splits, run.label)
 
-    # ---- initialization: one-time work outside the TTA clock -----------------------------
-    try:
-        init_parts = initialize(local, cfg, data, device) if lead else {}
-        if not lead:
-            warm_model(local, cfg, device)
-    except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
-        err = _end_failed(run, out, e, prog, Clock(prog.clock_s))
-        if run is not None:
-            run.close()
-        if err is not e:
-            raise err from e
-        raise
-    init_s = time.perf_counter() - init_start[0]
-    prog.init_s += init_s
-    clock = Clock(prog.clock_s)  # TTA time starts now (continues where a resumed run stopped)
-    if lead:
-        warn_if_slow(init_s, str(out))
-        parts = {k: round(v, 3) for k, v in init_parts.items()}
-        if plan == "resume":
-            run.events().event("resume", clock_s=round(clock.now(), 3), iteration=prog.iteration, epoch=prog.epoch,
-                               init_s=round(init_s, 3), **parts)
-        else:
-            run.events().end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
-            run.events().start(C.RUN_START)
-        sampler = _start_sampler()
-
-    def checkpoint() -> None:
-        if not lead:
-            return
-        prog.clock_s = clock.now()
-        # Logged before the log sizes are taken, so a resume keeps this line.
-        run.events().event("checkpoint", iteration=prog.iteration, epoch=prog.epoch, clock_s=round(prog.clock_s, 3))
-        run.save_checkpoint(prog, model=core.state_dict(), optimizer=optimizer.state_dict(),
-                            scheduler=scheduler.state_dict(), scaler=scaler.state_dict())
-
-    # ---- the state machine ---------------------------------------------------------------
+def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, state: TrainState, rec, meter: StepMeter,
+            stop: StopSignals) -> str:
+    """The state machine (SPEC C): train epoch after epoch until a stopping rule holds; returns
+    why training stopped (success, time_cap, max_epochs). A signal stops it at a read point."""
     from speechperf.data.loader import make_loader
 
-    status_line = StatusLine() if lead and not quiet else None
-    meter = StepMeter()
-    last_row: dict = {}
-
-    def settle() -> None:
-        """The one host read: pending steps' losses and skip flags, applied in step order."""
-        nonlocal last_row
-        reads = meter.read()
-        if lead:
-            for r in reads:
-                run.add_iteration(r.row)
-                last_row = r.row
-        count_steps(prog, reads, tc.max_bad_losses)
-        if status_line and reads:
-            status_line.update(prog.epoch, reads[-1].iteration, reads[-1].loss, last_row["utts_per_s"],
-                               prog.evals[-1][2] if prog.evals else None, clock.now())
-
+    tc, device, prog, rank = cfg.train, group.device, rec.prog, group.env.rank
     model.train()
-    failed = False
-    try:
-        while prog.status is None and prog.epoch <= tc.max_epochs:
-            loader = make_loader(data, train_splits, cfg.loader, epoch=prog.epoch, seed=tc.seed,
-                                 start_batch=prog.start_batch, rank=rank, world=world)
-            if lead and prog.start_batch == 0:  # a resumed epoch already logged its start
-                run.events().start(C.EPOCH_START, epoch_num=prog.epoch)
-            last = time.perf_counter()
-            for batch in loader:
-                # -- training
-                prog.iteration += 1
-                step = train_step(model, batch, optimizer, scaler, device, tc)
-                prog.impossible_utts += step.impossible
-                now = time.perf_counter()
-                batch_s, last = now - last, now
-                prog.start_batch += 1
-                meter.add(prog.iteration, step, _iteration_row(run.run_id, prog, clock.now(), None, batch, batch_s)
-                          if lead else None)
-                if not read_point(prog.iteration, tc):
-                    continue
-                settle()
-                # -- generating sentences
-                if lead and prog.iteration % tc.sentence_every == 0:
-                    if status_line:
-                        status_line.clear()
-                    _log_sentences(run, prog, batch, step.log_probs, step.out_lens, last_row["loss"], quiet)
-                # -- saving checkpoint
-                if prog.iteration % tc.checkpoint_every == 0:
-                    checkpoint()
-                if group.agree(tc.time_cap_minutes > 0 and clock.now() >= 60 * tc.time_cap_minutes):
-                    prog.status = "time_cap"
-                    break
-            else:
-                settle()
-                check_trained(core, prog, tc)  # a run that cannot train stops here, as diverged
-                # -- evaluating (the model stays resident; its seconds are recorded apart)
-                if lead:
-                    if status_line:
-                        status_line.clear()
-                    run.events().end(C.EPOCH_STOP, epoch_num=prog.epoch)
-                    prog.status = _epoch_eval(core, data, cfg, device, prog, clock, run, quiet)
-                prog.status = group.broadcast(prog.status)
-                scheduler.step()
-                prog.epoch += 1
-                prog.start_batch = 0
-                checkpoint()
-        status = prog.status = prog.status or ("max_epochs" if tc.target > 0 else "success")
-        if lead:
-            _final_eval(core, data, splits["final"], cfg, device, prog, clock, run, quiet)
-            checkpoint()
-            run.events().end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
-        group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
-    except BaseException as e:
-        failed = True
-        if lead:
-            try:  # the steps since the last read, when the device still answers
-                for r in meter.read():
-                    run.add_iteration(r.row)
-            except Exception:  # noqa: BLE001 (the original error is re-raised below)
-                pass
-        err = _end_failed(run, out, e, prog, clock)
-        if err is not e:
-            raise err from e
-        raise
-    finally:
-        if sampler is not None:
-            sampler.stop()
-            try:
-                _store_samples(run, sampler.samples)
-            except Exception:  # noqa: BLE001
-                if not failed:
-                    raise
-                # a failed run reports its own cause, not this consequence of it (a full disk)
-            finally:
-                run.close()
-    summary = _summary(run.run_id if run else None, out, status, prog, clock)
-    if lead:
-        run.set_status(status)
-        run.write_summary(summary)  # last: its presence means the run finished
-        run.close()
-    return summary
+    while prog.status is None and prog.epoch <= tc.max_epochs:
+        loader = make_loader(data, splits["train"], cfg.loader, epoch=prog.epoch, seed=tc.seed,
+                             start_batch=prog.start_batch, rank=rank, world=group.world)
+        rec.epoch_started()
+        last = time.perf_counter()
+        for batch in loader:
+            # -- training
+            if prog.iteration:  # the learning rate of this step (train/schedule.py)
+                state.scheduler.step()
+            prog.iteration += 1
+            step = train_step(model, batch, state.optimizer, state.scaler, device, tc)
+            prog.impossible_utts += step.impossible
+            now = time.perf_counter()
+            batch_s, last = now - last, now
+            prog.start_batch += 1
+            meter.add(prog.iteration, step, rec.iteration_row(batch, batch_s))
+            if not read_point(prog.iteration, tc):
+                continue
+            _settle(meter, rec, tc)
+            # -- generating sentences
+            if prog.iteration % tc.sentence_every == 0:
+                rec.sentences(batch, step)
+            # -- saving checkpoint
+            if prog.iteration % tc.checkpoint_every == 0:
+                rec.checkpoint(state)
+            asked = _stop_asked(group, stop, rec, tc)
+            if asked > 1:  # a signal: saved where it stopped, recorded as interrupted
+                if prog.iteration % tc.checkpoint_every:
+                    rec.checkpoint(state)
+                raise interrupted(asked, f"in {rec.out} at iteration {prog.iteration} (epoch {prog.epoch})")
+            if asked:
+                prog.status = "time_cap"
+                break
+        else:
+            _settle(meter, rec, tc)
+            check_trained(state.model, prog, tc)  # a run that cannot train stops here, as diverged
+            # -- evaluating (the model stays resident; its seconds are recorded apart)
+            rec.epoch_ended()
+            prog.status = group.broadcast(_epoch_eval(state.model, data, cfg, device, rec) if rank == 0 else None)
+            prog.epoch += 1
+            prog.start_batch = 0
+            rec.checkpoint(state)
+            asked = max(group.gather_int(stop.requested or 0))
+            if asked and prog.status is None:
+                raise interrupted(asked, f"in {rec.out} after epoch {prog.epoch - 1}")
+    prog.status = prog.status or ("max_epochs" if tc.target > 0 else "success")
+    return prog.status
 
 
-def _end_failed(run: Run | None, out: Path, e: BaseException, prog: Progress, clock: Clock) -> BaseException:
-    """Record a run that stopped on ``e`` (rank 0: ``run``; faults.py) and return the error to
-    raise: ``e`` named as a machine fault where it is one (a full disk: exit 1), else ``e``."""
-    fault = as_fault(e, out)
-    if run is not None:
-        status = failure_status(fault or e)
-        unsaved = record_failure(run, _summary(run.run_id, out, status, prog, clock), str(fault or e))
-        if unsaved and fault is not None:
-            fault = type(fault)(f"{fault} (not recorded: {'; '.join(unsaved)})")
-    return fault if fault is not None else e
+def _recorder(rank: int, plan: str, out: Path, cfg: RunConfig, prog: Progress, data: Path, device, world: int,
+              splits: dict, platform, label, db_path, quiet: bool, init_ms: int) -> Recorder:
+    """Rank 0's recorder of the run folder (created or opened); a no-op one on other ranks."""
+    if rank != 0:
+        return Recorder(prog, out)
+    from speechperf.telemetry.environment import capture_env
+
+    env = {**capture_env(str(device)), "world_size": world, "platform": platform}
+    return RunRecorder.begin(plan, out, cfg, prog, data=data, env=env, splits=splits, init_ms=init_ms, label=label,
+                             db_path=db_path, quiet=quiet)
 
 
-# ---- optimizer --------------------------------------------------------------------------
-def _lr_lambda(tc):
-    """Per-epoch multiplicative decay (the scheduler steps once per epoch)."""
-    return lambda epochs_done: tc.lr_decay ** epochs_done
+def _settle(meter: StepMeter, rec: Recorder, tc) -> None:
+    """The one host read: the pending steps' losses and skip flags, recorded and counted in
+    step order (a divergence aborts here)."""
+    reads = meter.read()
+    rec.steps_read(reads)
+    count_steps(rec.prog, reads, tc.max_bad_losses)
+
+
+def _stop_asked(group, stop: StopSignals, rec: Recorder, tc) -> int:
+    """At a read point, all ranks together: the number of a signal any rank was sent, 1 when
+    the time cap passed, else 0."""
+    cap = tc.time_cap_minutes > 0 and rec.now() >= 60 * tc.time_cap_minutes
+    return max(group.gather_int(stop.requested or int(cap)))
+
+
+def _raise(e: BaseException, err: BaseException):
+    """Raise ``err`` (``e`` itself, or ``e`` named as a machine fault)."""
+    if err is not e:
+        raise err from e
+    raise e
 
 
 # ---- evaluation ------------------------------------------------------------------------
-def _epoch_eval(model, data, cfg, device, prog, clock, run: Run, quiet) -> str | None:
-    tc, events = cfg.train, run.events()
-    events.start(C.EVAL_START, epoch_num=prog.epoch)
-    r = evaluate(model, data, tc.eval_split, cfg.loader, device, decoder=tc.eval_decoder,
-                 beam=tc.eval_beam, precision=tc.precision, keep_pairs=3, mode=tc.eval_mode)
-    now = clock.now()
-    prog.evals.append((now, r["wer"], r["cer"]))
-    run.upsert("evals", {"run_id": run.run_id, "epoch": prog.epoch, "split": r["split"], "decoder": r["decoder"],
-                        "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"], "wer": r["wer"],
-                        "cer": r["cer"], "cer_paper": r["cer_paper"], "n_utts": r["n_utts"], "final": 0})
-    events.event(C.EVAL_ACCURACY, r["cer"], epoch_num=prog.epoch, metric="cer", wer=round(r["wer"], 3),
-                 cer_paper=round(r["cer_paper"], 3), loss=round(r["loss"], 4), eval_s=round(r["eval_s"], 3))
-    events.end(C.EVAL_STOP, epoch_num=prog.epoch)
-    if not quiet:
-        print(f"epoch {prog.epoch}: {tc.eval_split} loss {r['loss']:.3f} WER {r['wer']:.2f} CER {r['cer']:.2f} "
-              f"(paper CER {r['cer_paper']:.2f}) eval {r['eval_s']:.1f}s clock {now / 60:.2f} min", flush=True)
+def _evaluate(model, data: Path, split: str, cfg: RunConfig, device, beam: int, **kw) -> dict:
+    tc = cfg.train
+    return evaluate(model, data, split, cfg.loader, device, decoder=tc.eval_decoder, beam=beam,
+                    precision=tc.precision, mode=tc.eval_mode, **kw)
+
+
+def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> str | None:
+    """The epoch's validation (rank 0); ``success`` once the target is reached."""
+    tc = cfg.train
+    rec.eval_started()
+    rec.evaluated(_evaluate(model, data, tc.eval_split, cfg, device, tc.eval_beam, keep_pairs=3), final=False)
     if tc.target > 0:
         from speechperf.metrics.tta import tta_minutes
 
         idx = 1 if tc.target_metric == "wer" else 2
-        if tta_minutes([(e[0], e[idx]) for e in prog.evals], tc.target, tc.target_epochs) is not None:
+        if tta_minutes([(e[0], e[idx]) for e in rec.prog.evals], tc.target, tc.target_epochs) is not None:
             return "success"
     return None
 
 
-def _final_eval(model, data, splits, cfg, device, prog, clock, run: Run, quiet) -> None:
+def _final_eval(model, data: Path, splits: list[str], cfg: RunConfig, device, rec: Recorder) -> None:
     """Table 5: the final-evaluation splits (verified before training), with the final beam width."""
-    tc = cfg.train
     for split in splits:
-        r = evaluate(model, data, split, cfg.loader, device, decoder=tc.eval_decoder, beam=tc.final_beam,
-                     precision=tc.precision, mode=tc.eval_mode)
-        run.upsert("evals", {"run_id": run.run_id, "epoch": prog.epoch - 1, "split": split, "decoder": r["decoder"],
-                            "beam": r["beam"], "clock_s": clock.now(), "eval_s": r["eval_s"], "loss": r["loss"],
-                            "wer": r["wer"], "cer": r["cer"], "cer_paper": r["cer_paper"], "n_utts": r["n_utts"],
-                            "final": 1})
-        run.events().event("final_eval", r["wer"], split=split, cer=round(r["cer"], 3), decoder=r["decoder"], beam=r["beam"])
-        if not quiet:
-            print(f"final {split}: WER {r['wer']:.2f} CER {r['cer']:.2f} ({r['decoder']}, beam {r['beam']})", flush=True)
-
-
-# ---- logging helpers ---------------------------------------------------------------------
-def _iteration_row(run_id, prog, clock_s, loss, batch, batch_s) -> dict:
-    b = len(batch.ids)
-    return {"run_id": run_id, "iteration": prog.iteration, "epoch": prog.epoch, "clock_s": clock_s, "loss": loss,
-            "batch_size": b, "frames": int(batch.feat_lens.sum()), "audio_s": float(batch.audio_seconds),
-            "step_s": batch_s, "utts_per_s": b / batch_s, "audio_s_per_s": float(batch.audio_seconds) / batch_s}
-
-
-def _log_sentences(run: Run, prog, batch, log_probs, out_lens, loss, quiet) -> None:
-    paths = log_probs.argmax(-1).cpu()  # (T', B)
-    pairs = []
-    for b in range(min(3, paths.shape[1])):
-        hyp = alphabet.decode(alphabet.collapse(paths[: int(out_lens[b]), b].tolist()))
-        pairs.append({"ref": batch.transcripts[b], "hyp": hyp})
-    run.append_sentences({"iteration": prog.iteration, "epoch": prog.epoch, "loss": loss, "pairs": pairs})
-    if not quiet:
-        print(f"iter {prog.iteration} epoch {prog.epoch} loss {loss:.3f}\n  ref: {pairs[0]['ref']}\n  hyp: {pairs[0]['hyp']}",
-              flush=True)
-
-
-def _log_run_config(events, cfg, world, splits: dict, platform: str) -> None:
-    """The submission keys and hyperparameters MLPerf's training rules ask for (train/mlperf.py),
-    and the splits the run reads (verified)."""
-    log_submission(events, platform)
-    events.event(C.GLOBAL_BATCH_SIZE, cfg.loader.batch_size)
-    events.event(C.GRADIENT_ACCUMULATION_STEPS, 1)
-    events.event(C.OPT_NAME, cfg.train.optimizer)
-    events.event(C.OPT_BASE_LR, cfg.train.lr)
-    events.event(C.SEED, cfg.train.seed)
-    facts = splits["splits"]
-    events.event(C.TRAIN_SAMPLES, sum(facts[s]["utterances"] for s in splits["train"]), splits=list(splits["train"]))
-    events.event(C.EVAL_SAMPLES, facts[splits["valid"]]["utterances"], split=splits["valid"])
-    events.event("world_size", world)
-    events.event("preset", cfg.preset)
-    events.event("data_splits", splits)
-
-
-def _start_sampler():
-    from speechperf.telemetry.sampler import Sampler
-
-    s = Sampler(os.getpid())
-    s.start()
-    return s
-
-
-def _store_samples(run: Run, samples) -> None:
-    if samples:
-        run.insert("samples", [{"run_id": run.run_id, "t": s.t, "source": s.source, "metric": s.metric,
-                                    "value": s.value} for s in samples])
-
-
-def _summary(run_id, out, status, prog, clock) -> dict:
-    last = prog.evals[-1] if prog.evals else (None, None, None)
-    return {"run": str(out), "run_id": run_id, "status": status, "epochs": len(prog.evals),
-            "iterations": prog.iteration, "clock_min": clock.now() / 60, "init_s": prog.init_s,
-            "last_wer": last[1], "last_cer": last[2],
-            "skipped_steps": prog.skipped_steps, "impossible_utts": prog.impossible_utts}
+        rec.evaluated(_evaluate(model, data, split, cfg, device, cfg.train.final_beam), final=True)

@@ -154,3 +154,63 @@ def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_featur
     assert _rows(run, sql) == _rows(ref, sql)
     a, b = load_checkpoint(ref), load_checkpoint(run)
     assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_stops_saved_and_recorded_and_the_same_command_continues(tiny_features, tmp_path):
+    """SIGTERM (Slurm, Kubernetes, docker stop, torchrun) is handled as SIGINT: the run stops
+    after the current step with a checkpoint, is recorded as interrupted (not finished), says
+    that the same command continues it, exits 143; the same command then ends where an
+    uninterrupted run ends, weights bit for bit."""
+    args = [*TINY, "max_epochs=3", "checkpoint_every=4", "sentence_every=50"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    p = _popen("--data", tiny_features, "--out", ref, *args)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+
+    p = _popen("--data", tiny_features, "--out", run, *args)
+    assert _wait_checkpoint(run, p, 4), "the run finished before it could be stopped"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=120) == 143
+    err = p.stderr.read()
+    assert "interrupted (SIGTERM)" in err and "run the same command again to continue" in err and str(run) in err
+    assert "Traceback" not in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed: interrupted (SIGTERM)"
+    assert _rows(run, "SELECT status FROM runs WHERE run_id = ?") == [{"status": summary["status"]}]
+    stopped_at = load_checkpoint(run)["progress"]["iteration"]
+    assert stopped_at == summary["iterations"]  # saved where it stopped, not at the last periodic checkpoint
+    stop = [e for e in read_events(run / "events.log") if e["key"] == "run_stop"]
+    assert [e["metadata"]["status"] for e in stop] == ["aborted"] and "SIGTERM" in stop[0]["metadata"]["reason"]
+
+    again = _popen("--data", tiny_features, "--out", run, *args)
+    assert again.wait(timeout=300) == 0, again.stderr.read()
+    assert json.loads((run / "summary.json").read_text())["status"] == "success"
+    sql = "SELECT iteration, loss FROM iterations WHERE run_id = ? ORDER BY iteration"
+    assert _rows(run, sql) == _rows(ref, sql)
+    a, b = load_checkpoint(ref), load_checkpoint(run)
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    keys = [e["key"] for e in read_events(run / "events.log")]
+    assert keys.count("run_stop") == 1 and keys.count("resume") == 1
+
+
+@pytest.mark.timeout(300)
+def test_samples_survive_a_sigkill_up_to_the_last_checkpoint(tiny_features, tmp_path):
+    run = tmp_path / "run"
+    p = _popen("--data", tiny_features, "--out", run, *TINY, "max_epochs=20", "checkpoint_every=3")
+    clock_s = 0.0
+    while p.poll() is None and clock_s < 4.0:  # a checkpoint 4 s of training in
+        try:
+            clock_s = load_checkpoint(run)["progress"]["clock_s"]
+        except CheckpointError:
+            pass
+        time.sleep(0.01)
+    assert p.poll() is None, "the run finished before it could be killed"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    clock_s = load_checkpoint(run)["progress"]["clock_s"]
+    samples = _rows(run, "SELECT t, metric FROM samples WHERE run_id = ? AND source = 'cpu'")
+    assert samples, "no utilization sample of the killed run was stored"
+    # stored with the checkpoint: all but those a child process found by a later scan (every
+    # 1 s) could still add its CPU time to, i.e. at most two scans back
+    assert clock_s - 2.5 <= max(s["t"] for s in samples) <= clock_s + 0.5

@@ -119,3 +119,14 @@ def test_more_processes_than_gpus_under_nccl_is_refused_before_any_work(tiny_fea
     assert p.returncode != 0
     assert f"{n} processes on this node but {n - 1} visible GPU" in p.stderr and "dist_backend=gloo" in p.stderr
     assert not (tmp_path / "many" / "run.json").exists()
+
+
+@pytest.mark.timeout(400)
+def test_only_rank_0_prints_the_summary_under_torchrun(tiny_features, tmp_path):
+    run = tmp_path / "ddp"
+    p = _torchrun(2, "--data", tiny_features, "--out", run, "--preset", "tiny", "max_epochs=1", "threads=1",
+                  "batch_size=4", "device=cpu", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(p.stdout)  # one JSON document: a second rank's row would break it
+    summary = json.loads((run / "summary.json").read_text())
+    assert len(rows) == 1 and rows[0] == summary

@@ -1,0 +1,282 @@
+"""The record of a training run, between the loop and the run folder.
+
+The loop trains; the recorder writes down what happened, in one place: where the run
+stands (:class:`Progress`) and its TTA clock, the event log's lines (MLPerf's keys,
+train/events.py), the iteration rows, the logged sentences, the evaluation rows, the
+utilization samples, the checkpoint and how the run ended (finished, or failed: one
+failure path for every way a run can stop early). :class:`speechperf.results.run.Run`
+owns the folder's files; the recorder decides what goes into them.
+
+Rank 0 records (:class:`RunRecorder`); every other rank gets a :class:`Recorder`, which
+keeps the progress and the clock (each rank needs its position and the time cap) and whose
+recording methods do nothing, so that the loop has no branch per rank for recording.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from speechperf.data import alphabet
+from speechperf.results.run import Run
+from speechperf.train.checkpoint import TrainState
+from speechperf.train.events import C
+from speechperf.train.faults import as_fault, failure_status
+from speechperf.train.mlperf import log_submission
+from speechperf.train.progress import Clock, Progress
+from speechperf.train.warmup import warn_if_slow
+
+SENTENCE_PAIRS = 3  # hypothesis/reference pairs logged per sentence batch
+
+
+class Recorder:
+    """A rank's progress and TTA clock; records nothing (ranks other than 0)."""
+
+    def __init__(self, prog: Progress, out: Path):
+        self.prog, self.out = prog, Path(out)
+        self.clock: Clock | None = None  # started by ``initialized`` (run_start)
+        self.run_id: str | None = None
+
+    def now(self) -> float:
+        """TTA seconds so far (before run_start: where the run stood at its checkpoint)."""
+        return self.clock.now() if self.clock is not None else self.prog.clock_s
+
+    def initialized(self, plan: str, init_s: float, parts: dict) -> None:
+        """Initialization is over: the TTA clock starts, continuing a resumed run's."""
+        self.prog.init_s += init_s
+        self.clock = Clock(self.prog.clock_s)
+
+    def summary(self, status: str) -> dict:
+        return _summary(self.run_id, self.out, status, self.prog, self.now())
+
+    def finish(self, status: str) -> dict:
+        """The run ended with ``status``: its summary row."""
+        return self.summary(status)
+
+    def fail(self, e: BaseException, meter=None) -> BaseException:
+        """The error to raise for ``e``: named as a machine fault where it is one (a full disk:
+        exit 1), else ``e`` itself. Rank 0 records the failure first."""
+        return as_fault(e, self.out) or e
+
+    # ---- what only rank 0 records -----------------------------------------------------------
+    def epoch_started(self) -> None: ...
+    def iteration_row(self, batch, step_s: float) -> dict | None: ...
+    def steps_read(self, reads: list) -> None: ...
+    def sentences(self, batch, step) -> None: ...
+    def epoch_ended(self) -> None: ...
+    def eval_started(self) -> None: ...
+    def evaluated(self, r: dict, final: bool) -> None: ...
+    def checkpoint(self, state: TrainState) -> None: ...
+    def stopped(self, status: str) -> None: ...
+
+
+class RunRecorder(Recorder):
+    """Rank 0's recorder: writes the run folder through ``run``."""
+
+    def __init__(self, prog: Progress, run: Run, quiet: bool):
+        super().__init__(prog, run.folder)
+        from speechperf.telemetry.status import StatusLine
+
+        self.run, self.run_id, self.quiet = run, run.run_id, quiet
+        self.events = run.events()
+        self.status_line = None if quiet else StatusLine()
+        self.sampler, self.samples_stored = None, 0
+        self.last_row: dict = {}
+
+    @classmethod
+    def begin(cls, plan: str, out: Path, cfg, prog: Progress, *, data: Path, env: dict, splits: dict,
+              init_ms: int, label, db_path, quiet: bool) -> "RunRecorder":
+        """Create the run (``plan`` fresh) or open it to continue (restart, resume: rows and logs
+        after its checkpoint are cut), and log initialization's start once (MLPerf has no resume)."""
+        if plan == "fresh":
+            run = Run.create(out, kind="train", config=cfg.to_dict(), env=env, data=data, label=label,
+                             shared_db=db_path)
+        else:
+            run = Run.open(out, data=data, shared_db=db_path, write=True)
+            run.truncate_logs(prog.log_sizes)  # a restart without checkpoint: cut to nothing
+            run.forget_after(prog)
+            run.set_status("running")
+        rec = cls(prog, run, quiet)
+        if plan != "resume":
+            rec.events.start(C.INIT_START, time_ms=init_ms)
+            rec._log_run_config(cfg, env["world_size"], splits)
+        return rec
+
+    def _log_run_config(self, cfg, world: int, splits: dict) -> None:
+        """The submission keys and hyperparameters MLPerf's training rules ask for (train/mlperf.py),
+        and the splits the run reads (verified)."""
+        events = self.events
+        log_submission(events, self.run.label)
+        events.event(C.GLOBAL_BATCH_SIZE, cfg.loader.batch_size)
+        events.event(C.GRADIENT_ACCUMULATION_STEPS, 1)
+        events.event(C.OPT_NAME, cfg.train.optimizer)
+        events.event(C.OPT_BASE_LR, cfg.train.lr)
+        events.event(C.SEED, cfg.train.seed)
+        events.event(C.TRAIN_SAMPLES, train_utterances(splits), splits=list(splits["train"]))
+        events.event(C.EVAL_SAMPLES, splits["splits"][splits["valid"]]["utterances"], split=splits["valid"])
+        events.event("world_size", world)
+        events.event("preset", cfg.preset)
+        events.event("data_splits", splits)
+
+    def initialized(self, plan: str, init_s: float, parts: dict) -> None:
+        super().initialized(plan, init_s, parts)
+        warn_if_slow(init_s, str(self.out))
+        parts = {k: round(v, 3) for k, v in parts.items()}
+        if plan == "resume":
+            self.events.event("resume", clock_s=round(self.now(), 3), iteration=self.prog.iteration,
+                              epoch=self.prog.epoch, init_s=round(init_s, 3), **parts)
+        else:
+            self.events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
+            self.events.start(C.RUN_START)
+        from speechperf.telemetry.sampler import Sampler
+
+        self.sampler = Sampler(os.getpid()).start()
+
+    # ---- training ---------------------------------------------------------------------------
+    def epoch_started(self) -> None:
+        if self.prog.start_batch == 0:  # a resumed epoch already logged its start
+            self.events.start(C.EPOCH_START, epoch_num=self.prog.epoch)
+
+    def iteration_row(self, batch, step_s: float) -> dict:
+        return _iteration_row(self.run_id, self.prog, self.now(), None, batch, step_s)
+
+    def steps_read(self, reads: list) -> None:
+        """Steps read from the device (train/step.py's StepMeter): their rows, the status line."""
+        for r in reads:
+            self.run.add_iteration(r.row)
+            self.last_row = r.row
+        if self.status_line and reads:
+            evals = self.prog.evals
+            self.status_line.update(self.prog.epoch, reads[-1].iteration, reads[-1].loss,
+                                    self.last_row["utts_per_s"], evals[-1][2] if evals else None, self.now())
+
+    def sentences(self, batch, step) -> None:
+        """The batch's first utterances greedy-decoded beside their transcripts."""
+        paths = step.log_probs.argmax(-1).cpu()  # (T', B)
+        pairs = []
+        for b in range(min(SENTENCE_PAIRS, paths.shape[1])):
+            hyp = alphabet.decode(alphabet.collapse(paths[: int(step.out_lens[b]), b].tolist()))
+            pairs.append({"ref": batch.transcripts[b], "hyp": hyp})
+        prog, loss = self.prog, self.last_row["loss"]
+        self.run.append_sentences({"iteration": prog.iteration, "epoch": prog.epoch, "loss": loss, "pairs": pairs})
+        self._say(f"iter {prog.iteration} epoch {prog.epoch} loss {loss:.3f}\n  ref: {pairs[0]['ref']}\n"
+                  f"  hyp: {pairs[0]['hyp']}")
+
+    def epoch_ended(self) -> None:
+        if self.status_line:
+            self.status_line.clear()
+        self.events.end(C.EPOCH_STOP, epoch_num=self.prog.epoch)
+
+    # ---- evaluation -------------------------------------------------------------------------
+    def eval_started(self) -> None:
+        self.events.start(C.EVAL_START, epoch_num=self.prog.epoch)
+
+    def evaluated(self, r: dict, final: bool) -> None:
+        """An evaluation's row: the epoch's validation (``final`` False: into the stopping
+        rule's history too) or one split of the final evaluation, after the last epoch."""
+        now, prog = self.now(), self.prog
+        epoch = prog.epoch - 1 if final else prog.epoch
+        self.run.upsert("evals", {"run_id": self.run_id, "epoch": epoch, "split": r["split"], "decoder": r["decoder"],
+                                  "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"],
+                                  "wer": r["wer"], "cer": r["cer"], "cer_paper": r["cer_paper"],
+                                  "n_utts": r["n_utts"], "final": int(final)})
+        if final:
+            self.events.event("final_eval", r["wer"], split=r["split"], cer=round(r["cer"], 3), decoder=r["decoder"],
+                              beam=r["beam"])
+            self._say(f"final {r['split']}: WER {r['wer']:.2f} CER {r['cer']:.2f} ({r['decoder']}, beam {r['beam']})")
+            return
+        prog.evals.append((now, r["wer"], r["cer"]))
+        self.events.event(C.EVAL_ACCURACY, r["cer"], epoch_num=epoch, metric="cer", wer=round(r["wer"], 3),
+                          cer_paper=round(r["cer_paper"], 3), loss=round(r["loss"], 4), eval_s=round(r["eval_s"], 3))
+        self.events.end(C.EVAL_STOP, epoch_num=epoch)
+        self._say(f"epoch {epoch}: {r['split']} loss {r['loss']:.3f} WER {r['wer']:.2f} CER {r['cer']:.2f} "
+                  f"(paper CER {r['cer_paper']:.2f}) eval {r['eval_s']:.1f}s clock {now / 60:.2f} min")
+
+    # ---- checkpoint and end -----------------------------------------------------------------
+    def checkpoint(self, state: TrainState) -> None:
+        """The checkpoint (train/checkpoint.py's contents), after the rows and samples so far."""
+        self.prog.clock_s = self.now()
+        # Logged before the log sizes are taken, so a resume keeps this line.
+        self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,
+                          clock_s=round(self.prog.clock_s, 3))
+        self._store_samples(self.sampler.settled())  # a killed run keeps its samples up to here
+        self.run.save_checkpoint(self.prog, **state.state_dict())
+
+    def stopped(self, status: str) -> None:
+        """run_stop: the run trained to its end (``status``: success, time_cap, max_epochs)."""
+        self.events.end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
+
+    def finish(self, status: str) -> dict:
+        self._stop_sampler()
+        summary = self.summary(status)
+        self.run.set_status(status)
+        self.run.write_summary(summary)  # last: its presence means the run finished
+        self.run.close()
+        return summary
+
+    def fail(self, e: BaseException, meter=None) -> BaseException:
+        """Record the run as stopped by ``e`` (faults.py: its status, the pending rows, a
+        run_stop line, a summary that a ``failed`` status does not mark finished), as far
+        as the machine lets it be written, and return the error to raise."""
+        try:  # the steps since the last read, when the device still answers
+            self.steps_read(meter.read() if meter is not None else [])
+        except Exception:  # noqa: BLE001 (the original error is raised)
+            pass
+        fault = as_fault(e, self.out)
+        reason, status = str(fault or e), failure_status(fault or e)
+        unsaved = []
+        for what, write in (("rows", self.run.flush), ("status", lambda: self.run.set_status(status)),
+                            ("events.log", lambda: self.events.end(C.RUN_STOP, None, status="aborted", reason=reason)),
+                            ("summary.json", lambda: self.run.write_summary(self.summary(status))),
+                            ("samples", self._stop_sampler)):
+            try:
+                write()
+            except Exception as err:  # noqa: BLE001 (a failed run reports its own cause, not this consequence)
+                unsaved.append(f"{what}: {err}")
+        try:
+            self.run.close()
+        except Exception:  # noqa: BLE001 (what could not be written is said above)
+            pass
+        if unsaved and fault is not None:
+            fault = type(fault)(f"{fault} (not recorded: {'; '.join(unsaved)})")
+        return fault or e
+
+    def _stop_sampler(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            self._store_samples(len(self.sampler.samples))
+            self.sampler = None
+
+    def _store_samples(self, upto: int) -> None:
+        """The samples not stored yet, up to ``upto`` (those that no longer change: Sampler.settled)."""
+        new = self.sampler.samples[self.samples_stored: upto]
+        if new:
+            self.run.insert("samples", [{"run_id": self.run_id, "t": s.t, "source": s.source, "metric": s.metric,
+                                         "value": s.value} for s in new])
+        self.samples_stored = max(self.samples_stored, upto)
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            if self.status_line:
+                self.status_line.clear()
+            print(text, flush=True)
+
+
+def train_utterances(splits: dict) -> int:
+    """Utterances of the training splits, from ``verify_splits``' facts (data/check.py)."""
+    return sum(splits["splits"][s]["utterances"] for s in splits["train"])
+
+
+def _iteration_row(run_id, prog: Progress, clock_s: float, loss, batch, batch_s: float) -> dict:
+    b = len(batch.ids)
+    return {"run_id": run_id, "iteration": prog.iteration, "epoch": prog.epoch, "clock_s": clock_s, "loss": loss,
+            "batch_size": b, "frames": int(batch.feat_lens.sum()), "audio_s": float(batch.audio_seconds),
+            "step_s": batch_s, "utts_per_s": b / batch_s, "audio_s_per_s": float(batch.audio_seconds) / batch_s}
+
+
+def _summary(run_id, out: Path, status: str, prog: Progress, clock_s: float) -> dict:
+    last = prog.evals[-1] if prog.evals else (None, None, None)
+    return {"run": str(out), "run_id": run_id, "status": status, "epochs": len(prog.evals),
+            "iterations": prog.iteration, "clock_min": clock_s / 60, "init_s": prog.init_s,
+            "last_wer": last[1], "last_cer": last[2],
+            "skipped_steps": prog.skipped_steps, "impossible_utts": prog.impossible_utts}
+

@@ -1,0 +1,55 @@
+"""The learning-rate schedule: a factor of ``train.lr`` for every optimizer step.
+
+``train.lr_schedule`` (its values: train/config.py's ``SCHEDULES``):
+
+- ``epoch_decay`` (the default, the paper's): ``lr_decay ** epochs_done``;
+- ``noam`` (the Transformer's, as ESPnet and NeMo use it for Conformers): warm-up, then the
+  inverse square root of the step, equal to 1 where the warm-up ends;
+- ``cosine``: warm-up, then half a cosine from 1 down to ``lr_min / lr`` at the end of
+  ``max_epochs`` epochs of steps (AlgoPerf's Conformer baseline), ``lr_min / lr`` after.
+
+``train.warmup_iters`` > 0 multiplies the first steps by ``(s + 1) / warmup_iters`` (linear
+warm-up; ``s`` = steps done before this one) under every schedule. The factor is a pure
+function of the steps and epochs done (the run's progress, in the checkpoint), so a resumed
+run gets every step's learning rate bit for bit.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def warmup(step: int, warmup_iters: int) -> float:
+    """Linear warm-up factor of the step after ``step`` steps: 1/W, 2/W, ..., 1, 1, ..."""
+    return min(1.0, (step + 1) / warmup_iters) if warmup_iters > 0 else 1.0
+
+
+def factor(tc, step: int, epochs_done: int, total_steps: int) -> float:
+    """The learning-rate factor of the step after ``step`` steps, in epoch ``epochs_done + 1``;
+    ``total_steps``: steps of ``max_epochs`` epochs (the cosine's length)."""
+    w = tc.warmup_iters
+    if tc.lr_schedule == "epoch_decay":
+        return warmup(step, w) * tc.lr_decay ** epochs_done
+    if step < w:
+        return warmup(step, w)
+    if tc.lr_schedule == "noam":  # (s+1)/W rising, then sqrt(W/(s+1)) falling: 1 where they meet
+        return math.sqrt(max(w, 1) / (step + 1))
+    floor = tc.lr_min / tc.lr
+    done = min(1.0, (step - w) / max(total_steps - w, 1))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * done))
+
+
+def steps_per_epoch(utterances: int, batch_size: int) -> int:
+    """Optimizer steps of one epoch: batches of ``batch_size`` (the global batch) over the
+    training utterances (the loader's last batch may be short)."""
+    return -(-utterances // batch_size)
+
+
+def make_scheduler(optimizer, tc, prog, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` whose factor is read from ``prog`` (steps and epochs done), stepped by
+    the loop before every step but a run's first (its constructor sets that one): the step
+    after an epoch's end sees the new epoch's factor, and a checkpoint of the previous
+    release (whose scheduler counted epochs) resumes with the right rates."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda _: factor(tc, prog.iteration, prog.epoch - 1, total_steps))

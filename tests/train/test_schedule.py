@@ -1,0 +1,118 @@
+"""The learning-rate schedule (train/schedule.py): exact factors at given steps, the
+scheduler as the loop steps it, and the validation of its fields."""
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from speechperf.config import ConfigError, load_preset
+from speechperf.train.config import TrainConfig
+from speechperf.train.progress import Progress
+from speechperf.train.schedule import factor, make_scheduler, steps_per_epoch, warmup
+
+
+def tc(**kw) -> TrainConfig:
+    return replace(TrainConfig(), **kw)
+
+
+def test_linear_warmup():
+    assert [warmup(s, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup(0, 0) == 1.0
+
+
+def test_epoch_decay_is_the_previous_per_epoch_rule():
+    c = tc(lr_decay=0.5)
+    assert [factor(c, 1000, e, 0) for e in range(4)] == [1.0, 0.5, 0.25, 0.125]
+    # with a warm-up: the warm-up's share times the epoch's decay
+    assert factor(tc(lr_decay=0.5, warmup_iters=4), 1, 1, 0) == 0.5 * 0.5
+
+
+def test_noam_rises_to_one_then_falls_as_the_inverse_square_root():
+    c = tc(lr_schedule="noam", warmup_iters=4)
+    assert [factor(c, s, 0, 0) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert factor(c, 15, 0, 0) == math.sqrt(4 / 16) == 0.5
+    assert factor(c, 63, 7, 0) == 0.25  # the epoch does not matter
+
+
+def test_cosine_goes_from_one_to_lr_min_at_the_end_and_stays():
+    c = tc(lr_schedule="cosine", warmup_iters=2, lr=1.0, lr_min=0.1)
+    assert [factor(c, s, 0, 12) for s in range(2)] == [0.5, 1.0]
+    assert factor(c, 2, 0, 12) == 1.0  # the cosine starts where the warm-up ends
+    assert factor(c, 7, 0, 12) == pytest.approx(0.1 + 0.9 * 0.5)  # half way: cos(pi/2) = 0
+    assert factor(c, 12, 0, 12) == pytest.approx(0.1)
+    assert factor(c, 500, 0, 12) == pytest.approx(0.1)
+
+
+def test_steps_per_epoch_rounds_up():
+    assert steps_per_epoch(10, 4) == 3 and steps_per_epoch(8, 4) == 2
+
+
+def test_the_scheduler_as_the_loop_steps_it():
+    """Stepped before every step but the first, the rate of the step after ``s`` steps in
+    epoch ``e`` is ``lr * factor(s, e - 1)``; an epoch's end changes the next step's rate."""
+    c = tc(lr=2.0, lr_decay=0.5, warmup_iters=2)
+    prog = Progress()
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=c.lr)
+    sched = make_scheduler(opt, c, prog, 0)
+    rates = []
+    for epoch_len in (3, 3):
+        for _ in range(epoch_len):
+            if prog.iteration:
+                sched.step()
+            rates.append(opt.param_groups[0]["lr"])
+            prog.iteration += 1
+            opt.step()
+        prog.epoch += 1
+    assert rates == [1.0, 2.0, 2.0, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("lr_schedule=linear", "train.lr_schedule='linear' must be one of epoch_decay, noam, cosine"),
+    ("lr_schedule=noam", "train.lr_schedule=noam needs train.warmup_iters >= 1"),
+    ("lr_min=1.0", "train.lr_min=1.0 must be in [0, train.lr=0.003]"),
+    ("lr_min=-1.0", "train.lr_min=-1.0 must be in [0"),
+])
+def test_schedule_fields_are_validated(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        load_preset("tiny", [override])
+
+
+def test_valid_schedules_load():
+    assert load_preset("tiny", ["lr_schedule=noam", "warmup_iters=10"]).train.lr_schedule == "noam"
+    assert load_preset("tiny", ["lr_schedule=cosine", "lr_min=0.0001"]).train.lr_min == 0.0001
+
+
+def test_the_loop_applies_the_schedule_and_a_resume_keeps_every_rate(tiny_features, tmp_path, monkeypatch):
+    """Through the real loop: the warm-up's rates, then the cosine's falling ones; a run
+    interrupted after a checkpoint and resumed sees the same rate at every step and ends
+    with the uninterrupted run's weights."""
+    from speechperf.train import loop
+    from speechperf.train.checkpoint import load_checkpoint
+
+    args = ["max_epochs=2", "threads=1", "checkpoint_every=3", "sentence_every=50", "lr_schedule=cosine",
+            "warmup_iters=4", "lr_min=0.0003"]
+    real = loop.train_step
+
+    def recording(rates, die_at=None):
+        def step(model, batch, optimizer, *a, **kw):
+            if len(rates) + 1 == die_at:
+                raise KeyboardInterrupt
+            rates.append(optimizer.param_groups[0]["lr"])
+            return real(model, batch, optimizer, *a, **kw)
+        return step
+
+    ref_rates, rates, resumed = [], [], []
+    monkeypatch.setattr(loop, "train_step", recording(ref_rates))
+    loop.train("tiny", tiny_features, tmp_path / "ref", args, quiet=True)
+    assert ref_rates[:4] == [0.003 * f for f in (0.25, 0.5, 0.75, 1.0)]
+    assert all(a > b for a, b in zip(ref_rates[4:], ref_rates[5:])) and ref_rates[-1] >= 0.0003
+
+    monkeypatch.setattr(loop, "train_step", recording(rates, die_at=5))  # after the checkpoint at 3
+    with pytest.raises(KeyboardInterrupt):
+        loop.train("tiny", tiny_features, tmp_path / "run", args, quiet=True)
+    monkeypatch.setattr(loop, "train_step", recording(resumed))
+    assert loop.train("tiny", tiny_features, tmp_path / "run", args, quiet=True)["status"] == "success"
+    assert rates == ref_rates[:4] and rates[:3] + resumed == ref_rates  # the resume trains from step 4
+    a, b = load_checkpoint(tmp_path / "ref"), load_checkpoint(tmp_path / "run")
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
