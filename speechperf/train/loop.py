@@ -119,7 +119,8 @@ def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None,
             raise SpeechperfError(f"{out} already holds a run; continue it with --resume auto (the default) "
                                   "or choose another --out")
         run = Run.open(out, data=data)
-        differ = config_diff(run.config, cfg.to_dict())
+        # read through today's config: a section added since (augment) takes its default there too
+        differ = config_diff(RunConfig.from_dict(run.config).to_dict(), cfg.to_dict())
         if differ:
             raise ConfigError(f"{out} holds a run of another configuration ({'; '.join(differ)}): repeat its "
                               "configuration to continue it, or choose another --out")
@@ -210,7 +211,7 @@ def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, state: Train
             if prog.iteration:  # the learning rate of this step (train/schedule.py)
                 state.scheduler.step()
             prog.iteration += 1
-            step = train_step(model, batch, state.optimizer, state.scaler, device, tc)
+            step = train_step(model, batch, state.optimizer, state.scaler, device, tc, cfg.augment)
             prog.impossible_utts += step.impossible
             now = time.perf_counter()
             batch_s, last = now - last, now
