@@ -193,6 +193,13 @@ class RunFlops:
                 "peak_tflops": self.peak_tflops, "peak_source": self.peak_source}
 
 
+def mfu_columns(summary: dict) -> dict:
+    """A run's table columns: achieved TFLOPS and MFU over its training steps and the peak
+    behind the MFU, from its summary.json (None for a run recorded before MFU was)."""
+    return {"TFLOPS": summary.get("tflops"), "MFU %": summary.get("mfu_pct"),
+            "peak TFLOPS": summary.get("peak_tflops"), "peak source": summary.get("peak_source")}
+
+
 def zoo_mfu(flops_per_step: float, step_s: float, device: torch.device, precision: str,
             threads: int | None = None) -> dict:
     """For a ``bench zoo`` row: TFLOPS and MFU of a step of ``flops_per_step`` FLOPs taking

@@ -35,6 +35,7 @@ from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.data import alphabet
 from speechperf.data.check import parse_splits, verify_splits
 from speechperf.errors import SpeechperfError
+from speechperf.metrics.mfu import RunFlops
 from speechperf.models import build_model
 from speechperf.results.run import Clock, Progress, Run, read_checkpoint
 from speechperf.telemetry.status import StatusLine
@@ -198,6 +199,9 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
     # ---- initialization: one-time work outside the TTA clock -----------------------------
     try:
         init_parts = initialize(local, cfg, data, device) if lead else {}
+        flops = RunFlops.at_init(cfg, device) if lead else None  # FLOP model and peak, for MFU
+        if flops is not None:
+            init_parts["flops_s"] = flops.init_s
         if not lead:
             warm_model(local, cfg, device)
     except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
@@ -267,8 +271,8 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
                 now = time.perf_counter()
                 batch_s, last = now - last, now
                 prog.start_batch += 1
-                meter.add(prog.iteration, step, _iteration_row(run.run_id, prog, clock.now(), None, batch, batch_s)
-                          if lead else None)
+                meter.add(prog.iteration, step, _iteration_row(run.run_id, prog, clock.now(), None, batch, batch_s,
+                                                                flops.row(batch)) if lead else None)
                 if not read_point(prog.iteration, tc):
                     continue
                 settle()
@@ -328,6 +332,7 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
                 run.close()
     summary = _summary(run.run_id if run else None, out, status, prog, clock)
     if lead:
+        summary.update(flops.summary(run.iterations()))  # TFLOPS and MFU over every training step
         run.set_status(status)
         run.write_summary(summary)  # last: its presence means the run finished
         run.close()
@@ -394,11 +399,12 @@ def _final_eval(model, data, splits, cfg, device, prog, clock, run: Run, quiet) 
 
 
 # ---- logging helpers ---------------------------------------------------------------------
-def _iteration_row(run_id, prog, clock_s, loss, batch, batch_s) -> dict:
+def _iteration_row(run_id, prog, clock_s, loss, batch, batch_s, model_flops) -> dict:
     b = len(batch.ids)
     return {"run_id": run_id, "iteration": prog.iteration, "epoch": prog.epoch, "clock_s": clock_s, "loss": loss,
             "batch_size": b, "frames": int(batch.feat_lens.sum()), "audio_s": float(batch.audio_seconds),
-            "step_s": batch_s, "utts_per_s": b / batch_s, "audio_s_per_s": float(batch.audio_seconds) / batch_s}
+            "step_s": batch_s, "utts_per_s": b / batch_s, "audio_s_per_s": float(batch.audio_seconds) / batch_s,
+            "model_flops": model_flops}
 
 
 def _log_sentences(run: Run, prog, batch, log_probs, out_lens, loss, quiet) -> None:
