@@ -136,18 +136,22 @@ def fit_lengths(min_frames: int) -> list[int]:
     return [first + k * FIT_STRIDE for k in range(3)]
 
 
+def fit_flop_model(model: torch.nn.Module, name: str, input_dim: int, min_frames: int) -> FlopModel:
+    """Count ``model`` at three lengths and fit the per-utterance quadratic through them."""
+    lengths = fit_lengths(min_frames)
+    counts = {n: count_step_flops(model, [n], input_dim) for n in lengths}
+    a, b, c = exact_quadratic(counts)
+    return FlopModel(name, float(a), float(b), float(c), tuple(lengths))
+
+
 def flop_model(model_cfg) -> FlopModel:
-    """Count a fresh model of ``model_cfg`` (built on the CPU; the RNG streams untouched) at
-    three lengths and fit the per-utterance quadratic through them."""
+    """The FLOP model of a fresh model of ``model_cfg``, built on the CPU (the RNG streams untouched)."""
     from speechperf.models import build_model
 
     with torch.random.fork_rng(devices=[]):
         model = build_model(model_cfg)
     min_frames = int(getattr(model, "min_frames", getattr(model_cfg, "conv_kernel", 1)))
-    lengths = fit_lengths(min_frames)
-    counts = {n: count_step_flops(model, [n], model_cfg.input_dim) for n in lengths}
-    a, b, c = exact_quadratic(counts)
-    return FlopModel(model_cfg.name, float(a), float(b), float(c), tuple(lengths))
+    return fit_flop_model(model, model_cfg.name, model_cfg.input_dim, min_frames)
 
 
 def achieved(flops: float, seconds: float, peak_tflops: float | None) -> dict:
