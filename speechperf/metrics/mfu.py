@@ -146,12 +146,14 @@ def fit_flop_model(model: torch.nn.Module, name: str, input_dim: int, min_frames
 
 def flop_model(model_cfg) -> FlopModel:
     """The FLOP model of a fresh model of ``model_cfg``, built on the CPU (the RNG streams untouched)."""
+    from speechperf.features.config import FeatureConfig
     from speechperf.models import build_model
 
     with torch.random.fork_rng(devices=[]):
         model = build_model(model_cfg)
     min_frames = int(getattr(model, "min_frames", getattr(model_cfg, "conv_kernel", 1)))
-    return fit_flop_model(model, model_cfg.name, model_cfg.input_dim, min_frames)
+    # the features every model is given (a model reads its first input_dim columns)
+    return fit_flop_model(model, model_cfg.name, FeatureConfig().dim, min_frames)
 
 
 def achieved(flops: float, seconds: float, peak_tflops: float | None) -> dict:
