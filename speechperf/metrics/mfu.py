@@ -33,6 +33,8 @@ from fractions import Fraction
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from speechperf.models.contract import planned_forward
+
 aten = torch.ops.aten
 MODULUS = 16  # fit lengths share their residue mod 16: exact for total strides dividing 16
 FIT_STRIDE = 4 * MODULUS  # frames between the fitted lengths
@@ -73,15 +75,6 @@ def counter() -> FlopCounterMode:
     return FlopCounterMode(display=False, custom_mapping=CPU_FORMULAS)
 
 
-def _forward(model: torch.nn.Module, x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    """The model's log-probabilities, called as the training step calls it (plan, then forward)."""
-    _, planned = model.plan(lens, x.shape[1])
-    if not isinstance(planned, dict):  # a model planning only its valid-frame index
-        planned = {"index": planned}
-    log_probs, _ = model(x, lens, **planned)
-    return log_probs
-
-
 def count_step_flops(model: torch.nn.Module, lengths: list[int], input_dim: int) -> int:
     """Training FLOPs (forward + backward, no optimizer) of one batch of utterances of
     ``lengths`` frames, padded to the longest, counted by FlopCounterMode on ``model``
@@ -91,7 +84,7 @@ def count_step_flops(model: torch.nn.Module, lengths: list[int], input_dim: int)
         x = torch.randn(len(lengths), int(lens.max()), input_dim)  # (B, T, F)
         model.train()
         with counter() as fc:
-            _forward(model, x, lens).float().sum().backward()
+            planned_forward(model, x, lens)[0].float().sum().backward()  # as the step calls it
     model.zero_grad(set_to_none=True)
     return fc.get_total_flops()
 
@@ -151,9 +144,8 @@ def flop_model(model_cfg) -> FlopModel:
 
     with torch.random.fork_rng(devices=[]):
         model = build_model(model_cfg)
-    min_frames = int(getattr(model, "min_frames", getattr(model_cfg, "conv_kernel", 1)))
     # the features every model is given (a model reads its first input_dim columns)
-    return fit_flop_model(model, model_cfg.name, FeatureConfig().dim, min_frames)
+    return fit_flop_model(model, model_cfg.name, FeatureConfig().dim, model.min_frames)
 
 
 def achieved(flops: float, seconds: float, peak_tflops: float | None) -> dict:
