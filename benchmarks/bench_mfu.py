@@ -14,6 +14,7 @@ a busy machine lowers both (and at 2 threads on a machine whose cores others use
 barriers make a step of many small ops, an LSTM's, far slower: try --threads 1 there). The breakdown is bench/breakdown.py.
 
 Usage: python benchmarks/bench_mfu.py PRESET [PRESET ...] [--data FEATS] [--repeats 5]
+       [--set model.name=conformer ...]
 """
 from __future__ import annotations
 
@@ -70,8 +71,9 @@ def time_steps(step, warmup: int, repeats: int) -> list[float]:
     return times
 
 
-def run_preset(name: str, data: Path | None, warmup: int, repeats: int, peak_tflops: float) -> None:
-    cfg = load_preset(name)
+def run_preset(name: str, data: Path | None, warmup: int, repeats: int, peak_tflops: float,
+               overrides=()) -> None:
+    cfg = load_preset(name, list(overrides))
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
     model = build_model(cfg.model)
@@ -111,6 +113,8 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=None, help="prepared features: take a real batch's lengths")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a preset override for every preset (e.g. model.name=conformer model.layers=4)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (training's)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -118,7 +122,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {a.threads} thread(s); measured fp32 GEMM peak {peak['tflops'] * 1000:.1f} "
           f"GFLOPS ({peak['n']}^3 matmul, bench ops timing)")
     for name in a.presets:
-        run_preset(name, a.data, a.warmup, a.repeats, peak["tflops"])
+        run_preset(name, a.data, a.warmup, a.repeats, peak["tflops"], a.set)
     sys.stdout.flush()
 
 
