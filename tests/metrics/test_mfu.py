@@ -158,3 +158,15 @@ def test_summary_of_rows_and_rows_of_an_older_release(tmp_path):
     assert "model_flops" not in old[0] and rf.summary(old)["tflops"] is None
     with ResultsDB(path) as db:
         assert db.query("SELECT model_flops FROM iterations") == [{"model_flops": None}]
+
+
+def test_conformer_fit_is_quadratic_and_exact_at_another_length():
+    from speechperf.models import model_config
+
+    cfg = model_config({"name": "conformer", "d_model": 32, "layers": 2, "heads": 4, "conv_kernel": 5,
+                        "subsampling_channels": 16})
+    model = build_model(cfg)
+    fm = fit_flop_model(model, "conformer", 93, model.min_frames)
+    assert fm.c > 0  # self-attention over the subsampled frames
+    n = fm.fit_lengths[-1] + 10 * 16  # a length of the fitted class the fit never saw
+    assert count_step_flops(model, [n], 93) == pytest.approx(fm.utterance(n), rel=1e-12)
