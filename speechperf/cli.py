@@ -149,7 +149,7 @@ def cmd_tta(a) -> int:
                      db_path=Path(a.db) if a.db else None, price_per_hour=a.price_per_hour,
                      platform_file=a.platform_file)
     emit(rows, a.json, columns=["run", "machine", "metric", "target", "epochs", "minutes", "relative", "init s",
-                                "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
+                                "TFLOPS", "MFU %", "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
     return 0
 
 

@@ -16,6 +16,15 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("cuda") is not None and not HAS_CUDA:
             item.add_marker(skip)
 
+@pytest.fixture(autouse=True, scope="session")
+def _peak_cache(tmp_path_factory):
+    """Training runs measure this CPU's GEMM peak once and cache it (bench/measured_peak.py):
+    in a folder of the test session (inherited by CLI subprocesses), never the user's home."""
+    import os
+
+    os.environ["SPEECHPERF_CACHE"] = str(tmp_path_factory.mktemp("speechperf-cache"))
+
+
 TINY_HOURS = 0.03  # about a hundred short train utterances: seconds to synthesize and prepare
 
 

@@ -1,7 +1,10 @@
 """Theoretical peak FLOPS of accelerators (vendor figures) and of this CPU (derived).
 
-GPU entries are dense (no structured sparsity) TFLOPS per precision with their source;
-``tf32``/``fp16``/``bf16`` on tensor cores where the device has them. A CPU's peak is
+GPU figures are dense (no structured sparsity) TFLOPS per precision with their source;
+``tf32``/``fp16``/``bf16`` on tensor cores where the device has them. The GPUs people rent
+and buy today have theirs in their platform profile (``peak_tflops_<dtype>`` in
+``config/platforms/``), looked up first by the exact device name; the table here holds the
+papers' older GPUs that no profile describes. A CPU's peak is
 cores x clock x FLOPs per cycle of its vector FMA units, labelled "derived": it is an
 upper bound the hardware may never reach (turbo and AVX clocks differ); the ops benchmark
 also reports the best rate it measured, labelled "measured".
@@ -18,9 +21,6 @@ DEVICE_PEAKS: dict[str, tuple[dict[str, float], str]] = {
     "Radeon VII": ({"fp32": 13.44, "fp16": 26.88}, "paper 002 Table 2"),
     "RTX 2070": ({"fp32": 7.46, "fp16": 59.7}, "NVIDIA Turing architecture whitepaper (reference clocks)"),
     "1080 Ti": ({"fp32": 11.34, "fp16": 0.177}, "NVIDIA GTX 1080 Ti specification (fp16 at 1/64 rate)"),
-    "A100": ({"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}, "NVIDIA A100 datasheet (SXM, dense)"),
-    "H100": ({"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}, "NVIDIA H100 datasheet (SXM, dense)"),
-    "H200": ({"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}, "NVIDIA H200 datasheet (SXM, dense)"),
 }
 
 
@@ -31,7 +31,13 @@ class Peak:
 
 
 def gpu_peak(device_name: str, dtype: str) -> Peak:
-    """Look the device up by a substring of its name (e.g. 'Tesla V100-SXM2-16GB')."""
+    """The platform profile naming the device (e.g. 'NVIDIA H100 80GB HBM3') first, else the
+    table here by a substring of its name (e.g. 'Tesla V100-SXM2-16GB')."""
+    from speechperf.telemetry.platforms import gpu_peak_tflops
+
+    found = gpu_peak_tflops(device_name, dtype)
+    if found is not None:
+        return Peak(*found)
     for key, (peaks, source) in DEVICE_PEAKS.items():
         if key.lower() in device_name.lower():
             if dtype in peaks:

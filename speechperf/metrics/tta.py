@@ -35,7 +35,8 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float
               epochs: int = 3, db_path: Path | None = None, price_per_hour: float | None = None,
               platform_file: Path | None = None) -> list[dict]:
     """Table 4 form: one row per (run, target) with minutes and % of the first run (the reference),
-    the initialization seconds kept outside the clock, and the run's platform with cost to
+    the initialization seconds kept outside the clock, the achieved TFLOPS and MFU of its
+    training steps (metrics/mfu.py) and the peak behind it, and the run's platform with cost to
     accuracy and TTA x price (``price_per_hour``/``platform_file`` override what the run
     recorded; :func:`speechperf.telemetry.platforms.of_run`).
 
@@ -44,6 +45,7 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float
     ``db_path``: where the rows of a folder of the previous release are (it has no database
     of its own).
     """
+    from speechperf.metrics.mfu import mfu_columns
     from speechperf.results.run import Run, machine_name, unique_labels
     from speechperf.telemetry.platforms import price_columns, with_price_overrides
 
@@ -56,7 +58,8 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float
         for index, (run, label) in enumerate(zip(opened, unique_labels(opened))):
             evals = epoch_evals(run, metric)
             env = with_price_overrides(run.env, price_per_hour, platform_file)
-            init_s = (run.summary() or {}).get("init_s")  # None: a run of the previous release, or unfinished
+            summary = run.summary() or {}  # {}: unfinished, or a run of the previous release
+            init_s = summary.get("init_s")
             for target in targets:
                 minutes = tta_minutes(evals, target, epochs)
                 if index == 0:
@@ -65,7 +68,7 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float
                 relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference: exactly 100
                 rows.append({"run": label, "machine": machine_name(run.env), "metric": metric, "target": target,
                              "epochs": epochs, "minutes": minutes, "relative": relative, "init s": init_s,
-                             **price_columns(env, minutes)})
+                             **mfu_columns(summary), **price_columns(env, minutes)})
     finally:
         for run in opened:
             run.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from speechperf.metrics.mfu import mfu_columns
 from speechperf.report import figures
 from speechperf.report.aggregate import energy_by_source, price_rows, repeated_rows, tta_rows
 from speechperf.report.sections import Context, Figure, Note, Section, Table, register_section
@@ -121,7 +122,7 @@ def throughput_table_section(ctx: Context) -> Section:
                          "median utterances/s": statistics.median(i["utts_per_s"] for i in its),
                          "median audio s/s": statistics.median(i["audio_s_per_s"] for i in its),
                          "mean batch": statistics.mean(i["batch_size"] for i in its),
-                         "training clock min": its[-1]["clock_s"] / 60})
+                         "training clock min": its[-1]["clock_s"] / 60, **mfu_columns(r.get("summary") or {})})
     util = []
     for r in ctx.runs:
         by_source: dict[str, list[float]] = {}
@@ -133,6 +134,10 @@ def throughput_table_section(ctx: Context) -> Section:
                          "mean %": statistics.mean(values), "max %": max(values),
                          "unit": "% of one core" if source == "cpu" else "% of the GPU"})
     return Section("Throughput and utilization side by side", [
+        Note("TFLOPS: the model's training FLOPs (forward and backward over the valid frames; padding, the loss, "
+             "the optimizer, data loading and evaluation not counted) per second of training steps; MFU: that in % "
+             "of the peak named in 'peak source' (a GPU's dense datasheet peak for the run's precision, a CPU's "
+             "measured GEMM peak)."),
         Table("throughput.csv", rows, "no training iterations recorded"),
         Table("utilization.csv", util, "no utilization samples recorded")])
 

@@ -17,6 +17,7 @@ def load_run(run: Run, label: str | None = None) -> dict:
     return {
         "run": str(run.folder), "run_id": run.run_id, "label": label or run.label, "row": row, "config": cfg,
         "env": env,
+        "summary": run.summary() or {},  # {}: unfinished; an unreadable summary.json is refused by name
         "iterations": run.iterations(), "evals": run.evals(), "finals": run.evals(final=True),
         "samples": run.samples(), "sweep": run.beam_sweep(), "sentences": run.sentences(SENTENCES_SHOWN),
     }

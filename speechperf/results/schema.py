@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS iterations (
     clock_s REAL,                 -- TTA clock (seconds since run_start, after initialization; down time excluded)
     loss REAL, batch_size INTEGER, frames INTEGER, audio_s REAL,
     step_s REAL, utts_per_s REAL, audio_s_per_s REAL,
+    model_flops REAL,             -- the batch's training FLOPs, valid frames only (metrics/mfu.py)
     PRIMARY KEY (run_id, iteration)
 );
 """

@@ -30,6 +30,7 @@ from speechperf.config import ConfigError, load_platform, platform_names
 PURCHASE_KEYS = ("price_usd", "price_gpus_usd", "price_cpus_usd")  # what buying it costs
 HOURLY_KEYS = ("usd_per_hour",)  # what renting it costs
 PRICE_KEYS = PURCHASE_KEYS + HOURLY_KEYS
+PEAK_DTYPES = ("fp32", "tf32", "bf16", "fp16")  # peak_tflops_<dtype>: dense vendor peak per GPU
 PAPER_SYSTEMS = ("sys1", "sys2", "sys10")  # the ASR paper's Table 1 machines
 DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")  # when a price was quoted: YYYY, YYYY-MM or YYYY-MM-DD
 READ_TIME = "price_overrides"  # env key set by with_price_overrides (never written to disk)
@@ -57,6 +58,12 @@ class Platform:
     gpu_names: tuple[str, ...] = ()  # NVML/torch device names this profile prices
     instance_types: tuple[str, ...] = ()  # cloud instance types (DMI product name) this profile prices
     note: str | None = None  # what the prices cover, or why there is none
+    peak_tflops_fp32: float | None = None  # dense vendor peak of one GPU, fp32 (no tensor cores)
+    peak_tflops_tf32: float | None = None  # dense, tf32 on tensor cores (sparsity figures halved)
+    peak_tflops_bf16: float | None = None  # dense, bf16 on tensor cores, fp32 accumulate
+    peak_tflops_fp16: float | None = None  # dense, fp16 on tensor cores, fp32 accumulate
+    peak_date: str | None = None  # date of the datasheet the peaks come from
+    peak_source: str | None = None  # the datasheet the peaks come from
     source: str = "preset"  # "preset", "file", "detected", "--price-per-hour"
 
     @property
@@ -87,7 +94,7 @@ def load(name: str) -> Platform:
     for key in ("name", "devices"):
         if not isinstance(facts.get(key), str) or not facts[key].strip():
             _fail(where, f"{key} must be a non-empty string")
-    for key in PRICE_KEYS:
+    for key in PRICE_KEYS + tuple(f"peak_tflops_{d}" for d in PEAK_DTYPES):
         value = facts.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             _fail(where, f"{key} = {value!r} must be a non-negative number")
@@ -107,7 +114,7 @@ def load(name: str) -> Platform:
         lists[key] = tuple(value)
     if per_gpu and not lists["gpu_names"]:
         _fail(where, "per_gpu = true needs gpu_names (which GPUs it prices)")
-    for key in ("price_date", "price_source", "hourly_date", "hourly_source", "note"):
+    for key in ("price_date", "price_source", "hourly_date", "hourly_source", "note", "peak_date", "peak_source"):
         if facts.get(key) is not None and (not isinstance(facts[key], str) or not facts[key].strip()):
             _fail(where, f"{key} must be a non-empty string")
     dates = {"purchase": facts.get("price_date"),
@@ -128,10 +135,38 @@ def load(name: str) -> Platform:
             sources[kind] = f"user file {name}"
     prices = {k: float(facts[k]) for k in PRICE_KEYS if facts.get(k) is not None}
     hourly = "usd_per_hour" in prices
+    peaks = _peaks(where, facts, is_file, name)
     return Platform(key=name, name=facts["name"], devices=facts["devices"], gpus=gpus, per_gpu=per_gpu,
                     price_date=facts.get("price_date"), price_source=sources["purchase"],
                     hourly_date=dates["hourly"] if hourly else None, hourly_source=sources["hourly"] if hourly else None,
-                    note=facts.get("note"), source="file" if is_file else "preset", **lists, **prices)
+                    note=facts.get("note"), source="file" if is_file else "preset", **lists, **prices, **peaks)
+
+
+def _peaks(where: str, facts: dict, is_file: bool, name: str) -> dict:
+    """The profile's peak TFLOPS fields, validated: a peak needs the date of its datasheet
+    and (in a shipped profile) its source."""
+    peaks = {f"peak_tflops_{d}": float(facts[f"peak_tflops_{d}"]) for d in PEAK_DTYPES
+             if facts.get(f"peak_tflops_{d}") is not None}
+    if not peaks:
+        return {}
+    if not facts.get("peak_date") or not DATE.match(facts["peak_date"]):
+        _fail(where, f"has peak TFLOPS but peak_date = {facts.get('peak_date')!r} is not YYYY, YYYY-MM or YYYY-MM-DD")
+    if not facts.get("peak_source") and not is_file:
+        _fail(where, "has peak TFLOPS but no peak_source (which datasheet?)")
+    return {**peaks, "peak_date": facts["peak_date"], "peak_source": facts.get("peak_source") or f"user file {name}"}
+
+
+def gpu_peak_tflops(device_name: str, dtype: str) -> tuple[float | None, str] | None:
+    """(dense peak TFLOPS of one GPU in ``dtype``, where it comes from) from the profile whose
+    ``gpu_names`` include ``device_name``; None when no profile names the GPU. A profile
+    without a figure for ``dtype`` gives (None, why)."""
+    for p in profiles():
+        if _norm(device_name) in {_norm(n) for n in p.gpu_names}:
+            value = getattr(p, f"peak_tflops_{dtype}", None)
+            if value is None:
+                return None, f"platform profile {p.key!r} has no dense {dtype} peak"
+            return value, f"{p.peak_source.split(',')[0]} ({p.peak_date}), dense {dtype}; platform profile {p.key}"
+    return None
 
 
 def profiles() -> list[Platform]:

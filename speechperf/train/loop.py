@@ -177,6 +177,7 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
                         init_start[1])
         try:  # initialization: one-time work outside the TTA clock
             init_parts = initialize(local, cfg, data, device) if rank == 0 else warm_model(local, cfg, device) or {}
+            init_parts.update(rec.count_flops(cfg, device))
         except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
             _raise(e, rec.fail(e))
         rec.initialized(plan, time.perf_counter() - init_start[0], init_parts)

@@ -58,6 +58,9 @@ class Recorder:
         return as_fault(e, self.out) or e
 
     # ---- what only rank 0 records -----------------------------------------------------------
+    def count_flops(self, cfg, device) -> dict:  # noqa: ARG002 (rank 0 counts: MFU is in its summary)
+        return {}
+
     def epoch_started(self) -> None: ...
     def iteration_row(self, batch, step_s: float) -> dict | None: ...
     def steps_read(self, reads: list) -> None: ...
@@ -81,6 +84,7 @@ class RunRecorder(Recorder):
         self.status_line = None if quiet else StatusLine()
         self.sampler, self.samples_stored = None, 0
         self.last_row: dict = {}
+        self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
 
     @classmethod
     def begin(cls, plan: str, out: Path, cfg, prog: Progress, *, data: Path, env: dict, splits: dict,
@@ -131,13 +135,21 @@ class RunRecorder(Recorder):
 
         self.sampler = Sampler(os.getpid()).start()
 
+    def count_flops(self, cfg, device) -> dict:
+        """The FLOP model and the device's peak, for MFU (initialization, outside the clock);
+        returns its seconds as an initialization part."""
+        from speechperf.metrics.mfu import RunFlops
+
+        self.flops = RunFlops.at_init(cfg, device)
+        return {"flops_s": self.flops.init_s}
+
     # ---- training ---------------------------------------------------------------------------
     def epoch_started(self) -> None:
         if self.prog.start_batch == 0:  # a resumed epoch already logged its start
             self.events.start(C.EPOCH_START, epoch_num=self.prog.epoch)
 
     def iteration_row(self, batch, step_s: float) -> dict:
-        return _iteration_row(self.run_id, self.prog, self.now(), None, batch, step_s)
+        return _iteration_row(self.run_id, self.prog, self.now(), None, batch, step_s, self.flops.row(batch))
 
     def steps_read(self, reads: list) -> None:
         """Steps read from the device (train/step.py's StepMeter): their rows, the status line."""
@@ -208,6 +220,7 @@ class RunRecorder(Recorder):
     def finish(self, status: str) -> dict:
         self._stop_sampler()
         summary = self.summary(status)
+        summary.update(self.flops.summary(self.run.iterations()))  # TFLOPS and MFU over every training step
         self.run.set_status(status)
         self.run.write_summary(summary)  # last: its presence means the run finished
         self.run.close()
@@ -266,11 +279,12 @@ def train_utterances(splits: dict) -> int:
     return sum(splits["splits"][s]["utterances"] for s in splits["train"])
 
 
-def _iteration_row(run_id, prog: Progress, clock_s: float, loss, batch, batch_s: float) -> dict:
+def _iteration_row(run_id, prog: Progress, clock_s: float, loss, batch, batch_s: float, model_flops: float) -> dict:
     b = len(batch.ids)
     return {"run_id": run_id, "iteration": prog.iteration, "epoch": prog.epoch, "clock_s": clock_s, "loss": loss,
             "batch_size": b, "frames": int(batch.feat_lens.sum()), "audio_s": float(batch.audio_seconds),
-            "step_s": batch_s, "utts_per_s": b / batch_s, "audio_s_per_s": float(batch.audio_seconds) / batch_s}
+            "step_s": batch_s, "utts_per_s": b / batch_s, "audio_s_per_s": float(batch.audio_seconds) / batch_s,
+            "model_flops": model_flops}
 
 
 def _summary(run_id, out: Path, status: str, prog: Progress, clock_s: float) -> dict:

@@ -30,11 +30,16 @@ def test_middle_third_aggregation():
 
 def test_peak_table_and_cpu_derivation():
     assert gpu_peak("Tesla V100-PCIE-16GB", "fp32").tflops == 14.13
-    assert gpu_peak("NVIDIA H100 80GB HBM3", "bf16").tflops == 989.4
+    # today's GPUs: the dense datasheet peak of the platform profile naming the device exactly
+    h100 = gpu_peak("NVIDIA H100 80GB HBM3", "bf16")
+    assert h100.tflops == 989.5 and "profile h100-sxm" in h100.source and "dense bf16" in h100.source
+    assert gpu_peak("NVIDIA H100 PCIe", "bf16").tflops == 756.5  # not the SXM board's figure
+    assert gpu_peak("NVIDIA A100-SXM4-40GB", "tf32").tflops == 156.0
     assert gpu_peak("NVIDIA GeForce GTX 1080 Ti", "fp32").tflops == 11.34
-    for name in ("P100", "TITAN X (Pascal)", "Radeon VII", "RTX 2070", "A100-SXM4-40GB", "H200"):
+    for name in ("P100", "TITAN X (Pascal)", "Radeon VII", "RTX 2070", "NVIDIA A100-SXM4-40GB", "NVIDIA H200"):
         assert gpu_peak(name, "fp32").tflops > 0, name
     assert gpu_peak("Some GPU", "fp32").tflops is None
+    assert gpu_peak("NVIDIA H100 NVL", "bf16").tflops is None  # no profile: no guessed figure
     assert gpu_peak("Tesla P100", "bf16").tflops is None
     assert flops_per_cycle({"avx2", "fma"}) == 32 and flops_per_cycle({"avx512f"}) == 64
     p = cpu_peak(2, 2.5, {"avx", "avx2", "fma"})

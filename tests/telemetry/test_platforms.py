@@ -166,6 +166,8 @@ def test_bad_overrides_and_moved_named_files_say_so(tmp_path):
     ('per_gpu = true\ngpus = 2\ngpu_names = ["X"]\n', "gpus must be 1"),
     ('gpu_names = "NVIDIA L4"\n', "list of non-empty strings"),
     ('colour = "green"\n', "unknown keys"),
+    ('peak_tflops_bf16 = 100.0\n', "peak_date"),
+    ('peak_tflops_bf16 = -1.0\npeak_date = "2026"\n', "non-negative"),
 ])
 def test_bad_user_files_name_the_problem(tmp_path, body, match):
     f = tmp_path / "bad.toml"
@@ -179,6 +181,20 @@ def test_a_shipped_profile_needs_a_source(tmp_path, monkeypatch):
     (tmp_path / "nosrc.toml").write_text('[platform]\nname = "x"\ndevices = "y"\nusd_per_hour = 1.0\n'
                                          'hourly_date = "2026-11"\n')
     with pytest.raises(ConfigError, match="no hourly_source"):
+        P.load("nosrc")
+
+
+def test_gpu_profiles_carry_dated_dense_peaks(tmp_path, monkeypatch):
+    for name in GPU_PROFILES:
+        p = P.load(name)
+        assert p.peak_tflops_bf16 and p.peak_tflops_fp32 and p.peak_date and p.peak_source, name
+        assert p.peak_tflops_bf16 > p.peak_tflops_fp32, name  # tensor cores
+    assert P.gpu_peak_tflops("NVIDIA H100 80GB HBM3", "bf16")[0] == 989.5
+    assert P.gpu_peak_tflops("Some GPU", "bf16") is None
+    monkeypatch.setattr("speechperf.config.PLATFORM_DIR", tmp_path)
+    (tmp_path / "nosrc.toml").write_text('[platform]\nname = "x"\ndevices = "y"\npeak_tflops_fp32 = 1.0\n'
+                                         'peak_date = "2026-11"\n')
+    with pytest.raises(ConfigError, match="no peak_source"):
         P.load("nosrc")
 
 

@@ -1,0 +1,130 @@
+"""MFU of a preset's training step on this CPU, against the GEMM peak measured in the same
+process, and where the step's time goes (torch.profiler, grouped by kind of work).
+
+For each preset: its model and optimizer as ``train`` builds them, one real-shaped batch
+(``--data FEATS``: the batch of median size in a shuffled, bucketed epoch of the prepared
+training splits; else ``batch_size`` utterances of 6.0-7.0 s, a bucketed batch of the
+embedded corpus's typical length), the real training step (``train.step.train_step``:
+forward, CTC, backward, clipping, optimizer). Warm-up steps first, then ``--repeats`` timed
+steps: median and spread (min..max). Model FLOPs: metrics/mfu.py (valid frames, forward +
+backward; padding, CTC and the optimizer not counted); the GEMM peak: ``bench ops``'
+fp32 matmul at the same thread count, measured here (not the cache) before and after each
+preset's timing, the higher of the two used. MFU = achieved / peak, both in this process:
+a busy machine lowers both (and at 2 threads on a machine whose cores others use, OpenMP's
+barriers make a step of many small ops, an LSTM's, far slower: try --threads 1 there). The breakdown is bench/breakdown.py.
+
+Usage: python benchmarks/bench_mfu.py PRESET [PRESET ...] [--data FEATS] [--repeats 5]
+       [--set model.name=conformer ...]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from speechperf.bench.breakdown import step_breakdown
+from speechperf.bench.measured_peak import measure_gemm
+from speechperf.config import load_preset
+from speechperf.data.loader import Batch, load_records, plan_epoch
+from speechperf.data.check import parse_splits, train_splits_of
+from speechperf.features.config import FeatureConfig
+from speechperf.metrics.mfu import count_step_flops, flop_model
+from speechperf.models import build_model
+from speechperf.train.step import make_optimizer, train_step
+
+LABEL_FRAMES = 3  # output frames per label symbol in the made-up transcripts (CTC needs room)
+
+
+def batch_lengths(cfg, data: Path | None, rng: np.random.Generator) -> list[int]:
+    """Frames of each utterance of one real-shaped batch."""
+    if data is None:
+        return sorted(rng.integers(600, 701, cfg.loader.batch_size).tolist())
+    records, _ = load_records(data, parse_splits(cfg.train.train_splits) or train_splits_of(data))
+    batches = plan_epoch(records, cfg.loader, epoch=2, seed=cfg.train.seed)  # epoch 2: shuffled, not sorted
+    by_size = sorted(batches, key=lambda b: sum(r["frames"] for r in b))
+    return [r["frames"] for r in by_size[len(by_size) // 2]]
+
+
+def make_batch(lengths: list[int], out_lens: torch.Tensor, rng: np.random.Generator) -> Batch:
+    """Random features padded to the longest; labels that fit each utterance's output frames."""
+    lens = torch.tensor(lengths)
+    feats = torch.randn(len(lengths), max(lengths), FeatureConfig().dim)  # (B, T, 93)
+    label_lens = (out_lens // LABEL_FRAMES).clamp(min=1)
+    labels = torch.from_numpy(rng.integers(2, 29, int(label_lens.sum())))
+    return Batch(feats, lens, labels, label_lens, [str(i) for i in range(len(lengths))], [""] * len(lengths),
+                 float(lens.sum()) / 100.0)
+
+
+def time_steps(step, warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def run_preset(name: str, data: Path | None, warmup: int, repeats: int, peak_tflops: float,
+               overrides=()) -> None:
+    cfg = load_preset(name, list(overrides))
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    params = sum(p.numel() for p in model.parameters())
+    lengths = batch_lengths(cfg, data, rng)
+    out_lens, _ = model.plan(torch.tensor(lengths), max(lengths))
+    batch = make_batch(lengths, out_lens, rng)
+    fm = flop_model(cfg.model)
+    flops = fm.batch(batch.feat_lens)  # valid frames
+    padded = count_step_flops(model, lengths, FeatureConfig().dim)  # what the padded batch computes
+    optimizer = make_optimizer(model, cfg.train, torch.device("cpu"))
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    model.train()
+    step = lambda: train_step(model, batch, optimizer, scaler, torch.device("cpu"), cfg.train)  # noqa: E731
+    times = time_steps(step, warmup, repeats)
+    med = statistics.median(times)
+    again = measure_gemm(torch.get_num_threads())["tflops"]  # right after: a shared machine moves it
+    print(f"[{name}] GEMM peak before {peak_tflops * 1000:.1f}, after {again * 1000:.1f} GFLOPS: the higher is used "
+          "(others' load only lowers a measured peak)")
+    peak_tflops = max(peak_tflops, again)
+    gflops = flops / med / 1e9
+    print(f"[{name}] {cfg.model.name}, {params / 1e6:.2f} M parameters, {cfg.train.precision}; batch {len(lengths)} x "
+          f"{min(lengths)}-{max(lengths)} frames ({'from ' + str(data) if data else 'synthetic lengths'})")
+    print(f"[{name}] step: median {med * 1000:.1f} ms (min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}, "
+          f"{repeats} steps after {warmup} warm-up)")
+    print(f"[{name}] model FLOPs {flops / 1e9:.2f} GFLOP/step (valid frames; the padded batch computes "
+          f"{padded / 1e9:.2f}); achieved {gflops:.1f} GFLOPS = MFU {100 * gflops / (1000 * peak_tflops):.1f}% "
+          f"of the measured GEMM peak")
+    shares = step_breakdown(step, steps=2)
+    print(f"[{name}] where the step's time goes (torch.profiler, self CPU time): "
+          + ", ".join(f"{k} {v:.1f}%" for k, v in shares.items()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("presets", nargs="+", help="registered presets (cpu, tiny, paper, ...)")
+    ap.add_argument("--data", type=Path, default=None, help="prepared features: take a real batch's lengths")
+    ap.add_argument("--repeats", type=int, default=5, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a preset override for every preset (e.g. model.name=conformer model.layers=4)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (training's)")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    peak = measure_gemm(a.threads)
+    print(f"torch {torch.__version__}, {a.threads} thread(s); measured fp32 GEMM peak {peak['tflops'] * 1000:.1f} "
+          f"GFLOPS ({peak['n']}^3 matmul, bench ops timing)")
+    for name in a.presets:
+        run_preset(name, a.data, a.warmup, a.repeats, peak["tflops"], a.set)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The peak a training run's MFU is measured against, per device and precision.
+
+GPU: the dense vendor peak of the platform profile whose ``gpu_names`` the device matches
+(``peak_tflops_<dtype>`` in ``config/platforms/*.toml``), else the older GPUs of
+``bench.peaks.DEVICE_PEAKS``; fp32 counts as tf32 when torch lets matmuls use TF32.
+
+CPU: no vendor figure fits (clocks under vector load vary), so the peak is measured: the
+GEMM rate of ``bench ops`` (an N x N matmul in the run's dtype, at the training thread
+count, the middle third of the timed calls). It is measured once per machine and kept in
+a JSON file under ``$SPEECHPERF_CACHE`` (default ``~/.cache/speechperf``), keyed by CPU
+model, thread count, dtype and torch version; a run measures it in its initialization
+(outside the TTA clock) when the file lacks it. An unreadable file is measured again and
+rewritten, never trusted and never fatal. Delete the file to measure again (a busy machine
+measures a low peak, which raises every MFU against it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from speechperf.atomic import atomic_write_text
+from speechperf.bench.peaks import Peak, gpu_peak
+
+CACHE_FILE = "gemm_peak.json"
+
+
+def cache_path() -> Path:
+    root = os.environ.get("SPEECHPERF_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "speechperf"
+
+
+def gemm_size(threads: int) -> int:
+    """N of the peak matmul: large enough to keep ``threads`` cores busy, small enough to
+    take about a second or less per call (2 AVX2 cores: 1024^3 x 2 FLOPs in ~0.07 s)."""
+    return 1024 if threads <= 4 else 2048 if threads <= 32 else 4096
+
+
+def cache_key(threads: int, dtype: str) -> str:
+    from speechperf.telemetry.environment import cpu_model
+
+    return f"{cpu_model() or platform.processor() or 'unknown CPU'} | {threads} threads | {dtype} | torch {torch.__version__}"
+
+
+def measure_gemm(threads: int, dtype: str = "fp32") -> dict:
+    """The measured GEMM rate of this CPU: ``{"tflops", "n", "threads", "dtype", "at"}``."""
+    from speechperf.bench.ops import DTYPES, matmul_op, middle_third
+    from speechperf.bench.timing import method, timed, warm_up
+
+    n, cpu, m = gemm_size(threads), torch.device("cpu"), method("ops", "cpu")
+    op = matmul_op(n, n, n)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:  # bench ops' timing without its power sampler (a thread that would share the cores)
+        step = op.make(cpu, DTYPES[dtype])
+        times, _, _, _ = timed(step, cpu, m, warm_up(step, cpu, m)["step_s"])
+    finally:
+        torch.set_num_threads(saved)
+    return {"tflops": op.flops / middle_third(times) / 1e12, "n": n, "threads": threads, "dtype": dtype,
+            "at": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # missing or unreadable: measured again and rewritten
+
+
+def cpu_gemm_peak(threads: int, dtype: str = "fp32", cache: Path | None = None) -> Peak:
+    """This CPU's measured GEMM peak at ``threads`` threads, from the cache or measured now."""
+    path = (cache or cache_path()) / CACHE_FILE
+    key = cache_key(threads, dtype)
+    known = _read(path)
+    entry = known.get(key)
+    valid = isinstance(entry, dict) and isinstance(entry.get("tflops"), (int, float)) and entry["tflops"] > 0
+    if not valid:
+        entry = measure_gemm(threads, dtype)
+        known[key] = entry
+        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True))
+    return Peak(entry["tflops"], f"measured {dtype} GEMM {entry['n']}^3 at {threads} thread(s) on {entry['at']} "
+                                 f"(bench ops; cached in {path})")
+
+
+def gpu_dtype(precision: str) -> str:
+    """The peak column a run's precision uses: fp32 runs multiply in tf32 when torch allows it."""
+    if precision == "fp32" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return precision
+
+
+def training_peak(device: torch.device, precision: str, threads: int) -> Peak:
+    """The peak TFLOPS of a training run on ``device`` in ``precision`` (None with the reason
+    when no figure is known)."""
+    if device.type == "cuda":
+        return gpu_peak(torch.cuda.get_device_name(device), gpu_dtype(precision))
+    return cpu_gemm_peak(threads, "bf16" if precision == "bf16" else "fp32")

@@ -1,0 +1,209 @@
+"""Model FLOPs utilization (MFU): the model's training FLOPs per second over the device's peak.
+
+What MFU counts here: the FLOPs of the model's matrix multiplies, convolutions, recurrent
+layers and attention in one training step's forward and backward pass (the backward as
+torch's counter has it: the gradients of the inputs and weights that need them, about
+twice the forward), over the *valid* frames of each utterance only. What it does not
+count: padding frames (a padded batch computes them, the model does not need them), the
+loss (CTC), element-wise work (activations, normalization, dropout, softmax), the
+optimizer update, gradient clipping, data loading and evaluation. The seconds are the
+training steps' wall time (loader waits included, evaluation excluded), so MFU is the
+share of the device's peak that went into the model's own arithmetic: a slow loader, an
+optimizer or element-wise kernels lower it; padding does not raise it.
+
+How the count is made: torch's ``FlopCounterMode`` on real shapes, on the CPU, on a fresh
+copy of the model (the run's RNG streams untouched), forward + backward of one utterance
+at a few lengths. Two ops torch's counter has no formula for on the CPU are added:
+oneDNN's recurrent layer (``mkldnn_rnn_layer``, what ``nn.LSTM``/``nn.GRU`` run on CPU)
+and the CPU flash attention of ``scaled_dot_product_attention``; their backward is
+counted as twice the forward (model FLOPs: the recomputation a fused kernel does is not
+the model's). An utterance's FLOPs grow linearly with its length for convolutions and
+LSTMs and quadratically for attention, so ``flops(L) = a + b L + c L^2`` (L: input
+frames) is fitted exactly through three counts at lengths ``L = 0 (mod 16)``; a batch's
+FLOPs are then host arithmetic on the loader's CPU lengths. Strided convolutions round
+their output length, so at other lengths the fit is off by under one output frame's
+FLOPs per strided stage (tested).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from speechperf.models.contract import planned_forward
+
+aten = torch.ops.aten
+MODULUS = 16  # fit lengths share their residue mod 16: exact for total strides dividing 16
+FIT_STRIDE = 4 * MODULUS  # frames between the fitted lengths
+
+
+def _rnn_layer_flop(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:
+    """One recurrent layer, forward: every step multiplies the input and the previous hidden
+    state by the gate weights (``(G*H, I)`` and ``(G*H, H)``), 2 FLOPs per multiply-add."""
+    steps = input_shape[0] * input_shape[1]  # T x B, in either layout
+    return 2 * steps * (w_ih_shape[0] * w_ih_shape[1] + w_hh_shape[0] * w_hh_shape[1])
+
+
+def _rnn_layer_backward_flop(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:
+    """Backward: the gradients of the layer's input (and previous hidden state) and of its
+    weights, each as many multiply-adds as the forward."""
+    return 2 * _rnn_layer_flop(input_shape, w_ih_shape, w_hh_shape)
+
+
+def _cpu_attention_flop(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+def _cpu_attention_backward_flop(grad_shape, q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * sdpa_flop_count(q_shape, k_shape, v_shape)  # dQ, dK, dV and dScores; no recomputation
+
+
+# What torch's counter lacks on the CPU; passed per counter, torch's global registry is left alone.
+CPU_FORMULAS = {
+    aten.mkldnn_rnn_layer: _rnn_layer_flop,
+    aten.mkldnn_rnn_layer_backward: _rnn_layer_backward_flop,
+    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flop,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flop,
+}
+
+
+def counter() -> FlopCounterMode:
+    """torch's FLOP counter with the CPU formulas above."""
+    return FlopCounterMode(display=False, custom_mapping=CPU_FORMULAS)
+
+
+def count_step_flops(model: torch.nn.Module, lengths: list[int], input_dim: int) -> int:
+    """Training FLOPs (forward + backward, no optimizer) of one batch of utterances of
+    ``lengths`` frames, padded to the longest, counted by FlopCounterMode on ``model``
+    (on the CPU, in training mode). The RNG streams are left as they were."""
+    lens = torch.tensor(lengths, dtype=torch.long)
+    with torch.random.fork_rng(devices=[]):
+        x = torch.randn(len(lengths), int(lens.max()), input_dim)  # (B, T, F)
+        model.train()
+        with counter() as fc:
+            planned_forward(model, x, lens)[0].float().sum().backward()  # as the step calls it
+    model.zero_grad(set_to_none=True)
+    return fc.get_total_flops()
+
+
+def exact_quadratic(points: dict[int, int]) -> tuple[Fraction, Fraction, Fraction]:
+    """(a, b, c) of the quadratic a + b L + c L^2 through three (L, flops) points, exactly."""
+    (x0, y0), (x1, y1), (x2, y2) = sorted(points.items())
+    d01 = Fraction(y1 - y0, x1 - x0)
+    d12 = Fraction(y2 - y1, x2 - x1)
+    c = (d12 - d01) / (x2 - x0)
+    b = d01 - c * (x0 + x1)
+    a = y0 - b * x0 - c * x0 * x0
+    return a, b, c
+
+
+@dataclass(frozen=True)
+class FlopModel:
+    """Training FLOPs of one utterance of L input frames: ``a + b L + c L^2``."""
+
+    model: str  # the model's registry name
+    a: float  # FLOPs independent of length
+    b: float  # per frame (convolutions, LSTMs, linear layers)
+    c: float  # per frame squared (attention)
+    fit_lengths: tuple[int, ...]  # where the three counts were made
+
+    def utterance(self, frames: int) -> float:
+        return self.a + self.b * frames + self.c * frames * frames
+
+    def batch(self, feat_lens: torch.Tensor) -> float:
+        """The FLOPs of a batch from the loader's CPU lengths (valid frames; padding not counted)."""
+        lens = feat_lens.to(torch.float64)  # a CPU tensor: no device read
+        return self.a * len(lens) + self.b * float(lens.sum()) + self.c * float((lens * lens).sum())
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "fit_lengths": list(self.fit_lengths),
+                "formula": "training FLOPs per utterance of L input frames = a + b L + c L^2"}
+
+
+def fit_lengths(min_frames: int) -> list[int]:
+    """Three lengths, multiples of MODULUS, past the model's shortest input."""
+    first = MODULUS * (min_frames // MODULUS + 2)
+    return [first + k * FIT_STRIDE for k in range(3)]
+
+
+def fit_flop_model(model: torch.nn.Module, name: str, input_dim: int, min_frames: int) -> FlopModel:
+    """Count ``model`` at three lengths and fit the per-utterance quadratic through them."""
+    lengths = fit_lengths(min_frames)
+    counts = {n: count_step_flops(model, [n], input_dim) for n in lengths}
+    a, b, c = exact_quadratic(counts)
+    return FlopModel(name, float(a), float(b), float(c), tuple(lengths))
+
+
+def flop_model(model_cfg) -> FlopModel:
+    """The FLOP model of a fresh model of ``model_cfg``, built on the CPU (the RNG streams untouched)."""
+    from speechperf.features.config import FeatureConfig
+    from speechperf.models import build_model
+
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(model_cfg)
+    # the features every model is given (a model reads its first input_dim columns)
+    return fit_flop_model(model, model_cfg.name, FeatureConfig().dim, model.min_frames)
+
+
+def achieved(flops: float, seconds: float, peak_tflops: float | None) -> dict:
+    """Achieved TFLOPS of ``flops`` in ``seconds`` and MFU in % of ``peak_tflops`` (None:
+    no peak known, or no time measured)."""
+    tflops = flops / seconds / 1e12 if seconds > 0 else None
+    mfu = 100.0 * tflops / peak_tflops if tflops is not None and peak_tflops else None
+    return {"tflops": tflops, "mfu_pct": mfu}
+
+
+@dataclass(frozen=True)
+class RunFlops:
+    """What a training run needs for MFU: its FLOP model and the device's peak, made once
+    at initialization (outside the TTA clock)."""
+
+    flops: FlopModel
+    peak_tflops: float | None  # None: no peak known for this device and precision
+    peak_source: str  # which peak, or why there is none
+    init_s: float  # seconds spent counting and finding the peak
+
+    @classmethod
+    def at_init(cls, cfg, device: torch.device) -> "RunFlops":
+        from speechperf.bench.measured_peak import training_peak
+
+        t = time.perf_counter()
+        fm = flop_model(cfg.model)
+        peak = training_peak(device, cfg.train.precision, torch.get_num_threads())
+        return cls(fm, peak.tflops, peak.source, time.perf_counter() - t)
+
+    def row(self, batch) -> float:
+        """The iteration row's ``model_flops``: the batch's training FLOPs."""
+        return self.flops.batch(batch.feat_lens)
+
+    def summary(self, iterations: list[dict]) -> dict:
+        """summary.json's MFU facts over the run's iteration rows (rows of an older release,
+        without ``model_flops``, are left out of both the FLOPs and the seconds)."""
+        counted = [r for r in iterations if r.get("model_flops") is not None and r.get("step_s")]
+        flops = sum(r["model_flops"] for r in counted)
+        seconds = sum(r["step_s"] for r in counted)
+        return {"model_flops_per_step": flops / len(counted) if counted else None,
+                "model_flops_steps": len(counted), "model_flops_fit": self.flops.to_dict(),
+                **achieved(flops, seconds, self.peak_tflops),
+                "peak_tflops": self.peak_tflops, "peak_source": self.peak_source}
+
+
+def mfu_columns(summary: dict) -> dict:
+    """A run's table columns: achieved TFLOPS and MFU over its training steps and the peak
+    behind the MFU, from its summary.json (None for a run recorded before MFU was)."""
+    return {"TFLOPS": summary.get("tflops"), "MFU %": summary.get("mfu_pct"),
+            "peak TFLOPS": summary.get("peak_tflops"), "peak source": summary.get("peak_source")}
+
+
+def zoo_mfu(flops_per_step: float, step_s: float, device: torch.device, precision: str,
+            threads: int | None = None) -> dict:
+    """For a ``bench zoo`` row: TFLOPS and MFU of a step of ``flops_per_step`` FLOPs taking
+    ``step_s`` seconds, against the peak a training run on ``device`` uses (``peak_tflops``,
+    ``peak_source`` too). ``flops_per_step``: e.g. ``count_step_flops`` of the row's batch."""
+    from speechperf.bench.measured_peak import training_peak
+
+    peak = training_peak(device, precision, threads or torch.get_num_threads())
+    return {**achieved(flops_per_step, step_s, peak.tflops), "peak_tflops": peak.tflops, "peak_source": peak.source}

@@ -1,0 +1,59 @@
+"""The peak behind a run's MFU: a measured CPU GEMM peak cached per machine, GPU peaks from
+the platform profiles (the GPU path with the device name forced, on any CPU)."""
+import json
+
+import pytest
+import torch
+
+from speechperf.bench import measured_peak as mp
+
+
+def test_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(threads, dtype="fp32"):
+        calls.append((threads, dtype))
+        return {"tflops": 0.05, "n": 64, "threads": threads, "dtype": dtype, "at": "2026-11-23 10:00:00"}
+
+    monkeypatch.setattr(mp, "measure_gemm", fake)
+    first = mp.cpu_gemm_peak(2, cache=tmp_path)
+    assert first.tflops == 0.05 and first.source.startswith("measured fp32 GEMM 64^3 at 2 thread(s)")
+    assert calls == [(2, "fp32")]
+    stored = json.loads((tmp_path / mp.CACHE_FILE).read_text())
+    assert list(stored) == [mp.cache_key(2, "fp32")] and torch.__version__ in mp.cache_key(2, "fp32")
+    assert mp.cpu_gemm_peak(2, cache=tmp_path) == first and len(calls) == 1  # read, not measured again
+    mp.cpu_gemm_peak(1, cache=tmp_path)  # another thread count is another key
+    assert calls[-1] == (1, "fp32") and len(json.loads((tmp_path / mp.CACHE_FILE).read_text())) == 2
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"%s": {"tflops": -1}}'])
+def test_unreadable_cache_is_measured_again_and_rewritten(tmp_path, monkeypatch, content):
+    monkeypatch.setattr(mp, "measure_gemm", lambda threads, dtype="fp32": {
+        "tflops": 0.07, "n": 64, "threads": threads, "dtype": dtype, "at": "now"})
+    path = tmp_path / mp.CACHE_FILE
+    path.write_text(content.replace("%s", mp.cache_key(2, "fp32")) if "%s" in content else content)
+    assert mp.cpu_gemm_peak(2, cache=tmp_path).tflops == 0.07
+    assert json.loads(path.read_text())[mp.cache_key(2, "fp32")]["tflops"] == 0.07
+
+
+def test_real_measurement_and_environment_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(mp, "gemm_size", lambda threads: 128)  # seconds, not a real peak
+    monkeypatch.setenv("SPEECHPERF_CACHE", str(tmp_path))
+    threads = torch.get_num_threads()
+    peak = mp.training_peak(torch.device("cpu"), "fp32", 1)
+    assert 0 < peak.tflops < 100 and (tmp_path / mp.CACHE_FILE).is_file()
+    assert torch.get_num_threads() == threads  # measured at 1 thread, the training thread count restored
+
+
+def test_gpu_peak_from_the_platform_profile(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    cuda = torch.device("cuda", 0)
+    assert mp.training_peak(cuda, "bf16", 1).tflops == 989.5
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    assert mp.training_peak(cuda, "fp32", 1).tflops == 67.0
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # fp32 matmuls on tensor cores
+    tf32 = mp.training_peak(cuda, "fp32", 1)
+    assert tf32.tflops == 494.5 and "dense tf32" in tf32.source
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 NVL")
+    unknown = mp.training_peak(cuda, "bf16", 1)
+    assert unknown.tflops is None and "NVL" in unknown.source  # never a guessed peak

@@ -1,0 +1,36 @@
+"""A tiny training run records its model FLOPs per iteration and its TFLOPS and MFU in
+summary.json, and ``tta --json`` shows them."""
+import json
+import math
+
+from speechperf.cli import main
+from speechperf.config import load_preset
+from speechperf.metrics.mfu import flop_model
+from speechperf.results import ResultsDB
+from speechperf.train.loop import train
+
+
+def test_run_summary_and_tta_row_hold_mfu(tiny_features, tmp_path, capsys):
+    run = tmp_path / "run"
+    summary = train("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True)
+    assert summary == json.loads((run / "summary.json").read_text())
+    assert math.isfinite(summary["tflops"]) and summary["tflops"] > 0
+    assert 0 < summary["mfu_pct"] <= 100
+    assert summary["peak_tflops"] > 0 and summary["peak_source"].startswith("measured fp32 GEMM")
+    assert summary["model_flops_steps"] == summary["iterations"]
+
+    fm = flop_model(load_preset("tiny").model)  # ds2: linear in length, so a batch is a B + b frames
+    assert fm.c == 0.0
+    with ResultsDB(run / "results.db", readonly=True) as db:
+        rows = db.query("SELECT batch_size, frames, step_s, model_flops FROM iterations ORDER BY iteration")
+    assert [r["model_flops"] for r in rows] == [fm.a * r["batch_size"] + fm.b * r["frames"] for r in rows]
+    total = sum(r["model_flops"] for r in rows) / sum(r["step_s"] for r in rows)
+    assert math.isclose(summary["tflops"], total / 1e12, rel_tol=1e-9)
+
+    capsys.readouterr()
+    assert main(["tta", str(run), "--targets", "1000", "--epochs", "1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["TFLOPS"] == summary["tflops"] and row["MFU %"] == summary["mfu_pct"]
+    assert row["peak source"] == summary["peak_source"]
+    assert main(["tta", str(run), "--targets", "1000", "--epochs", "1"]) == 0
+    assert "MFU %" in capsys.readouterr().out
