@@ -25,8 +25,9 @@ from speechperf.bench import timing
 from speechperf.bench.ops import libraries
 from speechperf.bench.store import SweepStore
 from speechperf.bench.vision import vision_models
-from speechperf.errors import SpeechperfError
+from speechperf.errors import SpeechperfError, in_words
 from speechperf.results import schema
+from speechperf.telemetry.capability import support
 from speechperf.tables import write_csv
 from speechperf.train.evaluate import autocast
 
@@ -35,7 +36,8 @@ TABLE8_BATCHES = {"resnet50": (64, 128), "inception_v3": (64, 128), "vgg16": (64
                   "ds2": (8, 16, 32), "transformer": (1024, 2048, 4096)}
 # The columns of the text table (--json, --csv and the database hold every column)
 COLUMNS = ("model", "batch", "precision", "multiply", "device", "params_m", "paper_params_m", "unit", "samples_per_s",
-           "step_s", "iters", "spread_pct", "repeat_iqr_pct", "noisy", "power_w", "joules_per_sample", "status")
+           "step_s", "iters", "spread_pct", "repeat_iqr_pct", "noisy", "power_w", "joules_per_sample", "precision_note",
+           "status")
 UNITS = {"resnet50": "images", "inception_v3": "images", "vgg16": "images", "lstm": "sentences",
          "ds2": "utterances", "transformer": "tokens"}
 
@@ -191,15 +193,7 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
             for batch in plan[name]:
                 for precision in precisions:
                     bar.set_postfix_str(f"{name} batch {batch} {precision}")
-                    try:
-                        row = _row(name, batch, precision, device, params, measure(name, model, batch, precision, dev, m))
-                    except (torch.cuda.OutOfMemoryError, MemoryError) as e:
-                        row = _row(name, batch, precision, device, params, None, f"out of memory: {str(e)[:60]}")
-                    except RuntimeError as e:
-                        row = _row(name, batch, precision, device, params, None, f"failed: {str(e)[:80]}")
-                    finally:
-                        if dev.type == "cuda":
-                            torch.cuda.empty_cache()
+                    row = _measured_row(name, model, batch, precision, dev, m, params)
                     rows.append(row)
                     store.add(row)  # committed now: an interrupted sweep keeps what it measured
                     bar.update(1)
@@ -212,9 +206,31 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     return rows
 
 
+def _measured_row(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, m, params) -> dict:
+    """One row: measured, or why not. A precision this device cannot run for this model is not
+    tried ("unsupported on this CPU: ..."); one it only emulates is measured and flagged."""
+    device = str(dev)
+    can = support(dev, math_types(precision, device)[0], model)
+    if not can.runs:
+        return {**_row(name, batch, precision, device, params, None, can.note), "precision_note": can.note}
+    try:
+        row = _row(name, batch, precision, device, params, measure(name, model, batch, precision, dev, m))
+    except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+        row = _row(name, batch, precision, device, params, None, f"out of memory: {in_words(e)}")
+    except RuntimeError as e:
+        row = _row(name, batch, precision, device, params, None, f"failed: {in_words(e)}")
+    finally:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return {**row, "precision_note": can.note}
+
+
 def notes(rows: list[dict]) -> list[str]:
-    """What the text table leaves out: the power source and every row not measured, with why."""
+    """What the text table leaves out: the power source, precisions this device only emulates,
+    and every row not measured, with why."""
     lines = sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
+    lines += list(dict.fromkeys(f"{r['precision']} on {r['device']}: {r['precision_note']}" for r in rows
+                                if r.get("precision_note") and r["status"] == "ok"))
     lines += [f"threads {sorted({r['threads'] for r in rows})}, {rows[0]['libraries']}, torch {rows[0]['torch']}"] if rows else []
     lines += timing.noisy_notes(rows, lambda r: f"{r['model']} batch {r['batch']} {r['precision']}")
     return lines + [f"not measured: {r['model']} batch {r['batch']} {r['precision']}: {r['status']}"
@@ -254,7 +270,7 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
             **{k: (m or {}).get(k) for k in timing.TIMING_COLUMNS},
             "power_w": m and m["power_w"], "joules_per_sample": m and m["joules_per_sample"],
             "energy": m and m["energy"], "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "status": status}
+            "precision_note": None, "status": status}
 
 
 ZOO_SCHEMA = schema.BENCH_ZOO  # every table's DDL lives in results/schema.py
