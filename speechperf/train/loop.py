@@ -45,7 +45,7 @@ from speechperf.train.faults import as_fault, check_trained, failure_status, rec
 from speechperf.train.events import C
 from speechperf.train.mlperf import log_submission
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
-from speechperf.train.warmup import initialize, warm_model, warn_if_slow
+from speechperf.train.warmup import check_precision, initialize, warm_model, warn_if_slow
 
 __all__ = ["train", "config_diff", "TrainingDiverged", "RESUME_MODES"]
 
@@ -84,8 +84,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         torch.set_num_threads(tc.threads)
     group = distributed.setup(tc.device, tc.dist_backend, denv)  # checks the launch against the GPUs first
     try:
-        if tc.precision == "fp16" and group.device.type != "cuda":
-            raise ConfigError("train.precision=fp16 needs a CUDA device; use bf16 on CPU")
+        check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
         # rank 0 alone looks at the folder (across machines only its disk holds it) and tells
         # every rank what to do, or the error that stops them all
         plan, feats, error = group.broadcast(_plan(out, cfg, mode, data, world) if rank == 0 else None)
@@ -183,7 +182,8 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
         if plan == "fresh":
             from speechperf.telemetry.environment import capture_env
 
-            env = {**capture_env(str(device)), "world_size": world, "platform": platform}
+            env = {**capture_env(str(device)), "world_size": world, "platform": platform,
+                   "precision_note": check_precision(cfg, device)}
             run = Run.create(out, kind="train", config=cfg.to_dict(), env=env, data=data, label=label,
                              shared_db=db_path)
         else:
@@ -326,7 +326,8 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
                 # a failed run reports its own cause, not this consequence of it (a full disk)
             finally:
                 run.close()
-    summary = _summary(run.run_id if run else None, out, status, prog, clock)
+    summary = {**_summary(run.run_id if run else None, out, status, prog, clock),
+               "precision_note": check_precision(cfg, device)}  # an emulated precision says so beside the result
     if lead:
         run.set_status(status)
         run.write_summary(summary)  # last: its presence means the run finished
