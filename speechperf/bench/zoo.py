@@ -1,13 +1,19 @@
-"""``speechperf bench zoo``: end-to-end training throughput of the paper-002 model zoo, with
-power and energy per sample from the telemetry sampler.
+"""``speechperf bench zoo``: end-to-end training throughput of the paper-002 model zoo and of
+every registered acoustic model, with power and energy per sample from the telemetry sampler.
 
 Models (Table 5 of paper 002, parameters ours vs theirs in ``PAPER_PARAMS_M``): ResNet-50,
 Inception v3 and VGG16 from torchvision (see bench/vision.py for the CPU build of torch;
 rows say "skipped" where torchvision is absent), a 2-layer LSTM language model of PTB size
-(vocabulary 10,000, 1,500 units, sequence 20), Deep Speech 2 (our model with the paper preset, 100-400 frames), and a
-Transformer of WMT14 EN-DE base size (d_model 512, 6+6 layers, shared 37,000-token
-vocabulary, sequence 512). Inputs are synthetic tensors of the right shapes: throughput
-does not depend on their values. Batch sizes default to Table 8's.
+(vocabulary 10,000, 1,500 units, sequence 20), a Transformer of WMT14 EN-DE base size
+(d_model 512, 6+6 layers, shared 37,000-token vocabulary, sequence 512), and every acoustic
+model of ``speechperf.models`` through the model contract (bench/acoustic.py: Deep Speech 2
+with the paper preset's sizes, DNN, CLDNN, and any model registered later). Inputs are
+synthetic tensors of the right shapes: throughput does not depend on their values. Batch
+sizes default to Table 8's; acoustic models without a Table 8 entry to small ones on a CPU.
+
+A precision the device cannot run for a model (bf16 for an LSTM on a CPU without AVX-512)
+gives a row "unsupported on this CPU: ..." and is not tried; one it only emulates is
+measured and flagged in ``precision_note`` (telemetry/capability.py).
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from speechperf.bench import timing
+from speechperf.bench import acoustic, timing
 from speechperf.bench.ops import libraries
 from speechperf.bench.store import SweepStore
 from speechperf.bench.vision import vision_models
@@ -95,21 +101,6 @@ def _lstm_step(model, b, dev):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
-def _ds2_build():
-    from speechperf.config import load_preset
-    from speechperf.models import build_model
-
-    return build_model(load_preset("paper").model)
-
-
-def _ds2_step(model, b, dev):
-    lens = torch.randint(100, 401, (b,))  # on the host, as a loader's: sizes read without waiting for the GPU
-    x = torch.randn(b, int(lens.max()), 93, device=dev)
-    lp, ol = model(x, lens)
-    labels = torch.randint(2, 28, (int((ol // 3).sum()),), device=dev)
-    return F.ctc_loss(lp.float(), labels, ol, ol // 3, zero_infinity=True)
-
-
 def _transformer_step(model, tokens, dev):
     b = max(1, tokens // 512)  # batch size counts tokens, sequences of 512
     src = torch.randint(0, 37_000, (b, 512), device=dev)
@@ -123,9 +114,10 @@ ZOO: dict[str, ZooModel] = {
     "inception_v3": _cnn("inception_v3", 299),
     "vgg16": _cnn("vgg16", 224),
     "lstm": ZooModel(LSTMLanguageModel, _lstm_step, float),
-    "ds2": ZooModel(_ds2_build, _ds2_step, float),
     "transformer": ZooModel(TransformerMT, _transformer_step, lambda tokens: float(max(1, tokens // 512) * 512)),
 }
+for _name in acoustic.names():  # every registered acoustic model, through the model contract
+    ZOO.setdefault(_name, ZooModel(lambda name=_name: acoustic.build(name), acoustic.step, float))
 
 
 def parameter_millions(model: nn.Module) -> float:
@@ -175,7 +167,7 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     m = timing.method("zoo", device, iters=iters, warmup_steps=warmup, seconds=seconds, warmup_seconds=warmup_seconds,
                       repeats=repeats, energy_min_seconds=energy_min_seconds)
     names = models or list(ZOO)
-    plan = {name: list(batches or TABLE8_BATCHES[name]) for name in names}
+    plan = {name: list(batches or TABLE8_BATCHES.get(name) or acoustic.batches(device)) for name in names}
     rows: list[dict] = []
     store = SweepStore(db_path, "bench_zoo", ZOO_SCHEMA, _row("lstm", 1, "fp32", device, 1.0, None))
     bar = tqdm(total=sum(len(b) * len(precisions) for b in plan.values()), desc="bench zoo", unit="row",
@@ -264,8 +256,8 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
     multiply, accumulate = math_types(precision, device) if precision else (None, None)
     return {"model": name, "batch": batch, "precision": precision, "multiply": multiply, "accumulate": accumulate,
             "device": device, "libraries": libraries(torch.device(device)),
-            "params_m": round(params, 2) if params else None, "paper_params_m": PAPER_PARAMS_M[name],
-            "unit": UNITS[name], "samples_per_s": m and m["samples_per_s"], "step_s": m and m["step_s"],
+            "params_m": round(params, 2) if params else None, "paper_params_m": PAPER_PARAMS_M.get(name),
+            "unit": UNITS.get(name, "utterances"), "samples_per_s": m and m["samples_per_s"], "step_s": m and m["step_s"],
             "iters": m and m["iters"], "spread_pct": m and m["spread_pct"],
             **{k: (m or {}).get(k) for k in timing.TIMING_COLUMNS},
             "power_w": m and m["power_w"], "joules_per_sample": m and m["joules_per_sample"],

@@ -7,9 +7,9 @@ where the flags are not the whole truth, from a tiny cached probe of the kernel 
 - bf16 (and fp16) matrix products run on every x86-64 CPU torch supports, natively only with
   AVX512-BF16 or AMX-BF16 (AVX512-FP16 or AMX-FP16); elsewhere they are converted to fp32 and
   back around each product (measured here: a DS2 step 27x slower in bf16 on AVX2).
-- torch's CPU ``nn.LSTM`` under bf16 or fp16 autocast runs through oneDNN, whose LSTM has no
-  kernel for them without AVX-512: on an AVX2 CPU it raises "could not create a primitive
-  descriptor". With the flags present, a 8-unit LSTM is run once to confirm (cached).
+- torch's CPU ``nn.LSTM`` (without projection) under bf16 or fp16 autocast runs through
+  oneDNN, whose LSTM has no kernel for them without AVX-512: on an AVX2 CPU it raises "could
+  not create a primitive descriptor". An 8-unit LSTM is run once to confirm (cached).
 - on a GPU, from its compute capability: bf16 and tf32 native from 8.0 (Ampere), bf16
   emulated below it, tf32 absent below it.
 
@@ -168,11 +168,13 @@ def _cuda(precision: str, device: str) -> Support:
 
 
 # ---- the question ------------------------------------------------------------------------
-def has_lstm(model) -> bool:
-    """Whether a module (or any of its children) is an ``nn.LSTM``."""
+def onednn_lstm(model) -> bool:
+    """Whether a module (or any of its children) is an ``nn.LSTM`` that torch runs through
+    oneDNN on a CPU: one without a projection (``proj_size`` 0; a projected LSTM, CLDNN's,
+    takes torch's own kernel, which runs under bf16 everywhere)."""
     import torch
 
-    return any(isinstance(m, torch.nn.LSTM) for m in model.modules())
+    return any(isinstance(m, torch.nn.LSTM) and not m.proj_size for m in model.modules())
 
 
 def support(device, precision: str, model=None) -> Support:
@@ -184,7 +186,7 @@ def support(device, precision: str, model=None) -> Support:
     if device.startswith("cuda"):
         return _cuda(precision, device)
     if device.startswith("cpu"):
-        return _cpu(precision, model is not None and has_lstm(model))
+        return _cpu(precision, model is not None and onednn_lstm(model))
     return Support(precision, device, UNSUPPORTED, f"device {device!r} is neither a CPU nor a CUDA GPU")
 
 

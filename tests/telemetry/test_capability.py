@@ -29,6 +29,8 @@ def test_lstm_under_bf16_without_avx512_is_unsupported_in_words(cpu):
     linear = cap.support("cpu", "bf16", torch.nn.Linear(4, 4))  # matrix products still run, converted
     assert linear.runs and linear.note == "emulated: no native bf16 on this CPU (AVX2)"
     assert cap.support("cpu", "fp32", torch.nn.LSTM(4, 4)).note is None
+    projected = cap.support("cpu", "bf16", torch.nn.LSTM(4, 4, proj_size=2))  # torch's own kernel, not oneDNN's
+    assert projected.note == "emulated: no native bf16 on this CPU (AVX2)"
 
 
 def test_avx512_without_bf16_units_is_emulated_and_amx_is_native(cpu):
