@@ -181,3 +181,27 @@ def test_an_interrupted_zoo_sweep_keeps_the_rows_it_measured(tmp_path, monkeypat
         rows = db.query("SELECT model, batch, status, samples_per_s, iters FROM bench_zoo")
     assert [(r["model"], r["batch"], r["status"], r["iters"]) for r in rows] == [("lstm", 2, "ok", 1)]
     assert (tmp_path / "bench_zoo_table8.csv").read_text().count("lstm") == 1  # the Table 8 CSV of what was measured
+
+
+def test_every_registered_acoustic_model_has_a_row_through_the_contract(monkeypatch):
+    """Rows for ds2, dnn, cldnn, conformer and any model registered later, with no zoo code of
+    its own; bf16 on a CPU without AVX-512 and without bf16 units (forced, so on any CPU):
+    refused for DS2's oneDNN LSTM, measured and flagged as emulated for the others."""
+    from speechperf.bench import acoustic
+    from speechperf.config import load_preset
+    from speechperf.models import MODELS, model_config
+
+    monkeypatch.setattr(acoustic, "FRAMES", (24, 40))  # seconds on 2 cores, not minutes
+    monkeypatch.setattr(acoustic, "config", lambda name: load_preset("tiny").model if name == "ds2"
+                        else model_config({"name": name}))
+    monkeypatch.setenv(cap.FORCE_ENV, "avx512f,avx512_bf16,amx_bf16")
+    names = MODELS.names()
+    assert {"ds2", "dnn", "cldnn"} <= set(names) and set(names) <= set(zoo.ZOO)
+    rows = zoo.run_zoo(models=names, batches=[1], precisions=["fp32", "amp"], iters=1, warmup=0, progress=False)
+    by = {(r["model"], r["precision"]): r for r in rows}
+    assert all(by[(n, "fp32")]["status"] == "ok" and by[(n, "fp32")]["samples_per_s"] > 0 for n in names)
+    assert all(r["unit"] == "utterances" and r["params_m"] > 0 for r in rows)
+    assert by[("ds2", "amp")]["status"] == NO_BF16_LSTM
+    for n in set(names) - {"ds2"}:
+        assert (by[(n, "amp")]["status"], by[(n, "amp")]["precision_note"]) == \
+            ("ok", "emulated: no native bf16 on this CPU (AVX2)"), n
