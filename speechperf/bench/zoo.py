@@ -42,7 +42,7 @@ TABLE8_BATCHES = {"resnet50": (64, 128), "inception_v3": (64, 128), "vgg16": (64
                   "ds2": (8, 16, 32), "transformer": (1024, 2048, 4096)}
 # The columns of the text table (--json, --csv and the database hold every column)
 COLUMNS = ("model", "batch", "precision", "multiply", "device", "params_m", "paper_params_m", "unit", "samples_per_s",
-           "step_s", "iters", "spread_pct", "repeat_iqr_pct", "noisy", "power_w", "joules_per_sample", "precision_note",
+           "mfu_pct", "step_s", "iters", "spread_pct", "repeat_iqr_pct", "noisy", "power_w", "joules_per_sample", "precision_note",
            "status")
 UNITS = {"resnet50": "images", "inception_v3": "images", "vgg16": "images", "lstm": "sentences",
          "ds2": "utterances", "transformer": "tokens"}
@@ -169,6 +169,7 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     names = models or list(ZOO)
     plan = {name: list(batches or TABLE8_BATCHES.get(name) or acoustic.batches(device)) for name in names}
     rows: list[dict] = []
+    acoustic_names, flops = set(acoustic.names()), {}  # flops: each acoustic model's FLOP model, fitted once
     store = SweepStore(db_path, "bench_zoo", ZOO_SCHEMA, _row("lstm", 1, "fp32", device, 1.0, None))
     bar = tqdm(total=sum(len(b) * len(precisions) for b in plan.values()), desc="bench zoo", unit="row",
                file=sys.stderr, disable=not progress, dynamic_ncols=True)
@@ -186,6 +187,8 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
                 for precision in precisions:
                     bar.set_postfix_str(f"{name} batch {batch} {precision}")
                     row = _measured_row(name, model, batch, precision, dev, m, params)
+                    if name in acoustic_names and row["status"] == "ok":  # MFU beside samples/s
+                        row.update(acoustic.mfu_columns(name, model, batch, row["step_s"], dev, row["multiply"], flops))
                     rows.append(row)
                     store.add(row)  # committed now: an interrupted sweep keeps what it measured
                     bar.update(1)
@@ -223,6 +226,8 @@ def notes(rows: list[dict]) -> list[str]:
     lines = sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
     lines += list(dict.fromkeys(f"{r['precision']} on {r['device']}: {r['precision_note']}" for r in rows
                                 if r.get("precision_note") and r["status"] == "ok"))
+    lines += list(dict.fromkeys(f"MFU ({r['multiply']}): {r['mfu_note'] or 'peak ' + str(r['peak_source'])}"
+                                for r in rows if r["status"] == "ok" and (r.get("mfu_note") or r.get("peak_source"))))
     lines += [f"threads {sorted({r['threads'] for r in rows})}, {rows[0]['libraries']}, torch {rows[0]['torch']}"] if rows else []
     lines += timing.noisy_notes(rows, lambda r: f"{r['model']} batch {r['batch']} {r['precision']}")
     return lines + [f"not measured: {r['model']} batch {r['batch']} {r['precision']}: {r['status']}"
@@ -262,7 +267,7 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
             **{k: (m or {}).get(k) for k in timing.TIMING_COLUMNS},
             "power_w": m and m["power_w"], "joules_per_sample": m and m["joules_per_sample"],
             "energy": m and m["energy"], "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "precision_note": None, "status": status}
+            "precision_note": None, **dict.fromkeys(acoustic.MFU_COLUMNS), "status": status}
 
 
 ZOO_SCHEMA = schema.BENCH_ZOO  # every table's DDL lives in results/schema.py

@@ -82,7 +82,7 @@ CREATE TABLE IF NOT EXISTS bench_zoo (
     samples_per_s REAL, step_s REAL, iters INTEGER, spread_pct REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
     status TEXT,
     warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT,
-    precision_note TEXT
+    precision_note TEXT, tflops REAL, mfu_pct REAL, peak_tflops REAL, peak_source TEXT, mfu_note TEXT
 );
 """
 

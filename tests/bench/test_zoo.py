@@ -205,3 +205,36 @@ def test_every_registered_acoustic_model_has_a_row_through_the_contract(monkeypa
     for n in set(names) - {"ds2"}:
         assert (by[(n, "amp")]["status"], by[(n, "amp")]["precision_note"]) == \
             ("ok", "emulated: no native bf16 on this CPU (AVX2)"), n
+
+
+def test_acoustic_rows_carry_mfu_beside_samples_per_s(monkeypatch):
+    """The MFU columns of an acoustic row: the batch's model FLOPs (the MFU module's FLOP
+    model at the row's exact lengths) over the measured step time, against its peak."""
+    import importlib.util
+    import sys
+    import types
+
+    from speechperf.bench import acoustic
+    from speechperf.config import load_preset
+
+    monkeypatch.setattr(acoustic, "config", lambda name: load_preset("tiny").model)
+    row = zoo.run_zoo(models=["ds2"], batches=[3], iters=1, warmup=0, progress=False)[0]
+    if importlib.util.find_spec("speechperf.metrics.mfu") is None:
+        assert row["mfu_pct"] is None and row["mfu_note"].startswith("not computed: speechperf.metrics.mfu")
+    fitted, seen = [], []
+
+    class Flops:
+        def batch(self, lens):
+            seen.append(lens.tolist())
+            return 1e9 * float(lens.sum())
+
+    fake = types.ModuleType("speechperf.metrics.mfu")
+    fake.flop_model = lambda cfg: fitted.append(cfg.name) or Flops()
+    fake.zoo_mfu = lambda flops, step_s, dev, precision: {"tflops": flops / step_s / 1e12, "peak_tflops": 2.0,
+                                                          "mfu_pct": 50 * flops / step_s / 1e12, "peak_source": precision}
+    monkeypatch.setitem(sys.modules, "speechperf.metrics.mfu", fake)
+    rows = zoo.run_zoo(models=["ds2"], batches=[3, 2], iters=1, warmup=0, progress=False)
+    assert fitted == ["ds2"] and seen == [[400, 250, 100], [400, 100]]  # fitted once; the batches' own lengths
+    for r, frames in zip(rows, (750, 500)):
+        assert r["mfu_pct"] == pytest.approx(50 * 1e9 * frames / r["step_s"] / 1e12) and r["peak_source"] == "fp32"
+    assert "MFU (fp32): peak fp32" in zoo.notes(rows)
