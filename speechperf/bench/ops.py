@@ -199,7 +199,7 @@ def sweep(dev: torch.device, dtypes, threads_list, ops, m: Method, scaling_max_g
                 if bar is not None:
                     bar.set_postfix_str(f"{op.name} {op.shape} {dtype} {threads} thread(s)")
                 if not can.runs:
-                    done({**_row(dev, dtype, threads, op, peak, status=can.note), "precision_note": can.note})
+                    done(_row(dev, dtype, threads, op, peak, status=can.note))  # the status says why
                     continue
                 if big and op.flops > 1e9 * scaling_max_gflop:
                     done(_row(dev, dtype, threads, op, peak, status=f"skipped: over {scaling_max_gflop:g} GFLOP "

@@ -207,7 +207,7 @@ def _measured_row(name: str, model: nn.Module, batch: int, precision: str, dev: 
     device = str(dev)
     can = support(dev, math_types(precision, device)[0], model)
     if not can.runs:
-        return {**_row(name, batch, precision, device, params, None, can.note), "precision_note": can.note}
+        return _row(name, batch, precision, device, params, None, can.note)  # the status says why
     try:
         row = _row(name, batch, precision, device, params, measure(name, model, batch, precision, dev, m))
     except (torch.cuda.OutOfMemoryError, MemoryError) as e:
@@ -226,8 +226,9 @@ def notes(rows: list[dict]) -> list[str]:
     lines = sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
     lines += list(dict.fromkeys(f"{r['precision']} on {r['device']}: {r['precision_note']}" for r in rows
                                 if r.get("precision_note") and r["status"] == "ok"))
-    lines += list(dict.fromkeys(f"MFU ({r['multiply']}): {r['mfu_note'] or 'peak ' + str(r['peak_source'])}"
-                                for r in rows if r["status"] == "ok" and (r.get("mfu_note") or r.get("peak_source"))))
+    lines += list(dict.fromkeys(f"MFU: {r['mfu_note']}" if r.get("mfu_note") else f"MFU ({r['multiply']}): peak "
+                                f"{r['peak_source']}" for r in rows if r["status"] == "ok" and
+                                (r.get("mfu_note") or r.get("peak_source"))))
     lines += [f"threads {sorted({r['threads'] for r in rows})}, {rows[0]['libraries']}, torch {rows[0]['torch']}"] if rows else []
     lines += timing.noisy_notes(rows, lambda r: f"{r['model']} batch {r['batch']} {r['precision']}")
     return lines + [f"not measured: {r['model']} batch {r['batch']} {r['precision']}: {r['status']}"
