@@ -22,6 +22,7 @@ from _timing import measure, show  # noqa: E402
 from speechperf.config import load_preset  # noqa: E402
 from speechperf.models import build_model  # noqa: E402
 from speechperf.models.ds2 import flops_per_frame  # noqa: E402
+from speechperf.telemetry.capability import support  # noqa: E402
 from speechperf.train.evaluate import autocast  # noqa: E402
 
 
@@ -60,6 +61,10 @@ def main() -> None:
         b = 8 if name == "paper" else cfg.loader.batch_size
         x, lens = torch.randn(b, 1670, 93), torch.full((b,), 1670)
         for precision in ("fp32", "bf16"):
+            can = support("cpu", precision, model)  # bf16 on an LSTM without AVX-512 does not run: say so
+            if not can.runs:
+                print(f"[{name}] {precision}: {can.note}")
+                continue
             m = measure(lambda: make_step(model, opt, precision)(x, lens), repeats=a.repeats)
             flops = 3 * flops_per_frame(cfg.model) * int(lens.sum())  # forward + backward (2x)
             print(f"[{name}] {b} x 1670 frames {precision}: " + show("step", m)
@@ -68,7 +73,7 @@ def main() -> None:
             if precision == "fp32":
                 fp32 = m["median"]
             else:
-                print(f"[{name}] ratio bf16 / fp32 step time: {m['median'] / fp32:.2f}")
+                print(f"[{name}] ratio bf16 / fp32 step time: {m['median'] / fp32:.2f} ({can.note or 'native bf16'})")
         # bucket vs pad on the same utterances (cpu-sized batches keep this quick)
         n_utts = 4 * b
         frames = np.sort(rng.integers(100, 1500, n_utts))

@@ -22,9 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from speechperf.config import load_preset  # noqa: E402
 from speechperf.data.loader import make_loader  # noqa: E402
+from speechperf.errors import SpeechperfError  # noqa: E402
 from speechperf.models import build_model  # noqa: E402
 from speechperf.train.distributed import DistEnv, configure_determinism, pick_device  # noqa: E402
 from speechperf.train.step import StepMeter, make_optimizer, read_point, train_step  # noqa: E402
+from speechperf.train.warmup import check_precision  # noqa: E402
 
 GOAL = 1.05  # loop / floor
 
@@ -77,6 +79,10 @@ def main(argv=None) -> int:
     tc = cfg.train
     configure_determinism(tc.deterministic)
     device = pick_device(tc.device, DistEnv())
+    try:
+        note = check_precision(cfg, device)  # a precision this device cannot run: refused, naming why
+    except SpeechperfError as e:
+        raise SystemExit(f"bench_step_floor: {e}") from None
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if tc.threads > 0:
@@ -104,7 +110,7 @@ def main(argv=None) -> int:
     utts = sum(len(b.feat_lens) for b in cached[a.warmup:]) / n
     print(f"preset {a.preset}, {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
           f"{tc.precision}, batch {cfg.loader.batch_size} ({cfg.loader.mode}), readers {cfg.loader.readers}, "
-          f"sync_every {tc.sync_every}, {n} steps after {a.warmup} warm-up")
+          f"sync_every {tc.sync_every}, {n} steps after {a.warmup} warm-up" + (f"; {note}" if note else ""))
     print(f"{'':<34}{'s/step':>9}{'utt/s':>9}")
     print(f"{'floor (batches on the device)':<34}{floor:>9.4f}{utts / floor:>9.1f}")
     print(f"{'loop (loader, copies, reads)':<34}{loop:>9.4f}{utts / loop:>9.1f}")

@@ -207,6 +207,7 @@ def cmd_platforms(a) -> int:
 
 def cmd_bench_ops(a) -> int:
     from speechperf.bench.ops import COLUMNS, notes, run_ops
+    from speechperf.bench.outcome import check_measured
 
     rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick,
                    seconds=a.seconds, csv_path=a.csv, warmup_seconds=a.warmup_seconds, repeats=a.repeats,
@@ -214,10 +215,12 @@ def cmd_bench_ops(a) -> int:
     emit(rows, a.json, columns=COLUMNS)
     if not a.json:
         print("\n".join(notes(rows)))
+    check_measured(rows, "bench ops")  # nothing measured: exit 1, the causes in words
     return 0
 
 
 def cmd_bench_zoo(a) -> int:
+    from speechperf.bench.outcome import check_measured
     from speechperf.bench.zoo import COLUMNS, notes, run_zoo
 
     rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters,
@@ -226,6 +229,7 @@ def cmd_bench_zoo(a) -> int:
     emit(rows, a.json, columns=COLUMNS)
     if not a.json:
         print("\n".join(notes(rows)))
+    check_measured(rows, "bench zoo")  # nothing measured: exit 1, the causes in words
     return 0
 
 

@@ -22,3 +22,17 @@ class RunFailed(SpeechperfError):
 class MachineFault(RunFailed):
     """The machine failed the run (disk full, read-only or vanished path); the message names
     the path and what to do; the last checkpoint is intact and the same command resumes."""
+
+
+def in_words(e: BaseException | str, limit: int = 160) -> str:
+    """An error's message as a short sentence: its first line and first sentence, cut at a word
+    boundary (marked "...") past ``limit`` characters; never a word cut in half.
+
+    Library errors (oneDNN's, CUDA's) run on with advice about environment variables; a row or
+    a message needs what happened."""
+    text = (str(e).strip().splitlines() or [""])[0].strip() or type(e).__name__
+    end = text.find(". ")
+    text = text[:end] if end > 0 else text.rstrip(".")
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + "..."

@@ -25,9 +25,10 @@ from tqdm import tqdm
 from speechperf.bench.peaks import Peak, cpu_peak, gpu_peak
 from speechperf.bench.store import SweepStore
 from speechperf.bench.timing import TIMING_COLUMNS, Method, measure, method, noisy_notes
-from speechperf.errors import SpeechperfError
+from speechperf.errors import SpeechperfError, in_words
 from speechperf.results import schema
 from speechperf.tables import write_csv
+from speechperf.telemetry.capability import support
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LSTM_FRAMES = 830  # output frames of a 1670-frame utterance after the stride-2 conv
@@ -96,20 +97,6 @@ def device_peak(dev: torch.device, dtype: str, threads: int) -> Peak:
     return cpu_peak(threads, ghz, dtype=dtype)
 
 
-def unsupported(dev: torch.device, dtype: str) -> str | None:
-    """Why ``dtype`` cannot run on ``dev`` (None: it can)."""
-    if dtype not in DTYPES:
-        return f"unknown dtype {dtype!r} (one of {', '.join(DTYPES)})"
-    if dtype == "tf32" and dev.type != "cuda":
-        return "tf32 is a CUDA tensor-core mode; not available on CPU"
-    try:
-        a = torch.ones(4, 4, device=dev, dtype=DTYPES[dtype])
-        (a @ a).sum().item()
-    except (RuntimeError, TypeError) as e:
-        return f"{dtype} matmul not supported on {dev}: {e}"
-    return None
-
-
 # The columns the text table shows (--json, --csv and the database hold every column)
 COLUMNS = ("device", "dtype", "accumulate", "threads", "op", "shape", "gflop", "iters", "ms_mid", "ms_median",
            "spread_pct", "repeat_iqr_pct", "noisy", "tflops", "pct_peak", "pct_measured_peak", "power_w", "status")
@@ -128,6 +115,8 @@ def notes(rows: list[dict]) -> list[str]:
             lines.append(f"peak {r['device']} {r['dtype']} {r['threads']} thread(s): {vendor} TFLOPS "
                          f"({r['peak_source']}); best measured {best} TFLOPS")
     lines += sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
+    lines += list(dict.fromkeys(f"{r['dtype']} on {r['device']}: {r['precision_note']}" for r in rows
+                                if r.get("precision_note") and r["status"] == "ok"))
     lines += noisy_notes(rows, lambda r: f"{r['op']} {r['shape']} {r['dtype']} {r['threads']} thread(s)")
     lines += [f"not measured: {r['op']} {r['shape']} {r['dtype']} {r['threads']} thread(s): {r['status']}"
               for r in rows if r["status"] != "ok"]
@@ -143,7 +132,8 @@ def _row(dev, dtype, threads, op, peak, measured=None, status="ok") -> dict:
            "spread_pct": m.get("spread_pct"), "tflops": None, "pct_peak": None, "peak_tflops": peak.tflops,
            "peak_source": peak.source, "torch": torch.__version__, "libraries": libraries(dev),
            "power_w": m.get("power_w"), "joules_per_call": m.get("joules_per_sample"), "gflops_per_w": None,
-           "energy": m.get("energy"), "status": status, **{k: m.get(k) for k in TIMING_COLUMNS}}
+           "energy": m.get("energy"), "status": status, "precision_note": None,
+           **{k: m.get(k) for k in TIMING_COLUMNS}}
     if times:
         mid = middle_third(times)
         row.update(ms_mid=1000 * mid, ms_median=1000 * statistics.median(times), tflops=op.flops / mid / 1e12)
@@ -204,29 +194,33 @@ def sweep(dev: torch.device, dtypes, threads_list, ops, m: Method, scaling_max_g
             torch.set_num_threads(threads)
         for dtype in dtypes:
             peak = device_peak(dev, dtype, threads)
-            why = unsupported(dev, dtype)
+            can = support(dev, dtype)  # native, emulated (flagged) or unsupported (not run, says why)
             for op in ops:
                 if bar is not None:
                     bar.set_postfix_str(f"{op.name} {op.shape} {dtype} {threads} thread(s)")
-                if why:
-                    done(_row(dev, dtype, threads, op, peak, status=f"skipped: {why}"))
+                if not can.runs:
+                    done(_row(dev, dtype, threads, op, peak, status=can.note))  # the status says why
                     continue
                 if big and op.flops > 1e9 * scaling_max_gflop:
                     done(_row(dev, dtype, threads, op, peak, status=f"skipped: over {scaling_max_gflop:g} GFLOP "
                               f"per call; the thread-scaling pass keeps to smaller shapes (--threads to run)"))
                     continue
-                try:
-                    row = _row(dev, dtype, threads, op, peak, run_op(op, dev, dtype, m))
-                except (torch.cuda.OutOfMemoryError, MemoryError) as e:
-                    row = _row(dev, dtype, threads, op, peak, status=f"out of memory: {str(e)[:80]}")
-                except RuntimeError as e:
-                    status = "out of memory" if "out of memory" in str(e).lower() else "failed"
-                    row = _row(dev, dtype, threads, op, peak, status=f"{status}: {str(e)[:80]}")
-                finally:
-                    if dev.type == "cuda":
-                        torch.cuda.empty_cache()
-                done(row)
+                done({**_op_row(op, dev, dtype, threads, peak, m), "precision_note": can.note})
     return rows
+
+
+def _op_row(op: Op, dev: torch.device, dtype: str, threads: int, peak: Peak, m: Method) -> dict:
+    """One op measured, or the failure in words (an allocation that fails: out of memory)."""
+    try:
+        return _row(dev, dtype, threads, op, peak, run_op(op, dev, dtype, m))
+    except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+        return _row(dev, dtype, threads, op, peak, status=f"out of memory: {in_words(e)}")
+    except RuntimeError as e:
+        status = "out of memory" if "out of memory" in str(e).lower() else "failed"
+        return _row(dev, dtype, threads, op, peak, status=f"{status}: {in_words(e)}")
+    finally:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | None = None, db_path=None,
@@ -250,6 +244,9 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
         raise SpeechperfError(f"device {device!r} requested but no CUDA device is available")
     if dev.type not in ("cpu", "cuda"):
         raise SpeechperfError(f"device {device!r} is not supported (cpu or cuda:N)")
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown:
+        raise SpeechperfError(f"unknown dtype(s) {unknown} (one of {', '.join(DTYPES)})")
     if threads is None:
         threads = sorted({1, torch.get_num_threads()}) if dev.type == "cpu" else [torch.get_num_threads()]
     else:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speechperf.telemetry.capability import cpu_flags
+
 # name -> ({dtype: TFLOPS}, source)
 DEVICE_PEAKS: dict[str, tuple[dict[str, float], str]] = {
     "V100": ({"fp32": 14.13, "fp16": 112.0}, "paper 002 Tables 2-3 (Tesla V100 PCIe; fp16 on Tensor Cores)"),
@@ -46,17 +48,7 @@ def gpu_peak(device_name: str, dtype: str) -> Peak:
     return Peak(None, f"{device_name!r} is not in the peak table")
 
 
-def cpu_flags() -> set[str]:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def flops_per_cycle(flags: set[str], dtype: str = "fp32") -> int:
+def flops_per_cycle(flags: frozenset[str], dtype: str = "fp32") -> int:
     """fp32 FLOPs per cycle per core, assuming two FMA pipes (an FMA is 2 FLOPs per lane)."""
     if "avx512f" in flags:
         lanes = 16
@@ -72,7 +64,7 @@ def flops_per_cycle(flags: set[str], dtype: str = "fp32") -> int:
     return per
 
 
-def cpu_peak(cores: int, ghz: float, flags: set[str] | None = None, dtype: str = "fp32") -> Peak:
+def cpu_peak(cores: int, ghz: float, flags: frozenset[str] | None = None, dtype: str = "fp32") -> Peak:
     flags = cpu_flags() if flags is None else flags
     if dtype in ("tf32",):
         return Peak(None, "tf32 is a GPU tensor-core mode")

@@ -1,7 +1,8 @@
 """Average power and energy of one benchmark measurement, from a telemetry Sampler summary.
 
 Energy per source comes from the device's counter when it has one (NVML total energy,
-RAPL ``energy_uj``), else from integrating sampled power; the label says which. RAPL
+RAPL ``energy_uj``), else from integrating sampled power (telemetry/energy.py, the one
+rule); the label says which. RAPL
 sub-zones (``intel-rapl:0:0``, the cores of package 0) are inside their package's count,
 so only top-level zones are added up, to avoid counting the same joules twice.
 
@@ -14,16 +15,11 @@ from __future__ import annotations
 
 import time
 
+from speechperf.telemetry.energy import top_level
+
 # Shortest window whose energy is reported, s: NVML's counter steps about every 100 ms and
 # its averaged power over 1 s, so 2 s keeps the step error of one window under ~5%.
 ENERGY_MIN_SECONDS = 2.0
-
-
-def top_level(source: str) -> bool:
-    """False for a RAPL sub-zone, whose energy is already in its parent package."""
-    if not source.startswith("rapl:"):
-        return True
-    return source.count(":") <= 2  # "rapl:intel-rapl:0" yes, "rapl:intel-rapl:0:0" no
 
 
 def energy_of(summary: dict, seconds: float, min_seconds: float = 0.0) -> dict:

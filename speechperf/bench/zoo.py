@@ -1,13 +1,19 @@
-"""``speechperf bench zoo``: end-to-end training throughput of the paper-002 model zoo, with
-power and energy per sample from the telemetry sampler.
+"""``speechperf bench zoo``: end-to-end training throughput of the paper-002 model zoo and of
+every registered acoustic model, with power and energy per sample from the telemetry sampler.
 
 Models (Table 5 of paper 002, parameters ours vs theirs in ``PAPER_PARAMS_M``): ResNet-50,
 Inception v3 and VGG16 from torchvision (see bench/vision.py for the CPU build of torch;
 rows say "skipped" where torchvision is absent), a 2-layer LSTM language model of PTB size
-(vocabulary 10,000, 1,500 units, sequence 20), Deep Speech 2 (our model with the paper preset, 100-400 frames), and a
-Transformer of WMT14 EN-DE base size (d_model 512, 6+6 layers, shared 37,000-token
-vocabulary, sequence 512). Inputs are synthetic tensors of the right shapes: throughput
-does not depend on their values. Batch sizes default to Table 8's.
+(vocabulary 10,000, 1,500 units, sequence 20), a Transformer of WMT14 EN-DE base size
+(d_model 512, 6+6 layers, shared 37,000-token vocabulary, sequence 512), and every acoustic
+model of ``speechperf.models`` through the model contract (bench/acoustic.py: Deep Speech 2
+with the paper preset's sizes, DNN, CLDNN, and any model registered later). Inputs are
+synthetic tensors of the right shapes: throughput does not depend on their values. Batch
+sizes default to Table 8's; acoustic models without a Table 8 entry to small ones on a CPU.
+
+A precision the device cannot run for a model (bf16 for an LSTM on a CPU without AVX-512)
+gives a row "unsupported on this CPU: ..." and is not tried; one it only emulates is
+measured and flagged in ``precision_note`` (telemetry/capability.py).
 """
 from __future__ import annotations
 
@@ -21,12 +27,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from speechperf.bench import timing
+from speechperf.bench import acoustic, timing
 from speechperf.bench.ops import libraries
 from speechperf.bench.store import SweepStore
 from speechperf.bench.vision import vision_models
-from speechperf.errors import SpeechperfError
+from speechperf.errors import SpeechperfError, in_words
 from speechperf.results import schema
+from speechperf.telemetry.capability import support
 from speechperf.tables import write_csv
 from speechperf.train.evaluate import autocast
 
@@ -35,7 +42,8 @@ TABLE8_BATCHES = {"resnet50": (64, 128), "inception_v3": (64, 128), "vgg16": (64
                   "ds2": (8, 16, 32), "transformer": (1024, 2048, 4096)}
 # The columns of the text table (--json, --csv and the database hold every column)
 COLUMNS = ("model", "batch", "precision", "multiply", "device", "params_m", "paper_params_m", "unit", "samples_per_s",
-           "step_s", "iters", "spread_pct", "repeat_iqr_pct", "noisy", "power_w", "joules_per_sample", "status")
+           "mfu_pct", "step_s", "iters", "spread_pct", "repeat_iqr_pct", "noisy", "power_w", "joules_per_sample", "precision_note",
+           "status")
 UNITS = {"resnet50": "images", "inception_v3": "images", "vgg16": "images", "lstm": "sentences",
          "ds2": "utterances", "transformer": "tokens"}
 
@@ -93,21 +101,6 @@ def _lstm_step(model, b, dev):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
-def _ds2_build():
-    from speechperf.config import load_preset
-    from speechperf.models import build_model
-
-    return build_model(load_preset("paper").model)
-
-
-def _ds2_step(model, b, dev):
-    lens = torch.randint(100, 401, (b,))  # on the host, as a loader's: sizes read without waiting for the GPU
-    x = torch.randn(b, int(lens.max()), 93, device=dev)
-    lp, ol = model(x, lens)
-    labels = torch.randint(2, 28, (int((ol // 3).sum()),), device=dev)
-    return F.ctc_loss(lp.float(), labels, ol, ol // 3, zero_infinity=True)
-
-
 def _transformer_step(model, tokens, dev):
     b = max(1, tokens // 512)  # batch size counts tokens, sequences of 512
     src = torch.randint(0, 37_000, (b, 512), device=dev)
@@ -121,9 +114,10 @@ ZOO: dict[str, ZooModel] = {
     "inception_v3": _cnn("inception_v3", 299),
     "vgg16": _cnn("vgg16", 224),
     "lstm": ZooModel(LSTMLanguageModel, _lstm_step, float),
-    "ds2": ZooModel(_ds2_build, _ds2_step, float),
     "transformer": ZooModel(TransformerMT, _transformer_step, lambda tokens: float(max(1, tokens // 512) * 512)),
 }
+for _name in acoustic.names():  # every registered acoustic model, through the model contract
+    ZOO.setdefault(_name, ZooModel(lambda name=_name: acoustic.build(name), acoustic.step, float))
 
 
 def parameter_millions(model: nn.Module) -> float:
@@ -173,8 +167,9 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     m = timing.method("zoo", device, iters=iters, warmup_steps=warmup, seconds=seconds, warmup_seconds=warmup_seconds,
                       repeats=repeats, energy_min_seconds=energy_min_seconds)
     names = models or list(ZOO)
-    plan = {name: list(batches or TABLE8_BATCHES[name]) for name in names}
+    plan = {name: list(batches or TABLE8_BATCHES.get(name) or acoustic.batches(device)) for name in names}
     rows: list[dict] = []
+    acoustic_names, flops = set(acoustic.names()), {}  # flops: each acoustic model's FLOP model, fitted once
     store = SweepStore(db_path, "bench_zoo", ZOO_SCHEMA, _row("lstm", 1, "fp32", device, 1.0, None))
     bar = tqdm(total=sum(len(b) * len(precisions) for b in plan.values()), desc="bench zoo", unit="row",
                file=sys.stderr, disable=not progress, dynamic_ncols=True)
@@ -191,15 +186,9 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
             for batch in plan[name]:
                 for precision in precisions:
                     bar.set_postfix_str(f"{name} batch {batch} {precision}")
-                    try:
-                        row = _row(name, batch, precision, device, params, measure(name, model, batch, precision, dev, m))
-                    except (torch.cuda.OutOfMemoryError, MemoryError) as e:
-                        row = _row(name, batch, precision, device, params, None, f"out of memory: {str(e)[:60]}")
-                    except RuntimeError as e:
-                        row = _row(name, batch, precision, device, params, None, f"failed: {str(e)[:80]}")
-                    finally:
-                        if dev.type == "cuda":
-                            torch.cuda.empty_cache()
+                    row = _measured_row(name, model, batch, precision, dev, m, params)
+                    if name in acoustic_names and row["status"] == "ok":  # MFU beside samples/s
+                        row.update(acoustic.mfu_columns(name, model, batch, row["step_s"], dev, row["multiply"], flops))
                     rows.append(row)
                     store.add(row)  # committed now: an interrupted sweep keeps what it measured
                     bar.update(1)
@@ -212,9 +201,34 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     return rows
 
 
+def _measured_row(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, m, params) -> dict:
+    """One row: measured, or why not. A precision this device cannot run for this model is not
+    tried ("unsupported on this CPU: ..."); one it only emulates is measured and flagged."""
+    device = str(dev)
+    can = support(dev, math_types(precision, device)[0], model)
+    if not can.runs:
+        return _row(name, batch, precision, device, params, None, can.note)  # the status says why
+    try:
+        row = _row(name, batch, precision, device, params, measure(name, model, batch, precision, dev, m))
+    except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+        row = _row(name, batch, precision, device, params, None, f"out of memory: {in_words(e)}")
+    except RuntimeError as e:
+        row = _row(name, batch, precision, device, params, None, f"failed: {in_words(e)}")
+    finally:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return {**row, "precision_note": can.note}
+
+
 def notes(rows: list[dict]) -> list[str]:
-    """What the text table leaves out: the power source and every row not measured, with why."""
+    """What the text table leaves out: the power source, precisions this device only emulates,
+    and every row not measured, with why."""
     lines = sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
+    lines += list(dict.fromkeys(f"{r['precision']} on {r['device']}: {r['precision_note']}" for r in rows
+                                if r.get("precision_note") and r["status"] == "ok"))
+    lines += list(dict.fromkeys(f"MFU: {r['mfu_note']}" if r.get("mfu_note") else f"MFU ({r['multiply']}): peak "
+                                f"{r['peak_source']}" for r in rows if r["status"] == "ok" and
+                                (r.get("mfu_note") or r.get("peak_source"))))
     lines += [f"threads {sorted({r['threads'] for r in rows})}, {rows[0]['libraries']}, torch {rows[0]['torch']}"] if rows else []
     lines += timing.noisy_notes(rows, lambda r: f"{r['model']} batch {r['batch']} {r['precision']}")
     return lines + [f"not measured: {r['model']} batch {r['batch']} {r['precision']}: {r['status']}"
@@ -248,13 +262,13 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
     multiply, accumulate = math_types(precision, device) if precision else (None, None)
     return {"model": name, "batch": batch, "precision": precision, "multiply": multiply, "accumulate": accumulate,
             "device": device, "libraries": libraries(torch.device(device)),
-            "params_m": round(params, 2) if params else None, "paper_params_m": PAPER_PARAMS_M[name],
-            "unit": UNITS[name], "samples_per_s": m and m["samples_per_s"], "step_s": m and m["step_s"],
+            "params_m": round(params, 2) if params else None, "paper_params_m": PAPER_PARAMS_M.get(name),
+            "unit": UNITS.get(name, "utterances"), "samples_per_s": m and m["samples_per_s"], "step_s": m and m["step_s"],
             "iters": m and m["iters"], "spread_pct": m and m["spread_pct"],
             **{k: (m or {}).get(k) for k in timing.TIMING_COLUMNS},
             "power_w": m and m["power_w"], "joules_per_sample": m and m["joules_per_sample"],
             "energy": m and m["energy"], "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "status": status}
+            "precision_note": None, **dict.fromkeys(acoustic.MFU_COLUMNS), "status": status}
 
 
 ZOO_SCHEMA = schema.BENCH_ZOO  # every table's DDL lives in results/schema.py

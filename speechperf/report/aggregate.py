@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import statistics
 
-from speechperf.bench.power import top_level
 from speechperf.metrics.tta import tta_minutes
 from speechperf.report.figures import CER_TARGETS, WER_TARGETS
+from speechperf.telemetry import energy
 from speechperf.telemetry.platforms import Platform, load, of_run, price_columns, price_performance
 
 # The paper's TTA to dev-clean CER 10 on LibriSpeech (SPEC D), for orientation beside ours.
@@ -19,32 +19,14 @@ def run_tta(run: dict, target: float = 10.0, metric: str = "cer") -> float | Non
 
 
 def energy_by_source(run: dict, seconds: float) -> dict[str, tuple[float, str]]:
-    """{source: (joules in the first ``seconds`` of the run, "counter" | "integrated-power")}.
-
-    Energy counters (NVML total energy, RAPL) where a source has one, else its sampled power
-    integrated over time. RAPL sub-zones (a package's cores or DRAM) are inside their
-    package's count, so they are left out to avoid counting the same joules twice.
-    """
-    series: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for s in run["samples"]:
-        if s["metric"] in ("energy_j", "power_w", "power_avg_w") and s["t"] <= seconds and top_level(s["source"]):
-            series.setdefault((s["source"], s["metric"]), []).append((s["t"], s["value"]))
-    out = {}
-    for (source, metric), pts in sorted(series.items()):
-        pts.sort()
-        if metric == "energy_j":
-            out[source] = (pts[-1][1] - pts[0][1], "counter")
-        elif (source, "energy_j") not in series:
-            out[source] = (sum((t1 - t0) * (a + b) / 2 for (t0, a), (t1, b) in zip(pts, pts[1:])), "integrated-power")
-    return out
+    """{source: (joules in the first ``seconds`` of the run, "counter" | "integrated-power")} of the
+    top-level sources (telemetry/energy.py: counter where a source has one, else integrated power)."""
+    return energy.by_source(run["samples"], seconds, top_only=True)
 
 
 def energy_until(run: dict, seconds: float | None) -> float | None:
     """Joules of all sources in the first ``seconds`` of the run; None when nothing measured it."""
-    if seconds is None:
-        return None
-    sources = energy_by_source(run, seconds)
-    return sum(j for j, _ in sources.values()) if sources else None
+    return energy.total(run["samples"], seconds)
 
 
 def cheapest_first(platform: Platform) -> tuple:

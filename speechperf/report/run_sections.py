@@ -103,7 +103,8 @@ def runs_section(ctx: Context) -> Section:
         env, gpus = r["env"], r["env"].get("gpus") or []
         rows.append({"run": r["label"], "folder": r["run"], "status": r["row"].get("status"),
                      "preset": r["config"].get("preset") or r["row"].get("preset"),
-                     "precision": r["config"].get("train", {}).get("precision", "fp32"), "seed": r["row"].get("seed"),
+                     "precision": r["config"].get("train", {}).get("precision", "fp32"),
+                     "precision note": r["env"].get("precision_note"), "seed": r["row"].get("seed"),
                      "processes": env.get("world_size"), "platform": of_run(env).name, "cpu": env.get("cpu_model"),
                      "cores": env.get("cpu_cores_logical"),
                      "gpu": ", ".join(dict.fromkeys(g.get("name", "?") for g in gpus)) or "none", "gpus": len(gpus),

@@ -32,6 +32,7 @@ from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
 from speechperf.results.db import ResultsDB, ResultsError
 from speechperf.train.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
+from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu  # noqa: F401 (labels; tta and tests import them here)
 
 FORMAT = 2  # run.json "format"; the previous release wrote none (format 1)
 RUN_FILE, DB_FILE, SUMMARY_FILE, CHECKPOINT_FILE = "run.json", "results.db", "summary.json", "checkpoint.pt"
@@ -385,39 +386,6 @@ def read_checkpoint(folder: Path) -> dict:
 
 
 # ---- labels ------------------------------------------------------------------------------
-GPU_VENDOR_WORDS = {"nvidia", "amd", "geforce", "tesla", "quadro", "instinct", "radeon", "intel"}
-CPU_FAMILIES = ("xeon", "epyc", "ryzen", "threadripper", "core", "graviton", "neoverse", "ampere", "apple", "power")
-
-
-def short_gpu(name: str) -> str:
-    """"NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA GeForce RTX 4090" -> "RTX4090", "AMD Instinct MI300X" -> "MI300X"."""
-    words = [w for w in name.replace("(R)", "").split() if w.lower() not in GPU_VENDOR_WORDS]
-    if not words:
-        return "GPU"
-    if words[0].upper() in ("RTX", "GTX") and len(words) > 1:
-        return words[0] + words[1]
-    return words[0].split("-")[0]
-
-
-def short_cpu(model: str | None) -> str:
-    """"Intel(R) Xeon(R) CPU @ 2.20GHz" -> "Xeon", "AMD EPYC 7B13" -> "EPYC"."""
-    words = (model or "").replace("(R)", "").replace("(TM)", "").replace("(tm)", "").split()
-    for w in words:
-        if w.lower() in CPU_FAMILIES:
-            return w
-    rest = [w for w in words if w.lower() not in ("intel", "amd", "cpu")]
-    return rest[0] if rest else "CPU"
-
-
-def machine_name(env: dict) -> str:
-    """GPU model x GPUs used (one per process) on a GPU run, else cores and CPU family."""
-    gpus = env.get("gpus") or []
-    if gpus and str(env.get("device", "")).startswith("cuda"):
-        return f"{short_gpu(gpus[0].get('name', 'GPU'))}x{env.get('world_size') or 1}"
-    cores = env.get("cpu_affinity") or env.get("cpu_cores_logical")
-    return f"{cores}-core {short_cpu(env.get('cpu_model'))}" if cores else short_cpu(env.get("cpu_model"))
-
-
 def default_label(env: dict, config: dict) -> str:
     """"H100x1 paper bf16", "2-core Xeon cpu fp32": machine, preset, precision."""
     train = config.get("train", {})

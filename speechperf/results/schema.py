@@ -82,7 +82,8 @@ CREATE TABLE IF NOT EXISTS bench_zoo (
     params_m REAL, paper_params_m REAL, unit TEXT,
     samples_per_s REAL, step_s REAL, iters INTEGER, spread_pct REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
     status TEXT,
-    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT
+    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT,
+    precision_note TEXT, tflops REAL, mfu_pct REAL, peak_tflops REAL, peak_source TEXT, mfu_note TEXT
 );
 """
 
@@ -92,7 +93,8 @@ CREATE TABLE IF NOT EXISTS bench_ops (
     iters INTEGER, ms_mid REAL, ms_median REAL, spread_pct REAL, tflops REAL, pct_peak REAL,
     peak_tflops REAL, peak_source TEXT, torch TEXT, libraries TEXT, power_w REAL, joules_per_call REAL, gflops_per_w REAL,
     energy TEXT, status TEXT, measured_peak_tflops REAL, pct_measured_peak REAL, env_json TEXT,
-    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT
+    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT,
+    precision_note TEXT
 );
 """
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speechperf.config import ConfigError, load_platform, platform_names
+from speechperf.telemetry.machine import devices, gpu_count, hardware, instance_type
 
 PURCHASE_KEYS = ("price_usd", "price_gpus_usd", "price_cpus_usd")  # what buying it costs
 HOURLY_KEYS = ("usd_per_hour",)  # what renting it costs
@@ -35,7 +36,6 @@ PAPER_SYSTEMS = ("sys1", "sys2", "sys10")  # the ASR paper's Table 1 machines
 DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")  # when a price was quoted: YYYY, YYYY-MM or YYYY-MM-DD
 READ_TIME = "price_overrides"  # env key set by with_price_overrides (never written to disk)
 WHAT = {"purchase": "a purchase price", "hourly": "an hourly rate"}  # for messages
-AWS_VENDOR = "Amazon EC2"  # DMI sys_vendor of EC2 instances, whose DMI product_name is the instance type
 
 
 @dataclass(frozen=True)
@@ -181,54 +181,12 @@ def presets() -> list[Platform]:
 
 def describe(env: dict) -> Platform:
     """The machine of a recorded environment (``capture_env``), named from its CPU and GPUs; no price."""
-    gpus = env.get("gpus") or []
-    gpu_text = ", ".join(f"{n}x {name}" for name, n in _gpu_models(env).items()) or "no GPU"
-    cpu = env.get("cpu_model") or "unknown CPU"
-    cores = env.get("cpu_cores_logical")
-    memory = env.get("memory_gb")
-    devices = f"{gpu_text}, {cpu}" + (f" ({cores} logical cores)" if cores else "") + (f", {memory:g} GB" if memory else "")
-    name = f"{gpu_text} / {cpu}" if gpus else cpu
-    return Platform(key="detected", name=name, devices=devices, gpus=len(gpus), source="detected")
-
-
-def gpu_count(env: dict) -> tuple[int, str | None]:
-    """GPUs a run used and, when that is not simply the GPUs its machine recorded, why.
-
-    Training puts one process on each GPU (cuda:LOCAL_RANK), so a world larger than the
-    GPUs rank 0's machine recorded spanned several machines: it used ``world_size`` GPUs.
-    """
-    n = len(env.get("gpus") or [])
-    world = env.get("world_size") or 1
-    if n and world > n:
-        return world, f"world_size {world} > the {n} GPUs recorded on rank 0's machine: {world} GPUs, one per process"
-    return n, None
-
-
-def _gpu_models(env: dict) -> dict[str, int]:
-    """{GPU name: how many} of a recorded environment, in recorded order."""
-    names: dict[str, int] = {}
-    for g in env.get("gpus") or []:
-        names[g.get("name", "GPU")] = names.get(g.get("name", "GPU"), 0) + 1
-    return names
+    name, words = devices(env)
+    return Platform(key="detected", name=name, devices=words, gpus=len(env.get("gpus") or []), source="detected")
 
 
 def _norm(s: str) -> str:
     return " ".join(s.casefold().split())
-
-
-def hardware(env: dict) -> str:
-    """The hardware of a recorded environment in words, for messages ("2x NVIDIA L4", a CPU model)."""
-    if env.get("gpus"):
-        return " + ".join(f"{n}x {name}" for name, n in _gpu_models(env).items())
-    instance = _instance_type(env)
-    cpu = env.get("cpu_model") or "unknown CPU"
-    return f"{cpu} ({AWS_VENDOR} {instance})" if instance else cpu
-
-
-def _instance_type(env: dict) -> str | None:
-    """The EC2 instance type a run recorded (DMI), None elsewhere: no other cloud says it locally."""
-    cloud = env.get("cloud_instance") or {}
-    return cloud.get("product") if cloud.get("vendor") == AWS_VENDOR and cloud.get("product") else None
 
 
 def match(env: dict, candidates: list[Platform] | None = None) -> list[Platform]:
@@ -244,7 +202,7 @@ def match(env: dict, candidates: list[Platform] | None = None) -> list[Platform]
         mine = [p for p in candidates if model in {_norm(n) for n in p.gpu_names}]
         exact = [p for p in mine if not p.per_gpu and p.gpus == gpu_count(env)[0]]
         return exact or [p for p in mine if p.per_gpu]
-    instance = _instance_type(env)
+    instance = instance_type(env)
     if instance is None:
         return []
     return [p for p in candidates if not p.gpu_names and instance in p.instance_types]

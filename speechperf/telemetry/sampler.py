@@ -33,6 +33,7 @@ from pathlib import Path
 
 import psutil
 
+from speechperf.telemetry import energy
 from speechperf.telemetry.rapl import DEFAULT_ROOT, RaplCounters
 
 # nvml constants (pynvml's values; a fake driver may leave them out)
@@ -253,17 +254,13 @@ class Sampler:
                "sampler_cpu_s": self._own_cpu, "samples": len(self.samples),
                "periods": achieved_periods(self.samples, self.asked_periods()),
                "rapl_names": self._rapl.names() if self._rapl is not None else {}}
+        for src, (joules, method) in energy.by_source(self.samples).items():  # counter, else integrated power
+            out["energy_j"][src], out["energy_method"][src] = joules, method
         for (src, metric), xs in by.items():
-            if metric in ("power_w", "power_avg_w"):
+            if metric in energy.POWER_METRICS:
                 out["power_w"][src] = _mean(xs)
-                if (src, "energy_j") not in by:
-                    out["energy_j"][src] = _integrate(xs)
-                    out["energy_method"][src] = "integrated-power"
-            elif metric == "energy_j":
-                out["energy_j"][src] = xs[-1].value - xs[0].value  # NVML counts since driver load, RAPL from 0
-                out["energy_method"][src] = "counter"
-                if src.startswith("rapl:") and xs[-1].t > xs[0].t:
-                    out["power_w"][src] = out["energy_j"][src] / (xs[-1].t - xs[0].t)
+            elif metric == "energy_j" and src.startswith("rapl:") and xs[-1].t > xs[0].t:
+                out["power_w"][src] = out["energy_j"][src] / (xs[-1].t - xs[0].t)
         for g in self._gpus:
             out["gpus"][g.source] = _gpu_summary(by, g)
         return out
@@ -317,10 +314,6 @@ def availability(nvml=None, rapl_root: Path = DEFAULT_ROOT) -> dict:
     rapl = RaplCounters(rapl_root)
     unavailable.update(rapl.unavailable)
     return {"gpus": len(opened[1]) if opened else 0, "rapl_zones": rapl.names(), "unavailable": unavailable}
-
-
-def _integrate(xs: list[Sample]) -> float:
-    return sum((b.t - a.t) * (a.value + b.value) / 2 for a, b in zip(xs, xs[1:]))
 
 
 def _open_nvml(nvml, unavailable: dict, indices: list[int] | None = None):

@@ -47,7 +47,7 @@ from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
 from speechperf.train.schedule import make_scheduler, steps_per_epoch
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
 from speechperf.train.stop import StopSignals, interrupted
-from speechperf.train.warmup import initialize, warm_model
+from speechperf.train.warmup import check_precision, initialize, warm_model
 
 __all__ = ["train", "config_diff", "TrainingDiverged", "RESUME_MODES"]
 
@@ -86,8 +86,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         torch.set_num_threads(tc.threads)
     group = distributed.setup(tc.device, tc.dist_backend, denv)  # checks the launch against the GPUs first
     try:
-        if tc.precision == "fp16" and group.device.type != "cuda":
-            raise ConfigError("train.precision=fp16 needs a CUDA device; use bf16 on CPU")
+        check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
         # rank 0 alone looks at the folder (across machines only its disk holds it) and tells
         # every rank what to do, or the error that stops them all
         plan, feats, error = group.broadcast(_plan(out, cfg, mode, data, world) if rank == 0 else None)
@@ -258,7 +257,8 @@ def _recorder(rank: int, plan: str, out: Path, cfg: RunConfig, prog: Progress, d
         return Recorder(prog, out)
     from speechperf.telemetry.environment import capture_env
 
-    env = {**capture_env(str(device)), "world_size": world, "platform": platform}
+    env = {**capture_env(str(device)), "world_size": world, "platform": platform,
+           "precision_note": check_precision(cfg, device)}
     return RunRecorder.begin(plan, out, cfg, prog, data=data, env=env, splits=splits, init_ms=init_ms, label=label,
                              db_path=db_path, quiet=quiet)
 

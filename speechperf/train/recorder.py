@@ -220,6 +220,7 @@ class RunRecorder(Recorder):
     def finish(self, status: str) -> dict:
         self._stop_sampler()
         summary = self.summary(status)
+        summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
         summary.update(self.flops.summary(self.run.iterations()))  # TFLOPS and MFU over every training step
         self.run.set_status(status)
         self.run.write_summary(summary)  # last: its presence means the run finished

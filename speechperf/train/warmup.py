@@ -87,6 +87,27 @@ def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_precision(cfg, device: torch.device) -> str | None:
+    """Refuse, before anything is written or timed, a ``train.precision`` this device cannot run
+    for the run's model (ConfigError, exit 2: why, and the way out); return the note of one it
+    only emulates ("emulated: no native bf16 on this CPU (AVX2)"), None when it is native.
+
+    Every bf16 path of a run (the step, the warm-up, the evaluations) runs the same model under
+    the same autocast, so this one check covers them all (telemetry/capability.py)."""
+    from speechperf.config import ConfigError
+    from speechperf.telemetry.capability import model_support
+
+    precision = cfg.train.precision
+    if precision == "fp16" and device.type != "cuda":  # its loss scaler is CUDA's
+        raise ConfigError("train.precision=fp16 needs a CUDA device; on a CPU use train.precision=fp32 "
+                          "(or bf16 where this CPU runs it)")
+    can = model_support(cfg.model, device, precision)
+    if not can.runs:
+        raise ConfigError(f"train.precision={precision} cannot train model {cfg.model.name} here: {can.note}; "
+                          "use train.precision=fp32")
+    return can.note
+
+
 def initialize(model: torch.nn.Module, cfg, feats: Path, device: torch.device) -> dict:
     """Warm the decoders the run evaluates with and the model; returns seconds per part."""
     tc = cfg.train

@@ -53,7 +53,38 @@ def test_quick_sweep_rows_and_unsupported_dtype():
     assert len(ok) == 3 and all(r["status"] == "ok" and r["tflops"] > 0 and r["iters"] >= 6 for r in ok)
     assert all(r["threads"] == 1 and r["accumulate"] == "fp32" and r["torch"] for r in ok)
     tf32 = [r for r in rows if r["dtype"] == "tf32"]
-    assert tf32 and all(r["status"].startswith("skipped: tf32") for r in tf32)
+    assert tf32 and all(r["status"] == "unsupported on this CPU: tf32 is a CUDA tensor-core mode" for r in tf32)
+    assert all(r["precision_note"] is None for r in ok)  # fp32 is native
+
+
+def test_an_emulated_dtype_is_flagged_in_its_rows_and_notes(monkeypatch):
+    from speechperf.telemetry import capability as cap
+
+    monkeypatch.setattr(cap, "_real_cpu_flags", lambda: frozenset({"avx", "avx2", "fma", "avx512_bf16"}))
+    monkeypatch.setenv(cap.FORCE_ENV, "avx512_bf16")  # bf16 products run everywhere, natively only with these
+    rows = ops.run_ops("cpu", dtypes=["bf16"], threads=[1], quick=True, iters=1, warmup_seconds=0)
+    assert {(r["status"], r["precision_note"]) for r in rows} == {("ok", "emulated: no native bf16 on this CPU (AVX2)")}
+    assert "bf16 on cpu: emulated: no native bf16 on this CPU (AVX2)" in ops.notes(rows)
+
+
+def test_bench_ops_exits_1_when_nothing_was_measured(monkeypatch, capsys):
+    from speechperf.cli import main
+
+    args = ["bench", "ops", "--quick", "--threads", "1", "--iters", "1", "--json"]
+    assert main(args + ["--dtype", "fp32,tf32"]) == 0
+    capsys.readouterr()
+    assert main(args + ["--dtype", "tf32"]) == 1
+    assert ("bench ops: nothing measured: every one of the 3 rows is unsupported here or skipped: unsupported on "
+            "this CPU: tf32 is a CUDA tensor-core mode") in capsys.readouterr().err
+
+    def broken(*a):
+        raise RuntimeError("could not create a primitive descriptor for a matmul primitive. Run workload with "
+                           "environment variable ONEDNN_VERBOSE=all")
+
+    monkeypatch.setattr(ops, "run_op", broken)
+    assert main(args) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("speechperf: error: bench ops: every one of the 3 rows failed: failed: "
+                                               "could not create a primitive descriptor for a matmul primitive")
 
 
 def test_out_of_memory_gives_a_row_and_the_sweep_continues(monkeypatch):

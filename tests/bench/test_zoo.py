@@ -6,9 +6,11 @@ import torch
 from speechperf.bench import zoo
 from speechperf.errors import SpeechperfError
 from speechperf.tables import write_csv
+from speechperf.telemetry import capability as cap
 
 
 HAVE_TV = importlib.util.find_spec("torchvision") is not None
+AVX512_NO_BF16 = frozenset({"avx", "avx2", "fma"}) | cap.AVX512_CORE
 
 
 @pytest.mark.parametrize("name", ["lstm", "ds2", "transformer"])
@@ -68,9 +70,58 @@ def test_table8_layout_and_csv(tmp_path):
     assert text[0].startswith("device,model,batch,unit,status,PERF_fp32") and len(text) == 3
 
 
-def test_mixed_precision_row_beside_fp32():
-    rows = zoo.run_zoo(models=["lstm"], batches=[2], precisions=["fp32", "amp"], iters=1, warmup=0)
-    assert [(r["precision"], r["status"]) for r in rows] == [("fp32", "ok"), ("amp", "ok")]
+NO_BF16_LSTM = "unsupported on this CPU: torch's oneDNN LSTM has no bf16 kernel without AVX-512 (this CPU: AVX2)"
+ONEDNN_LSTM = "could not create a primitive descriptor for the LSTM forward propagation primitive"
+
+
+def test_mixed_precision_row_beside_fp32_where_the_cpu_has_no_bf16_lstm(monkeypatch):
+    """A CPU without AVX-512 (forced, so on any CPU): the bf16 row says why, in words, and is not tried."""
+    monkeypatch.setenv(cap.FORCE_ENV, "avx512f")
+    real, tried = zoo.measure, []
+    monkeypatch.setattr(zoo, "measure", lambda *a: tried.append(a[3]) or real(*a))
+    rows = zoo.run_zoo(models=["lstm"], batches=[2], precisions=["fp32", "amp"], iters=1, warmup=0, progress=False)
+    assert [(r["precision"], r["status"]) for r in rows] == [("fp32", "ok"), ("amp", NO_BF16_LSTM)]
+    assert tried == ["fp32"] and rows[1]["samples_per_s"] is None and rows[1]["precision_note"] is None
+    assert f"not measured: lstm batch 2 amp: {NO_BF16_LSTM}" in zoo.notes(rows)
+    assert zoo.table8(rows)[0]["status"] == f"amp: {NO_BF16_LSTM}"
+
+
+def test_mixed_precision_row_beside_fp32_where_the_cpu_emulates_bf16(monkeypatch):
+    """A CPU with AVX-512 but no bf16 units (forced): the bf16 row is measured and flagged. On a
+    CPU that really lacks AVX-512 oneDNN then refuses the LSTM: the row says so in whole words."""
+    monkeypatch.setattr(cap, "_real_cpu_flags", lambda: AVX512_NO_BF16)
+    really_runs = cap.probe("lstm", "bf16") is None
+    monkeypatch.setattr(cap, "probe", lambda kernel, dtype: None)
+    rows = zoo.run_zoo(models=["lstm"], batches=[2], precisions=["fp32", "amp"], iters=1, warmup=0, progress=False)
+    fp32, amp = rows
+    assert (fp32["status"], fp32["precision_note"]) == ("ok", None)
+    assert amp["precision_note"] == "emulated: no native bf16 on this CPU (AVX-512)"
+    if really_runs:
+        assert amp["status"] == "ok" and amp["samples_per_s"] > 0
+        assert "amp on cpu: emulated: no native bf16 on this CPU (AVX-512)" in zoo.notes(rows)
+    else:
+        assert amp["status"] == f"failed: {ONEDNN_LSTM}"
+
+
+def test_bench_zoo_exit_status_names_the_cause(monkeypatch, capsys):
+    from speechperf.cli import main
+
+    monkeypatch.setenv(cap.FORCE_ENV, "avx512f")
+    args = ["bench", "zoo", "--models", "lstm", "--batch", "2", "--iters", "1", "--warmup", "0", "--json"]
+    assert main(args + ["--precision", "fp32,amp"]) == 0  # one row measured: unsupported rows are no failure
+    capsys.readouterr()
+    assert main(args + ["--precision", "amp"]) == 1
+    err = capsys.readouterr().err
+    assert f"bench zoo: nothing measured: every one of the 1 rows is unsupported here or skipped: {NO_BF16_LSTM}" in err
+
+    def broken(*a):
+        raise RuntimeError(ONEDNN_LSTM + ". Run workload with environment variable ONEDNN_VERBOSE=all to get "
+                           "additional diagnostic information.")
+
+    monkeypatch.setattr(zoo, "measure", broken)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"speechperf: error: bench zoo: every one of the 1 rows failed: failed: {ONEDNN_LSTM}"
 
 
 def test_cli_bench_zoo_writes_table8_csv(tmp_path, capsys):
@@ -130,3 +181,60 @@ def test_an_interrupted_zoo_sweep_keeps_the_rows_it_measured(tmp_path, monkeypat
         rows = db.query("SELECT model, batch, status, samples_per_s, iters FROM bench_zoo")
     assert [(r["model"], r["batch"], r["status"], r["iters"]) for r in rows] == [("lstm", 2, "ok", 1)]
     assert (tmp_path / "bench_zoo_table8.csv").read_text().count("lstm") == 1  # the Table 8 CSV of what was measured
+
+
+def test_every_registered_acoustic_model_has_a_row_through_the_contract(monkeypatch):
+    """Rows for ds2, dnn, cldnn, conformer and any model registered later, with no zoo code of
+    its own; bf16 on a CPU without AVX-512 and without bf16 units (forced, so on any CPU):
+    refused for DS2's oneDNN LSTM, measured and flagged as emulated for the others."""
+    from speechperf.bench import acoustic
+    from speechperf.config import load_preset
+    from speechperf.models import MODELS, model_config
+
+    monkeypatch.setattr(acoustic, "FRAMES", (24, 40))  # seconds on 2 cores, not minutes
+    monkeypatch.setattr(acoustic, "config", lambda name: load_preset("tiny").model if name == "ds2"
+                        else model_config({"name": name}))
+    monkeypatch.setenv(cap.FORCE_ENV, "avx512f,avx512_bf16,amx_bf16")
+    names = MODELS.names()
+    assert {"ds2", "dnn", "cldnn"} <= set(names) and set(names) <= set(zoo.ZOO)
+    rows = zoo.run_zoo(models=names, batches=[1], precisions=["fp32", "amp"], iters=1, warmup=0, progress=False)
+    by = {(r["model"], r["precision"]): r for r in rows}
+    assert all(by[(n, "fp32")]["status"] == "ok" and by[(n, "fp32")]["samples_per_s"] > 0 for n in names)
+    assert all(r["unit"] == "utterances" and r["params_m"] > 0 for r in rows)
+    assert by[("ds2", "amp")]["status"] == NO_BF16_LSTM
+    for n in set(names) - {"ds2"}:
+        assert (by[(n, "amp")]["status"], by[(n, "amp")]["precision_note"]) == \
+            ("ok", "emulated: no native bf16 on this CPU (AVX2)"), n
+
+
+def test_acoustic_rows_carry_mfu_beside_samples_per_s(monkeypatch):
+    """The MFU columns of an acoustic row: the batch's model FLOPs (the MFU module's FLOP
+    model at the row's exact lengths) over the measured step time, against its peak."""
+    import importlib.util
+    import sys
+    import types
+
+    from speechperf.bench import acoustic
+    from speechperf.config import load_preset
+
+    monkeypatch.setattr(acoustic, "config", lambda name: load_preset("tiny").model)
+    row = zoo.run_zoo(models=["ds2"], batches=[3], iters=1, warmup=0, progress=False)[0]
+    if importlib.util.find_spec("speechperf.metrics.mfu") is None:
+        assert row["mfu_pct"] is None and row["mfu_note"].startswith("not computed: speechperf.metrics.mfu")
+    fitted, seen = [], []
+
+    class Flops:
+        def batch(self, lens):
+            seen.append(lens.tolist())
+            return 1e9 * float(lens.sum())
+
+    fake = types.ModuleType("speechperf.metrics.mfu")
+    fake.flop_model = lambda cfg: fitted.append(cfg.name) or Flops()
+    fake.zoo_mfu = lambda flops, step_s, dev, precision: {"tflops": flops / step_s / 1e12, "peak_tflops": 2.0,
+                                                          "mfu_pct": 50 * flops / step_s / 1e12, "peak_source": precision}
+    monkeypatch.setitem(sys.modules, "speechperf.metrics.mfu", fake)
+    rows = zoo.run_zoo(models=["ds2"], batches=[3, 2], iters=1, warmup=0, progress=False)
+    assert fitted == ["ds2"] and seen == [[400, 250, 100], [400, 100]]  # fitted once; the batches' own lengths
+    for r, frames in zip(rows, (750, 500)):
+        assert r["mfu_pct"] == pytest.approx(50 * 1e9 * frames / r["step_s"] / 1e12) and r["peak_source"] == "fp32"
+    assert "MFU (fp32): peak fp32" in zoo.notes(rows)

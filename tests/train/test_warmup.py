@@ -1,6 +1,7 @@
 """The warm-up before the TTA clock leaves the model and the random streams as they were."""
 import dataclasses
 
+import pytest
 import torch
 
 from speechperf.config import load_preset
@@ -27,3 +28,42 @@ def test_warm_shape_is_the_training_shape_for_padded_gpu_batches():
     assert warm_shape(cfg, torch.device("cpu")) == (2, WARM_FRAMES)
     bucketed = dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, mode="bucket"))
     assert warm_shape(bucketed, torch.device("cuda")) == (2, WARM_FRAMES)
+
+
+def test_a_precision_the_cpu_cannot_run_is_refused_with_the_way_out(monkeypatch):
+    from speechperf.config import ConfigError
+    from speechperf.telemetry import capability as cap
+    from speechperf.train.warmup import check_precision
+
+    monkeypatch.setenv(cap.FORCE_ENV, "avx512f")  # any CPU behaves as one without AVX-512
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigError) as e:
+        check_precision(load_preset("tiny", ["precision=bf16"]), cpu)
+    assert str(e.value) == ("train.precision=bf16 cannot train model ds2 here: unsupported on this CPU: torch's oneDNN "
+                            "LSTM has no bf16 kernel without AVX-512 (this CPU: AVX2); use train.precision=fp32")
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
+        check_precision(load_preset("tiny", ["precision=fp16"]), cpu)
+    assert check_precision(load_preset("tiny"), cpu) is None
+
+
+def test_an_emulated_precision_is_named(monkeypatch):
+    from speechperf.telemetry import capability as cap
+    from speechperf.train.warmup import check_precision
+
+    monkeypatch.setattr(cap, "_real_cpu_flags", lambda: frozenset({"avx2", "fma"}) | cap.AVX512_CORE)
+    monkeypatch.setattr(cap, "probe", lambda kernel, dtype: None)  # as a CPU with AVX-512 answers
+    note = check_precision(load_preset("tiny", ["precision=bf16"]), torch.device("cpu"))
+    assert note == "emulated: no native bf16 on this CPU (AVX-512)"
+
+
+def test_train_refuses_before_writing_anything(monkeypatch, tmp_path, capsys):
+    from speechperf.cli import main
+    from speechperf.telemetry import capability as cap
+
+    monkeypatch.setenv(cap.FORCE_ENV, "avx512f")
+    code = main(["train", "--preset", "tiny", "--data", str(tmp_path / "feats"), "--out", str(tmp_path / "run"),
+                 "train.precision=bf16"])
+    assert code == 2 and not (tmp_path / "run").exists()
+    err = capsys.readouterr().err
+    assert "unsupported on this CPU: torch's oneDNN LSTM has no bf16 kernel without AVX-512" in err
+    assert "use train.precision=fp32" in err

@@ -1,0 +1,26 @@
+"""A precision the CPU only emulates is trained, and said so in the run's env.json,
+summary.json and the report's runs table (bf16 units forced off, so on any CPU)."""
+import json
+
+from speechperf.cli import main
+from speechperf.telemetry import capability as cap
+
+EMULATED = "emulated: no native bf16 on this CPU (AVX2)"
+
+
+def test_an_emulated_precision_is_flagged_in_env_summary_and_report(tiny_features, tmp_path, monkeypatch, capsys):
+    from speechperf.report.runs import load_run
+    from speechperf.report.run_sections import runs_section
+    from speechperf.report.sections import Context
+    from speechperf.results.run import Run
+
+    monkeypatch.setenv(cap.FORCE_ENV, "avx512f,avx512_bf16,amx_bf16")
+    run = tmp_path / "run"
+    code = main(["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(run), "--json", "threads=1",
+                 "max_epochs=1", "model.name=dnn", "model.hidden=32", "model.layers=2", "train.precision=bf16"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((run / "summary.json").read_text())["precision_note"] == EMULATED
+    assert json.loads((run / "env.json").read_text())["precision_note"] == EMULATED
+    with Run.open(run) as r:
+        table = runs_section(Context([load_run(r)], tmp_path, None)).blocks[0]
+    assert [(row["precision"], row["precision note"]) for row in table.rows] == [("bf16", EMULATED)]
