@@ -61,7 +61,7 @@ def power_section(ctx: Context) -> Section:
                       "reading), CPU package and DRAM from RAPL energy counters (solid)."),
               Table("energy.csv", energy, "no run measured power or energy (no NVML GPU, no readable RAPL counter); "
                                           "nothing is estimated from TDP"),
-              Table("unavailable.csv", missing, "every power source was available")]
+              Table("unavailable.csv", missing) if missing else Note("Every power source was available.")]
     if not_recorded:
         blocks.append(Note(f"Runs that did not record which sources were available: {', '.join(not_recorded)}."))
     return Section("Power and energy", blocks)
@@ -110,6 +110,16 @@ def runs_section(ctx: Context) -> Section:
     return Section("Runs and machines", [Table("runs.csv", rows)])
 
 
+# Utilization metrics the sampler writes (telemetry/sampler.py) and their units. CPU: % of
+# the whole machine (the paper's unit) and % of one core; ``util_pct`` is a GPU's, or the
+# CPU's in % of one core in runs recorded before the CPU had two labelled series.
+UTIL_UNITS = {"util_machine_pct": "% of the machine", "util_core_pct": "% of one core", "util_pct": "% of the GPU"}
+
+
+def util_unit(source: str, metric: str) -> str:
+    return "% of one core" if source == "cpu" and metric == "util_pct" else UTIL_UNITS[metric]
+
+
 @register_section("throughput", 35)
 def throughput_table_section(ctx: Context) -> Section:
     rows = []
@@ -123,14 +133,13 @@ def throughput_table_section(ctx: Context) -> Section:
                          "training clock min": its[-1]["clock_s"] / 60})
     util = []
     for r in ctx.runs:
-        by_source: dict[str, list[float]] = {}
+        by_series: dict[tuple[str, str], list[float]] = {}
         for s in r["samples"]:
-            if s["metric"] == "util_pct":
-                by_source.setdefault(s["source"], []).append(s["value"])
-        for source, values in sorted(by_source.items()):
-            util.append({"run": r["label"], "source": source, "samples": len(values),
-                         "mean %": statistics.mean(values), "max %": max(values),
-                         "unit": "% of one core" if source == "cpu" else "% of the GPU"})
+            if s["metric"] in UTIL_UNITS:
+                by_series.setdefault((s["source"], s["metric"]), []).append(s["value"])
+        for (source, metric), values in sorted(by_series.items()):
+            util.append({"run": r["label"], "source": source, "metric": metric, "samples": len(values),
+                         "mean %": statistics.mean(values), "max %": max(values), "unit": util_unit(source, metric)})
     return Section("Throughput and utilization side by side", [
         Table("throughput.csv", rows, "no training iterations recorded"),
         Table("utilization.csv", util, "no utilization samples recorded")])
