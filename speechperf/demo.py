@@ -10,7 +10,6 @@ when complete, an interrupted run is resumed, a finished run is reported again a
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -55,16 +54,15 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     if preset is None:
         preset, why = pick_preset()
         say(f"preset {preset!r} ({why}; --preset overrides)")
-    load_preset(preset, overrides)  # fail on a bad preset before minutes of synthesis
+    load_preset(preset, overrides)  # fail on a bad preset, or a damaged run folder, before minutes of synthesis
+    run = out / "run"
+    status = _finished_status(run)
     t0 = time.perf_counter()
     say(f"corpus -> {out / 'corpus'}")
     synthesize(out / "corpus", hours=hours or PRESET_HOURS.get(preset, DEFAULT_HOURS), seed=1, progress=not quiet)
     say(f"features -> {out / 'features'} ({time.perf_counter() - t0:.0f} s so far)")
     prepare(out / "corpus", out / "features", progress=not quiet)
-    run = out / "run"
-    summary_path = run / "summary.json"
-    status = json.loads(summary_path.read_text()).get("status", "") if summary_path.exists() else None
-    if status is not None and not status.startswith("failed"):  # a failed run continues (Run.finished)
+    if status is not None:
         say(f"{run} already finished ({status}); delete it to train anew")
     else:
         say(f"{'resuming' if (run / 'checkpoint.pt').exists() else 'training'} preset {preset!r} -> {run} "
@@ -74,6 +72,17 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     _report(run, out / "report", say)
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
     return tta_table([run], metric="cer", targets=CER_TARGETS) + tta_table([run], metric="wer", targets=WER_TARGETS)
+
+
+def _finished_status(run: Path) -> str | None:
+    """The status of a finished run in ``run`` (None: none there, or one to continue); a
+    damaged run folder is refused by name (Run reads every JSON file it holds)."""
+    from speechperf.results.run import Run
+
+    if not Run.exists(run):
+        return None
+    with Run.open(run) as r:
+        return str(r.summary().get("status", "")) if r.finished else None
 
 
 def _beam_sweep(run: Path, say) -> None:
