@@ -21,6 +21,7 @@ error says how to bring it in.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -210,6 +211,14 @@ class Run:
                 raise RunError(f"run {self.label_hint} ({self.folder}): {name} is missing")
             cache[name] = read_json(path)
         return cache[name]
+
+    @property
+    def workload(self) -> dict:
+        """{"model": name, "params": count}: :func:`workload` of the run's configuration (the
+        folder's config.json, or the database row's for a folder without one)."""
+        if (self.folder / "config.json").is_file():
+            return workload(self.config)
+        return workload(json.loads(self.row()["config_json"] or "{}"))
 
     @property
     def label_hint(self) -> str:
@@ -470,6 +479,55 @@ def default_label(env: dict, config: dict) -> str:
     train = config.get("train", {})
     parts = [machine_name(env), config.get("preset") or config.get("algo"), train.get("precision") or config.get("model")]
     return " ".join(str(p) for p in parts if p)
+
+
+UNRECORDED = "model not recorded"  # a config.json without a model section (runs written by hand, old tests)
+
+
+def workload(config: dict) -> dict:
+    """{"model": name, "params": count} of the model a run's configuration (config.json) trains:
+    the run's workload. Runs of different workloads are different jobs, never ranked as one."""
+    model = config.get("model")
+    if not isinstance(model, dict):
+        return {"model": UNRECORDED, "params": None}
+    return dict(_describe(json.dumps(model, sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=64)
+def _describe(model_json: str) -> tuple:
+    """Model name and parameter count of a model config dict (JSON), built on the meta device
+    (no memory, no initialization); params None where this release cannot build it."""
+    import dataclasses
+
+    import torch
+
+    from speechperf.models import build_model
+    from speechperf.models.config import ModelConfig
+
+    model = json.loads(model_json)
+    name = model.get("name", "ds2")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    try:
+        with torch.device("meta"):
+            params = sum(p.numel() for p in build_model(ModelConfig(**{k: v for k, v in model.items() if k in known}))
+                         .parameters())
+    except (SpeechperfError, TypeError, ValueError, AttributeError):
+        params = None  # a model of another release, or one this release cannot build from its config
+    return (("model", name), ("params", params))
+
+
+def workload_label(w: dict) -> str:
+    """"ds2, 2.31 M params": the workload beside a run's label in every table and figure."""
+    return w["model"] if w.get("params") is None else f"{w['model']}, {w['params'] / 1e6:.3g} M params"
+
+
+def by_workload(items: list, workload_of) -> dict[str, list]:
+    """``items`` grouped by :func:`workload_label` of ``workload_of(item)``, in order of first
+    appearance: the groups that TTA tables rank within (never across)."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(workload_label(workload_of(item)), []).append(item)
+    return groups
 
 
 def unique_labels(runs: list[Run]) -> list[str]:
