@@ -98,9 +98,25 @@ def test_no_section_says_not_measured_beside_data_the_runs_hold(full_page):
         assert word not in page, word
 
 
+def _csv(page, name):
+    with open(page.parent / name, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_cells_the_runs_hold_are_filled(full_page):
+    """Beyond whole blocks: the cells computed from the runs' rows are not left empty."""
+    for r in _csv(full_page, "price.csv"):
+        if r["run"].startswith("seed"):
+            assert r["TTA min"] == "3.0" and float(r["energy to accuracy kWh"]) > 0 and r["workload"], r
+    energy = {(r["run"].split()[0], r["source"]): r["method"] for r in _csv(full_page, "energy.csv")}
+    assert energy == {(f"seed{s}", src): how for s in (1, 2) for src, how in
+                      (("gpu0", "counter"), ("gpu1", "integrated-power"), ("rapl:intel-rapl:0", "counter"))}
+    assert all(r["workload"].startswith("ds2, ") for name in ("tta.csv", "runs.csv", "throughput.csv")
+               for r in _csv(full_page, name))
+
+
 def test_utilization_table_has_every_utilization_series(full_page):
-    with open(full_page.parent / "utilization.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = _csv(full_page, "utilization.csv")
     series = {(r["run"].split(" ")[0], r["source"], r["metric"]): r for r in rows}
     assert {(s, m) for _, s, m in series} == {("cpu", "util_machine_pct"), ("cpu", "util_core_pct"),
                                              ("gpu0", "util_pct"), ("gpu1", "util_pct")}
