@@ -36,10 +36,9 @@ class Registry:
 
 
 def _decoders():
-    from speechperf.decode import DECODERS, _load_builtin
+    from speechperf.decode import DECODERS
 
-    _load_builtin()
-    return DECODERS
+    return DECODERS.names()
 
 
 def _zoo_models():

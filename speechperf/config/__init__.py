@@ -1,8 +1,10 @@
 """Named presets: TOML files in ``presets/`` that fill the frozen stage configs.
 
 A preset has sections ``[model]``, ``[loader]`` and ``[train]`` whose keys are fields of
-ModelConfig, LoaderConfig and TrainConfig; unknown keys are errors, missing keys keep the
-dataclass default. Command-line overrides are ``key=value`` or ``section.key=value``.
+the model's own config (``[model] name`` picks the model; default ``ds2``), LoaderConfig
+and TrainConfig; unknown keys are errors, missing keys keep the dataclass default.
+Command-line overrides are ``key=value`` or ``section.key=value``; ``model.name=X``
+switches the model first (to X's defaults), so the other model fields are read as X's.
 """
 from __future__ import annotations
 
@@ -15,12 +17,20 @@ from pathlib import Path
 from speechperf.data.config import LoaderConfig
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
-from speechperf.models.config import ModelConfig
+from speechperf.models import config_class
+from speechperf.models.ds2 import DS2Config
 from speechperf.train.config import DIST_BACKENDS, TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
-SECTIONS = {"model": ModelConfig, "loader": LoaderConfig, "train": TrainConfig}
+SECTIONS = {"model": DS2Config, "loader": LoaderConfig, "train": TrainConfig}  # model: the default model's
+
+
+def section_kind(section: str, data: dict):
+    """The dataclass of ``section`` in the preset ``data``: the model's depends on its name."""
+    if section == "model":
+        return config_class(data.get("model", {}).get("name", "ds2"))
+    return SECTIONS[section]
 
 
 class ConfigError(SpeechperfError, ValueError):
@@ -32,7 +42,7 @@ class RunConfig:
     """Everything that defines a training run; stored in every checkpoint and result."""
 
     preset: str = "custom"  # name of the preset this was built from
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: object = field(default_factory=DS2Config)  # the config of the model [model] name selects
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -43,7 +53,7 @@ class RunConfig:
     def from_dict(cls, d: dict) -> "RunConfig":
         return cls(
             preset=d.get("preset", "custom"),
-            **{name: _build(kind, d.get(name, {}), name) for name, kind in SECTIONS.items()},
+            **{name: build_section(section_kind(name, d), d.get(name, {}), name) for name in SECTIONS},
         )
 
 
@@ -81,7 +91,8 @@ def load_preset(name: str, overrides: list[str] | tuple[str, ...] = (), platform
     path, data = _read_toml(name, PRESET_DIR, "preset", set(SECTIONS))
     if platform:
         data.setdefault("loader", {}).update(load_platform(platform).get("loader", {}))
-    for item in overrides:
+    # the model's name first: the other model fields are then that model's
+    for item in sorted(overrides, key=lambda item: item.split("=", 1)[0] not in ("model.name", "name")):
         _apply_override(data, item)
     cfg = RunConfig.from_dict({"preset": path.stem, **data})
     validate(cfg)
@@ -97,14 +108,18 @@ def _apply_override(data: dict, item: str) -> None:
         if section not in SECTIONS:
             raise ConfigError(f"override {item!r}: unknown section {section!r}")
     else:
-        owners = [s for s, kind in SECTIONS.items() if name_in(kind, key)]
+        owners = [s for s in SECTIONS if name_in(section_kind(s, data), key)]
         if len(owners) != 1:
             raise ConfigError(f"override {item!r}: field {key!r} is in {owners or 'no section'}; write section.{key}")
         section, name = owners[0], key
-    kind = SECTIONS[section]
+    kind = section_kind(section, data)
     if not name_in(kind, name):
         raise ConfigError(f"override {item!r}: {section} has no field {name!r}")
-    data.setdefault(section, {})[name] = _parse(kind, name, raw, item)
+    value = _parse(kind, name, raw, item)
+    if (section, name) == ("model", "name") and value != data.get("model", {}).get("name", "ds2"):
+        config_class(value)  # an unknown model is named here
+        data["model"] = {}  # the preset's model fields are its own model's: another starts from its defaults
+    data.setdefault(section, {})[name] = value
 
 
 def name_in(kind, name: str) -> bool:
@@ -123,7 +138,7 @@ def _parse(kind, name: str, raw: str, item: str):
         raise ConfigError(f"override {item!r}: {raw!r} is not a {type(default).__name__}") from None
 
 
-def _build(kind, values: dict, section: str):
+def build_section(kind, values: dict, section: str):
     names = {f.name for f in dataclasses.fields(kind)}
     unknown = set(values) - names
     if unknown:
@@ -144,17 +159,16 @@ def validate(cfg: RunConfig) -> None:
     infinite learning rate skips every step, a batch of 0 never steps) is bad input (exit
     2), not a "successful" run of broken weights.
     """
-    for name, kind in SECTIONS.items():  # inf and nan pass every comparison below or fail it silently
+    for name in SECTIONS:  # inf and nan pass every comparison below or fail it silently
         section = getattr(cfg, name)
-        for f in dataclasses.fields(kind):
+        for f in dataclasses.fields(section):
             value = getattr(section, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{name}.{f.name}={value} must be a finite number")
-    m, lo, t = cfg.model, cfg.loader, cfg.train
+    for problem in cfg.model.problems():
+        raise ConfigError(problem)
+    lo, t = cfg.loader, cfg.train
     checks = [
-        (m.conv_channels > 0 and m.lstm_layers > 0 and m.lstm_hidden > 0, "model sizes must be positive"),
-        (0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} not in [0, 1)"),
-        (m.conv_kernel >= 1 and m.conv_stride >= 1, "model.conv_kernel and conv_stride must be >= 1"),
         (lo.batch_size >= 1, f"loader.batch_size={lo.batch_size} must be >= 1"),
         (lo.readers >= 0, f"loader.readers={lo.readers} must be >= 0"),
         (lo.prefetch_batches >= 1, f"loader.prefetch_batches={lo.prefetch_batches} must be >= 1"),

@@ -23,6 +23,12 @@ AUDIO_EXTENSIONS = (".flac", ".wav")
 _ID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 
 
+def is_train_split(name: str) -> bool:
+    """LibriSpeech's training splits (train-clean-100, train-clean-360, train-other-500) are
+    trained together: any split named ``train*``."""
+    return name.startswith("train")
+
+
 class AudioError(SpeechperfError):
     """An audio file cannot be used; ``kind`` says why."""
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from speechperf.corpus.librispeech import is_train_split
 from speechperf.errors import SpeechperfError
 from speechperf.features.shards import ShardError, load_index, repair_command
 
@@ -48,7 +49,7 @@ def verify_splits(feats: Path, train: list[str] | None = None, valid: str = "dev
     if not (feats / "features.json").exists():
         raise SplitError(f"{feats} is not a prepared features folder (no features.json); run speechperf prepare")
     if train is None:
-        train = _found_train(feats)
+        train = train_splits_of(feats)
         if not train:
             raise SplitError(f"{feats} has no prepared train-* split")
     if not train:
@@ -93,8 +94,10 @@ def _prepared(feats: Path) -> set[str]:
     return names
 
 
-def _found_train(feats: Path) -> list[str]:
-    return sorted(s for s in _prepared(feats) if s.startswith("train"))
+def train_splits_of(feats: Path) -> list[str]:
+    """The training splits of a features folder: every prepared ``train*`` split (a folder,
+    or one that ``prepare.json``/``stats.json`` list, so that a vanished one is missing)."""
+    return sorted(s for s in _prepared(Path(feats)) if is_train_split(s))
 
 
 def _verify_index(feats: Path, split: str, role: str) -> dict:

@@ -8,17 +8,15 @@ when flashlight-text is installed, ``flashlight`` (its lexicon decoder with KenL
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
-
 import numpy as np
 
 from speechperf.errors import SpeechperfError
+from speechperf.registry import Registry
 
-DECODERS: dict[str, Callable[..., object]] = {}
+DECODERS = Registry("decoder", [f"speechperf.decode.{m}" for m in ("greedy", "beam", "wordbeam", "flashlight")])
 # Scheidl's four word beam search modes (here, not in wordbeam.py, so configs and the CLI can
 # name them without importing numba)
 WORDBEAM_MODES = ("words", "ngrams", "ngrams_forecast", "ngrams_forecast_sample")
-_BUILTIN = ("greedy", "beam", "wordbeam", "flashlight")
 
 
 class DecodeError(SpeechperfError, ValueError):
@@ -27,14 +25,7 @@ class DecodeError(SpeechperfError, ValueError):
 
 def register_decoder(name: str):
     """Decorator: register a factory ``f(beam=..., features=..., lm=..., **kw) -> decoder``."""
-
-    def deco(factory):
-        if name in DECODERS:
-            raise ValueError(f"decoder {name!r} registered twice")
-        DECODERS[name] = factory
-        return factory
-
-    return deco
+    return DECODERS.register(name)
 
 
 def check_log_probs(log_probs: np.ndarray, classes: int = 30) -> None:
@@ -55,24 +46,11 @@ def get_decoder(name: str, beam: int = 1, features: Path | None = None, lm=None,
     stored beside the prepared ``features`` folder is loaded (built first if missing).
     ``mode``: the word beam search mode (wordbeam only).
     """
-    _load_builtin()
-    if name not in DECODERS:
-        raise SpeechperfError(f"unknown decoder {name!r}; known: {', '.join(sorted(DECODERS))}")
+    factory = DECODERS.lookup(name)
     if not isinstance(beam, (int, np.integer)) or beam < 1:
         raise DecodeError(f"beam width must be an integer >= 1, got {beam!r}")
     if lm is not None:
         kw["lm"] = lm
     if mode is not None:
         kw["mode"] = mode
-    return DECODERS[name](beam=int(beam), features=features, **kw)
-
-
-def _load_builtin() -> None:
-    import importlib
-
-    for mod in _BUILTIN:
-        try:
-            importlib.import_module(f"speechperf.decode.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"speechperf.decode.{mod}":
-                raise
+    return factory(beam=int(beam), features=features, **kw)

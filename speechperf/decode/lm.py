@@ -91,8 +91,9 @@ def build_lm_for_features(features: Path, split: str | None = None) -> dict:
     features = Path(features)
     if not features.is_dir():
         raise LMError(f"{features} is not a prepared features folder (speechperf prepare writes one)")
-    splits = [split] if split else sorted(p.name for p in features.iterdir()
-                                          if p.name.startswith("train") and (p / "index.json").exists())
+    from speechperf.data.check import train_splits_of
+
+    splits = [split] if split else train_splits_of(features)
     if not splits:
         raise LMError(f"no prepared train-* split under {features}")
     try:

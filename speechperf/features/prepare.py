@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from speechperf.corpus.librispeech import AudioError, Problem, Utterance, find_splits, read_audio, scan_split
+from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_splits, is_train_split, read_audio,
+                                          scan_split)
 from speechperf.errors import SpeechperfError
 from speechperf.features.config import FeatureConfig
 from speechperf.features.shards import ShardError, file_sha256, load_index, shard_name, write_json, write_shard
@@ -39,7 +40,7 @@ def prepare(corpus: Path, out: Path, splits: list[str] | None = None, workers: i
     rows, t0 = [], time.perf_counter()
     for split in splits:
         rows.append(_prepare_split(corpus, out, split, workers or os.cpu_count() or 1, progress, config))
-    _write_stats(out, [r["split"] for r in rows if r["split"].startswith("train")])
+    _write_stats(out, [r["split"] for r in rows if is_train_split(r["split"])])
     problems = {r["split"]: load_index(out / r["split"])["problems"] for r in rows}
     rebuilt = {r["split"]: r.pop("rebuilt") for r in rows if r.get("rebuilt")}
     write_json(out / "prepare.json", {"corpus": str(corpus), "seconds": time.perf_counter() - t0, "splits": rows,

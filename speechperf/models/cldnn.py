@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from speechperf.features.fbank import with_deltas
 from speechperf.models import register_model
+from speechperf.models.contract import AcousticModel
 
 
 @dataclass(frozen=True)
@@ -21,19 +22,32 @@ class CLDNNConfig:
     conv_time: int = 3  # kernel extent in frames ('same' padding in time)
     conv_freq: int = 9  # kernel extent in bands (valid in frequency)
     pool_freq: int = 3  # max-pooling over frequency
-    lstm_layers: int = 2
-    lstm_cells: int = 1024
+    lstm_layers: int = 2  # stacked LSTMP layers
+    lstm_cells: int = 1024  # cells per LSTM layer
     lstm_proj: int = 512  # projection of each LSTM's output (LSTMP)
-    dnn_layers: int = 2
-    dnn_hidden: int = 1024
-    num_classes: int = 30
+    dnn_layers: int = 2  # fully connected ReLU layers after the LSTMs
+    dnn_hidden: int = 1024  # units per DNN layer
+    num_classes: int = 30  # CTC outputs incl. blank
 
     @property
     def conv_out(self) -> int:
         return self.conv_maps * ((self.input_dim - self.conv_freq + 1) // self.pool_freq)
 
+    def problems(self) -> list[str]:
+        sizes = ("input_dim", "conv_maps", "conv_time", "conv_freq", "pool_freq", "lstm_layers", "lstm_cells",
+                 "lstm_proj", "dnn_hidden", "num_classes")
+        out = [f"model.{k}={getattr(self, k)} must be >= 1" for k in sizes if getattr(self, k) < 1]
+        if self.conv_time % 2 == 0:
+            out.append(f"model.conv_time={self.conv_time} must be odd ('same' padding in time)")
+        if not out and self.conv_out < 1:
+            out.append(f"model.conv_freq={self.conv_freq} and pool_freq={self.pool_freq} leave no bands of "
+                       f"input_dim={self.input_dim}")
+        if not 0 < self.lstm_proj < self.lstm_cells:
+            out.append(f"model.lstm_proj={self.lstm_proj} must be in [1, lstm_cells={self.lstm_cells})")
+        return out
 
-class CLDNN(nn.Module):
+
+class CLDNN(AcousticModel):
     def __init__(self, cfg: CLDNNConfig):
         super().__init__()
         self.cfg = cfg
@@ -43,6 +57,9 @@ class CLDNN(nn.Module):
         dims = [cfg.lstm_proj] + [cfg.dnn_hidden] * cfg.dnn_layers
         self.dnn = nn.Sequential(*[m for a, b in zip(dims, dims[1:]) for m in (nn.Linear(a, b), nn.ReLU())])
         self.out = nn.Linear(dims[-1], cfg.num_classes)
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        return lengths  # one output per 10 ms frame
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor):
         """x: (B, T, F >= input_dim) -> log-probs (T, B, C), lengths (B,)."""
@@ -65,6 +82,6 @@ def cldnn_parameter_count(cfg: CLDNNConfig) -> int:
     return conv + lstm + sum(a * b + b for a, b in zip(dims, dims[1:]))
 
 
-@register_model("cldnn")
+@register_model("cldnn", CLDNNConfig)
 def build_cldnn(cfg: CLDNNConfig) -> nn.Module:
     return CLDNN(cfg)

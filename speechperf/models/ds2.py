@@ -16,13 +16,37 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from speechperf.errors import SpeechperfError
+from dataclasses import dataclass
+
 from speechperf.models import register_model
-from speechperf.models.config import ModelConfig
+from speechperf.models.contract import AcousticModel, TooShortError
+
+__all__ = ["DS2Config", "DeepSpeech2", "TooShortError", "parameter_count", "flops_per_frame"]
 
 
-class TooShortError(SpeechperfError):
-    """An input shorter than the conv kernel cannot be processed."""
+@dataclass(frozen=True)
+class DS2Config:
+    """A Deep Speech 2-style model: one strided conv over time, stacked LSTMs, one FC."""
+
+    name: str = "ds2"  # registry key in speechperf.models.MODELS
+    input_dim: int = 93  # features per frame it reads (80 log-mel + 13 MFCC)
+    conv_channels: int = 600  # conv output channels (DS2 itself: 1280)
+    conv_kernel: int = 11  # conv width in frames
+    conv_stride: int = 2  # conv stride in frames; valid padding: T' = (T - k) // s + 1
+    lstm_layers: int = 5  # unidirectional LSTM layers
+    lstm_hidden: int = 800  # units per LSTM layer (DS2 itself: 1510)
+    num_classes: int = 30  # output symbols incl. CTC blank
+    dropout: float = 0.05  # dropout between every pair of layers
+    batch_norm: bool = True  # batch normalization between every pair of layers
+
+    def problems(self) -> list[str]:
+        """One message per value that cannot build a model."""
+        out = [f"model.{k}={getattr(self, k)} must be >= 1" for k in
+               ("input_dim", "conv_channels", "conv_kernel", "conv_stride", "lstm_layers", "lstm_hidden", "num_classes")
+               if getattr(self, k) < 1]
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(f"model.dropout={self.dropout} not in [0, 1)")
+        return out
 
 
 class MaskedBatchNorm(nn.Module):
@@ -51,12 +75,12 @@ def valid_index(out_lens: torch.Tensor, frames: int) -> torch.Tensor:
     return mask.reshape(-1).nonzero().squeeze(1)
 
 
-class DeepSpeech2(nn.Module):
+class DeepSpeech2(AcousticModel):
     """Conv + stacked unidirectional LSTMs + FC with CTC outputs."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: DS2Config):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.min_frames = cfg, cfg.conv_kernel
         self.conv = nn.Conv1d(cfg.input_dim, cfg.conv_channels, cfg.conv_kernel, stride=cfg.conv_stride)
         self.conv_bn = MaskedBatchNorm(cfg.conv_channels) if cfg.batch_norm else None
         sizes = [cfg.conv_channels] + [cfg.lstm_hidden] * cfg.lstm_layers
@@ -76,14 +100,16 @@ class DeepSpeech2(nn.Module):
             else:
                 nn.init.zeros_(p)
 
-    def plan(self, lengths: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        return output_lengths(lengths, self.cfg.conv_kernel, self.cfg.conv_stride)
+
+    def plan(self, lengths: torch.Tensor, frames: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """On the CPU, from CPU ``lengths`` of inputs padded to ``frames``: the output lengths
-        and the valid-frame index that :meth:`forward` takes as ``index`` (no host sync)."""
+        and the valid-frame ``index`` that :meth:`forward` takes (no host sync)."""
+        self.check_lengths(lengths)
+        out_lens = self.output_lengths(lengths)
         k, s = self.cfg.conv_kernel, self.cfg.conv_stride
-        if int(lengths.min()) < k:
-            raise TooShortError(f"an input has {int(lengths.min())} frames; the conv needs at least {k}")
-        out_lens = output_lengths(lengths, k, s)
-        return out_lens, valid_index(out_lens, (frames - k) // s + 1)
+        return out_lens, {"index": valid_index(out_lens, (frames - k) // s + 1)}
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor,
                 index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,14 +117,13 @@ class DeepSpeech2(nn.Module):
 
         ``index``: the valid-frame index from :meth:`plan`, on x's device; without it the
         index is computed here (a host sync when ``lengths`` live on a GPU)."""
-        k, s = self.cfg.conv_kernel, self.cfg.conv_stride
+        k = self.cfg.conv_kernel
         if lengths.device.type == "cpu":
-            if int(lengths.min()) < k:
-                raise TooShortError(f"an input has {int(lengths.min())} frames; the conv needs at least {k}")
+            self.check_lengths(lengths)
         else:  # checked on the device: a failed check stops the run without a host sync here
             torch._assert_async(lengths.min() >= k, f"an input has fewer frames than the conv's {k}")
-        out_lens = output_lengths(lengths, k, s)
-        h = self.conv(x.transpose(1, 2))  # (B, F, T) -> (B, C, T')
+        out_lens = self.output_lengths(lengths)
+        h = self.conv(x[:, :, : self.cfg.input_dim].transpose(1, 2))  # (B, F, T) -> (B, C, T')
         h = h.permute(2, 0, 1)  # (T', B, C)
         if index is None and (self.conv_bn is not None or self.bns is not None):
             index = valid_index(out_lens, h.shape[0]).to(h.device, non_blocking=True)
@@ -114,7 +139,7 @@ class DeepSpeech2(nn.Module):
         return logits.log_softmax(-1), out_lens
 
 
-def parameter_count(cfg: ModelConfig) -> int:
+def parameter_count(cfg: DS2Config) -> int:
     """Trainable parameters by formula (torch's LSTM has two bias vectors per gate set)."""
     conv = cfg.input_dim * cfg.conv_channels * cfg.conv_kernel + cfg.conv_channels
     lstm, prev = 0, cfg.conv_channels
@@ -126,7 +151,7 @@ def parameter_count(cfg: ModelConfig) -> int:
     return conv + lstm + bn + fc
 
 
-def flops_per_frame(cfg: ModelConfig) -> float:
+def flops_per_frame(cfg: DS2Config) -> float:
     """Forward multiply-add FLOPs (2 per MAC) per input frame, conv + LSTM + FC."""
     conv = 2 * cfg.input_dim * cfg.conv_channels * cfg.conv_kernel / cfg.conv_stride
     lstm, prev = 0.0, cfg.conv_channels
@@ -137,6 +162,6 @@ def flops_per_frame(cfg: ModelConfig) -> float:
     return conv + (lstm + fc) / cfg.conv_stride
 
 
-@register_model("ds2")
-def build_ds2(cfg: ModelConfig) -> nn.Module:
+@register_model("ds2", DS2Config)
+def build_ds2(cfg: DS2Config) -> DeepSpeech2:
     return DeepSpeech2(cfg)

@@ -25,16 +25,17 @@ import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from speechperf.errors import SpeechperfError
+from speechperf.registry import Registry
 
-ALGORITHMS: dict[str, type] = {}
+ALGORITHMS = Registry("algorithm", ["speechperf.parallel.server"])  # server.py: the asynchronous ones
 
 
 def register_algorithm(name: str):
-    def deco(cls):
-        ALGORITHMS[name] = cls
+    """Decorator: register an :class:`Algorithm` subclass under ``name`` (its ``name`` too)."""
+    def named(cls):
         cls.name = name
         return cls
-    return deco
+    return ALGORITHMS.register(name, named)
 
 
 @dataclass(frozen=True)
@@ -218,8 +219,4 @@ class BMUF(BSP):
 
 
 def make_algorithm(name: str, cfg: AlgoConfig, world: int, rank: int = 0) -> Algorithm:
-    import speechperf.parallel.server  # noqa: F401  (registers asgd and easgd)
-
-    if name not in ALGORITHMS:
-        raise SpeechperfError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[name](cfg, world, rank)
+    return ALGORITHMS.lookup(name)(cfg, world, rank)

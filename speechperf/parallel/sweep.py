@@ -36,7 +36,7 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--sync-periods", default="1,5", help="sync periods (tau), comma separated")
     p.add_argument("--batch-sizes", default="8", help="utterances per worker per step, comma separated")
     p.add_argument("--epochs", type=int, default=3, help="at most this many epochs per run")
-    p.add_argument("--model", default="dnn", help="dnn, cldnn, or a DS2 preset name")
+    p.add_argument("--model", default="dnn", help="a registered model (dnn, cldnn, ds2, ...) or a preset name")
     p.add_argument("--hidden", type=int, default=None, help="override hidden width (dnn/cldnn)")
     p.add_argument("--lr", type=float, default=0.2, help="learning rate")
     p.add_argument("--momentum", type=float, default=0.0, help="local SGD momentum of every worker (paper: 0)")

@@ -39,6 +39,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from speechperf.atomic import atomic_torch_save
 from speechperf.data.config import LoaderConfig
 from speechperf.errors import SpeechperfError
+from speechperf.models.contract import planned_forward
 from speechperf.parallel.algorithms import ALGORITHMS, AlgoConfig, Algorithm, make_algorithm
 from speechperf.parallel.newbob import NewBob
 from speechperf.train import distributed
@@ -53,15 +54,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def parser(add_help: bool = True) -> argparse.ArgumentParser:
     """The worker's options (also those of ``speechperf parallel run``)."""
-    import speechperf.parallel.server  # noqa: F401  (registers the asynchronous algorithms)
-
     p = argparse.ArgumentParser(prog="speechperf.parallel", description=__doc__.splitlines()[0], add_help=add_help,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--algo", required=True, choices=sorted(ALGORITHMS), help="parallel training algorithm")
+    p.add_argument("--algo", required=True, choices=ALGORITHMS.names(), help="parallel training algorithm")
     p.add_argument("--sync-period", type=int, default=1, help="local steps between synchronizations (tau)")
     p.add_argument("--data", required=True, help="prepared features folder")
     p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--model", default="dnn", help="dnn, cldnn, or a DS2 preset name")
+    p.add_argument("--model", default="dnn", help="a registered model (its default sizes: dnn, cldnn, ds2, ...) "
+                                                  "or a preset name (its model)")
     p.add_argument("--hidden", type=int, default=None, help="override hidden width (dnn/cldnn) for small runs")
     p.add_argument("--batch-size", type=int, default=16, help="utterances per worker per step")
     p.add_argument("--lr", type=float, default=0.2, help="learning rate (newbob halves it when the CV loss stalls)")
@@ -85,17 +85,16 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def build(args):
+    """The worker's model: a registered model's defaults or a preset's model (``--model``),
+    ``--hidden`` narrowing the DNN or CLDNN for small runs."""
     from speechperf.config import load_preset
-    from speechperf.models import build_model
-    from speechperf.models.cldnn import CLDNNConfig
-    from speechperf.models.dnn import DNNConfig
+    from speechperf.models import MODELS, build_model, model_config
 
-    if args.model == "dnn":
-        cfg = DNNConfig() if args.hidden is None else DNNConfig(hidden=args.hidden)
-    elif args.model == "cldnn":
-        cfg = CLDNNConfig() if args.hidden is None else CLDNNConfig(lstm_cells=args.hidden, dnn_hidden=args.hidden,
-                                                                     lstm_proj=max(1, args.hidden // 2))
+    if args.model in MODELS.names():
+        cfg = model_config({"name": args.model, **_hidden_fields(args.model, args.hidden)})
     else:
+        if args.hidden is not None:
+            raise SpeechperfError(f"--hidden narrows the dnn and cldnn models, not preset {args.model!r}")
         cfg = load_preset(args.model).model
     torch.manual_seed(args.seed)
     model = build_model(cfg)
@@ -104,9 +103,19 @@ def build(args):
     return model
 
 
+def _hidden_fields(model: str, hidden: int | None) -> dict:
+    if hidden is None:
+        return {}
+    if model == "dnn":
+        return {"hidden": hidden}
+    if model == "cldnn":
+        return {"lstm_cells": hidden, "dnn_hidden": hidden, "lstm_proj": max(1, hidden // 2)}
+    raise SpeechperfError(f"--hidden narrows the dnn and cldnn models, not {model!r}")
+
+
 def ctc(model, batch):
     """CTC per label, averaged over utterances: a scale plain SGD tolerates at rates ~0.1."""
-    lp, ol = model(batch.feats, batch.feat_lens)
+    lp, ol = planned_forward(model, batch.feats, batch.feat_lens)
     return F.ctc_loss(lp, batch.labels, ol, batch.label_lens, zero_infinity=True, reduction="mean")
 
 

@@ -8,12 +8,12 @@ or an empty table. Other stages add sections by decorating a builder with
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from speechperf.metrics.targets import Targets
+from speechperf.registry import Registry
 from speechperf.results import ResultsDB
 
 # Modules whose import registers sections (per-run sections, then the database-wide ones here).
@@ -55,21 +55,16 @@ class Context:
 
 
 Builder = Callable[[Context], Section]
-SECTIONS: dict[str, tuple[int, Builder]] = {}
+SECTIONS = Registry("report section", SECTION_MODULES)  # name -> (order, builder)
 
 
 def register_section(name: str, order: int):
     """Register ``builder`` as section ``name``; sections are drawn by increasing ``order``."""
-    def deco(builder: Builder) -> Builder:
-        SECTIONS[name] = (order, builder)
-        return builder
-    return deco
+    return SECTIONS.register(name, lambda builder: (order, builder))
 
 
 def ordered() -> list[tuple[str, Builder]]:
-    for module in SECTION_MODULES:
-        importlib.import_module(module)
-    return [(name, fn) for name, (_, fn) in sorted(SECTIONS.items(), key=lambda kv: kv[1][0])]
+    return [(name, fn) for name, (_, fn) in sorted(SECTIONS.load().items(), key=lambda kv: kv[1][0])]
 
 
 def _latest_sweep(ctx: Context, title: str, table: str, columns: str, missing: str) -> Section:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from speechperf.data.config import LoaderConfig
 from speechperf.metrics.errors import error_rates
+from speechperf.models.contract import planned_forward
 
 
 def make_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams"):
@@ -57,16 +58,15 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     hyps: list[str] = []
     loss_sum, n_loss = 0.0, 0
     for batch in make_loader(feats, split, cfg, epoch=0, seed=0):
-        x = batch.feats.to(device)
         with autocast(device, precision):
-            log_probs, out_lens = model(x, batch.feat_lens.to(device))
+            log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
         log_probs = log_probs.float()  # (T', B, C)
-        losses = F.ctc_loss(log_probs, batch.labels.to(device), out_lens, batch.label_lens.to(device),
+        losses = F.ctc_loss(log_probs, batch.labels.to(device), out_lens, batch.label_lens,
                             blank=0, reduction="none", zero_infinity=False)
         finite = torch.isfinite(losses)
         loss_sum += float(losses[finite].sum())
         n_loss += int(finite.sum())
-        hyps += dec.decode_batch(log_probs.cpu().numpy(), out_lens.cpu().numpy(), workers=workers)
+        hyps += dec.decode_batch(log_probs.cpu().numpy(), out_lens.numpy(), workers=workers)
         refs += list(batch.transcripts)
     if was_training:
         model.train()

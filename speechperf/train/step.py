@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from speechperf.errors import RunFailed
+from speechperf.models.contract import planned_forward
 from speechperf.train.evaluate import autocast
 
 
@@ -47,12 +48,8 @@ class StepOut:
 
 def train_step(model, batch, optimizer, scaler, device: torch.device, tc) -> StepOut:
     """Forward, CTC, backward, clip, step; a non-finite step is undone on the device."""
-    core = getattr(model, "module", model)  # DDP's wrapped model plans the frames
-    out_lens, index = core.plan(batch.feat_lens, batch.feats.shape[1])
-    x = batch.feats.to(device, non_blocking=True)
-    lens = batch.feat_lens.to(device, non_blocking=True)
     with autocast(device, tc.precision):
-        log_probs, _ = model(x, lens, index=index.to(device, non_blocking=True))
+        log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # lengths planned on the CPU
     log_probs = log_probs.float()  # (T', B, C): CTC in fp32 whatever the autocast dtype
     # Labels never repeat a symbol (the separator splits doubles), so an alignment exists
     # iff out_len >= label_len; impossible ones give inf, zeroed and counted, never averaged in.

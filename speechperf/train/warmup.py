@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from speechperf.data import alphabet
+from speechperf.features.config import FeatureConfig
+from speechperf.models.contract import planned_forward
 
 # Past this the initialization is reported with a warning: MLPerf's closed division allows
 # 30 minutes of initialization; a DS2 run that needs 10 has something wrong (a cold cache
@@ -42,6 +44,9 @@ def warm_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams") -> Non
     logits = rng.standard_normal((WARM_FRAMES, 2, alphabet.NUM_SYMBOLS)).astype(np.float32)  # (T, B, C)
     log_probs = logits - np.log(np.exp(logits).sum(axis=2, keepdims=True))
     dec.decode_batch(log_probs.astype(np.float32), np.array([WARM_FRAMES, WARM_FRAMES // 2], dtype=np.int64))
+
+
+FEATURE_DIM = FeatureConfig().dim  # features per frame the loader delivers (80 log-mel + 13 MFCC)
 
 
 def warm_shape(cfg, device: torch.device) -> tuple[int, int]:
@@ -67,14 +72,10 @@ def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
     was_training = model.training
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model.train()
-        x = torch.zeros(batch, frames, cfg.model.input_dim, device=device)  # (B, T, F)
+        x = torch.zeros(batch, frames, FEATURE_DIM, device=device)  # (B, T, 93): the model picks its columns
         lens = torch.full((batch,), frames)
-        kw = {}
-        plan = getattr(getattr(model, "_orig_mod", model), "plan", None)  # as train_step calls it
-        if plan is not None:
-            kw["index"] = plan(lens, frames)[1].to(device)
         with autocast(device, cfg.train.precision):
-            log_probs, _ = model(x, lens.to(device), **kw)  # (T', B, C)
+            log_probs, _ = planned_forward(model, x, lens, device)  # as train_step calls it: (T', B, C)
         log_probs.float().sum().backward()
     with torch.no_grad():
         for name, b in model.named_buffers():

@@ -3,7 +3,7 @@ import torch
 
 from speechperf.config import load_preset
 from speechperf.models import MODELS, build_model
-from speechperf.models.config import ModelConfig
+from speechperf.models.ds2 import DS2Config
 from speechperf.models.ds2 import TooShortError, output_lengths, parameter_count
 
 
@@ -25,7 +25,7 @@ def test_registry_has_ds2():
 
 
 def test_output_shape_and_valid_conv_length():
-    model = build_model(ModelConfig(conv_channels=16, lstm_layers=2, lstm_hidden=8)).eval()
+    model = build_model(DS2Config(conv_channels=16, lstm_layers=2, lstm_hidden=8)).eval()
     x = torch.randn(3, 50, 93)
     lens = torch.tensor([50, 30, 11])
     lp, out_lens = model(x, lens)
@@ -37,7 +37,7 @@ def test_output_shape_and_valid_conv_length():
 
 def test_padding_does_not_change_valid_outputs():
     torch.manual_seed(0)
-    model = build_model(ModelConfig(conv_channels=16, lstm_layers=2, lstm_hidden=8, dropout=0.0))
+    model = build_model(DS2Config(conv_channels=16, lstm_layers=2, lstm_hidden=8, dropout=0.0))
     x = torch.randn(2, 40, 93)
     lens = torch.tensor([40, 25])
     model.train()
@@ -51,13 +51,13 @@ def test_padding_does_not_change_valid_outputs():
 
 
 def test_too_short_input_is_rejected_with_message():
-    model = build_model(ModelConfig(conv_channels=8, lstm_layers=1, lstm_hidden=8))
+    model = build_model(DS2Config(conv_channels=8, lstm_layers=1, lstm_hidden=8))
     with pytest.raises(TooShortError, match="10 frames"):
         model(torch.randn(1, 10, 93), torch.tensor([10]))
 
 
 def test_xavier_init_bounds():
-    cfg = ModelConfig(conv_channels=16, lstm_layers=1, lstm_hidden=8)
+    cfg = DS2Config(conv_channels=16, lstm_layers=1, lstm_hidden=8)
     model = build_model(cfg)
     w = model.fc.weight.detach()
     bound = (6.0 / (w.shape[0] + w.shape[1])) ** 0.5
@@ -83,11 +83,11 @@ def test_masked_batch_norm_equals_boolean_mask_reference_bit_for_bit():
 def test_plan_gives_the_forward_lengths_and_index_on_the_cpu():
     model = build_model(load_preset("tiny").model).eval()
     x, lens = torch.randn(2, 40, 93), torch.tensor([40, 25])
-    out_lens, index = model.plan(lens, 40)
-    assert out_lens.tolist() == [15, 8] and len(index) == 23
+    out_lens, planned = model.plan(lens, 40)
+    assert out_lens.tolist() == [15, 8] and len(planned["index"]) == 23
     with torch.no_grad():
         a, la = model(x, lens)
-        b, lb = model(x, lens, index=index)
+        b, lb = model(x, lens, **planned)
     assert torch.equal(a, b) and torch.equal(la, out_lens) and torch.equal(lb, out_lens)
     with pytest.raises(TooShortError, match="an input has 5 frames"):
         model.plan(torch.tensor([40, 5]), 40)

@@ -1,0 +1,82 @@
+"""The contract every acoustic model meets, so that one training loop, evaluation, the
+parallel worker and ``bench zoo`` drive any registered model the same way.
+
+A model reads features ``(B, T, 93)`` (80 log-mel, then 13 MFCC; it uses the first
+``cfg.input_dim`` columns) with their lengths ``(B,)`` and returns CTC log-probabilities
+``(T', B, C)`` over the 30-symbol alphabet with output lengths ``(B,)``. Its output-length
+rule is plain arithmetic on CPU tensors (:meth:`AcousticModel.output_lengths`), so the
+step plans the CTC lengths and any index a forward pass needs from the loader's CPU
+lengths (:meth:`AcousticModel.plan`): a GPU step never waits for the host. ``forward``
+therefore never reads device values on the host (no ``.item()``, no boolean-mask
+indexing whose size only the device knows).
+
+Each model has its own frozen config dataclass with ``name`` (its registry key),
+``input_dim``, ``num_classes`` and ``problems()`` (one message per invalid value), stored
+in every checkpoint and result as a dict tagged with that name.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from speechperf.errors import SpeechperfError
+
+
+class TooShortError(SpeechperfError):
+    """An input shorter than the model's ``min_frames`` cannot be processed."""
+
+
+class AcousticModel(nn.Module):
+    """Base class of the models in ``speechperf.models.MODELS``.
+
+    Subclasses set ``self.cfg`` and ``self.min_frames``, implement :meth:`output_lengths`
+    and :meth:`forward`, and override :meth:`plan` when ``forward`` takes host-planned
+    tensors (DS2's valid-frame index)."""
+
+    cfg: object
+    min_frames: int = 1
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Output frames for input frames ``lengths`` (CPU arithmetic, no device reads)."""
+        raise NotImplementedError
+
+    def check_lengths(self, lengths: torch.Tensor) -> None:
+        """:class:`TooShortError` for inputs shorter than ``min_frames`` (CPU lengths)."""
+        shortest = int(lengths.min())
+        if shortest < self.min_frames:
+            raise TooShortError(f"an input has {shortest} frames; model {self.cfg.name!r} needs at least "
+                                f"{self.min_frames}")
+
+    def plan(self, lengths: torch.Tensor, frames: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """On the CPU, for inputs of CPU ``lengths`` padded to ``frames``: the output lengths
+        and the keyword tensors :meth:`forward` takes (moved to the device by the caller)."""
+        self.check_lengths(lengths)
+        return self.output_lengths(lengths), {}
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, **planned) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, F) features, lengths: (B,) -> log-probs (T', B, C), out lengths (B,)."""
+        raise NotImplementedError
+
+
+def planned_forward(model: nn.Module, x: torch.Tensor, lengths: torch.Tensor,
+                    device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass of ``model`` (or its DDP/compiled wrapper) planned on the CPU.
+
+    ``x`` and ``lengths`` may be CPU tensors (moved to ``device``, default x's device);
+    returns the log-probabilities and the CPU output lengths."""
+    core = unwrap(model)
+    lengths_cpu = lengths.cpu()
+    out_lens, kw = core.plan(lengths_cpu, x.shape[1])
+    device = device or x.device
+    kw = {k: v.to(device, non_blocking=True) for k, v in kw.items()}
+    log_probs, _ = model(x.to(device, non_blocking=True), lengths_cpu.to(device, non_blocking=True), **kw)
+    return log_probs, out_lens
+
+
+def unwrap(model: nn.Module) -> AcousticModel:
+    """The model inside DDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            return model
+        model = inner

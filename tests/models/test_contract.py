@@ -1,0 +1,72 @@
+"""Every registered model meets the contract of speechperf.models.contract."""
+import dataclasses
+
+import pytest
+import torch
+
+from speechperf.config import ConfigError, load_preset
+from speechperf.models import MODELS, build_model, config_class, describe, model_config
+from speechperf.models.contract import AcousticModel, TooShortError, planned_forward
+from speechperf.registry import UnknownName
+
+# small sizes per model, so that every registered model runs in a fraction of a second
+SMALL = {
+    "ds2": {"conv_channels": 8, "lstm_layers": 1, "lstm_hidden": 8},
+    "dnn": {"hidden": 16, "layers": 2},
+    "cldnn": {"conv_maps": 4, "lstm_cells": 8, "lstm_proj": 4, "dnn_hidden": 8},
+    "conformer": {"d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3, "subsampling_channels": 4},
+}
+
+
+def small(name: str) -> AcousticModel:
+    torch.manual_seed(0)
+    return build_model(model_config({"name": name, **SMALL.get(name, {})}))
+
+
+@pytest.mark.parametrize("name", MODELS.names())
+def test_every_model_meets_the_contract(name):
+    model = small(name).eval()
+    assert isinstance(model, AcousticModel) and model.cfg.name == name
+    lens = torch.tensor([80, 57, 31])
+    x = torch.randn(3, 80, 93)  # (B, T, 93): the loader's features
+    out_lens, planned = model.plan(lens, 80)
+    assert out_lens.dtype == torch.int64 and out_lens.device.type == "cpu"
+    assert torch.equal(out_lens, model.output_lengths(lens))
+    with torch.no_grad():
+        log_probs, got_lens = planned_forward(model, x, lens)
+    assert log_probs.shape == (int(out_lens.max()), 3, model.cfg.num_classes)  # (T', B, C)
+    assert torch.equal(got_lens, out_lens)
+    assert torch.allclose(log_probs.exp().sum(-1), torch.ones(log_probs.shape[:2]), atol=1e-4)
+    if model.min_frames > 1:
+        with pytest.raises(TooShortError, match=f"needs at least {model.min_frames}"):
+            model.plan(torch.tensor([80, model.min_frames - 1]), 80)
+
+
+@pytest.mark.parametrize("name", MODELS.names())
+def test_every_config_is_frozen_named_and_checked(name):
+    kind = config_class(name)
+    cfg = kind()
+    assert dataclasses.is_dataclass(cfg) and cfg.name == name and cfg.problems() == []
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.name = "other"
+    assert model_config(dataclasses.asdict(cfg)) == cfg  # stored as a dict tagged with its name
+    assert describe(dataclasses.asdict(cfg))["params"] == sum(p.numel() for p in build_model(cfg).parameters())
+
+
+def test_model_name_override_switches_to_that_models_fields():
+    cfg = load_preset("tiny", ["model.hidden=64", "model.name=dnn"])  # name applies first, in any order
+    assert cfg.model == model_config({"name": "dnn", "hidden": 64})
+    with pytest.raises(ConfigError, match="no field 'conv_channels'"):
+        load_preset("tiny", ["model.name=dnn", "model.conv_channels=3"])
+    with pytest.raises(UnknownName, match="unknown model 'nope'; known: cldnn"):
+        load_preset("tiny", ["model.name=nope"])
+    with pytest.raises(ConfigError, match="model.lstm_hidden=0 must be >= 1"):
+        load_preset("tiny", ["model.lstm_hidden=0"])
+
+
+def test_a_name_registered_twice_is_refused():
+    from speechperf.models import register_model
+    from speechperf.models.dnn import DNNConfig
+
+    with pytest.raises(ValueError, match="model 'dnn' registered twice"):
+        register_model("dnn", DNNConfig)(lambda cfg: None)
