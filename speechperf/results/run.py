@@ -495,25 +495,16 @@ def workload(config: dict) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def _describe(model_json: str) -> tuple:
-    """Model name and parameter count of a model config dict (JSON), built on the meta device
-    (no memory, no initialization); params None where this release cannot build it."""
-    import dataclasses
-
-    import torch
-
-    from speechperf.models import build_model
-    from speechperf.models.config import ModelConfig
+    """:func:`speechperf.models.describe` of a model config dict (JSON, for the cache); params
+    None for a model this release cannot build (a newer release's model, or its fields)."""
+    from speechperf.models import describe
 
     model = json.loads(model_json)
-    name = model.get("name", "ds2")
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
     try:
-        with torch.device("meta"):
-            params = sum(p.numel() for p in build_model(ModelConfig(**{k: v for k, v in model.items() if k in known}))
-                         .parameters())
-    except (SpeechperfError, TypeError, ValueError, AttributeError):
-        params = None  # a model of another release, or one this release cannot build from its config
-    return (("model", name), ("params", params))
+        described = describe(model)
+    except SpeechperfError:
+        described = {"model": model.get("name", "ds2"), "params": None}
+    return tuple(described.items())
 
 
 def workload_label(w: dict) -> str:
