@@ -15,7 +15,7 @@ from pathlib import Path
 
 from speechperf.config import load_preset
 from speechperf.metrics.targets import METRICS
-from speechperf.results.run import workload, workload_label
+from speechperf.results.workload import workload, workload_label
 
 DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo (CPU-sized presets: cpu, tiny, conformer-cpu)
 # Presets sized for a GPU, whose model needs more audio than the CPU demo's to be busy and to

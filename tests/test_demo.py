@@ -5,7 +5,7 @@ import torch
 from speechperf import demo
 from speechperf.config import load_preset, preset_names
 from speechperf.models import build_model
-from speechperf.results.run import workload
+from speechperf.results.workload import workload
 
 
 class Stop(Exception):

@@ -48,7 +48,8 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     folder of the previous release are (it has no database of its own).
     """
     from speechperf.metrics.targets import parse_targets
-    from speechperf.results.run import Run, by_workload, unique_labels
+    from speechperf.results.run import Run, unique_labels
+    from speechperf.results.workload import by_workload
 
     spec = parse_targets(targets, metric)
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]

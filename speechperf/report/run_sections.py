@@ -9,7 +9,7 @@ from speechperf.report import figures
 from speechperf.report.aggregate import energy_by_source, price_rows, repeated_rows, tta_rows
 from speechperf.report.runs import who
 from speechperf.report.sections import Context, Figure, Note, Section, Table, register_section
-from speechperf.results.run import by_workload
+from speechperf.results.workload import by_workload
 from speechperf.telemetry.platforms import of_run, presets, table
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 
-from speechperf.results.run import Run, workload, workload_label
+from speechperf.results.run import Run
+from speechperf.results.workload import workload, workload_label
 
 SENTENCES_SHOWN = 3  # last logged sentence batches per run
 

@@ -21,7 +21,6 @@ error says how to bring it in.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -216,6 +215,8 @@ class Run:
     def workload(self) -> dict:
         """{"model": name, "params": count}: :func:`workload` of the run's configuration (the
         folder's config.json, or the database row's for a folder without one)."""
+        from speechperf.results.workload import workload
+
         if (self.folder / "config.json").is_file():
             return workload(self.config)
         return workload(json.loads(self.row()["config_json"] or "{}"))
@@ -479,46 +480,6 @@ def default_label(env: dict, config: dict) -> str:
     train = config.get("train", {})
     parts = [machine_name(env), config.get("preset") or config.get("algo"), train.get("precision") or config.get("model")]
     return " ".join(str(p) for p in parts if p)
-
-
-UNRECORDED = "model not recorded"  # a config.json without a model section (runs written by hand, old tests)
-
-
-def workload(config: dict) -> dict:
-    """{"model": name, "params": count} of the model a run's configuration (config.json) trains:
-    the run's workload. Runs of different workloads are different jobs, never ranked as one."""
-    model = config.get("model")
-    if not isinstance(model, dict):
-        return {"model": UNRECORDED, "params": None}
-    return dict(_describe(json.dumps(model, sort_keys=True)))
-
-
-@functools.lru_cache(maxsize=64)
-def _describe(model_json: str) -> tuple:
-    """:func:`speechperf.models.describe` of a model config dict (JSON, for the cache); params
-    None for a model this release cannot build (a newer release's model, or its fields)."""
-    from speechperf.models import describe
-
-    model = json.loads(model_json)
-    try:
-        described = describe(model)
-    except SpeechperfError:
-        described = {"model": model.get("name", "ds2"), "params": None}
-    return tuple(described.items())
-
-
-def workload_label(w: dict) -> str:
-    """"ds2, 2.31 M params": the workload beside a run's label in every table and figure."""
-    return w["model"] if w.get("params") is None else f"{w['model']}, {w['params'] / 1e6:.3g} M params"
-
-
-def by_workload(items: list, workload_of) -> dict[str, list]:
-    """``items`` grouped by :func:`workload_label` of ``workload_of(item)``, in order of first
-    appearance: the groups that TTA tables rank within (never across)."""
-    groups: dict[str, list] = {}
-    for item in items:
-        groups.setdefault(workload_label(workload_of(item)), []).append(item)
-    return groups
 
 
 def unique_labels(runs: list[Run]) -> list[str]:

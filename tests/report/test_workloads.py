@@ -10,7 +10,8 @@ import pytest
 from speechperf.metrics.tta import tta_table
 from speechperf.report import figures
 from speechperf.report.html import build_report
-from speechperf.results.run import Run, workload, workload_label
+from speechperf.results.run import Run
+from speechperf.results.workload import workload, workload_label
 
 ENV = {"cpu_model": "Test CPU", "cpu_cores_logical": 2, "gpus": []}
 DS2 = {"name": "ds2", "conv_channels": 8, "lstm_layers": 1, "lstm_hidden": 8}
