@@ -82,3 +82,13 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
                          "target": target, "epochs": epochs, "minutes": minutes, "relative": relative, "init s": init_s,
                          **price_columns(env, minutes)})
     return rows
+
+
+def notes(rows: list[dict]) -> list[str]:
+    """What the text table leaves implicit: with runs of several workloads, that they are not
+    ranked against each other."""
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    if len(workloads) < 2:
+        return []
+    return [f"{len(workloads)} workloads ({'; '.join(workloads)}): different jobs, not ranked against each other; "
+            "'relative' is % of the first run of the same workload."]

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from speechperf.cli import main
 from speechperf.metrics.tta import tta_table
 from speechperf.report import figures
 from speechperf.report.html import build_report
@@ -39,12 +40,15 @@ def runs(tmp_path_factory):
             _run(root, "ds2-b", DS2, [30, 20, 20, 12, 9, 9])]
 
 
-def test_the_tta_table_ranks_within_a_workload_only(runs):
+def test_the_tta_table_ranks_within_a_workload_only(runs, capsys):
     ds2, conformer = workload_label(workload({"model": DS2})), workload_label(workload({"model": CONFORMER}))
     assert ds2.startswith("ds2, ") and ds2.endswith(" M params") and conformer.startswith("conformer")
     rows = [r for r in tta_table(runs, targets=[10]) if r["target"] == 10]
     assert [(r["run"], r["workload"], r["minutes"], r["relative"]) for r in rows] == [
         ("ds2-a", ds2, 4.0, 100.0), ("ds2-b", ds2, 6.0, 150.0), ("conf", conformer, 3.0, 100.0)]
+    assert main(["tta", *map(str, runs), "--targets", "10"]) == 0
+    out = capsys.readouterr().out
+    assert f"2 workloads ({ds2}; {conformer}): different jobs, not ranked against each other" in out
 
 
 def test_the_report_has_one_tta_table_per_workload_and_says_why(runs, tmp_path, monkeypatch):
