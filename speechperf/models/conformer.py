@@ -1,0 +1,237 @@
+"""Conformer-CTC (Gulati et al. 2020; NeMo's Conformer-CTC, AlgoPerf's Conformer workload).
+
+2-D convolution subsampling (2, 4 or 8x in time) of the 80 log-mel columns -> N Conformer
+blocks (half-step feed-forward, multi-head self-attention, convolution module, half-step
+feed-forward, layer norm) -> linear CTC head over the 30-symbol alphabet -> log-softmax.
+
+Positions: rotary embeddings (RoPE, Su et al. 2021) on the queries and keys of every
+attention layer. They are relative, as NeMo's Transformer-XL positional attention is (a
+score depends on the distance of two frames, not on where the utterance sits), but they
+are an elementwise rotation of q and k, so attention stays one
+``scaled_dot_product_attention`` call with a boolean key mask (fused kernels on CPU and
+GPU); a Transformer-XL bias would be a (B, H, T, T) float mask computed per layer, which
+rules out the fused kernels and costs T^2 memory.
+
+Padding never changes a sequence's output:
+- the subsampling convolutions and every depthwise convolution see zeros past a
+  sequence's valid frames (masked right before each of them), as the same sequence alone
+  sees the convolution's own zero padding;
+- attention masks padded keys (``attn_mask``); padded queries attend to valid keys only,
+  so their rows stay finite and are ignored downstream;
+- normalization is LayerNorm everywhere (per frame: no statistics across frames, so no
+  BatchNorm over padding, no train/eval mismatch on a small corpus).
+The masks are built on the device from the lengths (arange < lengths): no host reads.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from speechperf.data.alphabet import NUM_SYMBOLS
+from speechperf.models import register_model
+from speechperf.models.contract import AcousticModel
+
+SUBSAMPLING = (2, 4, 8)  # time reduction factors: 1, 2 or 3 stride-2 convolution stages
+FEATURE_DIM = 93  # columns of the prepared features (80 log-mel + 13 MFCC)
+
+
+@dataclass(frozen=True)
+class ConformerConfig:
+    """A Conformer-CTC encoder; the defaults are NeMo's Conformer-CTC small (~12.5 M)."""
+
+    name: str = "conformer"  # registry key in speechperf.models.MODELS
+    input_dim: int = 80  # feature columns read: the 80 log-mel (not the 13 MFCC after them)
+    d_model: int = 176  # width of the residual stream
+    layers: int = 16  # Conformer blocks
+    heads: int = 4  # attention heads (d_model / heads must be even: RoPE rotates pairs)
+    conv_kernel: int = 31  # depthwise convolution width in (subsampled) frames; odd
+    ff_mult: int = 4  # feed-forward hidden width = ff_mult x d_model
+    subsampling: int = 4  # time reduction of the conv front end: 4 (Conformer), 8 (FastConformer), 2
+    subsampling_channels: int = 176  # channels of the subsampling convs (narrow ones are cheap on CPU)
+    dropout: float = 0.1  # dropout on every residual branch, the FF hidden layer and attention weights
+    num_classes: int = NUM_SYMBOLS  # output symbols incl. CTC blank (the 30-symbol alphabet)
+
+    def problems(self) -> list[str]:
+        """One message per invalid value, naming ``model.FIELD=value``."""
+        out = []
+        for field in ("d_model", "layers", "heads", "ff_mult", "subsampling_channels"):
+            if getattr(self, field) < 1:
+                out.append(f"model.{field}={getattr(self, field)} must be >= 1")
+        if not 1 <= self.input_dim <= FEATURE_DIM:
+            out.append(f"model.input_dim={self.input_dim} must be in 1..{FEATURE_DIM} (the feature columns)")
+        if self.heads >= 1 and (self.d_model % self.heads or (self.d_model // self.heads) % 2):
+            out.append(f"model.d_model={self.d_model} must be an even multiple of model.heads={self.heads} "
+                       f"(RoPE rotates pairs of each head's dimensions)")
+        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
+            out.append(f"model.conv_kernel={self.conv_kernel} must be odd and >= 1 (same-length convolution)")
+        if self.subsampling not in SUBSAMPLING:
+            out.append(f"model.subsampling={self.subsampling} must be one of {', '.join(map(str, SUBSAMPLING))}")
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(f"model.dropout={self.dropout} not in [0, 1)")
+        if self.num_classes != NUM_SYMBOLS:
+            out.append(f"model.num_classes={self.num_classes} must be {NUM_SYMBOLS} (the alphabet the decoders read)")
+        return out
+
+
+def halve(lengths: torch.Tensor) -> torch.Tensor:
+    """Frames after one kernel-3, stride-2, padding-1 convolution: (L - 1) // 2 + 1."""
+    return torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+
+
+def valid_frames(lengths: torch.Tensor, frames: int) -> torch.Tensor:
+    """(B, frames) bool, True at the valid frames; built on the lengths' device."""
+    return torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]
+
+
+class Subsampling(nn.Module):
+    """Stride-2 3x3 Conv2d + ReLU stages over (time, frequency), then a linear map to d_model."""
+
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        stages = int(math.log2(cfg.subsampling))
+        c = cfg.subsampling_channels
+        self.convs = nn.ModuleList(nn.Conv2d(1 if i == 0 else c, c, 3, stride=2, padding=1) for i in range(stages))
+        freq = cfg.input_dim
+        for _ in range(stages):
+            freq = (freq - 1) // 2 + 1
+        self.out = nn.Linear(c * freq, cfg.d_model)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        h = x.unsqueeze(1)  # (B, T, F) -> (B, 1, T, F)
+        for conv in self.convs:
+            h = h.masked_fill(~valid_frames(lengths, h.shape[2])[:, None, :, None], 0.0)  # zeros past the end
+            h = F.relu(conv(h))  # (B, C, T, F) -> (B, C, T', F')
+            lengths = halve(lengths)
+        b, c, t, f = h.shape
+        return self.out(h.permute(0, 2, 1, 3).reshape(b, t, c * f))  # (B, T', C*F') -> (B, T', D)
+
+
+def rotary(frames: int, dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (frames, dim / 2) of RoPE's angles pos / 10000^(2i / dim)."""
+    inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+    angles = torch.arange(frames, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on x (B, H, T, Dh): each pair (x1_i, x2_i) of the two halves rotated by angle (t, i)."""
+    x1, x2 = x.chunk(2, dim=-1)  # (B, H, T, Dh/2) each
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # the activations' dtype (bf16 under autocast)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class FeedForward(nn.Module):
+    """LayerNorm -> Linear (x ff_mult) -> SiLU -> dropout -> Linear -> dropout."""
+
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        hidden = cfg.ff_mult * cfg.d_model
+        self.net = nn.Sequential(nn.LayerNorm(cfg.d_model), nn.Linear(cfg.d_model, hidden), nn.SiLU(),
+                                 nn.Dropout(cfg.dropout), nn.Linear(hidden, cfg.d_model), nn.Dropout(cfg.dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class SelfAttention(nn.Module):
+    """LayerNorm -> multi-head self-attention with RoPE and a key padding mask -> dropout."""
+
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        self.heads, self.p = cfg.heads, cfg.dropout
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        qkv = self.qkv(self.norm(x)).reshape(b, t, 3, self.heads, d // self.heads)  # (B, T, 3, H, Dh)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        h = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :],  # (B, 1, 1, T)
+                                           dropout_p=self.p if self.training else 0.0)
+        return self.drop(self.proj(h.transpose(1, 2).reshape(b, t, d)))  # (B, H, T, Dh) -> (B, T, D)
+
+
+class ConvModule(nn.Module):
+    """LayerNorm -> pointwise (2D) + GLU -> depthwise conv -> LayerNorm -> SiLU -> pointwise -> dropout.
+
+    The pointwise convolutions are Linear layers on (B, T, D) (the same map, no transposes);
+    the normalization after the depthwise conv is LayerNorm, not BatchNorm: per frame, so
+    padding and batch composition never enter it."""
+
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.norm = nn.LayerNorm(d)
+        self.pw1 = nn.Linear(d, 2 * d)
+        self.dw = nn.Conv1d(d, d, cfg.conv_kernel, padding=cfg.conv_kernel // 2, groups=d)
+        self.dw_norm = nn.LayerNorm(d)
+        self.pw2 = nn.Linear(d, d)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        h = F.glu(self.pw1(self.norm(x)), dim=-1)  # (B, T, 2D) -> (B, T, D)
+        h = h.masked_fill(pad[:, :, None], 0.0)  # the depthwise conv sees zeros past the end
+        h = self.dw(h.transpose(1, 2)).transpose(1, 2)  # (B, D, T) -> conv -> (B, T, D)
+        return self.drop(self.pw2(F.silu(self.dw_norm(h))))
+
+
+class ConformerBlock(nn.Module):
+    """x + FF/2, + attention, + conv module, + FF/2, then LayerNorm (macaron form)."""
+
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        self.ff1, self.attn, self.conv, self.ff2 = FeedForward(cfg), SelfAttention(cfg), ConvModule(cfg), FeedForward(cfg)
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + 0.5 * self.ff1(x)
+        x = x + self.attn(x, valid, cos, sin)
+        x = x + self.conv(x, ~valid)
+        x = x + 0.5 * self.ff2(x)
+        return self.norm(x)
+
+
+class Conformer(AcousticModel):
+    """Subsampling -> Conformer blocks -> linear CTC head; meets the model contract."""
+
+    min_frames = 1  # padding 1 on both sides: one frame gives one output frame per stage
+
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.stages = int(math.log2(cfg.subsampling))
+        self.subsample = Subsampling(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.layers))
+        self.head = nn.Linear(cfg.d_model, cfg.num_classes)
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """(L - 1) // 2 + 1 per stride-2 stage: the subsampling convs' own arithmetic."""
+        for _ in range(self.stages):
+            lengths = halve(lengths)
+        return lengths
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, **planned) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, 93) features, lengths: (B,) -> log-probs (T', B, C), out lengths (B,)."""
+        if lengths.device.type == "cpu":  # a CPU read costs nothing; on a GPU plan() checked it
+            self.check_lengths(lengths)
+        h = self.drop(self.subsample(x[..., : self.cfg.input_dim], lengths))  # (B, T', D)
+        out_lens = self.output_lengths(lengths)
+        valid = valid_frames(out_lens, h.shape[1])  # (B, T') on x's device
+        cos, sin = rotary(h.shape[1], self.cfg.d_model // self.cfg.heads, h.device)
+        for block in self.blocks:
+            h = block(h, valid, cos, sin)
+        logits = self.head(h).transpose(0, 1)  # (B, T', C) -> (T', B, C)
+        return logits.float().log_softmax(-1), out_lens
+
+
+@register_model("conformer", ConformerConfig)
+def build_conformer(cfg: ConformerConfig) -> Conformer:
+    return Conformer(cfg)
