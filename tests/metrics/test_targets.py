@@ -66,3 +66,23 @@ def test_algoperf_targets_follow_each_runs_model(tmp_path, capsys):
     assert "--targets algoperf has no target for model 'dnn'" in capsys.readouterr().err
     assert main(["tta", str(ds2), "--targets", "15", "--metric", "wer", "--json"]) == 0
     assert [(r["target"], r["minutes"]) for r in json.loads(capsys.readouterr().out)] == [(15.0, 3.0)]
+
+
+def test_the_report_takes_a_target_set_or_numbers(tmp_path):
+    import csv
+
+    from speechperf.report.html import build_report
+
+    ds2 = _run(tmp_path, "ds2", {"name": "ds2", "conv_channels": 8, "lstm_layers": 1, "lstm_hidden": 8}, [30, 12, 11, 11])
+    conformer = _run(tmp_path, "conf", {"name": "conformer", "d_model": 16, "layers": 1, "heads": 2}, [30, 9, 8, 8])
+
+    def targets(out) -> set:
+        return {(r["run"], r["metric"], float(r["target %"])) for f in sorted(out.glob("tta*.csv"))
+                for r in csv.DictReader(open(f, newline=""))}
+
+    build_report([ds2, conformer], tmp_path / "a", targets="algoperf")
+    assert targets(tmp_path / "a") == {("ds2", "WER", ALGOPERF_WER["ds2"]), ("conf", "WER", ALGOPERF_WER["conformer"])}
+    build_report([ds2], tmp_path / "b", targets="15", metric="wer")
+    assert targets(tmp_path / "b") == {("ds2", "WER", 15.0)}
+    assert main(["report", str(ds2), "--out", str(tmp_path / "c"), "--targets", "9", "--metric", "cer"]) == 0
+    assert targets(tmp_path / "c") == {("ds2", "CER", 9.0)}
