@@ -154,8 +154,8 @@ def cmd_tta(a) -> int:
     rows = tta_table([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
                      db_path=Path(a.db) if a.db else None, price_per_hour=a.price_per_hour,
                      platform_file=a.platform_file)
-    emit(rows, a.json, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative", "init s",
-                                "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
+    emit(rows, a.json, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative",
+                                "init s", "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
     for line in [] if a.json else notes(rows):
         print(line)
     return 0

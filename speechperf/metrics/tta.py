@@ -62,7 +62,8 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
             run.close()
 
 
-def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, price_per_hour, platform_file) -> list[dict]:
+def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, price_per_hour,
+                   platform_file) -> list[dict]:
     """The rows of the runs of one workload; relative % against the first of them."""
     from speechperf.results.run import machine_name
     from speechperf.telemetry.platforms import price_columns, with_price_overrides

@@ -83,7 +83,8 @@ def price_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
         rows.append({**who(r), **price_columns(r["env"], tta, joules)})
     for name, tta in PAPER_TTA_CER10.items():
         plat = load(name)
-        rows.append({"run": "paper, LibriSpeech", "workload": "ds2 (the paper's sizes)", "platform": plat.name, "price $": plat.price_usd, "$/hour": None,
+        rows.append({"run": "paper, LibriSpeech", "workload": "ds2 (the paper's sizes)", "platform": plat.name,
+                     "price $": plat.price_usd, "$/hour": None,
                      "price date": plat.price_date, **price_performance(tta, plat)})
     return rows
 
