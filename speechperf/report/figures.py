@@ -67,6 +67,16 @@ def _lines(runs: list[dict], targets: Targets, metric: str) -> list[float]:
     return sorted({t for r in runs for t in targets.of(metric, r.get("workload", {}).get("model"))})
 
 
+# Utilization metrics the sampler writes (telemetry/sampler.py) and their units. CPU: % of
+# the whole machine (the paper's unit) and % of one core; ``util_pct`` is a GPU's, or the
+# CPU's in % of one core in runs recorded before the CPU had two labelled series.
+UTIL_UNITS = {"util_machine_pct": "% of the machine", "util_core_pct": "% of one core", "util_pct": "% of the GPU"}
+
+
+def util_unit(source: str, metric: str) -> str:
+    return "% of one core" if source == "cpu" and metric == "util_pct" else UTIL_UNITS[metric]
+
+
 def utilization_window(runs: list[dict], path: Path, window_s: float = 25.0) -> tuple[Path | None, str]:
     """Fig. 8: a 25 s window of utilization, CPU solid (% of the whole machine, as the paper;
     runs recorded before that unit have % of one core, labelled so), each GPU dashed (middle
@@ -83,7 +93,7 @@ def utilization_window(runs: list[dict], path: Path, window_s: float = 25.0) -> 
         start = max(0.0, end / 2 - window_s / 2)
         for source in sorted({s["source"] for s in util}):
             pts = [(s["t"] - start, s["value"]) for s in util if s["source"] == source and start <= s["t"] <= start + window_s]
-            unit = "%" if source != "cpu" else "% of the machine" if cpu_metric == "util_machine_pct" else "% of one core"
+            unit = util_unit(source, cpu_metric if source == "cpu" else "util_pct")
             if pts:
                 ax.plot(*zip(*pts), ls="-" if source == "cpu" else "--", lw=1, label=f"{source} ({unit})")
         gpus = {s["source"] for s in util if s["source"].startswith("gpu")}

@@ -127,16 +127,6 @@ def runs_section(ctx: Context) -> Section:
     return Section("Runs and machines", [Table("runs.csv", rows)])
 
 
-# Utilization metrics the sampler writes (telemetry/sampler.py) and their units. CPU: % of
-# the whole machine (the paper's unit) and % of one core; ``util_pct`` is a GPU's, or the
-# CPU's in % of one core in runs recorded before the CPU had two labelled series.
-UTIL_UNITS = {"util_machine_pct": "% of the machine", "util_core_pct": "% of one core", "util_pct": "% of the GPU"}
-
-
-def util_unit(source: str, metric: str) -> str:
-    return "% of one core" if source == "cpu" and metric == "util_pct" else UTIL_UNITS[metric]
-
-
 @register_section("throughput", 35)
 def throughput_table_section(ctx: Context) -> Section:
     rows = []
@@ -152,11 +142,11 @@ def throughput_table_section(ctx: Context) -> Section:
     for r in ctx.runs:
         by_series: dict[tuple[str, str], list[float]] = {}
         for s in r["samples"]:
-            if s["metric"] in UTIL_UNITS:
+            if s["metric"] in figures.UTIL_UNITS:
                 by_series.setdefault((s["source"], s["metric"]), []).append(s["value"])
         for (source, metric), values in sorted(by_series.items()):
             util.append({**who(r), "source": source, "metric": metric, "samples": len(values),
-                         "mean %": statistics.mean(values), "max %": max(values), "unit": util_unit(source, metric)})
+                         "mean %": statistics.mean(values), "max %": max(values), "unit": figures.util_unit(source, metric)})
     return Section("Throughput and utilization side by side", [
         Table("throughput.csv", rows, "no training iterations recorded"),
         Table("utilization.csv", util, "no utilization samples recorded")])
