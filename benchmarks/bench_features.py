@@ -1,6 +1,6 @@
 """Feature extraction speed: speechperf (torch) vs librosa on the same audio, same process.
 
-Goal (issue 2): ours / librosa throughput >= 1. Audio: FLAC files of a prepared corpus if
+Goal: ours / librosa throughput >= 1. Audio: FLAC files of a prepared corpus if
 a folder is given (e.g. demo/corpus), else synthesized speech-like signals.
 Usage: python benchmarks/bench_features.py [CORPUS] [--files N]
 """

@@ -1,6 +1,6 @@
 """Loader speed vs the demo model's appetite, on the same prepared features.
 
-Goal (issue 2): the loader delivers batches at least 5x faster than the CPU preset's
+Goal: the loader delivers batches at least 5x faster than the CPU preset's
 model consumes them (train steps/s). Also prints the padded-frame ratio pad / bucket.
 Usage: python benchmarks/bench_loader.py FEATS [--preset cpu] [--batches 40]
 """

@@ -1,7 +1,7 @@
 """Credibility of ``speechperf bench ops``: our timing of an op vs torch.utils.benchmark's
 blocked_autorange on the same op and dtype, in the same process; and run-to-run spread.
 
-Goal (issue 5): ours / reference within 5%; repeated sweeps within 10%.
+Goal: ours / reference within 5%; repeated sweeps within 10%.
 ``--sweeps K`` also runs the default operator sweep (all threads) K times in this process
 and prints, per op, each sweep's TFLOPS over the first sweep's, and the largest deviation.
 Usage: python benchmarks/bench_ops_credibility.py [--n 2048] [--repeats 3] [--sweeps 2]

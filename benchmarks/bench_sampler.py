@@ -3,11 +3,11 @@ measured in the same process.
 
 - Achieved period / asked period, per series: CPU utilization (asked 0.03 s) and, where an
   NVML GPU is present, power (asked 0.05 s) and the driver's buffered utilization samples.
-  Goal: CPU and NVML power within 10% of the period asked (issue 11: NVML came every ~73 ms
-  for 50 ms asked).
+  Goal: CPU and NVML power within 10% of the period asked (NVML power
+  once came every ~73 ms for 50 ms asked).
 - Sampler CPU cost: CPU seconds of the sampler thread per wall second (% of one core),
   against the simplest possible sampler: a thread calling psutil's cpu_times() at the same
-  period (reference). Goal (issue 4): the sampler under 1% of one core at the defaults.
+  period (reference). Goal: the sampler under 1% of one core at the defaults.
   Measured idle and with 4 child processes to follow (loader workers).
 Usage: python benchmarks/bench_sampler.py [--seconds 10]
 """

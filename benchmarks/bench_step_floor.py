@@ -1,6 +1,6 @@
 """The training loop's step time against its floor: the same step on data already on the device.
 
-Goal (issue 12): on a GPU the loop's step (real loader, host-to-device copies, losses read
+Goal: on a GPU the loop's step (real loader, host-to-device copies, losses read
 every ``train.sync_every`` steps) within 5% of the floor (the same batches, in the same
 order, resident on the device before timing; the same step function, the same reads). The
 reference is measured in the same process, on the same model and optimizer. Works on the

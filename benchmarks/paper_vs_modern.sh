@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The paper's recipe against the modern one on the same GPU, corpus and CER target, in one
-# TTA table and one report (issue 12). Goal on one H100: modern reaches the target in at
+# TTA table and one report. Goal on one H100: modern reaches the target in at
 # most half the paper's TTA.
 #
 #   bash benchmarks/paper_vs_modern.sh [OUT] [HOURS]      (TARGET=10 CAP=30 in the env)

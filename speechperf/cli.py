@@ -75,6 +75,16 @@ def _csv(kind=str, choices=None):
     return parse
 
 
+def _targets(text: str):
+    """A target set (paper, algoperf) or comma-separated error rates, each finite and in (0, 100]."""
+    from speechperf.metrics.targets import TargetError, parse_targets
+
+    try:
+        return parse_targets(text).name or text  # numbers are bound to --metric by the library
+    except TargetError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _preset(name: str) -> str:
     """A preset name or a TOML file."""
     if name.endswith(".toml") or name in PRESETS:
@@ -143,13 +153,15 @@ def cmd_train(a) -> int:
 
 
 def cmd_tta(a) -> int:
-    from speechperf.metrics.tta import tta_table
+    from speechperf.metrics.tta import notes, tta_table
 
     rows = tta_table([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
                      db_path=Path(a.db) if a.db else None, price_per_hour=a.price_per_hour,
                      platform_file=a.platform_file)
-    emit(rows, a.json, columns=["run", "machine", "metric", "target", "epochs", "minutes", "relative", "init s",
-                                "TFLOPS", "MFU %", "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
+    emit(rows, a.json, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative",
+                                "init s", "TFLOPS", "MFU %", "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
+    for line in [] if a.json else notes(rows):
+        print(line)
     return 0
 
 
@@ -190,7 +202,8 @@ def cmd_report(a) -> int:
     from speechperf.report.html import build_report
 
     path = build_report([Path(r) for r in a.runs], Path(a.out), db_path=Path(a.db) if a.db else None,
-                        price_per_hour=a.price_per_hour, platform_file=a.platform_file)
+                        price_per_hour=a.price_per_hour, platform_file=a.platform_file, targets=a.targets,
+                        metric=a.metric)
     print(path)
     return 0
 
@@ -243,6 +256,12 @@ def _timing_args(sp, what: str) -> None:
                     help="shortest window given power and energy (default 2; shorter: none, with the reason)")
 
 
+def _targets_args(sp) -> None:
+    sp.add_argument("--targets", type=_targets, default="paper",
+                    help="TTA targets: paper (CER 10/8/7, WER 22/20.2/19.2), algoperf (AlgoPerf's validation WER: "
+                         "conformer 8.5884, ds2 11.9936, by the run's model), or error rates %% of --metric, e.g. 10,8")
+
+
 def cmd_parallel(a) -> int:
     from speechperf.parallel.worker import main as parallel_main
 
@@ -261,7 +280,7 @@ def cmd_demo(a) -> int:
     from speechperf.demo import run_demo
 
     rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json)
-    emit(rows, a.json, columns=["run", "metric", "target", "epochs", "minutes", "relative", "init s",
+    emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative", "init s",
                                 "cost to accuracy $", "price note"])
     return 0
 
@@ -311,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("tta", cmd_tta, "time-to-accuracy table (Table 4 form)")
     sp.add_argument("runs", nargs="+")
     sp.add_argument("--metric", choices=["cer", "wer"], default="cer", help="validation error the targets apply to")
-    sp.add_argument("--targets", type=_csv(float), default=[10.0, 8.0, 7.0], help="target error rates (%%)")
+    _targets_args(sp)
     sp.add_argument("--epochs", type=int, default=3, help="median over this many last epochs")
     sp.add_argument("--db", help="where the rows of a previous-release run folder without its own database are")
     sp.add_argument("--price-per-hour", type=float, default=None,
@@ -356,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="$/hour of the whole machine of every run given (overrides every profile)")
     sp.add_argument("--platform-file", default=None,
                     help="a platform profile TOML whose prices apply to every run given (overrides the recorded one)")
+
+    sp.add_argument("--metric", choices=["cer", "wer"], default="cer", help="the metric of explicit --targets numbers")
+    _targets_args(sp)
 
     sp = add("platforms", cmd_platforms, "platform profiles: what each matches, prices with their date and source")
     sp.add_argument("--file", action="append", default=[], help="also a user profile TOML (repeatable)")

@@ -10,17 +10,17 @@ when complete, an interrupted run is resumed, a finished run is reported again a
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from speechperf.config import load_preset
+from speechperf.metrics.targets import METRICS
+from speechperf.results.workload import workload, workload_label
 
-CER_TARGETS = (10.0, 8.0, 7.0)  # SPEC D, LibriSpeech dev-clean
-WER_TARGETS = (22.0, 20.2, 19.2)
-DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo
-# Presets whose model needs more audio than the CPU demo's to be busy and to generalize
-PRESET_HOURS = {"gpu": 8.0, "paper": 8.0, "modern": 8.0}
+DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo (CPU-sized presets: cpu, tiny, conformer-cpu)
+# Presets sized for a GPU, whose model needs more audio than the CPU demo's to be busy and to
+# generalize; every other preset (a TOML file too) gets DEFAULT_HOURS, and --hours overrides.
+PRESET_HOURS = {"gpu": 8.0, "paper": 8.0, "modern": 8.0, "conformer": 8.0, "conformer-algoperf": 8.0}
 SWEEP_WIDTHS = (1, 16, 64, 256)  # Table 3 form on dev-clean: greedy (1) against word beam search
 
 
@@ -39,9 +39,11 @@ def pick_preset(cuda: bool | None = None) -> tuple[str, str]:
 
 def run_demo(out: Path, hours: float | None = None, minutes: float | None = None, preset: str | None = None,
              overrides=(), quiet: bool = False) -> list[dict]:
-    """Run (or continue) the demo under ``out``; returns the TTA rows (CER then WER).
+    """Run (or continue) the demo under ``out``; returns the TTA rows (CER then WER, the paper's
+    targets), each naming the workload (model, parameters).
 
-    ``preset`` None: the machine's (:func:`pick_preset`)."""
+    ``preset`` None: the machine's (:func:`pick_preset`); any preset (or TOML file) runs, its
+    audio hours from PRESET_HOURS, else DEFAULT_HOURS."""
     from speechperf.corpus.synth import synthesize
     from speechperf.features.prepare import prepare
     from speechperf.metrics.tta import tta_table
@@ -52,19 +54,21 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     if minutes is not None:
         overrides.append(f"train.time_cap_minutes={minutes}")
     say = (lambda msg: None) if quiet else (lambda msg: print(f"[demo] {msg}", flush=True))
+    why = "given"
     if preset is None:
         preset, why = pick_preset()
-        say(f"preset {preset!r} ({why}; --preset overrides)")
-    load_preset(preset, overrides)  # fail on a bad preset before minutes of synthesis
+        why += "; --preset overrides"
+    cfg = load_preset(preset, overrides)  # fail on a bad preset, or a damaged run folder, before minutes of synthesis
+    run = out / "run"
+    status = _finished_status(run)
+    hours = hours or PRESET_HOURS.get(preset, DEFAULT_HOURS)
+    say(f"preset {preset!r} ({why}): workload {workload_label(workload(cfg.to_dict()))}, {hours:g} h of audio")
     t0 = time.perf_counter()
     say(f"corpus -> {out / 'corpus'}")
-    synthesize(out / "corpus", hours=hours or PRESET_HOURS.get(preset, DEFAULT_HOURS), seed=1, progress=not quiet)
+    synthesize(out / "corpus", hours=hours, seed=1, progress=not quiet)
     say(f"features -> {out / 'features'} ({time.perf_counter() - t0:.0f} s so far)")
     prepare(out / "corpus", out / "features", progress=not quiet)
-    run = out / "run"
-    summary_path = run / "summary.json"
-    status = json.loads(summary_path.read_text()).get("status", "") if summary_path.exists() else None
-    if status is not None and not status.startswith("failed"):  # a failed run continues (Run.finished)
+    if status is not None:
         say(f"{run} already finished ({status}); delete it to train anew")
     else:
         say(f"{'resuming' if (run / 'checkpoint.pt').exists() else 'training'} preset {preset!r} -> {run} "
@@ -73,7 +77,18 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     _beam_sweep(run, say)
     _report(run, out / "report", say)
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
-    return tta_table([run], metric="cer", targets=CER_TARGETS) + tta_table([run], metric="wer", targets=WER_TARGETS)
+    return [row for metric in METRICS for row in tta_table([run], metric=metric, targets="paper")]
+
+
+def _finished_status(run: Path) -> str | None:
+    """The status of a finished run in ``run`` (None: none there, or one to continue); a
+    damaged run folder is refused by name (Run reads every JSON file it holds)."""
+    from speechperf.results.run import Run
+
+    if not Run.exists(run):
+        return None
+    with Run.open(run) as r:
+        return str(r.summary().get("status", "")) if r.finished else None
 
 
 def _beam_sweep(run: Path, say) -> None:

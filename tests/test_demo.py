@@ -3,6 +3,9 @@ import pytest
 import torch
 
 from speechperf import demo
+from speechperf.config import load_preset, preset_names
+from speechperf.models import build_model
+from speechperf.results.workload import workload
 
 
 class Stop(Exception):
@@ -41,4 +44,20 @@ def test_preset_option_overrides_the_pick(monkeypatch, synth_calls, tmp_path, ca
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(Stop):
         demo.run_demo(tmp_path / "d", preset="cpu")
-    assert "preset 'cpu' (" not in capsys.readouterr().out and synth_calls == [1.5]
+    out = capsys.readouterr().out
+    assert "[demo] preset 'cpu' (given): workload ds2, " in out and "--preset overrides" not in out
+    assert synth_calls == [1.5]
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_preset_runs_and_the_demo_names_it_and_its_workload(preset, synth_calls, tmp_path, capsys):
+    """Any preset (those added later too) passes the demo's per-preset choices up to synthesis,
+    and the demo says which preset, which model with how many parameters, and how much audio."""
+    with pytest.raises(Stop):
+        demo.run_demo(tmp_path / "d", preset=preset)
+    cfg = load_preset(preset)
+    w = workload(cfg.to_dict())
+    assert w["model"] == cfg.model.name and w["params"] == sum(p.numel() for p in build_model(cfg.model).parameters())
+    hours = demo.PRESET_HOURS.get(preset, demo.DEFAULT_HOURS)
+    line = f"[demo] preset {preset!r} (given): workload {cfg.model.name}, {w['params'] / 1e6:.3g} M params, {hours:g} h"
+    assert line in capsys.readouterr().out and synth_calls == [hours]

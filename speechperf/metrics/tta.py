@@ -31,46 +31,68 @@ def epoch_evals(run, metric: str) -> list[tuple[float, float]]:
     return [(r["clock_s"], r[metric]) for r in run.evals()]
 
 
-def tta_table(runs: Sequence[Path], metric: str = "cer", targets: Sequence[float] = (10.0, 8.0, 7.0),
-              epochs: int = 3, db_path: Path | None = None, price_per_hour: float | None = None,
+def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs: int = 3,
+              db_path: Path | None = None, price_per_hour: float | None = None,
               platform_file: Path | None = None) -> list[dict]:
-    """Table 4 form: one row per (run, target) with minutes and % of the first run (the reference),
-    the initialization seconds kept outside the clock, the achieved TFLOPS and MFU of its
-    training steps (metrics/mfu.py) and the peak behind it, and the run's platform with cost to
-    accuracy and TTA x price (``price_per_hour``/``platform_file`` override what the run
-    recorded; :func:`speechperf.telemetry.platforms.of_run`).
+    """Table 4 form: one row per (run, target) with minutes and % of the first run of the same
+    workload (the reference), the initialization seconds kept outside the clock, the achieved
+    TFLOPS and MFU of its training steps (metrics/mfu.py) with the peak behind it, and the run's
+    platform with cost to accuracy and TTA x price (``price_per_hour``/``platform_file``
+    override what the run recorded; :func:`speechperf.telemetry.platforms.of_run`).
 
-    Runs are named by their labels (told apart where they collide); each run's rows come
-    from its own folder, so folders from different machines compare in one table.
-    ``db_path``: where the rows of a folder of the previous release are (it has no database
-    of its own).
+    ``targets``: a target set (``paper``, ``algoperf``: its targets depend on the run's model)
+    or numbers (:func:`speechperf.metrics.targets.parse_targets`). Rows are grouped per
+    workload (model and parameter count): runs of different models are different jobs, so a
+    run's relative % is only ever against a run of its own workload. Runs are named by their
+    labels (told apart where they collide); each run's rows come from its own folder, so
+    folders from different machines compare in one table. ``db_path``: where the rows of a
+    folder of the previous release are (it has no database of its own).
     """
-    from speechperf.metrics.mfu import mfu_columns
-    from speechperf.results.run import Run, machine_name, unique_labels
-    from speechperf.telemetry.platforms import price_columns, with_price_overrides
+    from speechperf.metrics.targets import parse_targets
+    from speechperf.results.run import Run, unique_labels
+    from speechperf.results.workload import by_workload
 
-    if metric not in ("cer", "wer"):
-        raise SpeechperfError(f"metric must be cer or wer, got {metric!r}")
+    spec = parse_targets(targets, metric)
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
-    rows: list[dict] = []
-    first: dict[float, float | None] = {}
     try:
-        for index, (run, label) in enumerate(zip(opened, unique_labels(opened))):
-            evals = epoch_evals(run, metric)
-            env = with_price_overrides(run.env, price_per_hour, platform_file)
-            summary = run.summary() or {}  # {}: unfinished, or a run of the previous release
-            init_s = summary.get("init_s")
-            for target in targets:
-                minutes = tta_minutes(evals, target, epochs)
-                if index == 0:
-                    first[target] = minutes
-                ref = first[target]
-                relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference: exactly 100
-                rows.append({"run": label, "machine": machine_name(run.env), "metric": metric, "target": target,
-                             "epochs": epochs, "minutes": minutes, "relative": relative, "init s": init_s,
-                             **mfu_columns(summary), **price_columns(env, minutes)})
+        labelled = list(zip(opened, unique_labels(opened), (r.workload for r in opened)))
+        return [row for name, members in by_workload(labelled, lambda m: m[2]).items()
+                for row in _workload_rows(members, name, metric, spec, epochs, price_per_hour, platform_file)]
     finally:
         for run in opened:
             run.close()
+
+
+def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, price_per_hour,
+                   platform_file) -> list[dict]:
+    """The rows of the runs of one workload; relative % against the first of them."""
+    from speechperf.metrics.mfu import mfu_columns
+    from speechperf.results.run import machine_name
+    from speechperf.telemetry.platforms import price_columns, with_price_overrides
+
+    rows: list[dict] = []
+    first: dict[float, float | None] = {}
+    for run, label, wl in members:
+        targets = spec.require(metric, wl["model"])
+        evals = epoch_evals(run, metric)
+        env = with_price_overrides(run.env, price_per_hour, platform_file)
+        summary = run.summary() or {}  # {}: unfinished, or a run of the previous release
+        init_s = summary.get("init_s")
+        for target in targets:
+            minutes = tta_minutes(evals, target, epochs)
+            ref = first.setdefault(target, minutes)
+            relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference: exactly 100
+            rows.append({"run": label, "workload": name, "machine": machine_name(run.env), "metric": metric,
+                         "target": target, "epochs": epochs, "minutes": minutes, "relative": relative, "init s": init_s,
+                         **mfu_columns(summary), **price_columns(env, minutes)})
     return rows
 
+
+def notes(rows: list[dict]) -> list[str]:
+    """What the text table leaves implicit: with runs of several workloads, that they are not
+    ranked against each other."""
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    if len(workloads) < 2:
+        return []
+    return [f"{len(workloads)} workloads ({'; '.join(workloads)}): different jobs, not ranked against each other; "
+            "'relative' is % of the first run of the same workload."]

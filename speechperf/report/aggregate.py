@@ -6,8 +6,9 @@ import json
 import statistics
 
 from speechperf.metrics.tta import tta_minutes
-from speechperf.report.figures import CER_TARGETS, WER_TARGETS
+from speechperf.metrics.targets import METRICS, Targets
 from speechperf.telemetry import energy
+from speechperf.report.runs import who
 from speechperf.telemetry.platforms import Platform, load, of_run, price_columns, price_performance
 
 # The paper's TTA to dev-clean CER 10 on LibriSpeech (SPEC D), for orientation beside ours.
@@ -36,17 +37,18 @@ def cheapest_first(platform: Platform) -> tuple:
     return (1, platform.usd_per_hour) if platform.usd_per_hour is not None else (2, 0.0)
 
 
-def tta_rows(runs: list[dict]) -> list[dict]:
-    """Table 4/6: TTA per run and target, and relative to the run on the cheapest platform that
-    reached it (the fastest run when no platform has a price; the row names its reference)."""
+def tta_rows(runs: list[dict], targets: Targets = Targets()) -> list[dict]:
+    """Table 4/6 for the runs of one workload: TTA per run and target, and relative to the run
+    on the cheapest platform that reached it (the fastest run when no platform has a price; the
+    row names its reference). ``targets``: the set (or numbers) whose targets apply."""
     rows = []
-    for metric, targets in (("cer", CER_TARGETS), ("wer", WER_TARGETS)):
-        for target in targets:
+    for metric in METRICS:
+        for target in sorted({t for r in runs for t in targets.of(metric, r["workload"]["model"])}, reverse=True):
             mins = [(r, run_tta(r, target, metric)) for r in runs]
             reached = [(r, m) for r, m in mins if m is not None]
             ref = min(reached, key=lambda rm: (cheapest_first(of_run(rm[0]["env"])), rm[1]), default=(None, None))
             for r, m in mins:
-                rows.append({"run": r["label"], "platform": of_run(r["env"]).name, "metric": metric.upper(),
+                rows.append({**who(r), "platform": of_run(r["env"]).name, "metric": metric.upper(),
                              "target %": target, "TTA minutes": m,
                              "relative %": 100 * m / ref[1] if m is not None and ref[1] else None,
                              "reference": ref[0]["label"] if ref[0] else None})
@@ -60,10 +62,11 @@ def price_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
     for r in runs:
         tta = run_tta(r, target)
         joules = energy_until(r, tta * 60 if tta is not None else None)
-        rows.append({"run": r["label"], **price_columns(r["env"], tta, joules)})
+        rows.append({**who(r), **price_columns(r["env"], tta, joules)})
     for name, tta in PAPER_TTA_CER10.items():
         plat = load(name)
-        rows.append({"run": "paper, LibriSpeech", "platform": plat.name, "price $": plat.price_usd, "$/hour": None,
+        rows.append({"run": "paper, LibriSpeech", "workload": "ds2 (the paper's sizes)", "platform": plat.name,
+                     "price $": plat.price_usd, "$/hour": None,
                      "price date": plat.price_date, **price_performance(tta, plat)})
     return rows
 
@@ -85,7 +88,7 @@ def repeated_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
         ttas = [run_tta(r, target) for r in members]
         done = sorted(t for t in ttas if t is not None)
         kept = done[1:-1] if len(done) >= 3 else done
-        rows.append({"preset": members[0]["config"].get("preset"), "platform": of_run(members[0]["env"]).name,
+        rows.append({"preset": members[0]["config"].get("preset"), "workload": members[0].get("workload_label"), "platform": of_run(members[0]["env"]).name,
                      "runs": len(members), "seeds": ", ".join(str(r["row"].get("seed")) for r in members),
                      "MLPerf mean TTA min": statistics.mean(kept) if kept else None,
                      "aggregation": "dropped fastest and slowest" if len(done) >= 3 else "mean (fewer than 3 reached)",

@@ -17,10 +17,10 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.ndimage import gaussian_filter1d  # noqa: E402
 
+from speechperf.metrics.targets import Targets  # noqa: E402
+from speechperf.report.runs import legend  # noqa: E402
 from speechperf.telemetry.sampler import achieved_periods  # noqa: E402
 
-CER_TARGETS = (10.0, 8.0, 7.0)
-WER_TARGETS = (22.0, 20.2, 19.2)
 
 
 def _save(fig, path: Path) -> Path:
@@ -30,8 +30,9 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def loss_and_accuracy(runs: list[dict], path: Path) -> tuple[Path | None, str]:
-    """Fig. 7: training loss (Gaussian-smoothed, sigma 10) and validation CER/WER over time, log y."""
+def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()) -> tuple[Path | None, str]:
+    """Fig. 7: training loss (Gaussian-smoothed, sigma 10) and validation CER/WER over time, log y;
+    dotted: the ``targets`` of the runs' models."""
     if not any(r["iterations"] for r in runs):
         return None, "no training iterations recorded"
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -40,15 +41,15 @@ def loss_and_accuracy(runs: list[dict], path: Path) -> tuple[Path | None, str]:
         if its:
             t = np.array([i["clock_s"] for i in its]) / 60
             loss = np.array([i["loss"] for i in its], dtype=float)
-            axes[0].plot(t, gaussian_filter1d(loss, sigma=10) if len(loss) > 1 else loss, label=r["label"])
+            axes[0].plot(t, gaussian_filter1d(loss, sigma=10) if len(loss) > 1 else loss, label=legend(r))
         ev = r["evals"]
         if ev:
             t = [e["clock_s"] / 60 for e in ev]
-            axes[1].plot(t, [e["cer"] for e in ev], marker="o", ms=3, label=r["label"])
-            axes[2].plot(t, [e["wer"] for e in ev], marker="o", ms=3, label=r["label"])
+            axes[1].plot(t, [e["cer"] for e in ev], marker="o", ms=3, label=legend(r))
+            axes[2].plot(t, [e["wer"] for e in ev], marker="o", ms=3, label=legend(r))
     for ax, title, targets in ((axes[0], "training loss (Gaussian, sigma 10)", ()),
-                               (axes[1], "validation CER (standard) %", CER_TARGETS),
-                               (axes[2], "validation WER %", WER_TARGETS)):
+                               (axes[1], "validation CER (standard) %", _lines(runs, targets, "cer")),
+                               (axes[2], "validation WER %", _lines(runs, targets, "wer"))):
         for y in targets:
             ax.axhline(y, color="gray", ls=":", lw=1)
             ax.annotate(f"TTA target {y:g}", xy=(0.01, y), xycoords=("axes fraction", "data"), fontsize=7,
@@ -59,6 +60,21 @@ def loss_and_accuracy(runs: list[dict], path: Path) -> tuple[Path | None, str]:
         ax.grid(alpha=0.3, which="both")
     axes[1].legend(fontsize=8)
     return _save(fig, path), ""
+
+
+def _lines(runs: list[dict], targets: Targets, metric: str) -> list[float]:
+    """The targets of ``metric`` over the runs' models (AlgoPerf's differ per model)."""
+    return sorted({t for r in runs for t in targets.of(metric, r.get("workload", {}).get("model"))})
+
+
+# Utilization metrics the sampler writes (telemetry/sampler.py) and their units. CPU: % of
+# the whole machine (the paper's unit) and % of one core; ``util_pct`` is a GPU's, or the
+# CPU's in % of one core in runs recorded before the CPU had two labelled series.
+UTIL_UNITS = {"util_machine_pct": "% of the machine", "util_core_pct": "% of one core", "util_pct": "% of the GPU"}
+
+
+def util_unit(source: str, metric: str) -> str:
+    return "% of one core" if source == "cpu" and metric == "util_pct" else UTIL_UNITS[metric]
 
 
 def utilization_window(runs: list[dict], path: Path, window_s: float = 25.0) -> tuple[Path | None, str]:
@@ -77,14 +93,14 @@ def utilization_window(runs: list[dict], path: Path, window_s: float = 25.0) -> 
         start = max(0.0, end / 2 - window_s / 2)
         for source in sorted({s["source"] for s in util}):
             pts = [(s["t"] - start, s["value"]) for s in util if s["source"] == source and start <= s["t"] <= start + window_s]
-            unit = "%" if source != "cpu" else "% of the machine" if cpu_metric == "util_machine_pct" else "% of one core"
+            unit = util_unit(source, cpu_metric if source == "cpu" else "util_pct")
             if pts:
                 ax.plot(*zip(*pts), ls="-" if source == "cpu" else "--", lw=1, label=f"{source} ({unit})")
         gpus = {s["source"] for s in util if s["source"].startswith("gpu")}
         periods = achieved_periods(util)
         every = ", ".join(f"{key.split(':')[0]} every {1000 * p['median_s']:.0f} ms (n = {p['count']})"
                           for key, p in periods.items() if p["median_s"])
-        ax.set_title(f"{r['label']}: utilization, 25 s window from t = {start:.0f} s"
+        ax.set_title(f"{legend(r)}: utilization, 25 s window from t = {start:.0f} s"
                      + ("" if gpus else " (no GPU in this run)") + (f"\nsampled: {every}" if every else ""), fontsize=9)
         ax.set_xlabel("seconds")
         ax.legend(fontsize=8, loc="upper right")
@@ -106,7 +122,7 @@ def throughput(runs: list[dict], path: Path) -> tuple[Path | None, str]:
         t = [i["clock_s"] / 60 for i in its]
         for ax, key, amount in ((axes[0], "utts_per_s", "batch_size"), (axes[1], "audio_s_per_s", "audio_s")):
             ax.plot(t, [i[key] for i in its], lw=0.4, alpha=0.35, color=color)
-            ax.plot(*_windowed(its, amount), lw=1.6, color=color, label=r["label"])
+            ax.plot(*_windowed(its, amount), lw=1.6, color=color, label=legend(r))
         for e in r["evals"]:  # evaluation periods: training stands still there
             for ax in axes:
                 ax.axvspan((e["clock_s"] - e["eval_s"]) / 60, e["clock_s"] / 60, color="orange", alpha=0.2, lw=0)
@@ -141,7 +157,7 @@ def power_over_time(runs: list[dict], path: Path) -> tuple[Path | None, str]:
     for ax, r in zip(axes[:, 0], have):
         for source, label, (t, watts) in _power_series(r["samples"]):
             ax.plot(t, watts, lw=0.8, ls="-" if source.startswith("rapl") else "--", label=f"{source} ({label})")
-        ax.set_title(f"{r['label']}: power")
+        ax.set_title(f"{legend(r)}: power")
         ax.set_xlabel("seconds since the sampler started")
         ax.set_ylabel("W")
         ax.legend(fontsize=8, loc="upper right")

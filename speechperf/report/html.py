@@ -13,7 +13,7 @@ from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
-from speechperf.report.runs import load_run
+from speechperf.report.runs import legend, load_run
 from speechperf.report.sections import Context, Figure, Note, Section, Table, ordered
 from speechperf.results import ResultsDB
 from speechperf.tables import _fmt, write_csv
@@ -25,7 +25,7 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
 
 
 def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price_per_hour: float | None = None,
-                 platform_file: Path | None = None) -> Path:
+                 platform_file: Path | None = None, targets="paper", metric: str = "cer") -> Path:
     """Write ``out/index.html`` (+ PNG and CSV files) for ``runs``; returns its path.
 
     Each run's rows come from its own folder (runs from different machines side by side);
@@ -33,13 +33,16 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
     sweeps) and for folders of the previous release without a database of their own;
     default for those sections: the first run's database. ``price_per_hour``,
     ``platform_file``: prices that override what the runs recorded
-    (:func:`speechperf.telemetry.platforms.of_run`).
+    (:func:`speechperf.telemetry.platforms.of_run`). ``targets``: the TTA targets, a set
+    (``paper``, ``algoperf``) or numbers of ``metric`` (:func:`speechperf.metrics.targets.parse_targets`).
     """
+    from speechperf.metrics.targets import parse_targets
     from speechperf.results.run import Run, unique_labels
 
     if not runs:
         raise SpeechperfError("report needs at least one run folder")
     out = Path(out)
+    spec = parse_targets(targets, metric)
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
     try:
         loaded = [load_run(r, label) for r, label in zip(opened, unique_labels(opened))]
@@ -49,7 +52,7 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
         db = shared or opened[0].db
         try:
             out.mkdir(parents=True, exist_ok=True)
-            ctx = Context(loaded, out, db)
+            ctx = Context(loaded, out, db, spec)
             sections = [builder(ctx) for _, builder in ordered()]
         finally:
             if shared is not None:
@@ -57,7 +60,7 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
     finally:
         for r in opened:
             r.close()
-    labels = ", ".join(r["label"] for r in ctx.runs)
+    labels = ", ".join(legend(r) for r in ctx.runs)
     parts = [f"<h1>speechperf report: {len(ctx.runs)} run(s)</h1>",
              f"<p>Runs: {html.escape(labels)}. Benchmark and parallel sections from: {html.escape(str(db.path))}.</p>"]
     parts += [render_section(s, out) for s in sections]

@@ -2,12 +2,15 @@
 prices, power and energy, and sentences logged during training (registered in order)."""
 from __future__ import annotations
 
+import re
 import statistics
 
 from speechperf.metrics.mfu import mfu_columns
 from speechperf.report import figures
 from speechperf.report.aggregate import energy_by_source, price_rows, repeated_rows, tta_rows
+from speechperf.report.runs import who
 from speechperf.report.sections import Context, Figure, Note, Section, Table, register_section
+from speechperf.results.workload import by_workload
 from speechperf.telemetry.platforms import of_run, presets, table
 
 
@@ -19,9 +22,9 @@ def _figure(ctx: Context, draw, name: str, caption: str) -> Figure:
 @register_section("fig7", 10)
 def loss_accuracy_section(ctx: Context) -> Section:
     return Section("Loss and accuracy over time (Fig. 7)", [_figure(
-        ctx, figures.loss_and_accuracy, "fig7.png",
+        ctx, lambda runs, path: figures.loss_and_accuracy(runs, path, ctx.targets), "fig7.png",
         "Training loss per batch smoothed with a Gaussian (sigma 10 batches); validation CER and WER after each "
-        "epoch; dotted lines: the TTA targets. Log y axes; x is the TTA clock: time since the model was created, "
+        "epoch; dotted lines: the TTA targets. Log y axes; x is the TTA clock: time since initialization ended, "
         "evaluations included, time the process was down (before a resume) excluded.")])
 
 
@@ -52,9 +55,9 @@ def power_section(ctx: Context) -> Section:
     for r in ctx.runs:
         end = max((s["t"] for s in r["samples"]), default=0.0)
         for source, (joules, method) in energy_by_source(r, end).items():
-            energy.append({"run": r["label"], "source": source, "method": method, "seconds": end, "energy J": joules,
+            energy.append({**who(r), "source": source, "method": method, "seconds": end, "energy J": joules,
                            "kWh": joules / 3.6e6, "mean W": joules / end if end else None})
-    missing = [{"run": r["label"], "source": src, "why": why} for r in ctx.runs
+    missing = [{**who(r), "source": src, "why": why} for r in ctx.runs
                for src, why in sorted(r["env"].get("telemetry", {}).get("unavailable", {}).items())]
     not_recorded = [r["label"] for r in ctx.runs if "telemetry" not in r["env"]]
     blocks = [_figure(ctx, figures.power_over_time, "power.png",
@@ -62,7 +65,7 @@ def power_section(ctx: Context) -> Section:
                       "reading), CPU package and DRAM from RAPL energy counters (solid)."),
               Table("energy.csv", energy, "no run measured power or energy (no NVML GPU, no readable RAPL counter); "
                                           "nothing is estimated from TDP"),
-              Table("unavailable.csv", missing, "every power source was available")]
+              Table("unavailable.csv", missing) if missing else Note("Every power source was available.")]
     if not_recorded:
         blocks.append(Note(f"Runs that did not record which sources were available: {', '.join(not_recorded)}."))
     return Section("Power and energy", blocks)
@@ -70,17 +73,30 @@ def power_section(ctx: Context) -> Section:
 
 @register_section("tta", 50)
 def tta_section(ctx: Context) -> Section:
-    return Section("Time to accuracy (Table 4/6)", [
-        Note("TTA: minutes from run_start (after initialization) until the median validation error of the last 3 "
-             "epochs reaches the target (empty: never reached). Relative %: TTA against the run named in "
-             "'reference' - the run on the cheapest platform that reached the target, or the fastest when no "
-             "platform has a price."),
-        Table("tta.csv", tta_rows(ctx.runs), "no evaluations recorded")])
+    groups = by_workload(ctx.runs, lambda r: r["workload"])
+    blocks = [Note(f"TTA: minutes from the end of initialization until the median validation error of the last 3 "
+                   f"epochs reaches the target (empty: never reached); targets: {ctx.targets}. Relative %: TTA "
+                   "against the run named in 'reference' - the run on the cheapest platform that reached the target, "
+                   "or the fastest when no platform has a price - among the runs of the same workload only.")]
+    if len(groups) > 1:
+        blocks.append(Note(f"These runs train {len(groups)} different workloads ({'; '.join(groups)}): a different "
+                           "model is a different job (its own computation per step and its own route to the "
+                           "target), so its time to accuracy is not ranked against another's; one table per workload."))
+    for k, (name, runs) in enumerate(groups.items()):
+        if len(groups) > 1:
+            blocks.append(Note(f"Workload {name}: {', '.join(r['label'] for r in runs)}."))
+        blocks.append(Table("tta.csv" if len(groups) == 1 else f"tta_{k + 1}_{_slug(name)}.csv",
+                            tta_rows(runs, ctx.targets), f"the targets ({ctx.targets}) have none for {name}"))
+    return Section("Time to accuracy (Table 4/6), per workload", blocks)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 @register_section("beam_sweep", 60)
 def beam_sweep_section(ctx: Context) -> Section:
-    rows = [{"run": r["label"], "split": w["split"], "decoder": w["decoder"], "beam": w["beam"], "eval s": w["eval_s"],
+    rows = [{**who(r), "split": w["split"], "decoder": w["decoder"], "beam": w["beam"], "eval s": w["eval_s"],
              "WER %": w["wer"], "CER %": w["cer"], "utterances": w["n_utts"]} for r in ctx.runs for w in r["sweep"]]
     return Section("Beam width vs evaluation time and accuracy (Table 3)", [
         Table("beam_sweep.csv", rows, "no beam sweep was run for these runs (speechperf beam-sweep RUN)")])
@@ -88,7 +104,7 @@ def beam_sweep_section(ctx: Context) -> Section:
 
 @register_section("final", 70)
 def final_section(ctx: Context) -> Section:
-    rows = [{"run": r["label"], "split": f["split"], "decoder": f["decoder"], "beam": f["beam"], "WER %": f["wer"],
+    rows = [{**who(r), "split": f["split"], "decoder": f["decoder"], "beam": f["beam"], "WER %": f["wer"],
              "CER %": f["cer"], "CER paper %": f["cer_paper"], "utterances": f["n_utts"]}
             for r in ctx.runs for f in r["finals"]]
     return Section("Final evaluation (Table 5)", [
@@ -101,7 +117,7 @@ def runs_section(ctx: Context) -> Section:
     rows = []
     for r in ctx.runs:
         env, gpus = r["env"], r["env"].get("gpus") or []
-        rows.append({"run": r["label"], "folder": r["run"], "status": r["row"].get("status"),
+        rows.append({**who(r), "folder": r["run"], "status": r["row"].get("status"),
                      "preset": r["config"].get("preset") or r["row"].get("preset"),
                      "precision": r["config"].get("train", {}).get("precision", "fp32"),
                      "precision note": r["env"].get("precision_note"), "seed": r["row"].get("seed"),
@@ -119,21 +135,20 @@ def throughput_table_section(ctx: Context) -> Section:
     for r in ctx.runs:
         its = r["iterations"]
         if its:
-            rows.append({"run": r["label"], "iterations": len(its),
+            rows.append({**who(r), "iterations": len(its),
                          "median utterances/s": statistics.median(i["utts_per_s"] for i in its),
                          "median audio s/s": statistics.median(i["audio_s_per_s"] for i in its),
                          "mean batch": statistics.mean(i["batch_size"] for i in its),
                          "training clock min": its[-1]["clock_s"] / 60, **mfu_columns(r.get("summary") or {})})
     util = []
     for r in ctx.runs:
-        by_source: dict[str, list[float]] = {}
+        by_series: dict[tuple[str, str], list[float]] = {}
         for s in r["samples"]:
-            if s["metric"] == "util_pct":
-                by_source.setdefault(s["source"], []).append(s["value"])
-        for source, values in sorted(by_source.items()):
-            util.append({"run": r["label"], "source": source, "samples": len(values),
-                         "mean %": statistics.mean(values), "max %": max(values),
-                         "unit": "% of one core" if source == "cpu" else "% of the GPU"})
+            if s["metric"] in figures.UTIL_UNITS:
+                by_series.setdefault((s["source"], s["metric"]), []).append(s["value"])
+        for (source, metric), values in sorted(by_series.items()):
+            util.append({**who(r), "source": source, "metric": metric, "samples": len(values),
+                         "mean %": statistics.mean(values), "max %": max(values), "unit": figures.util_unit(source, metric)})
     return Section("Throughput and utilization side by side", [
         Note("TFLOPS: the model's training FLOPs (forward and backward over the valid frames; padding, the loss, "
              "the optimizer, data loading and evaluation not counted) per second of training steps; MFU: that in % "
@@ -172,7 +187,7 @@ def repeated_section(ctx: Context) -> Section:
 
 @register_section("sentences", 400)
 def sentences_section(ctx: Context) -> Section:
-    rows = [{"run": r["label"], "iteration": s.get("iteration"), "reference": p.get("ref"), "hypothesis": p.get("hyp")}
+    rows = [{**who(r), "iteration": s.get("iteration"), "reference": p.get("ref"), "hypothesis": p.get("hyp")}
             for r in ctx.runs for s in r["sentences"] for p in s.get("pairs", [])[:1]]
     return Section("Sentences generated during training (greedy, last three)", [
         Table("sentences.csv", rows, "no sentences logged")])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from speechperf.results.run import Run
+from speechperf.results.workload import workload, workload_label
 
 SENTENCES_SHOWN = 3  # last logged sentence batches per run
 
@@ -14,10 +15,21 @@ def load_run(run: Run, label: str | None = None) -> dict:
     # the folder's files first: they travel with it (the row's copies are for a shared database)
     cfg = run.config if (run.folder / "config.json").is_file() else json.loads(row["config_json"] or "{}")
     env = run.env if (run.folder / "env.json").is_file() else json.loads(row["env_json"] or "{}")
+    work = workload(cfg)
     return {
         "run": str(run.folder), "run_id": run.run_id, "label": label or run.label, "row": row, "config": cfg,
-        "env": env,
+        "env": env, "workload": work, "workload_label": workload_label(work),
         "summary": run.summary() or {},  # {}: unfinished; an unreadable summary.json is refused by name
         "iterations": run.iterations(), "evals": run.evals(), "finals": run.evals(final=True),
         "samples": run.samples(), "sweep": run.beam_sweep(), "sentences": run.sentences(SENTENCES_SHOWN),
     }
+
+
+def legend(r: dict) -> str:
+    """A run's name in figures: its label and its workload (model, parameter count)."""
+    return f"{r['label']} ({r['workload_label']})" if r.get("workload_label") else r["label"]
+
+
+def who(r: dict) -> dict:
+    """A table row's first columns: the run's label and its workload."""
+    return {"run": r["label"], "workload": r.get("workload_label")}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from speechperf.metrics.targets import Targets
 from speechperf.registry import Registry
 from speechperf.results import ResultsDB
 
@@ -50,6 +51,7 @@ class Context:
     runs: list[dict]  # load_run() of each run, in command-line order
     out: Path  # report folder (PNG and CSV files go here)
     db: ResultsDB  # the results database of the runs (bench and parallel tables too)
+    targets: Targets = Targets()  # the TTA targets (a named set or numbers: metrics/targets.py)
 
 
 Builder = Callable[[Context], Section]

@@ -37,6 +37,7 @@ from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu  # n
 FORMAT = 2  # run.json "format"; the previous release wrote none (format 1)
 RUN_FILE, DB_FILE, SUMMARY_FILE, CHECKPOINT_FILE = "run.json", "results.db", "summary.json", "checkpoint.pt"
 APPEND_LOGS = ("events.log", "sentences.jsonl")
+JSON_FILES = ("config.json", "env.json", SUMMARY_FILE)  # besides run.json: read (and checked) through read_json
 SENTENCES_SHOWN = 3  # last logged sentence batches a reader gets
 
 
@@ -97,11 +98,8 @@ class Run:
         path = folder / RUN_FILE
         if not path.is_file():
             raise RunError(f"{folder} is not a run folder (no {RUN_FILE})")
-        try:
-            info = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RunError(f"{path}: not valid JSON ({e})") from e
-        if not isinstance(info, dict) or "run_id" not in info:
+        info = read_json(path)
+        if "run_id" not in info:
             raise RunError(f"{path} has no run_id: not a speechperf run folder")
         version = info.get("format", 1)
         if not isinstance(version, int) or version > FORMAT:
@@ -111,7 +109,17 @@ class Run:
             db_path = folder / DB_FILE
         else:
             db_path = cls._legacy_db(folder, info, shared_db)
-        return cls(folder, info, db_path, write=write, shared_db=shared_db if write else None, data=data)
+        run = cls(folder, info, db_path, write=write, shared_db=shared_db if write else None, data=data)
+        run.check_files()
+        return run
+
+    def check_files(self) -> None:
+        """Read every JSON file the folder holds (config, env, summary), so that every reader
+        refuses an unreadable one by name before it shows or computes anything from the run
+        (a missing one is the previous release's, or an unfinished run's: allowed here)."""
+        for name in JSON_FILES:
+            if (self.folder / name).exists():
+                self.summary() if name == SUMMARY_FILE else self._json(name)
 
     @staticmethod
     def _legacy_db(folder: Path, info: dict, shared_db: Path | None) -> Path:
@@ -167,13 +175,20 @@ class Run:
         cache = self.__dict__.setdefault("_json_cache", {})
         if name not in cache:
             path = self.folder / name
-            try:
-                cache[name] = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise RunError(f"run {self.label_hint} ({self.folder}): {name} is missing") from None
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise RunError(f"{path}: not valid JSON ({e})") from e
+            if not path.exists():
+                raise RunError(f"run {self.label_hint} ({self.folder}): {name} is missing")
+            cache[name] = read_json(path)
         return cache[name]
+
+    @property
+    def workload(self) -> dict:
+        """{"model": name, "params": count}: :func:`workload` of the run's configuration (the
+        folder's config.json, or the database row's for a folder without one)."""
+        from speechperf.results.workload import workload
+
+        if (self.folder / "config.json").is_file():
+            return workload(self.config)
+        return workload(json.loads(self.row()["config_json"] or "{}"))
 
     @property
     def label_hint(self) -> str:
@@ -351,12 +366,7 @@ class Run:
 
     def summary(self) -> dict | None:
         path = self.folder / SUMMARY_FILE
-        if not path.is_file():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise RunError(f"{path}: not valid JSON ({e})") from e
+        return read_json(path) if path.exists() else None  # read anew: a writer changes it
 
     def write_summary(self, summary: dict, name: str = SUMMARY_FILE) -> None:
         atomic_write_text(self.folder / name, json.dumps(summary, indent=1))
@@ -376,6 +386,20 @@ class Run:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def read_json(path: Path) -> dict:
+    """The JSON object in one of a run folder's files; every reader of a run reads through
+    here, so an unreadable file (cut short, not JSON, not an object) is refused by name."""
+    try:
+        data = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: not valid JSON ({e}); the run folder is damaged") from e
+    except OSError as e:
+        raise RunError(f"{path}: cannot be read ({e.strerror or e})") from e
+    if not isinstance(data, dict):
+        raise RunError(f"{path}: not a JSON object (found {type(data).__name__}); the run folder is damaged")
+    return data
 
 
 def read_checkpoint(folder: Path) -> dict:

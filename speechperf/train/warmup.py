@@ -5,7 +5,7 @@ here, so that the first epoch and the first evaluation cost what the later ones 
 
 - the evaluation decoder is built (the dictionary and bigram LM are read, or built once
   beside the features) and its numba kernels are compiled: 13-14 s with a cold cache on
-  both an H100 machine and 2 CPU cores, 0 s with a warm one (issue 11's measurement);
+  both an H100 machine and 2 CPU cores, 0 s with a warm one (measured);
 - one forward and backward pass of the model (compiled, if ``train.compile``), so that the CUDA context exists,
   cuDNN has picked its LSTM/convolution algorithms and oneDNN has built its primitives.
 

@@ -40,7 +40,7 @@ def test_overrides():
     (["model.dropout=1.5"], "dropout"),
     (["batch_norm=maybe"], "not a bool"),
     (["eval_mode=fastest"], "train.eval_mode='fastest' must be one of words, ngrams"),
-    # values that cannot train (issue 13: lr=inf ran to a "successful" run of non-finite weights)
+    # values that cannot train (lr=inf once ran to a "successful" run of non-finite weights)
     (["lr=inf"], r"train\.lr=inf must be a finite number"),
     (["lr=nan"], r"train\.lr=nan must be a finite number"),
     (["lr=0"], r"train\.lr=0\.0 must be > 0"),

@@ -1,4 +1,4 @@
-"""Fault injection (issue 13): kills, missing data and values that cannot train.
+"""Fault injection: kills, missing data and values that cannot train.
 
 Each case runs the CLI as a user would and checks the run is either exactly right or
 refused with a message naming what is wrong (exit 2, no run folder made).
@@ -129,7 +129,7 @@ def test_a_chain_of_sigkills_and_resumes_equals_the_uninterrupted_run(tiny_featu
 
 @pytest.mark.timeout(600)
 def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_features, tmp_path):
-    """Issue 13's one inexact resume: with train.threads=0 the intra-op thread count is the
+    """The one inexact resume fault injection found: with train.threads=0 the intra-op thread count is the
     process's (OMP_NUM_THREADS, the CPUs it may use); sums split by thread round differently,
     so a resume given another count drifted from the second resumed step on. The count is
     kept in the checkpoint and restored."""

@@ -1,4 +1,4 @@
-"""A run either finishes right or says why (issue 13): a diverging run, a full disk, a
+"""A run either finishes right or says why: a diverging run, a full disk, a
 read-only folder and a corrupt results database, each through the real CLI: the message
 names the file or value, the exit status is the documented one (2 bad input, 1 a run that
 failed), the status is recorded, the last checkpoint stays usable, the same command resumes."""

@@ -1,0 +1,48 @@
+"""Every reader of a run refuses a damaged JSON file of its folder by name, with exit 2:
+``tta``, ``report``, ``eval``, ``beam-sweep`` and ``demo`` read a run folder through
+``Run.open``, which reads config.json, env.json and summary.json before anything is shown
+(a report of a run whose summary is cut short must not show it as a success)."""
+import json
+
+import pytest
+
+from speechperf.cli import main
+from speechperf.results.run import Run
+
+CONFIG = {"preset": "tiny", "model": {"name": "ds2"}, "train": {"seed": 1, "eval_split": "dev-clean"}}
+ENV = {"cpu_model": "Test CPU", "cpu_cores_logical": 2, "gpus": []}
+
+
+def _damaged_run(folder, name: str):
+    with Run.create(folder, kind="train", config=CONFIG, env=ENV, label="damaged") as run:
+        run.set_status("success")
+        run.write_summary({"status": "success", "init_s": 1.0})
+    (folder / name).write_text('{"status": "success", "init_')  # cut short mid-write
+    return folder
+
+
+def _argv(reader: str, run, tmp_path) -> list[str]:
+    return {"tta": ["tta", str(run)], "report": ["report", str(run), "--out", str(tmp_path / "rep")],
+            "eval": ["eval", str(run)], "beam-sweep": ["beam-sweep", str(run), "--widths", "1"],
+            "demo": ["demo", "--out", str(run.parent), "--preset", "tiny"]}[reader]
+
+
+@pytest.mark.parametrize("name", ["summary.json", "config.json", "env.json"])
+@pytest.mark.parametrize("reader", ["tta", "report", "eval", "beam-sweep", "demo"])
+def test_every_reader_refuses_a_damaged_file_by_name(reader, name, tmp_path, capsys, monkeypatch):
+    def no_synthesis(*a, **k):  # the demo must refuse before minutes of corpus synthesis
+        raise AssertionError("the demo synthesized a corpus before checking its run folder")
+
+    monkeypatch.setattr("speechperf.corpus.synth.synthesize", no_synthesis)
+    run = _damaged_run(tmp_path / "demo" / "run", name)
+    assert main(_argv(reader, run, tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert f"{run / name}: not valid JSON" in err, err
+    assert not (tmp_path / "rep" / "index.html").exists()
+
+
+def test_a_json_file_that_is_not_an_object_is_refused(tmp_path, capsys):
+    run = _damaged_run(tmp_path / "run", "env.json")
+    (run / "env.json").write_text(json.dumps(["not", "an", "object"]))
+    assert main(["tta", str(run)]) == 2
+    assert f"{run / 'env.json'}: not a JSON object (found list)" in capsys.readouterr().err
