@@ -1,8 +1,8 @@
 """Named presets: TOML files in ``presets/`` that fill the frozen stage configs.
 
-A preset has sections ``[model]``, ``[loader]`` and ``[train]`` whose keys are fields of
-the model's own config (``[model] name`` picks the model; default ``ds2``), LoaderConfig
-and TrainConfig; unknown keys are errors, missing keys keep the dataclass default.
+A preset has sections ``[model]``, ``[loader]``, ``[train]`` and ``[augment]`` whose keys
+are fields of the model's own config (``[model] name`` picks the model; default ``ds2``),
+LoaderConfig, TrainConfig and SpecAugmentConfig (training batches only); unknown keys are errors, missing keys keep the dataclass default.
 Command-line overrides are ``key=value`` or ``section.key=value``; ``model.name=X``
 switches the model first (to X's defaults), so the other model fields are read as X's.
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speechperf.data.config import LoaderConfig
+from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
 from speechperf.models import config_class
@@ -23,7 +24,8 @@ from speechperf.train.config import DIST_BACKENDS, TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
-SECTIONS = {"model": DS2Config, "loader": LoaderConfig, "train": TrainConfig}  # model: the default model's
+SECTIONS = {"model": DS2Config, "loader": LoaderConfig, "train": TrainConfig,  # model: the default model's
+            "augment": SpecAugmentConfig}
 
 
 def section_kind(section: str, data: dict):
@@ -45,6 +47,7 @@ class RunConfig:
     model: object = field(default_factory=DS2Config)  # the config of the model [model] name selects
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)  # off unless a preset sets masks
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -165,7 +168,7 @@ def validate(cfg: RunConfig) -> None:
             value = getattr(section, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{name}.{f.name}={value} must be a finite number")
-    for problem in cfg.model.problems():
+    for problem in cfg.model.problems() + cfg.augment.problems():
         raise ConfigError(problem)
     lo, t = cfg.loader, cfg.train
     checks = [
