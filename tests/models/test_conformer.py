@@ -159,3 +159,15 @@ def test_problems_name_the_field_and_value(field, value, match):
     problems = ConformerConfig(**{field: value}).problems()
     assert len(problems) == 1 and re.search(match, problems[0]), problems
     assert ConformerConfig().problems() == []
+
+
+def test_cpu_preset_is_small_with_narrow_subsampling():
+    """The CPU demo's Conformer: 4x subsampling (8x leaves the corpus's ~5 frames per label
+    fewer output frames than labels) through 32-channel convolutions (d_model channels
+    cost more than every block on a CPU)."""
+    cfg = load_preset("conformer-cpu").model
+    assert (cfg.d_model, cfg.layers, cfg.subsampling, cfg.subsampling_channels) == (144, 4, 4, 32)
+    assert describe(cfg)["params"] == 2_039_854
+    model = build_model(cfg)
+    assert model.output_lengths(torch.tensor([500]))[0] == 125 > 100  # 5 frames per label: 100 labels fit
+    assert Conformer(ConformerConfig(subsampling=8, **SMALL)).output_lengths(torch.tensor([500]))[0] == 63
