@@ -118,8 +118,8 @@ def rotary(frames: int, dim: int, device: torch.device) -> tuple[torch.Tensor, t
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on x (B, H, T, Dh): each pair (x1_i, x2_i) of the two halves rotated by angle (t, i)."""
-    x1, x2 = x.chunk(2, dim=-1)  # (B, H, T, Dh/2) each
+    """RoPE on x (..., T, Dh): each pair (x1_i, x2_i) of the two halves rotated by angle (t, i)."""
+    x1, x2 = x.chunk(2, dim=-1)  # (..., T, Dh/2) each
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # the activations' dtype (bf16 under autocast)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -151,8 +151,8 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         qkv = self.qkv(self.norm(x)).reshape(b, t, 3, self.heads, d // self.heads)  # (B, T, 3, H, Dh)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
+        (q, k), v = rotate(qkv[:2], cos, sin), qkv[2]  # q and k rotated in one pass
         h = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :],  # (B, 1, 1, T)
                                            dropout_p=self.p if self.training else 0.0)
         return self.drop(self.proj(h.transpose(1, 2).reshape(b, t, d)))  # (B, H, T, Dh) -> (B, T, D)

@@ -119,3 +119,15 @@ def test_problems_name_the_field(kw, match):
     problems = SpecAugmentConfig(**kw).problems()
     assert len(problems) == 1 and re.search(match, problems[0]), problems
     assert ALGOPERF.problems() == [] and SpecAugmentConfig().problems() == []
+
+
+def test_the_augment_section_of_a_preset():
+    from speechperf.config import ConfigError, RunConfig, load_preset
+
+    assert load_preset("cpu").augment == SpecAugmentConfig()  # DS2's presets: off
+    cfg = load_preset("conformer")
+    assert cfg.augment == ALGOPERF and RunConfig.from_dict(cfg.to_dict()) == cfg
+    assert RunConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "augment"}).augment == SpecAugmentConfig()
+    assert load_preset("conformer", ["augment.time_masks=3"]).augment.time_masks == 3
+    with pytest.raises(ConfigError, match=r"augment\.time_ratio=2\.0 must be in \[0, 1\]"):
+        load_preset("conformer", ["augment.time_ratio=2"])

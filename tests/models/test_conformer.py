@@ -3,6 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from speechperf.config import load_preset
 from speechperf.models import MODELS, build_model, describe
 from speechperf.models.conformer import Conformer, ConformerConfig, rotary, rotate
 from speechperf.models.contract import TooShortError
@@ -73,10 +74,11 @@ def test_reads_the_log_mel_columns_only():
     assert not torch.allclose(model(x, lens)[0], model(y, lens)[0])
 
 
-def test_nemo_small_parameter_count():
+def test_conformer_preset_is_nemo_small_with_its_parameter_count():
     """d_model 176, 16 blocks, 4 heads, kernel 31 (NeMo's Conformer-CTC small; NeMo counts
     ~13 M with its Transformer-XL position weights, which RoPE does not need)."""
-    cfg = ConformerConfig()
+    cfg = load_preset("conformer").model
+    assert cfg == ConformerConfig()  # the defaults are NeMo small too
     assert (cfg.d_model, cfg.layers, cfg.heads, cfg.conv_kernel, cfg.ff_mult, cfg.subsampling) == (176, 16, 4, 31, 4, 4)
     d, k, c = 176, 31, 176
     ln = 2 * d
@@ -88,6 +90,12 @@ def test_nemo_small_parameter_count():
     head = d * 30 + 30
     assert sum(p.numel() for p in build_model(cfg).parameters()) == 16 * block + sub + head == 12_476_670
     assert describe(cfg) == {"model": "conformer", "params": 12_476_670}
+
+
+def test_algoperf_preset_sizes():
+    cfg = load_preset("conformer-algoperf").model
+    assert (cfg.d_model, cfg.layers, cfg.heads, cfg.conv_kernel, cfg.ff_mult) == (512, 4, 8, 5, 4)
+    assert describe(cfg)["params"] == 31_812_638
 
 
 def test_gradients_reach_every_parameter():
@@ -151,3 +159,15 @@ def test_problems_name_the_field_and_value(field, value, match):
     problems = ConformerConfig(**{field: value}).problems()
     assert len(problems) == 1 and re.search(match, problems[0]), problems
     assert ConformerConfig().problems() == []
+
+
+def test_cpu_preset_is_small_with_narrow_subsampling():
+    """The CPU demo's Conformer: 4x subsampling (8x leaves the corpus's ~5 frames per label
+    fewer output frames than labels) through 32-channel convolutions (d_model channels
+    cost more than every block on a CPU)."""
+    cfg = load_preset("conformer-cpu").model
+    assert (cfg.d_model, cfg.layers, cfg.subsampling, cfg.subsampling_channels) == (144, 4, 4, 32)
+    assert describe(cfg)["params"] == 2_039_854
+    model = build_model(cfg)
+    assert model.output_lengths(torch.tensor([500]))[0] == 125 > 100  # 5 frames per label: 100 labels fit
+    assert Conformer(ConformerConfig(subsampling=8, **SMALL)).output_lengths(torch.tensor([500]))[0] == 63
