@@ -101,6 +101,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
             action.help = "(default: %(default)s)"
         return super()._format_action(action)
 
+    def _split_lines(self, text, width):
+        # names such as conformer-cpu stay whole (argparse's wrap breaks lines at hyphens)
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
     def _get_help_string(self, action):
         text = action.help or ""
         if "%(default)" not in text and action.option_strings and self._shows_default(action):
