@@ -287,7 +287,7 @@ def cmd_demo(a) -> int:
 
     rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json)
     emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative", "init s",
-                                "cost to accuracy $", "price note"])
+                                "TFLOPS", "MFU %", "cost to accuracy $", "price note"])
     return 0
 
 
