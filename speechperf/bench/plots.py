@@ -17,7 +17,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-from speechperf.report.figures import save as _save  # noqa: E402
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _ok(rows: list[dict], value: str) -> list[dict]:

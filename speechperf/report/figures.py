@@ -22,8 +22,8 @@ from speechperf.report.runs import legend  # noqa: E402
 from speechperf.telemetry.sampler import achieved_periods  # noqa: E402
 
 
-def save(fig, path: Path) -> Path:
-    """Write ``fig`` as a PNG at ``path`` and free it (every report and bench figure)."""
+
+def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -59,7 +59,7 @@ def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()
         ax.set_title(title)
         ax.grid(alpha=0.3, which="both")
     axes[1].legend(fontsize=8)
-    return save(fig, path), ""
+    return _save(fig, path), ""
 
 
 def _lines(runs: list[dict], targets: Targets, metric: str) -> list[float]:
@@ -105,7 +105,7 @@ def utilization_window(runs: list[dict], path: Path, window_s: float = 25.0) -> 
         ax.set_xlabel("seconds")
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(alpha=0.3)
-    return save(fig, path), ""
+    return _save(fig, path), ""
 
 
 def throughput(runs: list[dict], path: Path) -> tuple[Path | None, str]:
@@ -132,7 +132,7 @@ def throughput(runs: list[dict], path: Path) -> tuple[Path | None, str]:
         ax.set_xlabel("training time (minutes, TTA clock)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    return save(fig, path), ""
+    return _save(fig, path), ""
 
 
 def _windowed(its: list[dict], amount: str) -> tuple[list[float], list[float]]:
@@ -162,7 +162,7 @@ def power_over_time(runs: list[dict], path: Path) -> tuple[Path | None, str]:
         ax.set_ylabel("W")
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(alpha=0.3)
-    return save(fig, path), ""
+    return _save(fig, path), ""
 
 
 def _power_series(samples: list[dict]):
@@ -211,4 +211,4 @@ def parallel_cv_curves(runs: list[dict], epochs: list[dict], path: Path) -> tupl
             ax.grid(alpha=0.3)
         left.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole
         left.legend(fontsize=7)
-    return save(fig, path), ""
+    return _save(fig, path), ""
