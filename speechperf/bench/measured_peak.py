@@ -56,8 +56,11 @@ def measure_gemm(threads: int, dtype: str = "fp32") -> dict:
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:  # bench ops' timing without its power sampler (a thread that would share the cores)
-        step = op.make(cpu, DTYPES[dtype])
-        times, _, _, _ = timed(step, cpu, m, warm_up(step, cpu, m)["step_s"])
+        # random operands from a forked RNG: a run measuring the peak at its initialization (the
+        # first on a machine) must draw the same dropout masks and batches as one reading the cache
+        with torch.random.fork_rng(devices=[]):
+            step = op.make(cpu, DTYPES[dtype])
+            times, _, _, _ = timed(step, cpu, m, warm_up(step, cpu, m)["step_s"])
     finally:
         torch.set_num_threads(saved)
     return {"tflops": op.flops / middle_third(times) / 1e12, "n": n, "threads": threads, "dtype": dtype,

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from speechperf.data.alphabet import NUM_SYMBOLS
 from speechperf.models import register_model
 from speechperf.models.contract import AcousticModel
+from speechperf.models.dropout import Dropout
 
 SUBSAMPLING = (2, 4, 8)  # time reduction factors: 1, 2 or 3 stride-2 convolution stages
 FEATURE_DIM = 93  # columns of the prepared features (80 log-mel + 13 MFCC)
@@ -52,7 +53,9 @@ class ConformerConfig:
     ff_mult: int = 4  # feed-forward hidden width = ff_mult x d_model
     subsampling: int = 4  # time reduction of the conv front end: 4 (Conformer), 8 (FastConformer), 2
     subsampling_channels: int = 176  # channels of the subsampling convs (narrow ones are cheap on CPU)
-    dropout: float = 0.1  # dropout on every residual branch, the FF hidden layer and attention weights
+    dropout: float = 0.1  # dropout on every residual branch and the FF hidden layer (models/dropout.py)
+    attention_dropout: float = 0.1  # dropout on the attention weights, inside SDPA (NeMo's dropout_att);
+    # on a CPU it takes SDPA off its fused path: one attention forward + backward costs 2.5x
     num_classes: int = NUM_SYMBOLS  # output symbols incl. CTC blank (the 30-symbol alphabet)
 
     def problems(self) -> list[str]:
@@ -70,8 +73,9 @@ class ConformerConfig:
             out.append(f"model.conv_kernel={self.conv_kernel} must be odd and >= 1 (same-length convolution)")
         if self.subsampling not in SUBSAMPLING:
             out.append(f"model.subsampling={self.subsampling} must be one of {', '.join(map(str, SUBSAMPLING))}")
-        if not 0.0 <= self.dropout < 1.0:
-            out.append(f"model.dropout={self.dropout} not in [0, 1)")
+        for field in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, field) < 1.0:
+                out.append(f"model.{field}={getattr(self, field)} not in [0, 1)")
         if self.num_classes != NUM_SYMBOLS:
             out.append(f"model.num_classes={self.num_classes} must be {NUM_SYMBOLS} (the alphabet the decoders read)")
         return out
@@ -131,7 +135,7 @@ class FeedForward(nn.Module):
         super().__init__()
         hidden = cfg.ff_mult * cfg.d_model
         self.net = nn.Sequential(nn.LayerNorm(cfg.d_model), nn.Linear(cfg.d_model, hidden), nn.SiLU(),
-                                 nn.Dropout(cfg.dropout), nn.Linear(hidden, cfg.d_model), nn.Dropout(cfg.dropout))
+                                 Dropout(cfg.dropout), nn.Linear(hidden, cfg.d_model), Dropout(cfg.dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -142,11 +146,11 @@ class SelfAttention(nn.Module):
 
     def __init__(self, cfg: ConformerConfig):
         super().__init__()
-        self.heads, self.p = cfg.heads, cfg.dropout
+        self.heads, self.p = cfg.heads, cfg.attention_dropout
         self.norm = nn.LayerNorm(cfg.d_model)
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -173,7 +177,7 @@ class ConvModule(nn.Module):
         self.dw = nn.Conv1d(d, d, cfg.conv_kernel, padding=cfg.conv_kernel // 2, groups=d)
         self.dw_norm = nn.LayerNorm(d)
         self.pw2 = nn.Linear(d, d)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         h = F.glu(self.pw1(self.norm(x)), dim=-1)  # (B, T, 2D) -> (B, T, D)
@@ -208,7 +212,7 @@ class Conformer(AcousticModel):
         self.cfg = cfg
         self.stages = int(math.log2(cfg.subsampling))
         self.subsample = Subsampling(cfg)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.layers))
         self.head = nn.Linear(cfg.d_model, cfg.num_classes)
 

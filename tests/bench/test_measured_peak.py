@@ -45,6 +45,17 @@ def test_real_measurement_and_environment_cache(tmp_path, monkeypatch):
     assert torch.get_num_threads() == threads  # measured at 1 thread, the training thread count restored
 
 
+def test_measuring_leaves_the_run_rng_alone(monkeypatch):
+    """A run that measures the peak at its initialization (the first on a machine) draws the
+    same numbers afterwards as a run that reads the cache."""
+    monkeypatch.setattr(mp, "gemm_size", lambda threads: 64)
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    mp.measure_gemm(1)
+    assert torch.equal(torch.rand(4), expected)
+
+
 def test_gpu_peak_from_the_platform_profile(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     cuda = torch.device("cuda", 0)

@@ -151,6 +151,7 @@ def test_rotary_scores_depend_on_distance_only():
     ("subsampling", 3, r"model\.subsampling=3 must be one of 2, 4, 8"),
     ("input_dim", 94, r"model\.input_dim=94 must be in 1\.\.93"),
     ("dropout", 1.0, r"model\.dropout=1\.0 not in \[0, 1\)"),
+    ("attention_dropout", -0.1, r"model\.attention_dropout=-0\.1 not in \[0, 1\)"),
     ("num_classes", 29, r"model\.num_classes=29 must be 30"),
 ])
 def test_problems_name_the_field_and_value(field, value, match):
