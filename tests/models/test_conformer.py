@@ -164,11 +164,12 @@ def test_problems_name_the_field_and_value(field, value, match):
 
 def test_cpu_preset_is_small_with_narrow_subsampling():
     """The CPU demo's Conformer: 4x subsampling (8x leaves the corpus's ~5 frames per label
-    fewer output frames than labels) through 32-channel convolutions (d_model channels
-    cost more than every block on a CPU)."""
+    fewer output frames than labels) through 16-channel convolutions (d_model channels
+    cost more than every block on a CPU), no dropout on the attention weights (unfused SDPA)."""
     cfg = load_preset("conformer-cpu").model
-    assert (cfg.d_model, cfg.layers, cfg.subsampling, cfg.subsampling_channels) == (144, 4, 4, 32)
-    assert describe(cfg)["params"] == 2_039_854
+    assert (cfg.d_model, cfg.layers, cfg.subsampling, cfg.subsampling_channels) == (176, 4, 4, 16)
+    assert (cfg.dropout, cfg.attention_dropout) == (0.1, 0.0)
+    assert describe(cfg)["params"] == 2_945_758
     model = build_model(cfg)
     assert model.output_lengths(torch.tensor([500]))[0] == 125 > 100  # 5 frames per label: 100 labels fit
     assert Conformer(ConformerConfig(subsampling=8, **SMALL)).output_lengths(torch.tensor([500]))[0] == 63
