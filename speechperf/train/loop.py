@@ -174,9 +174,11 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
     with StopSignals() as stop:
         rec = _recorder(rank, plan, out, cfg, prog, data, device, world, splits, platform, label, db_path, quiet,
                         init_start[1])
-        try:  # initialization: one-time work outside the TTA clock
-            init_parts = initialize(local, cfg, data, device) if rank == 0 else warm_model(local, cfg, device) or {}
-            init_parts.update(rec.count_flops(cfg, device))
+        try:  # initialization: one-time work outside the TTA clock and outside the run's RNG (a first
+            # run on a machine measures and caches what later runs read: both must train alike)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                init_parts = initialize(local, cfg, data, device) if rank == 0 else warm_model(local, cfg, device) or {}
+                init_parts.update(rec.count_flops(cfg, device))
         except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
             _raise(e, rec.fail(e))
         rec.initialized(plan, time.perf_counter() - init_start[0], init_parts)
