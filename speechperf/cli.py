@@ -264,8 +264,10 @@ def _timing_args(sp, what: str) -> None:
 
 def _targets_args(sp) -> None:
     sp.add_argument("--targets", type=_targets, default="paper",
-                    help="TTA targets: paper (CER 10/8/7, WER 22/20.2/19.2), algoperf (AlgoPerf's validation WER: "
-                         "conformer 8.5884, ds2 11.9936, by the run's model), or error rates %% of --metric, e.g. 10,8")
+                    help="TTA targets: paper (the DS2 paper's CER 10/8/7, WER 22/20.2/19.2, as thresholds on the "
+                         "run's own corpus), algoperf (AlgoPerf's validation WER for runs of AlgoPerf's workload, "
+                         "which speechperf has none of yet: refused for its runs), or error rates %% of --metric, "
+                         "e.g. 10,8")
 
 
 def cmd_parallel(a) -> int:

@@ -20,7 +20,7 @@ from speechperf.results.workload import workload, workload_label
 DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo (CPU-sized presets: cpu, tiny, conformer-cpu)
 # Presets sized for a GPU, whose model needs more audio than the CPU demo's to be busy and to
 # generalize; every other preset (a TOML file too) gets DEFAULT_HOURS, and --hours overrides.
-PRESET_HOURS = {"gpu": 8.0, "paper": 8.0, "modern": 8.0, "conformer": 8.0, "conformer-algoperf": 8.0}
+PRESET_HOURS = {"gpu": 8.0, "paper": 8.0, "modern": 8.0, "conformer": 8.0, "conformer-algoperf-sizes": 8.0}
 SWEEP_WIDTHS = (1, 16, 64, 256)  # Table 3 form on dev-clean: greedy (1) against word beam search
 
 

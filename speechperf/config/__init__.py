@@ -20,7 +20,7 @@ from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
 from speechperf.models import config_class
 from speechperf.models.ds2 import DS2Config
-from speechperf.train.config import DIST_BACKENDS, SCHEDULES, TrainConfig
+from speechperf.train.config import DIST_BACKENDS, PROTOCOLS, SCHEDULES, TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
@@ -208,6 +208,8 @@ def validate(cfg: RunConfig) -> None:
         (t.optimizer_impl != "fused" or t.optimizer == "adamw",
          f"train.optimizer_impl=fused needs optimizer=adamw (torch has no fused {t.optimizer})"),
         (t.eval_mode in WORDBEAM_MODES, f"train.eval_mode={t.eval_mode!r} must be one of {', '.join(WORDBEAM_MODES)}"),
+        (t.protocol in PROTOCOLS, f"train.protocol={t.protocol!r}: speechperf implements only {', '.join(PROTOCOLS)} "
+                                  "(no AlgoPerf-faithful workload yet)"),
     ]
     for ok, msg in checks:
         if not ok:

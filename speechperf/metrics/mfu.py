@@ -23,6 +23,12 @@ frames) is fitted exactly through three counts at lengths ``L = 0 (mod 16)``; a 
 FLOPs are then host arithmetic on the loader's CPU lengths. Strided convolutions round
 their output length, so at other lengths the fit is off by under one output frame's
 FLOPs per strided stage (tested).
+
+One formula of torch's own is replaced: torch 2.13 counts a grouped convolution's weight
+gradient as if every input channel fed every output channel (``groups`` ignored), which
+makes a depthwise convolution's backward ``channels`` times too large (a Conformer's
+training FLOPs were 2-27% too high). ``_conv_backward_flop`` divides that term by
+``groups``, as torch's later formula does.
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_flop_count
 
 from speechperf.models.contract import planned_forward
 
@@ -61,8 +67,33 @@ def _cpu_attention_backward_flop(grad_shape, q_shape, k_shape, v_shape, *args, o
     return 2 * sdpa_flop_count(q_shape, k_shape, v_shape)  # dQ, dK, dV and dScores; no recomputation
 
 
-# What torch's counter lacks on the CPU; passed per counter, torch's global registry is left alone.
+def _channels_first(shape) -> list[int]:
+    """(N, C, ...) -> (C, N, ...): a weight gradient is a convolution over the batch dimension."""
+    return [shape[1], shape[0], *shape[2:]]
+
+
+def _conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        _output_padding, groups, output_mask, out_shape=None, **kwargs) -> int:
+    """A convolution's backward: the input gradient (a transposed convolution of the output
+    gradient with the weight, whose shape already holds ``in_channels / groups``) and the
+    weight gradient (a convolution of the input with the output gradient over the batch).
+    Each of ``groups`` groups pairs only its own channels, so the weight gradient is
+    ``1 / groups`` of what the dense formula gives (torch 2.13 leaves ``groups`` out; a
+    depthwise convolution's backward then reads ``channels`` times its real cost)."""
+    flops = 0
+    if output_mask[0]:
+        flops += conv_flop_count(grad_out_shape, w_shape, list(out_shape[0]), not transposed)
+    if output_mask[1]:
+        x, dy, dw = _channels_first(x_shape), _channels_first(grad_out_shape), _channels_first(out_shape[1])
+        dense = conv_flop_count(dy, x, dw) if transposed else conv_flop_count(x, dy, dw)
+        flops += dense // groups  # exact: the dense count holds the full in (or out) channel count
+    return flops
+
+
+# What torch's counter lacks or miscounts on the CPU; passed per counter, torch's global
+# registry is left alone.
 CPU_FORMULAS = {
+    aten.convolution_backward: _conv_backward_flop,
     aten.mkldnn_rnn_layer: _rnn_layer_flop,
     aten.mkldnn_rnn_layer_backward: _rnn_layer_backward_flop,
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flop,

@@ -40,8 +40,8 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     platform with cost to accuracy and TTA x price (``price_per_hour``/``platform_file``
     override what the run recorded; :func:`speechperf.telemetry.platforms.of_run`).
 
-    ``targets``: a target set (``paper``, ``algoperf``: its targets depend on the run's model)
-    or numbers (:func:`speechperf.metrics.targets.parse_targets`). Rows are grouped per
+    ``targets``: a target set (``paper``, ``algoperf``: its targets depend on the run's model;
+    refused for a run of another protocol) or numbers (:func:`speechperf.metrics.targets.parse_targets`). Rows are grouped per
     workload (model and parameter count): runs of different models are different jobs, so a
     run's relative % is only ever against a run of its own workload. Runs are named by their
     labels (told apart where they collide); each run's rows come from its own folder, so
@@ -56,6 +56,8 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
     try:
         labelled = list(zip(opened, unique_labels(opened), (r.workload for r in opened)))
+        for run, label, _ in labelled:  # a named set only for runs of its protocol, before any row
+            spec.check_run(run.config, label)
         return [row for name, members in by_workload(labelled, lambda m: m[2]).items()
                 for row in _workload_rows(members, name, metric, spec, epochs, price_per_hour, platform_file)]
     finally:

@@ -46,6 +46,8 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
     try:
         loaded = [load_run(r, label) for r, label in zip(opened, unique_labels(opened))]
+        for r in loaded:  # a named target set only for runs of its protocol, before anything is written
+            spec.check_run(r["config"], r["label"])
         for r in loaded:
             r["env"] = with_price_overrides(r["env"], price_per_hour, platform_file)
         shared = ResultsDB(db_path, readonly=True) if db_path else None

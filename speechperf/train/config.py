@@ -5,12 +5,17 @@ from dataclasses import dataclass
 
 DIST_BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl")  # train.dist_backend values
 SCHEDULES = ("epoch_decay", "noam", "cosine")  # train.lr_schedule values (train/schedule.py)
+# train.protocol values: the benchmark protocols whose workload speechperf implements. Only its
+# own; AlgoPerf's ("algoperf": its frontend, SentencePiece outputs, models and padding) is not
+# implemented, so no run can claim it (metrics/targets.py refuses AlgoPerf's targets for these runs).
+PROTOCOLS = ("speechperf",)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """The training state machine, optimizer and stopping rule."""
 
+    protocol: str = "speechperf"  # the benchmark protocol the run follows (PROTOCOLS): which named TTA target sets apply
     seed: int = 1  # seeds model init, data order and dropout
     optimizer: str = "adadelta"  # "adadelta" (paper) or "adamw"
     lr: float = 1.0  # learning rate (AdaDelta's default 1.0)

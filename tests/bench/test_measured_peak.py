@@ -60,11 +60,19 @@ def test_gpu_peak_from_the_platform_profile(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     cuda = torch.device("cuda", 0)
     assert mp.training_peak(cuda, "bf16", 1).tflops == 989.5
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    assert mp.training_peak(cuda, "fp32", 1).tflops == 67.0
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # fp32 matmuls on tensor cores
-    tf32 = mp.training_peak(cuda, "fp32", 1)
-    assert tf32.tflops == 494.5 and "dense tf32" in tf32.source
+    # allow_tf32 is a property of torch's cuBLAS module, not an instance attribute: pytest's
+    # monkeypatch (9.x) would restore it with delattr, so the test sets and restores it itself.
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = False
+        assert mp.training_peak(cuda, "fp32", 1).tflops == 67.0
+        matmul.allow_tf32 = True  # fp32 matmuls on tensor cores
+        tf32 = mp.training_peak(cuda, "fp32", 1)
+        assert tf32.tflops == 494.5 and "dense tf32" in tf32.source
+    finally:
+        matmul.allow_tf32 = before
+    assert matmul.allow_tf32 == before
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 NVL")
     unknown = mp.training_peak(cuda, "bf16", 1)
     assert unknown.tflops is None and "NVL" in unknown.source  # never a guessed peak

@@ -92,8 +92,8 @@ def test_conformer_preset_is_nemo_small_with_its_parameter_count():
     assert describe(cfg) == {"model": "conformer", "params": 12_476_670}
 
 
-def test_algoperf_preset_sizes():
-    cfg = load_preset("conformer-algoperf").model
+def test_algoperf_sizes_preset():
+    cfg = load_preset("conformer-algoperf-sizes").model
     assert (cfg.d_model, cfg.layers, cfg.heads, cfg.conv_kernel, cfg.ff_mult) == (512, 4, 8, 5, 4)
     assert describe(cfg)["params"] == 31_812_638
 
