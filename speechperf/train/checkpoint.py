@@ -18,7 +18,7 @@ the count with the RNG states.
 A checkpoint is data, never code: run folders are copied between machines, and unpickling a
 file runs whatever its pickle names. It is therefore read with ``torch.load(weights_only=True)``
 (tensors and plain values only) and holds nothing else: the numpy and python RNG states are
-stored as their parts (a uint32 tensor and ints), the configuration and progress as plain
+stored as their parts (a tensor of the 32-bit words and ints), the configuration and progress as plain
 dicts and lists. A file of format 1 (earlier releases, with numpy and python objects inside)
 or anything else is refused by name before any of it is interpreted.
 """
@@ -50,7 +50,10 @@ def rng_state() -> dict:
     name, key, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss_next = random.getstate()
     return {"torch": torch.get_rng_state(),
-            "numpy": {"name": name, "key": torch.from_numpy(key.copy()), "pos": int(pos),
+            # int64, not uint32: torch pickles a uint32 tensor that it cannot unpickle (plain pickle, as
+            # the process group's broadcast of a checkpoint uses: tests/parallel/test_worker.py; torch.save
+            # is fine), measured on torch 2.13
+            "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
             "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -63,7 +66,8 @@ def set_rng_state(state: dict) -> None:
         torch.set_num_threads(state["threads"])  # even above the cores now available: exact, only slower
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state((n["name"], n["key"].numpy(), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
     if state.get("cuda") is not None and torch.cuda.is_available():
@@ -74,7 +78,23 @@ def contents(run_id: str, config: dict, progress: dict, state: dict) -> dict:
     """Everything a checkpoint holds, the one place its keys are named: format, the run's id and
     configuration, ``progress`` (train/progress.py, as a dict), the ``state`` dicts of the
     trainer (:meth:`TrainState.state_dict`; the parallel worker's own) and the RNG states."""
-    return {"format": FORMAT, "run_id": run_id, "config": config, "progress": progress, **state, "rng": rng_state()}
+    return {"format": FORMAT, "run_id": run_id, "config": _plain(config, "config"),
+            "progress": _plain(progress, "progress"), **state, "rng": rng_state()}
+
+
+def _plain(value, where: str):
+    """``value`` as plain values that ``weights_only`` reads back: a numpy scalar (a measured
+    rate, say) becomes its python number, anything else that is not plain is refused here,
+    when the checkpoint is written, not when a resume cannot read it."""
+    if isinstance(value, dict):
+        return {k: _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (str, int, float, bool, torch.Tensor)):
+        return value
+    raise TypeError(f"checkpoint {where} is a {type(value).__name__}, not a plain value or tensor")
 
 
 @dataclass

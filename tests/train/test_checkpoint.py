@@ -103,8 +103,9 @@ def test_a_foreign_file_is_refused_by_name(tmp_path, payload, why):
 def test_the_checkpoint_holds_only_tensors_and_plain_values(tmp_path):
     """Everything :func:`contents` writes loads under ``weights_only=True``, and its pickle names
     no global outside torch's (numpy's array, python's Random state would need code)."""
-    save_checkpoint(tmp_path, contents("r1", {"train": {"lr": 0.1}}, {"epoch": 1, "evals": [(1.0, 2.0, 3.0)]},
-                                       {"model": {"w": torch.ones(3)}}))
+    progress = {"epoch": 1, "evals": [(1.0, np.float64(2.0), np.float32(3.0))]}  # a numpy rate becomes a float
+    save_checkpoint(tmp_path, contents("r1", {"train": {"lr": 0.1}}, progress, {"model": {"w": torch.ones(3)}}))
+    assert load_checkpoint(tmp_path)["progress"]["evals"] == [(1.0, 2.0, 3.0)]
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["format"] == FORMAT
     with zipfile.ZipFile(tmp_path / "checkpoint.pt") as z:
         pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
@@ -124,3 +125,4 @@ def test_the_rng_states_round_trip_exactly_through_a_checkpoint(tmp_path):
     assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
     assert np.array_equal(got[2], expected[2]) and got[3:] == expected[3:]
     assert rng_state()["threads"] == torch.get_num_threads()
+
