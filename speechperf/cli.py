@@ -137,7 +137,8 @@ def cmd_corpus_check(a) -> int:
 def cmd_prepare(a) -> int:
     from speechperf.features.prepare import prepare
 
-    summary = prepare(Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json)
+    summary = prepare(Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json,
+                      recompute_stats=a.recompute_stats)
     emit(summary["splits"], a.json)
     return 0
 
@@ -317,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("out")
     sp.add_argument("--splits", type=_csv(), default=None, help="splits to prepare (default: all found)")
     sp.add_argument("--workers", type=int, default=0, help="CPU worker processes (0: one per core)")
+    sp.add_argument("--recompute-stats", action="store_true",
+                    help="compute stats.json again over every prepared train-* split (needed to add a training "
+                         "split; runs trained on the previous statistics then refuse to continue); without it "
+                         "stats.json is never changed")
 
     sp = add("train", cmd_train, "train an acoustic model and log time-to-accuracy")
     sp.add_argument("--preset", default="cpu", type=_preset, metavar="PRESET",

@@ -143,7 +143,17 @@ def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: 
     if cfg.readers == 0:
         return dataset
     prefetch = max(1, -(-cfg.prefetch_batches // cfg.readers))  # per reader, rounded up
-    return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=cfg.readers, prefetch_factor=prefetch)
+    return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=cfg.readers, prefetch_factor=prefetch,
+                      generator=_readers_generator(seed, epoch, rank))
+
+
+def _readers_generator(seed: int, epoch: int, rank: int) -> torch.Generator:
+    """The generator a DataLoader draws its readers' base seed from when its iterator is made.
+    Its own, a function of (seed, epoch, rank): drawn from torch's default generator, that
+    number was taken before a mid-epoch checkpoint in an uninterrupted run and again after the
+    restore in the resumed one, shifting every later dropout and SpecAugment draw."""
+    (state,) = np.random.SeedSequence([seed, epoch, rank]).generate_state(1, np.uint64)
+    return torch.Generator().manual_seed(int(state) >> 1)  # 63 bits: manual_seed takes a signed int64
 
 
 def _stats(feats: Path):

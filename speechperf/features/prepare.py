@@ -7,7 +7,9 @@ A split already prepared is checked, not trusted: every shard is hashed against 
 and those missing or damaged (and an unreadable index) are rebuilt and named, so re-running
 prepare is the repair the loader's checksum error advises.
 Also writes ``FEATS/features.json`` (the FeatureConfig) and ``FEATS/stats.json``
-(per-dimension mean and std over the train-* splits, for normalization).
+(per-dimension mean and std over the train-* splits, for normalization): once, never
+changed by a later call (a repair keeps it) unless ``recompute_stats`` asks; see
+features/stats.py.
 """
 from __future__ import annotations
 
@@ -27,20 +29,23 @@ from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_
 from speechperf.errors import SpeechperfError
 from speechperf.features.config import FeatureConfig
 from speechperf.features.shards import ShardError, file_sha256, load_index, shard_name, write_json, write_shard
+from speechperf.features.stats import refuse_change, write_stats
 
 
 def prepare(corpus: Path, out: Path, splits: list[str] | None = None, workers: int = 0, progress: bool = True,
-            config: FeatureConfig = FeatureConfig()) -> dict:
-    """Prepare (or complete) ``out`` from ``corpus``; returns {"splits": rows}."""
+            config: FeatureConfig = FeatureConfig(), recompute_stats: bool = False) -> dict:
+    """Prepare (or complete) ``out`` from ``corpus``; returns {"splits": rows}. ``stats.json``
+    is kept as it is unless ``recompute_stats`` (a new training split is refused without it)."""
     corpus, out = Path(corpus), Path(out)
     _check_config(out, config)
     splits = splits or find_splits(corpus)
     if not splits:
         raise SpeechperfError(f"no split with *.trans.txt files under {corpus}")
+    refuse_change(out, [s for s in splits if is_train_split(s)], recompute_stats)  # before any work
     rows, t0 = [], time.perf_counter()
     for split in splits:
         rows.append(_prepare_split(corpus, out, split, workers or os.cpu_count() or 1, progress, config))
-    _write_stats(out, [r["split"] for r in rows if is_train_split(r["split"])])
+    write_stats(out, _prepared_train_splits(out), recompute_stats)
     problems = {r["split"]: load_index(out / r["split"])["problems"] for r in rows}
     rebuilt = {r["split"]: r.pop("rebuilt") for r in rows if r.get("rebuilt")}
     write_json(out / "prepare.json", {"corpus": str(corpus), "seconds": time.perf_counter() - t0, "splits": rows,
@@ -165,13 +170,9 @@ def _add_sums(parts: list[dict | None]) -> dict | None:
             "sumsq": np.sum([p["sumsq"] for p in parts], 0).tolist()}
 
 
-def _write_stats(out: Path, train_splits: list[str]) -> None:
-    sums = _add_sums([load_index(out / s)["sums"] for s in train_splits])
-    if sums is None:
-        return
-    n, mean = sums["n"], np.array(sums["sum"]) / sums["n"]
-    std = np.sqrt(np.maximum(np.array(sums["sumsq"]) / n - mean**2, 1e-8))
-    write_json(out / "stats.json", {"splits": train_splits, "frames": n, "mean": mean.tolist(), "std": std.tolist()})
+def _prepared_train_splits(out: Path) -> list[str]:
+    """Every training split of ``out`` whose index is complete: what the statistics cover."""
+    return sorted(p.name for p in out.iterdir() if p.is_dir() and is_train_split(p.name) and (p / "index.json").exists())
 
 
 def _row(index: dict) -> dict:

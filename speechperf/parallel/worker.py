@@ -99,8 +99,17 @@ def build(args):
     torch.manual_seed(args.seed)
     model = build_model(cfg)
     if args.init:
-        model.load_state_dict(torch.load(args.init, map_location="cpu"))
+        # data only: a state dict of tensors; a file whose unpickling would run code is refused
+        model.load_state_dict(_load_init(Path(args.init)))
     return model
+
+
+def _load_init(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for missing, truncated or code-carrying files
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise SpeechperfError(f"--init {path} is not a state dict of tensors ({type(e).__name__}: {first})") from e
 
 
 def _hidden_fields(model: str, hidden: int | None) -> dict:

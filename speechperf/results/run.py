@@ -74,8 +74,11 @@ class Run:
         info = {"format": FORMAT, "run_id": run_id or f"{folder.name}-{uuid.uuid4().hex[:8]}", "kind": kind,
                 "label": label or default_label(env, config), "host": env.get("hostname"), "created_at": time.time()}
         if data is not None:
+            from speechperf.features.stats import stats_sha256
+
             info["data"] = {"given": str(data), "resolved": str(Path(data).resolve()),
-                            "relative": os.path.relpath(Path(data).resolve(), folder.resolve())}
+                            "relative": os.path.relpath(Path(data).resolve(), folder.resolve()),
+                            "stats_sha256": stats_sha256(data)}  # the normalization it trains on (features/stats.py)
         atomic_write_text(folder / "config.json", json.dumps(config, indent=1))
         atomic_write_text(folder / "env.json", json.dumps(env, indent=1, default=str))
         atomic_write_text(folder / RUN_FILE, json.dumps(info, indent=1))
@@ -217,6 +220,11 @@ class Run:
         raise RunError(f"run {self.label_hint} ({self.folder}): its features folder is not here (recorded as "
                        f"{hint.get('given')!r}, {hint.get('resolved') or hint.get('given')}{where}); "
                        "give --data FEATS")
+
+    @property
+    def stats_sha256(self) -> str | None:
+        """The sha256 of the features' stats.json the run trained on (None: not recorded)."""
+        return (self.info.get("data") or {}).get("stats_sha256")
 
     def _checkpoint_data(self) -> dict:
         try:

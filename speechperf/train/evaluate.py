@@ -89,6 +89,10 @@ def _load_run_model(run, data: Path | None = None):
     feats = r.features()  # a missing features folder fails before the checkpoint is read
     ckpt = r.load_checkpoint()
     cfg = RunConfig.from_dict(ckpt["config"])
+    if cfg.loader.normalize:  # weights trained under one normalization are evaluated under it
+        from speechperf.features.stats import check_trained_on
+
+        check_trained_on(feats, r.stats_sha256, r.folder)
     model = build_model(cfg.model)
     model.load_state_dict(ckpt["model"])
     return model, cfg, feats, r

@@ -36,6 +36,7 @@ import torch
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.data.check import parse_splits, verify_splits
 from speechperf.errors import SpeechperfError
+from speechperf.features.stats import check_trained_on
 from speechperf.models import build_model
 from speechperf.results.run import Run, read_checkpoint
 from speechperf.train import distributed
@@ -125,6 +126,8 @@ def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None,
                               "configuration to continue it, or choose another --out")
         if run.finished:
             return "finished", None, None
+        if cfg.loader.normalize:  # the normalization it trained on, or refused (features/stats.py)
+            check_trained_on(run.features(), run.stats_sha256, out)
         return ("resume" if run.has_checkpoint() else "restart"), str(run.features()), None
     except SpeechperfError as e:
         return None, None, str(e)

@@ -34,6 +34,18 @@ def test_start_batch_equals_slicing_and_readers_agree(tiny_features):
     assert par == full
 
 
+def test_readers_leave_the_run_s_random_stream_alone(tiny_features):
+    """Iterating a loader with reader processes takes no number from torch's default generator
+    (dropout's and SpecAugment's): a run resumed inside an epoch makes its loader after the
+    RNG restore, the uninterrupted run before the checkpoint, and both must draw alike."""
+    cfg = LoaderConfig(batch_size=4, readers=1, prefetch_batches=2)
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    for _ in make_loader(tiny_features, SPLITS, cfg, epoch=1, seed=1, start_batch=20):
+        pass
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_batch_contents(tiny_features):
     for b in make_loader(tiny_features, "dev-clean", LoaderConfig(batch_size=3), epoch=1, seed=0):
         assert b.feats.shape[0] == len(b.ids) == len(b.transcripts) and b.feats.shape[2] == 93

@@ -105,13 +105,14 @@ def test_k_epochs_and_a_resume_equal_the_uninterrupted_run(tiny_features, tmp_pa
 def test_checkpoint_of_another_or_a_finished_run(tmp_path):
     from speechperf.atomic import atomic_torch_save
     from speechperf.parallel.worker import check_checkpoint, finished_run, parse, run_key
+    from speechperf.train.checkpoint import FORMAT
 
     argv = ["--algo", "bmuf", "--data", "FEATS", "--out", str(tmp_path), "--sync-period", "5", "--epochs", "3"]
     path = tmp_path / "checkpoint.pt"
     assert check_checkpoint(path, parse(argv), 2) is None
     with pytest.raises(SpeechperfError, match="no checkpoint"):
         check_checkpoint(path, parse(argv + ["--resume", "yes"]), 2)
-    atomic_torch_save({"format": 1, "args": run_key(parse(argv), 2), "epoch": 2, "stopped": False, "run_id": "r1"}, path)
+    atomic_torch_save({"format": FORMAT, "args": run_key(parse(argv), 2), "epoch": 2, "stopped": False, "run_id": "r1"}, path)
     assert check_checkpoint(path, parse(argv), 2)["epoch"] == 2
     assert check_checkpoint(path, parse(argv + ["--resume", "no"]), 2) is None
     with pytest.raises(SpeechperfError, match=r"--sync-period = 5 there, 20 now"):
