@@ -65,7 +65,7 @@ def test_algoperf_targets_follow_each_runs_model(tmp_path, capsys):
     assert main(["tta", str(dnn), "--targets", "algoperf", "--metric", "wer", "--json"]) == 2
     assert "--targets algoperf has no target for model 'dnn'" in capsys.readouterr().err
     assert main(["tta", str(ds2), "--targets", "15", "--metric", "wer", "--json"]) == 0
-    assert [(r["target"], r["minutes"]) for r in json.loads(capsys.readouterr().out)] == [(15.0, 3.0)]
+    assert [(r["target"], r["minutes"]) for r in json.loads(capsys.readouterr().out)["runs"]] == [(15.0, 3.0)]
 
 
 def test_the_report_takes_a_target_set_or_numbers(tmp_path):
