@@ -44,8 +44,7 @@ def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     table = tta_table(runs, metric, spec, epochs, db_path, price_per_hour, platform_file)
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
     try:
-        seeds = [seed_run(label, r.config, r.env, r.row().get("status"), r.evals(), metric, r.folder)
-                 for r, label in zip(opened, unique_labels(opened))]
+        seeds = [_of_open(r, label, metric) for r, label in zip(opened, unique_labels(opened))]
     finally:
         for r in opened:
             r.close()
@@ -54,6 +53,17 @@ def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
              for r in per_run}
     return {"runs": [{**row, **extra.get((row["run"], row["target"]), {})} for row in table],
             "groups": groups, "comparisons": comparisons}
+
+
+def _of_open(run, label: str, metric: str) -> SeedRun:
+    """:func:`seed_run` of an open Run; a folder of the previous release has its config and env
+    only in its database row (as the report reads it: report/runs.py)."""
+    import json
+
+    row = run.row()
+    config = run.config if (run.folder / "config.json").is_file() else json.loads(row["config_json"] or "{}")
+    env = run.env if (run.folder / "env.json").is_file() else json.loads(row["env_json"] or "{}")
+    return seed_run(label, config, env, row.get("status"), run.evals(), metric, run.folder)
 
 
 def study_notes(study: dict) -> list[str]:

@@ -25,6 +25,10 @@ def test_cli_end_to_end(tmp_path):
         assert (run / name).exists(), name
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "success" and summary["epochs"] == 2
+    # checked against the shipped tiny reference at its target, which measured another recipe (10 epochs)
+    (check,) = summary["convergence"]["checks"]
+    assert summary["convergence"]["reference"] == "tiny.json" and check["RCP check"].startswith(
+        "reference is for another recipe: train.max_epochs=2 (reference 10)")
 
     keys = [e["key"] for e in read_events(run / "events.log")]
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
