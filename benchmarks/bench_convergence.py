@@ -73,6 +73,10 @@ def train(a, seed: int, out: Path, env: dict) -> None:
     if a.threads:
         cmd.append(f"train.threads={a.threads}")
     print(f"seed {seed}: {' '.join(cmd[3:])}", flush=True)
+    stamp = out / "bench_convergence.json"  # the commit and date the seed was trained at (a resumed batch keeps them)
+    if not stamp.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(stamp, json.dumps({"commit": commit(), "date": datetime.date.today().isoformat()}))
     done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
     if done.returncode not in (0, 1):  # 1: a diverged run, which is a result (it never reached the target)
         sys.exit(f"seed {seed}: train exited {done.returncode}")
@@ -86,12 +90,14 @@ def measured(a, seed: int, out: Path, isa: str) -> tuple[dict, dict, dict]:
         evals = [(e["clock_s"], e[a.metric]) for e in run.evals()]
     finally:
         run.close()
+    stamp = out / "bench_convergence.json"
+    when = json.loads(stamp.read_text()) if stamp.is_file() else {"commit": commit(), "date": datetime.date.today().isoformat()}
     window = config["train"]["target_epochs"]
     epochs = epochs_to_target(evals, a.target, window)
     entry = {"seed": seed, "status": status, "epochs": {rcp._key(a.target): epochs},
              "minutes": {rcp._key(a.target): evals[epochs - 1][0] / 60 if epochs else None},
              f"final_{a.metric}": evals[-1][1] if evals else None, "epochs_trained": len(evals),
-             "measured": {"commit": commit(), "date": datetime.date.today().isoformat(), "host": platform.node(),
+             "measured": {**when, "host": platform.node(),
                           "machine": hardware(env), "isa": isa, "onednn_max_cpu_isa": ISA.get(a.isa),
                           "threads": config["train"].get("threads"), "torch": env.get("libraries", {}).get("torch")}}
     return entry, config, rcp.corpus_of(out / "events.log")
