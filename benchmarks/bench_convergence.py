@@ -113,13 +113,23 @@ def summary(a, entries: list[dict]) -> list[dict]:
              "max/min": max(minutes) / min(minutes) if minutes else None, "olympic rule": rule}]
 
 
+def synth_params(feats: Path) -> dict:
+    """The embedded corpus' synthesis (hours, seed) where the features sit beside it (the demo's layout)."""
+    synth = feats.parent / "corpus" / "SYNTH.json"
+    if not synth.is_file():
+        return {}
+    params = json.loads(synth.read_text()).get("params", {})
+    return {"synth": {"hours": params.get("hours"), "seed": params.get("seed")}}
+
+
 def write(a, entries: list[dict], config: dict, corpus: dict) -> Path:
     """Merge ``entries`` into the preset's reference file (same recipe, metric, window, corpus)."""
     path = rcp.reference_path(a.preset)
     new = {"format": rcp.FORMAT, "preset": a.preset, "metric": a.metric, "window": config["train"]["target_epochs"],
            "targets": [a.target], "recipe": rcp.recipe(config), "overrides": a.set,
-           "corpus": {"fingerprint": corpus, "data": str(a.data)}, "how": "benchmarks/bench_convergence.py", "seeds": []}
+           "corpus": {"fingerprint": corpus, "data": str(a.data), **synth_params(a.data)}, "how": "benchmarks/bench_convergence.py", "seeds": []}
     old = json.loads(path.read_text()) if path.is_file() else new
+    old["corpus"].update({k: v for k, v in new["corpus"].items() if k not in old["corpus"]})
     for field in ("metric", "window", "recipe"):
         if old[field] != new[field]:
             sys.exit(f"{path}: its {field} differs from this batch's ({old[field]!r} vs {new[field]!r}); delete it to start over")
