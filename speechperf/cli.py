@@ -13,7 +13,7 @@ from pathlib import Path
 
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
-from speechperf.tables import emit
+from speechperf.tables import emit, emit_json
 
 
 class Registry:
@@ -160,14 +160,27 @@ def cmd_train(a) -> int:
 
 
 def cmd_tta(a) -> int:
-    from speechperf.metrics.tta import notes, tta_table
+    from speechperf.metrics.study import study_notes, tta_study
 
-    rows = tta_table([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
-                     db_path=Path(a.db) if a.db else None, price_per_hour=a.price_per_hour,
-                     platform_file=a.platform_file)
-    emit(rows, a.json, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative",
-                                "init s", "TFLOPS", "MFU %", "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
-    for line in [] if a.json else notes(rows):
+    study = tta_study([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
+                      db_path=Path(a.db) if a.db else None, price_per_hour=a.price_per_hour,
+                      platform_file=a.platform_file)
+    if a.json:
+        emit_json(study)
+        return 0
+    emit(study["runs"], False, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative",
+                                        "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
+                                        "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
+    print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
+    emit(study["groups"], False, columns=["group", "target", "runs", "reached", "never reached", "unfinished",
+                                          "median TTA min", "olympic TTA min", "min TTA min", "max TTA min",
+                                          "median epochs to target", "median min/epoch", "epochs to target per seed",
+                                          "RCP check", "olympic rule"])
+    if study["comparisons"]:
+        print("\nBetween groups of one workload:")
+        emit(study["comparisons"], False, columns=["A", "B", "target", "seeds A", "seeds B", "TTA ratio A/B", "95% low",
+                                                   "95% high", "epochs ratio A/B", "min/epoch ratio A/B", "verdict"])
+    for line in study_notes(study):
         print(line)
     return 0
 

@@ -49,3 +49,18 @@ def write_csv(path: Path, rows: Sequence[dict]) -> Path:
     writer.writerows(rows)
     atomic_write_text(Path(path), buf.getvalue())
     return Path(path)
+
+
+def emit_json(obj: Any, out=None) -> None:
+    """Write ``obj`` (tables in a dict) as strict JSON: an unbounded value (an interval's end)
+    is written "inf" / "-inf", since JSON has no infinity."""
+    def finite(v):
+        if isinstance(v, float) and math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        return [finite(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    out = out or sys.stdout
+    json.dump(finite(obj), out, indent=1, default=str, allow_nan=False)
+    out.write("\n")

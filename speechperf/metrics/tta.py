@@ -15,12 +15,19 @@ def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int
     The median is taken over exactly the last ``epochs`` evaluations, so the earliest
     possible TTA is at the ``epochs``-th evaluation: accuracy must be persistent.
     """
+    reached = epochs_to_target(evals, target, epochs)
+    return None if reached is None else evals[reached - 1][0] / 60.0
+
+
+def epochs_to_target(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> int | None:
+    """How many evaluations (epochs) it took until the TTA rule first held: TTA is the clock at
+    that evaluation (:func:`tta_minutes`); None when never. The recipe's factor of TTA."""
     if epochs < 1:
         raise SpeechperfError(f"epochs must be >= 1, got {epochs}")
     for i in range(epochs - 1, len(evals)):
         window = [v for _, v in evals[i - epochs + 1 : i + 1]]
         if statistics.median(window) <= target:
-            return evals[i][0] / 60.0
+            return i + 1
     return None
 
 

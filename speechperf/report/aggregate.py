@@ -1,5 +1,5 @@
-"""Tables that combine runs: time to accuracy (Table 4/6), price/performance per platform, and
-repeated runs (MLPerf rule)."""
+"""Tables that combine runs: time to accuracy (Table 4/6) and price/performance per platform
+(repeated runs over seeds: speechperf/metrics/aggregate.py)."""
 from __future__ import annotations
 
 import json
@@ -68,31 +68,4 @@ def price_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
         rows.append({"run": "paper, LibriSpeech", "workload": "ds2 (the paper's sizes)", "platform": plat.name,
                      "price $": plat.price_usd, "$/hour": None,
                      "price date": plat.price_date, **price_performance(tta, plat)})
-    return rows
-
-
-def repeated_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
-    """Runs of one configuration on one platform that differ only in seed, grouped; TTA to CER
-    ``target`` as MLPerf aggregates it (drop the fastest and the slowest, average the rest;
-    with fewer than 3 runs that reached it, the plain mean, and the row says so) beside
-    median, spread and the runs that never reached it."""
-    groups: dict[str, list[dict]] = {}
-    for r in runs:
-        cfg = json.loads(json.dumps(r["config"]))
-        cfg.get("train", {}).pop("seed", None)
-        groups.setdefault(json.dumps([cfg, of_run(r["env"]).name], sort_keys=True), []).append(r)
-    rows = []
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        ttas = [run_tta(r, target) for r in members]
-        done = sorted(t for t in ttas if t is not None)
-        kept = done[1:-1] if len(done) >= 3 else done
-        rows.append({"preset": members[0]["config"].get("preset"), "workload": members[0].get("workload_label"), "platform": of_run(members[0]["env"]).name,
-                     "runs": len(members), "seeds": ", ".join(str(r["row"].get("seed")) for r in members),
-                     "MLPerf mean TTA min": statistics.mean(kept) if kept else None,
-                     "aggregation": "dropped fastest and slowest" if len(done) >= 3 else "mean (fewer than 3 reached)",
-                     "median TTA min": statistics.median(done) if done else None,
-                     "min": done[0] if done else None, "max": done[-1] if done else None,
-                     "spread min": done[-1] - done[0] if done else None, "never reached": ttas.count(None)})
     return rows

@@ -7,7 +7,7 @@ import statistics
 
 from speechperf.metrics.mfu import mfu_columns
 from speechperf.report import figures
-from speechperf.report.aggregate import energy_by_source, price_rows, repeated_rows, tta_rows
+from speechperf.report.aggregate import energy_by_source, price_rows, tta_rows
 from speechperf.report.runs import who
 from speechperf.report.sections import Context, Figure, Note, Section, Table, register_section
 from speechperf.results.workload import by_workload
@@ -181,8 +181,24 @@ def price_section(ctx: Context) -> Section:
 
 @register_section("repeated", 110)
 def repeated_section(ctx: Context) -> Section:
-    return Section("Repeated runs (seeds), MLPerf aggregation", [
-        Table("repeated.csv", repeated_rows(ctx.runs), "no configuration was run with more than one seed")])
+    from speechperf.metrics.study import seed_runs_table
+
+    runs, groups, comparisons = seed_runs_table(ctx.runs, ctx.targets)
+    blocks = [Note("Groups: runs of one workload, configuration apart from train.seed, and machine. TTA = epochs to "
+                   "target (the recipe's; their spread is the seeds') x minutes per epoch (the hardware's). A run that "
+                   "never reached a target is a failed run (MLPerf): slower than any TTA in the median and the "
+                   "interval, a dropped score in the olympic mean (MLPerf's result summarizer; one tolerated); "
+                   "unfinished runs are counted apart. RCP check: epochs against the preset's reference convergence "
+                   "points (mlperf-logging's RCP checker)."),
+              Table("repeated.csv", groups, "no run has a TTA target of the metrics shown"),
+              Table("seed_runs.csv", runs, "no run has a TTA target of the metrics shown")]
+    if comparisons:
+        blocks += [Note("Between groups of one workload: median of the seed-pair TTA ratios A/B with an exact 95% "
+                        "(Mann-Whitney) interval; an interval holding 1 says these seeds cannot tell the two apart."),
+                   Table("comparisons.csv", comparisons)]
+    else:
+        blocks.append(Note("One group per workload: no two machines or configurations to compare."))
+    return Section("Repeated runs (seeds): aggregates, the two factors of TTA, reference convergence", blocks)
 
 
 @register_section("sentences", 400)

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from speechperf.data import alphabet
+from speechperf.metrics.rcp import run_check
 from speechperf.results.run import Run
 from speechperf.train.checkpoint import TrainState
 from speechperf.train.events import C
@@ -222,6 +223,7 @@ class RunRecorder(Recorder):
         summary = self.summary(status)
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
         summary.update(self.flops.summary(self.run.iterations()))  # TFLOPS and MFU over every training step
+        summary["convergence"] = run_check(self.run.config, self.run.env, status, self.run.evals(), self.run.folder)  # against the preset's RCPs
         self.run.set_status(status)
         self.run.write_summary(summary)  # last: its presence means the run finished
         self.run.close()

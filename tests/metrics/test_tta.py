@@ -68,5 +68,5 @@ def test_table_prices_each_run_from_its_environment_and_overrides(tmp_path, caps
     assert rows["odd"]["cost to accuracy $"] is None
     assert "no price for 1x NVIDIA B300; give --price-per-hour" in rows["odd"]["price note"]
     assert main(["tta", str(h100), str(odd), "--targets", "10", "--price-per-hour", "4", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)["runs"]
     assert [r["cost to accuracy $"] for r in out] == [2.0, 2.0]

@@ -30,7 +30,7 @@ def full_report(recorded_runs, tmp_path_factory):
 def test_every_section_has_its_files(full_report):
     out = full_report.parent
     for name in ("fig7.png", "fig8.png", "fig9.png", "power.png", "tta.csv", "beam_sweep.csv", "final.csv", "runs.csv",
-                 "platforms.csv", "price.csv", "repeated.csv", "energy.csv", "unavailable.csv", "sentences.csv"):
+                 "platforms.csv", "price.csv", "repeated.csv", "seed_runs.csv", "comparisons.csv", "energy.csv", "unavailable.csv", "sentences.csv"):
         assert (out / name).stat().st_size > 0, name
     page = full_report.read_text()
     assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -66,10 +66,17 @@ def test_price_performance_and_energy_to_accuracy(full_report):
 
 
 def test_repeated_seeds_grouped(full_report):
-    (row,) = _csv(full_report.parent / "repeated.csv")
-    assert (row["preset"], row["runs"], row["seeds"], row["never reached"]) == ("cpu", "3", "1, 2, 3", "1")
-    assert (float(row["MLPerf mean TTA min"]), float(row["median TTA min"]), float(row["spread min"])) == (9.0, 9.0, 2.0)
-    assert row["aggregation"].startswith("mean (fewer than 3")
+    groups = {r["group"]: r for r in _csv(full_report.parent / "repeated.csv") if r["metric"] == "cer" and r["target"] == "10.0"}
+    row = groups["2-core Test cpu"]  # the three cpu seeds: TTA to CER 10 of 8, 10 and never
+    assert (row["runs"], row["reached"], row["never reached"], row["epochs to target per seed"]) == (
+        "3", "2", "1", "s1:4 s2:5 s3:never")
+    # MLPerf: the failed run is the dropped slowest, the fastest (8) is dropped too; median of 8, 10, never: 10
+    assert (float(row["olympic TTA min"]), float(row["median TTA min"]), float(row["median min/epoch"])) == (10.0, 10.0, 2.0)
+    assert row["RCP check"] == "no reference for preset 'cpu'"
+    seeds = [r for r in _csv(full_report.parent / "seed_runs.csv") if r["metric"] == "cer" and r["target"] == "10.0"]
+    assert [(r["epochs to target"], r["min/epoch"]) for r in seeds][:2] == [("4", "2.0"), ("5", "2.0")]
+    assert "not distinguishable at 3 and 1 seeds (no exact 95% interval exists at so few seeds)" in {
+        r["verdict"] for r in _csv(full_report.parent / "comparisons.csv")}
 
 
 def test_tables_5_and_3(full_report):

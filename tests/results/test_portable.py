@@ -39,7 +39,7 @@ def test_moved_and_renamed_runs_compare_the_same_from_anywhere(tiny_features, tm
               quiet=True, platform=platform, label=f"{machine} tiny")
     a, b = tmp_path / "machineA" / "run", tmp_path / "machineB" / "run"
     tta_args = ["--targets", "100,0.001", "--epochs", "1", "--json"]  # 100: reached unless insertions pass 100%
-    before = json.loads(cli("tta", a, b, *tta_args, cwd=tmp_path).stdout)
+    before = json.loads(cli("tta", a, b, *tta_args, cwd=tmp_path).stdout)["runs"]
     cli("report", a, b, "--out", tmp_path / "rep1", cwd=tmp_path)
 
     moved = tmp_path / "copied"
@@ -49,7 +49,7 @@ def test_moved_and_renamed_runs_compare_the_same_from_anywhere(tiny_features, tm
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     files = _files(tmp_path)
-    after = json.loads(cli("tta", "../copied/cpu2", "../copied/h100", *tta_args, cwd=elsewhere).stdout)
+    after = json.loads(cli("tta", "../copied/cpu2", "../copied/h100", *tta_args, cwd=elsewhere).stdout)["runs"]
     assert after == before
     assert [(r["run"], r["target"]) for r in after] == [("machineA tiny", 100.0), ("machineA tiny", 0.001),
                                                         ("machineB tiny", 100.0), ("machineB tiny", 0.001)]

@@ -112,6 +112,9 @@ def test_a_run_of_the_previous_release_opens_or_says_how_to_convert_it(tmp_path)
     assert opened.format == 1 and opened.db_path == tmp_path / "old" / "results.db"
     assert opened.label == "2-core Xeon tiny fp32"
     assert [r["minutes"] for r in tta_table([run], targets=[10])] == [3.0]
+    from speechperf.metrics.study import tta_study  # the seed groups read its config from the database row
+
+    assert [(r["minutes"], r["epochs to target"]) for r in tta_study([run], targets=[10])["runs"]] == [(3.0, 3)]
     lone = _legacy_run(tmp_path / "lone", db_beside=False)
     with pytest.raises(SpeechperfError, match=r"made by an earlier speechperf release.*/home/someone/exp/results.db.*"
                                               r"Copy that database into .*lone/run/results.db"):

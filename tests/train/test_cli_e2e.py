@@ -25,6 +25,10 @@ def test_cli_end_to_end(tmp_path):
         assert (run / name).exists(), name
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "success" and summary["epochs"] == 2
+    # checked against the shipped tiny reference at its target, which measured another recipe (10 epochs)
+    (check,) = summary["convergence"]["checks"]
+    assert summary["convergence"]["reference"] == "tiny.json" and check["RCP check"].startswith(
+        "reference is for another recipe: train.max_epochs=2 (reference 10)")
 
     keys = [e["key"] for e in read_events(run / "events.log")]
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
@@ -45,13 +49,13 @@ def test_cli_end_to_end(tmp_path):
     assert {"dev-clean", "test-clean"} <= {r["split"] for r in finals}
 
     # 100 %: the highest target there is (CER passes 100 % only through insertions); 0.001: never reached
-    table = json.loads(cli("tta", run, "--metric", "cer", "--targets", "100,0.001", "--epochs", "1", "--json").stdout)
+    table = json.loads(cli("tta", run, "--metric", "cer", "--targets", "100,0.001", "--epochs", "1", "--json").stdout)["runs"]
     reached = next((e["clock_s"] / 60 for e in evals if e["cer"] <= 100), None)
     assert all(set(r) >= {"run", "machine", "metric", "target", "epochs", "minutes", "relative", "init s", "platform",
                           "cost to accuracy $", "price note"} for r in table)
     assert table[0]["run"] == info["label"] and table[0]["init s"] > 0
     assert table[0]["cost to accuracy $"] is None and "give --price-per-hour" in table[0]["price note"]  # a CPU box
-    priced = json.loads(cli("tta", run, "--targets", "100", "--epochs", "1", "--price-per-hour", "6", "--json").stdout)
+    priced = json.loads(cli("tta", run, "--targets", "100", "--epochs", "1", "--price-per-hour", "6", "--json").stdout)["runs"]
     assert priced[0]["cost to accuracy $"] == (None if reached is None else priced[0]["minutes"] / 60 * 6)
     assert table[0]["minutes"] == reached and table[0]["relative"] == (None if reached is None else 100.0)
     assert table[1]["minutes"] is None and table[1]["relative"] is None  # never reached: NA

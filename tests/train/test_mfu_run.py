@@ -29,7 +29,7 @@ def test_run_summary_and_tta_row_hold_mfu(tiny_features, tmp_path, capsys):
 
     capsys.readouterr()
     assert main(["tta", str(run), "--targets", "100", "--epochs", "1", "--json"]) == 0
-    row = json.loads(capsys.readouterr().out)[0]
+    row = json.loads(capsys.readouterr().out)["runs"][0]
     assert row["TFLOPS"] == summary["tflops"] and row["MFU %"] == summary["mfu_pct"]
     assert row["peak source"] == summary["peak_source"]
     assert main(["tta", str(run), "--targets", "100", "--epochs", "1"]) == 0

@@ -1,0 +1,182 @@
+"""Reference convergence points of a preset: train it with several seeds, print epochs and
+minutes to its target per seed and the aggregate, and (``--write``) store them as the
+preset's reference in ``speechperf/config/rcp/PRESET.json`` (speechperf/metrics/rcp.py).
+
+    python benchmarks/bench_convergence.py tiny --seeds 5 --target 38 --set train.max_epochs=10 \\
+        --threads 1 --data FEATS --write
+    python benchmarks/bench_convergence.py cpu --seeds 6-10 --isa avx2 --data FEATS --write   # a later batch
+
+Resumable: each seed trains into OUT/seed-S (``train --resume auto``: a finished seed is
+only read again, an interrupted one continues), and ``--write`` merges the seeds measured
+into the reference file (a seed measured again replaces its entry), so batches of seeds can
+be measured and committed separately. Each seed records how, when and where it was
+measured: commit, machine, ISA, threads, torch version. A batch of another recipe, metric
+or corpus than the file's is refused (start a new file by deleting it).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from speechperf.atomic import atomic_write_text  # noqa: E402
+from speechperf.config import load_preset  # noqa: E402
+from speechperf.metrics import rcp  # noqa: E402
+from speechperf.metrics.aggregate import olympic_mean  # noqa: E402
+from speechperf.metrics.tta import epochs_to_target  # noqa: E402
+from speechperf.results.run import Run  # noqa: E402
+from speechperf.tables import emit  # noqa: E402
+from speechperf.telemetry.machine import hardware  # noqa: E402
+
+ISA = {"avx2": "AVX2", "avx512": "AVX512_CORE"}  # --isa -> ONEDNN_MAX_CPU_ISA
+
+
+def seeds(text: str) -> list[int]:
+    """"5" -> 1..5, "6-10" -> 6..10, "1,3" -> 1, 3."""
+    if "-" in text:
+        lo, hi = map(int, text.split("-"))
+        return list(range(lo, hi + 1))
+    return [int(x) for x in text.split(",")] if "," in text else list(range(1, int(text) + 1))
+
+
+def child_env(isa: str | None) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    if isa:
+        env["ONEDNN_MAX_CPU_ISA"] = ISA[isa]
+    return env
+
+
+def cpu_capability(env: dict) -> str:
+    """The ISA torch's CPU kernels use under ``env`` (ONEDNN_MAX_CPU_ISA applied)."""
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def commit() -> str:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def train(a, seed: int, out: Path, env: dict) -> None:
+    cmd = [sys.executable, "-m", "speechperf", "train", "--preset", a.preset, "--data", str(a.data), "--out", str(out),
+           "--json", f"train.seed={seed}", f"train.target={a.target}", *a.set]
+    if a.threads:
+        cmd.append(f"train.threads={a.threads}")
+    print(f"seed {seed}: {' '.join(cmd[3:])}", flush=True)
+    stamp = out / "bench_convergence.json"  # the commit and date the seed was trained at (a resumed batch keeps them)
+    if not stamp.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(stamp, json.dumps({"commit": commit(), "date": datetime.date.today().isoformat()}))
+    done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
+    if done.returncode not in (0, 1):  # 1: a diverged run, which is a result (it never reached the target)
+        sys.exit(f"seed {seed}: train exited {done.returncode}")
+
+
+def measured(a, seed: int, out: Path, isa: str) -> tuple[dict, dict, dict]:
+    """(the seed's reference entry, the run's config, its corpus fingerprint)."""
+    run = Run.open(out)
+    try:
+        config, env, status = run.config, run.env, run.row().get("status")
+        evals = [(e["clock_s"], e[a.metric]) for e in run.evals()]
+    finally:
+        run.close()
+    stamp = out / "bench_convergence.json"
+    when = json.loads(stamp.read_text()) if stamp.is_file() else {"commit": commit(), "date": datetime.date.today().isoformat()}
+    window = config["train"]["target_epochs"]
+    epochs = epochs_to_target(evals, a.target, window)
+    entry = {"seed": seed, "status": status, "epochs": {rcp._key(a.target): epochs},
+             "minutes": {rcp._key(a.target): evals[epochs - 1][0] / 60 if epochs else None},
+             f"final_{a.metric}": evals[-1][1] if evals else None, "epochs_trained": len(evals),
+             "measured": {**when, "host": platform.node(),
+                          "machine": hardware(env), "isa": isa, "onednn_max_cpu_isa": ISA.get(a.isa),
+                          "threads": config["train"].get("threads"), "torch": env.get("libraries", {}).get("torch")}}
+    return entry, config, rcp.corpus_of(out / "events.log")
+
+
+def summary(a, entries: list[dict]) -> list[dict]:
+    key = rcp._key(a.target)
+    minutes = [e["minutes"][key] for e in entries if e["minutes"].get(key) is not None]
+    failed = len(entries) - len(minutes)
+    score, rule = olympic_mean(minutes, failed)
+    return [{"seeds": len(entries), "reached": len(minutes), "median TTA min": statistics.median(minutes) if minutes else None,
+             "olympic TTA min": score, "min TTA min": min(minutes, default=None), "max TTA min": max(minutes, default=None),
+             "max/min": max(minutes) / min(minutes) if minutes else None, "olympic rule": rule}]
+
+
+def synth_params(feats: Path) -> dict:
+    """The embedded corpus' synthesis (hours, seed) where the features sit beside it (the demo's layout)."""
+    synth = feats.parent / "corpus" / "SYNTH.json"
+    if not synth.is_file():
+        return {}
+    params = json.loads(synth.read_text()).get("params", {})
+    return {"synth": {"hours": params.get("hours"), "seed": params.get("seed")}}
+
+
+def write(a, entries: list[dict], config: dict, corpus: dict) -> Path:
+    """Merge ``entries`` into the preset's reference file (same recipe, metric, window, corpus)."""
+    path = rcp.reference_path(a.preset)
+    new = {"format": rcp.FORMAT, "preset": a.preset, "metric": a.metric, "window": config["train"]["target_epochs"],
+           "targets": [a.target], "recipe": rcp.recipe(config), "overrides": a.set,
+           "corpus": {"fingerprint": corpus, "data": str(a.data), **synth_params(a.data)}, "how": "benchmarks/bench_convergence.py", "seeds": []}
+    old = json.loads(path.read_text()) if path.is_file() else new
+    old["corpus"].update({k: v for k, v in new["corpus"].items() if k not in old["corpus"]})
+    for field in ("metric", "window", "recipe"):
+        if old[field] != new[field]:
+            sys.exit(f"{path}: its {field} differs from this batch's ({old[field]!r} vs {new[field]!r}); delete it to start over")
+    if old["corpus"]["fingerprint"] != corpus:
+        sys.exit(f"{path}: measured on another corpus ({old['corpus']['fingerprint']} vs {corpus})")
+    mine = {e["seed"] for e in entries}
+    old["seeds"] = sorted([s for s in old["seeds"] if s["seed"] not in mine] + entries, key=lambda s: s["seed"])
+    old["targets"] = sorted(set(old["targets"]) | {a.target}, reverse=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(old, indent=1) + "\n")
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset")
+    p.add_argument("--seeds", default="5", help="N (seeds 1..N), A-B, or a comma list")
+    p.add_argument("--data", type=Path, required=True, help="prepared features (the embedded corpus: speechperf demo's)")
+    p.add_argument("--out", type=Path, default=None, help="run folders (default bench-convergence/PRESET)")
+    p.add_argument("--target", type=float, default=None, help="error %% to reach (default: the preset's train.target)")
+    p.add_argument("--metric", default="cer", choices=["cer", "wer"])
+    p.add_argument("--isa", choices=sorted(ISA), default=None, help="cap oneDNN's ISA (ONEDNN_MAX_CPU_ISA)")
+    p.add_argument("--threads", type=int, default=0, help="train.threads (0: the preset's)")
+    p.add_argument("--set", nargs="*", default=[], help="config overrides k=v, recorded in the reference")
+    p.add_argument("--write", action="store_true", help="merge the seeds into speechperf/config/rcp/PRESET.json")
+    a = p.parse_args()
+    cfg = load_preset(a.preset, a.set)
+    a.target = a.target or cfg.train.target
+    if not a.target:
+        sys.exit(f"preset {a.preset!r} names no train.target: give --target")
+    out = a.out or Path("bench-convergence") / a.preset
+    env = child_env(a.isa)
+    isa = cpu_capability(env)
+    entries, config, corpus = [], None, None
+    for seed in seeds(a.seeds):
+        folder = out / f"seed-{seed}"
+        train(a, seed, folder, env)
+        entry, config, corpus = measured(a, seed, folder, isa)
+        entries.append(entry)
+    key = rcp._key(a.target)
+    emit([{"seed": e["seed"], "status": e["status"], "epochs to target": e["epochs"][key],
+           "minutes to target": e["minutes"][key], f"final {a.metric}": e[f"final_{a.metric}"],
+           "epochs trained": e["epochs_trained"]} for e in entries], False)
+    emit(summary(a, entries), False)
+    if a.write:
+        print(f"wrote {write(a, entries, config, corpus)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Reference convergence points (RCPs): how many epochs a shipped preset takes to reach its
+target over many reference seeds, and the check of runs against them, MLPerf's way.
+
+A reference is a JSON file per preset in ``speechperf/config/rcp/`` (written by
+``benchmarks/bench_convergence.py PRESET --seeds N --write``): the recipe it trained (the
+configuration apart from the fields in :data:`NOT_RECIPE`), the corpus (train and
+validation utterances), the metric and TTA window, and per reference seed its epochs and
+minutes to each target, its final error and where, when and how it was measured (commit,
+machine, ISA, threads, torch).
+
+The statistics are mlperf-logging's RCP checker's (``mlperf_logging.rcp_checker``): the
+reference's olympic mean and standard deviation of epochs, and the fewest mean epochs a
+submission of k runs may take before a one-sided t-test at its alpha (0.05) says it
+converged faster than the reference allows. A run (k = 1) or a group of seeds is flagged
+when it converges faster than that, or when it never reaches a target that every reference
+seed reached. A preset, recipe or corpus without a reference says so, never passes quietly.
+"""
+from __future__ import annotations
+
+import io
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from speechperf.errors import SpeechperfError
+
+RCP_DIR = Path(__file__).resolve().parents[1] / "config" / "rcp"
+FORMAT = 1  # reference file "format"
+# Fields that change how a run is executed or recorded, not what it trains: a run differing
+# from the reference only in these is still checked against it.
+NOT_RECIPE = frozenset({
+    "train.seed", "train.threads", "train.time_cap_minutes", "train.device", "train.dist_backend", "train.sync_every",
+    "train.checkpoint_every", "train.sentence_every", "train.compile", "train.optimizer_impl", "train.deterministic",
+    "train.max_bad_losses", "train.max_skipped_fraction", "train.final_splits", "train.final_beam",
+    "train.target", "loader.readers", "loader.prefetch_batches"})  # train.target: where it stops, not how it trains
+# mlperf-logging's checker knows MLPerf's benchmarks only: a speechperf reference is handed to
+# it as one of its speech benchmark (RNN-T), whose submission run count the wrapper replaces.
+BENCHMARK, RULESET = "rnnt", "6.0.0"
+OK, FASTER, FAILED = "ok", "faster than the reference allows", "never reached; every reference seed did"
+
+
+class ReferenceError(SpeechperfError):
+    """A reference file that cannot be read as one (names the file)."""
+
+
+def reference_path(preset: str | None) -> Path | None:
+    return RCP_DIR / f"{preset}.json" if preset else None
+
+
+def load_reference(preset: str | None) -> dict | None:
+    """The reference of ``preset``, None when it has none; a damaged file is refused by name."""
+    path = reference_path(preset)
+    if path is None or not path.is_file():
+        return None
+    return _read(str(path), path.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _read(path: str, _mtime: int) -> dict:
+    try:
+        ref = json.loads(Path(path).read_text())
+        if ref.get("format") != FORMAT or not isinstance(ref.get("seeds"), list):
+            raise ValueError(f"format {ref.get('format')!r} with seeds {type(ref.get('seeds')).__name__}")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ReferenceError(f"reference convergence points {path}: unreadable ({e})") from None
+    return ref
+
+
+def recipe(config: dict) -> dict:
+    """The configuration as dotted keys, less the fields that do not change what is trained."""
+    flat = {}
+    for section, values in config.items():
+        if isinstance(values, dict):
+            flat.update({f"{section}.{k}": v for k, v in values.items() if f"{section}.{k}" not in NOT_RECIPE})
+        elif section != "preset":
+            flat[section] = values
+    return flat
+
+
+def epochs_of(ref: dict, target: float) -> list[int | None]:
+    """The reference seeds' epochs to ``target`` (None: that seed never reached it)."""
+    return [s.get("epochs", {}).get(_key(target)) for s in ref["seeds"]]
+
+
+def _key(target: float) -> str:
+    return f"{float(target):g}"
+
+
+def applies(ref: dict | None, preset: str | None, config: dict, corpus: dict, metric: str, window: int,
+            target: float) -> str | None:
+    """None when ``ref`` covers a run of this configuration, corpus and target; else why not."""
+    if ref is None:
+        return f"no reference for preset {preset!r}" if preset else "no reference: the run names no preset"
+    if (ref.get("metric"), ref.get("window")) != (metric, window):
+        return f"reference is of {str(ref.get('metric')).upper()} over {ref.get('window')} epochs"
+    mine, theirs = recipe(config), ref.get("recipe", {})
+    differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    if differ:
+        shown = ", ".join(f"{k}={mine.get(k)!r} (reference {theirs.get(k)!r})" for k in differ[:3])
+        return f"reference is for another recipe: {shown}" + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+    if corpus != ref.get("corpus", {}).get("fingerprint"):
+        return f"reference measured on another corpus ({ref.get('corpus', {}).get('fingerprint')}; this run: {corpus or 'not recorded'})"
+    if not any(e is not None for e in epochs_of(ref, target)):
+        return f"reference has no seed that reached {target:g}"
+    return None
+
+
+def _checker(epochs: tuple[int, ...], runs: int):
+    """mlperf-logging's RCP checker over the reference ``epochs``, for a submission whose mean
+    counts ``runs`` runs (its t-test's sample size)."""
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    class Checker(rcp_checker.RCP_Checker):
+        # the library reads the run count from its table of MLPerf benchmarks; ours is the group's
+        submission_runs = property(lambda self: runs + 2, lambda self, _value: None)
+
+    record = {"speechperf": {"Benchmark": BENCHMARK, "BS": 0, "Hyperparams": {}, "Epochs to converge": list(epochs)}}
+    return Checker("training", RULESET, BENCHMARK, False, rcp_file=io.StringIO(json.dumps(record)))
+
+
+@lru_cache(maxsize=256)
+def limits(epochs: tuple[int, ...], runs: int) -> dict:
+    """{"RCP mean", "RCP stdev", "min epochs"}: the reference's olympic mean and standard
+    deviation, and the fewest mean epochs of ``runs`` runs it accepts (mlperf-logging)."""
+    record = next(iter(_checker(epochs, runs).rcp_data.values()))
+    return {"RCP mean": float(record["RCP Mean"]), "RCP stdev": float(record["RCP Stdev"]),
+            "min epochs": float(record["Min Epochs"])}
+
+
+def check(ref: dict, target: float, reached: list[int], failed: int) -> dict:
+    """Runs against the reference at ``target``: ``reached``, their epochs to it; ``failed``,
+    how many finished without reaching it. The mean is MLPerf's olympic one from 3 runs on
+    (a failed run is the dropped slowest), the plain mean below 3 (nothing to drop)."""
+    from speechperf.metrics.aggregate import olympic_mean
+
+    ref_epochs = epochs_of(ref, target)
+    converged = tuple(sorted(e for e in ref_epochs if e is not None))
+    if len(converged) < 3:
+        return {"check": f"reference too small: {len(converged)} seeds reached {target:g} (3 needed)"}
+    out = {"reference": f"{len(converged)}/{len(ref_epochs)} seeds, epochs {converged[0]}-{converged[-1]}"}
+    n = len(reached) + failed
+    if failed and len(converged) == len(ref_epochs):
+        return {**out, "check": FAILED if n == 1 else f"{failed} of {n} {FAILED}"}
+    if not reached:
+        return {**out, "check": f"never reached, as {len(ref_epochs) - len(converged)} of the reference seeds"}
+    mean = olympic_mean([float(e) for e in reached], failed)[0] if n >= 3 else sum(reached) / len(reached)
+    if mean is None:
+        return {**out, "check": f"{failed} runs never reached"}
+    lim = limits(converged, max(n - 2, 1) if n >= 3 else len(reached))
+    verdict = OK if mean >= lim["min epochs"] else FASTER
+    return {**out, **lim, "mean epochs": mean, "check": verdict}
+
+
+def check_outcomes(outcomes: list, metric: str, window: int) -> dict:
+    """{"runs": a check per outcome, "group": the check of them together} at one target."""
+    first = outcomes[0].run
+    ref = load_reference(first.preset)
+    why = applies(ref, first.preset, first.config, first.corpus, metric, window, outcomes[0].target)
+    if why is not None:
+        return {"runs": [{"check": why} for _ in outcomes], "group": {"check": why}}
+    target = outcomes[0].target
+    runs = [check(ref, target, [o.epochs] if o.epochs else [], int(o.state == "never reached"))
+            if o.state != "unfinished" else {"check": "unfinished"} for o in outcomes]
+    counted = [o for o in outcomes if o.state != "unfinished"]
+    group = check(ref, target, [o.epochs for o in counted if o.epochs], sum(o.state == "never reached" for o in counted))
+    return {"runs": runs, "group": group}
+
+
+def columns(c: dict) -> dict:
+    """A check as table columns."""
+    return {"reference epochs": c.get("reference"), "min epochs allowed": c.get("min epochs"), "RCP check": c["check"]}
+
+
+def corpus_of(events_log: Path) -> dict:
+    """{"train_utterances", "eval_utterances"} from a run's events.log (its train_samples and
+    eval_samples lines); {} when the log has neither."""
+    found = {}
+    keys = {"train_samples": "train_utterances", "eval_samples": "eval_utterances"}
+    try:
+        with open(events_log, encoding="utf-8") as f:
+            for line in f:
+                if '"train_samples"' in line or '"eval_samples"' in line:
+                    event = json.loads(line.split(":::MLLOG ", 1)[1])
+                    if event.get("key") in keys:
+                        found[keys[event["key"]]] = event.get("value")
+                if len(found) == 2:
+                    break
+    except (OSError, ValueError, IndexError):
+        return {}
+    return found
+
+
+def run_check(config: dict, env: dict, status: str, evals: list[dict], folder: Path) -> dict:
+    """The finished run against its preset's reference, for its summary.json: per target of the
+    reference (else the run's own train.target) the epochs to it and the check; a run without a
+    reference says so. Never raises: a damaged reference file is named in the result instead
+    (the run itself is over and recorded)."""
+    from speechperf.metrics.study import seed_run
+
+    train = config.get("train", {})
+    metric, window = train.get("target_metric", "cer"), train.get("target_epochs", 3)
+    try:
+        ref = load_reference(config.get("preset"))
+    except ReferenceError as e:
+        return {"reference": None, "check": str(e)}
+    targets = (ref or {}).get("targets") or ([train["target"]] if train.get("target") else [])
+    run = seed_run(str(folder), config, env, status, evals, metric, folder)
+    from speechperf.metrics.aggregate import outcome
+
+    checks = []
+    for target in targets:
+        o = outcome(run, target, window)
+        checks.append({"target": target, "metric": metric, "epochs to target": o.epochs,
+                       **columns(check_outcomes([o], metric, window)["runs"][0])})
+    path = reference_path(config.get("preset"))
+    return {"reference": path.name if ref else None, "checks": checks,
+            "check": None if ref else f"no reference for preset {config.get('preset')!r}"}

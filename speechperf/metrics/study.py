@@ -1,0 +1,96 @@
+"""A TTA study: the per-run TTA table, the seeds of each configuration and machine
+aggregated, and the machines compared (what ``speechperf tta`` prints)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from speechperf.metrics.aggregate import SeedRun, aggregate
+
+
+def seed_run(label: str, config: dict, env: dict, status: str | None, evals: list[dict], metric: str,
+             folder: Path | None = None) -> SeedRun:
+    """A run as aggregation sees it, from what every reader already holds (its label, config,
+    env, status and per-epoch evaluation rows); ``folder``: where its events.log names its corpus."""
+    from speechperf.metrics.rcp import corpus_of
+    from speechperf.results.workload import workload, workload_label
+    from speechperf.telemetry.machine import machine_name
+
+    return SeedRun(label=label, workload=workload_label(workload(config)), machine=machine_name(env), config=config,
+                   status=status, evals=tuple((e["clock_s"], e[metric]) for e in evals),
+                   corpus=corpus_of(Path(folder) / "events.log") if folder else {})
+
+
+def targets_for(spec, metric: str, required: bool = True):
+    """``targets_of(run)`` for :func:`aggregate`: the targets ``spec`` gives the run's model
+    (``required``: refusing a model it has none for, as ``tta`` does; else none)."""
+    from speechperf.results.workload import workload
+
+    pick = spec.require if required else spec.of
+    return lambda r: pick(metric, workload(r.config)["model"])
+
+
+def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs: int = 3,
+              db_path: Path | None = None, price_per_hour: float | None = None,
+              platform_file: Path | None = None) -> dict:
+    """{"runs": per-run rows (:func:`speechperf.metrics.tta.tta_table`'s, with epochs to target,
+    minutes per epoch and the reference check), "groups": the seeds of one workload,
+    configuration and machine aggregated, "comparisons": every two groups of a workload}."""
+    from speechperf.metrics.targets import parse_targets
+    from speechperf.metrics.tta import tta_table
+    from speechperf.results.run import Run, unique_labels
+
+    spec = parse_targets(targets, metric)
+    table = tta_table(runs, metric, spec, epochs, db_path, price_per_hour, platform_file)
+    opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
+    try:
+        seeds = [_of_open(r, label, metric) for r, label in zip(opened, unique_labels(opened))]
+    finally:
+        for r in opened:
+            r.close()
+    per_run, groups, comparisons = aggregate(seeds, targets_for(spec, metric), metric, epochs)
+    extra = {(r["run"], r["target"]): {k: v for k, v in r.items() if k not in ("run", "target", "minutes")}
+             for r in per_run}
+    return {"runs": [{**row, **extra.get((row["run"], row["target"]), {})} for row in table],
+            "groups": groups, "comparisons": comparisons}
+
+
+def _of_open(run, label: str, metric: str) -> SeedRun:
+    """:func:`seed_run` of an open Run; a folder of the previous release has its config and env
+    only in its database row (as the report reads it: report/runs.py)."""
+    import json
+
+    row = run.row()
+    config = run.config if (run.folder / "config.json").is_file() else json.loads(row["config_json"] or "{}")
+    env = run.env if (run.folder / "env.json").is_file() else json.loads(row["env_json"] or "{}")
+    return seed_run(label, config, env, row.get("status"), run.evals(), metric, run.folder)
+
+
+def study_notes(study: dict) -> list[str]:
+    """What the text tables leave implicit: how seeds are grouped and counted."""
+    from speechperf.metrics.tta import notes
+
+    lines = notes(study["runs"])
+    lines.append("Groups: runs of one workload, configuration apart from train.seed, and machine. A run that never "
+                 "reached a target is a failed run (MLPerf): slower than any TTA in the median and the interval, a "
+                 "dropped score in the olympic mean (one tolerated); unfinished runs are counted apart, not in the "
+                 "statistics. TTA = epochs to target (the recipe's, spread by seeds) x min/epoch (the hardware's).")
+    if study["comparisons"]:
+        lines.append("Ratios: median of the seed-pair TTA ratios A/B with an exact 95% (Mann-Whitney) interval; an "
+                     "interval holding 1 means these seeds cannot tell the two apart.")
+    return lines
+
+
+def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dict], list[dict], list[dict]]:
+    """:func:`aggregate` over the report's loaded runs (report/runs.py ``load_run``), for every
+    metric ``spec`` has targets of: (per-run factor rows, group rows, comparison rows)."""
+    from speechperf.metrics.targets import METRICS
+
+    out: tuple[list, list, list] = ([], [], [])
+    for metric in METRICS:
+        runs = [seed_run(r["label"], r["config"], r["env"], r["row"].get("status"), r["evals"], metric, Path(r["run"]))
+                for r in loaded]
+        runs = [r for r, targets in zip(runs, map(targets_for(spec, metric, required=False), runs)) if targets]
+        for part, rows in zip(out, aggregate(runs, targets_for(spec, metric, required=False), metric, window)):
+            part += [{"metric": metric, **row} for row in rows]
+    return out

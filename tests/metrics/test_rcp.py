@@ -1,0 +1,97 @@
+"""Runs and groups against reference convergence points (mlperf-logging's RCP statistics)."""
+import json
+
+import pytest
+
+from speechperf.metrics import rcp
+from speechperf.metrics.aggregate import SeedRun, aggregate
+
+CORPUS = {"train_utterances": 100, "eval_utterances": 10}
+CONFIG = {"preset": "refd", "model": {"name": "ds2"}, "train": {"seed": 1, "lr": 0.001, "threads": 1}}
+
+
+@pytest.fixture
+def reference(tmp_path, monkeypatch):
+    """Writes speechperf/config/rcp/refd.json (in a temporary RCP_DIR) with these epochs to CER 10."""
+    monkeypatch.setattr(rcp, "RCP_DIR", tmp_path)
+
+    def write(epochs, preset="refd"):
+        ref = {"format": rcp.FORMAT, "preset": preset, "metric": "cer", "window": 3, "targets": [10.0],
+               "recipe": rcp.recipe(CONFIG), "corpus": {"fingerprint": CORPUS},
+               "seeds": [{"seed": s, "epochs": {"10": e}} for s, e in enumerate(epochs, 1)]}
+        (tmp_path / f"{preset}.json").write_text(json.dumps(ref))
+    return write
+
+
+def run(seed: int, epochs: int | None, config=CONFIG, status="max_epochs") -> SeedRun:
+    """A run whose 3-epoch median of CER first reaches 10 at ``epochs`` (None: never), 1 min per epoch."""
+    cers = [9.0 if epochs is not None and e >= epochs - 1 else 30.0 for e in range(1, 15)]
+    cfg = json.loads(json.dumps(config))
+    cfg["train"]["seed"] = seed
+    return SeedRun(f"s{seed}", "ds2", "2-core X", cfg, status, tuple((60.0 * e, c) for e, c in enumerate(cers, 1)), CORPUS)
+
+
+def checks(runs):
+    per_run, groups, _ = aggregate(runs, lambda r: (10.0,), "cer", 3)
+    return [r["RCP check"] for r in per_run], [g["RCP check"] for g in groups]
+
+
+def test_mlperf_statistics_by_hand(reference):
+    # no spread in the reference: MLPerf's minimum is its (olympic) mean itself
+    assert rcp.limits((9, 9, 9, 9, 9), 1) == {"RCP mean": 9.0, "RCP stdev": 0.0, "min epochs": 9.0}
+    lim = rcp.limits((8, 9, 9, 10, 10, 11), 1)
+    assert lim["RCP mean"] == 9.5 and lim["RCP stdev"] == pytest.approx(0.957427, abs=1e-6)  # olympic mean, np.std
+    assert 5 < lim["min epochs"] < 9.5 and rcp.limits((8, 9, 9, 10, 10, 11), 8)["min epochs"] > lim["min epochs"]
+
+
+def test_a_run_faster_than_its_reference_is_flagged_one_inside_it_is_not(reference):
+    reference([8, 9, 9, 10, 10, 11])
+    per_run, _ = checks([run(1, 3), run(2, 9)])
+    assert per_run == [rcp.FASTER, rcp.OK]
+    reference([9, 9, 9, 9, 9])
+    assert checks([run(1, 8)])[0] == [rcp.FASTER] and checks([run(1, 9)])[0] == [rcp.OK]
+
+
+def test_a_group_is_checked_on_its_olympic_mean(reference):
+    reference([8, 9, 9, 10, 10, 11])
+    # each seed alone is inside what one run may do (>= 6.98 epochs); five seeds at 7-8 (olympic mean 7)
+    # are too fast for the reference (>= 8.03 for a mean of 3)
+    runs = [run(s, e) for s, e in zip(range(1, 6), (7, 7, 8, 7, 7))]
+    per_run, (group,) = checks(runs)
+    assert set(per_run) == {rcp.OK} and group == rcp.FASTER
+    assert checks([run(s, e) for s, e in zip(range(1, 6), (8, 9, 10, 9, 11))])[1] == [rcp.OK]
+
+
+def test_failing_where_the_reference_always_converges_is_flagged(reference):
+    reference([8, 9, 9, 10, 10])
+    per_run, (group,) = checks([run(1, 9), run(2, None), run(3, None, status="running")])
+    assert per_run == [rcp.OK, rcp.FAILED, "unfinished"] and group == f"1 of 2 {rcp.FAILED}"
+
+
+def test_no_reference_is_said(reference):
+    reference([8, 9, 9, 10, 10])
+    other = {**CONFIG, "preset": "cpu-without-rcp"}
+    assert checks([run(1, 9, config=other)])[0] == ["no reference for preset 'cpu-without-rcp'"]
+    changed = {**CONFIG, "train": {**CONFIG["train"], "lr": 0.01}}
+    (why,) = checks([run(1, 9, config=changed)])[0]
+    assert why.startswith("reference is for another recipe: train.lr=0.01 (reference 0.001)")
+    other_corpus = SeedRun("x", "ds2", "m", CONFIG, "max_epochs", run(1, 9).evals, {"train_utterances": 5})
+    assert checks([other_corpus])[0][0].startswith("reference measured on another corpus")
+
+
+def test_run_check_for_summary_json(reference, tmp_path):
+    reference([9, 9, 9, 9, 9])
+    evals = [{"clock_s": c, "cer": v} for c, v in run(1, 5).evals]
+    (tmp_path / "events.log").write_text("".join(
+        f':::MLLOG {{"key": "{k}", "value": {v}}}\n' for k, v in (("train_samples", 100), ("eval_samples", 10))))
+    out = rcp.run_check(CONFIG, {}, "success", evals, tmp_path)
+    assert out["reference"] == "refd.json" and out["checks"][0]["RCP check"] == rcp.FASTER
+    assert rcp.run_check({**CONFIG, "preset": "nope"}, {}, "success", evals, tmp_path)["check"] == "no reference for preset 'nope'"
+
+
+def test_the_shipped_tiny_reference():
+    ref = rcp.load_reference("tiny")
+    assert ref is not None and len(ref["seeds"]) >= 5
+    for seed in ref["seeds"]:
+        assert {"commit", "machine", "isa", "threads", "torch", "date"} <= set(seed["measured"])
+    assert rcp.load_reference("paper") is None
