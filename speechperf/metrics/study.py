@@ -58,12 +58,8 @@ def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
 def _of_open(run, label: str, metric: str) -> SeedRun:
     """:func:`seed_run` of an open Run; a folder of the previous release has its config and env
     only in its database row (as the report reads it: report/runs.py)."""
-    import json
-
-    row = run.row()
-    config = run.config if (run.folder / "config.json").is_file() else json.loads(row["config_json"] or "{}")
-    env = run.env if (run.folder / "env.json").is_file() else json.loads(row["env_json"] or "{}")
-    return seed_run(label, config, env, row.get("status"), run.evals(), metric, run.folder)
+    return seed_run(label, run.recorded("config.json"), run.recorded("env.json"), run.row().get("status"),
+                    run.evals(), metric, run.folder)
 
 
 def study_notes(study: dict) -> list[str]:

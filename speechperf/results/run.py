@@ -31,6 +31,7 @@ from pathlib import Path
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
 from speechperf.results.db import ResultsDB, ResultsError
+from speechperf.results.shapes import check_file
 from speechperf.train.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
 from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu  # noqa: F401 (labels; tta and tests import them here)
 
@@ -183,15 +184,21 @@ class Run:
             cache[name] = read_json(path)
         return cache[name]
 
+    def recorded(self, name: str) -> dict:
+        """``config.json`` or ``env.json`` of the folder, else (a folder of the previous release)
+        the copy in its database row; either checked for its shape."""
+        if (self.folder / name).is_file():
+            return self._json(name)
+        column = name.replace(".", "_")  # config.json -> config_json
+        return row_json(self.row(), column, name, f"{self.db_path} run {self.run_id}")
+
     @property
     def workload(self) -> dict:
         """{"model": name, "params": count}: :func:`workload` of the run's configuration (the
         folder's config.json, or the database row's for a folder without one)."""
         from speechperf.results.workload import workload
 
-        if (self.folder / "config.json").is_file():
-            return workload(self.config)
-        return workload(json.loads(self.row()["config_json"] or "{}"))
+        return workload(self.recorded("config.json"))
 
     @property
     def label_hint(self) -> str:
@@ -407,7 +414,19 @@ def read_json(path: Path) -> dict:
         raise RunError(f"{path}: cannot be read ({e.strerror or e})") from e
     if not isinstance(data, dict):
         raise RunError(f"{path}: not a JSON object (found {type(data).__name__}); the run folder is damaged")
-    return data
+    return check_file(Path(path).name, data, str(path))  # valid JSON of the wrong shape: refused by field
+
+
+def row_json(row: dict, column: str, name: str, where: str) -> dict:
+    """A JSON column of a database row (``config_json``, ``env_json``: a folder of the
+    previous release keeps its configuration there), parsed and checked like the file ``name``."""
+    try:
+        data = json.loads(row.get(column) or "{}")
+    except json.JSONDecodeError as e:
+        raise RunError(f"{where}: column {column} is not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise RunError(f"{where}: column {column} is not a JSON object (found {type(data).__name__})")
+    return check_file(name, data, f"{where} (column {column})")
 
 
 def read_checkpoint(folder: Path) -> dict:

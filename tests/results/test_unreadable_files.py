@@ -46,3 +46,44 @@ def test_a_json_file_that_is_not_an_object_is_refused(tmp_path, capsys):
     (run / "env.json").write_text(json.dumps(["not", "an", "object"]))
     assert main(["tta", str(run)]) == 2
     assert f"{run / 'env.json'}: not a JSON object (found list)" in capsys.readouterr().err
+
+
+# ---- valid JSON of the wrong shape (results/shapes.py) -----------------------------------
+@pytest.mark.parametrize("name,content,field", [
+    ("config.json", {"train": "x"}, "'train' should be an object, found str 'x'"),
+    ("env.json", {**ENV, "gpus": ["H100"]}, "'gpus[0]' should be an object, found str 'H100'"),
+    ("env.json", {**ENV, "libraries": {"torch": 2}}, "'libraries.torch' should be a string or null, found int"),
+    ("summary.json", {"status": "success", "clock_min": "7"}, "'clock_min' should be an integer or a number or null"),
+    ("summary.json", {"status": "success", "epochs": True}, "'epochs' should be an integer or a number or null, found bool"),
+    ("run.json", {"format": 2, "run_id": ["r"]}, "'run_id' should be a string, found list"),
+])
+@pytest.mark.parametrize("reader", ["tta", "report"])
+def test_valid_json_of_the_wrong_shape_is_refused_naming_file_and_field(reader, name, content, field, tmp_path,
+                                                                        capsys):
+    run = _damaged_run(tmp_path / "demo" / "run", "summary.json")
+    run.joinpath("summary.json").write_text(json.dumps({"status": "success", "init_s": 1.0}))
+    run.joinpath(name).write_text(json.dumps(content))
+    assert main(_argv(reader, run, tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert f"{run / name}: field {field}" in err, err
+    assert "Traceback" not in err and not (tmp_path / "rep" / "index.html").exists()
+
+
+def test_a_legacy_row_of_the_wrong_shape_is_refused_naming_the_column():
+    from speechperf.results.run import RunError, row_json
+    from speechperf.results.shapes import ShapeError
+
+    assert row_json({"env_json": json.dumps(ENV)}, "env_json", "env.json", "db run r") == ENV
+    with pytest.raises(ShapeError, match=r"db run r \(column env_json\): field 'gpus' should be a list"):
+        row_json({"env_json": json.dumps({"gpus": "H100"})}, "env_json", "env.json", "db run r")
+    with pytest.raises(RunError, match="column config_json is not a JSON object"):
+        row_json({"config_json": "[1]"}, "config_json", "config.json", "db run r")
+
+
+def test_shapes_check_only_present_fields_and_any_field_of_a_section():
+    from speechperf.results.shapes import SPECS, ShapeError, check_shape
+
+    check_shape({}, SPECS["env.json"], "w")  # an older release's fewer fields
+    check_shape({"model": {"name": "ds2", "lstm_hidden": 32, "dropout": 0.1}}, SPECS["config.json"], "w")
+    with pytest.raises(ShapeError, match=r"w: field 'model.name' should be"):
+        check_shape({"model": {"name": {"x": 1}}}, SPECS["config.json"], "w")

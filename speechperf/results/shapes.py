@@ -1,0 +1,88 @@
+"""The shapes of a run folder's JSON files, checked wherever one is read.
+
+A run folder may come from another machine or another release, so its files are data that
+can be valid JSON of the wrong shape (``config.json`` = ``{"train": "x"}``). Every reader goes
+through :func:`check_shape` (results/run.py ``read_json``, and the JSON columns of a
+database row), so such a file is refused by name and field (exit 2) instead of surfacing
+as a traceback deep in a table. Only fields that are present are checked: older releases
+wrote fewer, and a missing field is each reader's to default.
+
+A spec is a type or a tuple of types (``type(None)`` for null; one member may be a dict spec),
+a dict of field specs (``"*"``: the spec of any other field), or ``[spec]``: a list whose
+items match spec.
+"""
+from __future__ import annotations
+
+from speechperf.errors import SpeechperfError
+
+NUM = (int, float)
+SCALAR = (str, int, float, bool, type(None))
+OPT_STR = (str, type(None))
+OPT_NUM = (int, float, type(None))
+SECTION = {"*": (str, int, float, bool, type(None), list)}  # one stage's config: plain values
+
+RUN = {"format": int, "run_id": str, "kind": OPT_STR, "label": OPT_STR, "host": OPT_STR, "created_at": OPT_NUM,
+       "db": OPT_STR,
+       # the features folder: the previous release recorded its path as a string
+       "data": (str, {"given": OPT_STR, "resolved": OPT_STR, "relative": OPT_STR, "stats_sha256": OPT_STR})}
+CONFIG = {"preset": OPT_STR, "model": SECTION, "loader": SECTION, "train": SECTION, "augment": SECTION,
+          "features": SECTION, "algo": SECTION}
+ENV = {"hostname": OPT_STR, "os": OPT_STR, "python": OPT_STR, "cpu_model": OPT_STR, "cpu_cores_physical": OPT_NUM,
+       "cpu_cores_logical": OPT_NUM, "cpu_affinity": OPT_NUM, "memory_gb": OPT_NUM, "device": OPT_STR,
+       "gpus": [{"index": OPT_NUM, "name": OPT_STR, "memory_gb": OPT_NUM, "*": SCALAR}],
+       "cuda": OPT_STR, "cudnn": (str, int, type(None)), "torch_threads": OPT_NUM, "world_size": OPT_NUM,
+       "libraries": {"*": OPT_STR}, "telemetry": (dict,), "cloud_instance": (dict, type(None)),
+       "platform": OPT_STR, "precision_note": OPT_STR}
+SUMMARY = {"run": OPT_STR, "run_id": OPT_STR, "status": str, "epochs": OPT_NUM, "iterations": OPT_NUM,
+           "clock_min": OPT_NUM, "init_s": OPT_NUM, "last_wer": OPT_NUM, "last_cer": OPT_NUM,
+           "mfu_pct": OPT_NUM, "tflops": OPT_NUM, "peak_tflops": OPT_NUM, "convergence": (dict, type(None))}
+SPECS = {"run.json": RUN, "config.json": CONFIG, "env.json": ENV, "summary.json": SUMMARY}
+
+
+class ShapeError(SpeechperfError):
+    """A run file that is valid JSON of the wrong shape; the message names file and field."""
+
+
+def check_shape(data, spec, where: str, path: str = "") -> None:
+    """Raise :class:`ShapeError` naming ``where`` and the first field of ``data`` that does
+    not match ``spec``."""
+    if isinstance(spec, dict):
+        if not isinstance(data, dict):
+            _fail(where, path, "an object", data)
+        for key, value in data.items():
+            sub = spec.get(key, spec.get("*"))
+            if sub is not None:
+                check_shape(value, sub, where, f"{path}.{key}" if path else str(key))
+    elif isinstance(spec, list):
+        if not isinstance(data, list):
+            _fail(where, path, "a list", data)
+        for i, item in enumerate(data):
+            check_shape(item, spec[0], where, f"{path}[{i}]")
+    else:
+        types = spec if isinstance(spec, tuple) else (spec,)
+        nested = [t for t in types if isinstance(t, dict)]
+        if nested and isinstance(data, dict):  # (str, {...}): either a plain value or that object
+            return check_shape(data, nested[0], where, path)
+        types = tuple(dict if isinstance(t, dict) else t for t in types)
+        # a bool is an int to Python; a field that wants a number does not want true/false
+        if not isinstance(data, types) or (isinstance(data, bool) and bool not in types):
+            _fail(where, path, " or ".join(_name(t) for t in types), data)
+
+
+def check_file(name: str, data: dict, where: str) -> dict:
+    """``data`` read from the run file ``name`` (run.json, config.json, env.json,
+    summary.json), checked against its spec; other names pass unchecked."""
+    if name in SPECS:
+        check_shape(data, SPECS[name], where)
+    return data
+
+
+def _name(t) -> str:
+    return {type(None): "null", str: "a string", int: "an integer", float: "a number", bool: "true/false",
+            dict: "an object", list: "a list"}.get(t, t.__name__)
+
+
+def _fail(where: str, path: str, want: str, got) -> None:
+    shown = repr(got) if len(repr(got)) <= 40 else repr(got)[:37] + "..."
+    raise ShapeError(f"{where}: field {path or '(top level)'!r} should be {want}, found {type(got).__name__} "
+                     f"{shown}; the run folder is damaged or not speechperf's")
