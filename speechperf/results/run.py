@@ -289,6 +289,7 @@ class Run:
         self.execute("DELETE FROM iterations WHERE run_id = ? AND iteration > ?", [self.run_id, progress.iteration])
         self.execute("DELETE FROM evals WHERE run_id = ? AND (epoch >= ? OR final = 1)", [self.run_id, progress.epoch])
         self.execute("DELETE FROM parallel_epochs WHERE run_id = ? AND epoch >= ?", [self.run_id, progress.epoch])
+        self.execute("DELETE FROM samples WHERE run_id = ? AND t > ?", [self.run_id, progress.clock_s])
 
     def row(self) -> dict:
         rows = self.query("SELECT * FROM runs WHERE run_id = ?", [self.run_id])

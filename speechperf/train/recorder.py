@@ -83,7 +83,7 @@ class RunRecorder(Recorder):
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
         self.events = run.events()
         self.status_line = None if quiet else StatusLine()
-        self.sampler, self.samples_stored = None, 0
+        self.sampler, self.samples_stored, self.sample_t0 = None, 0, 0.0
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
 
@@ -135,6 +135,9 @@ class RunRecorder(Recorder):
         from speechperf.telemetry.sampler import Sampler
 
         self.sampler = Sampler(os.getpid()).start()
+        # a sample's t is seconds since the sampler started: put it on the run's clock, which a
+        # resumed run continues (else every process's samples would pile up from t = 0)
+        self.sample_t0 = self.now()
 
     def count_flops(self, cfg, device) -> dict:
         """The FLOP model and the device's peak, for MFU (initialization, outside the clock);
@@ -266,7 +269,7 @@ class RunRecorder(Recorder):
         """The samples not stored yet, up to ``upto`` (those that no longer change: Sampler.settled)."""
         new = self.sampler.samples[self.samples_stored: upto]
         if new:
-            self.run.insert("samples", [{"run_id": self.run_id, "t": s.t, "source": s.source, "metric": s.metric,
+            self.run.insert("samples", [{"run_id": self.run_id, "t": s.t + self.sample_t0, "source": s.source, "metric": s.metric,
                                          "value": s.value} for s in new])
         self.samples_stored = max(self.samples_stored, upto)
 

@@ -216,3 +216,36 @@ def test_samples_survive_a_sigkill_up_to_the_last_checkpoint(tiny_features, tmp_
     # stored with the checkpoint: all but those a child process found by a later scan (every
     # 1 s) could still add its CPU time to, i.e. at most two scans back
     assert clock_s - 2.5 <= max(s["t"] for s in samples) <= clock_s + 0.5
+
+
+def _kill_at(p, run, clock_s: float, sig=signal.SIGKILL) -> float:
+    """Send ``sig`` to the training process ``p`` once a checkpoint ``clock_s`` seconds of
+    training in exists; returns that checkpoint's clock."""
+    at = -1.0
+    while p.poll() is None and at < clock_s:
+        try:
+            at = load_checkpoint(run)["progress"]["clock_s"]
+        except CheckpointError:
+            pass
+        time.sleep(0.1)
+    assert p.poll() is None, f"the run ended before it could be stopped: {p.stderr.read()}"
+    os.kill(p.pid, sig)
+    p.wait(timeout=120)
+    return load_checkpoint(run)["progress"]["clock_s"]
+
+
+@pytest.mark.timeout(300)
+def test_a_resumed_run_s_samples_continue_its_clock(tiny_features, tmp_path):
+    """Samples are stamped on the run's TTA clock: a resumed process's start after the
+    checkpoint's clock, they do not pile up again from t = 0."""
+    run = tmp_path / "run"
+    args = ["--data", tiny_features, "--out", run, *TINY, "max_epochs=100000", "checkpoint_every=3"]
+    killed = _kill_at(_popen(*args), run, 3.0)
+    sql = "SELECT t FROM samples WHERE run_id = ? AND source = 'cpu'"
+    before = sorted(s["t"] for s in _rows(run, sql))
+    assert before and max(before) <= killed + 0.5
+    stopped = _kill_at(_popen(*args), run, killed + 3.0, signal.SIGTERM)
+    after = sorted(s["t"] for s in _rows(run, sql))
+    assert [t for t in after if t <= killed] == [t for t in before if t <= killed]  # nothing new before the kill
+    resumed = after[len([t for t in after if t <= killed]):]
+    assert resumed and killed < min(resumed) <= killed + 2.5 and max(resumed) <= stopped + 0.5
