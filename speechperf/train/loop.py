@@ -38,6 +38,7 @@ from speechperf.data.check import parse_splits, verify_splits
 from speechperf.errors import SpeechperfError
 from speechperf.features.stats import check_trained_on
 from speechperf.models import build_model
+from speechperf.results.lock import RunFolderBusy, RunLock
 from speechperf.results.run import Run, read_checkpoint
 from speechperf.train import distributed
 from speechperf.train.checkpoint import TrainState
@@ -86,11 +87,13 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     group = distributed.setup(tc.device, tc.dist_backend, denv)  # checks the launch against the GPUs first
+    lock = None
     try:
         check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
-        # rank 0 alone looks at the folder (across machines only its disk holds it) and tells
-        # every rank what to do, or the error that stops them all
-        plan, feats, error = group.broadcast(_plan(out, cfg, mode, data, world) if rank == 0 else None)
+        # rank 0 alone looks at the folder (across machines only its disk holds it), holding its
+        # lock for the whole run, and tells every rank what to do, or the error that stops them all
+        planned, lock = _plan_locked(out, cfg, mode, data, world) if rank == 0 else (None, None)
+        plan, feats, error = group.broadcast(planned)
         if error:
             raise SpeechperfError(error)
         if plan == "finished":
@@ -101,7 +104,33 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             raise
         raise as_fault(e, out) from e
     finally:
+        if lock is not None:
+            lock.release()
         group.close()
+
+
+def _plan_locked(out: Path, cfg: RunConfig, mode: str, data: Path | None,
+                 world: int) -> tuple[tuple[str | None, str | None, str | None], RunLock | None]:
+    """:func:`_plan` under the run folder's lock (results/lock.py), held from here to the end
+    of the run so that a second process on the folder is refused naming the first; a new
+    run's features are verified before its folder exists. Returns (plan, the held lock)."""
+    first = None
+    if not out.is_dir():
+        first = _plan(out, cfg, mode, data, world)
+        if first[0] != "fresh":
+            return first, None
+        out.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out)
+    try:
+        lock.acquire()
+    except RunFolderBusy as e:
+        return (None, None, str(e)), None
+    # planned again under the lock only if another process made a run here in between
+    planned = first if first is not None and not Run.exists(out) else _plan(out, cfg, mode, data, world)
+    if planned[0] in (None, "finished"):
+        lock.release()
+        return planned, None
+    return planned, lock
 
 
 def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None,

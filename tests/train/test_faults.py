@@ -249,3 +249,32 @@ def test_a_resumed_run_s_samples_continue_its_clock(tiny_features, tmp_path):
     assert [t for t in after if t <= killed] == [t for t in before if t <= killed]  # nothing new before the kill
     resumed = after[len([t for t in after if t <= killed]):]
     assert resumed and killed < min(resumed) <= killed + 2.5 and max(resumed) <= stopped + 0.5
+
+
+@pytest.mark.timeout(300)
+def test_two_trains_on_one_folder_leave_one_run_and_a_killed_holder_does_not_block(tiny_features, tmp_path):
+    import socket
+
+    run = tmp_path / "run"
+    args = ["--data", tiny_features, "--out", run, *TINY, "max_epochs=100000", "checkpoint_every=3"]
+    first = _popen(*args)
+    while p_alive(first) and not (run / "run.json").exists():
+        time.sleep(0.1)
+    second = _cli("train", *args)
+    assert second.returncode == 2, second.stderr
+    assert f"in use by another speechperf process (pid {first.pid} on host {socket.gethostname()})" in second.stderr
+    killed = _kill_at(first, run, 1.0)  # the holder dies: its lock goes with it
+    again = _popen(*args)
+    _kill_at(again, run, killed + 1.0, signal.SIGTERM)
+    info = json.loads((run / "run.json").read_text())
+    with ResultsDB(run / "results.db") as db:
+        assert [r["run_id"] for r in db.query("SELECT run_id FROM runs")] == [info["run_id"]]
+        iters = [r["iteration"] for r in db.query("SELECT iteration FROM iterations ORDER BY iteration")]
+    assert iters == list(range(1, len(iters) + 1))  # one run's rows, none doubled
+    keys = [e["key"] for e in read_events(run / "events.log")]
+    assert keys.count("run_start") == 1 and keys.count("resume") == 1
+
+
+def p_alive(p) -> bool:
+    assert p.poll() is None, f"the run ended early: {p.stderr.read()}"
+    return True

@@ -1,0 +1,60 @@
+"""One writer per run folder: an exclusive lock that a second process is refused by.
+
+Two ``train`` commands on one folder would both write it (two run ids, doubled iteration
+rows, two ``run_start`` lines). The writer holds ``fcntl.flock`` on ``RUN/.speechperf.lock``
+for as long as it runs; the kernel releases it when the process ends, however it ends, so a
+lock left by a killed process never blocks the command that continues its run. The file
+holds the holder's pid and host, for the message the second process exits with (2).
+
+flock is advisory and local to one machine's kernel (on NFS it may not hold across hosts):
+the host in the message says which machine to look at.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from pathlib import Path
+
+from speechperf.errors import SpeechperfError
+
+LOCK_FILE = ".speechperf.lock"
+
+
+class RunFolderBusy(SpeechperfError):
+    """Another process holds the run folder's lock; the message names its pid and host."""
+
+
+class RunLock:
+    """``with RunLock(folder):`` or ``acquire()`` / ``release()``; the folder must exist."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        """Take the lock or raise :class:`RunFolderBusy` naming the holder (never waits)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+            os.close(fd)
+            pid, host = (holder + ["?", "?"])[:2]
+            raise RunFolderBusy(f"{self.path.parent} is in use by another speechperf process (pid {pid} on host "
+                                f"{host}): wait for it to end or stop it; one run folder takes one writer") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
