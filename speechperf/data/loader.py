@@ -15,7 +15,6 @@ rank r takes utterances r, r + world, ... so all ranks run the same number of st
 """
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,8 +156,6 @@ def _readers_generator(seed: int, epoch: int, rank: int) -> torch.Generator:
 
 
 def _stats(feats: Path):
-    path = feats / "stats.json"
-    if not path.exists():
-        raise SpeechperfError(f"{path} is missing (prepare a train-* split first, or set loader.normalize=false)")
-    s = json.loads(path.read_text())
-    return np.array(s["mean"], dtype=np.float32), np.array(s["std"], dtype=np.float32)
+    from speechperf.features.stats import read_stats
+
+    return read_stats(feats)

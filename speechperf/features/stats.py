@@ -41,6 +41,25 @@ def stats_sha256(feats: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
+def read_stats(feats: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std), each (D,) float32, of ``FEATS/stats.json``; a missing or damaged file is
+    refused by name (a run verifies it before its folder and clock exist)."""
+    path = Path(feats) / STATS_FILE
+    if not path.exists():
+        raise StatsError(f"{path} is missing (prepare a train-* split first, or set loader.normalize=false)")
+    try:
+        s = json.loads(path.read_text())
+        mean, std = np.asarray(s["mean"], dtype=np.float32), np.asarray(s["std"], dtype=np.float32)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StatsError(f"{path} cannot be read ({type(e).__name__}: {e}); recompute it with speechperf prepare "
+                         f"... {RECOMPUTE_FLAG}") from e
+    if mean.ndim != 1 or mean.shape != std.shape or not (np.isfinite(mean).all() and np.isfinite(std).all()) \
+            or (std <= 0).any():
+        raise StatsError(f"{path}: mean and std must be finite lists of one length with std > 0 (mean "
+                         f"{mean.shape}, std {std.shape}); recompute it with speechperf prepare ... {RECOMPUTE_FLAG}")
+    return mean, std
+
+
 def recorded_splits(feats: Path) -> list[str] | None:
     """The training splits ``FEATS/stats.json`` was computed over; None when there is no file."""
     path = Path(feats) / STATS_FILE

@@ -36,7 +36,7 @@ import torch
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.data.check import parse_splits, verify_splits
 from speechperf.errors import SpeechperfError
-from speechperf.features.stats import check_trained_on
+from speechperf.features.stats import check_trained_on, read_stats
 from speechperf.models import build_model
 from speechperf.results.lock import RunFolderBusy, RunLock
 from speechperf.results.run import Run, read_checkpoint
@@ -175,8 +175,11 @@ def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:
 
 
 def _verify(data: Path, cfg: RunConfig, world: int) -> dict:
-    """Every split the run reads (train, validation, final), verified (data/check.py)."""
+    """Every split the run reads (train, validation, final), verified (data/check.py: shards
+    against their checksums), and the feature statistics."""
     tc = cfg.train
+    if cfg.loader.normalize:  # the statistics every batch is normalized with, readable and sane
+        read_stats(data)
     return verify_splits(data, parse_splits(tc.train_splits), tc.eval_split, parse_splits(tc.final_splits),
                          cfg.loader.batch_size, world)
 

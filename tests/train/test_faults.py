@@ -56,6 +56,26 @@ def test_a_missing_split_is_refused_before_training(feats, tmp_path, split, role
     assert not run.exists()  # refused before the run folder (and the model, and the clock)
 
 
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage,named", [
+    (lambda f: (f / "stats.json").unlink(), "stats.json is missing"),
+    (lambda f: (f / "stats.json").write_text('{"mean": [0.0], "std": [0.0]}'), "std > 0"),
+    (lambda f: _flip_a_byte(f / "train-clean" / "shard-00000.npz"), "shard-00000.npz does not match its checksum"),
+    (lambda f: _flip_a_byte(f / "dev-clean" / "shard-00000.npz"), "shard-00000.npz does not match its checksum"),
+])
+def test_damaged_statistics_or_shards_are_refused_before_the_run_folder_exists(feats, tmp_path, damage, named):
+    damage(feats)
+    run = tmp_path / "run"
+    p = _cli("train", "--data", feats, "--out", run, *TINY, "max_epochs=1")
+    assert p.returncode == 2 and named in p.stderr, p.stderr
+    assert not run.exists()  # no folder, no run_start, no clock
+
+
 def test_named_splits_train_without_the_missing_one(feats, tmp_path):
     (feats / "test-other" / "index.json").unlink()
     run = tmp_path / "run"
