@@ -55,6 +55,15 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
+def _corpus_of(feats: Path) -> Path | None:
+    """The corpus folder ``prepare`` read (prepare.json), where it still exists here."""
+    try:
+        corpus = Path(json.loads((Path(feats) / "prepare.json").read_text())["corpus"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return corpus if corpus.is_dir() else None
+
+
 def repair_command(split_dir: Path) -> str:
     """The command that rebuilds ``split_dir``'s missing or damaged shards and index."""
     split_dir = Path(split_dir)
@@ -91,6 +100,11 @@ def load_index(split_dir: Path) -> dict:
     """The split's index: {"split", "utterances": [records], "shards": {name: sha256}, ...}."""
     path = Path(split_dir) / "index.json"
     if not path.exists():
+        corpus = _corpus_of(path.parent.parent)
+        if corpus is not None and not (corpus / path.parent.name).is_dir():  # nothing to prepare it from
+            prepared = sorted(p.parent.name for p in path.parent.parent.glob("*/index.json"))
+            raise ShardError(f"{path.parent.parent} has no split {path.parent.name!r} (prepared: "
+                             f"{', '.join(prepared) or 'none'}), and its corpus {corpus} has none to prepare")
         raise ShardError(f"{path} is missing: the split was not prepared (or prepare was interrupted); "
                          f"prepare it with: {repair_command(path.parent)}")
     try:

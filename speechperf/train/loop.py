@@ -92,7 +92,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
         # rank 0 alone looks at the folder (across machines only its disk holds it), holding its
         # lock for the whole run, and tells every rank what to do, or the error that stops them all
-        planned, lock = _plan_locked(out, cfg, mode, data, world) if rank == 0 else (None, None)
+        planned, lock = _plan_locked(out, cfg, mode, data, world, label) if rank == 0 else (None, None)
         plan, feats, error = group.broadcast(planned)
         if error:
             raise SpeechperfError(error)
@@ -109,14 +109,14 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         group.close()
 
 
-def _plan_locked(out: Path, cfg: RunConfig, mode: str, data: Path | None,
-                 world: int) -> tuple[tuple[str | None, str | None, str | None], RunLock | None]:
+def _plan_locked(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int,
+                 label: str | None) -> tuple[tuple[str | None, str | None, str | None], RunLock | None]:
     """:func:`_plan` under the run folder's lock (results/lock.py), held from here to the end
     of the run so that a second process on the folder is refused naming the first; a new
     run's features are verified before its folder exists. Returns (plan, the held lock)."""
     first = None
     if not out.is_dir():
-        first = _plan(out, cfg, mode, data, world)
+        first = _plan(out, cfg, mode, data, world, label)
         if first[0] != "fresh":
             return first, None
         out.mkdir(parents=True, exist_ok=True)
@@ -126,15 +126,15 @@ def _plan_locked(out: Path, cfg: RunConfig, mode: str, data: Path | None,
     except RunFolderBusy as e:
         return (None, None, str(e)), None
     # planned again under the lock only if another process made a run here in between
-    planned = first if first is not None and not Run.exists(out) else _plan(out, cfg, mode, data, world)
+    planned = first if first is not None and not Run.exists(out) else _plan(out, cfg, mode, data, world, label)
     if planned[0] in (None, "finished"):
         lock.release()
         return planned, None
     return planned, lock
 
 
-def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None,
-          world: int) -> tuple[str | None, str | None, str | None]:
+def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int,
+          label: str | None = None) -> tuple[str | None, str | None, str | None]:
     """(fresh | restart | resume | finished, features folder, error) for the run folder ``out``."""
     try:
         if not Run.exists(out):
@@ -153,6 +153,9 @@ def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None,
         if differ:
             raise ConfigError(f"{out} holds a run of another configuration ({'; '.join(differ)}): repeat its "
                               "configuration to continue it, or choose another --out")
+        if label is not None and label != run.label:  # a label is the run's from its creation on
+            raise ConfigError(f"{out} holds a run labelled {run.label!r}, not {label!r}: omit --label (or give "
+                              "that one) to continue it, or choose another --out for a run of that label")
         if run.finished:
             return "finished", None, None
         if cfg.loader.normalize:  # the normalization it trained on, or refused (features/stats.py)
@@ -221,8 +224,11 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
         try:
             status = _epochs(cfg, group, data, splits, model, state, rec, meter, stop)
             if rank == 0:
-                _final_eval(core, data, splits["final"], cfg, device, rec)
+                _final_eval(core, data, splits["final"], cfg, device, rec, stop)
             rec.checkpoint(state)
+            asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
+            if asked:  # stops it (saved: the same command evaluates again), never ends as a success
+                raise interrupted(asked, f"in {rec.out} during the final evaluation")
             rec.stopped(status)
             group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
         except BaseException as e:
@@ -343,7 +349,11 @@ def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> str
     return None
 
 
-def _final_eval(model, data: Path, splits: list[str], cfg: RunConfig, device, rec: Recorder) -> None:
-    """Table 5: the final-evaluation splits (verified before training), with the final beam width."""
+def _final_eval(model, data: Path, splits: list[str], cfg: RunConfig, device, rec: Recorder,
+                stop: StopSignals) -> None:
+    """Table 5: the final-evaluation splits (verified before training), with the final beam
+    width; a stop signal ends it between splits."""
     for split in splits:
+        if stop.requested:
+            return
         rec.evaluated(_evaluate(model, data, split, cfg, device, cfg.train.final_beam), final=True)
