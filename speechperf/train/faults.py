@@ -12,12 +12,13 @@ status is 1 (a signal's: 128 + its number).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 from speechperf.atomic import DiskFullError, disk_full
-from speechperf.errors import MachineFault, RunFailed, SpeechperfError
+from speechperf.errors import MachineFault, RunFailed, SpeechperfError, in_words
 from speechperf.train.stop import Interrupted
 from speechperf.train.step import TrainingDiverged
 
@@ -44,6 +45,10 @@ def as_fault(e: BaseException, out: Path) -> RunFailed | None:
         return e
     if isinstance(e, SpeechperfError) or not isinstance(e, (OSError, RuntimeError)):
         return None
+    if _peer_lost(e):
+        return PeerLost(f"rank {os.environ.get('RANK', '0')} lost its process group ({in_words(e)}): another process of "
+                        f"the run in {out} stopped; under torchrun --max-restarts the group restarts and continues from "
+                        "the last checkpoint, else run the same command again")
     if disk_full(e, Path(out)):
         return DiskFullError.writing(getattr(e, "filename", None) or out, str(e))
     if isinstance(e, OSError):
@@ -51,6 +56,22 @@ def as_fault(e: BaseException, out: Path) -> RunFailed | None:
         return MachineFault(f"{where}: {e.strerror or e} (the run in {out} stopped; fix this and run the same command "
                             "again: it continues from the last checkpoint)")
     return None
+
+
+class PeerLost(RunFailed):
+    """A collective failed because another rank of the run died or left (torchrun restarts)."""
+
+
+def _peer_lost(e: BaseException) -> bool:
+    """A collective's failure: torch's DistError (DistBackendError, DistNetworkError), or the
+    RuntimeError older gloo transports raise when a peer's connection closes."""
+    import torch.distributed as dist
+
+    if isinstance(e, getattr(dist, "DistError", ())):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("Connection closed by peer" in text or "gloo" in text.lower()
+                                            or "Connection reset by peer" in text)
 
 
 def failure_status(e: BaseException) -> str:

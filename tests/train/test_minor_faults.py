@@ -53,3 +53,17 @@ def test_eval_of_a_split_that_exists_nowhere_names_what_exists(tiny_features, tm
     err = capsys.readouterr().err
     assert "has no split 'nosuch' (prepared: dev-clean" in err and "has none to prepare" in err
     assert "--splits nosuch" not in err  # no command that cannot work
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:3321"),
+    __import__("torch").distributed.DistBackendError("NCCL communicator was aborted on rank 1"),
+])
+def test_a_lost_peer_is_a_named_run_failure_not_a_traceback(error, tmp_path, monkeypatch):
+    from speechperf.train.faults import PeerLost, as_fault
+
+    monkeypatch.setenv("RANK", "0")
+    fault = as_fault(error, tmp_path)
+    assert isinstance(fault, PeerLost) and fault.exit_code == 1
+    assert str(fault).startswith("rank 0 lost its process group") and "torchrun --max-restarts" in str(fault)
+    assert as_fault(RuntimeError("shape mismatch"), tmp_path) is None  # other errors stay themselves
