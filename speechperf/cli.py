@@ -143,9 +143,21 @@ def cmd_prepare(a) -> int:
     return 0
 
 
-def cmd_train(a) -> int:
-    from speechperf.train.loop import train
+def _seeds(text: str):
+    """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (train/seeds.py)."""
+    from speechperf.train.seeds import parse_seeds
 
+    try:
+        return parse_seeds(text)
+    except SpeechperfError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cmd_train(a) -> int:
+    from speechperf.train.loop import RESUME_MODES, train
+
+    if a.seeds is not None:
+        return _train_seeds(a, RESUME_MODES)
     result = train(
         preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
         overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, quiet=a.json,
@@ -157,6 +169,27 @@ def cmd_train(a) -> int:
     if DistEnv.from_env().rank == 0:
         emit([result], a.json)
     return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
+
+
+def _train_seeds(a, resume_modes) -> int:
+    """``train --seeds``: one run folder per seed under --out; a seed that fails stops the
+    command (train_seeds raises: exit 1 naming the seed's folder)."""
+    from speechperf.train.distributed import DistEnv
+    from speechperf.train.seeds import train_seeds
+
+    if a.resume not in resume_modes:
+        raise SpeechperfError(f"--resume {a.resume} with --seeds: --resume takes {', '.join(resume_modes)} there "
+                              "(each seed's folder is continued as the same command continues one run)")
+    rank0 = DistEnv.from_env().rank == 0
+    say = print if rank0 and not a.json else None
+    results = train_seeds(a.seeds, preset=a.preset, data=Path(a.data) if a.data else None,
+                          out=Path(a.out) if a.out else None, overrides=a.overrides, resume=a.resume,
+                          db_path=Path(a.db) if a.db else None, quiet=a.json, platform=a.platform, label=a.label,
+                          say=(lambda msg: say(f"[seeds] {msg}", flush=True)) if say else None)
+    if rank0:  # the text table: what tells the seeds apart; --json: every summary in full
+        emit(results, a.json, columns=None if a.json else ["seed", "run", "status", "epochs", "iterations",
+                                                             "clock_min", "last_wer", "last_cer"])
+    return 0
 
 
 def cmd_tta(a) -> int:
@@ -351,6 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "prices, and its loader values where it has them (sys1, sys2, sys10)")
     sp.add_argument("--db", help="a shared results database that also receives the rows (the run folder keeps its "
                                  "own RUN/results.db)")
+    sp.add_argument("--seeds", type=_seeds, default=None, metavar="SEEDS",
+                    help="train the recipe once per seed, one after another, each in its own run folder --out/seed-S "
+                         "(train.seed=S): a count N (seeds 1..N), a list 3,7 or a range 6-10; the same command "
+                         "continues an interrupted seed and only reads finished ones; the first seed that fails stops "
+                         "it (exit 1). Without it, --out is the run folder")
     sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
 
     sp = add("tta", cmd_tta, "time-to-accuracy table (Table 4 form)")
@@ -460,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SpeechperfError as e:  # 2: bad input; 1: a run that failed (RunFailed)
-        print(f"speechperf: error: {e}", file=sys.stderr)
+        # notes say where a multi-run command stopped (train --seeds): on the error's line
+        print(f"speechperf: error: {'; '.join([str(e), *getattr(e, '__notes__', [])])}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("speechperf: interrupted", file=sys.stderr)
