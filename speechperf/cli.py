@@ -201,8 +201,12 @@ def cmd_tta(a) -> int:
     if a.json:
         emit_json(study)
         return 0
+    from speechperf.metrics.bootstrap import with_interval
+
+    for row in study["runs"]:  # the error where the target was declared, with its interval, in one column
+        row["error at TTA [95%]"] = with_interval(row["error at TTA"], row["error 95% low"], row["error 95% high"])
     emit(study["runs"], False, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative",
-                                        "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
+                                        "error at TTA [95%]", "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
                                         "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
     print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
     emit(study["groups"], False, columns=["group", "target", "runs", "reached", "never reached", "unfinished",
@@ -334,7 +338,8 @@ def cmd_parallel_sweep(a) -> int:
 def cmd_demo(a) -> int:
     from speechperf.demo import run_demo
 
-    rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json)
+    rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json,
+                    seeds=a.seeds)
     emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative", "init s",
                                 "TFLOPS", "MFU %", "cost to accuracy $", "price note"])
     return 0
@@ -485,6 +490,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--preset", default=None, type=_preset, metavar="PRESET",
                     help=f"named preset ({', '.join(PRESETS)}) or a TOML file; default: gpu where torch sees a CUDA "
                          "device, else cpu")
+    sp.add_argument("--seeds", type=_seeds, default=None, metavar="SEEDS",
+                    help="train the recipe once per seed (a count N, a list 3,7 or a range 6-10): seed 1 in DIR/run, "
+                         "seed S in DIR/run-seed-S; the TTA table and the report cover them all. Default: one run "
+                         "(DIR/run), and the demo says what one seed cannot tell")
     sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
     return p
 

@@ -49,6 +49,22 @@ def test_seeds_make_one_run_folder_per_seed_with_that_seed(tiny_features, tmp_pa
         assert _rows(run, "SELECT seed FROM runs WHERE run_id = ?") == [{"seed": seed}]
     assert _rows(out / "seed-1", LOSSES) != _rows(out / "seed-2", LOSSES)  # another seed, another run
 
+    # every evaluation carries its 95% interval over the split's utterances (metrics/bootstrap.py)
+    evals = _rows(out / "seed-1", "SELECT final, cer, cer_lo, cer_hi, wer, wer_lo, wer_hi FROM evals WHERE run_id = ?")
+    assert len(evals) == 1 + 4  # the epoch's and the final evaluation's four splits
+    for e in evals:
+        assert e["cer_lo"] <= e["cer"] <= e["cer_hi"] and e["wer_lo"] <= e["wer"] <= e["wer_hi"], e
+    assert any(e["cer_lo"] < e["cer_hi"] for e in evals)
+    # tta --json: the evaluations with their intervals, and the one where each target was declared
+    p = _cli("tta", out / "seed-1", out / "seed-2", "--json", "--targets", "99", "--epochs", "1")
+    assert p.returncode == 0, p.stderr
+    study = json.loads(p.stdout)
+    assert [(e["run"].split()[-1], e["epoch"]) for e in study["evaluations"]] == [("1", 1), ("2", 1)]
+    assert all(e["cer_lo"] <= e["cer"] <= e["cer_hi"] for e in study["evaluations"])
+    for row, e in zip(study["runs"], study["evaluations"]):
+        assert (row["error at TTA"], row["error 95% low"], row["error 95% high"]) == (e["cer"], e["cer_lo"], e["cer_hi"])
+    assert [g["runs"] for g in study["groups"]] == [2]  # the seeds of one command form one group
+
 
 def _stop_when_checkpointed(p, run, at_least):
     """SIGSTOP the seeds command as soon as ``run`` (seed 2's folder) has a checkpoint at
