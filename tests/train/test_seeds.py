@@ -165,3 +165,9 @@ def test_a_failing_seed_stops_the_command_naming_it(tiny_features, tmp_path, mon
     assert code == 1 and f"seed 2 ended diverged: 5 bad steps in a row ({out / 'seed-2'})" in err
     assert "seeds 3 not trained" in err
     assert calls == [("seed-1", "train.seed=1", " seed 1"), ("seed-2", "train.seed=2", " seed 2")]
+
+
+def test_seeds_with_a_run_folder_to_resume_is_refused(tmp_path, capsys):
+    code = main(["train", "--out", str(tmp_path / "out"), "--seeds", "2", "--resume", str(tmp_path / "old")])
+    assert code == 2 and "--resume takes auto, yes, no there" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
