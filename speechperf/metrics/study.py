@@ -78,6 +78,9 @@ def study_notes(study: dict) -> list[str]:
                  "reached a target is a failed run (MLPerf): slower than any TTA in the median and the interval, a "
                  "dropped score in the olympic mean (one tolerated); unfinished runs are counted apart, not in the "
                  "statistics. TTA = epochs to target (the recipe's, spread by seeds) x min/epoch (the hardware's).")
+    lines.append("Error at TTA [95%]: the validation error at the evaluation where the target was declared, with its "
+                 "95% bootstrap interval over the validation utterances (the split's resolution, not the seeds' spread; "
+                 "none for rows recorded before it).")
     if study["comparisons"]:
         lines.append("Ratios: median of the seed-pair TTA ratios A/B with an exact 95% (Mann-Whitney) interval; an "
                      "interval holding 1 means these seeds cannot tell the two apart.")
