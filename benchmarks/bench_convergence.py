@@ -35,17 +35,10 @@ from speechperf.metrics.aggregate import olympic_mean  # noqa: E402
 from speechperf.metrics.tta import epochs_to_target  # noqa: E402
 from speechperf.results.run import Run  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
+from speechperf.train.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
 from speechperf.telemetry.machine import hardware  # noqa: E402
 
 ISA = {"avx2": "AVX2", "avx512": "AVX512_CORE"}  # --isa -> ONEDNN_MAX_CPU_ISA
-
-
-def seeds(text: str) -> list[int]:
-    """"5" -> 1..5, "6-10" -> 6..10, "1,3" -> 1, 3."""
-    if "-" in text:
-        lo, hi = map(int, text.split("-"))
-        return list(range(lo, hi + 1))
-    return [int(x) for x in text.split(",")] if "," in text else list(range(1, int(text) + 1))
 
 
 def child_env(isa: str | None) -> dict:
@@ -169,8 +162,8 @@ def main() -> None:
     env = child_env(a.isa)
     isa = cpu_capability(env)
     entries, config, corpus = [], None, None
-    for seed in seeds(a.seeds):
-        folder = out / f"seed-{seed}"
+    for seed in parse_seeds(a.seeds):
+        folder = seed_folder(out, seed)
         train(a, seed, folder, env)
         entry, config, corpus = measured(a, seed, folder, isa)
         entries.append(entry)

@@ -143,9 +143,21 @@ def cmd_prepare(a) -> int:
     return 0
 
 
-def cmd_train(a) -> int:
-    from speechperf.train.loop import train
+def _seeds(text: str):
+    """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (train/seeds.py)."""
+    from speechperf.train.seeds import parse_seeds
 
+    try:
+        return parse_seeds(text)
+    except SpeechperfError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cmd_train(a) -> int:
+    from speechperf.train.loop import RESUME_MODES, train
+
+    if a.seeds is not None:
+        return _train_seeds(a, RESUME_MODES)
     result = train(
         preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
         overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, quiet=a.json,
@@ -159,6 +171,27 @@ def cmd_train(a) -> int:
     return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
 
 
+def _train_seeds(a, resume_modes) -> int:
+    """``train --seeds``: one run folder per seed under --out; a seed that fails stops the
+    command (train_seeds raises: exit 1 naming the seed's folder)."""
+    from speechperf.train.distributed import DistEnv
+    from speechperf.train.seeds import train_seeds
+
+    if a.resume not in resume_modes:
+        raise SpeechperfError(f"--resume {a.resume} with --seeds: --resume takes {', '.join(resume_modes)} there "
+                              "(each seed's folder is continued as the same command continues one run)")
+    rank0 = DistEnv.from_env().rank == 0
+    say = print if rank0 and not a.json else None
+    results = train_seeds(a.seeds, preset=a.preset, data=Path(a.data) if a.data else None,
+                          out=Path(a.out) if a.out else None, overrides=a.overrides, resume=a.resume,
+                          db_path=Path(a.db) if a.db else None, quiet=a.json, platform=a.platform, label=a.label,
+                          say=(lambda msg: say(f"[seeds] {msg}", flush=True)) if say else None)
+    if rank0:  # the text table: what tells the seeds apart; --json: every summary in full
+        emit(results, a.json, columns=None if a.json else ["seed", "run", "status", "epochs", "iterations",
+                                                             "clock_min", "last_wer", "last_cer"])
+    return 0
+
+
 def cmd_tta(a) -> int:
     from speechperf.metrics.study import study_notes, tta_study
 
@@ -168,8 +201,9 @@ def cmd_tta(a) -> int:
     if a.json:
         emit_json(study)
         return 0
+    _error_column(study["runs"])
     emit(study["runs"], False, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative",
-                                        "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
+                                        "error at TTA [95%]", "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
                                         "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
     print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
     emit(study["groups"], False, columns=["group", "target", "runs", "reached", "never reached", "unfinished",
@@ -183,6 +217,15 @@ def cmd_tta(a) -> int:
     for line in study_notes(study):
         print(line)
     return 0
+
+
+def _error_column(rows: list[dict]) -> None:
+    """The text tables' one column for the error where the target was declared and its 95%
+    interval (``9.36 [8.10, 10.70]``; --json keeps the three numbers)."""
+    from speechperf.metrics.bootstrap import with_interval
+
+    for row in rows:
+        row["error at TTA [95%]"] = with_interval(row["error at TTA"], row["error 95% low"], row["error 95% high"])
 
 
 def cmd_check_log(a) -> int:
@@ -301,8 +344,12 @@ def cmd_parallel_sweep(a) -> int:
 def cmd_demo(a) -> int:
     from speechperf.demo import run_demo
 
-    rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json)
-    emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative", "init s",
+    rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json,
+                    seeds=a.seeds)
+    if not a.json:
+        _error_column(rows)
+    emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative",
+                                *([] if a.json else ["error at TTA [95%]"]), "init s",
                                 "TFLOPS", "MFU %", "cost to accuracy $", "price note"])
     return 0
 
@@ -351,6 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "prices, and its loader values where it has them (sys1, sys2, sys10)")
     sp.add_argument("--db", help="a shared results database that also receives the rows (the run folder keeps its "
                                  "own RUN/results.db)")
+    sp.add_argument("--seeds", type=_seeds, default=None, metavar="SEEDS",
+                    help="train the recipe once per seed, one after another, each in its own run folder --out/seed-S "
+                         "(train.seed=S): a count N (seeds 1..N), a list 3,7 or a range 6-10; the same command "
+                         "continues an interrupted seed and only reads finished ones; the first seed that fails stops "
+                         "it (exit 1). Without it, --out is the run folder")
     sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
 
     sp = add("tta", cmd_tta, "time-to-accuracy table (Table 4 form)")
@@ -447,6 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--preset", default=None, type=_preset, metavar="PRESET",
                     help=f"named preset ({', '.join(PRESETS)}) or a TOML file; default: gpu where torch sees a CUDA "
                          "device, else cpu")
+    sp.add_argument("--seeds", type=_seeds, default=None, metavar="SEEDS",
+                    help="train the recipe once per seed (a count N, a list 3,7 or a range 6-10): seed 1 in DIR/run, "
+                         "seed S in DIR/run-seed-S; the TTA table and the report cover them all. Default: one run "
+                         "(DIR/run), and the demo says what one seed cannot tell")
     sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
     return p
 
@@ -460,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SpeechperfError as e:  # 2: bad input; 1: a run that failed (RunFailed)
-        print(f"speechperf: error: {e}", file=sys.stderr)
+        # notes say where a multi-run command stopped (train --seeds): on the error's line
+        print(f"speechperf: error: {'; '.join([str(e), *getattr(e, '__notes__', [])])}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("speechperf: interrupted", file=sys.stderr)

@@ -7,6 +7,11 @@ elsewhere; the demo says which it picked and why. The corpus is synthesized on a
 Every stage is cached under the output folder: the corpus and the features are reused
 when complete, an interrupted run is resumed, a finished run is reported again as it is
 (delete ``DIR/run`` to measure anew).
+
+``--seeds N`` trains the recipe once per seed (train/seeds.py): seed 1 stays in ``DIR/run``,
+where a demo of one seed keeps it (an existing demo folder is its first seed), seed S > 1 in
+``DIR/run-seed-S``; the TTA table and the report cover every seed, and the report groups
+them (runs that differ only in seed). With one seed the demo says what one seed cannot tell.
 """
 from __future__ import annotations
 
@@ -22,6 +27,14 @@ DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo (CPU-
 # generalize; every other preset (a TOML file too) gets DEFAULT_HOURS, and --hours overrides.
 PRESET_HOURS = {"gpu": 8.0, "paper": 8.0, "modern": 8.0, "conformer": 8.0, "conformer-algoperf-sizes": 8.0}
 SWEEP_WIDTHS = (1, 16, 64, 256)  # Table 3 form on dev-clean: greedy (1) against word beam search
+ONE_SEED = ("one seed: this TTA mixes the machine's speed with this seed's luck - seeds of one recipe differ in epochs "
+            "to target (the tiny preset's reference: 4 to 5 epochs), so one seed cannot tell a faster machine from a "
+            "luckier seed; MLPerf times several runs of each benchmark: use --seeds 5")
+
+
+def demo_folder(out: Path, seed: int) -> Path:
+    """Seed 1 in ``DIR/run`` (where a one-seed demo has always kept its run), seed S in ``DIR/run-seed-S``."""
+    return Path(out) / ("run" if seed == 1 else f"run-seed-{seed}")
 
 
 def pick_preset(cuda: bool | None = None) -> tuple[str, str]:
@@ -38,19 +51,23 @@ def pick_preset(cuda: bool | None = None) -> tuple[str, str]:
 
 
 def run_demo(out: Path, hours: float | None = None, minutes: float | None = None, preset: str | None = None,
-             overrides=(), quiet: bool = False) -> list[dict]:
+             overrides=(), quiet: bool = False, seeds=None) -> list[dict]:
     """Run (or continue) the demo under ``out``; returns the TTA rows (CER then WER, the paper's
-    targets), each naming the workload (model, parameters).
+    targets; a row per seed's run), each naming the workload (model, parameters).
 
     ``preset`` None: the machine's (:func:`pick_preset`); any preset (or TOML file) runs, its
-    audio hours from PRESET_HOURS, else DEFAULT_HOURS."""
+    audio hours from PRESET_HOURS, else DEFAULT_HOURS. ``seeds``: None, one run in ``DIR/run``
+    with the preset's seed (as before seeds existed); else those seeds (:func:`demo_folder`)."""
     from speechperf.corpus.synth import synthesize
     from speechperf.features.prepare import prepare
     from speechperf.metrics.tta import tta_table
     from speechperf.train.loop import train
+    from speechperf.train.seeds import refuse_seed_override, train_seeds
 
     out = Path(out)
     overrides = list(overrides)
+    if seeds is not None:
+        refuse_seed_override(overrides)  # before minutes of synthesis
     if minutes is not None:
         overrides.append(f"train.time_cap_minutes={minutes}")
     say = (lambda msg: None) if quiet else (lambda msg: print(f"[demo] {msg}", flush=True))
@@ -59,8 +76,8 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
         preset, why = pick_preset()
         why += "; --preset overrides"
     cfg = load_preset(preset, overrides)  # fail on a bad preset, or a damaged run folder, before minutes of synthesis
-    run = out / "run"
-    status = _finished_status(run)
+    runs = [out / "run"] if seeds is None else [demo_folder(out, s) for s in seeds]
+    statuses = [_finished_status(run) for run in runs]  # a damaged run folder refused now, by name
     hours = hours or PRESET_HOURS.get(preset, DEFAULT_HOURS)
     say(f"preset {preset!r} ({why}): workload {workload_label(workload(cfg.to_dict()))}, {hours:g} h of audio")
     t0 = time.perf_counter()
@@ -68,16 +85,38 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     synthesize(out / "corpus", hours=hours, seed=1, progress=not quiet)
     say(f"features -> {out / 'features'} ({time.perf_counter() - t0:.0f} s so far)")
     prepare(out / "corpus", out / "features", progress=not quiet)
-    if status is not None:
-        say(f"{run} already finished ({status}); delete it to train anew")
+    for run, status in zip(runs, statuses):
+        if status is not None:
+            say(f"{run} already finished ({status}); delete it to train anew")
+        else:
+            say(f"{'resuming' if (run / 'checkpoint.pt').exists() else 'training'} preset {preset!r} -> {run} "
+                f"({time.perf_counter() - t0:.0f} s so far)")
+    if seeds is None:
+        train(preset=preset, data=out / "features", out=runs[0], overrides=overrides, quiet=quiet, resume="auto")
+    else:  # finished seeds are only read again; the first seed that fails stops the demo (exit 1)
+        train_seeds(seeds, preset, out / "features", out, overrides, folder=demo_folder, quiet=quiet, resume="auto")
+    _beam_sweep(runs[0], say)  # Table 3 is the decoder's trade-off of one model: the first seed's
+    _report(runs, out / "report", say)
+    if len(runs) == 1:
+        say(ONE_SEED)
     else:
-        say(f"{'resuming' if (run / 'checkpoint.pt').exists() else 'training'} preset {preset!r} -> {run} "
-            f"({time.perf_counter() - t0:.0f} s so far)")
-        train(preset=preset, data=out / "features", out=run, overrides=overrides, quiet=quiet, resume="auto")
-    _beam_sweep(run, say)
-    _report(run, out / "report", say)
+        _say_groups(runs, say)
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
-    return [row for metric in METRICS for row in tta_table([run], metric=metric, targets="paper")]
+    return [row for metric in METRICS for row in tta_table(runs, metric=metric, targets="paper")]
+
+
+def _say_groups(runs: list[Path], say) -> None:
+    """The seeds aggregated, per target reached by any: how many reached it, median TTA and the
+    epochs to target per seed (their spread is the recipe's, not the machine's)."""
+    from speechperf.metrics.study import tta_study
+
+    for metric in METRICS:
+        for g in tta_study(runs, metric=metric, targets="paper")["groups"]:
+            if g["reached"]:
+                median = g["median TTA min"]
+                say(f"{len(runs)} seeds, {metric.upper()} {g['target']:g}: {g['reached']} of {g['runs']} reached it, "
+                    f"median TTA {'-' if median is None else f'{median:.2f}'} min, epochs to target per seed "
+                    f"{g['epochs to target per seed']}")
 
 
 def _finished_status(run: Path) -> str | None:
@@ -104,8 +143,8 @@ def _beam_sweep(run: Path, say) -> None:
         say(f"  width {r['beam']:>4}: WER {r['wer']:.2f}  CER {r['cer']:.2f}  ({r['eval_s']:.1f} s)")
 
 
-def _report(run: Path, out: Path, say) -> None:
+def _report(runs: list[Path], out: Path, say) -> None:
     from speechperf.report.html import build_report
 
-    path = build_report([run], out)
+    path = build_report(runs, out)
     say(f"report: {path}")

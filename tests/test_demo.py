@@ -61,3 +61,34 @@ def test_every_preset_runs_and_the_demo_names_it_and_its_workload(preset, synth_
     hours = demo.PRESET_HOURS.get(preset, demo.DEFAULT_HOURS)
     line = f"[demo] preset {preset!r} (given): workload {cfg.model.name}, {w['params'] / 1e6:.3g} M params, {hours:g} h"
     assert line in capsys.readouterr().out and synth_calls == [hours]
+
+
+def test_demo_seeds_layout_and_one_seed_line(tiny_features, monkeypatch, tmp_path, capsys):
+    """--seeds 2: seed 1 in DIR/run (where a one-seed demo keeps it), seed 2 in DIR/run-seed-2,
+    the TTA rows and the report cover both as one group; run again without --seeds, the demo
+    reads DIR/run as it is and says what one seed cannot tell."""
+    import csv
+    import json
+    import shutil
+
+    monkeypatch.setattr("speechperf.corpus.synth.synthesize", lambda out, hours, seed, progress: None)
+    monkeypatch.setattr("speechperf.features.prepare.prepare",
+                        lambda corpus, out, progress: out.exists() or shutil.copytree(tiny_features, out))
+    swept = []
+    monkeypatch.setattr(demo, "_beam_sweep", lambda run, say: swept.append(run))  # Table 3: not what this tests
+    out = tmp_path / "d"
+    args = dict(preset="tiny", overrides=["threads=1", "max_epochs=1"])
+    rows = demo.run_demo(out, seeds=(1, 2), **args)
+    for folder, seed in (("run", 1), ("run-seed-2", 2)):
+        assert json.loads((out / folder / "config.json").read_text())["train"]["seed"] == seed
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("run")) == ["run", "run-seed-2"]
+    assert len({r["run"] for r in rows}) == 2 and swept == [out / "run"]
+    with open(out / "report" / "repeated.csv", newline="") as f:
+        assert {r["runs"] for r in csv.DictReader(f)} == {"2"}  # the two seeds, one group
+    assert demo.ONE_SEED not in capsys.readouterr().out
+
+    mtime = (out / "run" / "results.db").stat().st_mtime_ns
+    rows = demo.run_demo(out, **args)
+    text = capsys.readouterr().out
+    assert "already finished" in text and demo.ONE_SEED in text and "--seeds 5" in demo.ONE_SEED
+    assert len({r["run"] for r in rows}) == 1 and (out / "run" / "results.db").stat().st_mtime_ns == mtime

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import jiwer
+import numpy as np
 from rapidfuzz.distance import Levenshtein
 
 from speechperf.errors import SpeechperfError
@@ -52,4 +53,28 @@ def error_rates(refs: Sequence[str], hyps: Sequence[str]) -> ErrorRates:
         n_utts=len(refs),
         ref_words=sum(len(r.split()) for r in refs),
         ref_chars=ref_chars,
+    )
+
+
+@dataclass(frozen=True)
+class UtteranceErrors:
+    """Per-utterance error counts of a set of pairs, so that the set can be resampled
+    (metrics/bootstrap.py); each array holds one entry per utterance, in the set's order."""
+
+    char_edits: np.ndarray  # character edit distance (the standard CER's numerator)
+    ref_chars: np.ndarray  # reference characters (its denominator)
+    word_edits: np.ndarray  # word edit distance, S + D + I (the WER's numerator)
+    ref_words: np.ndarray  # reference words, N (its denominator)
+
+
+def utterance_errors(refs: Sequence[str], hyps: Sequence[str]) -> UtteranceErrors:
+    """The counts behind :func:`error_rates`, per utterance: their sums give its CER and WER
+    (the word counts split on whitespace, as jiwer's default transform does)."""
+    ref_words = [r.split() for r in refs]
+    ints = lambda values: np.fromiter(values, dtype=np.int64, count=len(refs))  # noqa: E731
+    return UtteranceErrors(
+        char_edits=ints(Levenshtein.distance(r, h) for r, h in zip(refs, hyps)),
+        ref_chars=ints(len(r) for r in refs),
+        word_edits=ints(Levenshtein.distance(w, h.split()) for w, h in zip(ref_words, hyps)),
+        ref_words=ints(len(w) for w in ref_words),
     )

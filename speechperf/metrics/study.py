@@ -35,16 +35,19 @@ def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
               platform_file: Path | None = None) -> dict:
     """{"runs": per-run rows (:func:`speechperf.metrics.tta.tta_table`'s, with epochs to target,
     minutes per epoch and the reference check), "groups": the seeds of one workload,
-    configuration and machine aggregated, "comparisons": every two groups of a workload}."""
+    configuration and machine aggregated, "comparisons": every two groups of a workload,
+    "evaluations": every run's per-epoch validation errors with their 95% intervals}."""
     from speechperf.metrics.targets import parse_targets
-    from speechperf.metrics.tta import tta_table
+    from speechperf.metrics.tta import evaluations, tta_table
     from speechperf.results.run import Run, unique_labels
 
     spec = parse_targets(targets, metric)
     table = tta_table(runs, metric, spec, epochs, db_path, price_per_hour, platform_file)
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
     try:
-        seeds = [_of_open(r, label, metric) for r, label in zip(opened, unique_labels(opened))]
+        labels = unique_labels(opened)
+        seeds = [_of_open(r, label, metric) for r, label in zip(opened, labels)]
+        evals = [row for r, label in zip(opened, labels) for row in evaluations(r, label)]
     finally:
         for r in opened:
             r.close()
@@ -52,7 +55,7 @@ def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     extra = {(r["run"], r["target"]): {k: v for k, v in r.items() if k not in ("run", "target", "minutes")}
              for r in per_run}
     return {"runs": [{**row, **extra.get((row["run"], row["target"]), {})} for row in table],
-            "groups": groups, "comparisons": comparisons}
+            "groups": groups, "comparisons": comparisons, "evaluations": evals}
 
 
 def _of_open(run, label: str, metric: str) -> SeedRun:
@@ -71,6 +74,9 @@ def study_notes(study: dict) -> list[str]:
                  "reached a target is a failed run (MLPerf): slower than any TTA in the median and the interval, a "
                  "dropped score in the olympic mean (one tolerated); unfinished runs are counted apart, not in the "
                  "statistics. TTA = epochs to target (the recipe's, spread by seeds) x min/epoch (the hardware's).")
+    lines.append("Error at TTA [95%]: the validation error at the evaluation where the target was declared, with its "
+                 "95% bootstrap interval over the validation utterances (the split's resolution, not the seeds' spread; "
+                 "none for rows recorded before it).")
     if study["comparisons"]:
         lines.append("Ratios: median of the seed-pair TTA ratios A/B with an exact 95% (Mann-Whitney) interval; an "
                      "interval holding 1 means these seeds cannot tell the two apart.")

@@ -31,11 +31,11 @@ def epochs_to_target(evals: Sequence[tuple[float, float]], target: float, epochs
     return None
 
 
-def epoch_evals(run, metric: str) -> list[tuple[float, float]]:
-    """Per-epoch validation (clock_s, metric) of an open :class:`~speechperf.results.Run`, in
-    epoch order; a run whose rows are not in its database is an error, never an empty list."""
+def epoch_rows(run) -> list[dict]:
+    """Per-epoch validation rows of an open :class:`~speechperf.results.Run`, in epoch order; a
+    run whose rows are not in its database is an error, never an empty list."""
     run.row()
-    return [(r["clock_s"], r[metric]) for r in run.evals()]
+    return run.evals()
 
 
 def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs: int = 3,
@@ -83,18 +83,39 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
     first: dict[float, float | None] = {}
     for run, label, wl in members:
         targets = spec.require(metric, wl["model"])
-        evals = epoch_evals(run, metric)
+        rows_of_epochs = epoch_rows(run)
+        evals = [(e["clock_s"], e[metric]) for e in rows_of_epochs]
         env = with_price_overrides(run.env, price_per_hour, platform_file)
         summary = run.summary() or {}  # {}: unfinished, or a run of the previous release
         init_s = summary.get("init_s")
         for target in targets:
             minutes = tta_minutes(evals, target, epochs)
+            reached = epochs_to_target(evals, target, epochs)
             ref = first.setdefault(target, minutes)
             relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference: exactly 100
             rows.append({"run": label, "workload": name, "machine": machine_name(run.env), "metric": metric,
-                         "target": target, "epochs": epochs, "minutes": minutes, "relative": relative, "init s": init_s,
+                         "target": target, "epochs": epochs, "minutes": minutes, "relative": relative,
+                         **at_target(rows_of_epochs[reached - 1] if reached else None, metric), "init s": init_s,
                          **mfu_columns(summary), **price_columns(env, minutes)})
     return rows
+
+
+def at_target(row: dict | None, metric: str) -> dict:
+    """The evaluation at which the target was declared: its error and 95% interval over the
+    validation utterances (metrics/bootstrap.py; None in rows recorded before it, or when the
+    target was never reached). A target crossed inside that interval is crossed by the
+    validation set's resolution as much as by the model."""
+    row = row or {}
+    return {"error at TTA": row.get(metric), "error 95% low": row.get(f"{metric}_lo"),
+            "error 95% high": row.get(f"{metric}_hi")}
+
+
+def evaluations(run, label: str) -> list[dict]:
+    """Per-epoch validation rows of an open run, each error rate with its 95% interval (None
+    where the row predates the intervals): what ``tta --json`` shows per run."""
+    return [{"run": label, "epoch": e["epoch"], "clock_s": e["clock_s"], "split": e["split"],
+             **{k: e.get(k) for k in ("cer", "cer_lo", "cer_hi", "wer", "wer_lo", "wer_hi")}, "n_utts": e["n_utts"]}
+            for e in run.evals()]
 
 
 def notes(rows: list[dict]) -> list[str]:

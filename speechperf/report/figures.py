@@ -45,8 +45,9 @@ def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()
         ev = r["evals"]
         if ev:
             t = [e["clock_s"] / 60 for e in ev]
-            axes[1].plot(t, [e["cer"] for e in ev], marker="o", ms=3, label=legend(r))
-            axes[2].plot(t, [e["wer"] for e in ev], marker="o", ms=3, label=legend(r))
+            for ax, metric in ((axes[1], "cer"), (axes[2], "wer")):
+                line, = ax.plot(t, [e[metric] for e in ev], marker="o", ms=3, label=legend(r))
+                _interval_band(ax, t, ev, metric, line.get_color())
     for ax, title, targets in ((axes[0], "training loss (Gaussian, sigma 10)", ()),
                                (axes[1], "validation CER (standard) %", _lines(runs, targets, "cer")),
                                (axes[2], "validation WER %", _lines(runs, targets, "wer"))):
@@ -60,6 +61,16 @@ def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()
         ax.grid(alpha=0.3, which="both")
     axes[1].legend(fontsize=8)
     return _save(fig, path), ""
+
+
+def _interval_band(ax, t: list[float], evals: list[dict], metric: str, color) -> None:
+    """The evaluations' 95% bootstrap interval (metrics/bootstrap.py) shaded around the line,
+    over the epochs that recorded one (rows of earlier releases have none)."""
+    have = [(x, e[f"{metric}_lo"], e[f"{metric}_hi"]) for x, e in zip(t, evals)
+            if e.get(f"{metric}_lo") is not None and e.get(f"{metric}_hi") is not None]
+    if have:
+        x, lo, hi = zip(*have)
+        ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
 
 
 def _lines(runs: list[dict], targets: Targets, metric: str) -> list[float]:

@@ -42,6 +42,8 @@ CREATE TABLE IF NOT EXISTS evals (
     eval_s REAL,                  -- seconds the evaluation took (not training time)
     loss REAL, wer REAL, cer REAL, cer_paper REAL, n_utts INTEGER,
     final INTEGER DEFAULT 0,      -- 1 for the final evaluation after training
+    cer_lo REAL, cer_hi REAL,     -- 95% bootstrap interval of cer over the split's utterances (metrics/bootstrap.py)
+    wer_lo REAL, wer_hi REAL,     -- the same for wer; NULL in rows of releases before it
     PRIMARY KEY (run_id, epoch, split, decoder, beam, final)
 );
 """

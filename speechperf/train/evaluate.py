@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from speechperf.data.config import LoaderConfig
-from speechperf.metrics.errors import error_rates
+from speechperf.metrics.bootstrap import error_intervals
+from speechperf.metrics.errors import error_rates, utterance_errors
 from speechperf.models.contract import planned_forward
 
 
@@ -45,7 +46,9 @@ def autocast(device: torch.device, precision: str):
 def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: LoaderConfig, device: torch.device,
              decoder: str = "greedy", beam: int = 1, workers: int = 0, precision: str = "fp32",
              keep_pairs: int = 0, mode: str = "ngrams") -> dict:
-    """Loss, WER, CER (standard and paper) and seconds of one pass over ``split``."""
+    """Loss, WER, CER (standard and paper) and seconds of one pass over ``split``; ``cer_lo``,
+    ``cer_hi``, ``wer_lo``, ``wer_hi``: the 95% bootstrap interval of CER and WER over the
+    split's utterances (metrics/bootstrap.py), the resolution this split gives them."""
     from speechperf.data.loader import make_loader
 
     start = time.perf_counter()
@@ -73,7 +76,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     rates = error_rates(refs, hyps)
     return {
         "split": split, "decoder": decoder_label(decoder, mode), "beam": beam,
-        "loss": loss_sum / max(n_loss, 1), **rates.to_dict(),
+        "loss": loss_sum / max(n_loss, 1), **rates.to_dict(), **error_intervals(utterance_errors(refs, hyps)),
         "eval_s": time.perf_counter() - start,
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
     }

@@ -58,7 +58,7 @@ RESUME_MODES = ("auto", "yes", "no")
 
 def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None, overrides=(),
           resume: str | Path | None = "auto", db_path: Path | None = None, quiet: bool = False,
-          platform: str | None = None, label: str | None = None) -> dict:
+          platform: str | None = None, label: str | None = None, label_suffix: str = "") -> dict:
     """Train (or continue) the run in ``out``; returns its summary row.
 
     ``resume``: ``auto`` continues a run of the same configuration found in ``out`` from its
@@ -67,6 +67,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     worker; ``yes`` insists on continuing, ``no`` refuses an existing run. A run folder (the
     previous release's ``--resume RUN``) continues that run with its own configuration.
     ``db_path``: a shared database that receives the rows too (the run folder keeps its own).
+    ``label_suffix``: appended to the new run's label, given or derived (train/seeds.py: " seed 2").
     """
     # ---- configuration and run folder -------------------------------------------------
     init_t0, init_ms = time.perf_counter(), int(time.time() * 1000)  # init_start
@@ -98,7 +99,8 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             raise SpeechperfError(error)
         if plan == "finished":
             return group.broadcast(Run.open(out).summary() if rank == 0 else None)
-        return _train(cfg, group, Path(feats), out, plan, db_path, quiet, platform, label, (init_t0, init_ms))
+        return _train(cfg, group, Path(feats), out, plan, db_path, quiet, platform, (label, label_suffix),
+                      (init_t0, init_ms))
     except OSError as e:  # before the run exists (a read-only --out, say): named, exit 1
         if isinstance(e, SpeechperfError):
             raise
@@ -294,14 +296,18 @@ def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, state: Train
 
 
 def _recorder(rank: int, plan: str, out: Path, cfg: RunConfig, prog: Progress, data: Path, device, world: int,
-              splits: dict, platform, label, db_path, quiet: bool, init_ms: int) -> Recorder:
-    """Rank 0's recorder of the run folder (created or opened); a no-op one on other ranks."""
+              splits: dict, platform, label: tuple[str | None, str], db_path, quiet: bool, init_ms: int) -> Recorder:
+    """Rank 0's recorder of the run folder (created or opened); a no-op one on other ranks.
+    ``label``: (the label given or None, a suffix for it or for the derived one)."""
     if rank != 0:
         return Recorder(prog, out)
+    from speechperf.results.run import default_label
     from speechperf.telemetry.environment import capture_env
 
     env = {**capture_env(str(device)), "world_size": world, "platform": platform,
            "precision_note": check_precision(cfg, device)}
+    given, suffix = label
+    label = f"{given or default_label(env, cfg.to_dict())}{suffix}" if suffix else given
     return RunRecorder.begin(plan, out, cfg, prog, data=data, env=env, splits=splits, init_ms=init_ms, label=label,
                              db_path=db_path, quiet=quiet)
 

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from speechperf.data import alphabet
+from speechperf.metrics.bootstrap import with_interval
 from speechperf.metrics.rcp import run_check
 from speechperf.results.run import Run
 from speechperf.train.checkpoint import TrainState
@@ -27,6 +28,7 @@ from speechperf.train.progress import Clock, Progress
 from speechperf.train.warmup import warn_if_slow
 
 SENTENCE_PAIRS = 3  # hypothesis/reference pairs logged per sentence batch
+INTERVAL_COLUMNS = ("cer_lo", "cer_hi", "wer_lo", "wer_hi")  # an evaluation's 95% intervals (metrics/bootstrap.py)
 
 
 class Recorder:
@@ -194,17 +196,20 @@ class RunRecorder(Recorder):
         self.run.upsert("evals", {"run_id": self.run_id, "epoch": epoch, "split": r["split"], "decoder": r["decoder"],
                                   "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"],
                                   "wer": r["wer"], "cer": r["cer"], "cer_paper": r["cer_paper"],
-                                  "n_utts": r["n_utts"], "final": int(final)})
+                                  "n_utts": r["n_utts"], "final": int(final),
+                                  **{k: r.get(k) for k in INTERVAL_COLUMNS}})
         if final:
             self.events.event("final_eval", r["wer"], split=r["split"], cer=round(r["cer"], 3), decoder=r["decoder"],
                               beam=r["beam"])
-            self._say(f"final {r['split']}: WER {r['wer']:.2f} CER {r['cer']:.2f} ({r['decoder']}, beam {r['beam']})")
+            self._say(f"final {r['split']}: WER {_rate(r, 'wer')} CER {_rate(r, 'cer')} "
+                      f"({r['decoder']}, beam {r['beam']})")
             return
         prog.evals.append((now, r["wer"], r["cer"]))
         self.events.event(C.EVAL_ACCURACY, r["cer"], epoch_num=epoch, metric="cer", wer=round(r["wer"], 3),
                           cer_paper=round(r["cer_paper"], 3), loss=round(r["loss"], 4), eval_s=round(r["eval_s"], 3))
         self.events.end(C.EVAL_STOP, epoch_num=epoch)
-        self._say(f"epoch {epoch}: {r['split']} loss {r['loss']:.3f} WER {r['wer']:.2f} CER {r['cer']:.2f} "
+        self._say(f"epoch {epoch}: {r['split']} loss {r['loss']:.3f} WER {_rate(r, 'wer')} "
+                  f"CER {_rate(r, 'cer')} "
                   f"(paper CER {r['cer_paper']:.2f}) eval {r['eval_s']:.1f}s clock {now / 60:.2f} min")
 
     # ---- checkpoint and end -----------------------------------------------------------------
@@ -278,6 +283,12 @@ class RunRecorder(Recorder):
             if self.status_line:
                 self.status_line.clear()
             print(text, flush=True)
+
+
+def _rate(r: dict, metric: str) -> str:
+    """``9.36 [8.10, 10.70]``: an evaluation's error rate and its 95% interval over the split's
+    utterances (its resolution: a change inside it is within what the split can tell)."""
+    return with_interval(r[metric], r.get(f"{metric}_lo"), r.get(f"{metric}_hi"))
 
 
 def train_utterances(splits: dict) -> int:

@@ -28,7 +28,12 @@ def test_tta_json_has_runs_groups_and_comparisons(tmp_path, capsys):
     runs.append(_run(tmp_path, "EPYC", 3, 30.0, [30, 20, 20, 20, 20, 20]))  # never
     assert main(["tta", *map(str, runs), "--targets", "10", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"runs", "groups", "comparisons"}
+    assert set(out) == {"runs", "groups", "comparisons", "evaluations"}
+    # rows without the evaluations' intervals (written before them) read as None, never refused
+    assert out["evaluations"][0] == {"run": "Xeon cpu [Xeon-s1]", "epoch": 1, "clock_s": 60.0, "split": "dev-clean",
+                                     "cer": 30, "cer_lo": None, "cer_hi": None, "wer": 60, "wer_lo": None,
+                                     "wer_hi": None, "n_utts": 10}
+    assert out["runs"][0]["error at TTA"] == 9 and out["runs"][0]["error 95% low"] is None
     assert [(r["run"][:4], r["epochs to target"], r["min/epoch"], r["minutes"]) for r in out["runs"]][::3] == [
         ("Xeon", 4, 1.0, 4.0), ("EPYC", 4, 0.5, 2.0)]
     assert out["runs"][-1]["state"] == "never reached" and out["runs"][-1]["RCP check"] == "no reference for preset 'cpu'"
@@ -41,3 +46,21 @@ def test_tta_json_has_runs_groups_and_comparisons(tmp_path, capsys):
     assert main(["tta", *map(str, runs), "--targets", "10"]) == 0
     text = capsys.readouterr().out
     assert "Seeds per group" in text and "not distinguishable at 3 and 3 seeds" in text
+
+
+def test_a_database_without_the_interval_columns_is_read_and_upgraded_on_write(tmp_path, capsys):
+    """A results.db of a release before the evaluations' intervals: tta reads it (no interval),
+    and opening it for writing (a resumed run) adds the columns."""
+    import sqlite3
+
+    run = _run(tmp_path, "Xeon", 1, 60.0, [30, 20, 9, 9, 9, 9])
+    with sqlite3.connect(run / "results.db") as conn:
+        for col in ("cer_lo", "cer_hi", "wer_lo", "wer_hi"):
+            conn.execute(f"ALTER TABLE evals DROP COLUMN {col}")
+    assert main(["tta", str(run), "--targets", "10"]) == 0
+    text = capsys.readouterr().out
+    assert "error at TTA [95%]" in text and " 9.00 " in text and "9.00 [" not in text  # the value, no interval
+    assert main(["tta", str(run), "--targets", "10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["evaluations"][0]["cer_lo"] is None
+    with ResultsDB(run / "results.db") as db:
+        assert {"cer_lo", "cer_hi", "wer_lo", "wer_hi"} <= {r["name"] for r in db.query("PRAGMA table_info(evals)")}
