@@ -93,7 +93,8 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
         # rank 0 alone looks at the folder (across machines only its disk holds it), holding its
         # lock for the whole run, and tells every rank what to do, or the error that stops them all
-        planned, lock = _plan_locked(out, cfg, mode, data, world, label) if rank == 0 else (None, None)
+        full = f"{label}{label_suffix}" if label is not None else None  # the label a new run would get
+        planned, lock = _plan_locked(out, cfg, mode, data, world, full) if rank == 0 else (None, None)
         plan, feats, error = group.broadcast(planned)
         if error:
             raise SpeechperfError(error)

@@ -171,3 +171,14 @@ def test_seeds_with_a_run_folder_to_resume_is_refused(tmp_path, capsys):
     code = main(["train", "--out", str(tmp_path / "out"), "--seeds", "2", "--resume", str(tmp_path / "old")])
     assert code == 2 and "--resume takes auto, yes, no there" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_seeds_with_a_label_continue_under_the_same_command(tiny_features, tmp_path):
+    """A given --label gets " seed S" per seed; the same command again is the same label."""
+    from speechperf.train.seeds import train_seeds
+
+    args = dict(preset="tiny", data=tiny_features, out=tmp_path / "o", overrides=["threads=1", "max_epochs=1"],
+                quiet=True, label="mine")
+    first = train_seeds(seeds=[1, 2], **args)
+    again = train_seeds(seeds=[1, 2], **args)
+    assert [r["status"] for r in first] == [r["status"] for r in again] == ["success", "success"]
