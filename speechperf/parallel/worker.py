@@ -41,7 +41,7 @@ from speechperf.data.config import LoaderConfig
 from speechperf.errors import SpeechperfError
 from speechperf.models.contract import planned_forward
 from speechperf.parallel.algorithms import ALGORITHMS, AlgoConfig, Algorithm, make_algorithm
-from speechperf.parallel.newbob import NewBob
+from speechperf.train.newbob import NewBob
 from speechperf.train import distributed
 from speechperf.train.distributed import Group
 from speechperf.results.run import CHECKPOINT_FILE as CHECKPOINT

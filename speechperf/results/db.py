@@ -20,7 +20,7 @@ from speechperf.results import schema
 
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transaction (several runs, one file)
 # Columns added after the first release: a database written by it gets them when opened for writing.
-ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops",)}
+ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops", "comm_s", "comm_bytes")}
 
 
 class ResultsError(SpeechperfError):
