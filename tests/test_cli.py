@@ -27,7 +27,7 @@ def test_help_shows_registry_choices_and_defaults(capsys):
     text = _help(capsys, "parallel", "run")
     assert "--sync-period SYNC_PERIOD local steps between synchronizations (tau) (default: 1)" in text
     assert "--algo {asgd,bmuf,bsp,easgd,single,sync}" in text
-    assert "--sync-periods" in _help(capsys, "parallel", "sweep")
+    assert "--sync-every" in _help(capsys, "parallel", "sweep") and "--set KEY=VALUE" in _help(capsys, "parallel", "sweep")
 
 
 def test_bad_choices_are_refused_naming_them(capsys):

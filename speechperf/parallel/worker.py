@@ -28,6 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -410,6 +413,32 @@ def resume_note(out: Path, argv: list[str], world: int) -> str:
     if ckpt is None:
         return ""
     return f"{path} exists (epoch {ckpt['epoch']}): the same command resumes from epoch {ckpt['epoch'] + 1}"
+
+
+def launch(common: list[str], algo: str, workers: int, extra: list[str], out: Path, port: int | None = None) -> None:
+    """Run one worker set under torchrun (a finished run of these arguments is kept); a failure
+    names the rank that failed first and how the same command resumes."""
+    from speechperf.parallel.sweep import free_port
+
+    argv = ["--algo", algo, "--out", str(out), *common, *extra]
+    if finished_run(out, argv, workers):  # the same sweep again continues where it failed
+        return
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(workers), "--master-port", str(port),
+           "-m", "speechperf.parallel", *argv]
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if p.returncode != 0:
+        # torchrun names the first failure under "Root Cause"; the other ranks fail after it
+        root = p.stderr.split("Root Cause", 1)[-1]
+        ranks = sorted(set(re.findall(r"rank\s*:\s*(\d+)", root)))
+        who = f"worker rank {', '.join(ranks)} failed first" if ranks else "a worker failed"
+        # the workers' own error lines, not torchrun's summary
+        said = [ln for ln in p.stderr.splitlines() if re.search(r"(Error|error:)", ln) and "torch/distributed" not in ln
+                and "ChildFailedError" not in ln]
+        tail = "\n".join(dict.fromkeys(said[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
+        note = resume_note(out, argv, workers)  # the epochs done are not lost: say how to continue
+        raise SpeechperfError(f"{algo} x{workers} ({out}): {who} (exit {p.returncode})\n{tail}"
+                              + (f"\n{note}" if note else ""))
 
 
 def _report(job: Job, model, prog: Progress, loss: float | None) -> None:

@@ -1,5 +1,5 @@
-"""The torchrun worker and the sweep on the tiny corpus; a dead worker and the restart from
-its checkpoint; bad requests."""
+"""The previous release's torchrun worker (ASGD, EASGD and its own loop) on the tiny corpus; a
+dead worker and the restart from its checkpoint; bad requests. The sweep: test_sweep.py."""
 import json
 import re
 import threading
@@ -9,29 +9,12 @@ import psutil
 import pytest
 
 from speechperf.errors import SpeechperfError
-from speechperf.parallel import sweep
-
-
-def test_small_sweep_end_to_end(tiny_features, tmp_path):
-    argv = ["--data", str(tiny_features), "--out", str(tmp_path / "sw"), "--algos", "sync,bmuf,easgd",
-            "--workers", "2", "--sync-periods", "2", "--batch-sizes", "4", "--epochs", "1", "--hidden", "32"]
-    rows = sweep.run_sweep(argv)
-    by = {(r["algo"], r["workers"]): r for r in rows}
-    assert len(rows) == 4 and set(by) == {("single", 1), ("sync", 2), ("bmuf", 2), ("easgd", 2)}  # not the shared start
-    assert by[("single", 1)]["batch"] == 4 and by[("single", 1)]["speedup (2 CPU cores)"] == 1
-    for key in (("sync", 2), ("bmuf", 2), ("easgd", 2)):
-        r = by[key]
-        assert r["speedup (2 CPU cores)"] > 0 and r["cv_loss"] > 0 and r["WER test-clean"] is not None
-    assert by[("bmuf", 2)]["MB/sync"] > 0 and by[("bmuf", 2)]["comm s/sync"] > 0
-    assert (tmp_path / "sw" / "init.pt").exists()
-    t = time.perf_counter()
-    assert sweep.run_sweep(argv) == rows  # run again: every run finished, none is trained (or recorded) twice
-    assert time.perf_counter() - t < 10
+from speechperf.parallel import worker
 
 
 def test_more_workers_than_shards_is_refused(tiny_features, tmp_path):
     with pytest.raises(SpeechperfError, match="shards"):
-        sweep._launch(["--data", str(tiny_features), "--hidden", "8", "--epochs", "1"], "bsp", 12, [],
+        worker.launch(["--data", str(tiny_features), "--hidden", "8", "--epochs", "1"], "bsp", 12, [],
                       tmp_path / "many")
 
 
@@ -59,7 +42,7 @@ def test_a_dead_worker_stops_the_run_naming_its_rank_and_the_same_command_resume
 
     def run():
         try:
-            sweep._launch(common, "bsp", 2, ["--sync-period", "1"], out)
+            worker.launch(common, "bsp", 2, ["--sync-period", "1"], out)
         except SpeechperfError as e:
             errors.append(str(e))
 
@@ -78,7 +61,7 @@ def test_a_dead_worker_stops_the_run_naming_its_rank_and_the_same_command_resume
     done = int(m.group(1))
     assert not (out / "parallel.json").exists()  # the dead run reported nothing
 
-    sweep._launch(common, "bsp", 2, ["--sync-period", "1"], out)  # the same command
+    worker.launch(common, "bsp", 2, ["--sync-period", "1"], out)  # the same command
     summary = json.loads((out / "parallel.json").read_text())
     assert summary["resumed_after"] == [done]
     epochs = _epochs(db, summary["run_id"])
@@ -88,7 +71,7 @@ def test_a_dead_worker_stops_the_run_naming_its_rank_and_the_same_command_resume
 
 def test_k_epochs_and_a_resume_equal_the_uninterrupted_run(tiny_features, tmp_path):
     def run(out, epochs):
-        sweep._launch(["--data", str(tiny_features), "--hidden", "32", "--epochs", str(epochs), "--batch-size", "4",
+        worker.launch(["--data", str(tiny_features), "--hidden", "32", "--epochs", str(epochs), "--batch-size", "4",
                        "--db", str(tmp_path / "results.db")], "bsp", 2, ["--sync-period", "2"], out)
         return json.loads((out / "parallel.json").read_text())
 
