@@ -236,4 +236,5 @@ def _algo_checks(a: AlgoConfig) -> list[tuple[bool, str]]:
         (a.bmuf_c > 0, f"algo.bmuf_c={a.bmuf_c} must be > 0"),
         (a.outer_lr > 0, f"algo.outer_lr={a.outer_lr} must be > 0"),
         (0 <= a.outer_momentum < 1, f"algo.outer_momentum={a.outer_momentum} must be in [0, 1)"),
+        (0 < a.easgd_alpha < 1, f"algo.easgd_alpha={a.easgd_alpha} must be in (0, 1)"),
     ]

@@ -13,8 +13,9 @@ command reports the finished runs and continues the unfinished one from its chec
 The speedups measured on this project's CI machine are on 2 CPU cores and say so; the same
 command drives GPU machines.
 
-``table`` and ``shared_start`` read the ``parallel_runs`` rows of the previous release's
-worker (parallel/worker.py: ASGD and EASGD), which the report still shows.
+``table`` and ``shared_start`` read the ``parallel_runs`` rows that the previous release's
+parallel worker (its own training loop, removed) wrote, which the report still shows for
+such databases.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from speechperf.errors import SpeechperfError
 
-LOCAL_SGD = ("bsp", "bmuf", "diloco")  # the algorithms with a sync_every
+LOCAL_SGD = ("bsp", "bmuf", "diloco", "asgd", "easgd")  # the algorithms with a sync_every
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

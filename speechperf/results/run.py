@@ -1,6 +1,6 @@
 """A run folder and everything in it: the one object that training writes and readers open.
 
-A run folder (``train --out RUN``, a parallel worker's ``--out RUN``) is self-contained and
+A run folder (``train --out RUN``; the previous release's parallel worker's too) is self-contained and
 portable: it can be copied, renamed or moved to another machine and still opens there.
 
 - ``run.json``: format version, run id, kind, label, where the features were (a hint only)

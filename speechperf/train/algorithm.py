@@ -34,6 +34,13 @@ The algorithms:
   ``sync_every`` steps; the pseudo-gradient global - mean(local) goes through an outer SGD
   with Nesterov momentum (lr 0.7, momentum 0.9), the result is the new global model and
   every worker restarts from it.
+- ``asgd``, ``easgd``: asynchronous, through a parameter server on rank 0
+  (train/param_server.py, torch.distributed.rpc): every ``sync_every`` steps a worker
+  pushes its update and pulls the server's model (ASGD), or makes an elastic exchange with
+  the centre (EASGD, ``easgd_alpha``); nobody waits for anybody, except at evaluations
+  (the server's model is evaluated, after every rank's pushes). ``algo.round_robin``
+  serves the workers in turn: deterministic (tests, exact resume); without it a resumed
+  run continues from the same state but is not the uninterrupted one step for step.
 
 Floating-point buffers (batch-norm statistics) are averaged at every synchronization of
 the local-SGD algorithms. Each algorithm's update rule is a function of tensors
@@ -121,6 +128,9 @@ class Algorithm:
 
     def load_state_dict(self, ckpt: dict, state) -> None:
         """Continue from ``ckpt`` after ``state.load(ckpt)`` and ``wrap``."""
+
+    def close(self) -> None:
+        """Every rank, after training and the final evaluation."""
 
 
 @register("single")
@@ -231,13 +241,14 @@ class LocalSGD(Algorithm, ABC):
     # ---- checkpoint: every rank's own model, optimizer and RNG, gathered to rank 0 ----------
     def state_dict(self, state) -> dict:
         mine = _to_cpu({"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
-                        "rng": rng_state()})
+                        "rng": rng_state(), **self.rank_state()})
+        own = self.own_state() if self.rank == 0 else {}
         ranks = [None] * self.world if self.rank == 0 else None
         if self.world > 1:
             dist.gather_object(mine, ranks, dst=0)
         else:
             ranks = [mine]
-        return {"algo": {"name": self.name, "ranks": ranks, **self.own_state()}} if self.rank == 0 else {}
+        return {"algo": {"name": self.name, "ranks": ranks, **own}} if self.rank == 0 else {}
 
     def load_state_dict(self, ckpt, state):
         saved = ckpt.get("algo")
@@ -250,13 +261,21 @@ class LocalSGD(Algorithm, ABC):
         state.model.load_state_dict(mine["model"])
         state.optimizer.load_state_dict(mine["optimizer"])
         set_rng_state(mine["rng"])
+        self.load_rank_state(mine)
         self.load_own_state(saved)
 
     def own_state(self) -> dict:
-        """The algorithm's state common to every rank (tensors and plain values)."""
+        """The algorithm's state common to every rank, from rank 0 (tensors and plain values)."""
         return {}
 
     def load_own_state(self, saved: dict) -> None:
+        pass
+
+    def rank_state(self) -> dict:
+        """The algorithm's state of this rank alone (gathered with its model)."""
+        return {}
+
+    def load_rank_state(self, mine: dict) -> None:
         pass
 
 
@@ -377,6 +396,95 @@ class DiLoCo(LocalSGD):
 
     def load_own_state(self, saved):
         self.outer.load_state_dict(saved["outer"])
+
+
+class AsyncSGD(LocalSGD):
+    """The asynchronous algorithms' common part: the server on rank 0, from the common start;
+    every rank pulls it. A checkpoint holds the server's model and version (rank 0) and
+    every rank's own model, optimizer, RNG and last pull."""
+
+    def start(self):
+        from speechperf.train import param_server as ps
+
+        ps.start_rpc(self.rank, self.world)
+        if self.rank == 0:
+            ps.host(self._flat(), self.world, self.cfg.easgd_alpha, self.cfg.round_robin)
+        if self.world > 1:
+            dist.barrier()  # the server exists before anyone calls it
+        w, self.seen = ps.call("pull")
+        self._unflat(w)
+        self.anchor = w.clone()  # the model this rank last pulled
+
+    def _flat(self) -> torch.Tensor:
+        return torch.nn.utils.parameters_to_vector(self.core.parameters()).detach().cpu()
+
+    @torch.no_grad()
+    def _unflat(self, w: torch.Tensor) -> None:
+        torch.nn.utils.vector_to_parameters(w.to(self.device), self.core.parameters())
+
+    def before_eval(self, batches_done):
+        """Rank 0 evaluates the server's model once every rank's pushes are in."""
+        from speechperf.train import param_server as ps
+
+        if self.world > 1:
+            dist.barrier()
+        if self.rank != 0:
+            return self.core
+        model = copy.deepcopy(self.core)
+        torch.nn.utils.vector_to_parameters(ps.call("pull")[0].to(self.device), model.parameters())
+        return model
+
+    def state_dict(self, state):
+        if self.world > 1:  # every push so far served; none until rank 0 has read the server (own_state)
+            dist.barrier()
+        return super().state_dict(state)
+
+    def own_state(self):
+        from speechperf.train import param_server as ps
+
+        w, version = ps.call("pull")
+        return {"server": w, "version": version}
+
+    def load_own_state(self, saved):
+        from speechperf.train import param_server as ps
+
+        if self.rank == 0:
+            ps.call("restore", saved["server"], saved["version"])
+        if self.world > 1:
+            dist.barrier()  # restored before any rank pushes
+
+    def rank_state(self):
+        return {"anchor": self.anchor.clone(), "seen": self.seen}
+
+    def load_rank_state(self, mine):
+        self.anchor, self.seen = mine["anchor"].clone(), mine["seen"]
+
+    def close(self):
+        from speechperf.train import param_server as ps
+
+        ps.stop_rpc()
+
+
+@register("asgd")
+class ASGD(AsyncSGD):
+    def synchronize(self):
+        from speechperf.train import param_server as ps
+
+        local = self._flat()
+        w, self.seen = ps.call("push_pull", self.rank, local - self.anchor, self.seen)
+        self._unflat(w)
+        self.anchor = w.clone()
+        return 2 * local.numel() * local.element_size()  # the update sent, the model received
+
+
+@register("easgd")
+class EASGD(AsyncSGD):
+    def synchronize(self):
+        from speechperf.train import param_server as ps
+
+        local = self._flat()
+        self._unflat(local - ps.call("elastic", self.rank, local))
+        return 2 * local.numel() * local.element_size()  # the model sent, the elastic difference received
 
 
 def make_algorithm(cfg: AlgoConfig, world: int, rank: int = 0, device: torch.device | None = None) -> Algorithm:

@@ -10,7 +10,7 @@ SCHEDULES = ("epoch_decay", "noam", "cosine", "newbob")  # train.lr_schedule val
 # implemented, so no run can claim it (metrics/targets.py refuses AlgoPerf's targets for these runs).
 PROTOCOLS = ("speechperf",)
 # algo.name values: the data-parallel algorithms of train/algorithm.py (its registry holds the same names)
-ALGORITHMS = ("single", "sync", "bsp", "bmuf", "diloco")
+ALGORITHMS = ("single", "sync", "bsp", "bmuf", "diloco", "asgd", "easgd")
 OPTIMIZERS = ("adadelta", "adamw", "sgd")  # train.optimizer values (train/step.py's make_optimizer)
 
 
@@ -61,11 +61,13 @@ class AlgoConfig:
     Its fields are always written ``algo.FIELD`` on the command line: ``name`` and
     ``sync_every`` are also the model's and the training loop's fields."""
 
-    name: str = "sync"  # ALGORITHMS: "single" (one process), "sync" (DDP: gradients averaged every step; one process without torchrun), "bsp" (local SGD, models averaged every sync_every steps), "bmuf" (blockwise model-update filtering), "diloco" (DiLoCo: outer Nesterov SGD on the pseudo-gradient)
-    sync_every: int = 1  # bsp, bmuf, diloco: local optimizer steps between synchronizations (tau, H); every epoch's end synchronizes too
+    name: str = "sync"  # ALGORITHMS: "single" (one process), "sync" (DDP: gradients averaged every step; one process without torchrun), "bsp" (local SGD, models averaged every sync_every steps), "bmuf" (blockwise model-update filtering), "diloco" (DiLoCo: outer Nesterov SGD on the pseudo-gradient), "asgd", "easgd" (asynchronous, a parameter server on rank 0)
+    sync_every: int = 1  # bsp, bmuf, diloco, asgd, easgd: local optimizer steps between synchronizations (tau, H); bsp, bmuf and diloco also at every epoch's end
     block_lr: float = 1.0  # bmuf: block learning rate eta
     block_momentum: float = -1.0  # bmuf: block momentum zeta in [0, 1); -1 = 1 - block_lr / (workers x bmuf_c) (Eq. 6)
     bmuf_c: float = 1.05  # bmuf: C of Eq. 6 (eta / (workers (1 - zeta)) = C), used when block_momentum = -1
     nesterov: bool = True  # bmuf: workers restart from the Nesterov look-ahead global + zeta delta (CBM-BMUF); false: from the global model
     outer_lr: float = 0.7  # diloco: learning rate of the outer SGD on the pseudo-gradient (Douillard et al. 2023)
     outer_momentum: float = 0.9  # diloco: Nesterov momentum of the outer SGD, in [0, 1)
+    easgd_alpha: float = 0.1  # easgd: moving rate alpha = eta x lambda of the elastic exchange (Eq. 9), in (0, 1)
+    round_robin: bool = False  # asgd, easgd: the server serves the workers in turn (deterministic: tests, exact resume)

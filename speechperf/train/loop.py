@@ -198,6 +198,7 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
             rec.checkpoint(state, algo.state_dict(state))
             rec.stopped(status)
             group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
+            algo.close()  # asgd, easgd: the parameter server's rpc ends
         except BaseException as e:
             _raise(e, rec.fail(e, meter))
         return group.broadcast(rec.finish(status))  # rank 0's summary on every rank (one exit status)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Progress:
-    """Where a run stands; saved in every checkpoint (training loop and parallel worker)."""
+    """Where a run stands; saved in every checkpoint (the training loop's; the previous release's
+    parallel worker's too)."""
 
     epoch: int = 1  # current epoch (1-based): the next one to train
     start_batch: int = 0  # next batch of the current epoch

@@ -186,7 +186,7 @@ def test_the_algo_section_is_loaded_stored_and_validated():
     assert (cfg.algo.name, cfg.algo.sync_every, cfg.train.sync_every) == ("bmuf", 20, 3)  # bare: the loop's
     assert RunConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["algo"]["name"] == "bmuf"
     assert RunConfig.from_dict({"preset": "tiny"}).algo == AlgoConfig()  # a run recorded before the section
-    with pytest.raises(ConfigError, match="algo.name='gossip' is unknown; known: single, sync, bsp, bmuf, diloco"):
+    with pytest.raises(ConfigError, match="algo.name='gossip' is unknown; known: single, sync, bsp, bmuf, diloco, asgd, easgd"):
         load_preset("tiny", ["algo.name=gossip"])
     with pytest.raises(ConfigError, match="algo has no field 'tau'"):
         load_preset("tiny", ["algo.tau=3"])
@@ -201,3 +201,68 @@ def test_the_algo_section_is_loaded_stored_and_validated():
 def test_single_refuses_several_processes():
     with pytest.raises(ConfigError, match="algo.name=single trains in one process, not 2"):
         A.make_algorithm(AlgoConfig(name="single"), world=2)
+
+
+ALPHA, ASYNC_STEPS = 0.3, 4
+
+
+def async_worker(rank, port, out):
+    """asgd (every step) and easgd (every 2 steps) served round robin, plain SGD workers."""
+    from speechperf.train import param_server
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    results = {}
+    for name, every in (("asgd", 1), ("easgd", 2)):
+        cfg = AlgoConfig(name=name, sync_every=every, easgd_alpha=ALPHA, round_robin=True)
+        core = model_fn()
+        algo = A.make_algorithm(cfg, WORLD, rank)
+        model = algo.wrap(core)
+        opt = optimizer("sgd", core)
+        for s in range(ASYNC_STEPS):
+            step(model, opt, *batch(rank, s))
+            algo.after_step(s + 1)
+        results[name] = {"eval": flat(algo.before_eval(ASYNC_STEPS)), "staleness": param_server.staleness(),
+                         "comm": algo.comm.bytes}
+    algo.close()
+    torch.save(results, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def async_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("async")
+    mp.spawn(async_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _sgd_from(vec, rank, s):
+    m = model_fn()
+    torch.nn.utils.vector_to_parameters(vec.clone(), m.parameters())
+    step(m, optimizer("sgd", m), *batch(rank, s))
+    return flat(m)
+
+
+def test_asgd_round_robin_equals_serial_pushes(async_ranks):
+    w = flat(model_fn())
+    local = [w.clone() for _ in range(WORLD)]
+    for s in range(ASYNC_STEPS):
+        for k in range(WORLD):  # rank 0's push, then rank 1's
+            w = w + (_sgd_from(local[k], k, s) - local[k])  # the server applies the pushed update
+            local[k] = w.clone()  # and the worker pulls the current model
+    assert torch.allclose(async_ranks[0]["asgd"]["eval"], w, atol=1e-12)  # rank 0 evaluates the server's model
+    assert async_ranks[0]["asgd"]["staleness"][:2] == [0, 1]  # rank 1's first push was overtaken once
+    assert async_ranks[1]["asgd"]["comm"] == ASYNC_STEPS * 2 * w.numel() * 8
+
+
+def test_easgd_round_robin_equals_serial_elastic_exchanges(async_ranks):
+    centre = flat(model_fn())
+    local = [centre.clone() for _ in range(WORLD)]
+    for s in range(ASYNC_STEPS):
+        for k in range(WORLD):
+            local[k] = _sgd_from(local[k], k, s)
+            if (s + 1) % 2 == 0:
+                diff = ALPHA * (local[k] - centre)  # Eq. 9: the sum of centre and worker is kept
+                centre, local[k] = centre + diff, local[k] - diff
+    assert torch.allclose(async_ranks[0]["easgd"]["eval"], centre, atol=1e-12)

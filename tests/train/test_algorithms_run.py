@@ -1,5 +1,5 @@
 """Every data-parallel algorithm trains through ``speechperf train`` (2 gloo ranks under
-torchrun, the tiny preset): its communication in the iteration rows, its name in the label,
+torchrun, the tiny preset; asgd and easgd with their rpc parameter server): its communication in the iteration rows, its name in the label,
 tta and report beside a single-process run; bsp with sync_every=1 equals sync."""
 import json
 import os
@@ -26,6 +26,8 @@ RUNS = {  # name -> (processes, overrides)
     "bsp": (2, ["algo.name=bsp", "algo.sync_every=3"]),
     "bmuf": (2, ["algo.name=bmuf", "algo.sync_every=3"]),
     "diloco": (2, ["algo.name=diloco", "algo.sync_every=3"]),
+    "asgd": (2, ["algo.name=asgd", "algo.sync_every=3"]),
+    "easgd": (2, ["algo.name=easgd", "algo.sync_every=3", "algo.round_robin=true"]),
 }
 
 
@@ -72,6 +74,21 @@ def test_local_sgd_trains_and_records_its_communication_per_step(runs, name):
     # the epoch ended on a common model: both ranks' weights are equal (bmuf: the look-ahead)
     for k, v in state["ranks"][0]["model"].items():
         assert torch.equal(v, state["ranks"][1]["model"][k]), k
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["asgd", "easgd"])
+def test_asynchronous_algorithms_train_through_their_parameter_server(runs, name):
+    run = runs / name
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "success" and summary["last_cer"] is not None
+    model = load_checkpoint(run)["model"]
+    param_bytes = sum(v.numel() * 4 for k, v in model.items() if v.is_floating_point() and "running" not in k)
+    for r in _iterations(run):  # every 3rd step a push and a pull of the parameters (no batch-norm statistics)
+        assert r["comm_bytes"] == (2 * param_bytes if r["iteration"] % 3 == 0 else 0), r
+    state = load_checkpoint(run)["algo"]
+    assert state["name"] == name and state["version"] > 0 and len(state["ranks"]) == 2
+    assert state["server"].numel() * 4 == param_bytes
 
 
 @pytest.mark.timeout(600)

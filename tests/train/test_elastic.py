@@ -1,8 +1,9 @@
 """Elastic restarts: a restarted worker group repeats ``train --out RUN``, which continues the
 run from its last checkpoint (``--resume auto``, the default); killing one of two workers
 and repeating the command leaves a run equal to one never interrupted (gloo on CPU is
-deterministic here), under DDP (sync) and under a local-SGD algorithm, whose checkpoint holds
-every rank's own model, optimizer and RNG besides its global state (diloco).
+deterministic here), under DDP (sync), a local-SGD algorithm and an asynchronous one, whose
+checkpoints hold every rank's own model, optimizer and RNG besides the global state (diloco:
+the outer optimizer's; asgd: the parameter server's model).
 
 The test repeats the torchrun command itself, as ``torchrun --max-restarts`` would: with
 torch 2.13's CPU build, torchrun's own restart of a gloo group fails on this machine inside
@@ -50,7 +51,9 @@ def _rank(parent: psutil.Process, rank: int):
 
 
 # checkpoints every 2 steps, synchronizations every 3: the kill falls inside a block
-ALGOS = [pytest.param([], id="sync"), pytest.param(["algo.name=diloco", "algo.sync_every=3"], id="diloco")]
+# (asgd: its server serves the ranks in turn, which makes the run deterministic)
+ALGOS = [pytest.param([], id="sync"), pytest.param(["algo.name=diloco", "algo.sync_every=3"], id="diloco"),
+         pytest.param(["algo.name=asgd", "algo.sync_every=3", "algo.round_robin=true"], id="asgd")]
 
 
 @pytest.mark.timeout(450)
