@@ -430,11 +430,11 @@ def default_label(env: dict, config: dict) -> str:
 
 
 def _algorithm_part(algo, world: int) -> str | None:
-    """"bmuf/20 x2", "sync x4"; None for one process of sync (the label of every earlier run)."""
+    """"bmuf/20 x2", "sync x4"; None for one process of sync or single (the label of every earlier run)."""
     if not isinstance(algo, dict):
         return None
     name = algo.get("name", "sync")
-    if name == "sync" and world == 1:
+    if name in ("sync", "single") and world == 1:
         return None
     every = f"/{algo.get('sync_every', 1)}" if name not in ("sync", "single") else ""
     return f"{name}{every} x{world}"

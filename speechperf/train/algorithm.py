@@ -82,8 +82,8 @@ class CommMeter:
 
     seconds: float = 0.0  # in collectives (DDP: buckets' all-reduce in flight, overlapping the backward)
     bytes: int = 0  # payload this rank sent (an all-reduce counted once)
-    pending_s: float = 0.0
-    pending_bytes: int = 0
+    pending_s: float = 0.0  # seconds since the last take (DDP's hook adds them from gloo's thread, before the step ends)
+    pending_bytes: int = 0  # bytes since the last take
 
     def add(self, seconds: float, nbytes: int) -> None:
         self.seconds += seconds
@@ -129,8 +129,9 @@ class Algorithm:
     def load_state_dict(self, ckpt: dict, state) -> None:
         """Continue from ``ckpt`` after ``state.load(ckpt)`` and ``wrap``."""
 
-    def close(self) -> None:
-        """Every rank, after training and the final evaluation."""
+    def close(self, graceful: bool = True) -> None:
+        """Every rank, after training and the final evaluation; not ``graceful``: this rank's
+        run failed."""
 
 
 @register("single")
@@ -459,10 +460,10 @@ class AsyncSGD(LocalSGD):
     def load_rank_state(self, mine):
         self.anchor, self.seen = mine["anchor"].clone(), mine["seen"]
 
-    def close(self):
+    def close(self, graceful=True):
         from speechperf.train import param_server as ps
 
-        ps.stop_rpc()
+        ps.stop_rpc(graceful)
 
 
 @register("asgd")

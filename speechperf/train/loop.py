@@ -16,9 +16,10 @@ point, saved and recorded (train/stop.py); the learning rate follows train/sched
 set before every step.
 
 Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the algorithm of ``algo.name``
-(train/algorithm.py) trains: ``sync`` (the default) wraps the model in DDP, the local-SGD
-algorithms (bsp, bmuf, diloco) let every rank train its own model and combine them after
-steps and before evaluations; their hooks are one line each below (``algo.``).
+(train/algorithm.py) trains: ``sync`` (the default) wraps the model in DDP; bsp, bmuf,
+diloco, asgd and easgd let every rank train its own model and combine them after steps
+(asgd, easgd: through a parameter server) and before evaluations, and put every rank's
+state into the checkpoints; their hooks are one line each below (``algo.``).
 :mod:`speechperf.train.distributed` picks each process's device (``cuda:LOCAL_RANK``) and
 the backend (``train.dist_backend``, gloo on CPU, gloo+NCCL on GPU) and refuses a launch
 that does not fit the GPUs before any work; rank 0 alone writes files, evaluates and
@@ -174,9 +175,9 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
     if ckpt is not None:
         state.load(ckpt)
     local = torch.compile(core) if tc.compile else core  # without DDP's hooks: what the warm-up runs
-    model = algo.wrap(local)  # sync: DDP (several processes); local SGD: the model, from rank 0's weights
+    model = algo.wrap(local)  # sync: DDP (several processes); the others: the model, from rank 0's weights
     if ckpt is not None:
-        algo.load_state_dict(ckpt, state)  # local SGD: this rank's own model, optimizer, RNG; the global model
+        algo.load_state_dict(ckpt, state)  # bsp...easgd: this rank's own model, optimizer, RNG; the global state
 
     with StopSignals() as stop:
         rec = _recorder(rank, plan, out, cfg, prog, data, device, world, splits, platform, label, db_path, quiet,
@@ -200,6 +201,7 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
             group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
             algo.close()  # asgd, easgd: the parameter server's rpc ends
         except BaseException as e:
+            algo.close(graceful=False)  # asgd, easgd: this rank's rpc ends without waiting for the others
             _raise(e, rec.fail(e, meter))
         return group.broadcast(rec.finish(status))  # rank 0's summary on every rank (one exit status)
 

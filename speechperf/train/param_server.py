@@ -111,7 +111,16 @@ def start_rpc(rank: int, world: int) -> None:
             os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent
 
 
-def stop_rpc() -> None:
-    """Wait for every rank's outstanding calls and end rpc (every rank, at the end of the run)."""
-    if rpc.api._is_current_rpc_agent_set():
+def stop_rpc(graceful: bool = True) -> None:
+    """End rpc: gracefully, every rank at the end of the run (waiting for every rank's
+    outstanding calls); or this rank alone, at once, when its run failed (the others may
+    never get there)."""
+    if not rpc.api._is_current_rpc_agent_set():
+        return
+    if graceful:
         rpc.shutdown()
+        return
+    try:
+        rpc.shutdown(graceful=False)
+    except Exception:  # noqa: BLE001 (the run's own error is the one raised)
+        pass

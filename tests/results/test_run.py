@@ -153,3 +153,13 @@ def test_concurrent_writers_lose_no_row(tmp_path):
 
 def test_progress_ignores_unknown_fields():
     assert Progress.from_dict({"epoch": 3, "train_s": 1.0}).epoch == 3
+
+
+def test_labels_name_the_data_parallel_algorithm_and_the_processes():
+    config = {"preset": "tiny", "train": {"precision": "fp32"}}
+    two = {**CPU_ENV, "world_size": 2}
+    assert default_label(two, {**config, "algo": {"name": "bmuf", "sync_every": 20}}) == "2-core Xeon tiny fp32 bmuf/20 x2"
+    assert default_label(two, {**config, "algo": {"name": "sync", "sync_every": 1}}) == "2-core Xeon tiny fp32 sync x2"
+    for name in ("sync", "single"):  # one process: the label of every earlier run
+        assert default_label(CPU_ENV, {**config, "algo": {"name": name, "sync_every": 1}}) == "2-core Xeon tiny fp32"
+    assert default_label(CPU_ENV, {"algo": "easgd", "model": "dnn"}) == "2-core Xeon easgd dnn"  # the previous worker's

@@ -20,7 +20,7 @@ ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_sp
 # which amplifies the rounding that tells the two apart (measured on 9 steps: 0.5% of a weight)
 SGD = ["optimizer=sgd", "lr=0.001", "grad_clip=0", "batch_size=12"]
 RUNS = {  # name -> (processes, overrides)
-    "single": (1, SGD),
+    "single": (1, [*SGD, "algo.name=single"]),
     "sync": (2, SGD),
     "bsp1": (2, [*SGD, "algo.name=bsp", "algo.sync_every=1"]),
     "bsp": (2, ["algo.name=bsp", "algo.sync_every=3"]),
@@ -28,6 +28,10 @@ RUNS = {  # name -> (processes, overrides)
     "diloco": (2, ["algo.name=diloco", "algo.sync_every=3"]),
     "asgd": (2, ["algo.name=asgd", "algo.sync_every=3"]),
     "easgd": (2, ["algo.name=easgd", "algo.sync_every=3", "algo.round_robin=true"]),
+    # any model: a Conformer (tests/train/test_every_model.py's tiny sizes) under diloco
+    "conformer-diloco": (2, ["model.name=conformer", "model.d_model=16", "model.layers=1", "model.heads=2",
+                             "model.conv_kernel=3", "model.subsampling_channels=4", "algo.name=diloco",
+                             "algo.sync_every=3"]),
 }
 
 
@@ -55,11 +59,12 @@ def _iterations(run):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["bsp", "bmuf", "diloco"])
+@pytest.mark.parametrize("name", ["bsp", "bmuf", "diloco", "conformer-diloco"])
 def test_local_sgd_trains_and_records_its_communication_per_step(runs, name):
     run = runs / name
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "success" and summary["iterations"] > 3 and summary["mfu_pct"] is not None
+    name = name.split("-")[-1]
     assert json.loads((run / "config.json").read_text())["algo"]["name"] == name
     rows = _iterations(run)
     model = load_checkpoint(run)["model"]
@@ -98,6 +103,7 @@ def test_sync_records_ddp_bytes_every_step(runs):
     grads = sum(v.numel() * 4 for k, v in model.items() if "running" not in k and v.is_floating_point())
     assert rows and all(r["comm_bytes"] == grads and r["comm_s"] > 0 for r in rows)
     assert all(r["comm_bytes"] == 0 for r in _iterations(runs / "single"))
+    assert json.loads((runs / "single" / "config.json").read_text())["algo"]["name"] == "single"
     assert "algo" not in load_checkpoint(runs / "sync")  # DDP's ranks hold one model: the checkpoint is as before
 
 
@@ -130,3 +136,44 @@ def test_algorithms_appear_in_tta_and_report_beside_a_single_process_run(runs, t
     assert p.returncode == 0, p.stderr
     html = next((tmp_path / "report").glob("*.html")).read_text()
     assert "bmuf/3 x2" in html and "diloco/3 x2" in html
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_to_torchrun_stops_a_bmuf_run_saved_recorded_and_the_same_command_continues(tiny_features,
+                                                                                           tmp_path):
+    import signal
+    import time
+
+    from speechperf.train.checkpoint import CheckpointError
+
+    args = [*ARGS[:2], "max_epochs=2", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=2",
+            "algo.name=bmuf", "algo.sync_every=3"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    p = _train(2, "train", "--data", tiny_features, "--out", ref, *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           "-m", "speechperf", "train", "--data", str(tiny_features), "--out", str(run), *args]
+    torchrun = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 300
+    while time.time() < deadline:  # stop it once a mid-run checkpoint exists
+        try:
+            if load_checkpoint(run)["progress"]["iteration"] >= 2:
+                break
+        except CheckpointError:
+            pass
+        assert torchrun.poll() is None, "training finished before it could be stopped"
+        time.sleep(0.02)
+    torchrun.send_signal(signal.SIGTERM)  # torchrun passes it on to every rank
+    err = torchrun.communicate(timeout=200)[1]
+    assert torchrun.returncode != 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed: interrupted (SIGTERM)", err[-3000:]
+    saved = load_checkpoint(run)
+    assert saved["progress"]["iteration"] == summary["iterations"] and len(saved["algo"]["ranks"]) == 2
+
+    p = _train(2, "train", "--data", tiny_features, "--out", run, *args)  # the same command
+    assert p.returncode == 0, p.stderr[-3000:]
+    a, b = load_checkpoint(ref)["model"], load_checkpoint(run)["model"]
+    for k, v in a.items():
+        assert torch.equal(v, b[k]), k
