@@ -24,7 +24,7 @@ class TrainConfig:
     lr: float = 1.0  # learning rate (AdaDelta's default 1.0)
     weight_decay: float = 0.0  # decoupled weight decay (adamw) / L2 (adadelta)
     warmup_iters: int = 0  # linear warm-up: step s (from 0) of the first N runs at lr x (s+1)/N, any schedule
-    lr_schedule: str = "epoch_decay"  # learning rate per step (train/schedule.py): "epoch_decay" (lr x lr_decay^epochs done), "noam" (warm-up, then x sqrt(warmup_iters/step)), "cosine" (warm-up, then down to lr_min over max_epochs), "newbob" (halved every epoch once the validation loss improves < 1%)
+    lr_schedule: str = "epoch_decay"  # learning rate per step (train/schedule.py): "epoch_decay" (lr x lr_decay^epochs done), "noam" (warm-up, then x sqrt(warmup_iters/step)), "cosine" (warm-up, then down to lr_min over max_epochs), "newbob" (halved every epoch once the validation loss improves < 1%; stops once it then improves < 0.1%)
     lr_decay: float = 1.0  # epoch_decay: multiply the learning rate by this after every epoch
     lr_min: float = 0.0  # cosine: the learning rate at the end of max_epochs epochs (<= lr)
     grad_clip: float = 400.0  # max global gradient norm (DS2 practice); 0 disables

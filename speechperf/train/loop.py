@@ -50,7 +50,7 @@ from speechperf.train.evaluate import evaluate
 from speechperf.train.faults import as_fault, check_trained
 from speechperf.train.progress import Progress
 from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
-from speechperf.train.schedule import make_scheduler, steps_per_epoch
+from speechperf.train.schedule import make_scheduler, schedule_ended, steps_per_epoch
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
 from speechperf.train.stop import StopSignals, interrupted
 from speechperf.train.warmup import check_precision, initialize, warm_model
@@ -214,7 +214,8 @@ def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, algo: Algori
 
     tc, device, prog, rank = cfg.train, group.device, rec.prog, group.env.rank
     model.train()
-    while prog.status is None and prog.epoch <= tc.max_epochs:
+    # newbob's stopping rule ends training as the last epoch would (train/schedule.py)
+    while prog.status is None and prog.epoch <= tc.max_epochs and not schedule_ended(tc, prog.eval_losses):
         loader = make_loader(data, splits["train"], cfg.loader, epoch=prog.epoch, seed=tc.seed,
                              start_batch=prog.start_batch, rank=rank, world=group.world)
         rec.epoch_started()

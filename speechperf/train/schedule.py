@@ -10,7 +10,8 @@
 - ``newbob`` (paper 003's, train/newbob.py): 1 while the validation loss improves by at
   least 1% per epoch, then halved after every epoch; read from the validation losses of
   the epochs done (``prog.eval_losses``, on every rank, in the checkpoint). Its stopping
-  rule is not applied: the run stops by its target, time cap or ``max_epochs``.
+  rule (:func:`schedule_ended`: once halving, an epoch that improves by less than 0.1%)
+  ends training as the last of ``max_epochs`` would.
 
 ``train.warmup_iters`` > 0 multiplies the first steps by ``(s + 1) / warmup_iters`` (linear
 warm-up; ``s`` = steps done before this one) under every schedule. The factor is a pure
@@ -31,12 +32,22 @@ def warmup(step: int, warmup_iters: int) -> float:
     return min(1.0, (step + 1) / warmup_iters) if warmup_iters > 0 else 1.0
 
 
-def newbob(losses) -> float:
-    """Newbob's factor after the epochs whose validation losses are ``losses``."""
+def _replay(losses) -> NewBob:
     rule = NewBob(lr=1.0)
     for loss in losses:
         rule.step(loss)
-    return rule.lr
+    return rule
+
+
+def newbob(losses) -> float:
+    """Newbob's factor after the epochs whose validation losses are ``losses``."""
+    return _replay(losses).lr
+
+
+def schedule_ended(tc, losses) -> bool:
+    """Whether the schedule stops training after the epochs whose validation losses are
+    ``losses`` (newbob's stopping rule; the other schedules never stop a run)."""
+    return tc.lr_schedule == "newbob" and _replay(losses).stop
 
 
 def factor(tc, step: int, epochs_done: int, total_steps: int, losses=()) -> float:

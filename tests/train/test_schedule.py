@@ -181,3 +181,22 @@ def test_a_newbob_run_sets_every_epochs_rate_from_the_recorded_validation_losses
     assert len(losses) == 3
     for epoch, lr in rates:
         assert lr == pytest.approx(0.003 * newbob(losses[:epoch - 1]), rel=1e-12), epoch
+
+
+def test_newbobs_stopping_rule_ends_the_run_as_its_last_epoch_would(tiny_features, tmp_path, monkeypatch):
+    from speechperf.train import loop
+    from speechperf.train.schedule import schedule_ended
+
+    losses = [10.0, 8.0, 7.99, 7.989, 5.0, 4.0]  # 7.99: halving starts; 7.989: < 0.1% better while halving: stop
+    assert [schedule_ended(tc(lr_schedule="newbob"), losses[:e]) for e in range(5)] == [False] * 4 + [True]
+    assert not schedule_ended(tc(), losses[:4])  # the other schedules never stop a run
+    real = loop._epoch_eval
+
+    def scripted(model, data, cfg, device, rec):
+        real(model, data, cfg, device, rec)
+        return None, losses[len(rec.prog.evals) - 1]
+
+    monkeypatch.setattr(loop, "_epoch_eval", scripted)
+    summary = loop.train("tiny", tiny_features, tmp_path / "nb", ["max_epochs=6", "threads=1", "lr_schedule=newbob",
+                                                                  "final_splits=none"], quiet=True)
+    assert summary["epochs"] == 4 and summary["status"] == "success"
