@@ -28,7 +28,7 @@ from pathlib import Path
 
 from speechperf.errors import SpeechperfError
 
-LOCAL_SGD = ("bsp", "bmuf", "diloco", "asgd", "easgd")  # the algorithms with a sync_every
+PERIODIC = ("bsp", "bmuf", "diloco", "asgd", "easgd")  # the algorithms that synchronize every algo.sync_every steps
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -68,7 +68,7 @@ def grid(a: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
     runs = [("one-worker", 1, ["algo.name=sync"])]
     for algo in a.algos.split(","):
         for workers in [int(w) for w in a.workers.split(",")]:
-            if algo not in LOCAL_SGD:
+            if algo not in PERIODIC:
                 runs.append((f"{algo}-n{workers}", workers, [f"algo.name={algo}"]))
                 continue
             for every in [int(h) for h in a.sync_every.split(",")]:
@@ -129,7 +129,7 @@ def _facts(folder: Path) -> dict:
         tta = tta_minutes([(e["clock_s"], e[metric]) for e in evals], tc["target"], tc.get("target_epochs", 3))
     epochs = max(summary.get("epochs") or 0, 1)
     facts = {"algo": algo.get("name", "sync"), "workers": env.get("world_size", 1),
-             "sync_every": algo.get("sync_every") if algo.get("name") in LOCAL_SGD else None,
+             "sync_every": algo.get("sync_every") if algo.get("name") in PERIODIC else None,
              "epochs": summary.get("epochs"), "train_s_per_epoch": train_s / epochs,
              "wer": summary.get("last_wer"), "cer": summary.get("last_cer"), "tta_min": tta,
              "comm_pct": 100 * comm_s / train_s if train_s else None, "mfu_pct": summary.get("mfu_pct"),

@@ -13,7 +13,8 @@ needs to, one line each:
 - ``state_dict(state)`` / ``load_state_dict(ckpt, state)``: what a checkpoint needs beyond
   rank 0's model, optimizer and RNG (local SGD: every rank's own, and the global model);
   tensors and plain values only (train/checkpoint.py);
-- ``comm``: communication seconds and bytes, taken per step into the iteration rows.
+- ``comm``: communication seconds and bytes, taken per step into the iteration rows;
+- ``close()``: at the end (asgd, easgd: rpc ends; at once on a failed rank).
 
 The synchronization points are a pure function of the progress a checkpoint holds
 (``prog.start_batch``: batches done in this epoch), so a run resumed inside an epoch
@@ -48,7 +49,7 @@ the local-SGD algorithms. Each algorithm's update rule is a function of tensors
 simulation of the workers.
 
 Layering: this module belongs to ``train`` (below the loop) and imports only torch,
-the registry, the errors and train's own config and checkpoint modules.
+the registry, the config errors and train's own config, checkpoint and param_server modules.
 """
 from __future__ import annotations
 
