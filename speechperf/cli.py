@@ -327,12 +327,6 @@ def _targets_args(sp) -> None:
                          "e.g. 10,8")
 
 
-def cmd_parallel(a) -> int:
-    from speechperf.parallel.worker import main as parallel_main
-
-    return parallel_main(a.rest)
-
-
 def cmd_parallel_sweep(a) -> int:
     from speechperf.parallel.sweep import run_sweep
 
@@ -485,11 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--db")
 
     par = sub.add_parser("parallel", help="parallel training algorithms").add_subparsers(dest="sub", required=True)
-    from speechperf.parallel import sweep, worker
+    from speechperf.parallel import sweep
 
-    add("run", cmd_parallel, "one parallel run (the torchrun worker, here as one process)", par,
-        parents=[worker.parser(add_help=False)])
-    add("sweep", cmd_parallel_sweep, "algorithms x workers x sync periods (Tables 1-5 form)", par,
+    add("sweep", cmd_parallel_sweep, "train runs per algorithm and worker count: speedup, WER/CER, TTA, "
+        "communication, MFU", par,
         parents=[sweep.parser(add_help=False)])
 
     sp = add("demo", cmd_demo, "synth -> prepare -> train (gpu preset with CUDA, else cpu) -> TTA table")
@@ -510,8 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)  # the parallel commands' options are checked (and shown) here
-    if args.command == "parallel":  # and passed on as given to the worker's or the sweep's own parser
+    args = parser.parse_args(argv)  # the sweep's options are checked (and shown) here
+    if args.command == "parallel":  # and passed on as given to the sweep's own parser
         args.rest = [x for x in argv[argv.index(args.sub) + 1:] if x != "--json"]
     try:
         return args.func(args)

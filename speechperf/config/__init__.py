@@ -1,10 +1,14 @@
 """Named presets: TOML files in ``presets/`` that fill the frozen stage configs.
 
-A preset has sections ``[model]``, ``[loader]``, ``[train]`` and ``[augment]`` whose keys
-are fields of the model's own config (``[model] name`` picks the model; default ``ds2``),
-LoaderConfig, TrainConfig and SpecAugmentConfig; unknown keys are errors, missing keys keep the dataclass default.
+A preset has sections ``[model]``, ``[loader]``, ``[train]``, ``[augment]`` and ``[algo]``
+whose keys are fields of the model's own config (``[model] name`` picks the model; default
+``ds2``), LoaderConfig, TrainConfig, SpecAugmentConfig and AlgoConfig (the data-parallel
+algorithm); unknown keys are errors, missing keys keep the dataclass default.
 Command-line overrides are ``key=value`` or ``section.key=value``; ``model.name=X``
 switches the model first (to X's defaults), so the other model fields are read as X's.
+A bare ``key`` is looked up in the stage sections (``BARE``) only: the algorithm's fields
+are always written ``algo.key`` (its ``name`` and ``sync_every`` are the model's and the
+loop's when bare, as before the section existed).
 """
 from __future__ import annotations
 
@@ -20,12 +24,16 @@ from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
 from speechperf.models import config_class
 from speechperf.models.ds2 import DS2Config
-from speechperf.train.config import DIST_BACKENDS, PROTOCOLS, SCHEDULES, TrainConfig
+from speechperf.train.config import (ALGORITHMS, DIST_BACKENDS, OPTIMIZERS, PROTOCOLS, SCHEDULES, AlgoConfig,
+                                     TrainConfig)
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
 # model: the default model's (each model has its own); augment: SpecAugment on training batches
-SECTIONS = {"model": DS2Config, "loader": LoaderConfig, "train": TrainConfig, "augment": SpecAugmentConfig}
+# algo: the data-parallel algorithm (train/algorithm.py)
+SECTIONS = {"model": DS2Config, "loader": LoaderConfig, "train": TrainConfig, "augment": SpecAugmentConfig,
+            "algo": AlgoConfig}
+BARE = ("model", "loader", "train", "augment")  # the sections a bare ``key=value`` override is looked up in
 
 
 def section_kind(section: str, data: dict):
@@ -48,6 +56,7 @@ class RunConfig:
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)  # off unless a preset sets masks
+    algo: AlgoConfig = field(default_factory=AlgoConfig)  # the data-parallel algorithm (sync: DDP under torchrun)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -111,7 +120,7 @@ def _apply_override(data: dict, item: str) -> None:
         if section not in SECTIONS:
             raise ConfigError(f"override {item!r}: unknown section {section!r}")
     else:
-        owners = [s for s in SECTIONS if name_in(section_kind(s, data), key)]
+        owners = [s for s in BARE if name_in(section_kind(s, data), key)]
         if len(owners) != 1:
             raise ConfigError(f"override {item!r}: field {key!r} is in {owners or 'no section'}; write section.{key}")
         section, name = owners[0], key
@@ -178,7 +187,7 @@ def validate(cfg: RunConfig) -> None:
         (lo.bucket_window >= 1, f"loader.bucket_window={lo.bucket_window} must be >= 1"),
         (lo.pad_frames >= 1, f"loader.pad_frames={lo.pad_frames} must be >= 1"),
         (lo.mode in ("bucket", "pad"), f"loader.mode={lo.mode!r} must be 'bucket' or 'pad'"),
-        (t.optimizer in ("adadelta", "adamw"), f"train.optimizer={t.optimizer!r} must be adadelta or adamw"),
+        (t.optimizer in OPTIMIZERS, f"train.optimizer={t.optimizer!r} must be one of {', '.join(OPTIMIZERS)}"),
         (t.lr > 0, f"train.lr={t.lr} must be > 0"),
         (t.weight_decay >= 0, f"train.weight_decay={t.weight_decay} must be >= 0"),
         (t.warmup_iters >= 0, f"train.warmup_iters={t.warmup_iters} must be >= 0"),
@@ -211,6 +220,21 @@ def validate(cfg: RunConfig) -> None:
         (t.protocol in PROTOCOLS, f"train.protocol={t.protocol!r}: speechperf implements only {', '.join(PROTOCOLS)} "
                                   "(no AlgoPerf-faithful workload yet)"),
     ]
-    for ok, msg in checks:
+    for ok, msg in checks + _algo_checks(cfg.algo):
         if not ok:
             raise ConfigError(msg)
+
+
+def _algo_checks(a: AlgoConfig) -> list[tuple[bool, str]]:
+    """(holds, message) for the ``algo`` section; the worker count is checked at launch (train/algorithm.py)."""
+    return [
+        (a.name in ALGORITHMS, f"algo.name={a.name!r} is unknown; known: {', '.join(ALGORITHMS)}"),
+        (a.sync_every >= 1, f"algo.sync_every={a.sync_every} must be >= 1"),
+        (a.block_lr > 0, f"algo.block_lr={a.block_lr} must be > 0"),
+        (a.block_momentum == -1 or 0 <= a.block_momentum < 1,
+         f"algo.block_momentum={a.block_momentum} must be in [0, 1), or -1 (from block_lr and bmuf_c)"),
+        (a.bmuf_c > 0, f"algo.bmuf_c={a.bmuf_c} must be > 0"),
+        (a.outer_lr > 0, f"algo.outer_lr={a.outer_lr} must be > 0"),
+        (0 <= a.outer_momentum < 1, f"algo.outer_momentum={a.outer_momentum} must be in [0, 1)"),
+        (0 < a.easgd_alpha < 1, f"algo.easgd_alpha={a.easgd_alpha} must be in (0, 1)"),
+    ]

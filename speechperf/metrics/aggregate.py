@@ -25,12 +25,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from itertools import combinations
 
 from speechperf.metrics.interval import ratio_interval
 from speechperf.metrics.tta import epochs_to_target
+from speechperf.train.config import AlgoConfig
 
 FINISHED = ("success", "time_cap", "max_epochs")  # statuses of a run that trained to its end
 MAX_DROPPED = 1  # MLPerf's result summarizer: non-converged runs tolerated per benchmark (olympic scoring drops them)
@@ -61,6 +62,7 @@ class SeedRun:
         """Workload, configuration apart from train.seed, machine: what seeds of one study share."""
         cfg = json.loads(json.dumps(self.config))
         cfg.get("train", {}).pop("seed", None)
+        cfg.setdefault("algo", asdict(AlgoConfig()))  # a run recorded before the [algo] section: its defaults (sync)
         return json.dumps([self.workload, cfg, self.machine], sort_keys=True)
 
     @property

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
 from speechperf.errors import SpeechperfError
+from speechperf.train.config import AlgoConfig
 
 RCP_DIR = Path(__file__).resolve().parents[1] / "config" / "rcp"
 FORMAT = 1  # reference file "format"
@@ -93,7 +95,9 @@ def applies(ref: dict | None, preset: str | None, config: dict, corpus: dict, me
         return f"no reference for preset {preset!r}" if preset else "no reference: the run names no preset"
     if (ref.get("metric"), ref.get("window")) != (metric, window):
         return f"reference is of {str(ref.get('metric')).upper()} over {ref.get('window')} epochs"
-    mine, theirs = recipe(config), ref.get("recipe", {})
+    # a run or reference recorded before the [algo] section existed trained with its defaults (sync)
+    before = recipe({"algo": asdict(AlgoConfig())})
+    mine, theirs = {**before, **recipe(config)}, {**before, **ref.get("recipe", {})}
     differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differ:
         shown = ", ".join(f"{k}={mine.get(k)!r} (reference {theirs.get(k)!r})" for k in differ[:3])

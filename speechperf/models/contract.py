@@ -1,5 +1,5 @@
-"""The contract every acoustic model meets, so that one training loop, evaluation, the
-parallel worker and ``bench zoo`` drive any registered model the same way.
+"""The contract every acoustic model meets, so that the training loop, evaluation and
+``bench zoo`` drive any registered model the same way.
 
 A model reads features ``(B, T, 93)`` (80 log-mel, then 13 MFCC; it uses the first
 ``cfg.input_dim`` columns) with their lengths ``(B,)`` and returns CTC log-probabilities

@@ -1,13 +1,21 @@
-"""``speechperf parallel sweep``: algorithms x workers x sync periods x batch sizes, each a
-torchrun job, all from one shared starting model (one epoch of single-worker SGD, trained
-once and reused), then the paper-003 tables: speedup against one worker with the same
-batch size, WER on test-clean / test-other, communication per synchronization.
+"""``speechperf parallel sweep``: runs of ``speechperf train``, one per algorithm and worker
+count (torchrun for several), plus one single-process run: the baseline of the speedups.
 
-Run again after a failure, the same command keeps the runs that finished and resumes the
-failed one from its checkpoint (``RUN/checkpoint.pt``, written after every epoch).
+Every run is an ordinary training run (train/loop.py, the algorithm a hook of its loop:
+train/algorithm.py), in ``OUT/NAME`` (``one-worker``, ``sync-n2``, ``bmuf-n2-h20``, ...),
+its rows in its own database and in the sweep's (``--db``, default ``OUT/results.db``).
+The table: speedup of training seconds per epoch over the one worker, the last
+validation WER and CER, TTA (the preset's ``train.target``, where it sets one), the share
+of training seconds spent communicating and MFU. Run again after a failure, the same
+command reports the finished runs and continues the unfinished one from its checkpoint
+(``train --resume auto``).
 
-The same command drives a GPU cluster; on this project's CI machine the speedups are
-measured on 2 CPU cores and are labelled so.
+The speedups measured on this project's CI machine are on 2 CPU cores and say so; the same
+command drives GPU machines.
+
+``table`` and ``shared_start`` read the ``parallel_runs`` rows that the previous release's
+parallel worker (its own training loop, removed) wrote, which the report still shows for
+such databases.
 """
 from __future__ import annotations
 
@@ -20,6 +28,8 @@ from pathlib import Path
 
 from speechperf.errors import SpeechperfError
 
+PERIODIC = ("bsp", "bmuf", "diloco", "asgd", "easgd")  # the algorithms that synchronize every algo.sync_every steps
+
 
 def parse(argv: list[str]) -> argparse.Namespace:
     return parser().parse_args(argv)
@@ -30,18 +40,14 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="speechperf parallel sweep", add_help=add_help,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", required=True, help="prepared features folder")
-    p.add_argument("--out", required=True, help="sweep folder (one run folder per grid point)")
-    p.add_argument("--algos", default="sync,bsp,bmuf", help="algorithms, comma separated")
-    p.add_argument("--workers", default="2", help="worker counts, comma separated")
-    p.add_argument("--sync-periods", default="1,5", help="sync periods (tau), comma separated")
-    p.add_argument("--batch-sizes", default="8", help="utterances per worker per step, comma separated")
-    p.add_argument("--epochs", type=int, default=3, help="at most this many epochs per run")
-    p.add_argument("--model", default="dnn", help="a registered model (dnn, cldnn, ds2, ...) or a preset name")
-    p.add_argument("--hidden", type=int, default=None, help="override hidden width (dnn/cldnn)")
-    p.add_argument("--lr", type=float, default=0.2, help="learning rate")
-    p.add_argument("--momentum", type=float, default=0.0, help="local SGD momentum of every worker (paper: 0)")
-    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="every worker's local optimizer")
+    p.add_argument("--out", required=True, help="sweep folder (one run folder per algorithm and worker count)")
+    p.add_argument("--preset", default="tiny", help="the preset every run trains (or a TOML file)")
+    p.add_argument("--algos", default="sync,bsp,bmuf,diloco", help="algorithms (algo.name), comma separated")
+    p.add_argument("--workers", default="2", help="worker (process) counts, comma separated")
+    p.add_argument("--sync-every", default="20", help="algo.sync_every of bsp, bmuf and diloco, comma separated")
     p.add_argument("--db", default=None, help="shared results database (default: OUT/results.db)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override of every run (repeat it: --set max_epochs=3 --set threads=1)")
     return p
 
 
@@ -57,59 +63,87 @@ def free_port() -> int:
             return port
 
 
-def _launch(common: list[str], algo: str, workers: int, extra: list[str], out: Path, port: int | None = None) -> None:
-    from speechperf.parallel.worker import finished_run, resume_note
+def grid(a: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
+    """(run name, processes, overrides) of every run: the one worker first."""
+    runs = [("one-worker", 1, ["algo.name=sync"])]
+    for algo in a.algos.split(","):
+        for workers in [int(w) for w in a.workers.split(",")]:
+            if algo not in PERIODIC:
+                runs.append((f"{algo}-n{workers}", workers, [f"algo.name={algo}"]))
+                continue
+            for every in [int(h) for h in a.sync_every.split(",")]:
+                runs.append((f"{algo}-n{workers}-h{every}", workers, [f"algo.name={algo}", f"algo.sync_every={every}"]))
+    return runs
 
-    argv = ["--algo", algo, "--out", str(out), *common, *extra]
-    if finished_run(out, argv, workers):  # the same sweep again continues where it failed
-        return
-    port = port or free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(workers), "--master-port", str(port),
-           "-m", "speechperf.parallel", *argv]
+
+def launch(name: str, processes: int, args: list[str]) -> None:
+    """``speechperf train ARGS``, under torchrun for several processes; a failure is named with
+    the run's own error lines and the note that the same command continues it."""
+    train = ["-m", "speechperf", "train", *args]
+    cmd = [sys.executable, *train] if processes == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
+        "--master-port", str(free_port()), *train]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if p.returncode != 0:
-        # torchrun names the first failure under "Root Cause"; the other ranks fail after it
-        root = p.stderr.split("Root Cause", 1)[-1]
-        ranks = sorted(set(re.findall(r"rank\s*:\s*(\d+)", root)))
-        who = f"worker rank {', '.join(ranks)} failed first" if ranks else "a worker failed"
-        # the workers' own error lines, not torchrun's summary
         said = [ln for ln in p.stderr.splitlines() if re.search(r"(Error|error:)", ln) and "torch/distributed" not in ln
                 and "ChildFailedError" not in ln]
         tail = "\n".join(dict.fromkeys(said[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
-        note = resume_note(out, argv, workers)  # the epochs done are not lost: say how to continue
-        raise SpeechperfError(f"{algo} x{workers} ({out}): {who} (exit {p.returncode})\n{tail}"
-                              + (f"\n{note}" if note else ""))
+        raise SpeechperfError(f"{name} x{processes}: train failed (exit {p.returncode})\n{tail}\n"
+                              "the same sweep command continues it from its last checkpoint")
 
 
 def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
-    """Run the grid; returns one row per run with its speedup against one worker."""
-    from speechperf.results import ResultsDB
-
+    """Train the grid (finished runs are only reported); returns the table's rows."""
     a = parse(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     db = Path(a.db) if a.db else out / "results.db"
-    common = ["--data", a.data, "--model", a.model, "--epochs", str(a.epochs), "--lr", str(a.lr),
-              "--momentum", str(a.momentum), "--optimizer", a.optimizer, "--db", str(db)]
-    if a.hidden:
-        common += ["--hidden", str(a.hidden)]
-    init = out / "init.pt"
-    if not init.exists():  # the shared start: one epoch of single-worker SGD
-        _launch([c if c != str(a.epochs) else "1" for c in common], "single", 1, ["--save-init", str(init)],
-                out / "init")
-    for batch in [int(b) for b in a.batch_sizes.split(",")]:
-        _launch(common, "single", 1, ["--init", str(init), "--batch-size", str(batch)], out / f"single-b{batch}")
-        for algo in a.algos.split(","):
-            periods = [1] if algo == "sync" else [int(t) for t in a.sync_periods.split(",")]
-            for workers in [int(w) for w in a.workers.split(",")]:
-                for tau in periods:
-                    name = f"{algo}-n{workers}-tau{tau}-b{batch}"
-                    _launch(common, algo, workers, ["--init", str(init), "--batch-size", str(batch),
-                                                    "--sync-period", str(tau)], out / name)
-    with ResultsDB(db, readonly=True) as conn:  # every run of the grid wrote its rows here too
-        rows = conn.query("SELECT * FROM parallel_runs WHERE model = ? ORDER BY batch, algo, workers, sync_period",
-                          [a.model])
-    return table(rows)
+    folders = []
+    for name, processes, algo in grid(a):
+        folders.append(out / name)
+        launch(name, processes, ["--preset", a.preset, "--data", a.data, "--out", str(out / name), "--db", str(db),
+                                 "--json", *a.set, *algo])
+    return runs_table(folders)
+
+
+def runs_table(folders: list[Path]) -> list[dict]:
+    """One row per run folder; speedups against the first (the one worker)."""
+    facts = [_facts(f) for f in folders]
+    base = facts[0]["train_s_per_epoch"]
+    return [_row(f, base) for f in facts]
+
+
+def _facts(folder: Path) -> dict:
+    from speechperf.metrics.tta import tta_minutes
+    from speechperf.results.run import Run
+
+    run = Run.open(folder)
+    summary, config, env = run.summary() or {}, run.config, run.env
+    its, evals = run.iterations(), run.evals()
+    train_s = sum(r["step_s"] for r in its)
+    comm_s = sum(r.get("comm_s") or 0.0 for r in its)
+    tc, algo = config.get("train", {}), config.get("algo", {})
+    metric = tc.get("target_metric", "cer")
+    tta = None
+    if tc.get("target", 0) > 0:
+        tta = tta_minutes([(e["clock_s"], e[metric]) for e in evals], tc["target"], tc.get("target_epochs", 3))
+    epochs = max(summary.get("epochs") or 0, 1)
+    facts = {"algo": algo.get("name", "sync"), "workers": env.get("world_size", 1),
+             "sync_every": algo.get("sync_every") if algo.get("name") in PERIODIC else None,
+             "epochs": summary.get("epochs"), "train_s_per_epoch": train_s / epochs,
+             "wer": summary.get("last_wer"), "cer": summary.get("last_cer"), "tta_min": tta,
+             "comm_pct": 100 * comm_s / train_s if train_s else None, "mfu_pct": summary.get("mfu_pct"),
+             "status": summary.get("status"), "run": folder.name}
+    run.close()
+    return facts
+
+
+def _row(f: dict, base: float) -> dict:
+    return {"algorithm": f["algo"], "workers": f["workers"], "sync every": f["sync_every"], "epochs": f["epochs"],
+            "train s/epoch": f["train_s_per_epoch"],
+            "speedup": base / f["train_s_per_epoch"] if f["train_s_per_epoch"] else None,
+            "WER": f["wer"], "CER": f["cer"], "TTA min": f["tta_min"], "comm %": f["comm_pct"], "MFU %": f["mfu_pct"],
+            "status": f["status"], "run": f["run"]}
 
 
 def shared_start(row: dict) -> bool:

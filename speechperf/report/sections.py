@@ -105,7 +105,9 @@ def parallel_section(ctx: Context) -> Section:
 
     title = "Parallel training algorithms: speedup, communication and WER (paper 003 Tables 1-5 form)"
     if not ctx.db.has_table("parallel_runs"):
-        return Section(title, [Table("parallel.csv", [], "no parallel sweep in this database (speechperf parallel sweep ...)")])
+        return Section(title, [Table("parallel.csv", [], "no parallel sweep in this database (the previous release's "
+                                                     "worker's runs; every algorithm now trains through train, its "
+                                                     "runs among the runs above)")])
     rows = table(ctx.db.query("SELECT * FROM parallel_runs ORDER BY model, batch, algo, workers, sync_period"))
     return Section(title, [Table("parallel.csv", rows, "no parallel runs"), _parallel_curves(ctx)])
 

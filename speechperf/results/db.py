@@ -20,7 +20,8 @@ from speechperf.results import schema
 
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transaction (several runs, one file)
 # Columns added after the first release: a database written by it gets them when opened for writing.
-ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops",), "evals": ("cer_lo", "cer_hi", "wer_lo", "wer_hi")}
+ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops", "comm_s", "comm_bytes"),
+                 "evals": ("cer_lo", "cer_hi", "wer_lo", "wer_hi")}
 
 
 class ResultsError(SpeechperfError):

@@ -1,6 +1,6 @@
 """A run folder and everything in it: the one object that training writes and readers open.
 
-A run folder (``train --out RUN``, a parallel worker's ``--out RUN``) is self-contained and
+A run folder (``train --out RUN``; the previous release's parallel worker's too) is self-contained and
 portable: it can be copied, renamed or moved to another machine and still opens there.
 
 - ``run.json``: format version, run id, kind, label, where the features were (a hint only)
@@ -439,10 +439,25 @@ def read_checkpoint(folder: Path) -> dict:
 
 # ---- labels ------------------------------------------------------------------------------
 def default_label(env: dict, config: dict) -> str:
-    """"H100x1 paper bf16", "2-core Xeon cpu fp32": machine, preset, precision."""
-    train = config.get("train", {})
-    parts = [machine_name(env), config.get("preset") or config.get("algo"), train.get("precision") or config.get("model")]
+    """"H100x1 paper bf16", "2-core Xeon cpu fp32", "2-core Xeon tiny fp32 bmuf/20 x2": machine,
+    preset, precision and, for several processes or another algorithm than sync, the
+    data-parallel algorithm (its sync_every for local SGD) and the process count."""
+    train, algo = config.get("train", {}), config.get("algo")
+    named = algo if isinstance(algo, str) else None  # a previous release's parallel worker: its algorithm's name
+    parts = [machine_name(env), config.get("preset") or named, train.get("precision") or config.get("model"),
+             _algorithm_part(algo, env.get("world_size") or 1)]
     return " ".join(str(p) for p in parts if p)
+
+
+def _algorithm_part(algo, world: int) -> str | None:
+    """"bmuf/20 x2", "sync x4"; None for one process of sync or single (the label of every earlier run)."""
+    if not isinstance(algo, dict):
+        return None
+    name = algo.get("name", "sync")
+    if name in ("sync", "single") and world == 1:
+        return None
+    every = f"/{algo.get('sync_every', 1)}" if name not in ("sync", "single") else ""
+    return f"{name}{every} x{world}"
 
 
 def unique_labels(runs: list[Run]) -> list[str]:

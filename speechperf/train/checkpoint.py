@@ -51,8 +51,8 @@ def rng_state() -> dict:
     version, internal, gauss_next = random.getstate()
     return {"torch": torch.get_rng_state(),
             # int64, not uint32: torch pickles a uint32 tensor that it cannot unpickle (plain pickle, as
-            # the process group's broadcast of a checkpoint uses: tests/parallel/test_worker.py; torch.save
-            # is fine), measured on torch 2.13
+            # local SGD's gather of every rank's state uses: train/algorithm.py; torch.save is fine),
+            # measured on torch 2.13
             "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
             "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
@@ -77,7 +77,8 @@ def set_rng_state(state: dict) -> None:
 def contents(run_id: str, config: dict, progress: dict, state: dict) -> dict:
     """Everything a checkpoint holds, the one place its keys are named: format, the run's id and
     configuration, ``progress`` (train/progress.py, as a dict), the ``state`` dicts of the
-    trainer (:meth:`TrainState.state_dict`; the parallel worker's own) and the RNG states."""
+    trainer (:meth:`TrainState.state_dict`, and the data-parallel algorithm's: train/algorithm.py)
+    and the RNG states."""
     return {"format": FORMAT, "run_id": run_id, "config": _plain(config, "config"),
             "progress": _plain(progress, "progress"), **state, "rng": rng_state()}
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DIST_BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl")  # train.dist_backend values
-SCHEDULES = ("epoch_decay", "noam", "cosine")  # train.lr_schedule values (train/schedule.py)
+SCHEDULES = ("epoch_decay", "noam", "cosine", "newbob")  # train.lr_schedule values (train/schedule.py)
 # train.protocol values: the benchmark protocols whose workload speechperf implements. Only its
 # own; AlgoPerf's ("algoperf": its frontend, SentencePiece outputs, models and padding) is not
 # implemented, so no run can claim it (metrics/targets.py refuses AlgoPerf's targets for these runs).
 PROTOCOLS = ("speechperf",)
+# algo.name values: the data-parallel algorithms of train/algorithm.py (its registry holds the same names)
+ALGORITHMS = ("single", "sync", "bsp", "bmuf", "diloco", "asgd", "easgd")
+OPTIMIZERS = ("adadelta", "adamw", "sgd")  # train.optimizer values (train/step.py's make_optimizer)
 
 
 @dataclass(frozen=True)
@@ -17,11 +20,11 @@ class TrainConfig:
 
     protocol: str = "speechperf"  # the benchmark protocol the run follows (PROTOCOLS): which named TTA target sets apply
     seed: int = 1  # seeds model init, data order and dropout
-    optimizer: str = "adadelta"  # "adadelta" (paper) or "adamw"
+    optimizer: str = "adadelta"  # "adadelta" (paper), "adamw" or "sgd" (plain SGD, paper 003's local optimizer)
     lr: float = 1.0  # learning rate (AdaDelta's default 1.0)
     weight_decay: float = 0.0  # decoupled weight decay (adamw) / L2 (adadelta)
     warmup_iters: int = 0  # linear warm-up: step s (from 0) of the first N runs at lr x (s+1)/N, any schedule
-    lr_schedule: str = "epoch_decay"  # learning rate per step (train/schedule.py): "epoch_decay" (lr x lr_decay^epochs done), "noam" (warm-up, then x sqrt(warmup_iters/step)), "cosine" (warm-up, then down to lr_min over max_epochs)
+    lr_schedule: str = "epoch_decay"  # learning rate per step (train/schedule.py): "epoch_decay" (lr x lr_decay^epochs done), "noam" (warm-up, then x sqrt(warmup_iters/step)), "cosine" (warm-up, then down to lr_min over max_epochs), "newbob" (halved every epoch once the validation loss improves < 1%; stops once it then improves < 0.1%)
     lr_decay: float = 1.0  # epoch_decay: multiply the learning rate by this after every epoch
     lr_min: float = 0.0  # cosine: the learning rate at the end of max_epochs epochs (<= lr)
     grad_clip: float = 400.0  # max global gradient norm (DS2 practice); 0 disables
@@ -49,3 +52,22 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 = torch default
     max_bad_losses: int = 100  # abort after this many consecutive NaN/inf losses
     max_skipped_fraction: float = 0.5  # diverged when more than this share of the steps so far were skipped
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The data-parallel training algorithm of a run launched by torchrun (train/algorithm.py).
+
+    Its fields are always written ``algo.FIELD`` on the command line: ``name`` and
+    ``sync_every`` are also the model's and the training loop's fields."""
+
+    name: str = "sync"  # ALGORITHMS: "single" (one process), "sync" (DDP: gradients averaged every step; one process without torchrun), "bsp" (local SGD, models averaged every sync_every steps), "bmuf" (blockwise model-update filtering), "diloco" (DiLoCo: outer Nesterov SGD on the pseudo-gradient), "asgd", "easgd" (asynchronous, a parameter server on rank 0)
+    sync_every: int = 1  # bsp, bmuf, diloco, asgd, easgd: local optimizer steps between synchronizations (tau, H); bsp, bmuf and diloco also at every epoch's end
+    block_lr: float = 1.0  # bmuf: block learning rate eta
+    block_momentum: float = -1.0  # bmuf: block momentum zeta in [0, 1); -1 = 1 - block_lr / (workers x bmuf_c) (Eq. 6)
+    bmuf_c: float = 1.05  # bmuf: C of Eq. 6 (eta / (workers (1 - zeta)) = C), used when block_momentum = -1
+    nesterov: bool = True  # bmuf: workers restart from the Nesterov look-ahead global + zeta delta (CBM-BMUF); false: from the global model
+    outer_lr: float = 0.7  # diloco: learning rate of the outer SGD on the pseudo-gradient (Douillard et al. 2023)
+    outer_momentum: float = 0.9  # diloco: Nesterov momentum of the outer SGD, in [0, 1)
+    easgd_alpha: float = 0.1  # easgd: moving rate alpha = eta x lambda of the elastic exchange (Eq. 9), in (0, 1)
+    round_robin: bool = False  # asgd, easgd: the server serves the workers in turn (deterministic: tests, exact resume)

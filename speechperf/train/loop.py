@@ -15,7 +15,11 @@ rows, events, checkpoint, failure), into the run folder that
 point, saved and recorded (train/stop.py); the learning rate follows train/schedule.py,
 set before every step.
 
-Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the model is wrapped in DDP;
+Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the algorithm of ``algo.name``
+(train/algorithm.py) trains: ``sync`` (the default) wraps the model in DDP; bsp, bmuf,
+diloco, asgd and easgd let every rank train its own model and combine them after steps
+(asgd, easgd: through a parameter server) and before evaluations, and put every rank's
+state into the checkpoints; their hooks are one line each below (``algo.``).
 :mod:`speechperf.train.distributed` picks each process's device (``cuda:LOCAL_RANK``) and
 the backend (``train.dist_backend``, gloo on CPU, gloo+NCCL on GPU) and refuses a launch
 that does not fit the GPUs before any work; rank 0 alone writes files, evaluates and
@@ -41,12 +45,13 @@ from speechperf.models import build_model
 from speechperf.results.lock import RunFolderBusy, RunLock
 from speechperf.results.run import Run, read_checkpoint
 from speechperf.train import distributed
+from speechperf.train.algorithm import Algorithm, make_algorithm
 from speechperf.train.checkpoint import TrainState
 from speechperf.train.evaluate import evaluate
 from speechperf.train.faults import as_fault, check_trained
 from speechperf.train.progress import Progress
 from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
-from speechperf.train.schedule import make_scheduler, steps_per_epoch
+from speechperf.train.schedule import make_scheduler, schedule_ended, steps_per_epoch
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
 from speechperf.train.stop import StopSignals, interrupted
 from speechperf.train.warmup import check_precision, initialize, warm_model
@@ -194,6 +199,7 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
            platform, label, init_start: tuple[float, int]) -> dict:
     tc, device, rank, world = cfg.train, group.device, group.env.rank, group.world
     splits = _verify(data, cfg, world)  # every split this run reads, before the model and the clock exist
+    algo = make_algorithm(cfg.algo, world, rank, device)  # a launch it cannot train (single x 2) stops here
     ckpt = read_checkpoint(out) if plan == "resume" else None
     prog = Progress.from_dict(ckpt["progress"]) if ckpt is not None else Progress()
 
@@ -207,10 +213,9 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
     if ckpt is not None:
         state.load(ckpt)
     local = torch.compile(core) if tc.compile else core  # without DDP's hooks: what the warm-up runs
-    model = local
-    if world > 1:
-        ids = [device.index] if device.type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(local, device_ids=ids)
+    model = algo.wrap(local)  # sync: DDP (several processes); the others: the model, from rank 0's weights
+    if ckpt is not None:
+        algo.load_state_dict(ckpt, state)  # bsp...easgd: this rank's own model, optimizer, RNG; the global state
 
     with StopSignals() as stop:
         rec = _recorder(rank, plan, out, cfg, prog, data, device, world, splits, platform, label, db_path, quiet,
@@ -225,29 +230,33 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
         rec.initialized(plan, time.perf_counter() - init_start[0], init_parts)
         meter = StepMeter()
         try:
-            status = _epochs(cfg, group, data, splits, model, state, rec, meter, stop)
+            status = _epochs(cfg, group, data, splits, model, algo, state, rec, meter, stop)
+            evaluated = algo.before_eval(rec.prog.start_batch)  # every rank: a stop inside an epoch synchronizes
             if rank == 0:
-                _final_eval(core, data, splits["final"], cfg, device, rec, stop)
-            rec.checkpoint(state)
+                _final_eval(evaluated, data, splits["final"], cfg, device, rec, stop)
+            rec.checkpoint(state, algo.state_dict(state))
             asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
             if asked:  # stops it (saved: the same command evaluates again), never ends as a success
                 raise interrupted(asked, f"in {rec.out} during the final evaluation")
             rec.stopped(status)
             group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
+            algo.close()  # asgd, easgd: the parameter server's rpc ends
         except BaseException as e:
+            algo.close(graceful=False)  # asgd, easgd: this rank's rpc ends without waiting for the others
             _raise(e, rec.fail(e, meter))
         return group.broadcast(rec.finish(status))  # rank 0's summary on every rank (one exit status)
 
 
-def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, state: TrainState, rec, meter: StepMeter,
-            stop: StopSignals) -> str:
+def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, algo: Algorithm, state: TrainState, rec,
+            meter: StepMeter, stop: StopSignals) -> str:
     """The state machine (SPEC C): train epoch after epoch until a stopping rule holds; returns
     why training stopped (success, time_cap, max_epochs). A signal stops it at a read point."""
     from speechperf.data.loader import make_loader
 
     tc, device, prog, rank = cfg.train, group.device, rec.prog, group.env.rank
     model.train()
-    while prog.status is None and prog.epoch <= tc.max_epochs:
+    # newbob's stopping rule ends training as the last epoch would (train/schedule.py)
+    while prog.status is None and prog.epoch <= tc.max_epochs and not schedule_ended(tc, prog.eval_losses):
         loader = make_loader(data, splits["train"], cfg.loader, epoch=prog.epoch, seed=tc.seed,
                              start_batch=prog.start_batch, rank=rank, world=group.world)
         rec.epoch_started()
@@ -258,11 +267,12 @@ def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, state: Train
                 state.scheduler.step()
             prog.iteration += 1
             step = train_step(model, batch, state.optimizer, state.scaler, device, tc, cfg.augment)
+            prog.start_batch += 1
+            algo.after_step(prog.start_batch)  # local SGD: the ranks' models combined every algo.sync_every batches
             prog.impossible_utts += step.impossible
             now = time.perf_counter()
             batch_s, last = now - last, now
-            prog.start_batch += 1
-            meter.add(prog.iteration, step, rec.iteration_row(batch, batch_s))
+            meter.add(prog.iteration, step, rec.iteration_row(batch, batch_s, algo.comm.take()))
             if not read_point(prog.iteration, tc):
                 continue
             _settle(meter, rec, tc)
@@ -271,24 +281,26 @@ def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, state: Train
                 rec.sentences(batch, step)
             # -- saving checkpoint
             if prog.iteration % tc.checkpoint_every == 0:
-                rec.checkpoint(state)
+                rec.checkpoint(state, algo.state_dict(state))
             asked = _stop_asked(group, stop, rec, tc)
             if asked > 1:  # a signal: saved where it stopped, recorded as interrupted
                 if prog.iteration % tc.checkpoint_every:
-                    rec.checkpoint(state)
+                    rec.checkpoint(state, algo.state_dict(state))
                 raise interrupted(asked, f"in {rec.out} at iteration {prog.iteration} (epoch {prog.epoch})")
             if asked:
                 prog.status = "time_cap"
                 break
         else:
             _settle(meter, rec, tc)
+            evaluated = algo.before_eval(prog.start_batch)  # every rank: local SGD ends the epoch on a common model
             check_trained(state.model, prog, tc)  # a run that cannot train stops here, as diverged
             # -- evaluating (the model stays resident; its seconds are recorded apart)
             rec.epoch_ended()
-            prog.status = group.broadcast(_epoch_eval(state.model, data, cfg, device, rec) if rank == 0 else None)
+            prog.status, loss = group.broadcast(_epoch_eval(evaluated, data, cfg, device, rec) if rank == 0 else None)
+            prog.eval_losses.append(loss)  # every rank: the newbob schedule reads it (train/schedule.py)
             prog.epoch += 1
             prog.start_batch = 0
-            rec.checkpoint(state)
+            rec.checkpoint(state, algo.state_dict(state))
             asked = max(group.gather_int(stop.requested or 0))
             if asked and prog.status is None:
                 raise interrupted(asked, f"in {rec.out} after epoch {prog.epoch - 1}")
@@ -342,18 +354,19 @@ def _evaluate(model, data: Path, split: str, cfg: RunConfig, device, beam: int, 
                     precision=tc.precision, mode=tc.eval_mode, **kw)
 
 
-def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> str | None:
-    """The epoch's validation (rank 0); ``success`` once the target is reached."""
+def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> tuple[str | None, float]:
+    """The epoch's validation (rank 0): (``success`` once the target is reached, else None; its loss)."""
     tc = cfg.train
     rec.eval_started()
-    rec.evaluated(_evaluate(model, data, tc.eval_split, cfg, device, tc.eval_beam, keep_pairs=3), final=False)
+    r = _evaluate(model, data, tc.eval_split, cfg, device, tc.eval_beam, keep_pairs=3)
+    rec.evaluated(r, final=False)
     if tc.target > 0:
         from speechperf.metrics.tta import tta_minutes
 
         idx = 1 if tc.target_metric == "wer" else 2
         if tta_minutes([(e[0], e[idx]) for e in rec.prog.evals], tc.target, tc.target_epochs) is not None:
-            return "success"
-    return None
+            return "success", r["loss"]
+    return None, r["loss"]
 
 
 def _final_eval(model, data: Path, splits: list[str], cfg: RunConfig, device, rec: Recorder,

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Progress:
-    """Where a run stands; saved in every checkpoint (training loop and parallel worker)."""
+    """Where a run stands; saved in every checkpoint (the training loop's; the previous release's
+    parallel worker's too)."""
 
     epoch: int = 1  # current epoch (1-based): the next one to train
     start_batch: int = 0  # next batch of the current epoch
@@ -17,6 +18,7 @@ class Progress:
     consecutive_bad: int = 0  # skipped steps in a row (abort at max_bad_losses)
     impossible_utts: int = 0  # utterances whose labels cannot fit the output frames
     evals: list = field(default_factory=list)  # per-epoch history: train (clock_s, wer, cer); parallel epoch rows
+    eval_losses: list = field(default_factory=list)  # validation loss of every epoch, on every rank (newbob reads it)
     log_sizes: dict = field(default_factory=dict)  # byte sizes of the append-only logs at the checkpoint
     status: str | None = None  # why training stopped: success, time_cap, max_epochs (None: running)
     resumed_after: list = field(default_factory=list)  # epochs after which the run was restarted

@@ -65,13 +65,13 @@ class Recorder:
         return {}
 
     def epoch_started(self) -> None: ...
-    def iteration_row(self, batch, step_s: float) -> dict | None: ...
+    def iteration_row(self, batch, step_s: float, comm: tuple[float, int] = (0.0, 0)) -> dict | None: ...
     def steps_read(self, reads: list) -> None: ...
     def sentences(self, batch, step) -> None: ...
     def epoch_ended(self) -> None: ...
     def eval_started(self) -> None: ...
     def evaluated(self, r: dict, final: bool) -> None: ...
-    def checkpoint(self, state: TrainState) -> None: ...
+    def checkpoint(self, state: TrainState, algo_state: dict | None = None) -> None: ...
     def stopped(self, status: str) -> None: ...
 
 
@@ -154,8 +154,10 @@ class RunRecorder(Recorder):
         if self.prog.start_batch == 0:  # a resumed epoch already logged its start
             self.events.start(C.EPOCH_START, epoch_num=self.prog.epoch)
 
-    def iteration_row(self, batch, step_s: float) -> dict:
-        return _iteration_row(self.run_id, self.prog, self.now(), None, batch, step_s, self.flops.row(batch))
+    def iteration_row(self, batch, step_s: float, comm: tuple[float, int] = (0.0, 0)) -> dict:
+        """The step's row (its loss filled in at the read); ``comm``: its communication (seconds, bytes)."""
+        return {**_iteration_row(self.run_id, self.prog, self.now(), None, batch, step_s, self.flops.row(batch)),
+                "comm_s": comm[0], "comm_bytes": comm[1]}
 
     def steps_read(self, reads: list) -> None:
         """Steps read from the device (train/step.py's StepMeter): their rows, the status line."""
@@ -213,14 +215,15 @@ class RunRecorder(Recorder):
                   f"(paper CER {r['cer_paper']:.2f}) eval {r['eval_s']:.1f}s clock {now / 60:.2f} min")
 
     # ---- checkpoint and end -----------------------------------------------------------------
-    def checkpoint(self, state: TrainState) -> None:
-        """The checkpoint (train/checkpoint.py's contents), after the rows and samples so far."""
+    def checkpoint(self, state: TrainState, algo_state: dict | None = None) -> None:
+        """The checkpoint (train/checkpoint.py's contents), after the rows and samples so far;
+        ``algo_state``: the data-parallel algorithm's keys (train/algorithm.py), if any."""
         self.prog.clock_s = self.now()
         # Logged before the log sizes are taken, so a resume keeps this line.
         self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,
                           clock_s=round(self.prog.clock_s, 3))
         self._store_samples(self.sampler.settled())  # a killed run keeps its samples up to here
-        self.run.save_checkpoint(self.prog, **state.state_dict())
+        self.run.save_checkpoint(self.prog, **state.state_dict(), **(algo_state or {}))
 
     def stopped(self, status: str) -> None:
         """run_stop: the run trained to its end (``status``: success, time_cap, max_epochs)."""

@@ -6,12 +6,17 @@
 - ``noam`` (the Transformer's, as ESPnet and NeMo use it for Conformers): warm-up, then the
   inverse square root of the step, equal to 1 where the warm-up ends;
 - ``cosine``: warm-up, then half a cosine from 1 down to ``lr_min / lr`` at the end of
-  ``max_epochs`` epochs of steps (AlgoPerf's Conformer baseline), ``lr_min / lr`` after.
+  ``max_epochs`` epochs of steps (AlgoPerf's Conformer baseline), ``lr_min / lr`` after;
+- ``newbob`` (paper 003's, train/newbob.py): 1 while the validation loss improves by at
+  least 1% per epoch, then halved after every epoch; read from the validation losses of
+  the epochs done (``prog.eval_losses``, on every rank, in the checkpoint). Its stopping
+  rule (:func:`schedule_ended`: once halving, an epoch that improves by less than 0.1%)
+  ends training as the last of ``max_epochs`` would.
 
 ``train.warmup_iters`` > 0 multiplies the first steps by ``(s + 1) / warmup_iters`` (linear
 warm-up; ``s`` = steps done before this one) under every schedule. The factor is a pure
-function of the steps and epochs done (the run's progress, in the checkpoint), so a resumed
-run gets every step's learning rate bit for bit.
+function of the steps and epochs done and of the validation losses so far (the run's
+progress, in the checkpoint), so a resumed run gets every step's learning rate bit for bit.
 """
 from __future__ import annotations
 
@@ -19,18 +24,41 @@ import math
 
 import torch
 
+from speechperf.train.newbob import NewBob
+
 
 def warmup(step: int, warmup_iters: int) -> float:
     """Linear warm-up factor of the step after ``step`` steps: 1/W, 2/W, ..., 1, 1, ..."""
     return min(1.0, (step + 1) / warmup_iters) if warmup_iters > 0 else 1.0
 
 
-def factor(tc, step: int, epochs_done: int, total_steps: int) -> float:
+def _replay(losses) -> NewBob:
+    rule = NewBob(lr=1.0)
+    for loss in losses:
+        rule.step(loss)
+    return rule
+
+
+def newbob(losses) -> float:
+    """Newbob's factor after the epochs whose validation losses are ``losses``."""
+    return _replay(losses).lr
+
+
+def schedule_ended(tc, losses) -> bool:
+    """Whether the schedule stops training after the epochs whose validation losses are
+    ``losses`` (newbob's stopping rule; the other schedules never stop a run)."""
+    return tc.lr_schedule == "newbob" and _replay(losses).stop
+
+
+def factor(tc, step: int, epochs_done: int, total_steps: int, losses=()) -> float:
     """The learning-rate factor of the step after ``step`` steps, in epoch ``epochs_done + 1``;
-    ``total_steps``: steps of ``max_epochs`` epochs (the cosine's length)."""
+    ``total_steps``: steps of ``max_epochs`` epochs (the cosine's length); ``losses``: the
+    validation loss of every epoch done (newbob)."""
     w = tc.warmup_iters
     if tc.lr_schedule == "epoch_decay":
         return warmup(step, w) * tc.lr_decay ** epochs_done
+    if tc.lr_schedule == "newbob":
+        return warmup(step, w) * newbob(losses[:epochs_done])
     if step < w:
         return warmup(step, w)
     if tc.lr_schedule == "noam":  # (s+1)/W rising, then sqrt(W/(s+1)) falling: 1 where they meet
@@ -52,4 +80,4 @@ def make_scheduler(optimizer, tc, prog, total_steps: int) -> torch.optim.lr_sche
     after an epoch's end sees the new epoch's factor, and a checkpoint of the previous
     release (whose scheduler counted epochs) resumes with the right rates."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda _: factor(tc, prog.iteration, prog.epoch - 1, total_steps))
+        optimizer, lambda _: factor(tc, prog.iteration, prog.epoch - 1, total_steps, prog.eval_losses))

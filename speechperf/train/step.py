@@ -169,14 +169,17 @@ def read_point(iteration: int, tc) -> bool:
 
 
 def make_optimizer(model, tc, device: torch.device):
-    """AdaDelta (the paper's) or AdamW; ``optimizer_impl`` picks torch's foreach or fused
-    kernels. On a GPU the step counters live on the device (``capturable``), so that
-    :func:`masked_step` can undo a step without reading a flag on the host."""
+    """AdaDelta (the paper's), AdamW or plain SGD (paper 003's local optimizer, without
+    momentum); ``optimizer_impl`` picks torch's foreach or fused kernels. On a GPU the step
+    counters live on the device (``capturable``), so that :func:`masked_step` can undo a
+    step without reading a flag on the host (SGD has no step counter)."""
     kw = {}
     if tc.optimizer_impl == "foreach":
         kw["foreach"] = True
     elif tc.optimizer_impl == "fused":
         kw["fused"] = True  # its step counters are device tensors already
+    if tc.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, **kw)
     if device.type == "cuda" and tc.optimizer_impl != "fused":
         kw["capturable"] = True
     if tc.optimizer == "adadelta":

@@ -5,7 +5,7 @@ from speechperf.features.fbank import deltas, stack_context, with_deltas
 from speechperf.models import build_model
 from speechperf.models.cldnn import CLDNNConfig, cldnn_parameter_count
 from speechperf.models.dnn import DNNConfig, dnn_parameter_count
-from speechperf.parallel.newbob import NewBob
+from speechperf.train.newbob import NewBob
 
 
 def test_dnn_and_cldnn_parameter_counts():

@@ -153,3 +153,30 @@ def test_concurrent_writers_lose_no_row(tmp_path):
 
 def test_progress_ignores_unknown_fields():
     assert Progress.from_dict({"epoch": 3, "train_s": 1.0}).epoch == 3
+
+
+def test_labels_name_the_data_parallel_algorithm_and_the_processes():
+    config = {"preset": "tiny", "train": {"precision": "fp32"}}
+    two = {**CPU_ENV, "world_size": 2}
+    assert default_label(two, {**config, "algo": {"name": "bmuf", "sync_every": 20}}) == "2-core Xeon tiny fp32 bmuf/20 x2"
+    assert default_label(two, {**config, "algo": {"name": "sync", "sync_every": 1}}) == "2-core Xeon tiny fp32 sync x2"
+    for name in ("sync", "single"):  # one process: the label of every earlier run
+        assert default_label(CPU_ENV, {**config, "algo": {"name": name, "sync_every": 1}}) == "2-core Xeon tiny fp32"
+    assert default_label(CPU_ENV, {"algo": "easgd", "model": "dnn"}) == "2-core Xeon easgd dnn"  # the previous worker's
+
+
+def test_a_database_without_the_communication_columns_reads_and_gets_them_when_written(tmp_path):
+    import sqlite3
+
+    from speechperf.results import ResultsDB
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as c:  # iterations as the release before the data-parallel algorithms wrote them
+        c.execute("CREATE TABLE iterations (run_id TEXT, iteration INTEGER, epoch INTEGER, clock_s REAL, loss REAL, "
+                  "batch_size INTEGER, frames INTEGER, audio_s REAL, step_s REAL, utts_per_s REAL, audio_s_per_s REAL, "
+                  "model_flops REAL, PRIMARY KEY (run_id, iteration))")
+        c.execute("INSERT INTO iterations VALUES ('r', 1, 1, 1.0, 2.0, 4, 400, 4.0, 0.5, 8.0, 8.0, 1e9)")
+    with ResultsDB(path, readonly=True) as db:
+        assert "comm_s" not in db.query("SELECT * FROM iterations")[0]
+    with ResultsDB(path) as db:
+        assert db.query("SELECT comm_s, comm_bytes FROM iterations") == [{"comm_s": None, "comm_bytes": None}]

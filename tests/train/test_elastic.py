@@ -1,7 +1,9 @@
 """Elastic restarts: a restarted worker group repeats ``train --out RUN``, which continues the
 run from its last checkpoint (``--resume auto``, the default); killing one of two workers
 and repeating the command leaves a run equal to one never interrupted (gloo on CPU is
-deterministic here).
+deterministic here), under DDP (sync), a local-SGD algorithm and an asynchronous one, whose
+checkpoints hold every rank's own model, optimizer and RNG besides the global state (diloco:
+the outer optimizer's; asgd: the parameter server's model).
 
 The test repeats the torchrun command itself, as ``torchrun --max-restarts`` would: with
 torch 2.13's CPU build, torchrun's own restart of a gloo group fails on this machine inside
@@ -25,11 +27,11 @@ from speechperf.train.events import read_events
 ARGS = ["--preset", "tiny", "max_epochs=3", "threads=1", "batch_size=4", "checkpoint_every=2", "sentence_every=3"]
 
 
-def _torchrun(feats, out) -> subprocess.Popen:
+def _torchrun(feats, out, extra=()) -> subprocess.Popen:
     """torchrun in the background, its output in OUT.log (a pipe nobody reads would fill and stall it)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--monitor-interval", "0.1",
            "--master-port", str(free_port()),
-           "-m", "speechperf", "train", "--data", str(feats), "--out", str(out), *ARGS]
+           "-m", "speechperf", "train", "--data", str(feats), "--out", str(out), *ARGS, *extra]
     log = open(f"{out}.log", "a")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -48,12 +50,19 @@ def _rank(parent: psutil.Process, rank: int):
     return None
 
 
+# checkpoints every 2 steps, synchronizations every 3: the kill falls inside a block
+# (asgd: its server serves the ranks in turn, which makes the run deterministic)
+ALGOS = [pytest.param([], id="sync"), pytest.param(["algo.name=diloco", "algo.sync_every=3"], id="diloco"),
+         pytest.param(["algo.name=asgd", "algo.sync_every=3", "algo.round_robin=true"], id="asgd")]
+
+
 @pytest.mark.timeout(450)
-def test_a_killed_worker_then_the_same_command_equals_an_uninterrupted_run(tiny_features, tmp_path):
-    ref = _torchrun(tiny_features, tmp_path / "ref")
+@pytest.mark.parametrize("algo", ALGOS)
+def test_a_killed_worker_then_the_same_command_equals_an_uninterrupted_run(algo, tiny_features, tmp_path):
+    ref = _torchrun(tiny_features, tmp_path / "ref", algo)
     assert ref.wait(timeout=200) == 0, _log(tmp_path / "ref")
 
-    p = _torchrun(tiny_features, tmp_path / "run")
+    p = _torchrun(tiny_features, tmp_path / "run", algo)
     victim, deadline = None, time.time() + 300
     while victim is None and time.time() < deadline:  # rank 1, once a mid-run checkpoint exists
         try:
@@ -68,13 +77,35 @@ def test_a_killed_worker_then_the_same_command_equals_an_uninterrupted_run(tiny_
     assert p.wait(timeout=200) != 0  # torchrun stops the group: the run is left unfinished
     left = tmp_path / "run" / "summary.json"  # rank 0, stopped by torchrun, records why (not finished)
     assert not left.exists() or json.loads(left.read_text())["status"].startswith("failed")
-    again = _torchrun(tiny_features, tmp_path / "run")  # the same command, as a restart repeats it
+    again = _torchrun(tiny_features, tmp_path / "run", algo)  # the same command, as a restart repeats it
     assert again.wait(timeout=200) == 0, _log(tmp_path / "run")
 
     a, b = load_checkpoint(tmp_path / "ref"), load_checkpoint(tmp_path / "run")
     assert a["progress"]["iteration"] == b["progress"]["iteration"] and b["progress"]["status"] == "success"
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
+    assert ("algo" in a) == bool(algo)
+    if algo:  # every rank's own state and the outer optimizer's, bit for bit
+        _assert_equal(a["algo"], b["algo"], "algo")
     keys = [e["key"] for e in read_events(tmp_path / "run" / "events.log")]
     assert keys.count("resume") == 1 and keys.count("run_stop") == 1
     assert [k for k in keys if k != "resume"] == [e["key"] for e in read_events(tmp_path / "ref" / "events.log")]
+
+
+def _assert_equal(x, y, where: str) -> None:
+    """Nested checkpoint values equal, tensors bit for bit (torch's RNG state and the thread count
+    included; numpy's and python's global generators start from the OS's entropy in every process
+    and training draws from neither: they differ between any two runs)."""
+    if isinstance(x, dict):
+        assert x.keys() == y.keys(), where
+        for k in x:
+            if not (where.endswith(".rng") and k in ("numpy", "python")):
+                _assert_equal(x[k], y[k], f"{where}.{k}")
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), where
+        for i, (u, v) in enumerate(zip(x, y)):
+            _assert_equal(u, v, f"{where}[{i}]")
+    elif torch.is_tensor(x):
+        assert torch.equal(x, y), where
+    else:
+        assert x == y, where

@@ -116,3 +116,87 @@ def test_the_loop_applies_the_schedule_and_a_resume_keeps_every_rate(tiny_featur
     assert rates == ref_rates[:4] and rates[:3] + resumed == ref_rates  # the resume trains from step 4
     a, b = load_checkpoint(tmp_path / "ref"), load_checkpoint(tmp_path / "run")
     assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+
+
+def test_newbob_replays_paper_003s_rule_over_the_validation_losses():
+    from speechperf.train.newbob import NewBob
+    from speechperf.train.schedule import newbob
+
+    losses = [10.0, 8.0, 7.0, 6.97, 6.5, 6.499]
+    rule = NewBob(lr=1.0)
+    assert [newbob(losses[:e + 1]) for e in range(len(losses))] == [rule.step(x) for x in losses]
+    assert [newbob(losses[:e]) for e in range(5)] == [1.0, 1.0, 1.0, 1.0, 0.5]  # 6.97: < 1% better
+    c = tc(lr_schedule="newbob", warmup_iters=2)
+    assert factor(c, 0, 4, 0, losses) == 0.5 * 0.5  # warm-up x newbob of the first 4 epochs (6.5: later)
+    assert factor(c, 100, 5, 0, losses) == 0.25
+
+
+def test_the_newbob_scheduler_reads_the_losses_the_loop_appends():
+    c = tc(lr=2.0, lr_schedule="newbob")
+    prog = Progress()
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=c.lr)
+    sched = make_scheduler(opt, c, prog, 0)
+    rates = []
+    for loss in (5.0, 4.0, 3.99, 3.9):  # 3.99: 0.25% better, newbob starts halving
+        for _ in range(2):
+            if prog.iteration:
+                sched.step()
+            rates.append(opt.param_groups[0]["lr"])
+            prog.iteration += 1
+            opt.step()
+        prog.eval_losses.append(loss)
+        prog.epoch += 1
+    assert rates == [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0]
+    assert load_preset("tiny", ["lr_schedule=newbob"]).train.lr_schedule == "newbob"
+
+
+def test_a_newbob_run_sets_every_epochs_rate_from_the_recorded_validation_losses(tiny_features, tmp_path,
+                                                                                 monkeypatch):
+    from speechperf.results import ResultsDB
+    from speechperf.train import loop
+    from speechperf.train.checkpoint import load_checkpoint
+    from speechperf.train.schedule import newbob
+
+    real, rates = loop.train_step, []
+
+    def step(model, batch, optimizer, *a, **kw):
+        rates.append((loop_epoch[0], optimizer.param_groups[0]["lr"]))
+        return real(model, batch, optimizer, *a, **kw)
+
+    loop_epoch = [1]
+    real_eval = loop._epoch_eval
+
+    def epoch_eval(*a, **kw):
+        out = real_eval(*a, **kw)
+        loop_epoch[0] += 1
+        return out
+
+    monkeypatch.setattr(loop, "train_step", step)
+    monkeypatch.setattr(loop, "_epoch_eval", epoch_eval)
+    loop.train("tiny", tiny_features, tmp_path / "nb", ["max_epochs=3", "threads=1", "lr_schedule=newbob",
+                                                         "final_splits=none"], quiet=True)
+    losses = load_checkpoint(tmp_path / "nb")["progress"]["eval_losses"]
+    with ResultsDB(tmp_path / "nb" / "results.db", readonly=True) as db:
+        assert losses == [r["loss"] for r in db.query("SELECT loss FROM evals ORDER BY epoch")]
+    assert len(losses) == 3
+    for epoch, lr in rates:
+        assert lr == pytest.approx(0.003 * newbob(losses[:epoch - 1]), rel=1e-12), epoch
+
+
+def test_newbobs_stopping_rule_ends_the_run_as_its_last_epoch_would(tiny_features, tmp_path, monkeypatch):
+    from speechperf.train import loop
+    from speechperf.train.schedule import schedule_ended
+
+    losses = [10.0, 8.0, 7.99, 7.989, 5.0, 4.0]  # 7.99: halving starts; 7.989: < 0.1% better while halving: stop
+    assert [schedule_ended(tc(lr_schedule="newbob"), losses[:e]) for e in range(5)] == [False] * 4 + [True]
+    assert not schedule_ended(tc(), losses[:4])  # the other schedules never stop a run
+    real = loop._epoch_eval
+
+    def scripted(model, data, cfg, device, rec):
+        real(model, data, cfg, device, rec)
+        return None, losses[len(rec.prog.evals) - 1]
+
+    monkeypatch.setattr(loop, "_epoch_eval", scripted)
+    summary = loop.train("tiny", tiny_features, tmp_path / "nb", ["max_epochs=6", "threads=1", "lr_schedule=newbob",
+                                                                  "final_splits=none"], quiet=True)
+    assert summary["epochs"] == 4 and summary["status"] == "success"

@@ -1,0 +1,268 @@
+"""The data-parallel algorithms' hooks (train/algorithm.py) on 2 gloo processes, float64, a
+tiny model, against a serial simulation of their update rules; the ``algo`` config section."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from speechperf.config import ConfigError, RunConfig, load_preset
+from speechperf.parallel.sweep import free_port
+from speechperf.train import algorithm as A
+from speechperf.train.config import ALGORITHMS, AlgoConfig
+
+WORLD, STEPS, LR = 2, 6, 0.1
+
+
+def model_fn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(8, 4, generator=g, dtype=torch.float64), torch.randn(8, 3, generator=g, dtype=torch.float64)
+
+
+def optimizer(name, model):
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=0.01)
+    return torch.optim.SGD(model.parameters(), lr=LR)
+
+
+def step(model, opt, x, y):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+# name -> (algo config, local optimizer, steps, batches_done at the evaluation: a partial last block when not
+# a multiple of sync_every)
+SCENARIOS = {
+    "sync": (AlgoConfig(name="sync"), "sgd", STEPS, STEPS),
+    "bsp1": (AlgoConfig(name="bsp", sync_every=1), "sgd", STEPS, STEPS),
+    "bsp3": (AlgoConfig(name="bsp", sync_every=3), "sgd", STEPS, STEPS),
+    "bmuf": (AlgoConfig(name="bmuf", sync_every=3, block_momentum=0.5), "sgd", STEPS, STEPS),
+    "bmuf_classic": (AlgoConfig(name="bmuf", sync_every=3, block_momentum=0.5, nesterov=False), "adamw", STEPS,
+                     STEPS),
+    "diloco": (AlgoConfig(name="diloco", sync_every=3), "adamw", 7, 7),  # 2 blocks of 3, then one of 1
+}
+
+
+def worker(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    results = {}
+    for key, (cfg, opt_name, steps, done) in SCENARIOS.items():
+        core = model_fn()
+        if rank == 1:  # another start: wrap must give every rank rank 0's model
+            with torch.no_grad():
+                for p in core.parameters():
+                    p.add_(1.0)
+        algo = A.make_algorithm(cfg, WORLD, rank)
+        model = algo.wrap(core)
+        opt = optimizer(opt_name, core)
+        for s in range(steps):
+            step(model, opt, *batch(rank, s))
+            algo.after_step(s + 1)
+        evaluated = algo.before_eval(done)
+        results[key] = {"local": flat(core), "eval": flat(evaluated), "comm": (algo.comm.seconds, algo.comm.bytes)}
+    core = model_fn()  # DDP as the loop ran it before the hooks, without the counting comm hook
+    plain = torch.nn.parallel.DistributedDataParallel(core)
+    opt = optimizer("sgd", core)
+    for s in range(STEPS):
+        step(plain, opt, *batch(rank, s))
+    results["ddp_plain"] = {"local": flat(core)}
+    torch.save(results, f"{out}/rank{rank}.pt")
+    dist.barrier()  # tear down together (a rank leaving early can abort gloo's threads)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("algo")
+    mp.spawn(worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
+class Workers:
+    """The serial reference: WORLD local models and optimizers, each on its own batches."""
+
+    def __init__(self, opt_name: str):
+        self.models = [model_fn() for _ in range(WORLD)]
+        self.opts = [optimizer(opt_name, m) for m in self.models]
+
+    def train(self, steps):
+        for r, (m, o) in enumerate(zip(self.models, self.opts)):
+            for s in steps:
+                step(m, o, *batch(r, s))
+
+    def mean(self):
+        return torch.stack([flat(m) for m in self.models]).mean(0)
+
+    def restart(self, start):
+        for m in self.models:
+            torch.nn.utils.vector_to_parameters(start.clone(), m.parameters())
+
+
+def test_sync_is_ddp_unchanged_and_the_mean_gradient_step(ranks):
+    assert torch.equal(ranks[0]["sync"]["local"], ranks[0]["ddp_plain"]["local"])  # the comm hook changes nothing
+    m = model_fn()
+    opt = optimizer("sgd", m)
+    for s in range(STEPS):
+        xs, ys = zip(*(batch(r, s) for r in range(WORLD)))
+        step(m, opt, torch.cat(xs), torch.cat(ys))
+    assert torch.allclose(ranks[0]["sync"]["local"], flat(m), atol=1e-12)
+    seconds, nbytes = ranks[0]["sync"]["comm"]
+    params = sum(p.numel() for p in m.parameters())
+    assert nbytes == STEPS * params * 8 and seconds > 0  # every gradient all-reduced once per step, float64
+
+
+def test_bsp_every_step_equals_sync(ranks):
+    assert torch.allclose(ranks[0]["bsp1"]["local"], ranks[0]["sync"]["local"], atol=1e-12)
+
+
+def test_bsp_matches_serial_averaging(ranks):
+    w = Workers("sgd")
+    for block in range(STEPS // 3):
+        w.train(range(3 * block, 3 * block + 3))
+        w.restart(w.mean())
+    for r in range(WORLD):
+        assert torch.allclose(ranks[r]["bsp3"]["local"], flat(w.models[0]), atol=1e-12)
+    assert ranks[0]["bsp3"]["comm"][1] == 2 * flat(w.models[0]).numel() * 8  # two syncs of the parameters
+
+
+def _bmuf_reference(opt_name, zeta, nesterov):
+    w, eta = Workers(opt_name), 1.0
+    glob = flat(w.models[0])
+    delta = torch.zeros_like(glob)
+    for block in range(STEPS // 3):
+        w.train(range(3 * block, 3 * block + 3))
+        delta = zeta * delta + eta * (w.mean() - glob)  # Eq. 4 with G = mean - global (Eq. 3)
+        glob = glob + delta  # Eq. 5
+        w.restart(glob + zeta * delta if nesterov else glob)
+    return glob, flat(w.models[0])
+
+
+def test_bmuf_matches_serial_block_updates(ranks):
+    glob, start = _bmuf_reference("sgd", 0.5, nesterov=True)
+    for r in range(WORLD):
+        assert torch.allclose(ranks[r]["bmuf"]["eval"], glob, atol=1e-12)  # the global model is evaluated
+        assert torch.allclose(ranks[r]["bmuf"]["local"], start, atol=1e-12)  # the workers continue from the look-ahead
+    glob, start = _bmuf_reference("adamw", 0.5, nesterov=False)
+    assert torch.allclose(ranks[0]["bmuf_classic"]["eval"], glob, atol=1e-12)
+    assert torch.allclose(ranks[0]["bmuf_classic"]["local"], glob, atol=1e-12)
+
+
+def test_bmuf_default_block_momentum_is_eq_6():
+    algo = A.make_algorithm(AlgoConfig(name="bmuf"), world=4)
+    assert algo.momentum == pytest.approx(1 - 1 / (4 * 1.05))
+
+
+def test_diloco_matches_serial_outer_nesterov_sgd(ranks):
+    lr, mu = 0.7, 0.9
+    w = Workers("adamw")  # the inner optimizer keeps its moments across blocks, per worker
+    glob = flat(w.models[0])
+    buf = None
+    for steps in (range(0, 3), range(3, 6), range(6, 7)):  # the last block: the epoch's end (before_eval)
+        w.train(steps)
+        g = glob - w.mean()  # the pseudo-gradient
+        buf = g.clone() if buf is None else mu * buf + g  # torch SGD's momentum buffer (no dampening)
+        glob = glob - lr * (g + mu * buf)  # Nesterov
+        w.restart(glob)
+    for r in range(WORLD):
+        assert torch.allclose(ranks[r]["diloco"]["local"], glob, atol=1e-12)
+        assert torch.allclose(ranks[r]["diloco"]["eval"], glob, atol=1e-12)
+
+
+def test_the_algo_section_is_loaded_stored_and_validated():
+    cfg = load_preset("tiny", ["algo.name=bmuf", "algo.sync_every=20", "sync_every=3"])
+    assert (cfg.algo.name, cfg.algo.sync_every, cfg.train.sync_every) == ("bmuf", 20, 3)  # bare: the loop's
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["algo"]["name"] == "bmuf"
+    assert RunConfig.from_dict({"preset": "tiny"}).algo == AlgoConfig()  # a run recorded before the section
+    with pytest.raises(ConfigError, match="algo.name='gossip' is unknown; known: single, sync, bsp, bmuf, diloco, asgd, easgd"):
+        load_preset("tiny", ["algo.name=gossip"])
+    with pytest.raises(ConfigError, match="algo has no field 'tau'"):
+        load_preset("tiny", ["algo.tau=3"])
+    for bad, msg in (("algo.sync_every=0", "algo.sync_every=0 must be >= 1"),
+                     ("algo.block_momentum=1.0", "algo.block_momentum=1.0 must be in"),
+                     ("algo.outer_momentum=1.5", "algo.outer_momentum=1.5 must be in")):
+        with pytest.raises(ConfigError, match=msg):
+            load_preset("tiny", [bad])
+    assert sorted(A.ALGORITHMS.names()) == sorted(ALGORITHMS)
+
+
+def test_single_refuses_several_processes():
+    with pytest.raises(ConfigError, match="algo.name=single trains in one process, not 2"):
+        A.make_algorithm(AlgoConfig(name="single"), world=2)
+
+
+ALPHA, ASYNC_STEPS = 0.3, 4
+
+
+def async_worker(rank, port, out):
+    """asgd (every step) and easgd (every 2 steps) served round robin, plain SGD workers."""
+    from speechperf.train import param_server
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    results = {}
+    for name, every in (("asgd", 1), ("easgd", 2)):
+        cfg = AlgoConfig(name=name, sync_every=every, easgd_alpha=ALPHA, round_robin=True)
+        core = model_fn()
+        algo = A.make_algorithm(cfg, WORLD, rank)
+        model = algo.wrap(core)
+        opt = optimizer("sgd", core)
+        for s in range(ASYNC_STEPS):
+            step(model, opt, *batch(rank, s))
+            algo.after_step(s + 1)
+        results[name] = {"eval": flat(algo.before_eval(ASYNC_STEPS)), "staleness": param_server.staleness(),
+                         "comm": algo.comm.bytes}
+    algo.close()
+    torch.save(results, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def async_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("async")
+    mp.spawn(async_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _sgd_from(vec, rank, s):
+    m = model_fn()
+    torch.nn.utils.vector_to_parameters(vec.clone(), m.parameters())
+    step(m, optimizer("sgd", m), *batch(rank, s))
+    return flat(m)
+
+
+def test_asgd_round_robin_equals_serial_pushes(async_ranks):
+    w = flat(model_fn())
+    local = [w.clone() for _ in range(WORLD)]
+    for s in range(ASYNC_STEPS):
+        for k in range(WORLD):  # rank 0's push, then rank 1's
+            w = w + (_sgd_from(local[k], k, s) - local[k])  # the server applies the pushed update
+            local[k] = w.clone()  # and the worker pulls the current model
+    assert torch.allclose(async_ranks[0]["asgd"]["eval"], w, atol=1e-12)  # rank 0 evaluates the server's model
+    assert async_ranks[0]["asgd"]["staleness"][:2] == [0, 1]  # rank 1's first push was overtaken once
+    assert async_ranks[1]["asgd"]["comm"] == ASYNC_STEPS * 2 * w.numel() * 8
+
+
+def test_easgd_round_robin_equals_serial_elastic_exchanges(async_ranks):
+    centre = flat(model_fn())
+    local = [centre.clone() for _ in range(WORLD)]
+    for s in range(ASYNC_STEPS):
+        for k in range(WORLD):
+            local[k] = _sgd_from(local[k], k, s)
+            if (s + 1) % 2 == 0:
+                diff = ALPHA * (local[k] - centre)  # Eq. 9: the sum of centre and worker is kept
+                centre, local[k] = centre + diff, local[k] - diff
+    assert torch.allclose(async_ranks[0]["easgd"]["eval"], centre, atol=1e-12)

@@ -1,0 +1,52 @@
+"""Multi-node as a user runs it: two torchrun commands, one process each, meeting at a c10d
+rendezvous (here both on this machine), under DDP (sync) and local SGD (bsp); the two-node
+bsp run equals the same run as two processes of one node."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from speechperf.parallel.sweep import free_port
+from speechperf.results import ResultsDB
+from speechperf.train.checkpoint import load_checkpoint
+
+ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _nodes(feats, out, extra, port) -> list[subprocess.Popen]:
+    """``torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT``, twice."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test-{port}",
+           "-m", "speechperf", "train", "--data", str(feats), "--out", str(out), *ARGS, *extra]
+    return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+            for _ in range(2)]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("extra", [pytest.param([], id="sync"),
+                                   pytest.param(["algo.name=bsp", "algo.sync_every=3"], id="bsp")])
+def test_two_nodes_of_one_process_train_one_run(extra, tiny_features, tmp_path):
+    run = tmp_path / "two-nodes"
+    nodes = _nodes(tiny_features, run, extra, free_port())
+    outputs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    summary = json.loads((run / "summary.json").read_text())
+    env = json.loads((run / "env.json").read_text())
+    assert summary["status"] == "success" and env["world_size"] == 2
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    with ResultsDB(run / "results.db", readonly=True) as db:
+        sent = [r["comm_bytes"] for r in db.query("SELECT comm_bytes FROM iterations WHERE run_id = ?", [run_id])]
+    assert sum(sent) > 0  # the ranks talked across the "nodes"
+    if extra:  # the same ranks on the same data as one node of two processes: the same weights
+        one = tmp_path / "one-node"
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                            str(free_port()), "-m", "speechperf", "train", "--data", str(tiny_features), "--out",
+                            str(one), *ARGS, *extra], capture_output=True, text=True, env=ENV, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        a, b = load_checkpoint(run)["model"], load_checkpoint(one)["model"]
+        for k, v in a.items():
+            assert torch.equal(v, b[k]), k
