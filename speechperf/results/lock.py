@@ -1,13 +1,17 @@
 """One writer per run folder: an exclusive lock that a second process is refused by.
 
 Two ``train`` commands on one folder would both write it (two run ids, doubled iteration
-rows, two ``run_start`` lines). The writer holds ``fcntl.flock`` on ``RUN/.speechperf.lock``
-for as long as it runs; the kernel releases it when the process ends, however it ends, so a
-lock left by a killed process never blocks the command that continues its run. The file
-holds the holder's pid and host, for the message the second process exits with (2).
+rows, two ``run_start`` lines). The writer holds a POSIX record lock (``fcntl.lockf``) on
+``RUN/.speechperf.lock`` for as long as it runs; the kernel releases it when the process
+ends, however it ends, so a lock left by a killed process never blocks the command that
+continues its run. A POSIX lock, not ``flock``: an flock is shared with the children a
+process forks (DataLoader's reader processes), which outlive a SIGKILLed parent by seconds
+and kept the folder locked against its own resume; a POSIX lock belongs to the process
+alone. The file holds the holder's pid and host, for the message the second process exits
+with (2).
 
-flock is advisory and local to one machine's kernel (on NFS it may not hold across hosts):
-the host in the message says which machine to look at.
+The lock is advisory; over NFS it holds across hosts only where the server supports POSIX
+locks: the host in the message says which machine to look at.
 """
 from __future__ import annotations
 
@@ -36,8 +40,8 @@ class RunLock:
         """Take the lock or raise :class:`RunFolderBusy` naming the holder (never waits)."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held by another process
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
             os.close(fd)
             pid, host = (holder + ["?", "?"])[:2]
@@ -50,7 +54,7 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the flock
+            os.close(self._fd)  # closing the descriptor releases the lock
             self._fd = None
 
     def __enter__(self) -> "RunLock":
