@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -99,6 +100,7 @@ def hooks(a, root: Path) -> list[dict]:
     algorithm.CommMeter.take = timers["comm.take"].wrap(originals[1])
     algorithm.Single.before_eval = timers["before_eval"].wrap(originals[2])
     out = root / "single-hooks"
+    shutil.rmtree(out, ignore_errors=True)  # a finished run would only be read again: no hook called
     try:
         train(a.preset, a.data, out, ["train.max_epochs=1", "train.final_splits=none", "train.target=0",
                                       "train.threads=1", "algo.name=single", *a.set], quiet=True)
@@ -108,10 +110,11 @@ def hooks(a, root: Path) -> list[dict]:
         steps = [r["step_s"] for r in run.iterations()]
     step = statistics.median(steps)
     per_step = sum(t.seconds for t in timers.values()) / len(steps)
-    return [{"hook": name, "calls": t.calls, "us per step": 1e6 * t.seconds / len(steps)} for name, t in timers.items()] + [
-        {"hook": "all hooks", "calls": sum(t.calls for t in timers.values()), "us per step": 1e6 * per_step,
-         "median step ms": 1e3 * step, "hooks % of step": 100 * per_step / step,
-         "goal <= 2%": "met" if per_step / step <= 0.02 else "NOT met"}]
+    rows = [(name, t.calls, t.seconds / len(steps)) for name, t in timers.items()]
+    rows.append(("all hooks", sum(t.calls for t in timers.values()), per_step))
+    return [{"hook": name, "calls": calls, "us per step": 1e6 * sec, "median step ms": 1e3 * step,
+             "% of step": 100 * sec / step, "goal <= 2%": ("met" if sec / step <= 0.02 else "NOT met")
+             if name == "all hooks" else ""} for name, calls, sec in rows]
 
 
 def main() -> None:
