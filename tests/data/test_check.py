@@ -92,3 +92,30 @@ def test_not_a_features_folder(tmp_path):
 def test_parse_splits():
     assert parse_splits("") is None and parse_splits("none") == []
     assert parse_splits(" train-clean-100, train-clean-360 ") == ["train-clean-100", "train-clean-360"]
+
+
+def test_shards_are_hashed_once_per_process_until_a_file_changes(feats, monkeypatch):
+    """A new run verifies its splits twice (before its folder, then in training); the shards'
+    bytes are read once, and a shard rewritten since is hashed again and refused."""
+    import speechperf.data.check as check
+
+    reads = []
+    monkeypatch.setattr(check, "file_sha256", lambda path: reads.append(path) or check_sha(path))
+    check._hashed.cache_clear()
+    verify_splits(feats)
+    first = len(reads)
+    verify_splits(feats)
+    assert first > 0 and len(reads) == first
+    shard = sorted((feats / "dev-clean").glob("*.npz"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(SplitError, match="does not match its checksum"):
+        verify_splits(feats)
+    assert reads[first:] == [shard]
+
+
+def check_sha(path):
+    from speechperf.features.shards import file_sha256
+
+    return file_sha256(path)
