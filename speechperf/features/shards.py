@@ -55,24 +55,25 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
-def _corpus_of(feats: Path) -> Path | None:
-    """The corpus folder ``prepare`` read (prepare.json), where it still exists here."""
+def _recorded_corpus(feats: Path) -> str | None:
+    """The corpus folder ``prepare`` read, as ``FEATS/prepare.json`` records it (None: no such record)."""
     try:
-        corpus = Path(json.loads((Path(feats) / "prepare.json").read_text())["corpus"])
+        return str(json.loads((Path(feats) / "prepare.json").read_text())["corpus"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return corpus if corpus.is_dir() else None
+
+
+def _corpus_of(feats: Path) -> Path | None:
+    """The corpus folder ``prepare`` read, where it still exists here."""
+    corpus = _recorded_corpus(feats)
+    return Path(corpus) if corpus is not None and Path(corpus).is_dir() else None
 
 
 def repair_command(split_dir: Path) -> str:
     """The command that rebuilds ``split_dir``'s missing or damaged shards and index."""
     split_dir = Path(split_dir)
-    feats, corpus = split_dir.parent, "CORPUS"
-    try:
-        corpus = json.loads((feats / "prepare.json").read_text())["corpus"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # prepare.json lost too: the user knows where the corpus is
-    return f"speechperf prepare {corpus} {feats} --splits {split_dir.name}"
+    corpus = _recorded_corpus(split_dir.parent) or "CORPUS"  # prepare.json lost too: the user knows where it is
+    return f"speechperf prepare {corpus} {split_dir.parent} --splits {split_dir.name}"
 
 
 def read_shard(path: Path, sha256: str | None = None) -> dict[str, tuple[np.ndarray, str, float]]:
