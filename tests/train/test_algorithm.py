@@ -84,11 +84,15 @@ def worker(rank, port, out):
     dist.destroy_process_group()
 
 
+def _spawned(fn, out):
+    """Every rank's results of ``fn`` run on WORLD gloo processes, each saved to ``out/rankR.pt``."""
+    mp.spawn(fn, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("algo")
-    mp.spawn(worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+    return _spawned(worker, tmp_path_factory.mktemp("algo"))
 
 
 class Workers:
@@ -232,9 +236,7 @@ def async_worker(rank, port, out):
 
 @pytest.fixture(scope="module")
 def async_ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("async")
-    mp.spawn(async_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+    return _spawned(async_worker, tmp_path_factory.mktemp("async"))
 
 
 def _sgd_from(vec, rank, s):

@@ -220,17 +220,7 @@ def test_samples_survive_a_sigkill_up_to_the_last_checkpoint(tiny_features, tmp_
     # max_epochs far past what 4 s of clock can train on any machine: the run must still be
     # going when it is killed (with 20 epochs a fast CI machine finished first)
     p = _popen("--data", tiny_features, "--out", run, *TINY, "max_epochs=100000", "checkpoint_every=3")
-    clock_s = 0.0
-    while p.poll() is None and clock_s < 4.0:  # a checkpoint 4 s of training in
-        try:
-            clock_s = load_checkpoint(run)["progress"]["clock_s"]
-        except CheckpointError:
-            pass
-        time.sleep(0.1)  # reading the checkpoint costs CPU the run needs: not too often
-    assert p.poll() is None, f"the run ended before it could be killed: {p.stderr.read()}"
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    clock_s = load_checkpoint(run)["progress"]["clock_s"]
+    clock_s = _kill_at(p, run, 4.0)  # a checkpoint 4 s of training in
     samples = _rows(run, "SELECT t, metric FROM samples WHERE run_id = ? AND source = 'cpu'")
     assert samples, "no utilization sample of the killed run was stored"
     # stored with the checkpoint: all but those a child process found by a later scan (every
@@ -247,7 +237,7 @@ def _kill_at(p, run, clock_s: float, sig=signal.SIGKILL) -> float:
             at = load_checkpoint(run)["progress"]["clock_s"]
         except CheckpointError:
             pass
-        time.sleep(0.1)
+        time.sleep(0.1)  # reading the checkpoint costs CPU the run needs: not too often
     assert p.poll() is None, f"the run ended before it could be stopped: {p.stderr.read()}"
     os.kill(p.pid, sig)
     p.wait(timeout=120)
