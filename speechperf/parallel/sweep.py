@@ -29,6 +29,7 @@ from pathlib import Path
 from speechperf.errors import SpeechperfError
 
 PERIODIC = ("bsp", "bmuf", "diloco", "asgd", "easgd")  # the algorithms that synchronize every algo.sync_every steps
+ONE_PROCESS = ("single", "sync")  # algo.name of an ordinary run (sync on one process is a plain run)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -113,37 +114,62 @@ def runs_table(folders: list[Path]) -> list[dict]:
     return [_row(f, base) for f in facts]
 
 
+def report_rows(runs: list[dict]) -> list[dict]:
+    """The sweep's table of a report's runs (``report.runs.load_run`` dicts): one row per run of
+    every workload that has a run of another algorithm or worker count than one process; the
+    speedups against that workload's first one-process run (None where it has none)."""
+    from speechperf.results.workload import by_workload
+
+    rows = []
+    for group in by_workload(runs, lambda r: r["workload"]).values():
+        facts = [run_facts(r["summary"], r["config"], r["env"], r["iterations"], r["evals"], r["label"]) for r in group]
+        if all(f["workers"] == 1 and f["algo"] in ONE_PROCESS for f in facts):
+            continue  # nothing parallel to compare in this workload
+        base = next((f["train_s_per_epoch"] for f in facts if f["workers"] == 1), None)
+        rows += [{"workload": r["workload_label"], **_row(f, base)} for r, f in zip(group, facts)]
+    return rows
+
+
 def _facts(folder: Path) -> dict:
-    from speechperf.metrics.tta import tta_minutes
     from speechperf.results.run import Run
 
     run = Run.open(folder)
-    summary, config, env = run.summary() or {}, run.config, run.env
-    its, evals = run.iterations(), run.evals()
+    try:
+        return run_facts(run.summary() or {}, run.config, run.env, run.iterations(), run.evals(), folder.name)
+    finally:
+        run.close()
+
+
+def run_facts(summary: dict, config: dict, env: dict, its: list[dict], evals: list[dict], name: str) -> dict:
+    """What the sweep's table says of one run, from its recorded rows (nothing recomputed but
+    sums): training seconds per epoch, the last WER/CER, TTA to the run's own target on the
+    run's clock, the share of training seconds spent communicating and bytes sent per step."""
+    from speechperf.metrics.tta import tta_minutes
+
     train_s = sum(r["step_s"] for r in its)
     comm_s = sum(r.get("comm_s") or 0.0 for r in its)
+    comm_bytes = sum(r.get("comm_bytes") or 0 for r in its)
     tc, algo = config.get("train", {}), config.get("algo", {})
     metric = tc.get("target_metric", "cer")
     tta = None
     if tc.get("target", 0) > 0:
         tta = tta_minutes([(e["clock_s"], e[metric]) for e in evals], tc["target"], tc.get("target_epochs", 3))
     epochs = max(summary.get("epochs") or 0, 1)
-    facts = {"algo": algo.get("name", "sync"), "workers": env.get("world_size", 1),
-             "sync_every": algo.get("sync_every") if algo.get("name") in PERIODIC else None,
-             "epochs": summary.get("epochs"), "train_s_per_epoch": train_s / epochs,
-             "wer": summary.get("last_wer"), "cer": summary.get("last_cer"), "tta_min": tta,
-             "comm_pct": 100 * comm_s / train_s if train_s else None, "mfu_pct": summary.get("mfu_pct"),
-             "status": summary.get("status"), "run": folder.name}
-    run.close()
-    return facts
+    return {"algo": algo.get("name", "sync"), "workers": env.get("world_size") or 1,
+            "sync_every": algo.get("sync_every") if algo.get("name") in PERIODIC else None,
+            "epochs": summary.get("epochs"), "train_s_per_epoch": train_s / epochs,
+            "wer": summary.get("last_wer"), "cer": summary.get("last_cer"), "tta_min": tta,
+            "comm_pct": 100 * comm_s / train_s if train_s else None,
+            "comm_mb_per_step": comm_bytes / len(its) / 1e6 if its else None, "mfu_pct": summary.get("mfu_pct"),
+            "status": summary.get("status"), "run": name}
 
 
-def _row(f: dict, base: float) -> dict:
+def _row(f: dict, base: float | None) -> dict:
     return {"algorithm": f["algo"], "workers": f["workers"], "sync every": f["sync_every"], "epochs": f["epochs"],
             "train s/epoch": f["train_s_per_epoch"],
-            "speedup": base / f["train_s_per_epoch"] if f["train_s_per_epoch"] else None,
-            "WER": f["wer"], "CER": f["cer"], "TTA min": f["tta_min"], "comm %": f["comm_pct"], "MFU %": f["mfu_pct"],
-            "status": f["status"], "run": f["run"]}
+            "speedup": base / f["train_s_per_epoch"] if base and f["train_s_per_epoch"] else None,
+            "WER": f["wer"], "CER": f["cer"], "TTA min": f["tta_min"], "comm %": f["comm_pct"],
+            "comm MB/step": f["comm_mb_per_step"], "MFU %": f["mfu_pct"], "status": f["status"], "run": f["run"]}
 
 
 def shared_start(row: dict) -> bool:

@@ -101,15 +101,18 @@ def bench_figures_section(ctx: Context) -> Section:
 
 @register_section("parallel", 300)
 def parallel_section(ctx: Context) -> Section:
-    from speechperf.parallel.sweep import table
+    from speechperf.parallel.sweep import report_rows, table
 
     title = "Parallel training algorithms: speedup, communication and WER (paper 003 Tables 1-5 form)"
-    if not ctx.db.has_table("parallel_runs"):
-        return Section(title, [Table("parallel.csv", [], "no parallel sweep in this database (the previous release's "
-                                                     "worker's runs; every algorithm now trains through train, its "
-                                                     "runs among the runs above)")])
-    rows = table(ctx.db.query("SELECT * FROM parallel_runs ORDER BY model, batch, algo, workers, sync_period"))
-    return Section(title, [Table("parallel.csv", rows, "no parallel runs"), _parallel_curves(ctx)])
+    blocks = [Table("algorithms.csv", report_rows(ctx.runs),
+                    "no workload among these runs has a run of a parallel algorithm beside its one-process runs "
+                    "(speechperf parallel sweep, or train under torchrun with algo.name=...)")]
+    # the rows of the previous release's worker (its own loop, removed), shown where a database has them
+    old = ctx.db.query("SELECT * FROM parallel_runs ORDER BY model, batch, algo, workers, sync_period") \
+        if ctx.db.has_table("parallel_runs") else []
+    if not old:
+        return Section(title, blocks)
+    return Section(title, blocks + [Table("parallel.csv", table(old), "no parallel runs"), _parallel_curves(ctx)])
 
 
 def _parallel_curves(ctx: Context) -> Figure:

@@ -1,5 +1,6 @@
 """``speechperf parallel sweep``: runs of ``speechperf train``, one per algorithm and worker
 count, and its table against the one worker; run again, it only reports."""
+import csv
 import json
 import time
 
@@ -32,6 +33,11 @@ def test_a_sweep_trains_each_algorithm_through_train_and_tabulates_it(tiny_featu
     assert time.perf_counter() - t < 60
     assert main(["parallel", "sweep", *argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(rows))
+    folders = [str(tmp_path / "sw" / r["run"]) for r in rows]  # the report shows the same table beside the runs
+    assert main(["report", *folders, "--out", str(tmp_path / "rep")]) == 0
+    table = list(csv.DictReader((tmp_path / "rep" / "algorithms.csv").open()))
+    assert [(t["algorithm"], t["workers"]) for t in table] == [("sync", "1"), ("sync", "2"), ("diloco", "2")]
+    assert float(table[2]["speedup"]) == pytest.approx(diloco["speedup"])
 
 
 def test_the_grid_names_every_run_and_a_failed_run_says_how_to_continue(tiny_features, tmp_path):
@@ -43,3 +49,30 @@ def test_the_grid_names_every_run_and_a_failed_run_says_how_to_continue(tiny_fea
     with pytest.raises(SpeechperfError, match=r"one-worker x1: train failed \(exit 2\)(.|\n)*train.lr=-1.0 must be > 0"
                                               "(.|\n)*the same sweep command continues it"):
         sweep.run_sweep(["--data", str(tiny_features), "--out", str(tmp_path / "bad"), "--set", "lr=-1"])
+
+
+def _loaded(label, algo, workers, step_s, comm_s, comm_bytes, cers, model="ds2"):
+    """A report.runs.load_run dict of a finished run: 2 epochs of 2 steps each, one evaluation an epoch."""
+    return {"label": label, "workload": {"model": model, "params": 1000}, "workload_label": f"{model}, 0.001 M params",
+            "summary": {"epochs": 2, "last_cer": cers[-1], "last_wer": 2 * cers[-1], "mfu_pct": 10.0,
+                        "status": "success"},
+            "config": {"train": {"target": 30.0, "target_metric": "cer", "target_epochs": 1},
+                       "algo": {"name": algo, "sync_every": 20}},
+            "env": {"world_size": workers},
+            "iterations": [{"step_s": step_s, "comm_s": comm_s, "comm_bytes": comm_bytes}] * 4,
+            "evals": [{"clock_s": 60.0 * (e + 1), "cer": c} for e, c in enumerate(cers)]}
+
+
+def test_the_report_table_compares_each_workloads_algorithms_with_its_one_process_run():
+    runs = [_loaded("one", "sync", 1, 1.0, 0.0, 0, [40.0, 29.0]),
+            _loaded("bmuf", "bmuf", 2, 0.5, 0.1, 2_000_000, [29.5, 25.0]),
+            _loaded("alone", "sync", 1, 1.0, 0.0, 0, [40.0, 35.0], model="conformer")]  # nothing parallel: no rows
+    one, bmuf = sweep.report_rows(runs)
+    assert (one["run"], one["speedup"], one["comm %"], one["TTA min"], one["sync every"]) == ("one", 1.0, 0.0, 2.0, None)
+    # 4 steps of 0.5 s over 2 epochs: 1 s an epoch against 2; 0.4 of 2 s communicating; 2 MB a step
+    assert bmuf["train s/epoch"] == 1.0 and bmuf["speedup"] == 2.0 and bmuf["comm %"] == pytest.approx(20.0)
+    assert bmuf["comm MB/step"] == 2.0 and bmuf["TTA min"] == 1.0 and bmuf["sync every"] == 20
+    assert bmuf["workload"] == "ds2, 0.001 M params" and bmuf["algorithm"] == "bmuf" and bmuf["workers"] == 2
+    assert sweep.report_rows(runs[:1] + runs[2:]) == []  # one-process runs only: no table
+    no_base = sweep.report_rows(runs[1:2])
+    assert no_base[0]["speedup"] is None  # no one-process run of the workload to divide by

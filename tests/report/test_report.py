@@ -35,7 +35,7 @@ def test_every_section_has_its_files(full_report):
     page = full_report.read_text()
     assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "No GPU in: cpu-seed1, cpu-seed2, cpu-seed3, cloud-rapl (CPU only)." in page
-    assert "no operator benchmark in this database" in page and "no parallel sweep in this database" in page
+    assert "no operator benchmark in this database" in page and "no workload among these runs has a run of a parallel algorithm" in page
 
 
 def test_tta_relative_to_the_cheapest_platform(full_report):
