@@ -116,17 +116,22 @@ def runs_table(folders: list[Path]) -> list[dict]:
 
 def report_rows(runs: list[dict]) -> list[dict]:
     """The sweep's table of a report's runs (``report.runs.load_run`` dicts): one row per run of
-    every workload that has a run of another algorithm or worker count than one process; the
-    speedups against that workload's first one-process run (None where it has none)."""
-    from speechperf.results.workload import by_workload
+    every workload and machine that has a run of another algorithm or worker count than one
+    process; the speedups against the first one-process run of the same workload on the same
+    machine (None where there is none: a speedup across machines would measure the machines)."""
+    from speechperf.telemetry.machine import devices
+    from speechperf.results.workload import workload_label
 
+    groups: dict[tuple, list] = {}
+    for r in runs:
+        groups.setdefault((workload_label(r["workload"]), devices(r["env"])[1]), []).append(r)
     rows = []
-    for group in by_workload(runs, lambda r: r["workload"]).values():
+    for (work, machine), group in groups.items():
         facts = [run_facts(r["summary"], r["config"], r["env"], r["iterations"], r["evals"], r["label"]) for r in group]
         if all(f["workers"] == 1 and f["algo"] in ONE_PROCESS for f in facts):
-            continue  # nothing parallel to compare in this workload
+            continue  # nothing parallel to compare in this workload on this machine
         base = next((f["train_s_per_epoch"] for f in facts if f["workers"] == 1), None)
-        rows += [{"workload": r["workload_label"], **_row(f, base)} for r, f in zip(group, facts)]
+        rows += [{"workload": work, "machine": machine, **_row(f, base)} for f in facts]
     return rows
 
 

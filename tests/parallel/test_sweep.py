@@ -51,14 +51,14 @@ def test_the_grid_names_every_run_and_a_failed_run_says_how_to_continue(tiny_fea
         sweep.run_sweep(["--data", str(tiny_features), "--out", str(tmp_path / "bad"), "--set", "lr=-1"])
 
 
-def _loaded(label, algo, workers, step_s, comm_s, comm_bytes, cers, model="ds2"):
+def _loaded(label, algo, workers, step_s, comm_s, comm_bytes, cers, model="ds2", cpu="EPYC"):
     """A report.runs.load_run dict of a finished run: 2 epochs of 2 steps each, one evaluation an epoch."""
     return {"label": label, "workload": {"model": model, "params": 1000}, "workload_label": f"{model}, 0.001 M params",
             "summary": {"epochs": 2, "last_cer": cers[-1], "last_wer": 2 * cers[-1], "mfu_pct": 10.0,
                         "status": "success"},
             "config": {"train": {"target": 30.0, "target_metric": "cer", "target_epochs": 1},
                        "algo": {"name": algo, "sync_every": 20}},
-            "env": {"world_size": workers},
+            "env": {"world_size": workers, "cpu_model": cpu},
             "iterations": [{"step_s": step_s, "comm_s": comm_s, "comm_bytes": comm_bytes}] * 4,
             "evals": [{"clock_s": 60.0 * (e + 1), "cer": c} for e, c in enumerate(cers)]}
 
@@ -76,3 +76,6 @@ def test_the_report_table_compares_each_workloads_algorithms_with_its_one_proces
     assert sweep.report_rows(runs[:1] + runs[2:]) == []  # one-process runs only: no table
     no_base = sweep.report_rows(runs[1:2])
     assert no_base[0]["speedup"] is None  # no one-process run of the workload to divide by
+    elsewhere = _loaded("xeon", "sync", 1, 0.1, 0.0, 0, [40.0, 29.0], cpu="Xeon")
+    (row,) = sweep.report_rows([elsewhere, runs[1]])
+    assert row["speedup"] is None and row["machine"] == "no GPU, EPYC"  # never divided by another machine's run
