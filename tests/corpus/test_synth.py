@@ -46,15 +46,17 @@ def test_layout_and_transcripts(tiny_corpus):
 
 
 def test_deterministic_for_a_seed_whatever_the_worker_count(tmp_path):
-    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    for root, seed, workers in ((a, 11, 1), (b, 11, 3), (c, 12, 0)):  # 0: every core
-        synthesize(root, hours=0.01, seed=seed, progress=False, workers=workers)
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root, workers in ((a, 1), (b, 0)):  # 0: every core
+        synthesize(root, hours=0.01, seed=11, progress=False, workers=workers)
     files_a = sorted(p.relative_to(a) for p in a.rglob("*.flac"))
     assert files_a == sorted(p.relative_to(b) for p in b.rglob("*.flac"))
     for rel in files_a:
         assert np.array_equal(sf.read(a / rel)[0], sf.read(b / rel)[0]), rel
-    assert sorted(p.relative_to(c) for p in c.rglob("*.trans.txt")) != sorted(p.relative_to(a) for p in a.rglob("*.trans.txt")) \
-        or any((a / r).read_text() != (c / r).read_text() for r in (p.relative_to(a) for p in a.rglob("*.trans.txt")))
+    # another seed draws other voices and other sentences (checked on the draws, not a third corpus)
+    assert speakers(12) != speakers(11)
+    first = [SentenceGenerator(seed=s * 100_003 + 1000).sentence() for s in (11, 12)]
+    assert first[0] != first[1]
 
 
 def test_rerun_is_a_noop_and_partial_runs_complete(tmp_path):
