@@ -146,11 +146,13 @@ def _bmuf_reference(opt_name, zeta, nesterov):
     w, eta = Workers(opt_name), 1.0
     glob = flat(w.models[0])
     delta = torch.zeros_like(glob)
+    start = glob
     for block in range(STEPS // 3):
         w.train(range(3 * block, 3 * block + 3))
-        delta = zeta * delta + eta * (w.mean() - glob)  # Eq. 4 with G = mean - global (Eq. 3)
+        delta = zeta * delta + eta * (w.mean() - start)  # Eq. 4, G = mean - the block's start (Eq. 3 under CBM)
         glob = glob + delta  # Eq. 5
-        w.restart(glob + zeta * delta if nesterov else glob)
+        start = glob + zeta * delta if nesterov else glob  # NBM: the workers continue from the look-ahead
+        w.restart(start)
     return glob, flat(w.models[0])
 
 
@@ -162,6 +164,18 @@ def test_bmuf_matches_serial_block_updates(ranks):
     glob, start = _bmuf_reference("adamw", 0.5, nesterov=False)
     assert torch.allclose(ranks[0]["bmuf_classic"]["eval"], glob, atol=1e-12)
     assert torch.allclose(ranks[0]["bmuf_classic"]["local"], glob, atol=1e-12)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_bmuf_without_progress_lets_its_momentum_decay(nesterov):
+    """Workers that make no progress in a block hand back the model they started from: Delta
+    then shrinks by the momentum each block (it grew by 2 x momentum with NBM's G measured from
+    the global model, and a 2-worker run diverged)."""
+    glob, delta = torch.zeros(1), torch.ones(1)
+    start = glob + 0.6 * delta if nesterov else glob
+    for block in range(1, 6):
+        glob, delta, start = A.bmuf_update(glob, delta, start, block_lr=1.0, momentum=0.6, nesterov=nesterov)
+        assert delta.item() == pytest.approx(0.6 ** block)
 
 
 def test_bmuf_default_block_momentum_is_eq_6():
