@@ -66,7 +66,7 @@ class AlgoConfig:
     block_lr: float = 1.0  # bmuf: block learning rate eta
     block_momentum: float = -1.0  # bmuf: block momentum zeta in [0, 1); -1 = 1 - block_lr / (workers x bmuf_c) (Eq. 6)
     bmuf_c: float = 1.05  # bmuf: C of Eq. 6 (eta / (workers (1 - zeta)) = C), used when block_momentum = -1
-    nesterov: bool = True  # bmuf: workers restart from the Nesterov look-ahead global + zeta delta (CBM-BMUF); false: from the global model
+    nesterov: bool = True  # bmuf: workers restart from the look-ahead global + momentum x Delta and a block's update is measured from it (NBM-BMUF); false: from the global model (CBM-BMUF, the paper's)
     outer_lr: float = 0.7  # diloco: learning rate of the outer SGD on the pseudo-gradient (Douillard et al. 2023)
     outer_momentum: float = 0.9  # diloco: Nesterov momentum of the outer SGD, in [0, 1)
     easgd_alpha: float = 0.1  # easgd: moving rate alpha = eta x lambda of the elastic exchange (Eq. 9), in (0, 1)
