@@ -72,7 +72,7 @@ def test_repeated_seeds_grouped(full_report):
         "3", "2", "1", "s1:4 s2:5 s3:never")
     # MLPerf: the failed run is the dropped slowest, the fastest (8) is dropped too; median of 8, 10, never: 10
     assert (float(row["olympic TTA min"]), float(row["median TTA min"]), float(row["median min/epoch"])) == (10.0, 10.0, 2.0)
-    assert row["RCP check"] == "no reference for preset 'cpu'"
+    assert row["RCP check"].startswith("reference is for another recipe: ")  # hand-written configs: not compared
     seeds = [r for r in _csv(full_report.parent / "seed_runs.csv") if r["metric"] == "cer" and r["target"] == "10.0"]
     assert [(r["epochs to target"], r["min/epoch"]) for r in seeds][:2] == [("4", "2.0"), ("5", "2.0")]
     assert "not distinguishable at 3 and 1 seeds (no exact 95% interval exists at so few seeds)" in {
