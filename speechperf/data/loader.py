@@ -143,7 +143,21 @@ def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: 
         return dataset
     prefetch = max(1, -(-cfg.prefetch_batches // cfg.readers))  # per reader, rounded up
     return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=cfg.readers, prefetch_factor=prefetch,
-                      generator=_readers_generator(seed, epoch, rank))
+                      generator=_readers_generator(seed, epoch, rank),
+                      worker_init_fn=_reader_ignores_stop_signals if cfg.readers else None)
+
+
+def _reader_ignores_stop_signals(_worker_id: int) -> None:
+    """A reader process ignores SIGTERM and SIGINT; the training process that owns it stops it.
+
+    Slurm's scancel, a terminal's Ctrl-C and ``kill -- -PGID`` signal every process of the
+    group: a reader that died of it made torch's SIGCHLD handler raise "DataLoader worker
+    killed" inside the training process, which then failed (once inside a checkpoint's
+    torch.save: "unexpected pos") instead of stopping saved and recorded as interrupted."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _readers_generator(seed: int, epoch: int, rank: int) -> torch.Generator:

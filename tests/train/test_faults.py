@@ -27,9 +27,10 @@ def _cli(*args, timeout=300):
                           timeout=timeout)
 
 
-def _popen(*args):
+def _popen(*args, session: bool = False):
+    """``speechperf train --json ARGS``; ``session``: in its own process group (as Slurm starts a job step)."""
     return subprocess.Popen([sys.executable, "-m", "speechperf", "train", "--json", *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=session)
 
 
 def _rows(run, sql):
@@ -177,19 +178,25 @@ def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_featur
 
 
 @pytest.mark.timeout(600)
-def test_sigterm_stops_saved_and_recorded_and_the_same_command_continues(tiny_features, tmp_path):
+@pytest.mark.parametrize("group", [False, True], ids=["process", "process-group"])
+def test_sigterm_stops_saved_and_recorded_and_the_same_command_continues(tiny_features, tmp_path, group):
     """SIGTERM (Slurm, Kubernetes, docker stop, torchrun) is handled as SIGINT: the run stops
     after the current step with a checkpoint, is recorded as interrupted (not finished), says
     that the same command continues it, exits 143; the same command then ends where an
-    uninterrupted run ends, weights bit for bit."""
-    args = [*TINY, "max_epochs=3", "checkpoint_every=4", "sentence_every=50"]
+    uninterrupted run ends, weights bit for bit. Sent to the whole process group (scancel,
+    Ctrl-C), its data readers ignore it: the run still stops as above instead of failing on
+    a dead reader."""
+    args = [*TINY, "max_epochs=3", "checkpoint_every=4", "sentence_every=50", f"readers={int(group)}"]
     ref, run = tmp_path / "ref", tmp_path / "run"
     p = _popen("--data", tiny_features, "--out", ref, *args)
     assert p.wait(timeout=300) == 0, p.stderr.read()
 
-    p = _popen("--data", tiny_features, "--out", run, *args)
+    p = _popen("--data", tiny_features, "--out", run, *args, session=group)
     assert _wait_checkpoint(run, p, 4), "the run finished before it could be stopped"
-    p.send_signal(signal.SIGTERM)
+    if group:
+        os.killpg(p.pid, signal.SIGTERM)
+    else:
+        p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=120) == 143
     err = p.stderr.read()
     assert "interrupted (SIGTERM)" in err and "run the same command again to continue" in err and str(run) in err
