@@ -73,6 +73,9 @@ def train(a, seed: int, out: Path, env: dict) -> None:
     done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
     if done.returncode not in (0, 1):  # 1: a diverged run, which is a result (it never reached the target)
         sys.exit(f"seed {seed}: train exited {done.returncode}")
+    status = (json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}).get("status", "")
+    if done.returncode == 1 and not status.startswith("diverged"):  # a crash is no convergence point: never recorded as one
+        sys.exit(f"seed {seed}: train failed ({status or 'no summary.json'}) in {out}; the same command continues it")
 
 
 def measured(a, seed: int, out: Path, isa: str) -> tuple[dict, dict, dict]:
