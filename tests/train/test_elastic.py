@@ -52,8 +52,8 @@ def _rank(parent: psutil.Process, rank: int):
 
 # checkpoints every 2 steps, synchronizations every 3: the kill falls inside a block
 # (asgd: its server serves the ranks in turn, which makes the run deterministic)
-# (bsp's state is local SGD's common part, which diloco's and bmuf's runs hold too)
-ALGOS = [pytest.param([], id="sync"), pytest.param(["algo.name=diloco", "algo.sync_every=3"], id="diloco"),
+ALGOS = [pytest.param([], id="sync"), pytest.param(["algo.name=bsp", "algo.sync_every=3"], id="bsp"),
+         pytest.param(["algo.name=diloco", "algo.sync_every=3"], id="diloco"),
          pytest.param(["algo.name=bmuf", "algo.sync_every=3"], id="bmuf"),
          pytest.param(["algo.name=asgd", "algo.sync_every=3", "algo.round_robin=true"], id="asgd"),
          pytest.param(["algo.name=easgd", "algo.sync_every=3", "algo.round_robin=true"], id="easgd")]
