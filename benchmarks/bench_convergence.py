@@ -33,7 +33,7 @@ from speechperf.config import load_preset  # noqa: E402
 from speechperf.metrics import rcp  # noqa: E402
 from speechperf.metrics.aggregate import olympic_mean  # noqa: E402
 from speechperf.metrics.tta import epochs_to_target  # noqa: E402
-from speechperf.results.run import Run  # noqa: E402
+from speechperf.results.run import Run, read_json  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.train.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
 from speechperf.telemetry.machine import hardware  # noqa: E402
@@ -73,7 +73,7 @@ def train(a, seed: int, out: Path, env: dict) -> None:
     done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
     if done.returncode not in (0, 1):  # 1: a diverged run, which is a result (it never reached the target)
         sys.exit(f"seed {seed}: train exited {done.returncode}")
-    status = (json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}).get("status", "")
+    status = read_json(out / "summary.json").get("status", "") if (out / "summary.json").is_file() else ""
     if done.returncode == 1 and not status.startswith("diverged"):  # a crash is no convergence point: never recorded as one
         sys.exit(f"seed {seed}: train failed ({status or 'no summary.json'}) in {out}; the same command continues it")
 

@@ -309,10 +309,14 @@ def bmuf_update(global_: torch.Tensor, delta: torch.Tensor, mean: torch.Tensor, 
     ``global + momentum x Delta`` under Nesterov's (Chen & Huo's NBM). Measured from the
     global model instead, NBM counts the momentum twice (Delta grows as 2 x momentum x Delta):
     a 2-worker tiny run so diverged (dev CER 78-93 over 10 epochs, sync 35.7 after 4)."""
-    start = global_ + momentum * delta if nesterov else global_
-    delta = momentum * delta + block_lr * (mean - start)
+    delta = momentum * delta + block_lr * (mean - _bmuf_start(global_, delta, momentum, nesterov))
     global_ = global_ + delta
-    return global_, delta, (global_ + momentum * delta if nesterov else global_)
+    return global_, delta, _bmuf_start(global_, delta, momentum, nesterov)
+
+
+def _bmuf_start(global_: torch.Tensor, delta: torch.Tensor, momentum: float, nesterov: bool) -> torch.Tensor:
+    """Where the workers start a block: the look-ahead (NBM) or the global model itself (CBM)."""
+    return global_ + momentum * delta if nesterov else global_
 
 
 @register("bmuf")
