@@ -192,6 +192,7 @@ def validate(cfg: RunConfig) -> None:
         (t.weight_decay >= 0, f"train.weight_decay={t.weight_decay} must be >= 0"),
         (t.warmup_iters >= 0, f"train.warmup_iters={t.warmup_iters} must be >= 0"),
         (t.lr_decay > 0, f"train.lr_decay={t.lr_decay} must be > 0"),
+        (t.lr_step_epochs >= 1, f"train.lr_step_epochs={t.lr_step_epochs} must be >= 1"),
         (t.lr_schedule in SCHEDULES, f"train.lr_schedule={t.lr_schedule!r} must be one of {', '.join(SCHEDULES)}"),
         (t.lr_schedule != "noam" or t.warmup_iters >= 1,
          f"train.lr_schedule=noam needs train.warmup_iters >= 1 (its peak), not {t.warmup_iters}"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DIST_BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl")  # train.dist_backend values
-SCHEDULES = ("epoch_decay", "noam", "cosine", "newbob")  # train.lr_schedule values (train/schedule.py)
+SCHEDULES = ("epoch_decay", "step", "noam", "cosine", "newbob")  # train.lr_schedule values (train/schedule.py)
 # train.protocol values: the benchmark protocols whose workload speechperf implements. Only its
 # own; AlgoPerf's ("algoperf": its frontend, SentencePiece outputs, models and padding) is not
 # implemented, so no run can claim it (metrics/targets.py refuses AlgoPerf's targets for these runs).
@@ -24,8 +24,9 @@ class TrainConfig:
     lr: float = 1.0  # learning rate (AdaDelta's default 1.0)
     weight_decay: float = 0.0  # decoupled weight decay (adamw) / L2 (adadelta)
     warmup_iters: int = 0  # linear warm-up: step s (from 0) of the first N runs at lr x (s+1)/N, any schedule
-    lr_schedule: str = "epoch_decay"  # learning rate per step (train/schedule.py): "epoch_decay" (lr x lr_decay^epochs done), "noam" (warm-up, then x sqrt(warmup_iters/step)), "cosine" (warm-up, then down to lr_min over max_epochs), "newbob" (halved every epoch once the validation loss improves < 1%; stops once it then improves < 0.1%)
-    lr_decay: float = 1.0  # epoch_decay: multiply the learning rate by this after every epoch
+    lr_schedule: str = "epoch_decay"  # learning rate per step (train/schedule.py): "epoch_decay" (lr x lr_decay^epochs done), "step" (lr x lr_decay^(epochs done // lr_step_epochs), torch's StepLR), "noam" (warm-up, then x sqrt(warmup_iters/step)), "cosine" (warm-up, then down to lr_min over max_epochs), "newbob" (halved every epoch once the validation loss improves < 1%; stops once it then improves < 0.1%)
+    lr_decay: float = 1.0  # epoch_decay: multiply the learning rate by this after every epoch; step: after every lr_step_epochs epochs
+    lr_step_epochs: int = 1  # step: epochs between two multiplications by lr_decay (StepLR's step_size)
     lr_min: float = 0.0  # cosine: the learning rate at the end of max_epochs epochs (<= lr)
     grad_clip: float = 400.0  # max global gradient norm (DS2 practice); 0 disables
     max_epochs: int = 50  # stop after this many epochs

@@ -3,6 +3,9 @@
 ``train.lr_schedule`` (its values: train/config.py's ``SCHEDULES``):
 
 - ``epoch_decay`` (the default, the paper's): ``lr_decay ** epochs_done``;
+- ``step`` (torch's ``StepLR`` over epochs, MLPerf's step recipes): warm-up, then
+  ``lr_decay ** (epochs_done // lr_step_epochs)``: constant, then multiplied by
+  ``lr_decay`` after every ``lr_step_epochs`` epochs;
 - ``noam`` (the Transformer's, as ESPnet and NeMo use it for Conformers): warm-up, then the
   inverse square root of the step, equal to 1 where the warm-up ends;
 - ``cosine``: warm-up, then half a cosine from 1 down to ``lr_min / lr`` at the end of
@@ -57,6 +60,8 @@ def factor(tc, step: int, epochs_done: int, total_steps: int, losses=()) -> floa
     w = tc.warmup_iters
     if tc.lr_schedule == "epoch_decay":
         return warmup(step, w) * tc.lr_decay ** epochs_done
+    if tc.lr_schedule == "step":
+        return warmup(step, w) * tc.lr_decay ** (epochs_done // tc.lr_step_epochs)
     if tc.lr_schedule == "newbob":
         return warmup(step, w) * newbob(losses[:epochs_done])
     if step < w:

@@ -28,6 +28,22 @@ def test_epoch_decay_is_the_previous_per_epoch_rule():
     assert factor(tc(lr_decay=0.5, warmup_iters=4), 1, 1, 0) == 0.5 * 0.5
 
 
+def test_step_is_torchs_steplr_over_epochs():
+    """``step``'s factor per epoch is what ``torch.optim.lr_scheduler.StepLR`` gives (the
+    reference), stepped once per epoch; a warm-up multiplies it as under every schedule."""
+    c = tc(lr_schedule="step", lr_decay=0.1, lr_step_epochs=3)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ref = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.1)
+    torch_rates = []
+    for _ in range(8):
+        torch_rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        ref.step()
+    assert [factor(c, 1000, e, 0) for e in range(8)] == pytest.approx(torch_rates)
+    assert [factor(c, 1000, e, 0) for e in range(8)] == pytest.approx([1, 1, 1, 0.1, 0.1, 0.1, 0.01, 0.01])
+    assert factor(replace(c, warmup_iters=4), 1, 3, 0) == pytest.approx(0.5 * 0.1)
+
+
 def test_noam_rises_to_one_then_falls_as_the_inverse_square_root():
     c = tc(lr_schedule="noam", warmup_iters=4)
     assert [factor(c, s, 0, 0) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
@@ -68,7 +84,8 @@ def test_the_scheduler_as_the_loop_steps_it():
 
 
 @pytest.mark.parametrize("override,message", [
-    ("lr_schedule=linear", "train.lr_schedule='linear' must be one of epoch_decay, noam, cosine"),
+    ("lr_schedule=linear", "train.lr_schedule='linear' must be one of epoch_decay, step, noam, cosine"),
+    ("lr_step_epochs=0", "train.lr_step_epochs=0 must be >= 1"),
     ("lr_schedule=noam", "train.lr_schedule=noam needs train.warmup_iters >= 1"),
     ("lr_min=1.0", "train.lr_min=1.0 must be in [0, train.lr=0.003]"),
     ("lr_min=-1.0", "train.lr_min=-1.0 must be in [0"),
