@@ -17,14 +17,14 @@ seed reached. A preset, recipe or corpus without a reference says so, never pass
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
 from speechperf.errors import SpeechperfError
-from speechperf.train.config import AlgoConfig
+from speechperf.config import SECTIONS, section_kind
 
 RCP_DIR = Path(__file__).resolve().parents[1] / "config" / "rcp"
 FORMAT = 1  # reference file "format"
@@ -79,6 +79,21 @@ def recipe(config: dict) -> dict:
     return flat
 
 
+def _completed(flat: dict) -> dict:
+    """``flat`` (a recipe) with every field it lacks at the default of today's code: a run or
+    reference recorded before a field existed (the [algo] section, train.lr_step_epochs)
+    trained with its default. A recipe naming a field this code does not know stays as it is
+    (and differs)."""
+    model = {"model": {"name": flat.get("model.name", "ds2")}}
+    defaults = {}
+    for section in SECTIONS:
+        try:
+            defaults[section] = dataclasses.asdict(section_kind(section, model)())
+        except ValueError:  # a model this code does not know (UnknownName): its fields stay as recorded
+            pass
+    return {**recipe(defaults), **flat}
+
+
 def epochs_of(ref: dict, target: float) -> list[int | None]:
     """The reference seeds' epochs to ``target`` (None: that seed never reached it)."""
     return [s.get("epochs", {}).get(_key(target)) for s in ref["seeds"]]
@@ -95,9 +110,7 @@ def applies(ref: dict | None, preset: str | None, config: dict, corpus: dict, me
         return f"no reference for preset {preset!r}" if preset else "no reference: the run names no preset"
     if (ref.get("metric"), ref.get("window")) != (metric, window):
         return f"reference is of {str(ref.get('metric')).upper()} over {ref.get('window')} epochs"
-    # a run or reference recorded before the [algo] section existed trained with its defaults (sync)
-    before = recipe({"algo": asdict(AlgoConfig())})
-    mine, theirs = {**before, **recipe(config)}, {**before, **ref.get("recipe", {})}
+    mine, theirs = _completed(recipe(config)), _completed(ref.get("recipe", {}))
     differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differ:
         shown = ", ".join(f"{k}={mine.get(k)!r} (reference {theirs.get(k)!r})" for k in differ[:3])
