@@ -13,4 +13,7 @@ if ! command -v chromium >/dev/null 2>&1; then
             || echo "warning: could not install chromium; the browser test will fail" >&2
     fi
 fi
-python -m pytest -q "$@"
+# Two workers (pytest-xdist): most cases wait on subprocesses (torchrun, the CLI) and run one
+# thread each, so two share a 2-core machine well; worksteal evens out the long cases.
+# Arguments after the script's name go to pytest (-n 0: one process).
+python -m pytest -q -n 2 --dist worksteal "$@"
