@@ -28,23 +28,42 @@ def _peak_cache(tmp_path_factory):
 TINY_HOURS = 0.03  # about a hundred short train utterances: seconds to synthesize and prepare
 
 
+def _shared(tmp_path_factory, name: str, build):
+    """A session folder built once per test run: under pytest-xdist every worker would build its
+    own (a tiny corpus costs ~35 s); the first worker builds it under a file lock in the run's
+    common temporary folder, the others wait and read it. Tests only read these folders."""
+    import os
+
+    from filelock import FileLock  # torch's own dependency
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # no xdist: this process is the whole run
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    folder = tmp_path_factory.getbasetemp().parent / f"shared-{name}"
+    built = folder.with_name(f"{folder.name}.built")  # beside it: nothing foreign inside the folder
+    with FileLock(f"{folder}.lock"):
+        if not built.exists():
+            folder.mkdir(exist_ok=True)
+            build(folder)
+            built.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory):
     from speechperf.corpus.synth import synthesize
 
-    root = tmp_path_factory.mktemp("corpus")
-    synthesize(root, hours=TINY_HOURS, seed=3, progress=False)
-    return root
+    return _shared(tmp_path_factory, "corpus",
+                   lambda root: synthesize(root, hours=TINY_HOURS, seed=3, progress=False))
 
 
 @pytest.fixture(scope="session")
 def tiny_features(tiny_corpus, tmp_path_factory):
     from speechperf.features.prepare import prepare
 
-    out = tmp_path_factory.mktemp("features")
-    prepare(tiny_corpus, out, progress=False, workers=1)
-    return out
-
+    return _shared(tmp_path_factory, "features",
+                   lambda out: prepare(tiny_corpus, out, progress=False, workers=1))
 
 
 def tone(seconds, rate=16000, f=440.0):
