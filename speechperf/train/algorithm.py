@@ -424,9 +424,9 @@ class AsyncSGD(LocalSGD):
             ps.host(self._flat(), self.world, self.cfg.easgd_alpha, self.cfg.round_robin)
         if self.world > 1:
             dist.barrier()  # the server exists before anyone calls it
-        w, self.seen = ps.call("pull")
-        self._unflat(w)
-        self.anchor = w.clone()  # the model this rank last pulled
+        # Every rank holds the server's model already (wrap broadcast it): no pull here. A
+        # pull raced with the first pushes: a slow rank pulled a model others had moved (CI).
+        self.anchor, self.seen = self._flat(), 0  # the model this rank last pulled, its version
 
     def _flat(self) -> torch.Tensor:
         return torch.nn.utils.parameters_to_vector(self.core.parameters()).detach().cpu()
@@ -441,10 +441,12 @@ class AsyncSGD(LocalSGD):
 
         if self.world > 1:
             dist.barrier()
-        if self.rank != 0:
-            return self.core
-        model = copy.deepcopy(self.core)
-        torch.nn.utils.vector_to_parameters(ps.call("pull")[0].to(self.device), model.parameters())
+        model = self.core
+        if self.rank == 0:
+            model = copy.deepcopy(self.core)
+            torch.nn.utils.vector_to_parameters(ps.call("pull")[0].to(self.device), model.parameters())
+        if self.world > 1:
+            dist.barrier()  # read before any rank pushes again (first come, first served, one could)
         return model
 
     def state_dict(self, state):

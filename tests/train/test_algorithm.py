@@ -1,6 +1,7 @@
 """The data-parallel algorithms' hooks (train/algorithm.py) on 2 gloo processes, float64, a
 tiny model, against a serial simulation of their update rules; the ``algo`` config section."""
 import os
+import time
 
 import pytest
 import torch
@@ -231,6 +232,16 @@ def async_worker(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
+    if rank == 1:  # a slow worker: whatever it pulls arrives late (in CI, under load, it did: rank 0 had
+        # exchanged already, and rank 1 started from another model)
+        call = param_server.call
+
+        def late(method, *args):
+            if method == "pull":
+                time.sleep(1.0)
+            return call(method, *args)
+
+        param_server.call = late
     results = {}
     for name, every in (("asgd", 1), ("easgd", 2)):
         cfg = AlgoConfig(name=name, sync_every=every, easgd_alpha=ALPHA, round_robin=True)
