@@ -412,9 +412,9 @@ class DiLoCo(LocalSGD):
 
 
 class AsyncSGD(LocalSGD):
-    """The asynchronous algorithms' common part: the server on rank 0, from the common start;
-    every rank pulls it. A checkpoint holds the server's model and version (rank 0) and
-    every rank's own model, optimizer, RNG and last pull."""
+    """The asynchronous algorithms' common part: the server on rank 0, from the common start
+    that wrap broadcast (every rank holds it: none pulls it). A checkpoint holds the server's
+    model and version (rank 0) and every rank's own model, optimizer, RNG and last pull."""
 
     def start(self):
         from speechperf.train import param_server as ps
