@@ -162,7 +162,27 @@ def group_row(name: str, outcomes: list[Outcome], metric: str, window: int) -> d
             "min TTA min": reached[0] if reached else None, "max TTA min": reached[-1] if reached else None,
             "median epochs to target": _median([o.epochs or math.inf for o in counted]),
             "median min/epoch": _median([o.min_per_epoch for o in outcomes if o.min_per_epoch is not None]),
-            "epochs to target per seed": per_seed(outcomes)}
+            "min/epoch max/min": speed_spread(outcomes), "epochs to target per seed": per_seed(outcomes)}
+
+
+SPEED_SPREAD_NOTE = 1.10  # min/epoch max/min above which a group's TTA spread is flagged as partly the machine's
+
+
+def speed_spread(outcomes: list[Outcome]) -> float | None:
+    """max/min of the seeds' minutes per epoch: the same configuration on the same machine
+    should give ~1.0; more says the machine's speed changed between seeds (a shared or
+    throttled host), so part of the group's TTA spread is the machine's, not the seeds'."""
+    speeds = [o.min_per_epoch for o in outcomes if o.min_per_epoch]
+    return max(speeds) / min(speeds) if len(speeds) > 1 else None
+
+
+def speed_notes(groups: list[dict]) -> list[str]:
+    """A line per group and target whose minutes per epoch varied by more than
+    :data:`SPEED_SPREAD_NOTE` between its seeds."""
+    return [f"{g['group']} (target {g['target']:g}): minutes per epoch varied {g['min/epoch max/min']:.2f}x between "
+            f"seeds on one machine: its TTA spread is partly the machine's speed, not the seeds'; rerun on a quiet "
+            f"machine before ranking on it." for g in groups
+            if g.get("min/epoch max/min") is not None and g["min/epoch max/min"] > SPEED_SPREAD_NOTE]
 
 
 def per_seed(outcomes: list[Outcome]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from speechperf.metrics.aggregate import SeedRun, aggregate
+from speechperf.metrics.aggregate import SeedRun, aggregate, speed_notes
 
 
 def seed_run(label: str, config: dict, env: dict, status: str | None, evals: list[dict], metric: str,
@@ -77,6 +77,7 @@ def study_notes(study: dict) -> list[str]:
     lines.append("Error at TTA [95%]: the validation error at the evaluation where the target was declared, with its "
                  "95% bootstrap interval over the validation utterances (the split's resolution, not the seeds' spread; "
                  "none for rows recorded before it).")
+    lines += speed_notes(study["groups"])
     if study["comparisons"]:
         lines.append("Ratios: median of the seed-pair TTA ratios A/B with an exact 95% (Mann-Whitney) interval; an "
                      "interval holding 1 means these seeds cannot tell the two apart.")

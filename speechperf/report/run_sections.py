@@ -199,6 +199,7 @@ def price_section(ctx: Context) -> Section:
 
 @register_section("repeated", 110)
 def repeated_section(ctx: Context) -> Section:
+    from speechperf.metrics.aggregate import speed_notes
     from speechperf.metrics.study import seed_runs_table
 
     runs, groups, comparisons = seed_runs_table(ctx.runs, ctx.targets)
@@ -210,6 +211,7 @@ def repeated_section(ctx: Context) -> Section:
                    "points (mlperf-logging's RCP checker)."),
               Table("repeated.csv", groups, "no run has a TTA target of the metrics shown"),
               Table("seed_runs.csv", runs, "no run has a TTA target of the metrics shown")]
+    blocks += [Note(line) for line in speed_notes(groups)]
     if comparisons:
         blocks += [Note("Between groups of one workload: median of the seed-pair TTA ratios A/B with an exact 95% "
                         "(Mann-Whitney) interval; an interval holding 1 says these seeds cannot tell the two apart."),

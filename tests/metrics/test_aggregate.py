@@ -71,3 +71,20 @@ def test_a_clear_winner_is_ranked_and_its_factor_named():
 def test_single_runs_are_never_ranked():
     _, _, (c,) = rows([run("fast", 1, 3), run("slow", 1, 8)])
     assert c["verdict"].startswith("not distinguishable at 1 and 1 seeds") and math.isinf(c["95% high"])
+
+
+def test_a_group_whose_machine_changed_speed_between_seeds_is_flagged():
+    from dataclasses import replace
+
+    from speechperf.metrics.aggregate import speed_notes
+
+    steady = [run("fast", s, 3) for s in (1, 2, 3)]  # 1.0 min per epoch each
+    _, (g,), _ = rows(steady)
+    assert g["min/epoch max/min"] == 1.0 and speed_notes([g]) == []
+    slowed = replace(steady[2], evals=tuple((t * 1.25, c) for t, c in steady[2].evals))  # same machine, 1.25 min/epoch
+    _, (g,), _ = rows(steady[:2] + [slowed])
+    assert g["min/epoch max/min"] == pytest.approx(1.25)
+    (line,) = speed_notes([g])
+    assert "varied 1.25x" in line and g["group"] in line
+    _, (one,), _ = rows(steady[:1])
+    assert one["min/epoch max/min"] is None and speed_notes([one]) == []
