@@ -158,6 +158,9 @@ def cmd_train(a) -> int:
 
     if a.seeds is not None:
         return _train_seeds(a, RESUME_MODES)
+    if a.parallel != 1:
+        raise SpeechperfError(f"--parallel {a.parallel} without --seeds: it places seeds side by side; one run "
+                              "trains with all the devices it is given (torchrun for several)")
     result = train(
         preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
         overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, quiet=a.json,
@@ -180,12 +183,21 @@ def _train_seeds(a, resume_modes) -> int:
     if a.resume not in resume_modes:
         raise SpeechperfError(f"--resume {a.resume} with --seeds: --resume takes {', '.join(resume_modes)} there "
                               "(each seed's folder is continued as the same command continues one run)")
-    rank0 = DistEnv.from_env().rank == 0
+    env = DistEnv.from_env()
+    rank0 = env.rank == 0
     say = print if rank0 and not a.json else None
-    results = train_seeds(a.seeds, preset=a.preset, data=Path(a.data) if a.data else None,
-                          out=Path(a.out) if a.out else None, overrides=a.overrides, resume=a.resume,
-                          db_path=Path(a.db) if a.db else None, quiet=a.json, platform=a.platform, label=a.label,
-                          say=(lambda msg: say(f"[seeds] {msg}", flush=True)) if say else None)
+    say_seeds = (lambda msg: say(f"[seeds] {msg}", flush=True)) if say else None
+    common = dict(preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
+                  overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, platform=a.platform,
+                  label=a.label, say=say_seeds)
+    if a.parallel > 1:
+        from speechperf.train.seed_slots import train_seeds_parallel
+
+        if env.world > 1:
+            raise SpeechperfError("--parallel places one seed per device itself: run it without torchrun")
+        results = train_seeds_parallel(a.seeds, a.parallel, **common)
+    else:
+        results = train_seeds(a.seeds, quiet=a.json, **common)
     if rank0:  # the text table: what tells the seeds apart; --json: every summary in full
         emit(results, a.json, columns=None if a.json else ["seed", "run", "status", "epochs", "iterations",
                                                              "clock_min", "last_wer", "last_cer"])
@@ -397,6 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "(train.seed=S): a count N (seeds 1..N), a list 3,7 or a range 6-10; the same command "
                          "continues an interrupted seed and only reads finished ones; the first seed that fails stops "
                          "it (exit 1). Without it, --out is the run folder")
+    sp.add_argument("--parallel", type=int, default=1, metavar="K",
+                    help="with --seeds: train K seeds at once, each its own process: one GPU each where CUDA is "
+                         "(K at most the GPUs visible), else the CPUs shared (train.threads = CPUs // K unless "
+                         "given); each seed's output in --out/seed-S.log; a failed seed stops the others, saved")
     sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
 
     sp = add("tta", cmd_tta, "time-to-accuracy table (Table 4 form)")

@@ -1,0 +1,169 @@
+"""Seeds side by side: ``train --seeds N --parallel K`` trains K seeds at once, one per device.
+
+A machine with several GPUs can time one seed per GPU, so that five seeds take the time of
+one (issue 22: "--seeds may place one seed per device"). Each seed is its own process, the
+ordinary single-seed command ``speechperf train --seeds S-S`` (train/seeds.py: the same run
+folder ``OUT/seed-S``, label and resume rules as one after another), started with the slot's
+device alone visible: ``CUDA_VISIBLE_DEVICES`` set to one of the GPUs this process sees. On a
+CPU the slots share the cores: each seed gets ``train.threads = cores // K`` unless the
+configuration names its threads (thread count changes the float sums, so it is recorded in
+every run's configuration like any other field and groups them apart in ``tta``).
+
+A seed that fails stops the command as one after another does: the seeds still training are
+sent SIGTERM (each saves a checkpoint and stops as interrupted, train/stop.py), no new seed
+starts, and the error names the failed seed, its folder and its log; the same command then
+continues every unfinished seed. SIGTERM or SIGINT to this process does the same to its
+seeds. Each seed's output goes to ``OUT/seed-S.log`` (K processes writing to one terminal
+would interleave).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from speechperf.config import ConfigError, load_preset
+from speechperf.errors import RunFailed, SpeechperfError
+from speechperf.train.seeds import refuse_seed_override, seed_folder
+
+POLL_S = 0.2  # how often the seeds' processes are polled
+
+
+def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform: str | None = None,
+                  cuda_devices: Sequence[str] | None = None, cores: int | None = None) -> list[tuple[dict, list[str]]]:
+    """Per slot: (environment additions, extra overrides). ``cuda_devices``: the GPUs this
+    process sees (None: asked of torch); ``cores``: the CPUs it may use (None: its affinity)."""
+    if parallel < 1:
+        raise ConfigError(f"--parallel {parallel}: at least 1")
+    tc = load_preset(preset, list(overrides), platform).train  # refuses a bad override before any seed starts
+    if cuda_devices is None:
+        cuda_devices = _visible_gpus()
+    if tc.device != "cpu" and cuda_devices:
+        if tc.device not in ("auto", "cuda"):
+            raise ConfigError(f"--parallel {parallel} with train.device={tc.device}: each seed gets its own GPU; "
+                              "drop train.device (or give cuda) to place them")
+        if parallel > len(cuda_devices):
+            raise ConfigError(f"--parallel {parallel}: {len(cuda_devices)} GPU(s) visible ({','.join(cuda_devices)}); "
+                              "one seed per GPU")
+        return [({"CUDA_VISIBLE_DEVICES": d}, []) for d in cuda_devices[:parallel]]
+    cores = cores or len(os.sched_getaffinity(0))
+    if tc.threads > 0:
+        if tc.threads * parallel > cores:
+            raise ConfigError(f"--parallel {parallel} x train.threads={tc.threads} is more than the {cores} CPUs this "
+                              "process may use: the seeds would slow each other unevenly")
+        return [({}, [])] * parallel
+    if parallel > cores:
+        raise ConfigError(f"--parallel {parallel}: only {cores} CPUs; at least one thread per seed")
+    return [({}, [f"train.threads={cores // parallel}"])] * parallel
+
+
+def _visible_gpus() -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in named.split(",") if d.strip()] if named else []
+    return ids[:torch.cuda.device_count()] or [str(k) for k in range(torch.cuda.device_count())]
+
+
+def seed_command(seed: int, preset: str, data: Path | None, out: Path, overrides: Sequence[str], resume: str,
+                 label: str | None, platform: str | None, db_path: Path | None) -> list[str]:
+    """The single-seed command a slot runs: ``speechperf train --seeds S-S --json ...`` (a range:
+    a bare ``--seeds S`` counts seeds 1..S)."""
+    argv = [sys.executable, "-m", "speechperf", "train", "--preset", preset, "--out", str(out), "--seeds", f"{seed}-{seed}",
+            "--resume", resume, "--json"]
+    for flag, value in (("--data", data), ("--label", label), ("--platform", platform), ("--db", db_path)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + list(overrides)
+
+
+def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu", data: Path | None = None,
+                         out: Path | None = None, overrides: Sequence[str] = (), *, resume: str = "auto",
+                         label: str | None = None, platform: str | None = None, db_path: Path | None = None,
+                         say: Callable[[str], None] | None = None,
+                         command: Callable[..., list[str]] = seed_command, **settings_kw) -> list[dict]:
+    """Train the seeds ``parallel`` at a time (:func:`slot_settings`); their summaries in seed
+    order, as :func:`speechperf.train.seeds.train_seeds` returns them. ``command``: the argv of
+    one seed's process (tests put a stand-in there)."""
+    if out is None:
+        raise ConfigError("train --seeds needs --out DIR (one run folder per seed inside it)")
+    refuse_seed_override(overrides)
+    slots = slot_settings(parallel, preset, overrides, platform, **settings_kw)
+    say = say or (lambda msg: None)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    todo, running, done = list(seeds), {}, {}  # running: slot -> (seed, Popen, log path)
+    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while todo or running:
+            for slot in [k for k in range(len(slots)) if k not in running][:len(todo)]:
+                seed = todo.pop(0)
+                env, extra = slots[slot]
+                log = Path(out) / f"seed-{seed}.log"
+                say(f"seed {seed} ({len(done) + len(running) + 1} of {len(seeds)}) -> {seed_folder(Path(out), seed)}"
+                    f"{' on GPU ' + env['CUDA_VISIBLE_DEVICES'] if env else ''}; its output: {log}")
+                with open(log, "ab") as f:
+                    argv = command(seed, preset, data, Path(out), [*overrides, *extra], resume, label, platform, db_path)
+                    # its own session: a terminal's Ctrl-C reaches this process only, which asks each
+                    # seed once (a second signal would stop a seed at once, without its checkpoint)
+                    running[slot] = (seed, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=f,
+                                                            env={**os.environ, **env}, start_new_session=True), log)
+            time.sleep(POLL_S)
+            for slot, (seed, proc, log) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[slot]
+                done[seed] = _finished(seed, proc, log, Path(out))
+    except BaseException as e:
+        _stop_all(running)
+        if isinstance(e, SpeechperfError):
+            left = sorted(todo + [s for s, _, _ in running.values()])
+            e.add_note(f"seeds {', '.join(map(str, left))} not finished: the same command continues them" if left
+                       else "every other seed finished")
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return [done[s] for s in seeds]
+
+
+class _Stopped(SpeechperfError):
+    exit_code = 143
+
+
+def _raise_stop(signum, frame):
+    raise _Stopped(f"stopped by {signal.Signals(signum).name}: the seeds still training were asked to save and stop")
+
+
+def _finished(seed: int, proc: subprocess.Popen, log: Path, out: Path) -> dict:
+    """A seed's summary from its process's --json output, or the error naming it."""
+    stdout = proc.stdout.read().decode() if proc.stdout else ""
+    proc.wait()
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        raise RunFailed(f"seed {seed} exited {proc.returncode} ({seed_folder(out, seed)}; log {log}): "
+                        f"{' | '.join(tail) or 'no output'}")
+    try:
+        (summary,) = json.loads(stdout)
+    except ValueError as e:
+        raise RunFailed(f"seed {seed} ({seed_folder(out, seed)}) printed no summary ({e}); log {log}") from None
+    return summary
+
+
+def _stop_all(running: dict) -> None:
+    """SIGTERM every seed still training, then wait for each to save and stop."""
+    for _, proc, _ in running.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for _, proc, _ in running.values():
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
