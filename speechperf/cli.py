@@ -164,7 +164,7 @@ def cmd_train(a) -> int:
     result = train(
         preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
         overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, quiet=a.json,
-        platform=a.platform, label=a.label,
+        platform=a.platform, label=a.label, label_suffix=a.label_suffix,
     )
     from speechperf.train.distributed import DistEnv
 
@@ -351,7 +351,7 @@ def cmd_demo(a) -> int:
     from speechperf.demo import run_demo
 
     rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json,
-                    seeds=a.seeds)
+                    seeds=a.seeds, parallel=a.parallel)
     if not a.json:
         _error_column(rows)
     emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative",
@@ -409,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(train.seed=S): a count N (seeds 1..N), a list 3,7 or a range 6-10; the same command "
                          "continues an interrupted seed and only reads finished ones; the first seed that fails stops "
                          "it (exit 1). Without it, --out is the run folder")
+    sp.add_argument("--label-suffix", default="", help=argparse.SUPPRESS)  # a seed of --parallel: " seed S"
     sp.add_argument("--parallel", type=int, default=1, metavar="K",
                     help="with --seeds: train K seeds at once, each its own process: one GPU each where CUDA is "
                          "(K at most the GPUs visible), else the CPUs shared (train.threads = CPUs // K unless "
@@ -512,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="train the recipe once per seed (a count N, a list 3,7 or a range 6-10): seed 1 in DIR/run, "
                          "seed S in DIR/run-seed-S; the TTA table and the report cover them all. Default: one run "
                          "(DIR/run), and the demo says what one seed cannot tell")
+    sp.add_argument("--parallel", type=int, default=1, metavar="K",
+                    help="with --seeds: K seeds at once, one GPU each (or the CPUs shared), as train --parallel")
     sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
     return p
 

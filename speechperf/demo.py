@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from speechperf.config import load_preset
+from speechperf.config import ConfigError, load_preset
 from speechperf.metrics.targets import METRICS
 from speechperf.results.workload import workload, workload_label
 
@@ -51,13 +51,14 @@ def pick_preset(cuda: bool | None = None) -> tuple[str, str]:
 
 
 def run_demo(out: Path, hours: float | None = None, minutes: float | None = None, preset: str | None = None,
-             overrides=(), quiet: bool = False, seeds=None) -> list[dict]:
+             overrides=(), quiet: bool = False, seeds=None, parallel: int = 1) -> list[dict]:
     """Run (or continue) the demo under ``out``; returns the TTA rows (CER then WER, the paper's
     targets; a row per seed's run), each naming the workload (model, parameters).
 
     ``preset`` None: the machine's (:func:`pick_preset`); any preset (or TOML file) runs, its
     audio hours from PRESET_HOURS, else DEFAULT_HOURS. ``seeds``: None, one run in ``DIR/run``
-    with the preset's seed (as before seeds existed); else those seeds (:func:`demo_folder`)."""
+    with the preset's seed (as before seeds existed); else those seeds (:func:`demo_folder`),
+    ``parallel`` at a time (train/seed_slots.py: one GPU each, or the CPUs shared)."""
     from speechperf.corpus.synth import synthesize
     from speechperf.features.prepare import prepare
     from speechperf.metrics.tta import tta_table
@@ -68,6 +69,8 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     overrides = list(overrides)
     if seeds is not None:
         refuse_seed_override(overrides)  # before minutes of synthesis
+    if parallel != 1 and seeds is None:
+        raise ConfigError(f"--parallel {parallel} without --seeds: it places seeds side by side")
     if minutes is not None:
         overrides.append(f"train.time_cap_minutes={minutes}")
     say = (lambda msg: None) if quiet else (lambda msg: print(f"[demo] {msg}", flush=True))
@@ -93,6 +96,11 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
                 f"({time.perf_counter() - t0:.0f} s so far)")
     if seeds is None:
         train(preset=preset, data=out / "features", out=runs[0], overrides=overrides, quiet=quiet, resume="auto")
+    elif parallel > 1:  # as below, `parallel` seeds at a time, each its own process
+        from speechperf.train.seed_slots import train_seeds_parallel
+
+        train_seeds_parallel(seeds, parallel, preset, out / "features", out, overrides, folder=demo_folder,
+                             resume="auto", say=say)
     else:  # finished seeds are only read again; the first seed that fails stops the demo (exit 1)
         train_seeds(seeds, preset, out / "features", out, overrides, folder=demo_folder, quiet=quiet, resume="auto")
     _beam_sweep(runs[0], say)  # Table 3 is the decoder's trade-off of one model: the first seed's

@@ -1,4 +1,6 @@
 """The demo picks the machine's preset (gpu with CUDA, else cpu) and says so; --preset wins."""
+import os
+
 import pytest
 import torch
 
@@ -64,7 +66,7 @@ def test_every_preset_runs_and_the_demo_names_it_and_its_workload(preset, synth_
 
 
 def test_demo_seeds_layout_and_one_seed_line(tiny_features, monkeypatch, tmp_path, capsys):
-    """--seeds 2: seed 1 in DIR/run (where a one-seed demo keeps it), seed 2 in DIR/run-seed-2,
+    """--seeds 2 --parallel 2: seed 1 in DIR/run (where a one-seed demo keeps it), seed 2 in DIR/run-seed-2,
     the TTA rows and the report cover both as one group; run again without --seeds, the demo
     reads DIR/run as it is and says what one seed cannot tell."""
     import csv
@@ -78,7 +80,8 @@ def test_demo_seeds_layout_and_one_seed_line(tiny_features, monkeypatch, tmp_pat
     monkeypatch.setattr(demo, "_beam_sweep", lambda run, say: swept.append(run))  # Table 3: not what this tests
     out = tmp_path / "d"
     args = dict(preset="tiny", overrides=["threads=1", "max_epochs=1"])
-    rows = demo.run_demo(out, seeds=(1, 2), **args)
+    # side by side (train/seed_slots.py: each seed a `speechperf train` process) in the demo's layout
+    rows = demo.run_demo(out, seeds=(1, 2), parallel=2 if len(os.sched_getaffinity(0)) >= 2 else 1, **args)
     for folder, seed in (("run", 1), ("run-seed-2", 2)):
         assert json.loads((out / folder / "config.json").read_text())["train"]["seed"] == seed
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("run")) == ["run", "run-seed-2"]

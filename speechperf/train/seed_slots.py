@@ -2,8 +2,8 @@
 
 A machine with several GPUs can time one seed per GPU, so that five seeds take the time of
 one (issue 22: "--seeds may place one seed per device"). Each seed is its own process, the
-ordinary single-seed command ``speechperf train --seeds S-S`` (train/seeds.py: the same run
-folder ``OUT/seed-S``, label and resume rules as one after another), started with the slot's
+ordinary one-run ``speechperf train --out OUT/seed-S ... train.seed=S`` (the run folder, label
+and resume rules of train/seeds.py's one after another), started with the slot's
 device alone visible: ``CUDA_VISIBLE_DEVICES`` set to one of the GPUs this process sees. On a
 CPU the slots share the cores: each seed gets ``train.threads = cores // K`` unless the
 configuration names its threads (thread count changes the float sums, so it is recorded in
@@ -72,26 +72,27 @@ def _visible_gpus() -> list[str]:
     return ids[:torch.cuda.device_count()] or [str(k) for k in range(torch.cuda.device_count())]
 
 
-def seed_command(seed: int, preset: str, data: Path | None, out: Path, overrides: Sequence[str], resume: str,
+def seed_command(seed: int, preset: str, data: Path | None, run: Path, overrides: Sequence[str], resume: str,
                  label: str | None, platform: str | None, db_path: Path | None) -> list[str]:
-    """The single-seed command a slot runs: ``speechperf train --seeds S-S --json ...`` (a range:
-    a bare ``--seeds S`` counts seeds 1..S)."""
-    argv = [sys.executable, "-m", "speechperf", "train", "--preset", preset, "--out", str(out), "--seeds", f"{seed}-{seed}",
-            "--resume", resume, "--json"]
+    """The command a slot runs: the one-run ``speechperf train --out RUN --json ... train.seed=S``
+    with the label suffix ``train --seeds`` gives (`` seed S``)."""
+    argv = [sys.executable, "-m", "speechperf", "train", "--preset", preset, "--out", str(run), "--resume", resume,
+            "--json", f"--label-suffix= seed {seed}"]
     for flag, value in (("--data", data), ("--label", label), ("--platform", platform), ("--db", db_path)):
         if value is not None:
             argv += [flag, str(value)]
-    return argv + list(overrides)
+    return argv + [*overrides, f"train.seed={seed}"]
 
 
 def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu", data: Path | None = None,
                          out: Path | None = None, overrides: Sequence[str] = (), *, resume: str = "auto",
                          label: str | None = None, platform: str | None = None, db_path: Path | None = None,
-                         say: Callable[[str], None] | None = None,
+                         say: Callable[[str], None] | None = None, folder: Callable[[Path, int], Path] = seed_folder,
                          command: Callable[..., list[str]] = seed_command, **settings_kw) -> list[dict]:
     """Train the seeds ``parallel`` at a time (:func:`slot_settings`); their summaries in seed
-    order, as :func:`speechperf.train.seeds.train_seeds` returns them. ``command``: the argv of
-    one seed's process (tests put a stand-in there)."""
+    order, as :func:`speechperf.train.seeds.train_seeds` returns them. ``folder(out, seed)``: the
+    seed's run folder (the demo has its own); ``command``: the argv of one seed's process
+    (tests put a stand-in there)."""
     if out is None:
         raise ConfigError("train --seeds needs --out DIR (one run folder per seed inside it)")
     refuse_seed_override(overrides)
@@ -106,10 +107,11 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu
                 seed = todo.pop(0)
                 env, extra = slots[slot]
                 log = Path(out) / f"seed-{seed}.log"
-                say(f"seed {seed} ({len(done) + len(running) + 1} of {len(seeds)}) -> {seed_folder(Path(out), seed)}"
+                say(f"seed {seed} ({len(done) + len(running) + 1} of {len(seeds)}) -> {folder(Path(out), seed)}"
                     f"{' on GPU ' + env['CUDA_VISIBLE_DEVICES'] if env else ''}; its output: {log}")
                 with open(log, "ab") as f:
-                    argv = command(seed, preset, data, Path(out), [*overrides, *extra], resume, label, platform, db_path)
+                    argv = command(seed, preset, data, folder(Path(out), seed), [*overrides, *extra], resume, label,
+                                   platform, db_path)
                     # its own session: a terminal's Ctrl-C reaches this process only, which asks each
                     # seed once (a second signal would stop a seed at once, without its checkpoint)
                     running[slot] = (seed, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=f,
@@ -119,7 +121,7 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu
                 if proc.poll() is None:
                     continue
                 del running[slot]
-                done[seed] = _finished(seed, proc, log, Path(out))
+                done[seed] = _finished(seed, proc, log, folder(Path(out), seed))
     except BaseException as e:
         _stop_all(running)
         if isinstance(e, SpeechperfError):
@@ -141,19 +143,20 @@ def _raise_stop(signum, frame):
     raise _Stopped(f"stopped by {signal.Signals(signum).name}: the seeds still training were asked to save and stop")
 
 
-def _finished(seed: int, proc: subprocess.Popen, log: Path, out: Path) -> dict:
+def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path) -> dict:
     """A seed's summary from its process's --json output, or the error naming it."""
     stdout = proc.stdout.read().decode() if proc.stdout else ""
     proc.wait()
-    if proc.returncode != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-        raise RunFailed(f"seed {seed} exited {proc.returncode} ({seed_folder(out, seed)}; log {log}): "
-                        f"{' | '.join(tail) or 'no output'}")
     try:
         (summary,) = json.loads(stdout)
-    except ValueError as e:
-        raise RunFailed(f"seed {seed} ({seed_folder(out, seed)}) printed no summary ({e}); log {log}") from None
-    return summary
+    except ValueError:
+        summary = None
+    if proc.returncode == 0 and summary is not None:
+        return {"seed": seed, **summary, "run": str(run)}
+    if summary is not None:  # trained to a bad end (diverged): its status says how
+        raise RunFailed(f"seed {seed} ended {summary.get('status')} ({run}; log {log})")
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+    raise RunFailed(f"seed {seed} exited {proc.returncode} ({run}; log {log}): {' | '.join(tail) or 'no output'}")
 
 
 def _stop_all(running: dict) -> None:

@@ -57,8 +57,8 @@ time.sleep(60)
 """
 
 
-def _fake(seed, preset, data, out, overrides, resume, label, platform, db_path):
-    return [sys.executable, "-c", FAKE, str(seed), str(out)]
+def _fake(seed, preset, data, run, overrides, resume, label, platform, db_path):
+    return [sys.executable, "-c", FAKE, str(seed), str(run.parent)]
 
 
 def test_a_failing_seed_stops_the_others_saved_and_names_itself(tmp_path):
