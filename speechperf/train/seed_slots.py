@@ -13,12 +13,11 @@ A seed that fails stops the command as one after another does: the seeds still t
 sent SIGTERM (each saves a checkpoint and stops as interrupted, train/stop.py), no new seed
 starts, and the error names the failed seed, its folder and its log; the same command then
 continues every unfinished seed. SIGTERM or SIGINT to this process does the same to its
-seeds. Each seed's output goes to ``OUT/seed-S.log`` (K processes writing to one terminal
-would interleave).
+seeds. Each seed's output (its epoch lines, its errors) goes to ``OUT/seed-S.log`` (K
+processes writing to one terminal would interleave); its summary is read from its run folder.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -74,10 +73,10 @@ def _visible_gpus() -> list[str]:
 
 def seed_command(seed: int, preset: str, data: Path | None, run: Path, overrides: Sequence[str], resume: str,
                  label: str | None, platform: str | None, db_path: Path | None) -> list[str]:
-    """The command a slot runs: the one-run ``speechperf train --out RUN --json ... train.seed=S``
+    """The command a slot runs: the one-run ``speechperf train --out RUN ... train.seed=S``
     with the label suffix ``train --seeds`` gives (`` seed S``)."""
     argv = [sys.executable, "-m", "speechperf", "train", "--preset", preset, "--out", str(run), "--resume", resume,
-            "--json", f"--label-suffix= seed {seed}"]
+            f"--label-suffix= seed {seed}"]
     for flag, value in (("--data", data), ("--label", label), ("--platform", platform), ("--db", db_path)):
         if value is not None:
             argv += [flag, str(value)]
@@ -114,7 +113,7 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu
                                    platform, db_path)
                     # its own session: a terminal's Ctrl-C reaches this process only, which asks each
                     # seed once (a second signal would stop a seed at once, without its checkpoint)
-                    running[slot] = (seed, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=f,
+                    running[slot] = (seed, subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
                                                             env={**os.environ, **env}, start_new_session=True), log)
             time.sleep(POLL_S)
             for slot, (seed, proc, log) in list(running.items()):
@@ -144,19 +143,21 @@ def _raise_stop(signum, frame):
 
 
 def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path) -> dict:
-    """A seed's summary from its process's --json output, or the error naming it."""
-    stdout = proc.stdout.read().decode() if proc.stdout else ""
+    """A seed's summary (its run folder's, read as ``train`` reports a finished run), or the
+    error naming it."""
+    from speechperf.results.run import Run
+
     proc.wait()
     try:
-        (summary,) = json.loads(stdout)
-    except ValueError:
+        summary = Run.open(run).summary() if (run / "summary.json").is_file() else None
+    except SpeechperfError:
         summary = None
     if proc.returncode == 0 and summary is not None:
         return {"seed": seed, **summary, "run": str(run)}
-    if summary is not None:  # trained to a bad end (diverged): its status says how
-        raise RunFailed(f"seed {seed} ended {summary.get('status')} ({run}; log {log})")
+    status = f", its run's status {summary.get('status')!r}" if summary is not None else ""  # diverged: how
     tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-    raise RunFailed(f"seed {seed} exited {proc.returncode} ({run}; log {log}): {' | '.join(tail) or 'no output'}")
+    raise RunFailed(f"seed {seed} exited {proc.returncode}{status} ({run}; log {log}): "
+                    f"{' | '.join(tail) or 'no output'}")
 
 
 def _stop_all(running: dict) -> None:
