@@ -129,3 +129,12 @@ def test_sigterm_to_the_command_asks_every_seed_to_save_and_stop(tmp_path):
     err = p.stderr.read()
     assert "stopped by SIGTERM" in err and "seeds 1, 3 not finished" in err
     assert all((tmp_path / f"term-{s}").read_text() == "asked" for s in (1, 3))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two seeds side by side need two CPUs")
+def test_a_diverged_seed_is_named_with_its_status(tiny_features, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "speechperf", "train", "--data", str(tiny_features), "--out",
+                        str(tmp_path / "out"), "--seeds", "2", "--parallel", "2", "--preset", "tiny", "threads=1",
+                        "max_epochs=1", "lr=1e30"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    assert "its run's status 'diverged: " in p.stderr and str(tmp_path / "out" / "seed-") in p.stderr, p.stderr
