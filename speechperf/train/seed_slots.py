@@ -135,11 +135,16 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu
 
 
 class _Stopped(SpeechperfError):
-    exit_code = 143
+    """This command was asked to stop; exit 128 + the signal's number (130 SIGINT, 143 SIGTERM)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}: the seeds still training were asked to save "
+                         "and stop")
+        self.exit_code = 128 + signum
 
 
 def _raise_stop(signum, frame):
-    raise _Stopped(f"stopped by {signal.Signals(signum).name}: the seeds still training were asked to save and stop")
+    raise _Stopped(signum)
 
 
 def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path) -> dict:
