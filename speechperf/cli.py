@@ -220,8 +220,8 @@ def cmd_tta(a) -> int:
     print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
     emit(study["groups"], False, columns=["group", "target", "runs", "reached", "never reached", "unfinished",
                                           "median TTA min", "olympic TTA min", "min TTA min", "max TTA min",
-                                          "median epochs to target", "median min/epoch", "min/epoch max/min", "epochs to target per seed",
-                                          "RCP check", "olympic rule"])
+                                          "median epochs to target", "median min/epoch", "min/epoch max/min",
+                                          "epochs to target per seed", "RCP check", "olympic rule"])
     if study["comparisons"]:
         print("\nBetween groups of one workload:")
         emit(study["comparisons"], False, columns=["A", "B", "target", "seeds A", "seeds B", "TTA ratio A/B", "95% low",

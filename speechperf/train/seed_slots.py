@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 from speechperf.config import ConfigError, load_preset
 from speechperf.errors import RunFailed, SpeechperfError
-from speechperf.train.seeds import refuse_seed_override, seed_folder
+from speechperf.train.seeds import check_seeds_command, seed_folder
 
 POLL_S = 0.2  # how often the seeds' processes are polled
 
@@ -92,39 +92,37 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu
     order, as :func:`speechperf.train.seeds.train_seeds` returns them. ``folder(out, seed)``: the
     seed's run folder (the demo has its own); ``command``: the argv of one seed's process
     (tests put a stand-in there)."""
-    if out is None:
-        raise ConfigError("train --seeds needs --out DIR (one run folder per seed inside it)")
-    refuse_seed_override(overrides)
+    out = check_seeds_command(out, overrides)
     slots = slot_settings(parallel, preset, overrides, platform, **settings_kw)
     say = say or (lambda msg: None)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    todo, running, done = list(seeds), {}, {}  # running: slot -> (seed, Popen, log path)
+    out.mkdir(parents=True, exist_ok=True)
+    todo, running, done = list(seeds), {}, {}  # running: slot -> (seed, Popen, log path, run folder)
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         while todo or running:
             for slot in [k for k in range(len(slots)) if k not in running][:len(todo)]:
                 seed = todo.pop(0)
                 env, extra = slots[slot]
-                log = Path(out) / f"seed-{seed}.log"
-                say(f"seed {seed} ({len(done) + len(running) + 1} of {len(seeds)}) -> {folder(Path(out), seed)}"
+                log, run = out / f"seed-{seed}.log", folder(out, seed)
+                say(f"seed {seed} ({len(done) + len(running) + 1} of {len(seeds)}) -> {run}"
                     f"{' on GPU ' + env['CUDA_VISIBLE_DEVICES'] if env else ''}; its output: {log}")
                 with open(log, "ab") as f:
-                    argv = command(seed, preset, data, folder(Path(out), seed), [*overrides, *extra], resume, label,
-                                   platform, db_path)
+                    argv = command(seed, preset, data, run, [*overrides, *extra], resume, label, platform, db_path)
                     # its own session: a terminal's Ctrl-C reaches this process only, which asks each
                     # seed once (a second signal would stop a seed at once, without its checkpoint)
                     running[slot] = (seed, subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                                                            env={**os.environ, **env}, start_new_session=True), log)
+                                                            env={**os.environ, **env}, start_new_session=True),
+                                     log, run)
             time.sleep(POLL_S)
-            for slot, (seed, proc, log) in list(running.items()):
+            for slot, (seed, proc, log, run) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 del running[slot]
-                done[seed] = _finished(seed, proc, log, folder(Path(out), seed))
+                done[seed] = _finished(seed, proc, log, run)
     except BaseException as e:
         _stop_all(running)
         if isinstance(e, SpeechperfError):
-            left = sorted(todo + [s for s, _, _ in running.values()])
+            left = sorted(todo + [s for s, *_ in running.values()])
             e.add_note(f"seeds {', '.join(map(str, left))} not finished: the same command continues them" if left
                        else "every other seed finished")
         raise
@@ -154,8 +152,9 @@ def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path) -> dict:
 
     proc.wait()
     try:
-        summary = Run.open(run).summary() if (run / "summary.json").is_file() else None
-    except SpeechperfError:
+        with Run.open(run) as opened:  # None without a summary.json
+            summary = opened.summary()
+    except SpeechperfError:  # no run there at all (the process failed before making it)
         summary = None
     if proc.returncode == 0 and summary is not None:
         return {"seed": seed, **summary, "run": str(run)}
@@ -167,10 +166,10 @@ def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path) -> dict:
 
 def _stop_all(running: dict) -> None:
     """SIGTERM every seed still training, then wait for each to save and stop."""
-    for _, proc, _ in running.values():
+    for _, proc, *_ in running.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    for _, proc, _ in running.values():
+    for _, proc, *_ in running.values():
         try:
             proc.wait(timeout=300)
         except subprocess.TimeoutExpired:

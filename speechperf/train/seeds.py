@@ -75,6 +75,15 @@ def refuse_seed_override(overrides: Sequence[str]) -> None:
                           "--seeds (a count, a list 3,7 or a range 6-10) or drop --seeds to train one run")
 
 
+def check_seeds_command(out: Path | None, overrides: Sequence[str]) -> Path:
+    """What every seeds command needs before its first seed: --out (the seeds' folders go in
+    it) and no explicit seed among the overrides (:func:`refuse_seed_override`); ``out`` as a Path."""
+    if out is None:
+        raise ConfigError("train --seeds needs --out DIR (one run folder per seed inside it)")
+    refuse_seed_override(overrides)
+    return Path(out)
+
+
 def train_seeds(seeds: Sequence[int], preset: str = "cpu", data: Path | None = None, out: Path | None = None,
                 overrides: Sequence[str] = (), *, folder: Callable[[Path, int], Path] = seed_folder,
                 say: Callable[[str], None] | None = None, label: str | None = None, **train_kw) -> list[dict]:
@@ -87,13 +96,11 @@ def train_seeds(seeds: Sequence[int], preset: str = "cpu", data: Path | None = N
     quiet, platform). Stops at the first seed that did not train to its end: exit 1, naming it."""
     from speechperf.train.loop import train
 
-    if out is None:
-        raise ConfigError("train --seeds needs --out DIR (one run folder per seed inside it)")
-    refuse_seed_override(overrides)
+    out = check_seeds_command(out, overrides)
     say = say or (lambda msg: None)
     summaries = []
     for k, seed in enumerate(seeds):
-        run = folder(Path(out), seed)
+        run = folder(out, seed)
         say(f"seed {seed} ({k + 1} of {len(seeds)}) -> {run}")
         try:
             summary = train(preset, data, run, [*overrides, f"train.seed={seed}"], label=label,
