@@ -1,5 +1,6 @@
 """Shared fixtures: one tiny synthesized corpus and its features per test session; the
-``cuda`` marker: CUDA variants of core tests run where torch sees a GPU, skip elsewhere."""
+``cuda`` marker: CUDA variants of core tests run where torch sees a GPU, skip elsewhere; every
+other test runs as on a machine without a GPU, also on one with a GPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,6 +16,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None and not HAS_CUDA:
             item.add_marker(skip)
+
+@pytest.fixture(autouse=True)
+def _a_machine_without_gpu(request, monkeypatch):
+    """Unmarked tests state what a machine without a GPU (CI's) does: exact CPU resumes, no
+    GPU price, no NVML energy. On a GPU machine they would train on the GPU and read its
+    counters, so there they see none: torch reports no CUDA device (this process and, through
+    CUDA_VISIBLE_DEVICES, its subprocesses) and NVML does not open in this process. The
+    ``cuda``-marked tests are the GPU variants and see the GPU."""
+    if not HAS_CUDA or request.node.get_closest_marker("cuda") is not None:
+        return
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    try:
+        import pynvml
+    except ImportError:
+        return
+
+    def no_nvml(*args, **kwargs):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_nvml)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _peak_cache(tmp_path_factory):
