@@ -2,7 +2,7 @@
 # Installs everything the test suite needs on a fresh machine, then runs it.
 # constraints.txt pins every package to the versions the suite was run with (a newer pytest
 # once broke a test); its torch==2.13.0 makes pip take the CPU build on this machine's disk
-# instead of pulling a multi-GB CUDA build (see README, "Installing torch").
+# instead of pulling a multi-GB CUDA build (see docs/gpu.md, "Installing torch").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q -c constraints.txt -e '.[test,zoo]'
