@@ -274,3 +274,36 @@ def test_the_cli_prints_one_line_and_exits_2_on_a_failure(openslr, tmp_path, cap
     assert main(["corpus", "fetch", "mini-librispeech", str(tmp_path / "c"), "--mirror", openslr.base]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("speechperf: error: http://127.0.0.1:") and "HTTP 404" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_fetch_mini_librispeech_then_prepare_then_train_end_to_end(tmp_path, monkeypatch, capsys):
+    """The Done-when chain through the real CLI: `corpus fetch mini-librispeech OUT --mirror
+    LOOPBACK`, `prepare OUT FEATS`, `train --preset tiny --data FEATS` (one epoch; the small
+    made-up archives hold 12 training utterances, fewer than the cpu preset's batch of 24).
+    Mini LibriSpeech's validation split is dev-clean-2: train.eval_split names it."""
+    import json
+
+    from speechperf.cli import main
+
+    archives = {"dev-clean-2": make_archive("dev-clean-2", speakers=(84, 85), utterances=3, seed=1),
+                "train-clean-5": make_archive("train-clean-5", speakers=(19, 26, 27), utterances=4, seed=2)}
+    srv = Loopback()
+    try:
+        for name, data in archives.items():
+            srv.serve(name, data)
+        monkeypatch.setenv(ENV, str(write_table(tmp_path, archives)))
+        corpus, feats, run = tmp_path / "OUT", tmp_path / "FEATS", tmp_path / "RUN"
+        assert main(["corpus", "fetch", "mini-librispeech", str(corpus), "--mirror", srv.base, "--json"]) == 0
+        fetched = json.loads(capsys.readouterr().out)
+        assert [(r["part"], r["status"]) for r in fetched] == [("dev-clean-2", "fetched"), ("train-clean-5", "fetched")]
+        assert main(["prepare", str(corpus), str(feats), "--workers", "1", "--json"]) == 0
+        prepared = {r["split"]: r["kept"] for r in json.loads(capsys.readouterr().out)}
+        assert prepared == {"dev-clean-2": 6, "train-clean-5": 12}
+        assert main(["train", "--preset", "tiny", "--data", str(feats), "--out", str(run), "--json",
+                     "train.max_epochs=1", "train.eval_split=dev-clean-2"]) == 0
+    finally:
+        srv.close()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "success" and summary["epochs"] == 1 and summary["iterations"] == 3  # 12 / 4
+    assert json.loads((feats / "stats.json").read_text())["splits"] == ["train-clean-5"]
