@@ -301,6 +301,11 @@ def test_fetch_mini_librispeech_then_prepare_then_train_end_to_end(tmp_path, mon
         prepared = {r["split"]: r["kept"] for r in json.loads(capsys.readouterr().out)}
         assert prepared == {"dev-clean-2": 6, "train-clean-5": 12}
         assert main(["train", "--preset", "tiny", "--data", str(feats), "--out", str(run), "--json",
+                     "train.max_epochs=1"]) == 2  # no dev-clean: refused before the clock, naming the way out
+        err = capsys.readouterr().err
+        assert "validation split 'dev-clean'" in err and "prepared: dev-clean-2, train-clean-5" in err
+        assert "train.eval_split=NAME" in err and not run.exists()
+        assert main(["train", "--preset", "tiny", "--data", str(feats), "--out", str(run), "--json",
                      "train.max_epochs=1", "train.eval_split=dev-clean-2"]) == 0
     finally:
         srv.close()
