@@ -379,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    corpus = sub.add_parser("corpus", help="corpora: synthesize the embedded one, fetch LibriSpeech, or check one").add_subparsers(dest="sub", required=True)
+    corpus = sub.add_parser("corpus", help="corpora: synthesize the embedded one, fetch LibriSpeech, check one")
+    corpus = corpus.add_subparsers(dest="sub", required=True)
     sp = add("synth", cmd_corpus_synth, "synthesize the embedded English corpus in LibriSpeech layout", corpus)
     sp.add_argument("out")
     sp.add_argument("--hours", type=float, default=1.5, help="hours of training audio")
