@@ -134,6 +134,15 @@ def cmd_corpus_check(a) -> int:
     return 0
 
 
+def cmd_corpus_fetch(a) -> int:
+    from speechperf.corpus.fetch import fetch_corpus
+
+    rows = fetch_corpus(a.corpus, Path(a.out), parts=a.parts, mirror=a.mirror, keep_archives=a.keep_archives,
+                        timeout=a.timeout, progress=not a.json)
+    emit(rows, a.json)
+    return 0
+
+
 def cmd_prepare(a) -> int:
     from speechperf.features.prepare import prepare
 
@@ -370,11 +379,23 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    corpus = sub.add_parser("corpus", help="embedded corpus: synthesize or check").add_subparsers(dest="sub", required=True)
+    corpus = sub.add_parser("corpus", help="corpora: synthesize the embedded one, fetch LibriSpeech, check one")
+    corpus = corpus.add_subparsers(dest="sub", required=True)
     sp = add("synth", cmd_corpus_synth, "synthesize the embedded English corpus in LibriSpeech layout", corpus)
     sp.add_argument("out")
     sp.add_argument("--hours", type=float, default=1.5, help="hours of training audio")
     sp.add_argument("--seed", type=int, default=1)
+    sp = add("fetch", cmd_corpus_fetch, "download and unpack LibriSpeech (OpenSLR 12) or Mini LibriSpeech (OpenSLR "
+             "31), resumable, every archive verified against the published size and checksums", corpus)
+    sp.add_argument("corpus", choices=["librispeech", "mini-librispeech"])
+    sp.add_argument("out", help="corpus folder: OUT/SPLIT/SPEAKER/CHAPTER/*.flac, for speechperf prepare OUT FEATS")
+    sp.add_argument("--parts", type=_csv(), default=None,
+                    help="parts (splits) to fetch, e.g. dev-clean,train-clean-100 (default: all of the corpus)")
+    sp.add_argument("--mirror", default=None, metavar="URL",
+                    help="replaces the base address https://www.openslr.org/resources, "
+                         "e.g. --mirror https://us.openslr.org/resources")
+    sp.add_argument("--keep-archives", action="store_true", help="keep OUT/.fetch/PART.tar.gz after extraction")
+    sp.add_argument("--timeout", type=float, default=60.0, help="seconds without data before a download fails")
     sp = add("check", cmd_corpus_check, "scan a LibriSpeech-layout corpus and report problems", corpus)
     sp.add_argument("corpus")
     sp.add_argument("--splits", type=_csv(), default=None)

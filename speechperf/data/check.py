@@ -123,7 +123,9 @@ def _verify_index(feats: Path, split: str, role: str) -> dict:
     try:
         index = load_index(split_dir)
     except ShardError as e:
-        raise SplitError(f"{role} split {split!r}: {e}") from None
+        # Mini LibriSpeech validates on dev-clean-2: the way to name another split, where it matters
+        hint = "; choose the validation split with train.eval_split=NAME" if role == "validation" else ""
+        raise SplitError(f"{role} split {split!r}: {e}{hint}") from None
     path = split_dir / "index.json"
     records, shards = index.get("utterances"), index.get("shards")
     if not isinstance(records, list) or not isinstance(shards, dict):

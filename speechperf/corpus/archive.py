@@ -1,0 +1,95 @@
+"""Safe, all-or-nothing extraction of one verified LibriSpeech archive into the corpus folder.
+
+``extract_part(archive, out, split, marker)`` unpacks ``LibriSpeech/SPLIT/...`` from the
+archive into a work folder inside OUT, writes the completion marker into the split's
+folder and only then renames the folder to ``OUT/SPLIT``: a split folder exists complete
+with its marker or not at all, so an interrupted extraction never looks complete (the next
+run removes the work folder and extracts again). The archive's top-level notes
+(README.TXT, SPEAKERS.TXT, ...) go to OUT beside the splits. The result is the layout
+``speechperf prepare OUT FEATS`` reads (``OUT/SPLIT/SPEAKER/CHAPTER/*.flac``, ``*.trans.txt``).
+
+Unsafe members are refused (``UnsafeArchive``, naming the member): with tarfile's ``data``
+extraction filter (Python >= 3.11.4, 3.10.12): absolute paths, ``..``, links pointing
+outside the folder, devices and fifos; on an older Python, anything but plain files and
+folders with relative names inside it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import zlib
+from pathlib import Path
+
+from speechperf.atomic import atomic_write_text
+from speechperf.corpus.download import FetchError
+
+WORKDIR = ".fetch"  # OUT/.fetch: archives, .part files and extraction work folders
+MARKER = ".speechperf-fetch.json"  # in OUT/SPLIT: written before the folder appears
+HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
+
+
+class UnsafeArchive(FetchError):
+    """An archive member would land outside the folder, or is a link, device or fifo."""
+
+
+def extract_part(archive: Path, out: Path, split: str, marker: dict, progress: bool = True) -> int:
+    """Extract ``LibriSpeech/SPLIT`` of ``archive`` to ``OUT/SPLIT`` all at once; returns the member count."""
+    out = Path(out)
+    work = out / WORKDIR / f"{split}.extract"
+    shutil.rmtree(work, ignore_errors=True)  # a previous run's half-extracted folder
+    work.mkdir(parents=True)
+    try:
+        count = _extract(archive, work, progress)
+        root = work / "LibriSpeech"
+        src = root / split
+        if not src.is_dir():
+            raise FetchError(f"{archive} holds no LibriSpeech/{split} folder: not the archive of {split}; "
+                             f"delete it and run again, or check --mirror")
+        atomic_write_text(src / MARKER, json.dumps(marker, indent=1))
+        for note in root.iterdir():
+            if note.is_file():  # README.TXT, SPEAKERS.TXT, ...: the same in every part
+                os.replace(note, out / note.name)
+        if (out / split).exists():
+            raise FetchError(f"{out / split} appeared during extraction: another fetch into {out}? run again")
+        os.rename(src, out / split)  # the split appears complete, marker included
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return count
+
+
+def _extract(archive: Path, dest: Path, progress: bool) -> int:
+    from tqdm import tqdm
+
+    counted = [0]
+
+    def members(tar):
+        for member in tar:
+            _check_member(archive, member)
+            counted[0] += 1
+            yield member
+
+    try:
+        with tqdm.wrapattr(open(archive, "rb"), "read", total=archive.stat().st_size, desc=f"extract {archive.name}",
+                           disable=not progress) as raw, tarfile.open(fileobj=raw, mode="r|gz") as tar:
+            kwargs = {"filter": "data"} if HAS_DATA_FILTER else {}
+            tar.extractall(dest, members=members(tar), **kwargs)
+    except tarfile.FilterError as e:
+        raise UnsafeArchive(f"{archive}: refused member {e.tarinfo.name!r} ({e}); nothing of it was "
+                            f"kept; the archive is not a LibriSpeech part: delete it, check --mirror") from None
+    except (tarfile.ReadError, EOFError, zlib.error) as e:
+        raise FetchError(f"{archive} cannot be unpacked ({e}) although its checksum matched: delete it and run "
+                         "again") from None
+    return counted[0]
+
+
+def _check_member(archive: Path, member: tarfile.TarInfo) -> None:
+    """Names must be relative and stay inside (the data filter would only strip a leading "/");
+    without the data filter, plain files and folders only."""
+    inside = not (os.path.isabs(member.name) or ".." in Path(member.name).parts)
+    plain = HAS_DATA_FILTER or member.isfile() or member.isdir()
+    if not (inside and plain):
+        kind = "outside the folder" if not inside else "a link, device or fifo"
+        raise UnsafeArchive(f"{archive}: refused member {member.name!r} ({kind}); nothing of it was kept; the "
+                            "archive is not a LibriSpeech part: delete it, check --mirror")
