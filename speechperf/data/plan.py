@@ -132,10 +132,16 @@ def _even_tail(bounds: list[int], widths: np.ndarray, cap: float) -> list[int]:
         return bounds[:-2] + [a + j, b]
     a = bounds[-4]
     w = widths[a:b]
-    first = np.arange(1, len(w) - 1) * np.maximum.accumulate(w)[:-2]  # cost of w[:i], i = 1..m-2
-    best = min((max(float(first[i - 1]), _split2(w[i:])[1]), i) for i in range(1, len(w) - 1))[1]
-    k = best + _split2(w[best:])[0]
-    return bounds[:-3] + [a + best, a + k, b]
+    lo, hi, three = w.sum() / 3, cap, bounds[-4:]  # the smallest budget that still cuts them in three
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        trial = _greedy(w, mid, None, None) if mid >= w.max() else None
+        if trial is None or len(trial) > 4:
+            lo = mid
+        else:
+            hi, three = mid, [a + t for t in trial]
+    j, _ = _split2(widths[three[-3]: b])  # and the last two of those evenly again
+    return bounds[:-3] + three[1:-2] + [three[-3] + j, b] if len(three) == 4 else bounds[:-3] + three[1:]
 
 
 def width_costs(seconds: np.ndarray, cfg: LoaderConfig) -> np.ndarray:
@@ -145,13 +151,16 @@ def width_costs(seconds: np.ndarray, cfg: LoaderConfig) -> np.ndarray:
     return d + d * d / cfg.quadratic_duration if cfg.quadratic_duration > 0 else d
 
 
-def _greedy(widths: np.ndarray, cap: float, items: np.ndarray, index: Index) -> list[int]:
+def _greedy(widths: np.ndarray, cap: float, items: np.ndarray | None, index: Index | None) -> list[int] | None:
     """Boundaries of the greedy cut of ``widths`` (in batch order) into batches whose cost
-    (size x the largest width) stays within ``cap``: the fewest such batches."""
+    (size x the largest width) stays within ``cap``: the fewest such batches (``index`` None:
+    None where an utterance alone exceeds ``cap``, else that is refused naming it)."""
     bounds, a, n = [0], 0, len(widths)
     while a < n:
         cost = np.arange(1, n - a + 1) * np.maximum.accumulate(widths[a:])  # (n - a,) cost of items a..b
         b = a + int(np.searchsorted(cost, cap, side="right"))
+        if b == a and index is None:
+            return None
         if b == a:
             raise SpeechperfError(f"utterance {index.id(int(items[a]))} ({index.duration[items[a]]:.2f} s) costs "
                                   f"{widths[a]:.1f} s, more than loader.max_duration={cap:g}: raise max_duration")
