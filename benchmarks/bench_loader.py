@@ -118,6 +118,17 @@ def measure(feats: Path, cfg, readers: int, limit: int) -> dict:
     return row
 
 
+def cpu_rate(feats: Path, cfg, limit: int) -> float:
+    """Audio seconds one reader builds per CPU second of its own (in process, hand-over aside):
+    a figure a busy machine skews far less than wall-clock rates."""
+    it = iter(make_loader(feats, splits(feats), replace(cfg, readers=0), epoch=2, seed=1))
+    next(it)
+    c, audio = time.process_time(), 0.0
+    for _, b in zip(range(limit), it):
+        audio += b.audio_seconds
+    return audio / (time.process_time() - c)
+
+
 def profile(feats: Path, cfg, limit: int) -> str:
     """cProfile of an in-process reader building ``limit`` batches: where a reader's time goes."""
     loader = make_loader(feats, splits(feats), replace(cfg, readers=0), epoch=2, seed=1)
@@ -145,7 +156,9 @@ def main() -> None:
     rows = [measure(a.feats, cfg, int(r), a.batches) for r in a.readers.split(",")]
     best = max(r["audio_s_per_s"] / r["readers"] for r in rows)
     need = math.ceil(GPUS * H100_AUDIO_S_PER_S / best)
-    result = {"cpu_count": os.cpu_count(), "loader": vars(cfg), "rows": rows, "readers_needed_8xH100": need}
+    per_cpu = cpu_rate(a.feats, cfg, a.batches)
+    result = {"cpu_count": os.cpu_count(), "loader": vars(cfg), "rows": rows, "readers_needed_8xH100": need,
+              "audio_s_per_cpu_s": per_cpu, "readers_needed_8xH100_by_cpu": math.ceil(GPUS * H100_AUDIO_S_PER_S / per_cpu)}
     if a.profile:
         result["profile"] = profile(a.feats, cfg, min(a.batches, 20))
     if a.json:
@@ -159,6 +172,8 @@ def main() -> None:
               f"{r['today: shard_reads']}, ratio {r['today: decompressed/contents']:.3f}; goal <= 1.05)")
     print(f"  paper preset on {GPUS} H100s (~{GPUS * H100_AUDIO_S_PER_S:.0f} audio s/s): {need} readers at the best "
           f"per-reader rate here ({best:.0f} audio s/s; goal >= {H100_AUDIO_S_PER_S:.0f} per reader)")
+    print(f"  one reader in process: {per_cpu:.0f} audio s per CPU second of its own: "
+          f"{result['readers_needed_8xH100_by_cpu']} readers (cores) for {GPUS} H100s on an idle machine")
     if a.profile:
         print(result["profile"])
 

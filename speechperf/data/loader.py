@@ -15,6 +15,7 @@ to build it (``Batch.reads``); the loader counts them (``Loader.shard_reads``).
 """
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,35 +71,51 @@ class _Reader:
         self.cache.move_to_end(s)
         return self.cache[s]
 
-    def _rows(self, u: int) -> np.ndarray:
-        """Utterance ``u``'s frames (T, F) float32, normalized as the loader normalizes."""
+    def _place(self, u: int, out: np.ndarray) -> None:
+        """Utterance ``u``'s frames into ``out`` (T, F) float32, normalized as the loader
+        normalizes: float16 -> float32 is exact, so (x - mean) / std computed into ``out`` is
+        bit for bit the value of converting first, without the temporaries."""
         ix = self.index
         feats, offsets, ids, _ = self._shard(int(ix.shard[u]))
         o = int(ix.offset[u])
-        if o + 1 >= len(offsets) or str(ids[o]) != ix.id(u) or offsets[o + 1] - offsets[o] != ix.frames[u]:
+        if o + 1 >= len(offsets) or str(ids[o]) != ix.id(u) or offsets[o + 1] - offsets[o] != len(out):
             raise ShardError(f"shard {self.feats_dir / ix.keys[ix.shard[u]]}.npz disagrees with its index at "
                              f"row {o} ({ix.id(u)}): prepare the split again")
-        rows = feats[offsets[o]: offsets[o + 1]].astype(np.float32)
-        if self.stats is not None:
-            mean, std = self.stats
-            rows = (rows - mean) / std
-        return rows
+        rows = feats[offsets[o]: offsets[o + 1]]
+        if self.stats is None:
+            out[:] = rows
+        else:
+            np.subtract(rows, self.stats[0], out=out)
+            np.divide(out, self.stats[1], out=out)
+
+    def _width(self, lens: list[int]) -> int:
+        return max(max(lens), self.cfg.pad_frames) if self.cfg.mode == "pad" else max(lens)
 
     def batch(self, utts: np.ndarray) -> Batch:
         ix = self.index
-        feats = [self._rows(int(u)) for u in utts]
-        lens = [len(f) for f in feats]
-        width = max(max(lens), self.cfg.pad_frames) if self.cfg.mode == "pad" else max(lens)
-        x = np.zeros((len(feats), width, feats[0].shape[1]), dtype=np.float32)  # (B, T, F)
-        for b, f in enumerate(feats):
-            x[b, : len(f)] = f
+        lens = ix.frames[utts].tolist()
+        dim = self._shard(int(ix.shard[utts[0]]))[0].shape[1]
+        x = _zeros((len(lens), self._width(lens), dim))  # (B, T, F)
+        xs = x.numpy()
+        for b, u in enumerate(utts.tolist()):
+            self._place(u, xs[b, : lens[b]])
         texts = [ix.transcript(int(u)) for u in utts]
         labels = [alphabet.encode(t) for t in texts]
         reads, self.reads = tuple(self.reads), []
-        return Batch(torch.from_numpy(x), torch.tensor(lens, dtype=torch.int64),
+        return Batch(x, torch.tensor(lens, dtype=torch.int64),
                      torch.tensor([c for lab in labels for c in lab], dtype=torch.int64),
                      torch.tensor([len(lab) for lab in labels], dtype=torch.int64),
                      [ix.id(int(u)) for u in utts], texts, float(sum(ix.duration[utts].tolist())), reads)
+
+
+def _zeros(shape: tuple[int, ...]) -> torch.Tensor:
+    """A zero float32 tensor; in a reader process, made in shared memory (a fresh shared file
+    reads as zeros), so handing it to the training process copies nothing (torch moves an
+    unshared tensor into shared memory first: one more pass over every batch)."""
+    if get_worker_info() is None:
+        return torch.zeros(shape, dtype=torch.float32)
+    storage = torch.UntypedStorage._new_shared(4 * math.prod(shape))
+    return torch.tensor([], dtype=torch.float32).set_(storage, 0, shape)
 
 
 def owners(plan: Plan, readers: int) -> np.ndarray:
