@@ -23,7 +23,6 @@ import json
 import math
 import os
 import pstats
-import sys
 import tempfile
 import time
 from collections import Counter, OrderedDict
