@@ -30,7 +30,8 @@ import torch
 from speechperf.bench.breakdown import step_breakdown
 from speechperf.bench.measured_peak import measure_gemm
 from speechperf.config import load_preset
-from speechperf.data.loader import Batch, load_records, plan_epoch
+from speechperf.data.loader import Batch, load_index
+from speechperf.data.plan import plan_epoch
 from speechperf.data.check import parse_splits, train_splits_of
 from speechperf.features.config import FeatureConfig
 from speechperf.metrics.mfu import count_step_flops, flop_model
@@ -44,10 +45,10 @@ def batch_lengths(cfg, data: Path | None, rng: np.random.Generator) -> list[int]
     """Frames of each utterance of one real-shaped batch."""
     if data is None:
         return sorted(rng.integers(600, 701, cfg.loader.batch_size).tolist())
-    records, _ = load_records(data, parse_splits(cfg.train.train_splits) or train_splits_of(data))
-    batches = plan_epoch(records, cfg.loader, epoch=2, seed=cfg.train.seed)  # epoch 2: shuffled, not sorted
-    by_size = sorted(batches, key=lambda b: sum(r["frames"] for r in b))
-    return [r["frames"] for r in by_size[len(by_size) // 2]]
+    index = load_index(data, parse_splits(cfg.train.train_splits) or train_splits_of(data))
+    batches = plan_epoch(index, cfg.loader, epoch=2, seed=cfg.train.seed).batches  # epoch 2: shuffled, not sorted
+    by_size = sorted(batches, key=lambda b: int(index.frames[b].sum()))
+    return index.frames[by_size[len(by_size) // 2]].tolist()
 
 
 def make_batch(lengths: list[int], out_lens: torch.Tensor, rng: np.random.Generator) -> Batch:

@@ -182,6 +182,8 @@ def validate(cfg: RunConfig) -> None:
     lo, t = cfg.loader, cfg.train
     checks = [
         (lo.batch_size >= 1, f"loader.batch_size={lo.batch_size} must be >= 1"),
+        (lo.max_duration >= 0, f"loader.max_duration={lo.max_duration} must be >= 0 (0: fixed batch_size)"),
+        (lo.quadratic_duration >= 0, f"loader.quadratic_duration={lo.quadratic_duration} must be >= 0 (0: off)"),
         (lo.readers >= 0, f"loader.readers={lo.readers} must be >= 0"),
         (lo.prefetch_batches >= 1, f"loader.prefetch_batches={lo.prefetch_batches} must be >= 1"),
         (lo.bucket_window >= 1, f"loader.bucket_window={lo.bucket_window} must be >= 1"),

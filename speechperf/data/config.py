@@ -8,7 +8,11 @@ from dataclasses import dataclass
 class LoaderConfig:
     """How shards become batches: readers, shuffle, bucketing or paper padding, prefetch."""
 
-    batch_size: int = 24  # utterances per batch (total over all devices)
+    batch_size: int = 24  # utterances per batch (total over all devices); unused when max_duration > 0
+    max_duration: float = 0.0  # > 0: batches by audio instead, at most this many padded seconds per batch per rank
+    quadratic_duration: float = 0.0  # > 0: an utterance of d s counts d + d^2 / this against max_duration (lhotse's)
+    balance: bool = False  # fixed counts: cut each window into near-equal batches (no small remainder batch);
+    # False keeps the cut the cpu, conformer-cpu and tiny references were measured with (full batches + remainder)
     readers: int = 1  # parallel reader processes (DataLoader workers); 0 = in-process
     prefetch_batches: int = 8  # whole batches buffered ahead of the training loop
     mode: str = "bucket"  # "bucket": length-bucketed batches; "pad": every utterance to pad_frames

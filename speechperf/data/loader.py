@@ -1,32 +1,35 @@
 """The training loader: parallel readers, shuffle, batch, pad, prefetch of whole batches.
 
-Each epoch's batches are planned up front from the split indexes, as a pure function of
-(seed, epoch): resuming at batch k of an epoch plans the same list and starts at k
-without reading the skipped batches. Planning keeps shard locality: shards are shuffled,
-then taken ``bucket_window`` at a time; within a window utterances are sorted by length
-and cut into batches (``bucket`` mode, little padding) or kept in shuffled order and
-padded to ``pad_frames`` (``pad`` mode, the paper's), and the window's batches are
-shuffled. Readers are torch DataLoader worker processes; ``prefetch_batches`` whole
-batches are buffered ahead of the training loop.
+Each epoch's batches are planned up front from the compact index (data/index.py), as a pure
+function of (seed, epoch) (data/plan.py): resuming at batch k of an epoch plans the same
+list and starts at k without reading the skipped batches.
 
-With ``world`` ranks, every planned batch of ``batch_size`` utterances is split evenly:
-rank r takes utterances r, r + world, ... so all ranks run the same number of steps
-(DDP never waits on a rank without data); a final batch smaller than ``world`` is dropped.
+Readers are torch DataLoader worker processes, each owning whole windows: the planned
+batches come in runs cut from one bucketing window, and run j (counted from the batch the
+loader starts at) is read by reader j mod R, which decompresses each of the window's shards
+once and builds its batches in order. The DataLoader hands readers' items over round robin;
+the loader puts them back in planned order (holding at most a few runs of batches), so the
+training loop sees exactly the planned order whatever R is. ``prefetch_batches`` whole
+batches are buffered ahead of the training loop. Every batch carries the shards decompressed
+to build it (``Batch.reads``); the loader counts them (``Loader.shard_reads``).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from speechperf.data import alphabet
+from speechperf.data import index as index_mod
 from speechperf.data.config import LoaderConfig
-from speechperf.errors import SpeechperfError
-from speechperf.features.shards import load_index, read_shard
+from speechperf.data.index import Index
+from speechperf.data.plan import Plan, method, plan_epoch, steps_per_epoch
+from speechperf.features.shards import ShardError, read_rows
 
 
 @dataclass
@@ -40,111 +43,167 @@ class Batch:
     ids: list[str]
     transcripts: list[str]
     audio_seconds: float  # total audio in the batch
+    reads: tuple = ()  # (shard key, bytes decompressed) of each shard its reader decompressed for it
 
 
-def plan_epoch(records: list[dict], cfg: LoaderConfig, epoch: int, seed: int, rank: int = 0,
-               world: int = 1) -> list[list[dict]]:
-    """This rank's batches of ``epoch``: lists of index records, deterministic for (seed, epoch)."""
-    rng = np.random.default_rng([seed, epoch])
-    if world < 1 or not 0 <= rank < world:
-        raise SpeechperfError(f"rank {rank} of world {world} is invalid")
-    by_shard: dict[str, list[dict]] = {}
-    for r in records:
-        by_shard.setdefault(r["key"], []).append(r)
-    shards = sorted(by_shard)
-    if cfg.shuffle:
-        shards = [shards[i] for i in rng.permutation(len(shards))]
-    if cfg.sort_first_epoch and epoch == 1:  # SortaGrad: short utterances first
-        return _split_ranks(_cut(sorted(records, key=lambda r: (r["frames"], r["id"])), cfg.batch_size), rank, world)
-    batches: list[list[dict]] = []
-    for w in range(0, len(shards), cfg.bucket_window):
-        window = [r for s in shards[w: w + cfg.bucket_window] for r in by_shard[s]]
-        if cfg.mode == "bucket" or not cfg.shuffle:
-            window.sort(key=lambda r: (r["frames"], r["id"]))
-        elif cfg.shuffle:
-            window = [window[i] for i in rng.permutation(len(window))]
-        cut = _cut(window, cfg.batch_size)
-        if cfg.shuffle:
-            cut = [cut[i] for i in rng.permutation(len(cut))]
-        batches += cut
-    return _split_ranks(batches, rank, world)
+def load_index(feats: Path, splits: list[str]) -> Index:
+    """The compact index of ``splits`` (data/index.py)."""
+    return index_mod.load(Path(feats), splits)
 
 
-def _cut(items: list[dict], size: int) -> list[list[dict]]:
-    return [items[i: i + size] for i in range(0, len(items), size)]
+class _Reader:
+    """Builds planned batches in one process, keeping the last ``bucket_window + 2`` shards
+    decompressed (float16, as stored: each row is converted when it is batched)."""
 
+    def __init__(self, index: Index, feats_dir: Path, cfg: LoaderConfig, stats):
+        self.index, self.feats_dir, self.cfg, self.stats = index, feats_dir, cfg, stats
+        self.cache: OrderedDict[int, tuple] = OrderedDict()
+        self.reads: list[tuple[str, int]] = []  # decompressed since the last batch was built
 
-def _split_ranks(batches: list[list[dict]], rank: int, world: int) -> list[list[dict]]:
-    if world == 1:
-        return batches
-    return [b[rank::world] for b in batches if len(b) >= world]
-
-
-class _BatchDataset(Dataset):
-    """Map-style dataset whose item i is the i-th planned batch (a reader loads it whole)."""
-
-    def __init__(self, batches, feats_dir: Path, shas: dict, cfg: LoaderConfig, stats):
-        self.batches, self.feats_dir, self.shas, self.cfg, self.stats = batches, feats_dir, shas, cfg, stats
-        self.cache: OrderedDict[str, dict] = OrderedDict()  # decompressed shards, per reader process
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def _shard(self, key: str) -> dict:
-        if key not in self.cache:
+    def _shard(self, s: int) -> tuple:
+        if s not in self.cache:
+            key = self.index.keys[s]
             split, name = key.split("/")
-            self.cache[key] = read_shard(self.feats_dir / split / f"{name}.npz", self.shas[key])
+            self.cache[s] = read_rows(self.feats_dir / split / f"{name}.npz", self.index.shas[s])
+            self.reads.append((key, self.cache[s][3]))
             while len(self.cache) > self.cfg.bucket_window + 2:
                 self.cache.popitem(last=False)
-        self.cache.move_to_end(key)
-        return self.cache[key]
+        self.cache.move_to_end(s)
+        return self.cache[s]
 
-    def __getitem__(self, i: int) -> Batch:
-        recs = self.batches[i]
-        feats = [self._shard(r["key"])[r["id"]][0] for r in recs]
-        if self.stats is not None:
-            mean, std = self.stats
-            feats = [(f - mean) / std for f in feats]
-        lens = [len(f) for f in feats]
-        width = max(max(lens), self.cfg.pad_frames) if self.cfg.mode == "pad" else max(lens)
-        x = np.zeros((len(feats), width, feats[0].shape[1]), dtype=np.float32)  # (B, T, F)
-        for b, f in enumerate(feats):
-            x[b, : len(f)] = f
-        labels = [alphabet.encode(r["transcript"]) for r in recs]
-        return Batch(torch.from_numpy(x), torch.tensor(lens, dtype=torch.int64),
+    def _place(self, u: int, out: np.ndarray) -> None:
+        """Utterance ``u``'s frames into ``out`` (T, F) float32, normalized as the loader
+        normalizes: float16 -> float32 is exact, so (x - mean) / std computed into ``out`` is
+        bit for bit the value of converting first, without the temporaries."""
+        ix = self.index
+        feats, offsets, ids, _ = self._shard(int(ix.shard[u]))
+        o = int(ix.offset[u])
+        if o + 1 >= len(offsets) or str(ids[o]) != ix.id(u) or offsets[o + 1] - offsets[o] != len(out):
+            raise ShardError(f"shard {self.feats_dir / ix.keys[ix.shard[u]]}.npz disagrees with its index at "
+                             f"row {o} ({ix.id(u)}): prepare the split again")
+        rows = feats[offsets[o]: offsets[o + 1]]
+        if self.stats is None:
+            out[:] = rows
+        else:
+            np.subtract(rows, self.stats[0], out=out)
+            np.divide(out, self.stats[1], out=out)
+
+    def _width(self, lens: list[int]) -> int:
+        return max(max(lens), self.cfg.pad_frames) if self.cfg.mode == "pad" else max(lens)
+
+    def batch(self, utts: np.ndarray) -> Batch:
+        ix = self.index
+        lens = ix.frames[utts].tolist()
+        dim = self._shard(int(ix.shard[utts[0]]))[0].shape[1]
+        x = _zeros((len(lens), self._width(lens), dim))  # (B, T, F)
+        xs = x.numpy()
+        for b, u in enumerate(utts.tolist()):
+            self._place(u, xs[b, : lens[b]])
+        texts = [ix.transcript(int(u)) for u in utts]
+        labels = [alphabet.encode(t) for t in texts]
+        reads, self.reads = tuple(self.reads), []
+        return Batch(x, torch.tensor(lens, dtype=torch.int64),
                      torch.tensor([c for lab in labels for c in lab], dtype=torch.int64),
                      torch.tensor([len(lab) for lab in labels], dtype=torch.int64),
-                     [r["id"] for r in recs], [r["transcript"] for r in recs], float(sum(r["duration"] for r in recs)))
+                     [ix.id(int(u)) for u in utts], texts, float(sum(ix.duration[utts].tolist())), reads)
 
 
-def load_records(feats: Path, splits: list[str]) -> tuple[list[dict], dict]:
-    """Index records of ``splits`` (each with a shard key ``split/shard``) and shard checksums."""
-    records, shas = [], {}
-    for split in splits:
-        index = load_index(Path(feats) / split)
-        for r in index["utterances"]:
-            records.append({**r, "key": f"{split}/{r['shard']}"})
-        shas.update({f"{split}/{name}": sha for name, sha in index["shards"].items()})
-    if not records:
-        raise SpeechperfError(f"no utterances in {', '.join(splits)} under {feats}")
-    return records, shas
+def _zeros(shape: tuple[int, ...]) -> torch.Tensor:
+    """A zero float32 tensor; in a reader process, made in shared memory (a fresh shared file
+    reads as zeros), so handing it to the training process copies nothing (torch moves an
+    unshared tensor into shared memory first: one more pass over every batch)."""
+    if get_worker_info() is None:
+        return torch.zeros(shape, dtype=torch.float32)
+    storage = torch.UntypedStorage._new_shared(4 * math.prod(shape))
+    return torch.tensor([], dtype=torch.float32).set_(storage, 0, shape)
+
+
+def owners(plan: Plan, readers: int) -> np.ndarray:
+    """The reader of each batch: runs of consecutive batches from one window go to readers in
+    rotation (run j to reader j mod readers)."""
+    if not len(plan):
+        return np.zeros(0, dtype=np.int64)
+    new_run = np.concatenate([[0], (plan.groups[1:] != plan.groups[:-1]).astype(np.int64)])
+    return np.cumsum(new_run) % max(readers, 1)
+
+
+class _Readers(IterableDataset):
+    """What each DataLoader worker yields: (position in the plan, Batch) of the runs it owns, in order."""
+
+    def __init__(self, plan: Plan, reader: _Reader, readers: int):
+        self.plan, self.reader, self.owner = plan, reader, owners(plan, readers)
+
+    def __iter__(self):
+        info = get_worker_info()
+        me = 0 if info is None else info.id
+        for pos in np.flatnonzero(self.owner == me).tolist():
+            yield pos, self.reader.batch(self.plan.batches[pos])
+
+
+class Loader:
+    """An iterable of Batch for one rank's part of one epoch, in planned order; counts the
+    shards its readers decompressed (``shard_reads``: key -> times, ``bytes_read``)."""
+
+    def __init__(self, plan: Plan, reader: _Reader, cfg: LoaderConfig, generator: torch.Generator):
+        self.plan, self.reader, self.cfg, self.generator = plan, reader, cfg, generator
+        self.shard_reads: Counter[str] = Counter()
+        self.shard_bytes: dict[str, int] = {}  # key -> bytes one decompression of it yields
+        self.bytes_read = 0
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __iter__(self):
+        for batch in self._ordered():
+            for key, size in batch.reads:
+                self.shard_reads[key] += 1
+                self.shard_bytes[key] = size
+                self.bytes_read += size
+            yield batch
+
+    def decompression_ratio(self) -> float:
+        """Bytes decompressed / bytes of the distinct shards' contents (1.0: each shard once)."""
+        return self.bytes_read / max(1, sum(self.shard_bytes.values()))
+
+    def _ordered(self):
+        if self.cfg.readers == 0:
+            for utts in self.plan.batches:
+                yield self.reader.batch(utts)
+            return
+        readers = min(self.cfg.readers, max(1, int(owners(self.plan, self.cfg.readers).max(initial=0)) + 1))
+        prefetch = max(1, -(-self.cfg.prefetch_batches // readers))  # per reader, rounded up
+        items = DataLoader(_Readers(self.plan, self.reader, readers), batch_size=None, num_workers=readers,
+                           prefetch_factor=prefetch, generator=self.generator,
+                           worker_init_fn=_reader_ignores_stop_signals)
+        pending, want = {}, 0  # readers' batches that arrived before their turn
+        for pos, batch in items:
+            pending[pos] = batch
+            while want in pending:
+                yield pending.pop(want)
+                want += 1
+        if pending or want != len(self.plan):
+            raise RuntimeError(f"the loader's readers delivered {want} of {len(self.plan)} batches in order")
 
 
 def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: int, seed: int,
-                start_batch: int = 0, rank: int = 0, world: int = 1):
-    """An iterable of Batch for this rank's part of ``epoch``, from batch ``start_batch`` on."""
+                start_batch: int = 0, rank: int = 0, world: int = 1, index: Index | None = None) -> Loader:
+    """An iterable of Batch for this rank's part of ``epoch``, from batch ``start_batch`` on
+    (``index``: the splits' compact index when the caller holds it already)."""
     feats = Path(feats)
     splits = [splits] if isinstance(splits, str) else list(splits)
-    records, shas = load_records(feats, splits)
-    batches = plan_epoch(records, cfg, epoch, seed, rank, world)[start_batch:]
+    index = index if index is not None else load_index(feats, splits)
+    plan = plan_epoch(index, cfg, epoch, seed, rank, world).sliced(start_batch)
     stats = _stats(feats) if cfg.normalize else None
-    dataset = _BatchDataset(batches, feats, shas, cfg, stats)
-    if cfg.readers == 0:
-        return dataset
-    prefetch = max(1, -(-cfg.prefetch_batches // cfg.readers))  # per reader, rounded up
-    return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=cfg.readers, prefetch_factor=prefetch,
-                      generator=_readers_generator(seed, epoch, rank),
-                      worker_init_fn=_reader_ignores_stop_signals if cfg.readers else None)
+    return Loader(plan, _Reader(index, feats, cfg, stats), cfg, _readers_generator(seed, epoch, rank))
+
+
+def planned_steps(feats: Path, splits: list[str], cfg: LoaderConfig, seed: int, world: int = 1) -> int | None:
+    """Steps per epoch for the learning-rate schedule's length: a shuffled epoch's planned
+    batches (data/plan.py, ``steps_per_epoch``); None for today's fixed-count cut, whose
+    schedules (and reference convergence points) count ceil(utterances / batch_size)."""
+    if method(cfg) == "legacy":
+        return None
+    return steps_per_epoch(load_index(Path(feats), list(splits)), cfg, seed, world)
 
 
 def _reader_ignores_stop_signals(_worker_id: int) -> None:

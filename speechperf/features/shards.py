@@ -116,3 +116,24 @@ def load_index(split_dir: Path) -> dict:
 
 def write_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1))
+
+
+def read_rows(path: Path, sha256: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """A shard as stored: (frames (sum T, 93) float16, row offsets (n + 1,), ids (n,), bytes
+    decompressed); the training loader's reader (it converts only the rows it batches)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ShardError(f"shard {path} is missing; rebuild it with: {repair_command(path.parent)}") from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise ShardError(f"shard {path} does not match its checksum (truncated or modified); rebuild it with: "
+                         f"{repair_command(path.parent)}")
+    try:
+        z = np.load(io.BytesIO(data))
+        feats, offsets, ids = z["feats"], z["offsets"], z["ids"]
+        size = sum(z.zip.getinfo(f"{k}.npy").file_size for k in ("feats", "offsets", "ids"))
+    except Exception as e:  # zipfile/numpy raise several types for damaged archives
+        raise ShardError(f"shard {path} cannot be read ({type(e).__name__}: {e}); rebuild it with: "
+                         f"{repair_command(path.parent)}") from e
+    return feats, offsets, ids, size

@@ -13,13 +13,15 @@ class StatusLine:
         self.enabled = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.every, self.last = every, 0.0
 
-    def update(self, epoch: int, iteration: int, loss: float, utts_per_s: float, cer: float | None, clock_s: float) -> None:
+    def update(self, epoch: int, iteration: int, loss: float, utts_per_s: float, cer: float | None, clock_s: float,
+               audio_s_per_s: float | None = None) -> None:
         now = time.monotonic()
         if not self.enabled or now - self.last < self.every:
             return
         self.last = now
         cer_txt = f"{cer:.2f}" if cer is not None else "-"
-        self.stream.write(f"\repoch {epoch} it {iteration} loss {loss:8.3f} {utts_per_s:6.1f} utt/s "
+        audio = f"{audio_s_per_s:7.0f} audio s/s " if audio_s_per_s is not None else ""
+        self.stream.write(f"\repoch {epoch} it {iteration} loss {loss:8.3f} {utts_per_s:6.1f} utt/s {audio}"
                           f"CER {cer_txt} TTA clock {clock_s / 60:6.2f} min ")
         self.stream.flush()
 

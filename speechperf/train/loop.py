@@ -39,6 +39,7 @@ import torch
 
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.data.check import parse_splits, verify_splits
+from speechperf.data.loader import planned_steps
 from speechperf.errors import SpeechperfError
 from speechperf.features.stats import check_trained_on, read_stats
 from speechperf.models import build_model
@@ -192,7 +193,7 @@ def _verify(data: Path, cfg: RunConfig, world: int) -> dict:
     if cfg.loader.normalize:  # the statistics every batch is normalized with, readable and sane
         read_stats(data)
     return verify_splits(data, parse_splits(tc.train_splits), tc.eval_split, parse_splits(tc.final_splits),
-                         cfg.loader.batch_size, world)
+                         None if cfg.loader.max_duration else cfg.loader.batch_size, world)
 
 
 def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan: str, db_path, quiet: bool,
@@ -207,7 +208,8 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
     optimizer = make_optimizer(core, tc, device)
-    total_steps = tc.max_epochs * steps_per_epoch(train_utterances(splits), cfg.loader.batch_size)
+    planned = planned_steps(data, splits["train"], cfg.loader, tc.seed, world)  # None: fixed counts, as before
+    total_steps = tc.max_epochs * (planned or steps_per_epoch(train_utterances(splits), cfg.loader.batch_size))
     state = TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
                        torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
     if ckpt is not None:

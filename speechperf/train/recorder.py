@@ -167,7 +167,8 @@ class RunRecorder(Recorder):
         if self.status_line and reads:
             evals = self.prog.evals
             self.status_line.update(self.prog.epoch, reads[-1].iteration, reads[-1].loss,
-                                    self.last_row["utts_per_s"], evals[-1][2] if evals else None, self.now())
+                                    self.last_row["utts_per_s"], evals[-1][2] if evals else None, self.now(),
+                                    self.last_row["audio_s_per_s"])
 
     def sentences(self, batch, step) -> None:
         """The batch's first utterances greedy-decoded beside their transcripts."""

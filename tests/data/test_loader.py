@@ -1,27 +1,29 @@
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
 
 from speechperf.data import alphabet
 from speechperf.data.config import LoaderConfig
-from speechperf.data.loader import load_records, make_loader, plan_epoch
+from speechperf.data.loader import load_index, make_loader
+from speechperf.data.plan import plan_epoch
 
 SPLITS = ["train-clean", "train-other"]
 
 
-def ids_of(batches):
-    return [r["id"] for b in batches for r in b]
+def ids_of(plan, ix):
+    return [ix.id(int(u)) for b in plan.batches for u in b]
 
 
 def test_every_utterance_once_and_deterministic(tiny_features):
-    records, _ = load_records(tiny_features, SPLITS)
+    ix = load_index(tiny_features, SPLITS)
     cfg = LoaderConfig(batch_size=5)
-    e1 = plan_epoch(records, cfg, epoch=1, seed=3)
-    assert Counter(ids_of(e1)) == Counter(r["id"] for r in records)
-    assert ids_of(e1) == ids_of(plan_epoch(records, cfg, epoch=1, seed=3))
-    assert ids_of(e1) != ids_of(plan_epoch(records, cfg, epoch=2, seed=3))
-    assert ids_of(e1) != ids_of(plan_epoch(records, cfg, epoch=1, seed=4))
+    e1 = plan_epoch(ix, cfg, epoch=1, seed=3)
+    assert Counter(ids_of(e1, ix)) == Counter(ix.id(i) for i in range(len(ix)))
+    assert ids_of(e1, ix) == ids_of(plan_epoch(ix, cfg, epoch=1, seed=3), ix)
+    assert ids_of(e1, ix) != ids_of(plan_epoch(ix, cfg, epoch=2, seed=3), ix)
+    assert ids_of(e1, ix) != ids_of(plan_epoch(ix, cfg, epoch=1, seed=4), ix)
 
 
 def test_start_batch_equals_slicing_and_readers_agree(tiny_features):
@@ -73,11 +75,39 @@ def test_normalization_uses_train_statistics(tiny_features):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_rank_slices_disjoint_and_equal_length(tiny_features, world):
-    records, _ = load_records(tiny_features, SPLITS)
+    ix = load_index(tiny_features, SPLITS)
     cfg = LoaderConfig(batch_size=6)
-    parts = [plan_epoch(records, cfg, 1, 5, rank=r, world=world) for r in range(world)]
+    parts = [plan_epoch(ix, cfg, 1, 5, rank=r, world=world) for r in range(world)]
     assert len({len(p) for p in parts}) == 1
-    seen = [i for p in parts for i in ids_of(p)]
+    seen = [i for p in parts for i in ids_of(p, ix)]
     assert len(seen) == len(set(seen))
-    whole = plan_epoch(records, cfg, 1, 5)
-    assert sum(len(b) for b in whole if len(b) >= world) == len(seen)
+    whole = plan_epoch(ix, cfg, 1, 5)
+    assert sum(len(b) for b in whole.batches if len(b) >= world) == len(seen)
+
+
+DURATION = LoaderConfig(max_duration=12.0, bucket_window=2, readers=0)
+
+
+@pytest.mark.parametrize("cfg", [LoaderConfig(batch_size=4, bucket_window=2), DURATION], ids=["fixed", "duration"])
+@pytest.mark.parametrize("readers", [1, 2, 4])
+def test_readers_decompress_each_shard_once_in_planned_order(tiny_features, cfg, readers):
+    """With R readers each shard is decompressed once per epoch (counted by the loader from
+    what its readers report), and the training loop sees the planned order."""
+    serial = make_loader(tiny_features, SPLITS, replace(cfg, readers=0), epoch=2, seed=1)
+    want = [b.ids for b in serial]
+    loader = make_loader(tiny_features, SPLITS, replace(cfg, readers=readers, prefetch_batches=4), epoch=2, seed=1)
+    assert [b.ids for b in loader] == want
+    ix = load_index(tiny_features, SPLITS)
+    assert set(loader.shard_reads) == {ix.keys[s] for s in set(ix.shard.tolist())}
+    assert max(loader.shard_reads.values()) == 1 and loader.decompression_ratio() == 1.0
+    assert serial.decompression_ratio() == 1.0
+
+
+def test_duration_resume_mid_epoch_is_the_tail(tiny_features):
+    full = [b.ids for b in make_loader(tiny_features, SPLITS, DURATION, epoch=3, seed=2)]
+    assert len(full) > 4 and len({len(i) for i in full}) > 1  # batches of varying sizes
+    for start in (1, len(full) // 2):
+        tail = make_loader(tiny_features, SPLITS, replace(DURATION, readers=2), epoch=3, seed=2, start_batch=start)
+        assert [b.ids for b in tail] == full[start:]
+    secs = [b.audio_seconds for b in make_loader(tiny_features, SPLITS, DURATION, epoch=3, seed=2)]
+    assert max(secs) <= 12.0
