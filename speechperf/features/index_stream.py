@@ -46,9 +46,12 @@ class _Totals:
         return {"n": self.n, "sum": self.sum.tolist(), "sumsq": self.sumsq.tolist()}
 
 
+_ENCODER = json.JSONEncoder(indent=1)  # json.dumps(obj, indent=1)'s, made once (not per record)
+
+
 def _nested(obj, level: int) -> str:
     """``json.dumps(obj, indent=1)`` as it reads nested ``level`` deep in an indent-1 document."""
-    return json.dumps(obj, indent=1).replace("\n", "\n" + " " * level)  # json escapes newlines inside strings
+    return _ENCODER.encode(obj).replace("\n", "\n" + " " * level)  # json escapes newlines inside strings
 
 
 def write_index(split_dir: Path, split: str, shards: int, scan_problems: list[dict]) -> dict:
@@ -64,8 +67,8 @@ def write_index(split_dir: Path, split: str, shards: int, scan_problems: list[di
         sep = "\n  "
         for k in range(shards):
             meta = json.loads((split_dir / f"{shard_name(k)}.json").read_text())
-            for record in meta["records"]:
-                f.write(sep + _nested(record, 2))
+            if meta["records"]:  # the shard's records as the list's items: "[\n  {...},\n  {...}\n ]" less brackets
+                f.write(sep + _nested(meta["records"], 1)[4:-3])
                 sep = ",\n  "
             totals.add(meta)
         f.write("]" if sep == "\n  " else "\n ]")
