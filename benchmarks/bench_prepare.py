@@ -94,7 +94,7 @@ def run_prepare(corpus: Path, out: Path, workers: int, interval: float, extra: l
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     return {"workers": workers, "wall_s": wall, "audio_hours": hours, "utterances": sum(r["kept"] for r in rows),
             "shards": sum(r["shards"] for r in rows), "cpu_s": cpu, "cpu_per_wall": cpu / wall,
-            "audio_h_per_cpu_h": hours / cpu if cpu else None,
+            "audio_h_per_cpu_h": hours * 3600 / cpu if cpu else None,
             "audio_h_per_wall_h": hours * 3600 / wall, "per_worker": hours * 3600 / wall / workers,
             "peak_tree_mb": peak_tree / 2**20, "peak_one_mb": peak_one / 2**20,
             "peak_parent_mb": peak_parent / 2**20, "max_processes": most,
