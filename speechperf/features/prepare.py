@@ -1,7 +1,10 @@
 """``speechperf prepare CORPUS FEATS``: features of every split into shards, once.
 
-Parallel over CPU worker processes (one shard per task), resumable (a shard whose
-``.json`` exists is done and skipped), and honest about input: every file that cannot be
+Parallel over CPU worker processes (one spawn pool for every split, one shard per task,
+one torch thread per worker), resumable (a shard whose ``.json`` exists is done and
+skipped; a SIGKILLed run's workers die with it), with memory bounded by a shard, not the
+corpus (the scan streams into the pool, index.json is written one sidecar at a time;
+benchmarks/bench_prepare*.py), and honest about input: every file that cannot be
 used is reported with its name and reason in ``FEATS/prepare.json``, the rest is prepared.
 A split already prepared is checked, not trusted: every shard is hashed against the index,
 and those missing or damaged (and an unreadable index) are rebuilt and named, so re-running
@@ -14,6 +17,7 @@ features/stats.py.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -24,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_splits, is_train_split, read_audio,
-                                          scan_split)
+from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_splits, is_train_split, iter_split,
+                                          read_audio)
 from speechperf.errors import SpeechperfError
 from speechperf.features.config import FeatureConfig
+from speechperf.features.index_stream import write_index
 from speechperf.features.shards import ShardError, file_sha256, load_index, shard_name, write_json, write_shard
 from speechperf.features.stats import refuse_change, write_stats
 
@@ -42,11 +47,12 @@ def prepare(corpus: Path, out: Path, splits: list[str] | None = None, workers: i
     if not splits:
         raise SpeechperfError(f"no split with *.trans.txt files under {corpus}")
     refuse_change(out, [s for s in splits if is_train_split(s)], recompute_stats)  # before any work
-    rows, t0 = [], time.perf_counter()
-    for split in splits:
-        rows.append(_prepare_split(corpus, out, split, workers or os.cpu_count() or 1, progress, config))
-    write_stats(out, _prepared_train_splits(out), recompute_stats)
-    problems = {r["split"]: load_index(out / r["split"])["problems"] for r in rows}
+    rows, sums, problems, t0 = [], {}, {}, time.perf_counter()
+    with _Workers(workers or os.cpu_count() or 1) as pool:
+        for split in splits:
+            row, sums[split], problems[split] = _prepare_split(corpus, out, split, pool, progress, config)
+            rows.append(row)
+    write_stats(out, _prepared_train_splits(out), recompute_stats, sums)
     rebuilt = {r["split"]: r.pop("rebuilt") for r in rows if r.get("rebuilt")}
     write_json(out / "prepare.json", {"corpus": str(corpus), "seconds": time.perf_counter() - t0, "splits": rows,
                                       "problems": problems, "rebuilt": rebuilt})
@@ -71,31 +77,98 @@ def _check_config(out: Path, config: FeatureConfig) -> None:
         write_json(path, wanted)
 
 
-def _prepare_split(corpus, out, split, workers, progress, config) -> dict:
+def _prepare_split(corpus, out, split, pool: "_Workers", progress, config) -> tuple[dict, dict | None, list[dict]]:
+    """(row, feature sums, problems) of ``split``, prepared or completed (a finished and intact
+    split is only read). Memory is bounded by a shard, not the split: the scan streams into
+    the pool (see _Shards) and the index is written one sidecar at a time (index_stream.py)."""
     from tqdm import tqdm
 
     split_dir = out / split
     rebuilt = _damaged(split_dir)
     if rebuilt is None:
-        return _row(load_index(split_dir))
-    scan = scan_split(corpus, split)
-    n = config.utts_per_shard
-    tasks = [(split_dir, k, scan.utterances[i: i + n], config) for k, i in enumerate(range(0, len(scan.utterances), n))]
-    todo = [t for t in tasks if not (split_dir / f"{shard_name(t[1])}.json").exists()]
+        index = load_index(split_dir)
+        seconds = sum(r["duration"] for r in index["utterances"])
+        return (_row(split, len(index["utterances"]), seconds, len(index["shards"]), index["problems"]),
+                index["sums"], index["problems"])
     split_dir.mkdir(parents=True, exist_ok=True)
-    if todo:
-        ctx = mp.get_context("spawn")  # no fork after torch threads exist
-        with ctx.Pool(min(workers, len(todo))) as pool:
-            for _ in tqdm(pool.imap_unordered(_shard_task, todo), total=len(todo), desc=f"prepare {split}",
-                          unit="shard", disable=not progress):
-                pass
-    metas = [json.loads((split_dir / f"{shard_name(t[1])}.json").read_text()) for t in tasks]
-    index = {"split": split, "utterances": [r for m in metas for r in m["records"]],
-             "shards": {m["shard"]: m["sha256"] for m in metas if m["records"]},
-             "problems": [p.to_dict() for p in scan.problems] + [p for m in metas for p in m["problems"]],
-             "sums": _add_sums([m["sums"] for m in metas])}
-    write_json(split_dir / "index.json", index)  # last: the split is complete
-    return {**_row(index), **({"rebuilt": rebuilt} if rebuilt else {})}
+    for stale in split_dir.glob(".*.tmp"):  # a killed run's half-written file (atomic_write's temporary)
+        stale.unlink(missing_ok=True)
+    shards = _Shards(corpus, split, split_dir, config)
+    todo = shards.todo()
+    first = next(todo, None)  # a split whose shards are all done (killed while indexing) starts no pool
+    if first is not None:
+        total = shards.estimate() - sum(1 for _ in split_dir.glob("shard-*.json")) if progress else None
+        for _ in tqdm(pool.imap(itertools.chain([first], todo)), total=total,
+                      desc=f"prepare {split}", unit="shard", disable=not progress):
+            pass
+    summary = write_index(split_dir, split, shards.count, [p.to_dict() for p in shards.problems])  # last
+    row = _row(split, summary["kept"], summary["seconds"], len(summary["shards"]), summary["problems"])
+    return {**row, **({"rebuilt": rebuilt} if rebuilt else {})}, summary["sums"], summary["problems"]
+
+
+class _Workers:
+    """One spawn pool for every split (a pool per split paid the workers' start, torch's import,
+    once per split), started at the first shard to make: a finished folder starts none."""
+
+    def __init__(self, n: int):
+        self.n, self.pool = n, None
+
+    def __enter__(self) -> "_Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+
+    def imap(self, tasks):
+        """Results of ``_shard_task`` over ``tasks`` as they finish; ``tasks`` is consumed lazily
+        by the pool's feeder thread, held back by the pipe to the workers."""
+        if self.pool is None:
+            ctx = mp.get_context("spawn")  # no fork after torch threads exist
+            self.pool = ctx.Pool(self.n, initializer=_worker_init, initargs=(os.getpid(),))
+        return self.pool.imap_unordered(_shard_task, tasks)
+
+
+class _Shards:
+    """A split's shards as tasks, made while the pool works: the corpus is scanned a chapter
+    at a time, so the parent never holds the split's utterances (960 h: 281,241). ``count``
+    and ``problems`` are complete once ``todo()`` is exhausted."""
+
+    def __init__(self, corpus: Path, split: str, split_dir: Path, config: FeatureConfig):
+        self.corpus, self.split, self.split_dir, self.config = corpus, split, split_dir, config
+        self.count, self.problems = 0, []
+
+    def todo(self):
+        """(split_dir, k, utterances, config) of every shard k without a sidecar, in order."""
+        utts = iter_split(self.corpus, self.split, self.problems)
+        while chunk := list(itertools.islice(utts, self.config.utts_per_shard)):
+            k, self.count = self.count, self.count + 1
+            if not (self.split_dir / f"{shard_name(k)}.json").exists():
+                yield self.split_dir, k, chunk, self.config
+
+    def estimate(self) -> int:
+        """Shards if every transcript line is usable (an upper bound, for the progress bar)."""
+        lines = 0
+        for trans in (self.corpus / self.split).glob("*/*/*.trans.txt"):
+            with open(trans, encoding="utf-8", errors="replace") as f:
+                lines += sum(1 for line in f if line.strip())
+        return -(-lines // self.config.utts_per_shard)
+
+
+def _worker_init(parent: int) -> None:
+    """A worker: one torch thread (W workers on W cores, not W x cores threads fighting), and
+    on Linux killed with its parent: a SIGKILLed prepare leaves no orphan finishing a shard
+    beside the rerun's, or waiting forever on the task pipe (its write end is inherited too)."""
+    import torch
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+    torch.set_num_threads(1)
 
 
 def _damaged(split_dir: Path) -> list[str] | None:
@@ -125,11 +198,8 @@ def _damaged(split_dir: Path) -> list[str] | None:
 
 def _shard_task(task) -> str:
     """Worker: read, check, extract and write one shard, then its sidecar."""
-    import torch
-
     from speechperf.features.extract import extract_batch, frame_count
 
-    torch.set_num_threads(1)
     split_dir, k, utts, cfg = task
     kept: list[tuple[Utterance, np.ndarray]] = []
     problems: list[dict] = []
@@ -162,22 +232,13 @@ def _shard_task(task) -> str:
     return name
 
 
-def _add_sums(parts: list[dict | None]) -> dict | None:
-    parts = [p for p in parts if p]
-    if not parts:
-        return None
-    return {"n": sum(p["n"] for p in parts), "sum": np.sum([p["sum"] for p in parts], 0).tolist(),
-            "sumsq": np.sum([p["sumsq"] for p in parts], 0).tolist()}
-
-
 def _prepared_train_splits(out: Path) -> list[str]:
     """Every training split of ``out`` whose index is complete: what the statistics cover."""
     return sorted(p.name for p in out.iterdir() if p.is_dir() and is_train_split(p.name) and (p / "index.json").exists())
 
 
-def _row(index: dict) -> dict:
-    kinds = Counter(p["kind"] for p in index["problems"])
-    hours = sum(r["duration"] for r in index["utterances"]) / 3600
-    return {"split": index["split"], "kept": len(index["utterances"]), "dropped": sum(kinds.values()),
-            "hours": round(hours, 4), "shards": len(index["shards"]),
+def _row(split: str, kept: int, seconds: float, shards: int, problems: list[dict]) -> dict:
+    kinds = Counter(p["kind"] for p in problems)
+    return {"split": split, "kept": kept, "dropped": sum(kinds.values()),
+            "hours": round(seconds / 3600, 4), "shards": shards,
             "problems": ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())) or "-"}

@@ -90,14 +90,17 @@ def refuse_change(feats: Path, train_splits: list[str], recompute: bool) -> None
                          "them again over every training split (runs trained on the current ones will not continue)")
 
 
-def write_stats(feats: Path, train_splits: list[str], recompute: bool) -> None:
+def write_stats(feats: Path, train_splits: list[str], recompute: bool, sums: dict | None = None) -> None:
     """Compute ``stats.json`` over ``train_splits`` (every prepared training split) where there
-    is none, or where ``recompute`` asks; an existing file is otherwise kept as it is."""
+    is none, or where ``recompute`` asks; an existing file is otherwise kept as it is.
+    ``sums``: split -> its index's "sums", where the caller has them (not reading a 960 h
+    index back into memory); the other splits' are read from their index."""
     feats = Path(feats)
     path = feats / STATS_FILE
     if path.exists() and not recompute:
         return
-    parts = [load_index(feats / s)["sums"] for s in train_splits]
+    sums = sums or {}
+    parts = [sums[s] if s in sums else load_index(feats / s)["sums"] for s in train_splits]
     parts = [p for p in parts if p]
     if not parts:
         return
