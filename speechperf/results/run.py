@@ -411,6 +411,8 @@ def read_json(path: Path) -> dict:
         data = json.loads(Path(path).read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{path}: not valid JSON ({e}); the run folder is damaged") from e
+    except RecursionError:  # nested deeper than the parser's recursion (no file speechperf writes is)
+        raise RunError(f"{path}: nested too deeply to read; the run folder is damaged") from None
     except OSError as e:
         raise RunError(f"{path}: cannot be read ({e.strerror or e})") from e
     if not isinstance(data, dict):
@@ -425,6 +427,8 @@ def row_json(row: dict, column: str, name: str, where: str) -> dict:
         data = json.loads(row.get(column) or "{}")
     except json.JSONDecodeError as e:
         raise RunError(f"{where}: column {column} is not valid JSON ({e})") from e
+    except RecursionError:
+        raise RunError(f"{where}: column {column} is nested too deeply to read") from None
     if not isinstance(data, dict):
         raise RunError(f"{where}: column {column} is not a JSON object (found {type(data).__name__})")
     return check_file(name, data, f"{where} (column {column})")

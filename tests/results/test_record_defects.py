@@ -1,0 +1,74 @@
+"""Defects a fault probe found in reading and writing run records (issue 30, part 7): each
+case exits as README documents (2: bad input, named; 1: a failed run), never with a raw
+traceback, and never leaves a success whose rows are not written."""
+import json
+import sqlite3
+
+import pytest
+
+from speechperf.cli import main
+from speechperf.metrics import rcp
+from speechperf.results.run import Run
+
+CONFIG = {"preset": "tiny", "model": {"name": "ds2"}, "train": {"seed": 1, "eval_split": "dev-clean"}}
+ENV = {"cpu_model": "Test CPU", "cpu_cores_logical": 2, "gpus": []}
+DEEP = "[" * 10_000 + "]" * 10_000  # deeper than Python's recursion limit: json.loads raises RecursionError
+
+
+def _finished_run(folder):
+    with Run.create(folder, kind="train", config=CONFIG, env=ENV, label="probe") as run:
+        run.set_status("success")
+        run.write_summary({"status": "success", "init_s": 1.0})
+    return folder
+
+
+# ---- 1. a JSON file nested deeper than the parser's recursion ------------------------------
+@pytest.mark.parametrize("name", ["run.json", "config.json", "env.json", "summary.json"])
+@pytest.mark.parametrize("reader", ["tta", "report", "eval", "train"])
+def test_a_deeply_nested_json_file_is_refused_by_name(reader, name, tmp_path, capsys):
+    run = _finished_run(tmp_path / "run")
+    (run / name).write_text('{"x": ' + DEEP + "}")
+    argv = {"tta": ["tta", str(run)], "report": ["report", str(run), "--out", str(tmp_path / "rep")],
+            "eval": ["eval", str(run)],
+            "train": ["train", "--preset", "tiny", "--out", str(run), "threads=1"]}[reader]  # resume reads it
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{run / name}: nested too deeply" in err, err
+
+
+@pytest.fixture
+def reference(tmp_path, monkeypatch):
+    """The shipped reference of preset refd (in a temporary RCP_DIR), written as given."""
+    monkeypatch.setattr(rcp, "RCP_DIR", tmp_path)
+    good = {"format": rcp.FORMAT, "preset": "refd", "metric": "cer", "window": 3, "targets": [10.0],
+            "recipe": rcp.recipe(CONFIG), "corpus": {"fingerprint": {}},
+            "seeds": [{"seed": s, "epochs": {"10": 9}} for s in range(1, 6)]}
+
+    def write(**fields):
+        (tmp_path / "refd.json").write_text(json.dumps({**good, **fields}))
+        return tmp_path / "refd.json"
+    return write
+
+
+@pytest.mark.parametrize("fields,said", [
+    ({"recipe": "abc"}, "field 'recipe' should be an object, found str 'abc'"),
+    ({"seeds": ["s1"]}, "field 'seeds[0]' should be an object, found str 's1'"),
+    ({"seeds": [{"seed": 1, "epochs": [9]}]}, "field 'seeds[0].epochs' should be an object, found list"),
+    ({"corpus": {"fingerprint": 3}}, "field 'corpus.fingerprint' should be an object"),
+    ({"targets": "10"}, "field 'targets' should be a list"),
+    ("deep", "nested too deeply"),
+])
+def test_a_damaged_reference_file_is_refused_naming_file_and_field(reference, fields, said):
+    from speechperf.metrics.aggregate import SeedRun, aggregate
+
+    if fields == "deep":  # written as text (json.dumps cannot write it either)
+        path = reference()
+        path.write_text(path.read_text()[:-1] + ', "recipe": {"x": ' + DEEP + "}}")
+    else:
+        path = reference(**fields)
+    cfg = {**CONFIG, "preset": "refd"}
+    runs = [SeedRun("s1", "ds2", "m", cfg, "max_epochs", ((60.0, 9.0), (120.0, 9.0), (180.0, 9.0)), {})]
+    with pytest.raises(rcp.ReferenceError) as e:
+        aggregate(runs, lambda r: (10.0,), "cer", 3)
+    assert e.value.exit_code == 2 and str(path) in str(e.value) and said in str(e.value), str(e.value)
+    assert said in rcp.run_check(cfg, {}, "success", [], path.parent)["check"]  # a finishing run names it, never raises
