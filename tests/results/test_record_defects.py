@@ -72,3 +72,62 @@ def test_a_damaged_reference_file_is_refused_naming_file_and_field(reference, fi
         aggregate(runs, lambda r: (10.0,), "cer", 3)
     assert e.value.exit_code == 2 and str(path) in str(e.value) and said in str(e.value), str(e.value)
     assert said in rcp.run_check(cfg, {}, "success", [], path.parent)["check"]  # a finishing run names it, never raises
+
+
+# ---- 3. another program's SQLite file where a run's results.db should be --------------------
+@pytest.fixture(scope="module")
+def trained(tiny_features, tmp_path_factory):
+    """One finished tiny run (one epoch); tests copy it."""
+    from speechperf.train.loop import train
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train("tiny", tiny_features, run, ["threads=1", "max_epochs=1", "train.final_splits=none"], quiet=True)
+    return run
+
+
+def _foreign_db(path):
+    """Another program's database: a table of its own called runs, and one row."""
+    path.unlink(missing_ok=True)
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("INSERT INTO runs (name) VALUES ('theirs')")
+    db.close()
+    return path.read_bytes()
+
+
+def test_beam_sweep_refuses_another_programs_database_and_leaves_it_unchanged(trained, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = _foreign_db(run / "results.db")
+    assert main(["beam-sweep", str(run), "--widths", "1", "--decoder", "greedy"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'results.db'} is not a speechperf results database" in err, err
+    assert (run / "results.db").read_bytes() == before and not (run / "results.db-wal").exists()
+
+
+def test_every_writer_checks_the_database_before_writing(tmp_path):
+    """One check in the results layer (ResultsDB opened for writing: the run's own database, a
+    shared --db, bench's --db): a foreign file is refused unchanged; an empty file, a new one and
+    a database of the first release (its runs table, no newer columns) are speechperf's."""
+    from speechperf.results.db import ResultsDB, ResultsError
+
+    before = _foreign_db(tmp_path / "theirs.db")
+    with pytest.raises(ResultsError, match=r"theirs.db is not a speechperf results database.*runs"):
+        ResultsDB(tmp_path / "theirs.db")
+    assert (tmp_path / "theirs.db").read_bytes() == before
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+    db.close()
+    with pytest.raises(ResultsError, match="other.db is not a speechperf results database"):
+        ResultsDB(tmp_path / "other.db")
+    (tmp_path / "empty.db").touch()
+    ResultsDB(tmp_path / "empty.db").close()
+    ResultsDB(tmp_path / "new.db").close()
+    with sqlite3.connect(tmp_path / "first.db") as db:  # the first release's runs table
+        db.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, kind TEXT NOT NULL, preset TEXT, seed INTEGER, "
+                   "platform TEXT, out_dir TEXT, config_json TEXT, env_json TEXT, started_at REAL, status TEXT)")
+    db.close()
+    with ResultsDB(tmp_path / "first.db") as db:
+        assert "label" in {r["name"] for r in db.query("PRAGMA table_info(runs)")}
