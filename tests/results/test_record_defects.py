@@ -131,3 +131,60 @@ def test_every_writer_checks_the_database_before_writing(tmp_path):
     db.close()
     with ResultsDB(tmp_path / "first.db") as db:
         assert "label" in {r["name"] for r in db.query("PRAGMA table_info(runs)")}
+
+
+# ---- 2. a shared database (--db) that cannot be written ------------------------------------
+TRAIN = ["threads=1", "max_epochs=1", "train.final_splits=none"]  # as the trained fixture
+
+
+def _runs_row(db_path, run_id):
+    with sqlite3.connect(db_path) as db:
+        row = db.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    db.close()
+    return row
+
+
+def test_a_refused_shared_db_is_checked_before_the_run_folder_exists(tiny_features, tmp_path, capsys):
+    run, shared = tmp_path / "run", tmp_path / "shared.db"
+    shared.write_text("a text file, not a database\n")
+    argv = ["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(run), "--db", str(shared), *TRAIN]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(shared) in err and "Traceback" not in err, err
+    assert not run.exists()  # nothing created before the input is accepted
+    shared.unlink()  # the cause fixed: the same command trains, and both databases hold the run
+    assert main(argv) == 0
+    with Run.open(run) as r:
+        assert r.row()["status"] == "success" and _runs_row(shared, r.run_id) == ("success",)
+
+
+def test_a_run_left_without_its_row_is_recovered_by_the_same_command(trained, tiny_features, tmp_path):
+    """What a refused start left before this fix (config.json, env.json, run.json, a results.db
+    without its runs row): the same command starts the run over and registers it, in the shared
+    database too; never a success whose rows are missing."""
+    import shutil
+
+    run, shared = tmp_path / "run", tmp_path / "shared.db"
+    shutil.copytree(trained, run)
+    for name in ("checkpoint.pt", "summary.json", "events.log", "sentences.jsonl"):
+        (run / name).unlink(missing_ok=True)
+    with sqlite3.connect(run / "results.db") as db:
+        for table in ("runs", "iterations", "evals", "samples"):
+            db.execute(f"DELETE FROM {table}")
+    db.close()
+    argv = ["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(run), "--db", str(shared), *TRAIN]
+    assert main(argv) == 0
+    with Run.open(run) as r:
+        assert r.row()["status"] == "success" and r.evals() and _runs_row(shared, r.run_id) == ("success",)
+
+
+def test_a_resumed_run_registers_itself_in_a_new_shared_db(trained, tiny_features, tmp_path):
+    import shutil
+
+    run, shared = tmp_path / "run", tmp_path / "shared.db"
+    shutil.copytree(trained, run)
+    (run / "summary.json").unlink()  # as if killed after its last checkpoint
+    argv = ["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(run), "--db", str(shared), *TRAIN]
+    assert main(argv) == 0
+    with Run.open(run) as r:
+        assert _runs_row(shared, r.run_id) == ("success",)
