@@ -46,7 +46,7 @@ from speechperf.results.db import ResultsDB
 from speechperf.results.lock import RunFolderBusy, RunLock
 from speechperf.results.run import Run, read_checkpoint
 from speechperf.train import distributed
-from speechperf.train.algorithm import Algorithm, make_algorithm
+from speechperf.train.algorithm import Algorithm, check_launch, make_algorithm
 from speechperf.train.checkpoint import TrainState
 from speechperf.train.evaluate import evaluate
 from speechperf.train.faults import as_fault, check_trained
@@ -153,7 +153,7 @@ def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int,
             if data is None:
                 raise ConfigError("train needs --data FEATS for a new run")
             _verify(data, cfg, world)  # a bad features folder fails before any file is written
-            _check_db(db_path)
+            _accept(cfg, world, db_path)
             return "fresh", str(data), None
         if mode == "no":
             raise SpeechperfError(f"{out} already holds a run; continue it with --resume auto (the default) "
@@ -171,15 +171,17 @@ def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int,
             return "finished", None, None
         if cfg.loader.normalize:  # the normalization it trained on, or refused (features/stats.py)
             check_trained_on(run.features(), run.stats_sha256, out)
-        _check_db(db_path)
+        _accept(cfg, world, db_path)
         return ("resume" if run.has_checkpoint() else "restart"), str(run.features()), None
     except SpeechperfError as e:
         return None, None, str(e)
 
 
-def _check_db(db_path: Path | None) -> None:
-    """A shared database (``--db``) this run can write: refused now (a text file, another
-    program's database, a read-only folder), not after the run folder exists."""
+def _accept(cfg: RunConfig, world: int, db_path: Path | None) -> None:
+    """The last checks of a run to train, before its folder exists: the launch fits the
+    algorithm (single in one process; asgd/easgd's port free), and the shared database
+    (``--db``) can be written (not a text file, another program's database, a read-only folder)."""
+    check_launch(cfg.algo, world)
     if db_path is not None:
         ResultsDB(db_path).close()
 
