@@ -245,9 +245,11 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
         try:
             status = _epochs(cfg, group, data, splits, model, algo, state, rec, meter, stop)
             evaluated = algo.before_eval(rec.prog.start_batch)  # every rank: a stop inside an epoch synchronizes
+            # saved before the final evaluation: a run stopped in it (or killed after it) continues from
+            # here, its logs cut back to before any final_eval line, and evaluates every split again once
+            rec.checkpoint(state, algo.state_dict(state))
             if rank == 0:
                 _final_eval(evaluated, data, splits["final"], cfg, device, rec, stop)
-            rec.checkpoint(state, algo.state_dict(state))
             asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
             if asked:  # stops it (saved: the same command evaluates again), never ends as a success
                 raise interrupted(asked, f"in {rec.out} during the final evaluation")
