@@ -114,7 +114,7 @@ def test_every_writer_checks_the_database_before_writing(tmp_path):
     from speechperf.results.db import ResultsDB, ResultsError
 
     before = _foreign_db(tmp_path / "theirs.db")
-    with pytest.raises(ResultsError, match=r"theirs.db is not a speechperf results database.*runs"):
+    with pytest.raises(ResultsError, match=r"theirs.db is not a speechperf results database \(its runs table lacks"):
         ResultsDB(tmp_path / "theirs.db")
     assert (tmp_path / "theirs.db").read_bytes() == before
     with sqlite3.connect(tmp_path / "other.db") as db:
