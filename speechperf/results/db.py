@@ -63,17 +63,17 @@ class ResultsDB:
         self.conn.row_factory = sqlite3.Row
 
     def _check_ours(self) -> None:
-        """Refuse to write into a database that is not speechperf's (it holds tables, but not the
-        runs table every speechperf database has): every writer opens through here, so none
-        adds its tables or columns to another program's file."""
+        """Refuse to write into a database that is not speechperf's (it holds tables, none of
+        speechperf's, or a runs table without the columns every speechperf one has): every
+        writer opens through here, so none adds its tables or columns to another program's file."""
         tables = sorted(r[0] for r in self.conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"))
         if not tables:
             return  # a new or empty file
         missing = FIRST_RUNS_COLUMNS - {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}
-        if missing:
+        if ("runs" in tables and missing) or not set(tables) & set(schema.TABLES):
             why = (f"its runs table lacks {', '.join(sorted(missing))}" if "runs" in tables
-                   else f"it holds {', '.join(tables[:5])}{' ...' if len(tables) > 5 else ''} and no runs table")
+                   else f"it holds {', '.join(tables[:5])}{' ...' if len(tables) > 5 else ''}, no table of speechperf's")
             self.conn.close()
             raise ResultsError(f"{self.path} is not a speechperf results database ({why}); nothing was written to "
                                "it: give another file")
