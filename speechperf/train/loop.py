@@ -183,7 +183,11 @@ def _accept(cfg: RunConfig, world: int, db_path: Path | None) -> None:
     (``--db``) can be written (not a text file, another program's database, a read-only folder)."""
     check_launch(cfg.algo, world)
     if db_path is not None:
-        ResultsDB(db_path).close()
+        try:
+            ResultsDB(db_path).close()
+        except OSError as e:  # its folder cannot be made: named as the --db it is, not as a stopped run
+            raise SpeechperfError(f"--db {db_path}: cannot be written ({e.strerror or e}); give a database in a "
+                                  "writable folder") from None
 
 
 def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:

@@ -158,6 +158,32 @@ def test_a_refused_shared_db_is_checked_before_the_run_folder_exists(tiny_featur
         assert r.row()["status"] == "success" and _runs_row(shared, r.run_id) == ("success",)
 
 
+def _can_mount() -> bool:
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount(), reason="needs root and a private mount namespace (unshare -m)")
+def test_a_shared_db_in_a_read_only_folder_is_refused_before_the_run_folder_exists(tiny_features, tmp_path):
+    import subprocess
+    import sys
+
+    run, ro = tmp_path / "run", tmp_path / "ro"
+    ro.mkdir()
+    train = [sys.executable, "-m", "speechperf", "train", "--preset", "tiny", "--data", str(tiny_features), "--out",
+             str(run), "--db", str(ro / "shared.db"), *TRAIN]
+    script = f"mount -t tmpfs tmpfs {ro} && mount -o remount,ro {ro} && exec {' '.join(train)}"
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 2 and f"{ro / 'shared.db'} cannot be written" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and not run.exists()
+
+
 def test_a_run_left_without_its_row_is_recovered_by_the_same_command(trained, tiny_features, tmp_path):
     """What a refused start left before this fix (config.json, env.json, run.json, a results.db
     without its runs row): the same command starts the run over and registers it, in the shared
