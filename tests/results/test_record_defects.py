@@ -214,3 +214,15 @@ def test_a_resumed_run_registers_itself_in_a_new_shared_db(trained, tiny_feature
     assert main(argv) == 0
     with Run.open(run) as r:
         assert _runs_row(shared, r.run_id) == ("success",)
+
+
+def test_a_trained_run_without_its_row_is_refused_by_a_writer_naming_the_database(tmp_path):
+    from speechperf.results.run import RunError
+
+    run = _finished_run(tmp_path / "run")
+    with sqlite3.connect(run / "results.db") as db:
+        db.execute("DELETE FROM runs")
+    db.close()
+    (run / "checkpoint.pt").write_bytes(b"weights")  # it trained: its rows cannot be made up again
+    with pytest.raises(RunError, match=r"is not in .*results.db: its rows are missing"):
+        Run.open(run, write=True)
