@@ -25,6 +25,7 @@ from pathlib import Path
 
 from speechperf.errors import SpeechperfError
 from speechperf.config import SECTIONS, section_kind
+from speechperf.results.shapes import NUM, OPT_NUM, OPT_STR, ShapeError, check_shape
 
 RCP_DIR = Path(__file__).resolve().parents[1] / "config" / "rcp"
 FORMAT = 1  # reference file "format"
@@ -39,6 +40,15 @@ NOT_RECIPE = frozenset({
 # it as one of its speech benchmark (RNN-T), whose submission run count the wrapper replaces.
 BENCHMARK, RULESET = "rnnt", "6.0.0"
 OK, FASTER, FAILED = "ok", "faster than the reference allows", "never reached; every reference seed did"
+
+
+# The shape of a reference file (results/shapes.py's specs): what the checks below read.
+REFERENCE = {"format": int, "preset": OPT_STR, "metric": OPT_STR, "window": OPT_NUM, "targets": [NUM],
+             "recipe": {"*": (str, int, float, bool, type(None), list)}, "overrides": [str],
+             "corpus": {"fingerprint": {"*": OPT_NUM}, "data": OPT_STR, "synth": (dict, type(None))}, "how": OPT_STR,
+             "seeds": [{"seed": OPT_NUM, "status": OPT_STR, "epochs": {"*": OPT_NUM}, "margin": {"*": OPT_NUM},
+                        "minutes": {"*": OPT_NUM}, "final_cer": OPT_NUM, "epochs_trained": OPT_NUM,
+                        "measured": (dict, type(None))}]}
 
 
 class ReferenceError(SpeechperfError):
@@ -61,10 +71,16 @@ def load_reference(preset: str | None) -> dict | None:
 def _read(path: str, _mtime: int) -> dict:
     try:
         ref = json.loads(Path(path).read_text())
-        if ref.get("format") != FORMAT or not isinstance(ref.get("seeds"), list):
-            raise ValueError(f"format {ref.get('format')!r} with seeds {type(ref.get('seeds')).__name__}")
-    except (OSError, ValueError, AttributeError) as e:
+        if not isinstance(ref, dict) or ref.get("format") != FORMAT or not isinstance(ref.get("seeds"), list):
+            raise ValueError(f"not a reference of format {FORMAT} with a list of seeds")
+    except (OSError, ValueError) as e:
         raise ReferenceError(f"reference convergence points {path}: unreadable ({e})") from None
+    except RecursionError:  # nested deeper than the parser's recursion
+        raise ReferenceError(f"reference convergence points {path}: unreadable (nested too deeply)") from None
+    try:  # valid JSON of the wrong shape ("recipe": "abc"): refused by field, not a traceback in a table
+        check_shape(ref, REFERENCE, f"reference convergence points {path}")
+    except ShapeError as e:
+        raise ReferenceError(str(e)) from None
     return ref
 
 

@@ -22,6 +22,10 @@ BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transactio
 # Columns added after the first release: a database written by it gets them when opened for writing.
 ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops", "comm_s", "comm_bytes"),
                  "evals": ("cer_lo", "cer_hi", "wer_lo", "wer_hi")}
+# The runs table of the first release: every database speechperf ever wrote has it (a writer
+# creates every table), so a file with tables but not these is another program's.
+FIRST_RUNS_COLUMNS = frozenset({"run_id", "kind", "preset", "seed", "platform", "out_dir", "config_json", "env_json",
+                                "started_at", "status"})
 
 
 class ResultsError(SpeechperfError):
@@ -47,6 +51,7 @@ class ResultsDB:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S)
                 self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+                self._check_ours()  # before the first write: another program's file is left as it is
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 self.conn.executescript(schema.ALL)
                 for table, cols in ADDED_COLUMNS.items():
@@ -56,6 +61,22 @@ class ResultsDB:
         except sqlite3.DatabaseError as e:
             raise ResultsError(f"{self.path} is not a readable results database ({e})") from e
         self.conn.row_factory = sqlite3.Row
+
+    def _check_ours(self) -> None:
+        """Refuse to write into a database that is not speechperf's (it holds tables, none of
+        speechperf's, or a runs table without the columns every speechperf one has): every
+        writer opens through here, so none adds its tables or columns to another program's file."""
+        tables = sorted(r[0] for r in self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"))
+        if not tables:
+            return  # a new or empty file
+        missing = FIRST_RUNS_COLUMNS - {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}
+        if ("runs" in tables and missing) or not set(tables) & set(schema.TABLES):
+            why = (f"its runs table lacks {', '.join(sorted(missing))}" if "runs" in tables
+                   else f"it holds {', '.join(tables[:5])}{' ...' if len(tables) > 5 else ''}, no table of speechperf's")
+            self.conn.close()
+            raise ResultsError(f"{self.path} is not a speechperf results database ({why}); nothing was written to "
+                               "it: give another file")
 
     @contextmanager
     def _writing(self):

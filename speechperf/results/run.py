@@ -68,8 +68,9 @@ class Run:
     def create(cls, folder: Path, *, kind: str, config: dict, env: dict, data: Path | None = None,
                label: str | None = None, shared_db: Path | None = None, run_id: str | None = None,
                started_at: float | None = None) -> "Run":
-        """A new run in ``folder``: writes config.json, env.json, run.json (last: its presence
-        means a run is here) and registers the run in its database(s)."""
+        """A new run in ``folder``: writes config.json, env.json, registers the run in its
+        database(s), then writes run.json (last: its presence means a run is here, its rows
+        written; a database that refuses the run leaves no run behind)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         info = {"format": FORMAT, "run_id": run_id or f"{folder.name}-{uuid.uuid4().hex[:8]}", "kind": kind,
@@ -82,15 +83,37 @@ class Run:
                             "stats_sha256": stats_sha256(data)}  # the normalization it trains on (features/stats.py)
         atomic_write_text(folder / "config.json", json.dumps(config, indent=1))
         atomic_write_text(folder / "env.json", json.dumps(env, indent=1, default=str))
-        atomic_write_text(folder / RUN_FILE, json.dumps(info, indent=1))
         run = cls(folder, info, folder / DB_FILE, write=True, shared_db=shared_db)
-        env_row = {k: v for k, v in env.items()}
-        run.upsert("runs", {"run_id": run.run_id, "kind": kind, "preset": config.get("preset"),
-                            "seed": config.get("train", {}).get("seed", config.get("seed")),
-                            "platform": env.get("platform") or env.get("cpu_model"), "out_dir": str(folder.resolve()),
-                            "config_json": config, "env_json": env_row, "label": run.label,
-                            "started_at": started_at if started_at is not None else time.time(), "status": "running"})
+        run._register(started_at)
+        atomic_write_text(folder / RUN_FILE, json.dumps(info, indent=1))
         return run
+
+    def _register(self, started_at: float | None = None) -> None:
+        """The run's row (status running) in every database it writes."""
+        config, env = self.config, self.env
+        self.upsert("runs", {"run_id": self.run_id, "kind": self.kind, "preset": config.get("preset"),
+                             "seed": config.get("train", {}).get("seed", config.get("seed")),
+                             "platform": env.get("platform") or env.get("cpu_model"),
+                             "out_dir": str(self.folder.resolve()), "config_json": config, "env_json": dict(env),
+                             "label": self.label, "started_at": started_at if started_at is not None else time.time(),
+                             "status": "running"})
+
+    def _check_registered(self) -> None:
+        """A writer's run has its row in every database it writes: one left without it by a
+        start that was refused part way (before run.json was written last) and never trained
+        (no checkpoint) is registered anew; a shared database (``--db``) given later gets the
+        row of the run's own. Never a run whose status cannot be written."""
+        own, *shared = self.dbs()
+        found = own.query("SELECT * FROM runs WHERE run_id = ?", [self.run_id])
+        if not found:
+            if self.has_checkpoint():
+                raise RunError(f"run {self.run_id!r} ({self.folder}) is not in {own.path}: its rows are missing; "
+                               "copy the run's results.db back, or remove the folder to start the run over")
+            self._register()
+            return
+        for db in shared:
+            if not db.query("SELECT 1 FROM runs WHERE run_id = ?", [self.run_id]):
+                db.upsert("runs", found[0])
 
     @classmethod
     def open(cls, folder: Path, *, data: Path | None = None, shared_db: Path | None = None,
@@ -115,6 +138,8 @@ class Run:
             db_path = cls._legacy_db(folder, info, shared_db)
         run = cls(folder, info, db_path, write=write, shared_db=shared_db if write else None, data=data)
         run.check_files()
+        if write:  # every database it will write checked (results/db.py) and holding its row
+            run._check_registered()
         return run
 
     def check_files(self) -> None:
@@ -411,6 +436,8 @@ def read_json(path: Path) -> dict:
         data = json.loads(Path(path).read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{path}: not valid JSON ({e}); the run folder is damaged") from e
+    except RecursionError:  # nested deeper than the parser's recursion (no file speechperf writes is)
+        raise RunError(f"{path}: nested too deeply to read; the run folder is damaged") from None
     except OSError as e:
         raise RunError(f"{path}: cannot be read ({e.strerror or e})") from e
     if not isinstance(data, dict):
@@ -425,6 +452,8 @@ def row_json(row: dict, column: str, name: str, where: str) -> dict:
         data = json.loads(row.get(column) or "{}")
     except json.JSONDecodeError as e:
         raise RunError(f"{where}: column {column} is not valid JSON ({e})") from e
+    except RecursionError:
+        raise RunError(f"{where}: column {column} is nested too deeply to read") from None
     if not isinstance(data, dict):
         raise RunError(f"{where}: column {column} is not a JSON object (found {type(data).__name__})")
     return check_file(name, data, f"{where} (column {column})")

@@ -85,4 +85,4 @@ def _name(t) -> str:
 def _fail(where: str, path: str, want: str, got) -> None:
     shown = repr(got) if len(repr(got)) <= 40 else repr(got)[:37] + "..."
     raise ShapeError(f"{where}: field {path or '(top level)'!r} should be {want}, found {type(got).__name__} "
-                     f"{shown}; the run folder is damaged or not speechperf's")
+                     f"{shown}; the file is damaged or not speechperf's")

@@ -110,6 +110,11 @@ class Algorithm:
         self.comm = CommMeter()
         self.core: torch.nn.Module | None = None  # the unwrapped model (set by wrap)
 
+    @classmethod
+    def check_launch(cls, cfg: AlgoConfig, world: int) -> None:
+        """Refuse (ConfigError) a launch this algorithm cannot train, before anything exists
+        (the loop asks on rank 0, before the run folder); nothing to refuse here."""
+
     def wrap(self, local: torch.nn.Module) -> torch.nn.Module:
         """The module the step trains, from ``local`` (the model, compiled or not)."""
         self.core = _unwrapped(local)
@@ -138,10 +143,14 @@ class Algorithm:
 @register("single")
 class Single(Algorithm):
     def __init__(self, cfg, world, rank=0, device=None):
+        self.check_launch(cfg, world)
+        super().__init__(cfg, world, rank, device)
+
+    @classmethod
+    def check_launch(cls, cfg, world):
         if world != 1:
             raise ConfigError(f"algo.name=single trains in one process, not {world}: use algo.name=sync "
                               "(or bsp, bmuf, diloco) under torchrun")
-        super().__init__(cfg, world, rank, device)
 
 
 @register("sync")
@@ -416,6 +425,12 @@ class AsyncSGD(LocalSGD):
     that wrap broadcast (every rank holds it: none pulls it). A checkpoint holds the server's
     model and version (rank 0) and every rank's own model, optimizer, RNG and last pull."""
 
+    @classmethod
+    def check_launch(cls, cfg, world):
+        from speechperf.train import param_server as ps
+
+        ps.check_port(cfg.name)  # rank 0 hosts the server's rendezvous on MASTER_PORT + 1
+
     def start(self):
         from speechperf.train import param_server as ps
 
@@ -505,3 +520,8 @@ class EASGD(AsyncSGD):
 def make_algorithm(cfg: AlgoConfig, world: int, rank: int = 0, device: torch.device | None = None) -> Algorithm:
     """The configured algorithm for this process (``world`` processes in the run)."""
     return ALGORITHMS.lookup(cfg.name)(cfg, world, rank, device)
+
+
+def check_launch(cfg: AlgoConfig, world: int) -> None:
+    """Refuse a launch the configured algorithm cannot train (``Algorithm.check_launch``)."""
+    ALGORITHMS.lookup(cfg.name).check_launch(cfg, world)

@@ -43,10 +43,11 @@ from speechperf.data.loader import planned_steps
 from speechperf.errors import SpeechperfError
 from speechperf.features.stats import check_trained_on, read_stats
 from speechperf.models import build_model
+from speechperf.results.db import ResultsDB
 from speechperf.results.lock import RunFolderBusy, RunLock
 from speechperf.results.run import Run, read_checkpoint
 from speechperf.train import distributed
-from speechperf.train.algorithm import Algorithm, make_algorithm
+from speechperf.train.algorithm import Algorithm, check_launch, make_algorithm
 from speechperf.train.checkpoint import TrainState
 from speechperf.train.evaluate import evaluate
 from speechperf.train.faults import as_fault, check_trained
@@ -100,7 +101,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         # rank 0 alone looks at the folder (across machines only its disk holds it), holding its
         # lock for the whole run, and tells every rank what to do, or the error that stops them all
         full = f"{label}{label_suffix}" if label is not None else None  # the label a new run would get
-        planned, lock = _plan_locked(out, cfg, mode, data, world, full) if rank == 0 else (None, None)
+        planned, lock = _plan_locked(out, cfg, mode, data, world, full, db_path) if rank == 0 else (None, None)
         plan, feats, error = group.broadcast(planned)
         if error:
             raise SpeechperfError(error)
@@ -118,14 +119,14 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         group.close()
 
 
-def _plan_locked(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int,
-                 label: str | None) -> tuple[tuple[str | None, str | None, str | None], RunLock | None]:
+def _plan_locked(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int, label: str | None,
+                 db_path: Path | None = None) -> tuple[tuple[str | None, str | None, str | None], RunLock | None]:
     """:func:`_plan` under the run folder's lock (results/lock.py), held from here to the end
     of the run so that a second process on the folder is refused naming the first; a new
     run's features are verified before its folder exists. Returns (plan, the held lock)."""
     first = None
     if not out.is_dir():
-        first = _plan(out, cfg, mode, data, world, label)
+        first = _plan(out, cfg, mode, data, world, label, db_path)
         if first[0] != "fresh":
             return first, None
         out.mkdir(parents=True, exist_ok=True)
@@ -135,7 +136,7 @@ def _plan_locked(out: Path, cfg: RunConfig, mode: str, data: Path | None, world:
     except RunFolderBusy as e:
         return (None, None, str(e)), None
     # planned again under the lock only if another process made a run here in between
-    planned = first if first is not None and not Run.exists(out) else _plan(out, cfg, mode, data, world, label)
+    planned = first if first is not None and not Run.exists(out) else _plan(out, cfg, mode, data, world, label, db_path)
     if planned[0] in (None, "finished"):
         lock.release()
         return planned, None
@@ -143,8 +144,9 @@ def _plan_locked(out: Path, cfg: RunConfig, mode: str, data: Path | None, world:
 
 
 def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int,
-          label: str | None = None) -> tuple[str | None, str | None, str | None]:
-    """(fresh | restart | resume | finished, features folder, error) for the run folder ``out``."""
+          label: str | None = None, db_path: Path | None = None) -> tuple[str | None, str | None, str | None]:
+    """(fresh | restart | resume | finished, features folder, error) for the run folder ``out``;
+    a run to train has its shared database (``db_path``) checked before its folder exists."""
     try:
         if not Run.exists(out):
             if mode == "yes":
@@ -152,6 +154,7 @@ def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int,
             if data is None:
                 raise ConfigError("train needs --data FEATS for a new run")
             _verify(data, cfg, world)  # a bad features folder fails before any file is written
+            _accept(cfg, world, db_path)
             return "fresh", str(data), None
         if mode == "no":
             raise SpeechperfError(f"{out} already holds a run; continue it with --resume auto (the default) "
@@ -169,9 +172,23 @@ def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int,
             return "finished", None, None
         if cfg.loader.normalize:  # the normalization it trained on, or refused (features/stats.py)
             check_trained_on(run.features(), run.stats_sha256, out)
+        _accept(cfg, world, db_path)
         return ("resume" if run.has_checkpoint() else "restart"), str(run.features()), None
     except SpeechperfError as e:
         return None, None, str(e)
+
+
+def _accept(cfg: RunConfig, world: int, db_path: Path | None) -> None:
+    """The last checks of a run to train, before its folder exists: the launch fits the
+    algorithm (single in one process; asgd/easgd's port free), and the shared database
+    (``--db``) can be written (not a text file, another program's database, a read-only folder)."""
+    check_launch(cfg.algo, world)
+    if db_path is not None:
+        try:
+            ResultsDB(db_path).close()
+        except OSError as e:  # its folder cannot be made: named as the --db it is, not as a stopped run
+            raise SpeechperfError(f"--db {db_path}: cannot be written ({e.strerror or e}); give a database in a "
+                                  "writable folder") from None
 
 
 def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:
@@ -234,9 +251,11 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
         try:
             status = _epochs(cfg, group, data, splits, model, algo, state, rec, meter, stop)
             evaluated = algo.before_eval(rec.prog.start_batch)  # every rank: a stop inside an epoch synchronizes
+            # saved before the final evaluation: a run stopped in it (or killed after it) continues from
+            # here, its logs cut back to before any final_eval line, and evaluates every split again once
+            rec.checkpoint(state, algo.state_dict(state))
             if rank == 0:
                 _final_eval(evaluated, data, splits["final"], cfg, device, rec, stop)
-            rec.checkpoint(state, algo.state_dict(state))
             asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
             if asked:  # stops it (saved: the same command evaluates again), never ends as a success
                 raise interrupted(asked, f"in {rec.out} during the final evaluation")

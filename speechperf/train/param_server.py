@@ -17,10 +17,13 @@ hence this one.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 
 import torch
 import torch.distributed.rpc as rpc
+
+from speechperf.errors import SpeechperfError
 
 SERVER = "ps"
 _server: "ParameterServer | None" = None  # rank 0's, reached by the rpc calls of every rank
@@ -94,18 +97,44 @@ def staleness() -> list[int]:
     return list(_server.staleness) if _server is not None else []
 
 
+def _address() -> tuple[str, int]:
+    """Where rank 0 hosts the rpc rendezvous: MASTER_ADDR, the port after MASTER_PORT."""
+    return os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")) + 1
+
+
+def _port_taken(name: str, addr: str, port: int, why: str) -> SpeechperfError:
+    return SpeechperfError(f"algo.name={name}: its parameter server needs port {port} (MASTER_PORT + 1) on {addr}, "
+                           f"which is in use ({why}): free it, or give torchrun another --master-port (MASTER_PORT)")
+
+
+def check_port(name: str) -> None:
+    """Rank 0, before the run folder exists: the rendezvous port is free (bound and let go at
+    once, as the store binds it), else an error naming it (exit 2), not a raw EADDRINUSE."""
+    addr, port = _address()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            raise _port_taken(name, addr, port, e.strerror or str(e)) from None
+
+
 def start_rpc(rank: int, world: int) -> None:
     """RPC beside the process group, on the next port (torchrun sets MASTER_ADDR/PORT); once
     per process (rpc cannot start twice)."""
     if rpc.api._is_current_rpc_agent_set():
         return
-    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")) + 1
+    addr, port = _address()
     opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{addr}:{port}", rpc_timeout=600)
     # Under torchrun every store is a client of the agent's store, and nobody would serve
     # this port: rank 0 must host the rpc rendezvous itself (hangs otherwise: observed).
     agent = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     try:
         rpc.init_rpc(SERVER if rank == 0 else f"worker{rank}", rank=rank, world_size=world, rpc_backend_options=opts)
+    except RuntimeError as e:  # taken since check_port looked: named all the same
+        if "EADDRINUSE" in str(e) or "address already in use" in str(e).lower():
+            raise _port_taken("asgd/easgd", addr, port, "EADDRINUSE") from None
+        raise
     finally:
         if agent is not None:
             os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent

@@ -13,11 +13,16 @@ A seed that fails stops the command as one after another does: the seeds still t
 sent SIGTERM (each saves a checkpoint and stops as interrupted, train/stop.py), no new seed
 starts, and the error names the failed seed, its folder and its log; the same command then
 continues every unfinished seed. SIGTERM or SIGINT to this process does the same to its
-seeds. Each seed's output (its epoch lines, its errors) goes to ``OUT/seed-S.log`` (K
-processes writing to one terminal would interleave); its summary is read from its run folder.
+seeds, and so does its death (SIGKILL, say: on Linux each seed asks the kernel for SIGTERM
+when its parent dies, ``PR_SET_PDEATHSIG``), so no seed trains on unwatched. Each seed's
+output (its epoch lines, its errors) goes to ``OUT/seed-S.log`` (K processes writing to one
+terminal would interleave); its summary is read from its run folder. A seed that refuses
+its input (exit 2: a run folder in use by another process, a configuration it cannot
+continue) stops the command with exit 2 and the seed's own message.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -31,6 +36,8 @@ from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.train.seeds import check_seeds_command, seed_folder
 
 POLL_S = 0.2  # how often the seeds' processes are polled
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+ERROR_PREFIX = "speechperf: error: "  # how a seed's process says why it stopped (cli.main)
 
 
 def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform: str | None = None,
@@ -110,15 +117,15 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu
                     argv = command(seed, preset, data, run, [*overrides, *extra], resume, label, platform, db_path)
                     # its own session: a terminal's Ctrl-C reaches this process only, which asks each
                     # seed once (a second signal would stop a seed at once, without its checkpoint)
-                    running[slot] = (seed, subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                                                            env={**os.environ, **env}, start_new_session=True),
-                                     log, run)
+                    proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                                            start_new_session=True, preexec_fn=_dies_with(os.getpid()))
+                    running[slot] = (seed, proc, log, run, f.tell())  # f.tell(): where its output begins
             time.sleep(POLL_S)
-            for slot, (seed, proc, log, run) in list(running.items()):
+            for slot, (seed, proc, log, run, start) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 del running[slot]
-                done[seed] = _finished(seed, proc, log, run)
+                done[seed] = _finished(seed, proc, log, run, start)
     except BaseException as e:
         _stop_all(running)
         if isinstance(e, SpeechperfError):
@@ -145,12 +152,41 @@ def _raise_stop(signum, frame):
     raise _Stopped(signum)
 
 
-def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path) -> dict:
+def _dies_with(parent: int):
+    """A ``preexec_fn`` for a seed's process: SIGTERM to it when ``parent`` dies (Linux's
+    PR_SET_PDEATHSIG; the seed then saves and stops as interrupted), or at once where the
+    parent died before it asked. None where the C library has no prctl (not Linux)."""
+    prctl = getattr(ctypes.CDLL(None), "prctl", None) if sys.platform.startswith("linux") else None
+    if prctl is None:
+        return None
+
+    def preexec():  # in the child, between fork and exec: the function was looked up before
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
+def _said(log: Path, start: int) -> str | None:
+    """The error this seed's process printed (its last ``speechperf: error:`` line in its log,
+    from ``start``, where its output begins), without the prefix; None if it printed none."""
+    with open(log, "rb") as f:
+        f.seek(start)
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    said = [line[len(ERROR_PREFIX):] for line in lines if line.startswith(ERROR_PREFIX)]
+    return said[-1] if said else None
+
+
+def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path, start: int = 0) -> dict:
     """A seed's summary (its run folder's, read as ``train`` reports a finished run), or the
-    error naming it."""
+    error naming it: a seed that refused its input (exit 2: its folder in use by another
+    process, say) with its own message and exit 2, not as a failed run."""
     from speechperf.results.run import Run
 
     proc.wait()
+    refused = _said(log, start) if proc.returncode == 2 else None
+    if refused is not None:
+        raise SpeechperfError(f"seed {seed} ({run}; log {log}): {refused}")
     try:
         with Run.open(run) as opened:  # None without a summary.json
             summary = opened.summary()
