@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from speechperf.errors import SpeechperfError
+from speechperf.metric import measured, metric as metric_of, per_epoch
 
 
 def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> float | None:
@@ -84,6 +85,9 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
     for run, label, wl in members:
         targets = spec.require(metric, wl["model"])
         rows_of_epochs = epoch_rows(run)
+        if rows_of_epochs and not measured(rows_of_epochs, metric):  # recorded before the metric existed
+            raise SpeechperfError(f"run {label!r} did not measure {metric_of(metric).label} (its evaluations were "
+                                  f"recorded before speechperf did): no TTA of it; choose another --metric")
         evals = [(e["clock_s"], e[metric]) for e in rows_of_epochs]
         env = with_price_overrides(run.env, price_per_hour, platform_file)
         summary = run.summary() or {}  # {}: unfinished, or a run of the previous release
@@ -111,11 +115,12 @@ def at_target(row: dict | None, metric: str) -> dict:
 
 
 def evaluations(run, label: str) -> list[dict]:
-    """Per-epoch validation rows of an open run, each error rate with its 95% interval (None
-    where the row predates the intervals): what ``tta --json`` shows per run."""
+    """Per-epoch validation rows of an open run, each per-epoch metric (speechperf/metric.py) with
+    its 95% interval (None where the row predates the interval or the metric: not measured):
+    what ``tta --json`` shows per run."""
+    keys = [k for m in per_epoch() for k in m.columns]
     return [{"run": label, "epoch": e["epoch"], "clock_s": e["clock_s"], "split": e["split"],
-             **{k: e.get(k) for k in ("cer", "cer_lo", "cer_hi", "wer", "wer_lo", "wer_hi")}, "n_utts": e["n_utts"]}
-            for e in run.evals()]
+             **{k: e.get(k) for k in keys}, "n_utts": e["n_utts"]} for e in run.evals()]
 
 
 def notes(rows: list[dict]) -> list[str]:

@@ -20,8 +20,9 @@ from speechperf.results import schema
 
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transaction (several runs, one file)
 # Columns added after the first release: a database written by it gets them when opened for writing.
+# evals: every declared metric's columns (speechperf/metric.py); those a database has are skipped.
 ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops", "comm_s", "comm_bytes"),
-                 "evals": ("cer_lo", "cer_hi", "wer_lo", "wer_hi")}
+                 "evals": schema.EVALS_METRICS}
 
 
 class ResultsError(SpeechperfError):
