@@ -2,6 +2,7 @@
 the last e per-epoch evaluations first reaches the target a; None (NA) when never."""
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Sequence
@@ -22,11 +23,13 @@ def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int
 
 def epochs_to_target(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> int | None:
     """How many evaluations (epochs) it took until the TTA rule first held: TTA is the clock at
-    that evaluation (:func:`tta_minutes`); None when never. The recipe's factor of TTA."""
+    that evaluation (:func:`tta_minutes`); None when never. The recipe's factor of TTA. An
+    error of None (an epoch that did not measure the metric: recorded before it existed) counts
+    as infinite: the rule then holds only where it holds whatever that error was."""
     if epochs < 1:
         raise SpeechperfError(f"epochs must be >= 1, got {epochs}")
     for i in range(epochs - 1, len(evals)):
-        window = [v for _, v in evals[i - epochs + 1 : i + 1]]
+        window = [math.inf if v is None else v for _, v in evals[i - epochs + 1 : i + 1]]
         if statistics.median(window) <= target:
             return i + 1
     return None
