@@ -84,6 +84,8 @@ declare(Metric("cer", "CER", "character edits / reference characters", target=Tr
 declare(Metric("wer", "WER", "word edits (S + D + I) / reference words, as jiwer", target=True,
                counts=("word_edits", "ref_words")))
 declare(Metric("cer_paper", "CER paper", "character edits / the longer of hypothesis and reference (the paper's)"))
+declare(Metric("ser", "SER", "utterances with any word error / utterances (Kaldi's %SER)", target=True,
+               counts=("sentence_errors", "sentences")))
 
 
 def metric(name: str) -> Metric:
