@@ -139,3 +139,21 @@ def test_a_tta_of_a_run_resumed_across_the_release_counts_an_unmeasured_epoch_as
     assert epochs_to_target([(60, None), (120, 40.0), (180, 40.0)], 50.0, 2) == 3
     with pytest.raises(SpeechperfError):
         epochs_to_target([], 1.0, 0)
+
+
+def test_the_stop_rule_watches_the_metric_named_by_train_target_metric(monkeypatch):
+    from speechperf.config import load_preset
+    from speechperf.train import loop
+    from speechperf.train.progress import Progress
+    from speechperf.train.recorder import Recorder
+
+    class History(Recorder):  # rank 0's part of the recorder the stop rule reads: the history's entries
+        def evaluated(self, r, final):
+            self.prog.evals.append(metric.entry(60.0 * (len(self.prog.evals) + 1), r))
+
+    sers = iter([60.0, 40.0, 40.0])
+    monkeypatch.setattr(loop, "_evaluate", lambda *a, **kw: {"loss": 1.0, "cer": 90.0, "wer": 95.0, "ser": next(sers)})
+    cfg = load_preset("tiny", ["train.target_metric=ser", "train.target=45", "train.target_epochs=2"])
+    rec = History(Progress(), "RUN")
+    # medians of the last 2 SERs: -, 50, 40: the target 45 is reached at the third epoch (CER never would)
+    assert [loop._epoch_eval(None, None, cfg, None, rec)[0] for _ in range(3)] == [None, None, "success"]
