@@ -25,7 +25,8 @@ def loss_accuracy_section(ctx: Context) -> Section:
     return Section("Loss and accuracy over time (Fig. 7)", [_figure(
         ctx, lambda runs, path: figures.loss_and_accuracy(runs, path, ctx.targets), "fig7.png",
         "Training loss per batch smoothed with a Gaussian (sigma 10 batches); each validation metric the runs hold "
-        "(CER, WER, ...) after each epoch, shaded: their 95% bootstrap interval over the validation utterances; dotted lines: the TTA targets. Log y axes; x is the TTA clock: time since initialization ended, "
+        "(CER, WER, ...) after each epoch, shaded: their 95% bootstrap interval over the validation utterances; "
+        "dotted lines: the TTA targets. Log y axes; x is the TTA clock: time since initialization ended, "
         "evaluations included, time the process was down (before a resume) excluded.")])
 
 
@@ -35,7 +36,7 @@ def _metric_cells(shown: list, row: dict) -> dict:
     for m in shown:
         cells[m.header] = row.get(m.name)
         if m.interval:
-            cells.update({f"{m.label} 95% low": row.get(f"{m.name}_lo"), f"{m.label} 95% high": row.get(f"{m.name}_hi")})
+            cells[f"{m.label} 95% low"], cells[f"{m.label} 95% high"] = row.get(f"{m.name}_lo"), row.get(f"{m.name}_hi")
     return cells
 
 

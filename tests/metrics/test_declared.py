@@ -91,7 +91,8 @@ def _previous_release_run(root):
         run_id = run.run_id
     with sqlite3.connect(root / "old" / "results.db") as db:
         db.executescript("DROP TABLE evals;" + PREVIOUS_EVALS)
-        db.executemany("INSERT INTO evals VALUES (?, ?, 'dev-clean', 'greedy', 1, ?, 1.0, 1.0, ?, ?, ?, 10, ?, ?, ?, ?, ?)",
+        db.executemany("INSERT INTO evals VALUES (?, ?, 'dev-clean', 'greedy', 1, ?, 1.0, 1.0, ?, ?, ?, 10, ?, "
+                       "?, ?, ?, ?)",
                        [(run_id, e, 60.0 * e, 2 * c, c, c, int(e == 5), c - 1, c + 1, 2 * c - 2, 2 * c + 2)
                         for e, c in enumerate(CERS, 1)])
     return root / "old"
