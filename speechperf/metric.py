@@ -13,8 +13,10 @@ counts it names (``counts``: two fields of :class:`speechperf.metrics.errors.Utt
 resampled by metrics/bootstrap.py). A row recorded before a metric existed has no value for
 it: readers show "not measured" (None, NA), never 0.
 
-This module sits at the bottom of the package (it imports only the errors and the registry),
-so that the results database, the training loop, the metrics and the report all read it.
+This module sits at the bottom of the package, beside the registry (it imports only the errors
+and the registry), so that every layer reads it: the configuration's checks, the results
+database, the metrics, the training loop and the report. The computations live above it
+(metrics/errors.py, metrics/bootstrap.py); here is only what each metric is.
 """
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechperf.metrics.errors import UtteranceErrors
 from speechperf.metric import METRICS
+from speechperf.metrics.errors import UtteranceErrors
 
 RESAMPLES = 1000  # bootstrap resamples: the 2.5% tail then rests on 25 of them
 CONFIDENCE = 0.95

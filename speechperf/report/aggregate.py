@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import statistics
 
+from speechperf.metric import measured
 from speechperf.metrics.tta import tta_minutes
 from speechperf.metrics.targets import METRICS, Targets
-from speechperf.metric import measured
 from speechperf.telemetry import energy
 from speechperf.report.runs import who
 from speechperf.telemetry.platforms import Platform, load, of_run, price_columns, price_performance

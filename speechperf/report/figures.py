@@ -17,9 +17,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.ndimage import gaussian_filter1d  # noqa: E402
 
+from speechperf.metric import held, per_epoch  # noqa: E402
 from speechperf.metrics.targets import Targets  # noqa: E402
 from speechperf.report.runs import legend  # noqa: E402
-from speechperf.metric import held, per_epoch  # noqa: E402
 from speechperf.telemetry.sampler import achieved_periods  # noqa: E402
 
 

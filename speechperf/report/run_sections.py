@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 import statistics
 
+from speechperf import metric
 from speechperf.metrics.mfu import mfu_columns
 from speechperf.report import figures
 from speechperf.report.aggregate import energy_by_source, price_rows, tta_rows
 from speechperf.report.runs import who
 from speechperf.report.sections import Context, Figure, Note, Section, Table, register_section
-from speechperf import metric
 from speechperf.results.workload import by_workload
 from speechperf.telemetry.platforms import of_run, presets, table
 

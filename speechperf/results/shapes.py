@@ -13,8 +13,8 @@ items match spec.
 """
 from __future__ import annotations
 
-from speechperf.errors import SpeechperfError
 from speechperf import metric
+from speechperf.errors import SpeechperfError
 
 NUM = (int, float)
 SCALAR = (str, int, float, bool, type(None))

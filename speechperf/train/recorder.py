@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from speechperf import metric
 from speechperf.data import alphabet
 from speechperf.metrics.rcp import run_check
-from speechperf import metric
 from speechperf.results.run import Run
 from speechperf.train.checkpoint import TrainState
 from speechperf.train.events import C
