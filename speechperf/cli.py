@@ -13,6 +13,7 @@ from pathlib import Path
 
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
+from speechperf.metric import targets as metric_targets
 from speechperf.tables import emit, emit_json
 
 
@@ -439,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("tta", cmd_tta, "time-to-accuracy table (Table 4 form)")
     sp.add_argument("runs", nargs="+")
-    sp.add_argument("--metric", choices=["cer", "wer"], default="cer", help="validation error the targets apply to")
+    sp.add_argument("--metric", choices=metric_targets(), default="cer", help="validation error the targets apply to")
     _targets_args(sp)
     sp.add_argument("--epochs", type=int, default=3, help="median over this many last epochs")
     sp.add_argument("--db", help="where the rows of a previous-release run folder without its own database are")
@@ -486,7 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--platform-file", default=None,
                     help="a platform profile TOML whose prices apply to every run given (overrides the recorded one)")
 
-    sp.add_argument("--metric", choices=["cer", "wer"], default="cer", help="the metric of explicit --targets numbers")
+    sp.add_argument("--metric", choices=metric_targets(), default="cer",
+                    help="the metric of explicit --targets numbers")
     _targets_args(sp)
 
     sp = add("platforms", cmd_platforms, "platform profiles: what each matches, prices with their date and source")

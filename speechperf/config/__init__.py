@@ -22,6 +22,7 @@ from speechperf.data.config import LoaderConfig
 from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
+from speechperf.metric import targets as metric_targets
 from speechperf.models import config_class
 from speechperf.models.ds2 import DS2Config
 from speechperf.train.config import (ALGORITHMS, DIST_BACKENDS, OPTIMIZERS, PROTOCOLS, SCHEDULES, AlgoConfig,
@@ -209,7 +210,8 @@ def validate(cfg: RunConfig) -> None:
         (0 < t.max_skipped_fraction <= 1,
          f"train.max_skipped_fraction={t.max_skipped_fraction} must be in (0, 1]"),
         (t.precision in ("fp32", "bf16", "fp16"), f"train.precision={t.precision!r} must be fp32, bf16 or fp16"),
-        (t.target_metric in ("cer", "wer"), f"train.target_metric={t.target_metric!r} must be cer or wer"),
+        (t.target_metric in metric_targets(),
+         f"train.target_metric={t.target_metric!r} must be one of {', '.join(metric_targets())}"),
         (t.sentence_every >= 1 and t.checkpoint_every >= 1, "train.sentence_every and checkpoint_every must be >= 1"),
         (t.target_epochs >= 1, f"train.target_epochs={t.target_epochs} must be >= 1"),
         (t.max_epochs >= 1, f"train.max_epochs={t.max_epochs} must be >= 1"),

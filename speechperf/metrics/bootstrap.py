@@ -1,4 +1,5 @@
-"""The resolution of one evaluation: a 95% interval of its CER and WER from the dev set itself.
+"""The resolution of one evaluation: a 95% interval of its CER, WER (every metric declared with
+per-utterance counts: speechperf/metric.py) from the dev set itself.
 
 A validation set of a few hundred utterances measures an error rate only so finely: a
 model's CER of 9.4 on one set could be 8 or 11 on another set of the same size. A target
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from speechperf.metric import METRICS
 from speechperf.metrics.errors import UtteranceErrors
 
 RESAMPLES = 1000  # bootstrap resamples: the 2.5% tail then rests on 25 of them
@@ -76,10 +78,14 @@ def rate_interval(errors, lengths, resamples: int = RESAMPLES, confidence: float
 
 def error_intervals(u: UtteranceErrors, resamples: int = RESAMPLES, confidence: float = CONFIDENCE,
                     seed: int = SEED) -> dict[str, float]:
-    """``cer_lo``, ``cer_hi``, ``wer_lo``, ``wer_hi`` (percent) of an evaluation's counts
-    (:func:`speechperf.metrics.errors.utterance_errors`), CER and WER from the same draws."""
-    cer, wer = _intervals([(u.char_edits, u.ref_chars), (u.word_edits, u.ref_words)], resamples, confidence, seed)
-    return {"cer_lo": cer.low, "cer_hi": cer.high, "wer_lo": wer.low, "wer_hi": wer.high}
+    """``NAME``, ``NAME_lo``, ``NAME_hi`` (percent) of every declared metric with per-utterance
+    counts (speechperf/metric.py ``counts``: ``cer``, ``wer``, ...) from an evaluation's counts
+    (:func:`speechperf.metrics.errors.utterance_errors`), every metric from the same draws."""
+    counted = [m for m in METRICS.values() if m.counts is not None]
+    found = _intervals([(getattr(u, m.counts[0]), getattr(u, m.counts[1])) for m in counted], resamples, confidence,
+                       seed)
+    return {k: v for m, r in zip(counted, found)
+            for k, v in ((m.name, r.rate), (f"{m.name}_lo", r.low), (f"{m.name}_hi", r.high))}
 
 
 def _intervals(pairs: list, resamples: int, confidence: float, seed: int) -> list[RateInterval]:

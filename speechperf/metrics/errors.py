@@ -1,4 +1,4 @@
-"""Word and character error rates (SPEC D), in percent.
+"""Word, character and sentence error rates (SPEC D; SER as Kaldi's %SER), in percent.
 
 WER is jiwer's corpus-level WER: (S + D + I) / N over all reference words. Two CERs are
 reported and always labelled: ``cer`` (standard: character edits / reference characters)
@@ -65,16 +65,23 @@ class UtteranceErrors:
     ref_chars: np.ndarray  # reference characters (its denominator)
     word_edits: np.ndarray  # word edit distance, S + D + I (the WER's numerator)
     ref_words: np.ndarray  # reference words, N (its denominator)
+    sentence_errors: np.ndarray  # 1 where the hypothesis has any word error (SER's numerator, as Kaldi's %SER)
+    sentences: np.ndarray  # 1 per utterance (its denominator)
 
 
 def utterance_errors(refs: Sequence[str], hyps: Sequence[str]) -> UtteranceErrors:
     """The counts behind :func:`error_rates`, per utterance: their sums give its CER and WER
-    (the word counts split on whitespace, as jiwer's default transform does)."""
+    (the word counts split on whitespace, as jiwer's default transform does), and the SER: an
+    utterance is in error when its words differ from the reference's in any place (Kaldi's
+    compute-wer, whose %SER counts sentences with any word error)."""
     ref_words = [r.split() for r in refs]
     ints = lambda values: np.fromiter(values, dtype=np.int64, count=len(refs))  # noqa: E731
+    word_edits = ints(Levenshtein.distance(w, h.split()) for w, h in zip(ref_words, hyps))
     return UtteranceErrors(
         char_edits=ints(Levenshtein.distance(r, h) for r, h in zip(refs, hyps)),
         ref_chars=ints(len(r) for r in refs),
-        word_edits=ints(Levenshtein.distance(w, h.split()) for w, h in zip(ref_words, hyps)),
+        word_edits=word_edits,
         ref_words=ints(len(w) for w in ref_words),
+        sentence_errors=(word_edits > 0).astype(np.int64),
+        sentences=np.ones(len(refs), dtype=np.int64),
     )

@@ -88,11 +88,12 @@ def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dic
     """:func:`aggregate` over the report's loaded runs (report/runs.py ``load_run``), for every
     metric ``spec`` has targets of: (per-run factor rows, group rows, comparison rows)."""
     from speechperf.metrics.targets import METRICS
+    from speechperf.metric import measured
 
     out: tuple[list, list, list] = ([], [], [])
     for metric in METRICS:
         runs = [seed_run(r["label"], r["config"], r["env"], r["row"].get("status"), r["evals"], metric, Path(r["run"]))
-                for r in loaded]
+                for r in loaded if not r["evals"] or measured(r["evals"], metric)]  # not measured: not a seed of it
         runs = [r for r, targets in zip(runs, map(targets_for(spec, metric, required=False), runs)) if targets]
         for part, rows in zip(out, aggregate(runs, targets_for(spec, metric, required=False), metric, window)):
             part += [{"metric": metric, **row} for row in rows]

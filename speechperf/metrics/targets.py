@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from speechperf.errors import SpeechperfError
+from speechperf.metric import targets as declared_targets
 
-METRICS = ("cer", "wer")
+METRICS = declared_targets()  # what a target may be of: the target metrics of speechperf/metric.py
 PAPER = {"cer": (10.0, 8.0, 7.0), "wer": (22.0, 20.2, 19.2)}  # SPEC D, LibriSpeech dev-clean
 ALGOPERF_WER = {"conformer": 8.5884, "ds2": 11.9936}  # model family -> AlgoPerf's validation WER target
 SPEECHPERF, ALGOPERF = "speechperf", "algoperf"  # benchmark protocols (a run's train.protocol)
@@ -79,11 +80,11 @@ class Targets:
     def of(self, metric: str, model: str | None) -> tuple[float, ...]:
         """The targets of ``metric`` for a run of model family ``model``; () when this set has none."""
         if metric not in METRICS:
-            raise TargetError(f"metric must be cer or wer, got {metric!r}")
+            raise TargetError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
         if self.name is None:
             return self.values if metric == self.metric else ()
         if self.name == "paper":
-            return PAPER[metric]
+            return PAPER.get(metric, ())
         return (ALGOPERF_WER[model],) if metric == "wer" and model in ALGOPERF_WER else ()
 
     def check_run(self, config: dict, run: str) -> None:
@@ -112,6 +113,9 @@ class Targets:
         if not found:
             if self.name is None:
                 raise TargetError(f"targets {self} are of {self.metric.upper()}, not {metric.upper()}")
+            if self.name == "paper":
+                raise TargetError(f"--targets paper has targets of {' and '.join(m.upper() for m in PAPER)} only, "
+                                  f"none of {metric.upper()}: give error rates of it (e.g. --targets 50,40)")
             if metric != "wer":
                 raise TargetError(f"--targets {self.name}: AlgoPerf's targets are validation WER; give --metric wer")
             raise TargetError(f"--targets {self.name} has no target for model {model!r} (it has: "
@@ -145,5 +149,5 @@ def parse_targets(spec: "str | Targets | Sequence[float]", metric: str = "cer") 
     if not values:
         raise TargetError("no TTA target given")
     if metric not in METRICS:
-        raise TargetError(f"metric must be cer or wer, got {metric!r}")
+        raise TargetError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     return Targets(None, tuple(float(v) for v in values), metric)

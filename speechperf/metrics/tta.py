@@ -2,11 +2,13 @@
 the last e per-epoch evaluations first reaches the target a; None (NA) when never."""
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Sequence
 
 from speechperf.errors import SpeechperfError
+from speechperf.metric import measured, metric as metric_of, per_epoch
 
 
 def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> float | None:
@@ -21,11 +23,13 @@ def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int
 
 def epochs_to_target(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> int | None:
     """How many evaluations (epochs) it took until the TTA rule first held: TTA is the clock at
-    that evaluation (:func:`tta_minutes`); None when never. The recipe's factor of TTA."""
+    that evaluation (:func:`tta_minutes`); None when never. The recipe's factor of TTA. An
+    error of None (an epoch that did not measure the metric: recorded before it existed) counts
+    as infinite: the rule then holds only where it holds whatever that error was."""
     if epochs < 1:
         raise SpeechperfError(f"epochs must be >= 1, got {epochs}")
     for i in range(epochs - 1, len(evals)):
-        window = [v for _, v in evals[i - epochs + 1 : i + 1]]
+        window = [math.inf if v is None else v for _, v in evals[i - epochs + 1 : i + 1]]
         if statistics.median(window) <= target:
             return i + 1
     return None
@@ -84,6 +88,9 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
     for run, label, wl in members:
         targets = spec.require(metric, wl["model"])
         rows_of_epochs = epoch_rows(run)
+        if rows_of_epochs and not measured(rows_of_epochs, metric):  # recorded before the metric existed
+            raise SpeechperfError(f"run {label!r} did not measure {metric_of(metric).label} (its evaluations were "
+                                  f"recorded before speechperf did): no TTA of it; choose another --metric")
         evals = [(e["clock_s"], e[metric]) for e in rows_of_epochs]
         env = with_price_overrides(run.env, price_per_hour, platform_file)
         summary = run.summary() or {}  # {}: unfinished, or a run of the previous release
@@ -111,11 +118,12 @@ def at_target(row: dict | None, metric: str) -> dict:
 
 
 def evaluations(run, label: str) -> list[dict]:
-    """Per-epoch validation rows of an open run, each error rate with its 95% interval (None
-    where the row predates the intervals): what ``tta --json`` shows per run."""
+    """Per-epoch validation rows of an open run, each per-epoch metric (speechperf/metric.py) with
+    its 95% interval (None where the row predates the interval or the metric: not measured):
+    what ``tta --json`` shows per run."""
+    keys = [k for m in per_epoch() for k in m.columns]
     return [{"run": label, "epoch": e["epoch"], "clock_s": e["clock_s"], "split": e["split"],
-             **{k: e.get(k) for k in ("cer", "cer_lo", "cer_hi", "wer", "wer_lo", "wer_hi")}, "n_utts": e["n_utts"]}
-            for e in run.evals()]
+             **{k: e.get(k) for k in keys}, "n_utts": e["n_utts"]} for e in run.evals()]
 
 
 def notes(rows: list[dict]) -> list[str]:

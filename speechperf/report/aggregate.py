@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 
+from speechperf.metric import measured
 from speechperf.metrics.tta import tta_minutes
 from speechperf.metrics.targets import METRICS, Targets
 from speechperf.telemetry import energy
@@ -44,7 +45,7 @@ def tta_rows(runs: list[dict], targets: Targets = Targets()) -> list[dict]:
     rows = []
     for metric in METRICS:
         for target in sorted({t for r in runs for t in targets.of(metric, r["workload"]["model"])}, reverse=True):
-            mins = [(r, run_tta(r, target, metric)) for r in runs]
+            mins = [(r, run_tta(r, target, metric)) for r in runs if not r["evals"] or measured(r["evals"], metric)]
             reached = [(r, m) for r, m in mins if m is not None]
             ref = min(reached, key=lambda rm: (cheapest_first(of_run(rm[0]["env"])), rm[1]), default=(None, None))
             for r, m in mins:

@@ -17,6 +17,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.ndimage import gaussian_filter1d  # noqa: E402
 
+from speechperf.metric import held, per_epoch  # noqa: E402
 from speechperf.metrics.targets import Targets  # noqa: E402
 from speechperf.report.runs import legend  # noqa: E402
 from speechperf.telemetry.sampler import achieved_periods  # noqa: E402
@@ -31,26 +32,28 @@ def _save(fig, path: Path) -> Path:
 
 
 def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()) -> tuple[Path | None, str]:
-    """Fig. 7: training loss (Gaussian-smoothed, sigma 10) and validation CER/WER over time, log y;
-    dotted: the ``targets`` of the runs' models."""
+    """Fig. 7: training loss (Gaussian-smoothed, sigma 10) and, a panel each, the per-epoch metrics
+    the runs hold (speechperf/metric.py: validation CER, WER, ...) over time, log y; dotted: the
+    ``targets`` of the runs' models. A run without a metric (recorded before it) has no line there."""
     if not any(r["iterations"] for r in runs):
         return None, "no training iterations recorded"
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    shown = held([e for r in runs for e in r["evals"]], per_epoch()) or per_epoch()[:1]
+    fig, axes = plt.subplots(1, 1 + len(shown), figsize=(5 * (1 + len(shown)), 4.2))
     for r in runs:
         its = r["iterations"]
         if its:
             t = np.array([i["clock_s"] for i in its]) / 60
             loss = np.array([i["loss"] for i in its], dtype=float)
             axes[0].plot(t, gaussian_filter1d(loss, sigma=10) if len(loss) > 1 else loss, label=legend(r))
-        ev = r["evals"]
-        if ev:
-            t = [e["clock_s"] / 60 for e in ev]
-            for ax, metric in ((axes[1], "cer"), (axes[2], "wer")):
-                line, = ax.plot(t, [e[metric] for e in ev], marker="o", ms=3, label=legend(r))
-                _interval_band(ax, t, ev, metric, line.get_color())
-    for ax, title, targets in ((axes[0], "training loss (Gaussian, sigma 10)", ()),
-                               (axes[1], "validation CER (standard) %", _lines(runs, targets, "cer")),
-                               (axes[2], "validation WER %", _lines(runs, targets, "wer"))):
+        for ax, m in zip(axes[1:], shown):
+            ev = [e for e in r["evals"] if e.get(m.name) is not None]  # not measured: no point, never 0
+            if ev:
+                t = [e["clock_s"] / 60 for e in ev]
+                line, = ax.plot(t, [e[m.name] for e in ev], marker="o", ms=3, label=legend(r))
+                _interval_band(ax, t, ev, m.name, line.get_color())
+    panels = [(axes[0], "training loss (Gaussian, sigma 10)", ())]
+    panels += [(ax, f"validation {m.header}", _lines(runs, targets, m.name)) for ax, m in zip(axes[1:], shown)]
+    for ax, title, targets in panels:
         for y in targets:
             ax.axhline(y, color="gray", ls=":", lw=1)
             ax.annotate(f"TTA target {y:g}", xy=(0.01, y), xycoords=("axes fraction", "data"), fontsize=7,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import statistics
 
+from speechperf import metric
 from speechperf.metrics.mfu import mfu_columns
 from speechperf.report import figures
 from speechperf.report.aggregate import energy_by_source, price_rows, tta_rows
@@ -23,23 +24,35 @@ def _figure(ctx: Context, draw, name: str, caption: str) -> Figure:
 def loss_accuracy_section(ctx: Context) -> Section:
     return Section("Loss and accuracy over time (Fig. 7)", [_figure(
         ctx, lambda runs, path: figures.loss_and_accuracy(runs, path, ctx.targets), "fig7.png",
-        "Training loss per batch smoothed with a Gaussian (sigma 10 batches); validation CER and WER after each "
-        "epoch, shaded: their 95% bootstrap interval over the validation utterances; dotted lines: the TTA targets. Log y axes; x is the TTA clock: time since initialization ended, "
+        "Training loss per batch smoothed with a Gaussian (sigma 10 batches); each validation metric the runs hold "
+        "(CER, WER, ...) after each epoch, shaded: their 95% bootstrap interval over the validation utterances; "
+        "dotted lines: the TTA targets. Log y axes; x is the TTA clock: time since initialization ended, "
         "evaluations included, time the process was down (before a resume) excluded.")])
+
+
+def _metric_cells(shown: list, row: dict) -> dict:
+    """A table row's metric columns (speechperf/metric.py): each metric's value and its interval's ends."""
+    cells = {}
+    for m in shown:
+        cells[m.header] = row.get(m.name)
+        if m.interval:
+            cells[f"{m.label} 95% low"], cells[f"{m.label} 95% high"] = row.get(f"{m.name}_lo"), row.get(f"{m.name}_hi")
+    return cells
 
 
 @register_section("validation", 15)
 def validation_section(ctx: Context) -> Section:
+    shown = metric.held([e for r in ctx.runs for e in r["evals"]], metric.per_epoch())
     rows = [{**who(r), "epoch": e["epoch"], "clock min": e["clock_s"] / 60, "split": e["split"],
-             "CER %": e["cer"], "CER 95% low": e.get("cer_lo"), "CER 95% high": e.get("cer_hi"),
-             "WER %": e["wer"], "WER 95% low": e.get("wer_lo"), "WER 95% high": e.get("wer_hi"),
-             "utterances": e["n_utts"]} for r in ctx.runs for e in r["evals"]]
+             **_metric_cells(shown, e), "utterances": e["n_utts"]} for r in ctx.runs for e in r["evals"]]
     return Section("Validation after every epoch, with its resolution", [
         Note("95% low/high: a percentile bootstrap over the validation utterances (1000 resamples of the split, "
-             "corpus-level CER and WER recomputed on each, fixed draws): how finely this split measures the error. "
+             f"corpus-level {' and '.join(m.label for m in shown if m.interval) or 'error rates'} recomputed on "
+             "each, fixed draws): how finely this split measures the error. "
              "Epochs whose intervals overlap are not told apart by this split, and a target crossed inside the "
              "interval is crossed by the split's resolution as much as by the model. It says nothing of the spread "
-             "between seeds (see 'Repeated runs'). Empty low/high: a row recorded before speechperf kept them."),
+             "between seeds (see 'Repeated runs'). Empty low/high: a row recorded before speechperf kept them; "
+             "an empty metric: a run recorded before speechperf measured it (not measured, not 0)."),
         Table("validation.csv", rows, "no per-epoch validation recorded")])
 
 
@@ -102,6 +115,12 @@ def tta_section(ctx: Context) -> Section:
             blocks.append(Note(f"Workload {name}: {', '.join(r['label'] for r in runs)}."))
         blocks.append(Table("tta.csv" if len(groups) == 1 else f"tta_{k + 1}_{_slug(name)}.csv",
                             tta_rows(runs, ctx.targets), f"the targets ({ctx.targets}) have none for {name}"))
+    for m in metric.per_epoch():  # a run recorded before a metric existed has no TTA of it (no row), said here
+        older = [r["label"] for r in ctx.runs if r["evals"] and ctx.targets.of(m.name, r["workload"]["model"])
+                 and not metric.measured(r["evals"], m.name)]
+        if older:
+            blocks.append(Note(f"No {m.label} TTA rows for {', '.join(older)}: recorded before speechperf measured "
+                               f"{m.label} (not measured; neither 0 nor a target never reached)."))
     return Section("Time to accuracy (Table 4/6), per workload", blocks)
 
 
@@ -119,14 +138,12 @@ def beam_sweep_section(ctx: Context) -> Section:
 
 @register_section("final", 70)
 def final_section(ctx: Context) -> Section:
-    rows = [{**who(r), "split": f["split"], "decoder": f["decoder"], "beam": f["beam"], "WER %": f["wer"],
-             "WER 95% low": f.get("wer_lo"), "WER 95% high": f.get("wer_hi"), "CER %": f["cer"],
-             "CER 95% low": f.get("cer_lo"), "CER 95% high": f.get("cer_hi"), "CER paper %": f["cer_paper"],
-             "utterances": f["n_utts"]}
-            for r in ctx.runs for f in r["finals"]]
+    shown = metric.held([f for r in ctx.runs for f in r["finals"]])
+    rows = [{**who(r), "split": f["split"], "decoder": f["decoder"], "beam": f["beam"], **_metric_cells(shown, f),
+             "utterances": f["n_utts"]} for r in ctx.runs for f in r["finals"]]
     return Section("Final evaluation (Table 5)", [
-        Note("CER: edits / reference characters; CER paper: edits / the longer of hypothesis and reference. 95% "
-             "low/high: the bootstrap interval over the split's utterances (as in the per-epoch validation table)."),
+        Note("".join(f"{m.label}: {m.meaning}; " for m in shown) + "95% low/high: the bootstrap interval over the "
+             "split's utterances (as in the per-epoch validation table)."),
         Table("final.csv", rows, "no run has a final evaluation (it runs when training ends)")])
 
 

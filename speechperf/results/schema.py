@@ -8,6 +8,8 @@ Columns are only ever added (``ResultsDB.add_missing_columns``), never renamed.
 """
 from __future__ import annotations
 
+from speechperf import metric
+
 RUNS = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,      -- unique name (the run folder's name plus a short hash)
@@ -37,15 +39,18 @@ CREATE TABLE IF NOT EXISTS iterations (
 );
 """
 
-EVALS = """
+# The metric columns of evals: one per declared metric and its interval's ends (speechperf/metric.py);
+# a database written before a metric existed gets its columns when opened for writing (db.py), NULL
+# in its older rows.
+EVALS_METRICS = metric.columns()
+EVALS = f"""
 CREATE TABLE IF NOT EXISTS evals (
     run_id TEXT, epoch INTEGER, split TEXT, decoder TEXT, beam INTEGER,
     clock_s REAL,                 -- TTA clock when the evaluation finished
     eval_s REAL,                  -- seconds the evaluation took (not training time)
-    loss REAL, wer REAL, cer REAL, cer_paper REAL, n_utts INTEGER,
+    loss REAL, n_utts INTEGER,
     final INTEGER DEFAULT 0,      -- 1 for the final evaluation after training
-    cer_lo REAL, cer_hi REAL,     -- 95% bootstrap interval of cer over the split's utterances (metrics/bootstrap.py)
-    wer_lo REAL, wer_hi REAL,     -- the same for wer; NULL in rows of releases before it
+    {", ".join(f"{c} REAL" for c in EVALS_METRICS)},
     PRIMARY KEY (run_id, epoch, split, decoder, beam, final)
 );
 """

@@ -13,6 +13,7 @@ items match spec.
 """
 from __future__ import annotations
 
+from speechperf import metric
 from speechperf.errors import SpeechperfError
 
 NUM = (int, float)
@@ -34,7 +35,7 @@ ENV = {"hostname": OPT_STR, "os": OPT_STR, "python": OPT_STR, "cpu_model": OPT_S
        "libraries": {"*": OPT_STR}, "telemetry": (dict,), "cloud_instance": (dict, type(None)),
        "platform": OPT_STR, "precision_note": OPT_STR}
 SUMMARY = {"run": OPT_STR, "run_id": OPT_STR, "status": str, "epochs": OPT_NUM, "iterations": OPT_NUM,
-           "clock_min": OPT_NUM, "init_s": OPT_NUM, "last_wer": OPT_NUM, "last_cer": OPT_NUM,
+           "clock_min": OPT_NUM, "init_s": OPT_NUM, **{f"last_{name}": OPT_NUM for name in metric.targets()},
            "mfu_pct": OPT_NUM, "tflops": OPT_NUM, "peak_tflops": OPT_NUM, "convergence": (dict, type(None))}
 SPECS = {"run.json": RUN, "config.json": CONFIG, "env.json": ENV, "summary.json": SUMMARY}
 

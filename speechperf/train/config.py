@@ -40,7 +40,7 @@ class TrainConfig:
     eval_beam: int = 256  # beam width for per-epoch evaluation (paper 256)
     eval_mode: str = "ngrams"  # word beam search mode (wordbeam only): words, ngrams, ngrams_forecast, ngrams_forecast_sample
     final_beam: int = 512  # beam width for the final evaluation (paper 512)
-    target_metric: str = "cer"  # "cer" (standard) or "wer": what the stop rule watches
+    target_metric: str = "cer"  # what the stop rule watches: a target metric of speechperf/metric.py (cer, wer)
     target: float = 0.0  # stop once the median of the last target_epochs evals is <= this (percent); 0 = never
     target_epochs: int = 3  # e of TTA(a, e)
     precision: str = "fp32"  # "fp32", "bf16" (autocast, CPU and GPU) or "fp16" (GPU, with a scaler)

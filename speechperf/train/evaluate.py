@@ -46,9 +46,10 @@ def autocast(device: torch.device, precision: str):
 def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: LoaderConfig, device: torch.device,
              decoder: str = "greedy", beam: int = 1, workers: int = 0, precision: str = "fp32",
              keep_pairs: int = 0, mode: str = "ngrams") -> dict:
-    """Loss, WER, CER (standard and paper) and seconds of one pass over ``split``; ``cer_lo``,
-    ``cer_hi``, ``wer_lo``, ``wer_hi``: the 95% bootstrap interval of CER and WER over the
-    split's utterances (metrics/bootstrap.py), the resolution this split gives them."""
+    """Loss, every declared metric (speechperf/metric.py: WER, CER standard and paper, ...) and seconds
+    of one pass over ``split``; ``NAME_lo``, ``NAME_hi``: the 95% bootstrap interval of each
+    counted metric over the split's utterances (metrics/bootstrap.py), the resolution this split
+    gives them."""
     from speechperf.data.loader import make_loader
 
     start = time.perf_counter()
@@ -73,10 +74,11 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
         refs += list(batch.transcripts)
     if was_training:
         model.train()
-    rates = error_rates(refs, hyps)
+    rates = error_rates(refs, hyps).to_dict()  # jiwer's WER and the CERs; the counted metrics' values and intervals:
+    counted = error_intervals(utterance_errors(refs, hyps))  # the declared ones (speechperf/metric.py)
     return {
         "split": split, "decoder": decoder_label(decoder, mode), "beam": beam,
-        "loss": loss_sum / max(n_loss, 1), **rates.to_dict(), **error_intervals(utterance_errors(refs, hyps)),
+        "loss": loss_sum / max(n_loss, 1), **rates, **{k: v for k, v in counted.items() if k not in rates},
         "eval_s": time.perf_counter() - start,
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
     }

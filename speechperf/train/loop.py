@@ -384,8 +384,8 @@ def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> tup
     if tc.target > 0:
         from speechperf.metrics.tta import tta_minutes
 
-        idx = 1 if tc.target_metric == "wer" else 2
-        if tta_minutes([(e[0], e[idx]) for e in rec.prog.evals], tc.target, tc.target_epochs) is not None:
+        history = [(e["clock_s"], e[tc.target_metric]) for e in rec.prog.evals]  # speechperf/metric.py's names
+        if tta_minutes(history, tc.target, tc.target_epochs) is not None:
             return "success", r["loss"]
     return None, r["loss"]
 

@@ -17,7 +17,7 @@ class Progress:
     skipped_steps: int = 0  # steps skipped for non-finite loss or gradients
     consecutive_bad: int = 0  # skipped steps in a row (abort at max_bad_losses)
     impossible_utts: int = 0  # utterances whose labels cannot fit the output frames
-    evals: list = field(default_factory=list)  # per-epoch history: train (clock_s, wer, cer); parallel epoch rows
+    evals: list = field(default_factory=list)  # per-epoch history: train {clock_s, metric: value}; parallel epoch rows
     eval_losses: list = field(default_factory=list)  # validation loss of every epoch, on every rank (newbob reads it)
     log_sizes: dict = field(default_factory=dict)  # byte sizes of the append-only logs at the checkpoint
     status: str | None = None  # why training stopped: success, time_cap, max_epochs (None: running)
@@ -27,7 +27,11 @@ class Progress:
     @classmethod
     def from_dict(cls, d: dict) -> "Progress":
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        prog = cls(**{k: v for k, v in d.items() if k in known})
+        # a checkpoint of an earlier release holds (clock_s, wer, cer) tuples: read as today's entries
+        prog.evals = [dict(zip(("clock_s", "wer", "cer"), e)) if isinstance(e, (list, tuple)) else e
+                      for e in prog.evals]
+        return prog
 
 
 class Clock:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from speechperf import metric
 from speechperf.data import alphabet
-from speechperf.metrics.bootstrap import with_interval
 from speechperf.metrics.rcp import run_check
 from speechperf.results.run import Run
 from speechperf.train.checkpoint import TrainState
@@ -28,7 +28,6 @@ from speechperf.train.progress import Clock, Progress
 from speechperf.train.warmup import warn_if_slow
 
 SENTENCE_PAIRS = 3  # hypothesis/reference pairs logged per sentence batch
-INTERVAL_COLUMNS = ("cer_lo", "cer_hi", "wer_lo", "wer_hi")  # an evaluation's 95% intervals (metrics/bootstrap.py)
 
 
 class Recorder:
@@ -167,7 +166,7 @@ class RunRecorder(Recorder):
         if self.status_line and reads:
             evals = self.prog.evals
             self.status_line.update(self.prog.epoch, reads[-1].iteration, reads[-1].loss,
-                                    self.last_row["utts_per_s"], evals[-1][2] if evals else None, self.now(),
+                                    self.last_row["utts_per_s"], evals[-1].get("cer") if evals else None, self.now(),
                                     self.last_row["audio_s_per_s"])
 
     def sentences(self, batch, step) -> None:
@@ -198,22 +197,19 @@ class RunRecorder(Recorder):
         epoch = prog.epoch - 1 if final else prog.epoch
         self.run.upsert("evals", {"run_id": self.run_id, "epoch": epoch, "split": r["split"], "decoder": r["decoder"],
                                   "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"],
-                                  "wer": r["wer"], "cer": r["cer"], "cer_paper": r["cer_paper"],
                                   "n_utts": r["n_utts"], "final": int(final),
-                                  **{k: r.get(k) for k in INTERVAL_COLUMNS}})
+                                  **{k: r.get(k) for k in metric.columns()}})  # every declared metric's columns
         if final:
-            self.events.event("final_eval", r["wer"], split=r["split"], cer=round(r["cer"], 3), decoder=r["decoder"],
+            self.events.event("final_eval", r["wer"], split=r["split"], **_others(r, "wer"), decoder=r["decoder"],
                               beam=r["beam"])
-            self._say(f"final {r['split']}: WER {_rate(r, 'wer')} CER {_rate(r, 'cer')} "
-                      f"({r['decoder']}, beam {r['beam']})")
+            self._say(f"final {r['split']}: {_rates(r)} ({r['decoder']}, beam {r['beam']})")
             return
-        prog.evals.append((now, r["wer"], r["cer"]))
-        self.events.event(C.EVAL_ACCURACY, r["cer"], epoch_num=epoch, metric="cer", wer=round(r["wer"], 3),
-                          cer_paper=round(r["cer_paper"], 3), loss=round(r["loss"], 4), eval_s=round(r["eval_s"], 3))
+        prog.evals.append(metric.entry(now, r))  # the stop rule's history: {clock_s, metric: value}
+        self.events.event(C.EVAL_ACCURACY, r["cer"], epoch_num=epoch, metric="cer", **_others(r, "cer"),
+                          loss=round(r["loss"], 4), eval_s=round(r["eval_s"], 3))
         self.events.end(C.EVAL_STOP, epoch_num=epoch)
-        self._say(f"epoch {epoch}: {r['split']} loss {r['loss']:.3f} WER {_rate(r, 'wer')} "
-                  f"CER {_rate(r, 'cer')} "
-                  f"(paper CER {r['cer_paper']:.2f}) eval {r['eval_s']:.1f}s clock {now / 60:.2f} min")
+        self._say(f"epoch {epoch}: {r['split']} loss {r['loss']:.3f} {_rates(r)} "
+                  f"eval {r['eval_s']:.1f}s clock {now / 60:.2f} min")
 
     # ---- checkpoint and end -----------------------------------------------------------------
     def checkpoint(self, state: TrainState, algo_state: dict | None = None) -> None:
@@ -289,10 +285,17 @@ class RunRecorder(Recorder):
             print(text, flush=True)
 
 
-def _rate(r: dict, metric: str) -> str:
-    """``9.36 [8.10, 10.70]``: an evaluation's error rate and its 95% interval over the split's
-    utterances (its resolution: a change inside it is within what the split can tell)."""
-    return with_interval(r[metric], r.get(f"{metric}_lo"), r.get(f"{metric}_hi"))
+def _rates(r: dict) -> str:
+    """``CER 9.36 [8.10, 10.70] WER ...``: every declared metric the evaluation holds, each with
+    its 95% interval over the split's utterances (its resolution: a change inside it is within
+    what the split can tell)."""
+    return " ".join(f"{m.label} {m.text(r)}" for m in metric.held([r]))
+
+
+def _others(r: dict, logged: str) -> dict:
+    """An events.log line's metadata: every declared metric the evaluation holds but the one
+    ``logged`` as the line's value, rounded to 3 decimals."""
+    return {m.name: round(r[m.name], 3) for m in metric.held([r]) if m.name != logged}
 
 
 def train_utterances(splits: dict) -> int:
@@ -309,9 +312,9 @@ def _iteration_row(run_id, prog: Progress, clock_s: float, loss, batch, batch_s:
 
 
 def _summary(run_id, out: Path, status: str, prog: Progress, clock_s: float) -> dict:
-    last = prog.evals[-1] if prog.evals else (None, None, None)
+    last = prog.evals[-1] if prog.evals else {}
     return {"run": str(out), "run_id": run_id, "status": status, "epochs": len(prog.evals),
             "iterations": prog.iteration, "clock_min": clock_s / 60, "init_s": prog.init_s,
-            "last_wer": last[1], "last_cer": last[2],
+            **{f"last_{name}": last.get(name) for name in metric.targets()},  # the stop rule's metrics
             "skipped_steps": prog.skipped_steps, "impossible_utts": prog.impossible_utts}
 

@@ -32,7 +32,7 @@ def test_tta_json_has_runs_groups_and_comparisons(tmp_path, capsys):
     # rows without the evaluations' intervals (written before them) read as None, never refused
     assert out["evaluations"][0] == {"run": "Xeon cpu [Xeon-s1]", "epoch": 1, "clock_s": 60.0, "split": "dev-clean",
                                      "cer": 30, "cer_lo": None, "cer_hi": None, "wer": 60, "wer_lo": None,
-                                     "wer_hi": None, "n_utts": 10}
+                                     "wer_hi": None, "ser": None, "ser_lo": None, "ser_hi": None, "n_utts": 10}
     assert out["runs"][0]["error at TTA"] == 9 and out["runs"][0]["error 95% low"] is None
     assert [(r["run"][:4], r["epochs to target"], r["min/epoch"], r["minutes"]) for r in out["runs"]][::3] == [
         ("Xeon", 4, 1.0, 4.0), ("EPYC", 4, 0.5, 2.0)]

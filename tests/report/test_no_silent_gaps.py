@@ -43,11 +43,13 @@ def _training_run(root, name: str, seed: int):
         run.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
                               "clock_s": e * EPOCH_S, "eval_s": 5.0, "loss": 1.0, "wer": 30.0 - 4 * e, "cer": 12.0 - e,
                               "cer_paper": 11.0 - e, "n_utts": 10, "final": 0, "cer_lo": 10.5 - e, "cer_hi": 13.5 - e,
-                              "wer_lo": 27.0 - 4 * e, "wer_hi": 33.0 - 4 * e} for e in range(1, EPOCHS + 1)]
+                              "wer_lo": 27.0 - 4 * e, "wer_hi": 33.0 - 4 * e, "ser": 90.0 - 10 * e,
+                              "ser_lo": 80.0 - 10 * e, "ser_hi": 100.0 - 10 * e} for e in range(1, EPOCHS + 1)]
                    + [{"run_id": run.run_id, "epoch": EPOCHS, "split": split, "decoder": "wordbeam", "beam": 256,
                        "clock_s": EPOCHS * EPOCH_S, "eval_s": 5.0, "loss": 1.0, "wer": 15.0, "cer": 7.0,
                        "cer_paper": 6.5, "n_utts": 10, "final": 1, "cer_lo": 6.0, "cer_hi": 8.0, "wer_lo": 13.0,
-                       "wer_hi": 17.0} for split in ("dev-clean", "test-clean")])
+                       "wer_hi": 17.0, "ser": 40.0, "ser_lo": 30.0, "ser_hi": 50.0}
+                      for split in ("dev-clean", "test-clean")])
         run.insert("samples", [{"run_id": run.run_id, "t": k * 0.5, "source": source, "metric": metric,
                                 "value": _value(metric, k * 0.5)}
                                for k in range(int(EPOCHS * EPOCH_S * 2)) for source, metrics in SAMPLES.items()
@@ -120,6 +122,9 @@ def test_cells_the_runs_hold_are_filled(full_page):
     assert validation[:2] == [("seed1", "1", "11.0", "9.5", "12.5", "23.0", "29.0"),
                               ("seed1", "2", "10.0", "8.5", "11.5", "19.0", "25.0")]
     assert len(validation) == 2 * EPOCHS
+    ser = [(r["SER %"], r["SER 95% low"], r["SER 95% high"]) for r in _csv(full_page, "validation.csv")]
+    assert ser[:2] == [("80.0", "70.0", "90.0"), ("70.0", "60.0", "80.0")]
+    assert {r["SER %"] for r in _csv(full_page, "final.csv")} == {"40.0"}
 
 
 def test_utilization_table_has_every_utilization_series(full_page):
