@@ -24,7 +24,7 @@ from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
 from speechperf.models import config_class
 from speechperf.models.ds2 import DS2Config
-from speechperf.train.config import (ALGORITHMS, DIST_BACKENDS, OPTIMIZERS, PROTOCOLS, SCHEDULES, AlgoConfig,
+from speechperf.config.train import (ALGORITHMS, DIST_BACKENDS, OPTIMIZERS, PROTOCOLS, SCHEDULES, AlgoConfig,
                                      TrainConfig)
 
 PRESET_DIR = Path(__file__).with_name("presets")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speechperf.data.alphabet import AlphabetError, normalize
+from speechperf.corpus.alphabet import AlphabetError, normalize
 from speechperf.errors import SpeechperfError
 
 AUDIO_EXTENSIONS = (".flac", ".wav")

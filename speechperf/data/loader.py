@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.data.config import LoaderConfig
 from speechperf.errors import SpeechperfError
 from speechperf.features.shards import load_index, read_shard

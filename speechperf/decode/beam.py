@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode import check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
 from speechperf.decode.kernel import MODE_WORDS, beam_search

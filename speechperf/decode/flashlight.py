@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode import check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
 from speechperf.decode.lm import LM_NAME, BigramLM, LMError, load_lm, write_arpa

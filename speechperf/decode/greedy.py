@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode import check_log_probs, register_decoder
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from speechperf.atomic import atomic_write_text
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.errors import SpeechperfError
 
 LM_NAME = "lm.json"

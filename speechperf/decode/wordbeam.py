@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode import WORDBEAM_MODES, check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
 from speechperf.decode.beam import GAP

@@ -31,7 +31,7 @@ from itertools import combinations
 
 from speechperf.metrics.interval import ratio_interval
 from speechperf.metrics.tta import epochs_to_target
-from speechperf.train.config import AlgoConfig
+from speechperf.config.train import AlgoConfig
 
 FINISHED = ("success", "time_cap", "max_epochs")  # statuses of a run that trained to its end
 MAX_DROPPED = 1  # MLPerf's result summarizer: non-converged runs tolerated per benchmark (olympic scoring drops them)

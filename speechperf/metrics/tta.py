@@ -75,7 +75,7 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
 def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, price_per_hour,
                    platform_file) -> list[dict]:
     """The rows of the runs of one workload; relative % against the first of them."""
-    from speechperf.metrics.mfu import mfu_columns
+    from speechperf.bench.mfu import mfu_columns
     from speechperf.results.run import machine_name
     from speechperf.telemetry.platforms import price_columns, with_price_overrides
 

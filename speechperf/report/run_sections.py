@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import statistics
 
-from speechperf.metrics.mfu import mfu_columns
+from speechperf.bench.mfu import mfu_columns
 from speechperf.report import figures
 from speechperf.report.aggregate import energy_by_source, price_rows, tta_rows
 from speechperf.report.runs import who

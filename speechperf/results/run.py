@@ -32,7 +32,7 @@ from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
 from speechperf.results.db import ResultsDB, ResultsError
 from speechperf.results.shapes import check_file
-from speechperf.train.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
+from speechperf.results.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
 from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu  # noqa: F401 (labels; tta and tests import them here)
 
 FORMAT = 2  # run.json "format"; the previous release wrote none (format 1)
@@ -323,7 +323,7 @@ class Run:
     def events(self):
         """The MLPerf event log (append mode), opened once."""
         if self._events is None:
-            from speechperf.train.events import EventLog
+            from speechperf.results.events import EventLog
 
             self._events = EventLog(self.folder / "events.log", self.run_id)
         return self._events
@@ -360,7 +360,7 @@ class Run:
     def save_checkpoint(self, progress: Progress, **state) -> None:
         """Write the checkpoint atomically: ``progress`` (with the logs' sizes now), the RNG
         states and ``state`` (model, optimizer, ... as state dicts). Pending rows go first."""
-        from speechperf.train.checkpoint import contents, save_checkpoint
+        from speechperf.results.checkpoint import contents, save_checkpoint
 
         self.flush()
         progress.log_sizes = self.log_sizes()
@@ -432,7 +432,7 @@ def row_json(row: dict, column: str, name: str, where: str) -> dict:
 
 def read_checkpoint(folder: Path) -> dict:
     """The checkpoint of a run folder (any rank may read it; only rank 0 writes)."""
-    from speechperf.train.checkpoint import load_checkpoint
+    from speechperf.results.checkpoint import load_checkpoint
 
     return load_checkpoint(Path(folder))
 

@@ -63,8 +63,8 @@ import torch.distributed as dist
 
 from speechperf.config import ConfigError
 from speechperf.registry import Registry
-from speechperf.train.checkpoint import rng_state, set_rng_state
-from speechperf.train.config import AlgoConfig
+from speechperf.results.checkpoint import rng_state, set_rng_state
+from speechperf.config.train import AlgoConfig
 
 ALGORITHMS = Registry("algorithm")  # name -> Algorithm subclass; the names are train/config.py's ALGORITHMS
 

@@ -46,10 +46,10 @@ from speechperf.results.lock import RunFolderBusy, RunLock
 from speechperf.results.run import Run, read_checkpoint
 from speechperf.train import distributed
 from speechperf.train.algorithm import Algorithm, make_algorithm
-from speechperf.train.checkpoint import TrainState
+from speechperf.results.checkpoint import TrainState
 from speechperf.train.evaluate import evaluate
 from speechperf.train.faults import as_fault, check_trained
-from speechperf.train.progress import Progress
+from speechperf.results.progress import Progress
 from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
 from speechperf.train.schedule import make_scheduler, schedule_ended, steps_per_epoch
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step

@@ -16,15 +16,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.metrics.bootstrap import with_interval
 from speechperf.metrics.rcp import run_check
 from speechperf.results.run import Run
-from speechperf.train.checkpoint import TrainState
-from speechperf.train.events import C
+from speechperf.results.checkpoint import TrainState
+from speechperf.results.events import C
 from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
-from speechperf.train.progress import Clock, Progress
+from speechperf.results.progress import Clock, Progress
 from speechperf.train.warmup import warn_if_slow
 
 SENTENCE_PAIRS = 3  # hypothesis/reference pairs logged per sentence batch
@@ -144,7 +144,7 @@ class RunRecorder(Recorder):
     def count_flops(self, cfg, device) -> dict:
         """The FLOP model and the device's peak, for MFU (initialization, outside the clock);
         returns its seconds as an initialization part."""
-        from speechperf.metrics.mfu import RunFlops
+        from speechperf.bench.mfu import RunFlops
 
         self.flops = RunFlops.at_init(cfg, device)
         return {"flops_s": self.flops.init_s}

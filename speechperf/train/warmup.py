@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.features.config import FeatureConfig
 from speechperf.models.contract import planned_forward
 

@@ -3,7 +3,7 @@ from collections import Counter
 import pytest
 import torch
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.data.config import LoaderConfig
 from speechperf.data.loader import load_records, make_loader, plan_epoch
 

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.parallel.sweep import free_port
 from speechperf.train import algorithm as A
-from speechperf.train.config import ALGORITHMS, AlgoConfig
+from speechperf.config.train import ALGORITHMS, AlgoConfig
 
 WORLD, STEPS, LR = 2, 6, 0.1
 
