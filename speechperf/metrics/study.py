@@ -5,20 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from speechperf.metrics.aggregate import SeedRun, aggregate, speed_notes
+from speechperf.metrics import rcp
+from speechperf.metrics.aggregate import SeedRun, aggregate, outcome, speed_notes
 
 
 def seed_run(label: str, config: dict, env: dict, status: str | None, evals: list[dict], metric: str,
              folder: Path | None = None) -> SeedRun:
     """A run as aggregation sees it, from what every reader already holds (its label, config,
     env, status and per-epoch evaluation rows); ``folder``: where its events.log names its corpus."""
-    from speechperf.metrics.rcp import corpus_of
     from speechperf.results.workload import workload, workload_label
     from speechperf.telemetry.machine import machine_name
 
     return SeedRun(label=label, workload=workload_label(workload(config)), machine=machine_name(env), config=config,
                    status=status, evals=tuple((e["clock_s"], e[metric]) for e in evals),
-                   corpus=corpus_of(Path(folder) / "events.log") if folder else {})
+                   corpus=rcp.corpus_of(Path(folder) / "events.log") if folder else {})
 
 
 def targets_for(spec, metric: str, required: bool = True):
@@ -97,3 +97,26 @@ def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dic
         for part, rows in zip(out, aggregate(runs, targets_for(spec, metric, required=False), metric, window)):
             part += [{"metric": metric, **row} for row in rows]
     return out
+
+
+def run_check(config: dict, env: dict, status: str, evals: list[dict], folder: Path) -> dict:
+    """The finished run against its preset's reference, for its summary.json: per target of the
+    reference (else the run's own train.target) the epochs to it and the check; a run without a
+    reference says so. Never raises: a damaged reference file is named in the result instead
+    (the run itself is over and recorded)."""
+    train = config.get("train", {})
+    metric, window = train.get("target_metric", "cer"), train.get("target_epochs", 3)
+    try:
+        ref = rcp.load_reference(config.get("preset"))
+    except rcp.ReferenceError as e:
+        return {"reference": None, "check": str(e)}
+    targets = (ref or {}).get("targets") or ([train["target"]] if train.get("target") else [])
+    run = seed_run(str(folder), config, env, status, evals, metric, folder)
+    checks = []
+    for target in targets:
+        o = outcome(run, target, window)
+        checks.append({"target": target, "metric": metric, "epochs to target": o.epochs,
+                       **rcp.columns(rcp.check_outcomes([o], metric, window)["runs"][0])})
+    path = rcp.reference_path(config.get("preset"))
+    return {"reference": path.name if ref else None, "checks": checks,
+            "check": None if ref else f"no reference for preset {config.get('preset')!r}"}

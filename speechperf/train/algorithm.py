@@ -66,7 +66,7 @@ from speechperf.registry import Registry
 from speechperf.results.checkpoint import rng_state, set_rng_state
 from speechperf.config.train import AlgoConfig
 
-ALGORITHMS = Registry("algorithm")  # name -> Algorithm subclass; the names are train/config.py's ALGORITHMS
+ALGORITHMS = Registry("algorithm")  # name -> Algorithm subclass: the one list of algo.name values (and .periodic)
 
 
 def register(name: str):
@@ -103,6 +103,7 @@ class Algorithm:
     """One process, nothing to synchronize: the hooks are identities (``single``)."""
 
     name = "base"
+    periodic = False  # synchronizes every algo.sync_every steps (the local-SGD family); else every step or never
 
     def __init__(self, cfg: AlgoConfig, world: int, rank: int = 0, device: torch.device | None = None):
         self.cfg, self.world, self.rank = cfg, world, rank
@@ -188,6 +189,8 @@ def _sync_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 class LocalSGD(Algorithm, ABC):
     """Every rank trains its own model; every ``sync_every`` batches of an epoch, and at its
     end, :meth:`synchronize` combines them (subclasses: the rule)."""
+
+    periodic = True
 
     def wrap(self, local):
         self.core = _unwrapped(local)
@@ -500,6 +503,13 @@ class EASGD(AsyncSGD):
         local = self._flat()
         self._unflat(local - ps.call("elastic", self.rank, local))
         return 2 * local.numel() * local.element_size()  # the model sent, the elastic difference received
+
+
+def check(cfg: AlgoConfig) -> None:
+    """Refuse an ``algo.name`` no algorithm is registered under (ConfigError, exit 2), before any
+    run folder exists; the other ``algo`` values are checked with the preset (``AlgoConfig.problems``)."""
+    if cfg.name not in ALGORITHMS:
+        raise ConfigError(f"algo.name={cfg.name!r} is unknown; known: {', '.join(ALGORITHMS)}")
 
 
 def make_algorithm(cfg: AlgoConfig, world: int, rank: int = 0, device: torch.device | None = None) -> Algorithm:

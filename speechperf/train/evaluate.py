@@ -7,7 +7,6 @@ disk), and the seconds spent here are recorded apart from training time.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from speechperf.data.config import LoaderConfig
 from speechperf.metrics.bootstrap import error_intervals
 from speechperf.metrics.errors import error_rates, utterance_errors
-from speechperf.models.contract import planned_forward
+from speechperf.models.contract import autocast, planned_forward
 
 
 def make_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams"):
@@ -32,14 +31,6 @@ def decoder_label(name: str, mode: str = "ngrams") -> str:
     """The decoder as results record it: ``wordbeam`` in its default NGrams mode, else
     ``wordbeam:MODE``, so rows of different modes never overwrite each other."""
     return f"{name}:{mode}" if name == "wordbeam" and mode != "ngrams" else name
-
-
-def autocast(device: torch.device, precision: str):
-    """Mixed-precision context for the forward pass (fp32: none)."""
-    if precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 @torch.no_grad()

@@ -46,6 +46,7 @@ from speechperf.results.lock import RunFolderBusy, RunLock
 from speechperf.results.run import Run, read_checkpoint
 from speechperf.train import distributed
 from speechperf.train.algorithm import Algorithm, make_algorithm
+from speechperf.train.algorithm import check as check_algorithm
 from speechperf.results.checkpoint import TrainState
 from speechperf.train.evaluate import evaluate
 from speechperf.train.faults import as_fault, check_trained
@@ -88,6 +89,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         if out is None:
             raise ConfigError("train needs --out RUN (and --data FEATS for a new run)")
         out, cfg = Path(out), load_preset(preset, overrides, platform)
+        check_algorithm(cfg.algo)
     tc = cfg.train
     distributed.configure_determinism(tc.deterministic)  # before CUDA starts (cuBLAS workspace)
     if tc.threads > 0:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from speechperf.corpus import alphabet
 from speechperf.metrics.bootstrap import with_interval
-from speechperf.metrics.rcp import run_check
+from speechperf.metrics.study import run_check
 from speechperf.results.run import Run
 from speechperf.results.checkpoint import TrainState
 from speechperf.results.events import C

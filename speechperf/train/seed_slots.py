@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 from speechperf.config import ConfigError, load_preset
 from speechperf.errors import RunFailed, SpeechperfError
+from speechperf.train.algorithm import check as check_algorithm
 from speechperf.train.seeds import check_seeds_command, seed_folder
 
 POLL_S = 0.2  # how often the seeds' processes are polled
@@ -39,7 +40,9 @@ def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform
     process sees (None: asked of torch); ``cores``: the CPUs it may use (None: its affinity)."""
     if parallel < 1:
         raise ConfigError(f"--parallel {parallel}: at least 1")
-    tc = load_preset(preset, list(overrides), platform).train  # refuses a bad override before any seed starts
+    cfg = load_preset(preset, list(overrides), platform)  # refuses a bad override before any seed starts
+    check_algorithm(cfg.algo)
+    tc = cfg.train
     if cuda_devices is None:
         cuda_devices = _visible_gpus()
     if tc.device != "cpu" and cuda_devices:

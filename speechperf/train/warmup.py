@@ -23,7 +23,7 @@ import torch
 
 from speechperf.corpus import alphabet
 from speechperf.features.config import FeatureConfig
-from speechperf.models.contract import planned_forward
+from speechperf.models.contract import autocast, planned_forward
 
 # Past this the initialization is reported with a warning: MLPerf's closed division allows
 # 30 minutes of initialization; a DS2 run that needs 10 has something wrong (a cold cache
@@ -65,8 +65,6 @@ def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
     The model itself runs, not a copy, so that a ``torch.compile``d model compiles here
     (its graph is tied to the module it wraps) and no second copy takes GPU memory.
     """
-    from speechperf.train.evaluate import autocast
-
     batch, frames = warm_shape(cfg, device)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     was_training = model.training
