@@ -12,10 +12,6 @@ command reports the finished runs and continues the unfinished one from its chec
 
 The speedups measured on this project's CI machine are on 2 CPU cores and say so; the same
 command drives GPU machines.
-
-``table`` and ``shared_start`` read the ``parallel_runs`` rows that the previous release's
-parallel worker (its own training loop, removed) wrote, which the report still shows for
-such databases.
 """
 from __future__ import annotations
 
@@ -175,29 +171,6 @@ def _row(f: dict, base: float | None) -> dict:
             "speedup": base / f["train_s_per_epoch"] if base and f["train_s_per_epoch"] else None,
             "WER": f["wer"], "CER": f["cer"], "TTA min": f["tta_min"], "comm %": f["comm_pct"],
             "comm MB/step": f["comm_mb_per_step"], "MFU %": f["mfu_pct"], "status": f["status"], "run": f["run"]}
-
-
-def shared_start(row: dict) -> bool:
-    """True for the run that made the shared starting model (it ran with ``--save-init``): one
-    epoch at the default batch, no configuration of the grid, so no row of the tables."""
-    return bool(row.get("shared_start"))
-
-
-def table(rows: list[dict]) -> list[dict]:
-    """Tables 1-5 form: speedup of epoch time against the single worker with the same batch."""
-    rows = [r for r in rows if not shared_start(r)]
-    single = {r["batch"]: r["s_per_epoch"] for r in rows if r["algo"] == "single" and r["epochs"]}
-    out = []
-    for r in rows:
-        base = single.get(r["batch"])
-        out.append({"algo": r["algo"], "workers": r["workers"], "tau": r["sync_period"], "batch": r["batch"],
-                    "epochs": r["epochs"], "s/epoch": r["s_per_epoch"],
-                    "speedup (2 CPU cores)": base / r["s_per_epoch"] if base and r["s_per_epoch"] else None,
-                    "comm s/sync": r["comm_s"] / r["syncs"] if r["syncs"] else None,
-                    "MB/sync": r["comm_bytes"] / r["syncs"] / 1e6 if r["syncs"] else None,
-                    "cv_loss": r["cv_loss"], "WER test-clean": r["wer_test_clean"],
-                    "WER test-other": r["wer_test_other"]})
-    return out
 
 
 def _periodic(name: str) -> bool:
