@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from speechperf.features.config import FeatureConfig
 from speechperf.models.contract import planned_forward, unwrap
+from speechperf.config import load_preset
+from speechperf.models import MODELS, build_model, model_config
 
 PRESET_OF = {"ds2": "paper"}  # models whose row takes a preset's sizes (the paper's DS2)
 FRAMES = (100, 400)  # frames per synthetic utterance, shortest and longest
@@ -31,22 +33,15 @@ FEATURE_DIM = FeatureConfig().dim  # the loader's frames: 80 log-mel then 13 MFC
 
 def names() -> list[str]:
     """The registered acoustic models, in registry order."""
-    from speechperf.models import MODELS
-
     return MODELS.names()
 
 
 def config(name: str):
     """The config of model ``name``'s zoo row: its preset's (``PRESET_OF``) or its defaults."""
-    from speechperf.config import load_preset
-    from speechperf.models import model_config
-
     return load_preset(PRESET_OF[name]).model if name in PRESET_OF else model_config({"name": name})
 
 
 def build(name: str) -> nn.Module:
-    from speechperf.models import build_model
-
     return build_model(config(name))
 
 

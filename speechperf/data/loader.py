@@ -27,6 +27,7 @@ from speechperf.corpus import alphabet
 from speechperf.data.config import LoaderConfig
 from speechperf.errors import SpeechperfError
 from speechperf.features.shards import load_index, read_shard
+from speechperf.features.stats import read_stats
 
 
 @dataclass
@@ -170,6 +171,4 @@ def _readers_generator(seed: int, epoch: int, rank: int) -> torch.Generator:
 
 
 def _stats(feats: Path):
-    from speechperf.features.stats import read_stats
-
     return read_stats(feats)

@@ -7,15 +7,17 @@ from typing import Sequence
 
 from speechperf.metrics import rcp
 from speechperf.metrics.aggregate import SeedRun, aggregate, outcome, speed_notes
+from speechperf.metrics.targets import METRICS, parse_targets
+from speechperf.metrics.tta import evaluations, notes, tta_table
+from speechperf.results.run import Run, unique_labels
+from speechperf.results.workload import workload, workload_label
+from speechperf.telemetry.machine import machine_name
 
 
 def seed_run(label: str, config: dict, env: dict, status: str | None, evals: list[dict], metric: str,
              folder: Path | None = None) -> SeedRun:
     """A run as aggregation sees it, from what every reader already holds (its label, config,
     env, status and per-epoch evaluation rows); ``folder``: where its events.log names its corpus."""
-    from speechperf.results.workload import workload, workload_label
-    from speechperf.telemetry.machine import machine_name
-
     return SeedRun(label=label, workload=workload_label(workload(config)), machine=machine_name(env), config=config,
                    status=status, evals=tuple((e["clock_s"], e[metric]) for e in evals),
                    corpus=rcp.corpus_of(Path(folder) / "events.log") if folder else {})
@@ -24,8 +26,6 @@ def seed_run(label: str, config: dict, env: dict, status: str | None, evals: lis
 def targets_for(spec, metric: str, required: bool = True):
     """``targets_of(run)`` for :func:`aggregate`: the targets ``spec`` gives the run's model
     (``required``: refusing a model it has none for, as ``tta`` does; else none)."""
-    from speechperf.results.workload import workload
-
     pick = spec.require if required else spec.of
     return lambda r: pick(metric, workload(r.config)["model"])
 
@@ -37,10 +37,6 @@ def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     minutes per epoch and the reference check), "groups": the seeds of one workload,
     configuration and machine aggregated, "comparisons": every two groups of a workload,
     "evaluations": every run's per-epoch validation errors with their 95% intervals}."""
-    from speechperf.metrics.targets import parse_targets
-    from speechperf.metrics.tta import evaluations, tta_table
-    from speechperf.results.run import Run, unique_labels
-
     spec = parse_targets(targets, metric)
     table = tta_table(runs, metric, spec, epochs, db_path, price_per_hour, platform_file)
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
@@ -67,8 +63,6 @@ def _of_open(run, label: str, metric: str) -> SeedRun:
 
 def study_notes(study: dict) -> list[str]:
     """What the text tables leave implicit: how seeds are grouped and counted."""
-    from speechperf.metrics.tta import notes
-
     lines = notes(study["runs"])
     lines.append("Groups: runs of one workload, configuration apart from train.seed, and machine. A run that never "
                  "reached a target is a failed run (MLPerf): slower than any TTA in the median and the interval, a "
@@ -87,8 +81,6 @@ def study_notes(study: dict) -> list[str]:
 def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dict], list[dict], list[dict]]:
     """:func:`aggregate` over the report's loaded runs (report/runs.py ``load_run``), for every
     metric ``spec`` has targets of: (per-run factor rows, group rows, comparison rows)."""
-    from speechperf.metrics.targets import METRICS
-
     out: tuple[list, list, list] = ([], [], [])
     for metric in METRICS:
         runs = [seed_run(r["label"], r["config"], r["env"], r["row"].get("status"), r["evals"], metric, Path(r["run"]))

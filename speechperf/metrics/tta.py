@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Sequence
 
 from speechperf.errors import SpeechperfError
+from speechperf.metrics.targets import parse_targets
+from speechperf.results.run import Run, machine_name, unique_labels
+from speechperf.results.workload import by_workload
 
 
 def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> float | None:
@@ -55,10 +58,6 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     folders from different machines compare in one table. ``db_path``: where the rows of a
     folder of the previous release are (it has no database of its own).
     """
-    from speechperf.metrics.targets import parse_targets
-    from speechperf.results.run import Run, unique_labels
-    from speechperf.results.workload import by_workload
-
     spec = parse_targets(targets, metric)
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
     try:
@@ -76,7 +75,6 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
                    platform_file) -> list[dict]:
     """The rows of the runs of one workload; relative % against the first of them."""
     from speechperf.bench.mfu import mfu_columns
-    from speechperf.results.run import machine_name
     from speechperf.telemetry.platforms import price_columns, with_price_overrides
 
     rows: list[dict] = []

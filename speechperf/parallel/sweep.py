@@ -24,6 +24,10 @@ from pathlib import Path
 
 from speechperf.errors import SpeechperfError
 from speechperf.train.algorithm import ALGORITHMS
+from speechperf.metrics.tta import tta_minutes
+from speechperf.results.run import Run
+from speechperf.results.workload import workload_label
+from speechperf.telemetry.machine import devices
 
 ONE_PROCESS = ("single", "sync")  # algo.name of an ordinary run (sync on one process is a plain run)
 
@@ -115,9 +119,6 @@ def report_rows(runs: list[dict]) -> list[dict]:
     every workload and machine that has a run of another algorithm or worker count than one
     process; the speedups against the first one-process run of the same workload on the same
     machine (None where there is none: a speedup across machines would measure the machines)."""
-    from speechperf.telemetry.machine import devices
-    from speechperf.results.workload import workload_label
-
     groups: dict[tuple, list] = {}
     for r in runs:
         groups.setdefault((workload_label(r["workload"]), devices(r["env"])[1]), []).append(r)
@@ -132,8 +133,6 @@ def report_rows(runs: list[dict]) -> list[dict]:
 
 
 def _facts(folder: Path) -> dict:
-    from speechperf.results.run import Run
-
     run = Run.open(folder)
     try:
         return run_facts(run.summary() or {}, run.config, run.env, run.iterations(), run.evals(), folder.name)
@@ -145,8 +144,6 @@ def run_facts(summary: dict, config: dict, env: dict, its: list[dict], evals: li
     """What the sweep's table says of one run, from its recorded rows (nothing recomputed but
     sums): training seconds per epoch, the last WER/CER, TTA to the run's own target on the
     run's clock, the share of training seconds spent communicating and bytes sent per step."""
-    from speechperf.metrics.tta import tta_minutes
-
     train_s = sum(r["step_s"] for r in its)
     comm_s = sum(r.get("comm_s") or 0.0 for r in its)
     comm_bytes = sum(r.get("comm_bytes") or 0 for r in its)

@@ -34,6 +34,8 @@ from speechperf.results.db import ResultsDB, ResultsError
 from speechperf.results.shapes import check_file
 from speechperf.results.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
 from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu  # noqa: F401 (labels; tta and tests import them here)
+from speechperf.features.stats import stats_sha256
+from speechperf.results.workload import workload
 
 FORMAT = 2  # run.json "format"; the previous release wrote none (format 1)
 RUN_FILE, DB_FILE, SUMMARY_FILE, CHECKPOINT_FILE = "run.json", "results.db", "summary.json", "checkpoint.pt"
@@ -75,8 +77,6 @@ class Run:
         info = {"format": FORMAT, "run_id": run_id or f"{folder.name}-{uuid.uuid4().hex[:8]}", "kind": kind,
                 "label": label or default_label(env, config), "host": env.get("hostname"), "created_at": time.time()}
         if data is not None:
-            from speechperf.features.stats import stats_sha256
-
             info["data"] = {"given": str(data), "resolved": str(Path(data).resolve()),
                             "relative": os.path.relpath(Path(data).resolve(), folder.resolve()),
                             "stats_sha256": stats_sha256(data)}  # the normalization it trains on (features/stats.py)
@@ -196,8 +196,6 @@ class Run:
     def workload(self) -> dict:
         """{"model": name, "params": count}: :func:`workload` of the run's configuration (the
         folder's config.json, or the database row's for a folder without one)."""
-        from speechperf.results.workload import workload
-
         return workload(self.recorded("config.json"))
 
     @property

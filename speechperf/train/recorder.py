@@ -26,6 +26,9 @@ from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
 from speechperf.results.progress import Clock, Progress
 from speechperf.train.warmup import warn_if_slow
+from speechperf.bench.mfu import RunFlops
+from speechperf.telemetry.sampler import Sampler
+from speechperf.telemetry.status import StatusLine
 
 SENTENCE_PAIRS = 3  # hypothesis/reference pairs logged per sentence batch
 INTERVAL_COLUMNS = ("cer_lo", "cer_hi", "wer_lo", "wer_hi")  # an evaluation's 95% intervals (metrics/bootstrap.py)
@@ -80,7 +83,6 @@ class RunRecorder(Recorder):
 
     def __init__(self, prog: Progress, run: Run, quiet: bool):
         super().__init__(prog, run.folder)
-        from speechperf.telemetry.status import StatusLine
 
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
         self.events = run.events()
@@ -134,7 +136,6 @@ class RunRecorder(Recorder):
         else:
             self.events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
             self.events.start(C.RUN_START)
-        from speechperf.telemetry.sampler import Sampler
 
         self.sampler = Sampler(os.getpid()).start()
         # a sample's t is seconds since the sampler started: put it on the run's clock, which a
@@ -144,8 +145,6 @@ class RunRecorder(Recorder):
     def count_flops(self, cfg, device) -> dict:
         """The FLOP model and the device's peak, for MFU (initialization, outside the clock);
         returns its seconds as an initialization part."""
-        from speechperf.bench.mfu import RunFlops
-
         self.flops = RunFlops.at_init(cfg, device)
         return {"flops_s": self.flops.init_s}
 

@@ -30,6 +30,7 @@ from speechperf.config import ConfigError, load_preset
 from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.train.algorithm import check as check_algorithm
 from speechperf.train.seeds import check_seeds_command, seed_folder
+from speechperf.results.run import Run
 
 POLL_S = 0.2  # how often the seeds' processes are polled
 
@@ -151,8 +152,6 @@ def _raise_stop(signum, frame):
 def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path) -> dict:
     """A seed's summary (its run folder's, read as ``train`` reports a finished run), or the
     error naming it."""
-    from speechperf.results.run import Run
-
     proc.wait()
     try:
         with Run.open(run) as opened:  # None without a summary.json

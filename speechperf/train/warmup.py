@@ -24,6 +24,8 @@ import torch
 from speechperf.corpus import alphabet
 from speechperf.features.config import FeatureConfig
 from speechperf.models.contract import autocast, planned_forward
+from speechperf.config import ConfigError
+from speechperf.telemetry.capability import model_support
 
 # Past this the initialization is reported with a warning: MLPerf's closed division allows
 # 30 minutes of initialization; a DS2 run that needs 10 has something wrong (a cold cache
@@ -92,9 +94,6 @@ def check_precision(cfg, device: torch.device) -> str | None:
 
     Every bf16 path of a run (the step, the warm-up, the evaluations) runs the same model under
     the same autocast, so this one check covers them all (telemetry/capability.py)."""
-    from speechperf.config import ConfigError
-    from speechperf.telemetry.capability import model_support
-
     precision = cfg.train.precision
     if precision == "fp16" and device.type != "cuda":  # its loss scaler is CUDA's
         raise ConfigError("train.precision=fp16 needs a CUDA device; on a CPU use train.precision=fp32 "
