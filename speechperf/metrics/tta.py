@@ -46,7 +46,7 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
               platform_file: Path | None = None) -> list[dict]:
     """Table 4 form: one row per (run, target) with minutes and % of the first run of the same
     workload (the reference), the initialization seconds kept outside the clock, the achieved
-    TFLOPS and MFU of its training steps (metrics/mfu.py) with the peak behind it, and the run's
+    TFLOPS and MFU of its training steps (bench/mfu.py) with the peak behind it, and the run's
     platform with cost to accuracy and TTA x price (``price_per_hour``/``platform_file``
     override what the run recorded; :func:`speechperf.telemetry.platforms.of_run`).
 

@@ -1,6 +1,6 @@
 """Data-parallel training algorithms as hooks of the one training loop (train/loop.py).
 
-``algo.name`` (train/config.py's ``AlgoConfig``) picks one; the loop calls it where it
+``algo.name`` (config/train.py's ``AlgoConfig``) picks one; the loop calls it where it
 needs to, one line each:
 
 - ``wrap(local)``: the module the step trains (``sync``: DDP; local SGD: the model itself,
@@ -12,7 +12,7 @@ needs to, one line each:
   shorter block here, so that every epoch ends on a common model;
 - ``state_dict(state)`` / ``load_state_dict(ckpt, state)``: what a checkpoint needs beyond
   rank 0's model, optimizer and RNG (local SGD: every rank's own, and the global model);
-  tensors and plain values only (train/checkpoint.py);
+  tensors and plain values only (results/checkpoint.py);
 - ``comm``: communication seconds and bytes, taken per step into the iteration rows;
 - ``close()``: at the end (asgd, easgd: rpc ends; at once on a failed rank).
 
@@ -48,8 +48,9 @@ the local-SGD algorithms. Each algorithm's update rule is a function of tensors
 (:func:`bmuf_update`, :class:`DiLoCoOuter`), which the tests check against a serial
 simulation of the workers.
 
-Layering: this module belongs to ``train`` (below the loop) and imports only torch,
-the registry, the config errors and train's own config, checkpoint and param_server modules.
+Layering: this module belongs to ``train`` (below the loop) and imports only torch, the
+registry, the config (``AlgoConfig``, ``ConfigError``), the checkpoint's RNG states
+(results/checkpoint.py) and train's param_server.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The loop trains; the recorder writes down what happened, in one place: where the run
 stands (:class:`Progress`) and its TTA clock, the event log's lines (MLPerf's keys,
-train/events.py), the iteration rows, the logged sentences, the evaluation rows, the
+results/events.py), the iteration rows, the logged sentences, the evaluation rows, the
 utilization samples, the checkpoint and how the run ended (finished, or failed: one
 failure path for every way a run can stop early). :class:`speechperf.results.run.Run`
 owns the folder's files; the recorder decides what goes into them.
@@ -215,7 +215,7 @@ class RunRecorder(Recorder):
 
     # ---- checkpoint and end -----------------------------------------------------------------
     def checkpoint(self, state: TrainState, algo_state: dict | None = None) -> None:
-        """The checkpoint (train/checkpoint.py's contents), after the rows and samples so far;
+        """The checkpoint (results/checkpoint.py's contents), after the rows and samples so far;
         ``algo_state``: the data-parallel algorithm's keys (train/algorithm.py), if any."""
         self.prog.clock_s = self.now()
         # Logged before the log sizes are taken, so a resume keeps this line.
