@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from speechperf.atomic import atomic_write_text  # noqa: E402
 from speechperf.config import load_preset  # noqa: E402
 from speechperf.metrics import rcp  # noqa: E402
-from speechperf.metrics.aggregate import olympic_mean  # noqa: E402
+from speechperf.metrics.olympic import olympic_mean  # noqa: E402
 from speechperf.metrics.tta import epochs_to_target  # noqa: E402
 from speechperf.results.run import Run, read_json  # noqa: E402
 from speechperf.tables import emit  # noqa: E402

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from speechperf.corpus.sentences import SentenceGenerator
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode.beam import BeamDecoder
 from speechperf.decode.greedy import GreedyDecoder
 from speechperf.decode.lm import BigramLM, count, write_arpa

@@ -23,7 +23,7 @@ from speechperf.config import load_preset  # noqa: E402
 from speechperf.models import build_model  # noqa: E402
 from speechperf.models.ds2 import flops_per_frame  # noqa: E402
 from speechperf.telemetry.capability import support  # noqa: E402
-from speechperf.train.evaluate import autocast  # noqa: E402
+from speechperf.models.contract import autocast  # noqa: E402
 
 
 def matmul_peak(n: int = 4096) -> float:

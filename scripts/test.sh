@@ -13,6 +13,9 @@ if ! command -v chromium >/dev/null 2>&1; then
             || echo "warning: could not install chromium; the browser test will fail" >&2
     fi
 fi
+# The import layers and the absence of cycles (pyproject.toml [tool.importlinter]); set -e: a
+# broken contract fails here, before the tests.
+lint-imports
 # Two workers (pytest-xdist): most cases wait on subprocesses (torchrun, the CLI) and run one
 # thread each, so two share a 2-core machine well; worksteal evens out the long cases.
 # Arguments after the script's name go to pytest (-n 0: one process).

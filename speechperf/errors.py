@@ -13,6 +13,11 @@ class SpeechperfError(Exception):
     exit_code = 2
 
 
+class ConfigError(SpeechperfError, ValueError):
+    """A preset or override names an unknown field or gives a value of the wrong type, or a
+    configuration that cannot run (the field and value named)."""
+
+
 class RunFailed(SpeechperfError):
     """A run that did not train to its end: diverged, or failed by the machine."""
 

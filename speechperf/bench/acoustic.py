@@ -10,7 +10,7 @@ models their config's defaults. A batch of B holds utterances of lengths spread 
 number: throughput does not depend on the features' values.
 
 MFU beside samples/s (:func:`mfu_columns`) comes from the MFU module,
-``speechperf.metrics.mfu`` (``flop_model`` counts a model's training FLOPs per utterance,
+``speechperf.bench.mfu`` (``flop_model`` counts a model's training FLOPs per utterance,
 ``zoo_mfu`` sets them against the device's peak); where that module is absent the columns
 are None and ``mfu_note`` says so.
 """
@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from speechperf.features.config import FeatureConfig
 from speechperf.models.contract import planned_forward, unwrap
+from speechperf.config import load_preset
+from speechperf.models import MODELS, build_model, model_config
 
 PRESET_OF = {"ds2": "paper"}  # models whose row takes a preset's sizes (the paper's DS2)
 FRAMES = (100, 400)  # frames per synthetic utterance, shortest and longest
@@ -31,22 +33,15 @@ FEATURE_DIM = FeatureConfig().dim  # the loader's frames: 80 log-mel then 13 MFC
 
 def names() -> list[str]:
     """The registered acoustic models, in registry order."""
-    from speechperf.models import MODELS
-
     return MODELS.names()
 
 
 def config(name: str):
     """The config of model ``name``'s zoo row: its preset's (``PRESET_OF``) or its defaults."""
-    from speechperf.config import load_preset
-    from speechperf.models import model_config
-
     return load_preset(PRESET_OF[name]).model if name in PRESET_OF else model_config({"name": name})
 
 
 def build(name: str) -> nn.Module:
-    from speechperf.models import build_model
-
     return build_model(config(name))
 
 
@@ -77,14 +72,14 @@ MFU_COLUMNS = ("tflops", "mfu_pct", "peak_tflops", "peak_source", "mfu_note")
 def mfu_columns(name: str, model: nn.Module, batch: int, step_s: float, dev: torch.device, multiply: str,
                 cache: dict) -> dict:
     """Achieved TFLOPS and MFU of a measured acoustic row: the model FLOPs of its batch (valid
-    frames; ``speechperf.metrics.mfu.flop_model``, fitted once per model and kept in ``cache``)
+    frames; ``speechperf.bench.mfu.flop_model``, fitted once per model and kept in ``cache``)
     over its median step time, against the peak a training run on ``dev`` in ``multiply``
     precision is measured against (``zoo_mfu``). None, with ``mfu_note`` saying why, where
     the MFU module is not in this version."""
     try:
-        from speechperf.metrics.mfu import flop_model, zoo_mfu
+        from speechperf.bench.mfu import flop_model, zoo_mfu
     except ImportError:
-        return {**dict.fromkeys(MFU_COLUMNS), "mfu_note": "not computed: speechperf.metrics.mfu is not in this version"}
+        return {**dict.fromkeys(MFU_COLUMNS), "mfu_note": "not computed: speechperf.bench.mfu is not in this version"}
     if name not in cache:
         cache[name] = flop_model(config(name))
     flops = cache[name].batch(lengths(batch, unwrap(model).min_frames))

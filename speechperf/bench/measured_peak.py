@@ -25,6 +25,9 @@ import torch
 
 from speechperf.atomic import atomic_write_text
 from speechperf.bench.peaks import Peak, gpu_peak
+from speechperf.bench.ops import DTYPES, matmul_op, middle_third
+from speechperf.bench.timing import method, timed, warm_up
+from speechperf.telemetry.environment import cpu_model
 
 CACHE_FILE = "gemm_peak.json"
 
@@ -41,16 +44,11 @@ def gemm_size(threads: int) -> int:
 
 
 def cache_key(threads: int, dtype: str) -> str:
-    from speechperf.telemetry.environment import cpu_model
-
     return f"{cpu_model() or platform.processor() or 'unknown CPU'} | {threads} threads | {dtype} | torch {torch.__version__}"
 
 
 def measure_gemm(threads: int, dtype: str = "fp32") -> dict:
     """The measured GEMM rate of this CPU: ``{"tflops", "n", "threads", "dtype", "at"}``."""
-    from speechperf.bench.ops import DTYPES, matmul_op, middle_third
-    from speechperf.bench.timing import method, timed, warm_up
-
     n, cpu, m = gemm_size(threads), torch.device("cpu"), method("ops", "cpu")
     op = matmul_op(n, n, n)
     saved = torch.get_num_threads()

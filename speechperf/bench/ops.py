@@ -29,6 +29,7 @@ from speechperf.errors import SpeechperfError, in_words
 from speechperf.results import schema
 from speechperf.tables import write_csv
 from speechperf.telemetry.capability import support
+from speechperf.telemetry.environment import capture_env
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LSTM_FRAMES = 830  # output frames of a 1670-frame utterance after the stride-2 conv
@@ -257,8 +258,6 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
     saved = torch.get_num_threads()
     store = None
     if db_path:
-        from speechperf.telemetry.environment import capture_env
-
         example = _row(dev, "fp32", 1, ops[0], Peak(None, ""))
         example.update(measured_peak_tflops=None, pct_measured_peak=None)
         store = SweepStore(db_path, "bench_ops", OPS_SCHEMA, example, {"env_json": json.dumps(capture_env(str(dev)))})

@@ -17,7 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def _save(fig, path: Path) -> Path:
+def save_png(fig, path: Path) -> Path:
+    """Lay out, write and close ``fig`` (every figure of the report and the bench: one size, one dpi)."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -49,7 +50,7 @@ def zoo_throughput_vs_batch(rows: list[dict], path: Path) -> tuple[Path | None, 
         ax.set_ylabel(f"{unit} / s")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, path), ""
+    return save_png(fig, path), ""
 
 
 def thread_scaling(rows: list[dict], path: Path) -> tuple[Path | None, str]:
@@ -69,7 +70,7 @@ def thread_scaling(rows: list[dict], path: Path) -> tuple[Path | None, str]:
     ax.set_title("CPU thread scaling per operator")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
-    return _save(fig, path), ""
+    return save_png(fig, path), ""
 
 
 def percent_of_peak(rows: list[dict], path: Path) -> tuple[Path | None, str]:
@@ -87,7 +88,7 @@ def percent_of_peak(rows: list[dict], path: Path) -> tuple[Path | None, str]:
     ax.set_xlabel(f"% of peak ({rows[0]['peak_source'][:60]})")
     ax.set_title(f"{rows[0]['device']}, {top} threads")
     ax.grid(axis="x", alpha=0.3)
-    return _save(fig, path), ""
+    return save_png(fig, path), ""
 
 
 FIGURES = {"zoo_throughput_vs_batch": ("bench_zoo", zoo_throughput_vs_batch),

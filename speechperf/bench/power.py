@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from speechperf.telemetry.energy import top_level
+from speechperf.telemetry.sampler import Sampler, SamplerConfig
 
 # Shortest window whose energy is reported, s: NVML's counter steps about every 100 ms and
 # its averaged power over 1 s, so 2 s keeps the step error of one window under ~5%.
@@ -57,8 +58,6 @@ class PowerMeter:
     """
 
     def __init__(self, interval: float = 0.05, sampler=None, min_seconds: float = ENERGY_MIN_SECONDS):
-        from speechperf.telemetry.sampler import Sampler, SamplerConfig
-
         # 50 ms: the sampler's own CPU cost stays small beside the benchmark on 2 cores
         self.sampler = sampler or Sampler(config=SamplerConfig(interval=interval))
         self.min_seconds = min_seconds

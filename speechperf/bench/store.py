@@ -7,6 +7,7 @@ interrupted sweep keeps every row it measured.
 from __future__ import annotations
 
 import time
+from speechperf.results import ResultsDB
 
 
 class SweepStore:
@@ -16,8 +17,6 @@ class SweepStore:
     def __init__(self, db_path, table: str, schema: str, example: dict, extra: dict | None = None):
         self.db, self.table, self.extra, self.at = None, table, extra or {}, time.time()
         if db_path:
-            from speechperf.results import ResultsDB
-
             self.db = ResultsDB(db_path)
             self.db.ensure_schema(schema)
             add_missing_columns(self.db, table, {**example, **self.extra})

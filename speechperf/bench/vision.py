@@ -53,9 +53,3 @@ def vision_models():
     except Exception as e:  # a build whose failure is not the one explained above
         raise SpeechperfError(f"torchvision not importable ({type(e).__name__}: {str(e)[:80]})") from None
     return tvm
-
-
-def c_ops_loaded() -> bool:
-    """Whether torchvision's C extension loaded (False on the CPU-build workaround path)."""
-    vision_models()
-    return bool(sys.modules["torchvision.extension"]._has_ops())

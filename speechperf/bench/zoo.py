@@ -32,10 +32,10 @@ from speechperf.bench.ops import libraries
 from speechperf.bench.store import SweepStore
 from speechperf.bench.vision import vision_models
 from speechperf.errors import SpeechperfError, in_words
+from speechperf.models.contract import autocast
 from speechperf.results import schema
 from speechperf.telemetry.capability import support
 from speechperf.tables import write_csv
-from speechperf.train.evaluate import autocast
 
 PAPER_PARAMS_M = {"resnet50": 26, "inception_v3": 27, "vgg16": 138, "lstm": 66, "ds2": 27, "transformer": 65}
 TABLE8_BATCHES = {"resnet50": (64, 128), "inception_v3": (64, 128), "vgg16": (64, 128), "lstm": (64, 128, 256),

@@ -20,13 +20,11 @@ from pathlib import Path
 
 from speechperf.data.config import LoaderConfig
 from speechperf.data.specaugment import SpecAugmentConfig
-from speechperf.decode import WORDBEAM_MODES
-from speechperf.errors import SpeechperfError
-from speechperf.metric import targets as metric_targets
+from speechperf.errors import ConfigError
 from speechperf.models import config_class
 from speechperf.models.ds2 import DS2Config
-from speechperf.train.config import (ALGORITHMS, DIST_BACKENDS, OPTIMIZERS, PROTOCOLS, SCHEDULES, AlgoConfig,
-                                     TrainConfig)
+from speechperf.section import build_section
+from speechperf.config.train import AlgoConfig, TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
@@ -42,10 +40,6 @@ def section_kind(section: str, data: dict):
     if section == "model":
         return config_class(data.get("model", {}).get("name", "ds2"))
     return SECTIONS[section]
-
-
-class ConfigError(SpeechperfError, ValueError):
-    """A preset or override names an unknown field or gives a value of the wrong type."""
 
 
 @dataclass(frozen=True)
@@ -151,20 +145,6 @@ def _parse(kind, name: str, raw: str, item: str):
         raise ConfigError(f"override {item!r}: {raw!r} is not a {type(default).__name__}") from None
 
 
-def build_section(kind, values: dict, section: str):
-    names = {f.name for f in dataclasses.fields(kind)}
-    unknown = set(values) - names
-    if unknown:
-        raise ConfigError(f"[{section}] unknown keys {sorted(unknown)}")
-    defaults = kind()
-    for key, value in values.items():
-        expected = type(getattr(defaults, key))
-        ok = isinstance(value, expected) or (expected is float and isinstance(value, int) and not isinstance(value, bool))
-        if not ok:
-            raise ConfigError(f"[{section}] {key} = {value!r}: expected {expected.__name__}")
-    return kind(**{k: (float(v) if isinstance(getattr(defaults, k), float) else v) for k, v in values.items()})
-
-
 def validate(cfg: RunConfig) -> None:
     """Reject values that would fail later or cannot train, naming the field and value.
 
@@ -178,68 +158,6 @@ def validate(cfg: RunConfig) -> None:
             value = getattr(section, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{name}.{f.name}={value} must be a finite number")
-    for problem in cfg.model.problems() + cfg.augment.problems():
-        raise ConfigError(problem)
-    lo, t = cfg.loader, cfg.train
-    checks = [
-        (lo.batch_size >= 1, f"loader.batch_size={lo.batch_size} must be >= 1"),
-        (lo.max_duration >= 0, f"loader.max_duration={lo.max_duration} must be >= 0 (0: fixed batch_size)"),
-        (lo.quadratic_duration >= 0, f"loader.quadratic_duration={lo.quadratic_duration} must be >= 0 (0: off)"),
-        (lo.readers >= 0, f"loader.readers={lo.readers} must be >= 0"),
-        (lo.prefetch_batches >= 1, f"loader.prefetch_batches={lo.prefetch_batches} must be >= 1"),
-        (lo.bucket_window >= 1, f"loader.bucket_window={lo.bucket_window} must be >= 1"),
-        (lo.pad_frames >= 1, f"loader.pad_frames={lo.pad_frames} must be >= 1"),
-        (lo.mode in ("bucket", "pad"), f"loader.mode={lo.mode!r} must be 'bucket' or 'pad'"),
-        (t.optimizer in OPTIMIZERS, f"train.optimizer={t.optimizer!r} must be one of {', '.join(OPTIMIZERS)}"),
-        (t.lr > 0, f"train.lr={t.lr} must be > 0"),
-        (t.weight_decay >= 0, f"train.weight_decay={t.weight_decay} must be >= 0"),
-        (t.warmup_iters >= 0, f"train.warmup_iters={t.warmup_iters} must be >= 0"),
-        (t.lr_decay > 0, f"train.lr_decay={t.lr_decay} must be > 0"),
-        (t.lr_step_epochs >= 1, f"train.lr_step_epochs={t.lr_step_epochs} must be >= 1"),
-        (t.lr_schedule in SCHEDULES, f"train.lr_schedule={t.lr_schedule!r} must be one of {', '.join(SCHEDULES)}"),
-        (t.lr_schedule != "noam" or t.warmup_iters >= 1,
-         f"train.lr_schedule=noam needs train.warmup_iters >= 1 (its peak), not {t.warmup_iters}"),
-        (0 <= t.lr_min <= t.lr, f"train.lr_min={t.lr_min} must be in [0, train.lr={t.lr}]"),
-        (t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 disables clipping)"),
-        (t.time_cap_minutes >= 0, f"train.time_cap_minutes={t.time_cap_minutes} must be >= 0 (0 = no cap)"),
-        (t.target >= 0, f"train.target={t.target} must be >= 0 (0 = never stop early)"),
-        (t.eval_beam >= 1 and t.final_beam >= 1,
-         f"train.eval_beam={t.eval_beam} and train.final_beam={t.final_beam} must be >= 1"),
-        (t.threads >= 0, f"train.threads={t.threads} must be >= 0 (0 = torch default)"),
-        (t.max_bad_losses >= 0, f"train.max_bad_losses={t.max_bad_losses} must be >= 0"),
-        (0 < t.max_skipped_fraction <= 1,
-         f"train.max_skipped_fraction={t.max_skipped_fraction} must be in (0, 1]"),
-        (t.precision in ("fp32", "bf16", "fp16"), f"train.precision={t.precision!r} must be fp32, bf16 or fp16"),
-        (t.target_metric in metric_targets(),
-         f"train.target_metric={t.target_metric!r} must be one of {', '.join(metric_targets())}"),
-        (t.sentence_every >= 1 and t.checkpoint_every >= 1, "train.sentence_every and checkpoint_every must be >= 1"),
-        (t.target_epochs >= 1, f"train.target_epochs={t.target_epochs} must be >= 1"),
-        (t.max_epochs >= 1, f"train.max_epochs={t.max_epochs} must be >= 1"),
-        (t.sync_every >= 1, f"train.sync_every={t.sync_every} must be >= 1"),
-        (t.dist_backend in DIST_BACKENDS, f"train.dist_backend={t.dist_backend!r} must be one of {', '.join(DIST_BACKENDS)}"),
-        (t.optimizer_impl in ("default", "foreach", "fused"),
-         f"train.optimizer_impl={t.optimizer_impl!r} must be default, foreach or fused"),
-        (t.optimizer_impl != "fused" or t.optimizer == "adamw",
-         f"train.optimizer_impl=fused needs optimizer=adamw (torch has no fused {t.optimizer})"),
-        (t.eval_mode in WORDBEAM_MODES, f"train.eval_mode={t.eval_mode!r} must be one of {', '.join(WORDBEAM_MODES)}"),
-        (t.protocol in PROTOCOLS, f"train.protocol={t.protocol!r}: speechperf implements only {', '.join(PROTOCOLS)} "
-                                  "(no AlgoPerf-faithful workload yet)"),
-    ]
-    for ok, msg in checks + _algo_checks(cfg.algo):
-        if not ok:
-            raise ConfigError(msg)
-
-
-def _algo_checks(a: AlgoConfig) -> list[tuple[bool, str]]:
-    """(holds, message) for the ``algo`` section; the worker count is checked at launch (train/algorithm.py)."""
-    return [
-        (a.name in ALGORITHMS, f"algo.name={a.name!r} is unknown; known: {', '.join(ALGORITHMS)}"),
-        (a.sync_every >= 1, f"algo.sync_every={a.sync_every} must be >= 1"),
-        (a.block_lr > 0, f"algo.block_lr={a.block_lr} must be > 0"),
-        (a.block_momentum == -1 or 0 <= a.block_momentum < 1,
-         f"algo.block_momentum={a.block_momentum} must be in [0, 1), or -1 (from block_lr and bmuf_c)"),
-        (a.bmuf_c > 0, f"algo.bmuf_c={a.bmuf_c} must be > 0"),
-        (a.outer_lr > 0, f"algo.outer_lr={a.outer_lr} must be > 0"),
-        (0 <= a.outer_momentum < 1, f"algo.outer_momentum={a.outer_momentum} must be in [0, 1)"),
-        (0 < a.easgd_alpha < 1, f"algo.easgd_alpha={a.easgd_alpha} must be in (0, 1)"),
-    ]
+    for section in (cfg.model, cfg.augment, cfg.loader, cfg.train, cfg.algo):
+        for problem in section.problems():
+            raise ConfigError(problem)

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from speechperf.data.alphabet import AlphabetError, normalize
+from speechperf.corpus.alphabet import AlphabetError, normalize
 from speechperf.errors import SpeechperfError
 
 AUDIO_EXTENSIONS = (".flac", ".wav")

@@ -21,3 +21,18 @@ class LoaderConfig:
     shuffle: bool = True  # shuffle shard and batch order each epoch (seeded)
     normalize: bool = True  # per-feature mean/variance normalization with train-set statistics
     sort_first_epoch: bool = False  # SortaGrad: first epoch in ascending length order
+
+    def problems(self) -> list[str]:
+        """One message per invalid value, naming ``loader.FIELD=value``."""
+        checks = [
+            (self.batch_size >= 1, f"loader.batch_size={self.batch_size} must be >= 1"),
+            (self.max_duration >= 0, f"loader.max_duration={self.max_duration} must be >= 0 (0: fixed batch_size)"),
+            (self.quadratic_duration >= 0,
+             f"loader.quadratic_duration={self.quadratic_duration} must be >= 0 (0: off)"),
+            (self.readers >= 0, f"loader.readers={self.readers} must be >= 0"),
+            (self.prefetch_batches >= 1, f"loader.prefetch_batches={self.prefetch_batches} must be >= 1"),
+            (self.bucket_window >= 1, f"loader.bucket_window={self.bucket_window} must be >= 1"),
+            (self.pad_frames >= 1, f"loader.pad_frames={self.pad_frames} must be >= 1"),
+            (self.mode in ("bucket", "pad"), f"loader.mode={self.mode!r} must be 'bucket' or 'pad'"),
+        ]
+        return [msg for ok, msg in checks if not ok]

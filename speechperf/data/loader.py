@@ -24,12 +24,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.data import index as index_mod
 from speechperf.data.config import LoaderConfig
 from speechperf.data.index import Index
 from speechperf.data.plan import Plan, method, plan_epoch, steps_per_epoch
 from speechperf.features.shards import ShardError, read_rows
+from speechperf.features.stats import read_stats
 
 
 @dataclass
@@ -229,6 +230,4 @@ def _readers_generator(seed: int, epoch: int, rank: int) -> torch.Generator:
 
 
 def _stats(feats: Path):
-    from speechperf.features.stats import read_stats
-
     return read_stats(feats)

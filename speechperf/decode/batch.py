@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import numpy as np
+from speechperf.decode import DecodeError
 
 _DECODER = None  # the decoder the forked workers use
 
@@ -21,8 +22,6 @@ def decode_parallel(decoder, log_probs: np.ndarray, lens, workers: int = 0) -> l
     """(T, B, C) log-probs with valid lengths (B,) -> texts; ``workers`` > 1 uses processes."""
     global _DECODER
     if log_probs.ndim != 3 or len(lens) != log_probs.shape[1]:
-        from speechperf.decode import DecodeError
-
         raise DecodeError(f"expected (T, B, C) log-probs with B lengths, got {log_probs.shape} and {len(lens)}")
     items = [np.ascontiguousarray(log_probs[: int(n), b]) for b, n in enumerate(lens)]  # (T_b, C) each
     if workers <= 1 or len(items) < 2:

@@ -11,10 +11,11 @@ import math
 
 import numpy as np
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode import check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
 from speechperf.decode.kernel import MODE_WORDS, beam_search
+from speechperf.decode.greedy import GreedyDecoder
 
 # Prefixes this far (natural log) below the best of a frame are dropped: pyctcdecode drops
 # at 10 and flashlight at 25; 20 lost no accuracy against an unbounded gap in the benchmark.
@@ -71,7 +72,5 @@ class BeamDecoder:
 def make_beam(beam: int = 16, prune: float = PRUNE, gap: float = GAP, **kw):
     """Beam width 1 is greedy (one prefix kept per frame is the best path)."""
     if beam == 1:
-        from speechperf.decode.greedy import GreedyDecoder
-
         return GreedyDecoder()
     return BeamDecoder(beam, prune, gap)

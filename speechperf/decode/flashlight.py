@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode import check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
 from speechperf.decode.lm import LM_NAME, BigramLM, LMError, load_lm, write_arpa
 from speechperf.errors import SpeechperfError
+from speechperf.decode.greedy import GreedyDecoder
 
 ARPA_NAME = "lm.arpa"
 TOKENS = ["<blank>", "|", *alphabet.SYMBOLS[2:]]  # flashlight needs printable, distinct tokens
@@ -121,7 +122,5 @@ def make_flashlight(beam: int = 256, features=None, lm=None, lm_weight: float = 
     except ImportError:
         raise SpeechperfError("the flashlight decoder needs flashlight-text: pip install 'speechperf[flashlight]'") from None
     if beam == 1:
-        from speechperf.decode.greedy import GreedyDecoder
-
         return GreedyDecoder()
     return FlashlightDecoder(arpa_for(features, lm), beam, lm_weight=lm_weight, **kw)

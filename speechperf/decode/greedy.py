@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from speechperf.data import alphabet
-from speechperf.decode import check_log_probs, register_decoder
+from speechperf.corpus import alphabet
+from speechperf.decode import DecodeError, check_log_probs, register_decoder
 
 
 class GreedyDecoder:
@@ -20,8 +20,6 @@ class GreedyDecoder:
     def decode_batch(self, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:
         """(T, B, C) with valid lengths (B,) -> B texts (argmax is cheap: no worker processes)."""
         if log_probs.ndim != 3 or log_probs.shape[2] != alphabet.NUM_SYMBOLS or len(lens) != log_probs.shape[1]:
-            from speechperf.decode import DecodeError
-
             raise DecodeError(f"expected (T, B, 30) log-probs with B lengths, got {log_probs.shape}, {len(lens)}")
         best = log_probs.argmax(axis=2)  # (T, B)
         return [alphabet.decode(alphabet.collapse(best[: int(n), b])) for b, n in enumerate(lens)]

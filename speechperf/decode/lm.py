@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from speechperf.atomic import atomic_write_text
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.errors import SpeechperfError
+from speechperf.data.check import train_splits_of
+from speechperf.features.shards import load_index
 
 LM_NAME = "lm.json"
 DISCOUNT = 0.75
@@ -85,13 +87,10 @@ def _check_words(words) -> None:
 
 def build_lm_for_features(features: Path, split: str | None = None) -> dict:
     """Count the train-* transcripts of ``features`` and write lm.json (+ lm.arpa); a row."""
-    from speechperf.features.shards import load_index
-
     t0 = time.perf_counter()
     features = Path(features)
     if not features.is_dir():
         raise LMError(f"{features} is not a prepared features folder (speechperf prepare writes one)")
-    from speechperf.data.check import train_splits_of
 
     splits = [split] if split else train_splits_of(features)
     if not splits:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode.lm import DISCOUNT, START, BigramLM, LMError
 
 # Characters that may stand between words: the space, and the apostrophe and separator

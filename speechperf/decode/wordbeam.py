@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode import WORDBEAM_MODES, check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
 from speechperf.decode.beam import GAP
@@ -24,6 +24,7 @@ from speechperf.decode.kernel import beam_search
 from speechperf.decode.lm import BigramLM, load_lm
 from speechperf.decode.tables import build_tables
 from speechperf.errors import SpeechperfError
+from speechperf.decode.greedy import GreedyDecoder
 
 MODES = WORDBEAM_MODES
 
@@ -74,8 +75,6 @@ def make_wordbeam(beam: int = 256, features=None, lm=None, mode: str = "ngrams",
     """``lm``: a BigramLM or the path of an lm.json; else the one beside ``features``.
     Beam width 1 is greedy, as for every beam decoder."""
     if beam == 1:
-        from speechperf.decode.greedy import GreedyDecoder
-
         return GreedyDecoder()
     if lm is None:
         if features is None:

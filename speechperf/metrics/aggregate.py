@@ -26,15 +26,15 @@ import json
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from itertools import combinations
 
+from speechperf.metrics import rcp
 from speechperf.metrics.interval import ratio_interval
+from speechperf.metrics.olympic import olympic_mean
 from speechperf.metrics.tta import epochs_to_target
-from speechperf.train.config import AlgoConfig
+from speechperf.config.train import AlgoConfig
 
 FINISHED = ("success", "time_cap", "max_epochs")  # statuses of a run that trained to its end
-MAX_DROPPED = 1  # MLPerf's result summarizer: non-converged runs tolerated per benchmark (olympic scoring drops them)
 
 
 @dataclass(frozen=True)
@@ -121,26 +121,6 @@ def _group_name(members: list[SeedRun]) -> str:
         return labels.pop()
     return " ".join(str(p) for p in (members[0].machine, members[0].preset or members[0].config.get("model", {}).get("name"))
                     if p)
-
-
-@lru_cache(maxsize=1)
-def _olympic():
-    """mlperf-logging's result summarizer's olympic average (imported once: it pulls pandas)."""
-    from mlperf_logging.result_summarizer.result_summarizer import _compute_olympic_average
-
-    return _compute_olympic_average
-
-
-def olympic_mean(reached: list[float], failed: int) -> tuple[float | None, str]:
-    """MLPerf's score of a benchmark's runs: the result summarizer's olympic average, where
-    ``failed`` runs that never converged are the dropped slowest; (None, why) without one."""
-    if failed > MAX_DROPPED:
-        return None, f"no score: {failed} runs never reached the target (MLPerf tolerates {MAX_DROPPED})"
-    score = _olympic()(sorted(reached), failed, MAX_DROPPED)
-    if score is None:
-        return None, f"no score: {len(reached) + failed} runs (olympic scoring needs 3)"
-    why = "dropped the fastest and the slowest" if not failed else "dropped the fastest; the failed run is the slowest"
-    return score, why
 
 
 def _median(values: list[float]) -> float | None:
@@ -232,8 +212,6 @@ def verdict(name_a: str, name_b: str, iv, na: int, nb: int, epochs: float | None
 def aggregate(runs: list[SeedRun], targets_of, metric: str, window: int) -> tuple[list[dict], list[dict], list[dict]]:
     """(per-run factor rows, group rows, comparison rows) of ``runs`` for the targets
     ``targets_of(run)`` gives (of ``metric``, TTA window ``window``)."""
-    from speechperf.metrics import rcp
-
     run_rows, group_rows, comparisons = [], [], []
     by_workload: dict[str, list[tuple[str, dict[float, list[Outcome]]]]] = {}
     for name, members in groups_of(runs).items():

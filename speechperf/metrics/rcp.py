@@ -23,8 +23,9 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from speechperf.errors import SpeechperfError
 from speechperf.config import SECTIONS, section_kind
+from speechperf.errors import SpeechperfError
+from speechperf.metrics.olympic import olympic_mean
 from speechperf.results.shapes import NUM, OPT_NUM, OPT_STR, ShapeError, check_shape
 
 RCP_DIR = Path(__file__).resolve().parents[1] / "config" / "rcp"
@@ -164,8 +165,6 @@ def check(ref: dict, target: float, reached: list[int], failed: int) -> dict:
     """Runs against the reference at ``target``: ``reached``, their epochs to it; ``failed``,
     how many finished without reaching it. The mean is MLPerf's olympic one from 3 runs on
     (a failed run is the dropped slowest), the plain mean below 3 (nothing to drop)."""
-    from speechperf.metrics.aggregate import olympic_mean
-
     ref_epochs = epochs_of(ref, target)
     converged = tuple(sorted(e for e in ref_epochs if e is not None))
     if len(converged) < 3:
@@ -221,30 +220,3 @@ def corpus_of(events_log: Path) -> dict:
     except (OSError, ValueError, IndexError):
         return {}
     return found
-
-
-def run_check(config: dict, env: dict, status: str, evals: list[dict], folder: Path) -> dict:
-    """The finished run against its preset's reference, for its summary.json: per target of the
-    reference (else the run's own train.target) the epochs to it and the check; a run without a
-    reference says so. Never raises: a damaged reference file is named in the result instead
-    (the run itself is over and recorded)."""
-    from speechperf.metrics.study import seed_run
-
-    train = config.get("train", {})
-    metric, window = train.get("target_metric", "cer"), train.get("target_epochs", 3)
-    try:
-        ref = load_reference(config.get("preset"))
-    except ReferenceError as e:
-        return {"reference": None, "check": str(e)}
-    targets = (ref or {}).get("targets") or ([train["target"]] if train.get("target") else [])
-    run = seed_run(str(folder), config, env, status, evals, metric, folder)
-    from speechperf.metrics.aggregate import outcome
-
-    checks = []
-    for target in targets:
-        o = outcome(run, target, window)
-        checks.append({"target": target, "metric": metric, "epochs to target": o.epochs,
-                       **columns(check_outcomes([o], metric, window)["runs"][0])})
-    path = reference_path(config.get("preset"))
-    return {"reference": path.name if ref else None, "checks": checks,
-            "check": None if ref else f"no reference for preset {config.get('preset')!r}"}

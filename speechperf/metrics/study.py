@@ -5,27 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from speechperf.metrics.aggregate import SeedRun, aggregate, speed_notes
+from speechperf.metric import measured
+from speechperf.metrics import rcp
+from speechperf.metrics.aggregate import SeedRun, aggregate, outcome, speed_notes
+from speechperf.metrics.targets import METRICS, parse_targets
+from speechperf.metrics.tta import evaluations, notes, tta_table
+from speechperf.results.run import Run, unique_labels
+from speechperf.results.workload import workload, workload_label
+from speechperf.telemetry.machine import machine_name
 
 
 def seed_run(label: str, config: dict, env: dict, status: str | None, evals: list[dict], metric: str,
              folder: Path | None = None) -> SeedRun:
     """A run as aggregation sees it, from what every reader already holds (its label, config,
     env, status and per-epoch evaluation rows); ``folder``: where its events.log names its corpus."""
-    from speechperf.metrics.rcp import corpus_of
-    from speechperf.results.workload import workload, workload_label
-    from speechperf.telemetry.machine import machine_name
-
     return SeedRun(label=label, workload=workload_label(workload(config)), machine=machine_name(env), config=config,
                    status=status, evals=tuple((e["clock_s"], e[metric]) for e in evals),
-                   corpus=corpus_of(Path(folder) / "events.log") if folder else {})
+                   corpus=rcp.corpus_of(Path(folder) / "events.log") if folder else {})
 
 
 def targets_for(spec, metric: str, required: bool = True):
     """``targets_of(run)`` for :func:`aggregate`: the targets ``spec`` gives the run's model
     (``required``: refusing a model it has none for, as ``tta`` does; else none)."""
-    from speechperf.results.workload import workload
-
     pick = spec.require if required else spec.of
     return lambda r: pick(metric, workload(r.config)["model"])
 
@@ -37,10 +38,6 @@ def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     minutes per epoch and the reference check), "groups": the seeds of one workload,
     configuration and machine aggregated, "comparisons": every two groups of a workload,
     "evaluations": every run's per-epoch validation errors with their 95% intervals}."""
-    from speechperf.metrics.targets import parse_targets
-    from speechperf.metrics.tta import evaluations, tta_table
-    from speechperf.results.run import Run, unique_labels
-
     spec = parse_targets(targets, metric)
     table = tta_table(runs, metric, spec, epochs, db_path, price_per_hour, platform_file)
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
@@ -67,8 +64,6 @@ def _of_open(run, label: str, metric: str) -> SeedRun:
 
 def study_notes(study: dict) -> list[str]:
     """What the text tables leave implicit: how seeds are grouped and counted."""
-    from speechperf.metrics.tta import notes
-
     lines = notes(study["runs"])
     lines.append("Groups: runs of one workload, configuration apart from train.seed, and machine. A run that never "
                  "reached a target is a failed run (MLPerf): slower than any TTA in the median and the interval, a "
@@ -87,9 +82,6 @@ def study_notes(study: dict) -> list[str]:
 def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dict], list[dict], list[dict]]:
     """:func:`aggregate` over the report's loaded runs (report/runs.py ``load_run``), for every
     metric ``spec`` has targets of: (per-run factor rows, group rows, comparison rows)."""
-    from speechperf.metrics.targets import METRICS
-    from speechperf.metric import measured
-
     out: tuple[list, list, list] = ([], [], [])
     for metric in METRICS:
         runs = [seed_run(r["label"], r["config"], r["env"], r["row"].get("status"), r["evals"], metric, Path(r["run"]))
@@ -98,3 +90,26 @@ def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dic
         for part, rows in zip(out, aggregate(runs, targets_for(spec, metric, required=False), metric, window)):
             part += [{"metric": metric, **row} for row in rows]
     return out
+
+
+def run_check(config: dict, env: dict, status: str, evals: list[dict], folder: Path) -> dict:
+    """The finished run against its preset's reference, for its summary.json: per target of the
+    reference (else the run's own train.target) the epochs to it and the check; a run without a
+    reference says so. Never raises: a damaged reference file is named in the result instead
+    (the run itself is over and recorded)."""
+    train = config.get("train", {})
+    metric, window = train.get("target_metric", "cer"), train.get("target_epochs", 3)
+    try:
+        ref = rcp.load_reference(config.get("preset"))
+    except rcp.ReferenceError as e:
+        return {"reference": None, "check": str(e)}
+    targets = (ref or {}).get("targets") or ([train["target"]] if train.get("target") else [])
+    run = seed_run(str(folder), config, env, status, evals, metric, folder)
+    checks = []
+    for target in targets:
+        o = outcome(run, target, window)
+        checks.append({"target": target, "metric": metric, "epochs to target": o.epochs,
+                       **rcp.columns(rcp.check_outcomes([o], metric, window)["runs"][0])})
+    path = rcp.reference_path(config.get("preset"))
+    return {"reference": path.name if ref else None, "checks": checks,
+            "check": None if ref else f"no reference for preset {config.get('preset')!r}"}

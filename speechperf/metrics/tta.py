@@ -9,6 +9,9 @@ from typing import Sequence
 
 from speechperf.errors import SpeechperfError
 from speechperf.metric import measured, metric as metric_of, per_epoch
+from speechperf.metrics.targets import parse_targets
+from speechperf.results.run import Run, machine_name, unique_labels
+from speechperf.results.workload import by_workload
 
 
 def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> float | None:
@@ -47,7 +50,7 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
               platform_file: Path | None = None) -> list[dict]:
     """Table 4 form: one row per (run, target) with minutes and % of the first run of the same
     workload (the reference), the initialization seconds kept outside the clock, the achieved
-    TFLOPS and MFU of its training steps (metrics/mfu.py) with the peak behind it, and the run's
+    TFLOPS and MFU of its training steps (bench/mfu.py) with the peak behind it, and the run's
     platform with cost to accuracy and TTA x price (``price_per_hour``/``platform_file``
     override what the run recorded; :func:`speechperf.telemetry.platforms.of_run`).
 
@@ -59,10 +62,6 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     folders from different machines compare in one table. ``db_path``: where the rows of a
     folder of the previous release are (it has no database of its own).
     """
-    from speechperf.metrics.targets import parse_targets
-    from speechperf.results.run import Run, unique_labels
-    from speechperf.results.workload import by_workload
-
     spec = parse_targets(targets, metric)
     opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
     try:
@@ -79,8 +78,7 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
 def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, price_per_hour,
                    platform_file) -> list[dict]:
     """The rows of the runs of one workload; relative % against the first of them."""
-    from speechperf.metrics.mfu import mfu_columns
-    from speechperf.results.run import machine_name
+    from speechperf.bench.mfu import mfu_columns
     from speechperf.telemetry.platforms import price_columns, with_price_overrides
 
     rows: list[dict] = []

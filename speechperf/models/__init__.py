@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from speechperf.registry import Registry
+from speechperf.section import build_section
 
 _BUILTIN = ("ds2", "dnn", "cldnn", "conformer")
 
@@ -45,8 +46,6 @@ def config_class(name: str) -> type:
 def model_config(values: dict | None = None):
     """The config of the model that ``values["name"]`` names (default ``ds2``), with ``values``'
     fields; a field the model does not have is a ConfigError naming it."""
-    from speechperf.config import build_section  # the presets' typed reading of a section
-
     values = dict(values or {})
     return build_section(config_class(values.get("name", "ds2")), values, "model")
 

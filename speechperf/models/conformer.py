@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speechperf.data.alphabet import NUM_SYMBOLS
+from speechperf.corpus.alphabet import NUM_SYMBOLS
 from speechperf.models import register_model
 from speechperf.models.contract import AcousticModel
 from speechperf.models.dropout import Dropout

@@ -16,10 +16,21 @@ in every checkpoint and result as a dict tagged with that name.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn as nn
 
 from speechperf.errors import SpeechperfError
+
+
+def autocast(device: torch.device, precision: str):
+    """Mixed-precision context for a model's forward pass (fp32: none): the step, evaluation,
+    warm-up and ``bench zoo`` run every model under it."""
+    if precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class TooShortError(SpeechperfError):

@@ -12,10 +12,6 @@ command reports the finished runs and continues the unfinished one from its chec
 
 The speedups measured on this project's CI machine are on 2 CPU cores and say so; the same
 command drives GPU machines.
-
-``table`` and ``shared_start`` read the ``parallel_runs`` rows that the previous release's
-parallel worker (its own training loop, removed) wrote, which the report still shows for
-such databases.
 """
 from __future__ import annotations
 
@@ -27,8 +23,12 @@ import sys
 from pathlib import Path
 
 from speechperf.errors import SpeechperfError
+from speechperf.train.algorithm import ALGORITHMS
+from speechperf.metrics.tta import tta_minutes
+from speechperf.results.run import Run
+from speechperf.results.workload import workload_label
+from speechperf.telemetry.machine import devices
 
-PERIODIC = ("bsp", "bmuf", "diloco", "asgd", "easgd")  # the algorithms that synchronize every algo.sync_every steps
 ONE_PROCESS = ("single", "sync")  # algo.name of an ordinary run (sync on one process is a plain run)
 
 
@@ -69,7 +69,7 @@ def grid(a: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
     runs = [("one-worker", 1, ["algo.name=sync"])]
     for algo in a.algos.split(","):
         for workers in [int(w) for w in a.workers.split(",")]:
-            if algo not in PERIODIC:
+            if not _periodic(algo):
                 runs.append((f"{algo}-n{workers}", workers, [f"algo.name={algo}"]))
                 continue
             for every in [int(h) for h in a.sync_every.split(",")]:
@@ -119,9 +119,6 @@ def report_rows(runs: list[dict]) -> list[dict]:
     every workload and machine that has a run of another algorithm or worker count than one
     process; the speedups against the first one-process run of the same workload on the same
     machine (None where there is none: a speedup across machines would measure the machines)."""
-    from speechperf.telemetry.machine import devices
-    from speechperf.results.workload import workload_label
-
     groups: dict[tuple, list] = {}
     for r in runs:
         groups.setdefault((workload_label(r["workload"]), devices(r["env"])[1]), []).append(r)
@@ -136,8 +133,6 @@ def report_rows(runs: list[dict]) -> list[dict]:
 
 
 def _facts(folder: Path) -> dict:
-    from speechperf.results.run import Run
-
     run = Run.open(folder)
     try:
         return run_facts(run.summary() or {}, run.config, run.env, run.iterations(), run.evals(), folder.name)
@@ -149,8 +144,6 @@ def run_facts(summary: dict, config: dict, env: dict, its: list[dict], evals: li
     """What the sweep's table says of one run, from its recorded rows (nothing recomputed but
     sums): training seconds per epoch, the last WER/CER, TTA to the run's own target on the
     run's clock, the share of training seconds spent communicating and bytes sent per step."""
-    from speechperf.metrics.tta import tta_minutes
-
     train_s = sum(r["step_s"] for r in its)
     comm_s = sum(r.get("comm_s") or 0.0 for r in its)
     comm_bytes = sum(r.get("comm_bytes") or 0 for r in its)
@@ -161,7 +154,7 @@ def run_facts(summary: dict, config: dict, env: dict, its: list[dict], evals: li
         tta = tta_minutes([(e["clock_s"], e[metric]) for e in evals], tc["target"], tc.get("target_epochs", 3))
     epochs = max(summary.get("epochs") or 0, 1)
     return {"algo": algo.get("name", "sync"), "workers": env.get("world_size") or 1,
-            "sync_every": algo.get("sync_every") if algo.get("name") in PERIODIC else None,
+            "sync_every": algo.get("sync_every") if _periodic(algo.get("name", "sync")) else None,
             "epochs": summary.get("epochs"), "train_s_per_epoch": train_s / epochs,
             "wer": summary.get("last_wer"), "cer": summary.get("last_cer"), "tta_min": tta,
             "comm_pct": 100 * comm_s / train_s if train_s else None,
@@ -177,24 +170,7 @@ def _row(f: dict, base: float | None) -> dict:
             "comm MB/step": f["comm_mb_per_step"], "MFU %": f["mfu_pct"], "status": f["status"], "run": f["run"]}
 
 
-def shared_start(row: dict) -> bool:
-    """True for the run that made the shared starting model (it ran with ``--save-init``): one
-    epoch at the default batch, no configuration of the grid, so no row of the tables."""
-    return bool(row.get("shared_start"))
-
-
-def table(rows: list[dict]) -> list[dict]:
-    """Tables 1-5 form: speedup of epoch time against the single worker with the same batch."""
-    rows = [r for r in rows if not shared_start(r)]
-    single = {r["batch"]: r["s_per_epoch"] for r in rows if r["algo"] == "single" and r["epochs"]}
-    out = []
-    for r in rows:
-        base = single.get(r["batch"])
-        out.append({"algo": r["algo"], "workers": r["workers"], "tau": r["sync_period"], "batch": r["batch"],
-                    "epochs": r["epochs"], "s/epoch": r["s_per_epoch"],
-                    "speedup (2 CPU cores)": base / r["s_per_epoch"] if base and r["s_per_epoch"] else None,
-                    "comm s/sync": r["comm_s"] / r["syncs"] if r["syncs"] else None,
-                    "MB/sync": r["comm_bytes"] / r["syncs"] / 1e6 if r["syncs"] else None,
-                    "cv_loss": r["cv_loss"], "WER test-clean": r["wer_test_clean"],
-                    "WER test-other": r["wer_test_other"]})
-    return out
+def _periodic(name: str) -> bool:
+    """Whether a recorded run's algorithm synchronizes every algo.sync_every steps (a name this
+    release does not know: no)."""
+    return name in ALGORITHMS and ALGORITHMS[name].periodic

@@ -6,29 +6,20 @@ report then says so instead of showing empty axes).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.ndimage import gaussian_filter1d  # noqa: E402
 
+from speechperf.bench.plots import save_png  # noqa: E402
 from speechperf.metric import held, per_epoch  # noqa: E402
 from speechperf.metrics.targets import Targets  # noqa: E402
 from speechperf.report.runs import legend  # noqa: E402
 from speechperf.telemetry.sampler import achieved_periods  # noqa: E402
-
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()) -> tuple[Path | None, str]:
@@ -63,7 +54,7 @@ def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()
         ax.set_title(title)
         ax.grid(alpha=0.3, which="both")
     axes[1].legend(fontsize=8)
-    return _save(fig, path), ""
+    return save_png(fig, path), ""
 
 
 def _interval_band(ax, t: list[float], evals: list[dict], metric: str, color) -> None:
@@ -119,7 +110,7 @@ def utilization_window(runs: list[dict], path: Path, window_s: float = 25.0) -> 
         ax.set_xlabel("seconds")
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(alpha=0.3)
-    return _save(fig, path), ""
+    return save_png(fig, path), ""
 
 
 def throughput(runs: list[dict], path: Path) -> tuple[Path | None, str]:
@@ -146,7 +137,7 @@ def throughput(runs: list[dict], path: Path) -> tuple[Path | None, str]:
         ax.set_xlabel("training time (minutes, TTA clock)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    return _save(fig, path), ""
+    return save_png(fig, path), ""
 
 
 def _windowed(its: list[dict], amount: str) -> tuple[list[float], list[float]]:
@@ -176,7 +167,7 @@ def power_over_time(runs: list[dict], path: Path) -> tuple[Path | None, str]:
         ax.set_ylabel("W")
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(alpha=0.3)
-    return _save(fig, path), ""
+    return save_png(fig, path), ""
 
 
 def _power_series(samples: list[dict]):
@@ -190,39 +181,3 @@ def _power_series(samples: list[dict]):
         rate = [((t0 + t1) / 2, (e1 - e0) / (t1 - t0)) for (t0, e0), (t1, e1) in zip(pts, pts[1:]) if t1 > t0]
         if rate:
             yield source, "RAPL counter", tuple(map(list, zip(*rate)))
-
-
-def parallel_cv_curves(runs: list[dict], epochs: list[dict], path: Path) -> tuple[Path | None, str]:
-    """Paper 003's learning curves: CV loss against epoch and against training seconds, a line
-    per (algo, workers, sync period, batch), a row of panels per model.
-
-    ``runs``: rows of table parallel_runs, oldest first; ``epochs``: rows of parallel_epochs.
-    A configuration run twice is drawn from its latest run, so a repeated sweep does not
-    double its lines.
-    """
-    curves: dict[str, list[dict]] = defaultdict(list)
-    for e in epochs:
-        curves[e["run_id"]].append(e)
-    latest = {(r["model"], r["algo"], r["workers"], r["sync_period"], r["batch"]): r
-              for r in runs if curves.get(r["run_id"])}
-    if not latest:
-        why = "no parallel run recorded per-epoch CV losses" if runs else "no parallel run in this database"
-        return None, why + " (table parallel_epochs)"
-    models = sorted({key[0] for key in latest})
-    fig, axes = plt.subplots(len(models), 2, figsize=(13, 3.8 * len(models)), squeeze=False)
-    for (left, right), model in zip(axes, models):
-        keys = sorted(k for k in latest if k[0] == model)
-        for k, (_, algo, workers, tau, batch) in enumerate(keys):
-            pts = sorted(curves[latest[keys[k]]["run_id"]], key=lambda e: e["epoch"])
-            # matplotlib cycles 10 colours: the next 10 lines are dashed, then dotted
-            style = {"marker": "o", "ms": 3, "ls": ("-", "--", ":")[k // 10 % 3],
-                     "label": f"{algo} x{workers}, tau {tau}, batch {batch}"}
-            left.plot([e["epoch"] for e in pts], [e["cv_loss"] for e in pts], **style)
-            right.plot([e["train_s"] for e in pts], [e["cv_loss"] for e in pts], **style)
-        for ax, xlabel in ((left, "epoch"), (right, "training seconds (evaluation excluded)")):
-            ax.set_title(f"{model}: CV loss (dev-clean, CTC per label)")
-            ax.set_xlabel(xlabel)
-            ax.grid(alpha=0.3)
-        left.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole
-        left.legend(fontsize=7)
-    return _save(fig, path), ""

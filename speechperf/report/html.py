@@ -18,6 +18,8 @@ from speechperf.report.sections import Context, Figure, Note, Section, Table, or
 from speechperf.results import ResultsDB
 from speechperf.tables import _fmt, write_csv
 from speechperf.telemetry.platforms import with_price_overrides
+from speechperf.metrics.targets import parse_targets
+from speechperf.results.run import Run, unique_labels
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
@@ -36,9 +38,6 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
     (:func:`speechperf.telemetry.platforms.of_run`). ``targets``: the TTA targets, a set
     (``paper``, ``algoperf``) or numbers of ``metric`` (:func:`speechperf.metrics.targets.parse_targets`).
     """
-    from speechperf.metrics.targets import parse_targets
-    from speechperf.results.run import Run, unique_labels
-
     if not runs:
         raise SpeechperfError("report needs at least one run folder")
     out = Path(out)

@@ -6,13 +6,15 @@ import re
 import statistics
 
 from speechperf import metric
-from speechperf.metrics.mfu import mfu_columns
+from speechperf.bench.mfu import mfu_columns
 from speechperf.report import figures
 from speechperf.report.aggregate import energy_by_source, price_rows, tta_rows
 from speechperf.report.runs import who
 from speechperf.report.sections import Context, Figure, Note, Section, Table, register_section
 from speechperf.results.workload import by_workload
 from speechperf.telemetry.platforms import of_run, presets, table
+from speechperf.metrics.aggregate import speed_notes
+from speechperf.metrics.study import seed_runs_table
 
 
 def _figure(ctx: Context, draw, name: str, caption: str) -> Figure:
@@ -216,9 +218,6 @@ def price_section(ctx: Context) -> Section:
 
 @register_section("repeated", 110)
 def repeated_section(ctx: Context) -> Section:
-    from speechperf.metrics.aggregate import speed_notes
-    from speechperf.metrics.study import seed_runs_table
-
     runs, groups, comparisons = seed_runs_table(ctx.runs, ctx.targets)
     blocks = [Note("Groups: runs of one workload, configuration apart from train.seed, and machine. TTA = epochs to "
                    "target (the recipe's; their spread is the seeds') x minutes per epoch (the hardware's). A run that "

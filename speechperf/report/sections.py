@@ -101,27 +101,10 @@ def bench_figures_section(ctx: Context) -> Section:
 
 @register_section("parallel", 300)
 def parallel_section(ctx: Context) -> Section:
-    from speechperf.parallel.sweep import report_rows, table
+    from speechperf.parallel.sweep import report_rows
 
     title = "Parallel training algorithms: speedup, communication and WER (paper 003 Tables 1-5 form)"
     blocks = [Table("algorithms.csv", report_rows(ctx.runs),
                     "no workload among these runs has a run of a parallel algorithm beside its one-process runs "
                     "(speechperf parallel sweep, or train under torchrun with algo.name=...)")]
-    # the rows of the previous release's worker (its own loop, removed), shown where a database has them
-    old = ctx.db.query("SELECT * FROM parallel_runs ORDER BY model, batch, algo, workers, sync_period") \
-        if ctx.db.has_table("parallel_runs") else []
-    if not old:
-        return Section(title, blocks)
-    return Section(title, blocks + [Table("parallel.csv", table(old), "no parallel runs"), _parallel_curves(ctx)])
-
-
-def _parallel_curves(ctx: Context) -> Figure:
-    from speechperf.parallel.sweep import shared_start
-    from speechperf.report.figures import parallel_cv_curves
-
-    # rowid order: the latest run of a configuration is drawn (INSERT OR REPLACE moves it last)
-    runs = [r for r in ctx.db.query("SELECT * FROM parallel_runs ORDER BY rowid") if not shared_start(r)]
-    epochs = ctx.db.query("SELECT * FROM parallel_epochs") if ctx.db.has_table("parallel_epochs") else []
-    path, why = parallel_cv_curves(runs, epochs, ctx.out / "parallel_cv.png")
-    return Figure("parallel_cv.png", path, why, caption="CV loss per epoch and against training seconds, "
-                  "per algorithm, workers, sync period (tau) and batch; one row per model")
+    return Section(title, blocks)

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 from speechperf.errors import MachineFault, SpeechperfError
 from speechperf.results import schema
+from speechperf.atomic import DiskFullError, disk_full
 
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transaction (several runs, one file)
 # Columns added after the first release: a database written by it gets them when opened for writing.
@@ -152,8 +153,6 @@ class ResultsDB:
 
 def _write_fault(path: Path, e: sqlite3.OperationalError) -> Exception:
     """The error for a failed write to the database at ``path``."""
-    from speechperf.atomic import DiskFullError, disk_full
-
     text = str(e)
     if "full" in text or disk_full(e, path.parent):  # sqlite: "database or disk is full"
         return DiskFullError.writing(path, text)

@@ -32,8 +32,10 @@ from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
 from speechperf.results.db import ResultsDB, ResultsError
 from speechperf.results.shapes import check_file
-from speechperf.train.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
+from speechperf.results.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
 from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu  # noqa: F401 (labels; tta and tests import them here)
+from speechperf.features.stats import stats_sha256
+from speechperf.results.workload import workload
 
 FORMAT = 2  # run.json "format"; the previous release wrote none (format 1)
 RUN_FILE, DB_FILE, SUMMARY_FILE, CHECKPOINT_FILE = "run.json", "results.db", "summary.json", "checkpoint.pt"
@@ -76,8 +78,6 @@ class Run:
         info = {"format": FORMAT, "run_id": run_id or f"{folder.name}-{uuid.uuid4().hex[:8]}", "kind": kind,
                 "label": label or default_label(env, config), "host": env.get("hostname"), "created_at": time.time()}
         if data is not None:
-            from speechperf.features.stats import stats_sha256
-
             info["data"] = {"given": str(data), "resolved": str(Path(data).resolve()),
                             "relative": os.path.relpath(Path(data).resolve(), folder.resolve()),
                             "stats_sha256": stats_sha256(data)}  # the normalization it trains on (features/stats.py)
@@ -221,8 +221,6 @@ class Run:
     def workload(self) -> dict:
         """{"model": name, "params": count}: :func:`workload` of the run's configuration (the
         folder's config.json, or the database row's for a folder without one)."""
-        from speechperf.results.workload import workload
-
         return workload(self.recorded("config.json"))
 
     @property
@@ -348,7 +346,7 @@ class Run:
     def events(self):
         """The MLPerf event log (append mode), opened once."""
         if self._events is None:
-            from speechperf.train.events import EventLog
+            from speechperf.results.events import EventLog
 
             self._events = EventLog(self.folder / "events.log", self.run_id)
         return self._events
@@ -385,7 +383,7 @@ class Run:
     def save_checkpoint(self, progress: Progress, **state) -> None:
         """Write the checkpoint atomically: ``progress`` (with the logs' sizes now), the RNG
         states and ``state`` (model, optimizer, ... as state dicts). Pending rows go first."""
-        from speechperf.train.checkpoint import contents, save_checkpoint
+        from speechperf.results.checkpoint import contents, save_checkpoint
 
         self.flush()
         progress.log_sizes = self.log_sizes()
@@ -461,7 +459,7 @@ def row_json(row: dict, column: str, name: str, where: str) -> dict:
 
 def read_checkpoint(folder: Path) -> dict:
     """The checkpoint of a run folder (any rank may read it; only rank 0 writes)."""
-    from speechperf.train.checkpoint import load_checkpoint
+    from speechperf.results.checkpoint import load_checkpoint
 
     return load_checkpoint(Path(folder))
 

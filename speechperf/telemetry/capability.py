@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from speechperf.errors import in_words
 
 NATIVE, EMULATED, UNSUPPORTED = "native", "emulated", "unsupported"
 FORCE_ENV = "SPEECHPERF_CPU_WITHOUT"  # CPU flags to treat as absent (tests, and "what if" runs)
@@ -99,7 +100,6 @@ def probe(kernel: str, dtype: str) -> str | None:
     runs, else the error in words. Cached: the answer is the machine's and the build's."""
     import torch
 
-    from speechperf.errors import in_words
 
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     with torch.random.fork_rng(devices=[]):  # the LSTM's initialization draws: the run's stream is untouched

@@ -5,6 +5,7 @@ import os
 import platform
 import socket
 from importlib import metadata
+from speechperf.telemetry.sampler import availability
 
 LIBRARIES = ("torch", "numpy", "scipy", "soundfile", "jiwer", "psutil", "nvidia-ml-py", "mlperf-logging",
              "matplotlib", "espeakng-loader", "speechperf")
@@ -93,8 +94,6 @@ def capture_env(device: str = "cpu") -> dict:
 
 def _telemetry() -> dict:
     """Which power/energy sources the sampler can read here, and why not the others."""
-    from speechperf.telemetry.sampler import availability
-
     try:
         return availability()
     except Exception as e:  # capture_env must never fail a run: the failure itself is recorded

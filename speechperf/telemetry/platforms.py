@@ -236,13 +236,6 @@ def detect_from_env(env: dict) -> Platform:
     return dataclasses.replace(p, devices=base.devices, source=f"detected ({p.key})")
 
 
-def detect() -> Platform:
-    """The current machine and its profile, if one matches."""
-    from speechperf.telemetry.environment import capture_env
-
-    return detect_from_env(capture_env())
-
-
 def with_price_overrides(env: dict, price_per_hour: float | None = None,
                          platform_file: str | Path | None = None) -> dict:
     """``env`` with read-time overrides (``--price-per-hour``, ``--platform-file``) that
@@ -347,8 +340,3 @@ def profile_table(files: list[str | Path] = ()) -> list[dict]:
                      "purchase $": p.price_usd if p.price_usd is not None else p.price_gpus_usd,
                      "price date": p.price_date, "price source": p.price_source, "note": p.note})
     return rows
-
-
-def platform_table(files: list[str | Path] = ()) -> list[dict]:
-    """Rows for Table 1 in the report: the presets, user files, and this machine."""
-    return table(presets() + [load(str(f)) for f in files] + [detect()])

@@ -1,6 +1,6 @@
 """Data-parallel training algorithms as hooks of the one training loop (train/loop.py).
 
-``algo.name`` (train/config.py's ``AlgoConfig``) picks one; the loop calls it where it
+``algo.name`` (config/train.py's ``AlgoConfig``) picks one; the loop calls it where it
 needs to, one line each:
 
 - ``wrap(local)``: the module the step trains (``sync``: DDP; local SGD: the model itself,
@@ -12,7 +12,7 @@ needs to, one line each:
   shorter block here, so that every epoch ends on a common model;
 - ``state_dict(state)`` / ``load_state_dict(ckpt, state)``: what a checkpoint needs beyond
   rank 0's model, optimizer and RNG (local SGD: every rank's own, and the global model);
-  tensors and plain values only (train/checkpoint.py);
+  tensors and plain values only (results/checkpoint.py);
 - ``comm``: communication seconds and bytes, taken per step into the iteration rows;
 - ``close()``: at the end (asgd, easgd: rpc ends; at once on a failed rank).
 
@@ -48,8 +48,9 @@ the local-SGD algorithms. Each algorithm's update rule is a function of tensors
 (:func:`bmuf_update`, :class:`DiLoCoOuter`), which the tests check against a serial
 simulation of the workers.
 
-Layering: this module belongs to ``train`` (below the loop) and imports only torch,
-the registry, the config errors and train's own config, checkpoint and param_server modules.
+Layering: this module belongs to ``train`` (below the loop) and imports only torch, the
+registry, the config (``AlgoConfig``, ``ConfigError``), the checkpoint's RNG states
+(results/checkpoint.py) and train's param_server.
 """
 from __future__ import annotations
 
@@ -63,10 +64,10 @@ import torch.distributed as dist
 
 from speechperf.config import ConfigError
 from speechperf.registry import Registry
-from speechperf.train.checkpoint import rng_state, set_rng_state
-from speechperf.train.config import AlgoConfig
+from speechperf.results.checkpoint import rng_state, set_rng_state
+from speechperf.config.train import AlgoConfig
 
-ALGORITHMS = Registry("algorithm")  # name -> Algorithm subclass; the names are train/config.py's ALGORITHMS
+ALGORITHMS = Registry("algorithm")  # name -> Algorithm subclass: the one list of algo.name values (and .periodic)
 
 
 def register(name: str):
@@ -103,6 +104,7 @@ class Algorithm:
     """One process, nothing to synchronize: the hooks are identities (``single``)."""
 
     name = "base"
+    periodic = False  # synchronizes every algo.sync_every steps (the local-SGD family); else every step or never
 
     def __init__(self, cfg: AlgoConfig, world: int, rank: int = 0, device: torch.device | None = None):
         self.cfg, self.world, self.rank = cfg, world, rank
@@ -197,6 +199,8 @@ def _sync_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 class LocalSGD(Algorithm, ABC):
     """Every rank trains its own model; every ``sync_every`` batches of an epoch, and at its
     end, :meth:`synchronize` combines them (subclasses: the rule)."""
+
+    periodic = True
 
     def wrap(self, local):
         self.core = _unwrapped(local)
@@ -515,6 +519,13 @@ class EASGD(AsyncSGD):
         local = self._flat()
         self._unflat(local - ps.call("elastic", self.rank, local))
         return 2 * local.numel() * local.element_size()  # the model sent, the elastic difference received
+
+
+def check(cfg: AlgoConfig) -> None:
+    """Refuse an ``algo.name`` no algorithm is registered under (ConfigError, exit 2), before any
+    run folder exists; the other ``algo`` values are checked with the preset (``AlgoConfig.problems``)."""
+    if cfg.name not in ALGORITHMS:
+        raise ConfigError(f"algo.name={cfg.name!r} is unknown; known: {', '.join(ALGORITHMS)}")
 
 
 def make_algorithm(cfg: AlgoConfig, world: int, rank: int = 0, device: torch.device | None = None) -> Algorithm:

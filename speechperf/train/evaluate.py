@@ -7,7 +7,6 @@ disk), and the seconds spent here are recorded apart from training time.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,14 +16,18 @@ import torch.nn.functional as F
 from speechperf.data.config import LoaderConfig
 from speechperf.metrics.bootstrap import error_intervals
 from speechperf.metrics.errors import error_rates, utterance_errors
-from speechperf.models.contract import planned_forward
+from speechperf.models.contract import autocast, planned_forward
+from speechperf.config import RunConfig
+from speechperf.data.loader import make_loader
+from speechperf.decode import get_decoder
+from speechperf.features.stats import check_trained_on
+from speechperf.models import build_model
+from speechperf.results.run import Run
 
 
 def make_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams"):
     """The registry decoder ``name``; decoders that need a dictionary/LM get the dataset's;
     ``mode`` is the word beam search mode (ignored by the other decoders)."""
-    from speechperf.decode import get_decoder
-
     return get_decoder(name, beam=beam, features=feats, mode=mode if name == "wordbeam" else None)
 
 
@@ -32,14 +35,6 @@ def decoder_label(name: str, mode: str = "ngrams") -> str:
     """The decoder as results record it: ``wordbeam`` in its default NGrams mode, else
     ``wordbeam:MODE``, so rows of different modes never overwrite each other."""
     return f"{name}:{mode}" if name == "wordbeam" and mode != "ngrams" else name
-
-
-def autocast(device: torch.device, precision: str):
-    """Mixed-precision context for the forward pass (fp32: none)."""
-    if precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 @torch.no_grad()
@@ -50,8 +45,6 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     of one pass over ``split``; ``NAME_lo``, ``NAME_hi``: the 95% bootstrap interval of each
     counted metric over the split's utterances (metrics/bootstrap.py), the resolution this split
     gives them."""
-    from speechperf.data.loader import make_loader
-
     start = time.perf_counter()
     beam = 1 if decoder == "greedy" else beam
     was_training = model.training
@@ -86,16 +79,11 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
 
 def _load_run_model(run, data: Path | None = None):
     """(model with the run's latest weights, RunConfig, features folder, the open Run)."""
-    from speechperf.config import RunConfig
-    from speechperf.models import build_model
-    from speechperf.results.run import Run
-
     r = run if not isinstance(run, (str, Path)) else Run.open(Path(run), data=data)
     feats = r.features()  # a missing features folder fails before the checkpoint is read
     ckpt = r.load_checkpoint()
     cfg = RunConfig.from_dict(ckpt["config"])
     if cfg.loader.normalize:  # weights trained under one normalization are evaluated under it
-        from speechperf.features.stats import check_trained_on
 
         check_trained_on(feats, r.stats_sha256, r.folder)
     model = build_model(cfg.model)
@@ -118,8 +106,6 @@ def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: 
                db_path: Path | None = None) -> list[dict]:
     """Table 3 form: evaluation seconds, WER and CER per beam width; rows also go to the run's
     database (and to ``db_path``, a shared one, if given)."""
-    from speechperf.results.run import Run
-
     rows = []
     with Run.open(Path(run), data=data, shared_db=db_path, write=True) as r:
         model, cfg, feats, _ = _load_run_model(r)

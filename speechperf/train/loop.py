@@ -33,27 +33,30 @@ line, the skip counters and the divergence abort catch up in step order.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.data.check import parse_splits, verify_splits
-from speechperf.data.loader import planned_steps
+from speechperf.data.loader import make_loader, planned_steps
 from speechperf.errors import SpeechperfError
 from speechperf.features.stats import check_trained_on, read_stats
 from speechperf.models import build_model
 from speechperf.results.db import ResultsDB
 from speechperf.results.lock import RunFolderBusy, RunLock
-from speechperf.results.run import Run, read_checkpoint
+from speechperf.results.run import Run, default_label, read_checkpoint
 from speechperf.train import distributed
-from speechperf.train.algorithm import Algorithm, check_launch, make_algorithm
-from speechperf.train.checkpoint import TrainState
+from speechperf.train.algorithm import Algorithm, check as check_algorithm, check_launch, make_algorithm
+from speechperf.results.checkpoint import TrainState
 from speechperf.train.evaluate import evaluate
 from speechperf.train.faults import as_fault, check_trained
-from speechperf.train.progress import Progress
+from speechperf.results.progress import Progress
 from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
 from speechperf.train.schedule import make_scheduler, schedule_ended, steps_per_epoch
+from speechperf.metrics.tta import tta_minutes
+from speechperf.telemetry.environment import capture_env
 from speechperf.train.step import StepMeter, TrainingDiverged, count_steps, make_optimizer, read_point, train_step
 from speechperf.train.stop import StopSignals, interrupted
 from speechperf.train.warmup import check_precision, initialize, warm_model
@@ -80,16 +83,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     init_t0, init_ms = time.perf_counter(), int(time.time() * 1000)  # init_start
     denv = distributed.DistEnv.from_env()
     rank, world = denv.rank, denv.world
-    mode = "auto" if resume is None else str(resume)
-    if mode not in RESUME_MODES:  # --resume RUN: that run, with its recorded configuration
-        if overrides:
-            raise ConfigError("a resumed run keeps its configuration; overrides are not allowed with --resume RUN")
-        out, mode = Path(resume), "yes"
-        cfg = RunConfig.from_dict(Run.open(out).config)
-    else:
-        if out is None:
-            raise ConfigError("train needs --out RUN (and --data FEATS for a new run)")
-        out, cfg = Path(out), load_preset(preset, overrides, platform)
+    out, mode, cfg = _configuration(preset, out, overrides, resume, platform)
     tc = cfg.train
     distributed.configure_determinism(tc.deterministic)  # before CUDA starts (cuBLAS workspace)
     if tc.threads > 0:
@@ -107,8 +101,8 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
             raise SpeechperfError(error)
         if plan == "finished":
             return group.broadcast(Run.open(out).summary() if rank == 0 else None)
-        return _train(cfg, group, Path(feats), out, plan, db_path, quiet, platform, (label, label_suffix),
-                      (init_t0, init_ms))
+        launch = Launch(out, Path(feats), plan, db_path, quiet, platform, label, label_suffix, init_t0, init_ms)
+        return _train(cfg, group, launch)
     except OSError as e:  # before the run exists (a read-only --out, say): named, exit 1
         if isinstance(e, SpeechperfError):
             raise
@@ -117,6 +111,21 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         if lock is not None:
             lock.release()
         group.close()
+
+
+def _configuration(preset: str, out: Path | None, overrides, resume, platform: str | None) -> tuple[Path, str, RunConfig]:
+    """(run folder, resume mode, configuration): the preset with its overrides, or, for
+    ``--resume RUN`` (a folder), that run's recorded configuration (mode ``yes``)."""
+    mode = "auto" if resume is None else str(resume)
+    if mode not in RESUME_MODES:  # --resume RUN: that run, with its recorded configuration
+        if overrides:
+            raise ConfigError("a resumed run keeps its configuration; overrides are not allowed with --resume RUN")
+        return Path(resume), "yes", RunConfig.from_dict(Run.open(resume).config)
+    if out is None:
+        raise ConfigError("train needs --out RUN (and --data FEATS for a new run)")
+    cfg = load_preset(preset, overrides, platform)
+    check_algorithm(cfg.algo)  # the registry's names (train/algorithm.py), before any folder exists
+    return Path(out), mode, cfg
 
 
 def _plan_locked(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int, label: str | None,
@@ -213,15 +222,82 @@ def _verify(data: Path, cfg: RunConfig, world: int) -> dict:
                          None if cfg.loader.max_duration else cfg.loader.batch_size, world)
 
 
-def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan: str, db_path, quiet: bool,
-           platform, label, init_start: tuple[float, int]) -> dict:
-    tc, device, rank, world = cfg.train, group.device, group.env.rank, group.world
-    splits = _verify(data, cfg, world)  # every split this run reads, before the model and the clock exist
-    algo = make_algorithm(cfg.algo, world, rank, device)  # a launch it cannot train (single x 2) stops here
-    ckpt = read_checkpoint(out) if plan == "resume" else None
-    prog = Progress.from_dict(ckpt["progress"]) if ckpt is not None else Progress()
+@dataclass(frozen=True)
+class Launch:
+    """What the command asked of this process, besides the configuration."""
 
-    # ---- model, optimizer, state ---------------------------------------------------------
+    out: Path  # the run folder
+    data: Path  # the features folder it trains on
+    plan: str  # fresh, restart (no checkpoint yet) or resume (_plan)
+    db_path: Path | None  # a shared database that receives the rows too (--db)
+    quiet: bool  # no progress bar or epoch lines
+    platform: str | None  # the platform named on the command line (train --platform)
+    label: str | None  # the label given (--label), None: derived from the machine and configuration
+    label_suffix: str  # appended to the label, given or derived (train/seeds.py: " seed 2")
+    init_t0: float  # perf_counter() at init_start
+    init_ms: int  # wall-clock milliseconds at init_start
+
+
+@dataclass
+class Trainer:
+    """What one process trains with, built once by :func:`_train`; the state machine's
+    functions below read it (``t``)."""
+
+    cfg: RunConfig
+    group: distributed.Group
+    data: Path  # the features folder
+    splits: dict  # every split the run reads, verified (data/check.py)
+    model: torch.nn.Module  # what the step trains: the algorithm's wrap of the (compiled) model
+    algo: Algorithm
+    state: TrainState  # model, optimizer, scheduler, scaler
+    rec: Recorder  # rank 0: the run folder's; other ranks: progress and clock only
+    meter: StepMeter  # the steps' device values not yet read
+    stop: StopSignals  # SIGINT / SIGTERM received
+
+    @property
+    def prog(self) -> Progress:
+        return self.rec.prog
+
+    def checkpoint(self) -> None:
+        """Every rank: the algorithm's state (a collective), then rank 0 writes the checkpoint."""
+        self.rec.checkpoint(self.state, self.algo.state_dict(self.state))
+
+
+def _train(cfg: RunConfig, group: distributed.Group, launch: Launch) -> dict:
+    splits = _verify(launch.data, cfg, group.world)  # every split this run reads, before the model and the clock exist
+    algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device)  # a launch it cannot train (single x 2) stops here
+    ckpt = read_checkpoint(launch.out) if launch.plan == "resume" else None
+    prog = Progress.from_dict(ckpt["progress"]) if ckpt is not None else Progress()
+    state, local, model = _model(cfg, group.device, algo, ckpt, prog, splits, launch.data, group.world)
+    with StopSignals() as stop:
+        rec = _recorder(launch, cfg, group, prog, splits)
+        t = Trainer(cfg, group, launch.data, splits, model, algo, state, rec, StepMeter(), stop)
+        _initialize(t, local, launch)
+        try:
+            status = _epochs(t)
+            evaluated = algo.before_eval(t.prog.start_batch)  # every rank: a stop inside an epoch synchronizes
+            # saved before the final evaluation: a run stopped in it (or killed after it) continues from
+            # here, its logs cut back to before any final_eval line, and evaluates every split again once
+            t.checkpoint()
+            if group.env.rank == 0:
+                _final_eval(evaluated, launch.data, splits["final"], cfg, group.device, rec, stop)
+            asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
+            if asked:  # stops it (saved: the same command evaluates again), never ends as a success
+                raise interrupted(asked, f"in {rec.out} during the final evaluation")
+            rec.stopped(status)
+            group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
+            algo.close()  # asgd, easgd: the parameter server's rpc ends
+        except BaseException as e:
+            algo.close(graceful=False)  # asgd, easgd: this rank's rpc ends without waiting for the others
+            _raise(e, rec.fail(e, t.meter))
+        return group.broadcast(rec.finish(status))  # rank 0's summary on every rank (one exit status)
+
+
+def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Progress, splits: dict, data: Path,
+           world: int):
+    """(state, the model without DDP's hooks: what the warm-up runs, the module the step trains),
+    restored from ``ckpt`` when resuming."""
+    tc = cfg.train
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
     optimizer = make_optimizer(core, tc, device)
@@ -231,134 +307,128 @@ def _train(cfg: RunConfig, group: distributed.Group, data: Path, out: Path, plan
                        torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
     if ckpt is not None:
         state.load(ckpt)
-    local = torch.compile(core) if tc.compile else core  # without DDP's hooks: what the warm-up runs
+    local = torch.compile(core) if tc.compile else core
     model = algo.wrap(local)  # sync: DDP (several processes); the others: the model, from rank 0's weights
     if ckpt is not None:
         algo.load_state_dict(ckpt, state)  # bsp...easgd: this rank's own model, optimizer, RNG; the global state
-
-    with StopSignals() as stop:
-        rec = _recorder(rank, plan, out, cfg, prog, data, device, world, splits, platform, label, db_path, quiet,
-                        init_start[1])
-        try:  # initialization: one-time work outside the TTA clock and outside the run's RNG (a first
-            # run on a machine measures and caches what later runs read: both must train alike)
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                init_parts = initialize(local, cfg, data, device) if rank == 0 else warm_model(local, cfg, device) or {}
-                init_parts.update(rec.count_flops(cfg, device))
-        except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
-            _raise(e, rec.fail(e))
-        rec.initialized(plan, time.perf_counter() - init_start[0], init_parts)
-        meter = StepMeter()
-        try:
-            status = _epochs(cfg, group, data, splits, model, algo, state, rec, meter, stop)
-            evaluated = algo.before_eval(rec.prog.start_batch)  # every rank: a stop inside an epoch synchronizes
-            # saved before the final evaluation: a run stopped in it (or killed after it) continues from
-            # here, its logs cut back to before any final_eval line, and evaluates every split again once
-            rec.checkpoint(state, algo.state_dict(state))
-            if rank == 0:
-                _final_eval(evaluated, data, splits["final"], cfg, device, rec, stop)
-            asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
-            if asked:  # stops it (saved: the same command evaluates again), never ends as a success
-                raise interrupted(asked, f"in {rec.out} during the final evaluation")
-            rec.stopped(status)
-            group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
-            algo.close()  # asgd, easgd: the parameter server's rpc ends
-        except BaseException as e:
-            algo.close(graceful=False)  # asgd, easgd: this rank's rpc ends without waiting for the others
-            _raise(e, rec.fail(e, meter))
-        return group.broadcast(rec.finish(status))  # rank 0's summary on every rank (one exit status)
+    return state, local, model
 
 
-def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, algo: Algorithm, state: TrainState, rec,
-            meter: StepMeter, stop: StopSignals) -> str:
+def _initialize(t: Trainer, local: torch.nn.Module, launch: Launch) -> None:
+    """One-time work outside the TTA clock and outside the run's RNG (a first run on a machine
+    measures and caches what later runs read: both must train alike); then the clock starts."""
+    device = t.group.device
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            if t.group.env.rank == 0:
+                init_parts = initialize(local, t.cfg, t.data, device)
+            else:
+                init_parts = warm_model(local, t.cfg, device) or {}
+            init_parts.update(t.rec.count_flops(t.cfg, device))
+    except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
+        _raise(e, t.rec.fail(e))
+    t.rec.initialized(launch.plan, time.perf_counter() - launch.init_t0, init_parts)
+
+
+def _epochs(t: Trainer) -> str:
     """The state machine (SPEC C): train epoch after epoch until a stopping rule holds; returns
     why training stopped (success, time_cap, max_epochs). A signal stops it at a read point."""
-    from speechperf.data.loader import make_loader
-
-    tc, device, prog, rank = cfg.train, group.device, rec.prog, group.env.rank
-    model.train()
+    tc, prog = t.cfg.train, t.prog
+    t.model.train()
     # newbob's stopping rule ends training as the last epoch would (train/schedule.py)
     while prog.status is None and prog.epoch <= tc.max_epochs and not schedule_ended(tc, prog.eval_losses):
-        loader = make_loader(data, splits["train"], cfg.loader, epoch=prog.epoch, seed=tc.seed,
-                             start_batch=prog.start_batch, rank=rank, world=group.world)
-        rec.epoch_started()
-        last = time.perf_counter()
-        for batch in loader:
-            # -- training
-            if prog.iteration:  # the learning rate of this step (train/schedule.py)
-                state.scheduler.step()
-            prog.iteration += 1
-            step = train_step(model, batch, state.optimizer, state.scaler, device, tc, cfg.augment)
-            prog.start_batch += 1
-            algo.after_step(prog.start_batch)  # local SGD: the ranks' models combined every algo.sync_every batches
-            prog.impossible_utts += step.impossible
-            now = time.perf_counter()
-            batch_s, last = now - last, now
-            meter.add(prog.iteration, step, rec.iteration_row(batch, batch_s, algo.comm.take()))
-            if not read_point(prog.iteration, tc):
-                continue
-            _settle(meter, rec, tc)
-            # -- generating sentences
-            if prog.iteration % tc.sentence_every == 0:
-                rec.sentences(batch, step)
-            # -- saving checkpoint
-            if prog.iteration % tc.checkpoint_every == 0:
-                rec.checkpoint(state, algo.state_dict(state))
-            asked = _stop_asked(group, stop, rec, tc)
-            if asked > 1:  # a signal: saved where it stopped, recorded as interrupted
-                if prog.iteration % tc.checkpoint_every:
-                    rec.checkpoint(state, algo.state_dict(state))
-                raise interrupted(asked, f"in {rec.out} at iteration {prog.iteration} (epoch {prog.epoch})")
-            if asked:
-                prog.status = "time_cap"
-                break
-        else:
-            _settle(meter, rec, tc)
-            evaluated = algo.before_eval(prog.start_batch)  # every rank: local SGD ends the epoch on a common model
-            check_trained(state.model, prog, tc)  # a run that cannot train stops here, as diverged
-            # -- evaluating (the model stays resident; its seconds are recorded apart)
-            rec.epoch_ended()
-            prog.status, loss = group.broadcast(_epoch_eval(evaluated, data, cfg, device, rec) if rank == 0 else None)
-            prog.eval_losses.append(loss)  # every rank: the newbob schedule reads it (train/schedule.py)
-            prog.epoch += 1
-            prog.start_batch = 0
-            rec.checkpoint(state, algo.state_dict(state))
-            asked = max(group.gather_int(stop.requested or 0))
-            if asked and prog.status is None:
-                raise interrupted(asked, f"in {rec.out} after epoch {prog.epoch - 1}")
+        if _train_epoch(t):
+            _end_epoch(t)
     prog.status = prog.status or ("max_epochs" if tc.target > 0 else "success")
     return prog.status
 
 
-def _recorder(rank: int, plan: str, out: Path, cfg: RunConfig, prog: Progress, data: Path, device, world: int,
-              splits: dict, platform, label: tuple[str | None, str], db_path, quiet: bool, init_ms: int) -> Recorder:
-    """Rank 0's recorder of the run folder (created or opened); a no-op one on other ranks.
-    ``label``: (the label given or None, a suffix for it or for the derived one)."""
-    if rank != 0:
-        return Recorder(prog, out)
-    from speechperf.results.run import default_label
-    from speechperf.telemetry.environment import capture_env
+def _train_epoch(t: Trainer) -> bool:
+    """The epoch's batches from ``prog.start_batch`` on; False when the time cap stopped it."""
+    tc, prog, state = t.cfg.train, t.prog, t.state
+    loader = make_loader(t.data, t.splits["train"], t.cfg.loader, epoch=prog.epoch, seed=tc.seed,
+                         start_batch=prog.start_batch, rank=t.group.env.rank, world=t.group.world)
+    t.rec.epoch_started()
+    last = time.perf_counter()
+    for batch in loader:
+        # -- training
+        if prog.iteration:  # the learning rate of this step (train/schedule.py)
+            state.scheduler.step()
+        prog.iteration += 1
+        step = train_step(t.model, batch, state.optimizer, state.scaler, t.group.device, tc, t.cfg.augment)
+        prog.start_batch += 1
+        t.algo.after_step(prog.start_batch)  # local SGD: the ranks' models combined every algo.sync_every batches
+        prog.impossible_utts += step.impossible
+        now = time.perf_counter()
+        batch_s, last = now - last, now
+        t.meter.add(prog.iteration, step, t.rec.iteration_row(batch, batch_s, t.algo.comm.take()))
+        if not read_point(prog.iteration, tc):
+            continue
+        _settle(t)
+        # -- generating sentences
+        if prog.iteration % tc.sentence_every == 0:
+            t.rec.sentences(batch, step)
+        # -- saving checkpoint
+        if prog.iteration % tc.checkpoint_every == 0:
+            t.checkpoint()
+        if _time_cap_passed(t):  # a signal stops the run there (saved, recorded as interrupted)
+            prog.status = "time_cap"
+            return False
+    _settle(t)
+    return True
 
-    env = {**capture_env(str(device)), "world_size": world, "platform": platform,
+
+def _end_epoch(t: Trainer) -> None:
+    """Every rank at an epoch's end: a common model, the divergence check, rank 0's validation
+    (its verdict and loss broadcast), the checkpoint; a signal received meanwhile stops the run."""
+    tc, prog = t.cfg.train, t.prog
+    evaluated = t.algo.before_eval(prog.start_batch)  # every rank: local SGD ends the epoch on a common model
+    check_trained(t.state.model, prog, tc)  # a run that cannot train stops here, as diverged
+    # -- evaluating (the model stays resident; its seconds are recorded apart)
+    t.rec.epoch_ended()
+    verdict = _epoch_eval(evaluated, t.data, t.cfg, t.group.device, t.rec) if t.group.env.rank == 0 else None
+    prog.status, loss = t.group.broadcast(verdict)
+    prog.eval_losses.append(loss)  # every rank: the newbob schedule reads it (train/schedule.py)
+    prog.epoch += 1
+    prog.start_batch = 0
+    t.checkpoint()
+    asked = max(t.group.gather_int(t.stop.requested or 0))
+    if asked and prog.status is None:
+        raise interrupted(asked, f"in {t.rec.out} after epoch {prog.epoch - 1}")
+
+
+def _recorder(launch: Launch, cfg: RunConfig, group: distributed.Group, prog: Progress, splits: dict) -> Recorder:
+    """Rank 0's recorder of the run folder (created or opened); a no-op one on other ranks."""
+    if group.env.rank != 0:
+        return Recorder(prog, launch.out)
+    device = group.device
+    env = {**capture_env(str(device)), "world_size": group.world, "platform": launch.platform,
            "precision_note": check_precision(cfg, device)}
-    given, suffix = label
+    given, suffix = launch.label, launch.label_suffix
     label = f"{given or default_label(env, cfg.to_dict())}{suffix}" if suffix else given
-    return RunRecorder.begin(plan, out, cfg, prog, data=data, env=env, splits=splits, init_ms=init_ms, label=label,
-                             db_path=db_path, quiet=quiet)
+    return RunRecorder.begin(launch.plan, launch.out, cfg, prog, data=launch.data, env=env, splits=splits,
+                             init_ms=launch.init_ms, label=label, db_path=launch.db_path, quiet=launch.quiet)
 
 
-def _settle(meter: StepMeter, rec: Recorder, tc) -> None:
+def _settle(t: Trainer) -> None:
     """The one host read: the pending steps' losses and skip flags, recorded and counted in
     step order (a divergence aborts here)."""
-    reads = meter.read()
-    rec.steps_read(reads)
-    count_steps(rec.prog, reads, tc.max_bad_losses)
+    reads = t.meter.read()
+    t.rec.steps_read(reads)
+    count_steps(t.prog, reads, t.cfg.train.max_bad_losses)
 
 
-def _stop_asked(group, stop: StopSignals, rec: Recorder, tc) -> int:
-    """At a read point, all ranks together: the number of a signal any rank was sent, 1 when
-    the time cap passed, else 0."""
-    cap = tc.time_cap_minutes > 0 and rec.now() >= 60 * tc.time_cap_minutes
-    return max(group.gather_int(stop.requested or int(cap)))
+def _time_cap_passed(t: Trainer) -> bool:
+    """At a read point, all ranks together: whether the time cap passed. A signal any rank was
+    sent stops the run here instead: saved where it stopped, recorded as interrupted."""
+    tc, prog = t.cfg.train, t.prog
+    cap = tc.time_cap_minutes > 0 and t.rec.now() >= 60 * tc.time_cap_minutes
+    asked = max(t.group.gather_int(t.stop.requested or int(cap)))
+    if asked > 1:
+        if prog.iteration % tc.checkpoint_every:
+            t.checkpoint()
+        raise interrupted(asked, f"in {t.rec.out} at iteration {prog.iteration} (epoch {prog.epoch})")
+    return bool(asked)
 
 
 def _raise(e: BaseException, err: BaseException):
@@ -382,8 +452,6 @@ def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> tup
     r = _evaluate(model, data, tc.eval_split, cfg, device, tc.eval_beam, keep_pairs=3)
     rec.evaluated(r, final=False)
     if tc.target > 0:
-        from speechperf.metrics.tta import tta_minutes
-
         history = [(e["clock_s"], e[tc.target_metric]) for e in rec.prog.evals]  # speechperf/metric.py's names
         if tta_minutes(history, tc.target, tc.target_epochs) is not None:
             return "success", r["loss"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from speechperf.errors import SpeechperfError
-from speechperf.train.events import C, EventLog
+from speechperf.results.events import C, EventLog
 
 RULESET = "6.0.0"  # the newest training ruleset of the mlperf-logging release pyproject pins
 BENCHMARK = "speechperf_ds2"

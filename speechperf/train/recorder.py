@@ -2,7 +2,7 @@
 
 The loop trains; the recorder writes down what happened, in one place: where the run
 stands (:class:`Progress`) and its TTA clock, the event log's lines (MLPerf's keys,
-train/events.py), the iteration rows, the logged sentences, the evaluation rows, the
+results/events.py), the iteration rows, the logged sentences, the evaluation rows, the
 utilization samples, the checkpoint and how the run ended (finished, or failed: one
 failure path for every way a run can stop early). :class:`speechperf.results.run.Run`
 owns the folder's files; the recorder decides what goes into them.
@@ -17,15 +17,18 @@ import os
 from pathlib import Path
 
 from speechperf import metric
-from speechperf.data import alphabet
-from speechperf.metrics.rcp import run_check
+from speechperf.corpus import alphabet
+from speechperf.metrics.study import run_check
 from speechperf.results.run import Run
-from speechperf.train.checkpoint import TrainState
-from speechperf.train.events import C
+from speechperf.results.checkpoint import TrainState
+from speechperf.results.events import C
 from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
-from speechperf.train.progress import Clock, Progress
+from speechperf.results.progress import Clock, Progress
 from speechperf.train.warmup import warn_if_slow
+from speechperf.bench.mfu import RunFlops
+from speechperf.telemetry.sampler import Sampler
+from speechperf.telemetry.status import StatusLine
 
 SENTENCE_PAIRS = 3  # hypothesis/reference pairs logged per sentence batch
 
@@ -79,7 +82,6 @@ class RunRecorder(Recorder):
 
     def __init__(self, prog: Progress, run: Run, quiet: bool):
         super().__init__(prog, run.folder)
-        from speechperf.telemetry.status import StatusLine
 
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
         self.events = run.events()
@@ -133,7 +135,6 @@ class RunRecorder(Recorder):
         else:
             self.events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
             self.events.start(C.RUN_START)
-        from speechperf.telemetry.sampler import Sampler
 
         self.sampler = Sampler(os.getpid()).start()
         # a sample's t is seconds since the sampler started: put it on the run's clock, which a
@@ -143,8 +144,6 @@ class RunRecorder(Recorder):
     def count_flops(self, cfg, device) -> dict:
         """The FLOP model and the device's peak, for MFU (initialization, outside the clock);
         returns its seconds as an initialization part."""
-        from speechperf.metrics.mfu import RunFlops
-
         self.flops = RunFlops.at_init(cfg, device)
         return {"flops_s": self.flops.init_s}
 
@@ -213,7 +212,7 @@ class RunRecorder(Recorder):
 
     # ---- checkpoint and end -----------------------------------------------------------------
     def checkpoint(self, state: TrainState, algo_state: dict | None = None) -> None:
-        """The checkpoint (train/checkpoint.py's contents), after the rows and samples so far;
+        """The checkpoint (results/checkpoint.py's contents), after the rows and samples so far;
         ``algo_state``: the data-parallel algorithm's keys (train/algorithm.py), if any."""
         self.prog.clock_s = self.now()
         # Logged before the log sizes are taken, so a resume keeps this line.

@@ -33,7 +33,9 @@ from typing import Callable, Sequence
 
 from speechperf.config import ConfigError, load_preset
 from speechperf.errors import RunFailed, SpeechperfError
+from speechperf.train.algorithm import check as check_algorithm
 from speechperf.train.seeds import check_seeds_command, seed_folder
+from speechperf.results.run import Run
 
 POLL_S = 0.2  # how often the seeds' processes are polled
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -46,7 +48,9 @@ def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform
     process sees (None: asked of torch); ``cores``: the CPUs it may use (None: its affinity)."""
     if parallel < 1:
         raise ConfigError(f"--parallel {parallel}: at least 1")
-    tc = load_preset(preset, list(overrides), platform).train  # refuses a bad override before any seed starts
+    cfg = load_preset(preset, list(overrides), platform)  # refuses a bad override before any seed starts
+    check_algorithm(cfg.algo)
+    tc = cfg.train
     if cuda_devices is None:
         cuda_devices = _visible_gpus()
     if tc.device != "cpu" and cuda_devices:
@@ -181,8 +185,6 @@ def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path, start: in
     """A seed's summary (its run folder's, read as ``train`` reports a finished run), or the
     error naming it: a seed that refused its input (exit 2: its folder in use by another
     process, say) with its own message and exit 2, not as a failed run."""
-    from speechperf.results.run import Run
-
     proc.wait()
     refused = _said(log, start) if proc.returncode == 2 else None
     if refused is not None:

@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from speechperf.data import specaugment
 from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.errors import RunFailed
-from speechperf.models.contract import planned_forward
-from speechperf.train.evaluate import autocast
+from speechperf.models.contract import autocast, planned_forward
 
 
 class TrainingDiverged(RunFailed):

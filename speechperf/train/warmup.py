@@ -21,9 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.features.config import FeatureConfig
-from speechperf.models.contract import planned_forward
+from speechperf.models.contract import autocast, planned_forward
+from speechperf.config import ConfigError
+from speechperf.telemetry.capability import model_support
 
 # Past this the initialization is reported with a warning: MLPerf's closed division allows
 # 30 minutes of initialization; a DS2 run that needs 10 has something wrong (a cold cache
@@ -65,8 +67,6 @@ def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
     The model itself runs, not a copy, so that a ``torch.compile``d model compiles here
     (its graph is tied to the module it wraps) and no second copy takes GPU memory.
     """
-    from speechperf.train.evaluate import autocast
-
     batch, frames = warm_shape(cfg, device)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     was_training = model.training
@@ -94,9 +94,6 @@ def check_precision(cfg, device: torch.device) -> str | None:
 
     Every bf16 path of a run (the step, the warm-up, the evaluations) runs the same model under
     the same autocast, so this one check covers them all (telemetry/capability.py)."""
-    from speechperf.config import ConfigError
-    from speechperf.telemetry.capability import model_support
-
     precision = cfg.train.precision
     if precision == "fp16" and device.type != "cuda":  # its loss scaler is CUDA's
         raise ConfigError("train.precision=fp16 needs a CUDA device; on a CPU use train.precision=fp32 "

@@ -222,8 +222,8 @@ def test_acoustic_rows_carry_mfu_beside_samples_per_s(monkeypatch):
 
     monkeypatch.setattr(acoustic, "config", lambda name: load_preset("tiny").model)
     row = zoo.run_zoo(models=["ds2"], batches=[3], iters=1, warmup=0, progress=False)[0]
-    if importlib.util.find_spec("speechperf.metrics.mfu") is None:
-        assert row["mfu_pct"] is None and row["mfu_note"].startswith("not computed: speechperf.metrics.mfu")
+    if importlib.util.find_spec("speechperf.bench.mfu") is None:
+        assert row["mfu_pct"] is None and row["mfu_note"].startswith("not computed: speechperf.bench.mfu")
     fitted, seen = [], []
 
     class Flops:
@@ -231,11 +231,11 @@ def test_acoustic_rows_carry_mfu_beside_samples_per_s(monkeypatch):
             seen.append(lens.tolist())
             return 1e9 * float(lens.sum())
 
-    fake = types.ModuleType("speechperf.metrics.mfu")
+    fake = types.ModuleType("speechperf.bench.mfu")
     fake.flop_model = lambda cfg: fitted.append(cfg.name) or Flops()
     fake.zoo_mfu = lambda flops, step_s, dev, precision: {"tflops": flops / step_s / 1e12, "peak_tflops": 2.0,
                                                           "mfu_pct": 50 * flops / step_s / 1e12, "peak_source": precision}
-    monkeypatch.setitem(sys.modules, "speechperf.metrics.mfu", fake)
+    monkeypatch.setitem(sys.modules, "speechperf.bench.mfu", fake)
     rows = zoo.run_zoo(models=["ds2"], batches=[3, 2], iters=1, warmup=0, progress=False)
     assert fitted == ["ds2"] and seen == [[400, 250, 100], [400, 100]]  # fitted once; the batches' own lengths
     for r, frames in zip(rows, (750, 500)):

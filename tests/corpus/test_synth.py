@@ -5,7 +5,7 @@ import soundfile as sf
 
 from speechperf.corpus.sentences import SentenceGenerator, vocabulary
 from speechperf.corpus.synth import SPLITS, speakers, synthesize
-from speechperf.data.alphabet import normalize
+from speechperf.corpus.alphabet import normalize
 
 
 def test_vocabulary_and_sentences():

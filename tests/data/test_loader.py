@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.data.config import LoaderConfig
 from speechperf.data.loader import load_index, make_loader
 from speechperf.data.plan import plan_epoch

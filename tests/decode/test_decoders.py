@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.decode import get_decoder
 from speechperf.decode.beam import prefix_beam_search
 from speechperf.decode.lm import BigramLM, LMError, build_lm_for_features, count, load_lm

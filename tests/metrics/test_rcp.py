@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from speechperf.metrics import rcp
+from speechperf.metrics import rcp, study
 from speechperf.metrics.aggregate import SeedRun, aggregate
 
 CORPUS = {"train_utterances": 100, "eval_utterances": 10}
@@ -105,9 +105,9 @@ def test_run_check_for_summary_json(reference, tmp_path):
     evals = [{"clock_s": c, "cer": v} for c, v in run(1, 5).evals]
     (tmp_path / "events.log").write_text("".join(
         f':::MLLOG {{"key": "{k}", "value": {v}}}\n' for k, v in (("train_samples", 100), ("eval_samples", 10))))
-    out = rcp.run_check(CONFIG, {}, "success", evals, tmp_path)
+    out = study.run_check(CONFIG, {}, "success", evals, tmp_path)
     assert out["reference"] == "refd.json" and out["checks"][0]["RCP check"] == rcp.FASTER
-    assert rcp.run_check({**CONFIG, "preset": "nope"}, {}, "success", evals, tmp_path)["check"] == "no reference for preset 'nope'"
+    assert study.run_check({**CONFIG, "preset": "nope"}, {}, "success", evals, tmp_path)["check"] == "no reference for preset 'nope'"
 
 
 def test_the_shipped_tiny_reference():

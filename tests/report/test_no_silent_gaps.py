@@ -74,15 +74,6 @@ def _bench_and_parallel_rows(run_folder) -> None:
                                   "params_m": 1.0, "paper_params_m": 1.0, "unit": "utterances", "samples_per_s": 10.0 * b,
                                   "power_w": 50.0, "joules_per_sample": 5.0 / b, "energy": "RAPL", "status": "ok"}
                                  for b in (4, 8)])
-        for algo, workers in (("single", 1), ("bsp", 2)):
-            run_id = f"{algo}-{workers}"
-            run.upsert("parallel_runs", {"run_id": run_id, "algo": algo, "workers": workers, "sync_period": 1,
-                                         "batch": 4, "model": "dnn", "epochs": 2, "train_s": 4.0 / workers,
-                                         "s_per_epoch": 2.0 / workers, "comm_s": 0.1, "comm_bytes": 1000, "syncs": 10,
-                                         "cv_loss": 3.0, "wer_test_clean": 50.0, "wer_test_other": 60.0,
-                                         "status": "success"})
-            run.insert("parallel_epochs", [{"run_id": run_id, "epoch": e, "train_s": e * 2.0 / workers,
-                                            "cv_loss": 4.0 - e / 2, "lr": 0.1} for e in (1, 2)])
 
 
 @pytest.fixture(scope="module")

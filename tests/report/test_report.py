@@ -100,7 +100,7 @@ def test_fig8_draws_cpu_solid_and_each_gpu_dashed(recorded_runs, tmp_path, monke
     from speechperf.results.run import Run
 
     drawn = []
-    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
+    monkeypatch.setattr(figures, "save_png", lambda fig, path: drawn.append(fig) or path)
     runs = []
     for n in ("sys1-gpu", "cpu-seed1"):
         with Run.open(recorded_runs[n]) as r:
@@ -214,8 +214,8 @@ def test_report_of_two_machines_in_headless_chromium(recorded_runs, tmp_path, mo
     labels = ["cpu-seed1", "H100 copy"]
     h100 = _second_machine(recorded_runs["cpu-seed1"], tmp_path, labels[1])
     legends = []  # every figure's legend or panel titles name both runs
-    save = figures._save
-    monkeypatch.setattr(figures, "_save", lambda fig, path: legends.append(
+    save = figures.save_png
+    monkeypatch.setattr(figures, "save_png", lambda fig, path: legends.append(
         (path.name, " ".join(t.get_text() for ax in fig.axes for t in [ax.title, *(ax.get_legend().get_texts()
                                                                               if ax.get_legend() else [])]))) or save(fig, path))
     index = build_report([recorded_runs["cpu-seed1"], h100], tmp_path / "rep")

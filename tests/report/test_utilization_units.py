@@ -13,7 +13,7 @@ def _run(label, cpu_metrics):
 
 def test_fig8_plots_cpu_in_percent_of_the_machine_and_labels_old_runs(tmp_path, monkeypatch):
     drawn = []
-    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
+    monkeypatch.setattr(figures, "save_png", lambda fig, path: drawn.append(fig) or path)
     runs = [_run("new", [("util_machine_pct", 40.0), ("util_core_pct", 640.0)]), _run("old", [("util_pct", 640.0)])]
     assert figures.utilization_window(runs, tmp_path / "f.png")[0] is not None
     new, old = drawn[0].axes

@@ -13,7 +13,7 @@ from speechperf.config import load_preset
 from speechperf.models import build_model
 from speechperf.parallel.sweep import free_port
 from speechperf.results import ResultsDB
-from speechperf.train.checkpoint import load_checkpoint
+from speechperf.results.checkpoint import load_checkpoint
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=1000"]
 # where averaging models equals averaging gradients; 4 steps: CTC's summed loss has a large curvature,
@@ -144,7 +144,7 @@ def test_sigterm_to_torchrun_stops_a_bmuf_run_saved_recorded_and_the_same_comman
     import signal
     import time
 
-    from speechperf.train.checkpoint import CheckpointError
+    from speechperf.results.checkpoint import CheckpointError
 
     args = [*ARGS[:2], "max_epochs=2", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=2",
             "algo.name=bmuf", "algo.sync_every=3"]

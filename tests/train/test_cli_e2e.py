@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from speechperf.results import ResultsDB
-from speechperf.train.events import read_events
+from speechperf.results.events import read_events
 
 
 def cli(*args, check=True):

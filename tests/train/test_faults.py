@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from speechperf.results import ResultsDB
-from speechperf.train.checkpoint import CheckpointError, load_checkpoint
-from speechperf.train.events import read_events
+from speechperf.results.checkpoint import CheckpointError, load_checkpoint
+from speechperf.results.events import read_events
 
 TINY = ["--preset", "tiny", "threads=1"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from speechperf.results import ResultsDB
 from speechperf.train import loop
-from speechperf.train.events import read_events
+from speechperf.results.events import read_events
 from speechperf.train.mlperf import check_log
 
 TINY = ["max_epochs=2", "threads=1", "checkpoint_every=3"]

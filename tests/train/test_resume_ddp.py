@@ -12,8 +12,8 @@ import torch
 
 from speechperf.parallel.sweep import free_port
 from speechperf.results import ResultsDB
-from speechperf.train.checkpoint import CheckpointError, load_checkpoint
-from speechperf.train.events import read_events
+from speechperf.results.checkpoint import CheckpointError, load_checkpoint
+from speechperf.results.events import read_events
 
 ARGS = ["--preset", "tiny", "max_epochs=5", "threads=1", "checkpoint_every=4", "sentence_every=3"]
 # On a GPU the resume is exact only with deterministic kernels (cuDNN, cuBLAS, CTC).

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from speechperf.train.checkpoint import load_checkpoint
-from speechperf.train.events import read_events
+from speechperf.results.checkpoint import load_checkpoint
+from speechperf.results.events import read_events
 
 TINY = ["--preset", "tiny", "max_epochs=3", "threads=1", "checkpoint_every=2"]
 

@@ -11,8 +11,8 @@ import pytest
 from speechperf.cli import main
 from speechperf.config import ConfigError
 from speechperf.results import ResultsDB
-from speechperf.train.checkpoint import CheckpointError, load_checkpoint
-from speechperf.train.events import read_events
+from speechperf.results.checkpoint import CheckpointError, load_checkpoint
+from speechperf.results.events import read_events
 from speechperf.train.seeds import parse_seeds, refuse_seed_override
 
 TINY = ["--preset", "tiny", "threads=1"]

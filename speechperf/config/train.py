@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speechperf import metric
+from speechperf.decode import WORDBEAM_MODES
+
 DIST_BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl")  # train.dist_backend values
 SCHEDULES = ("epoch_decay", "step", "noam", "cosine", "newbob")  # train.lr_schedule values (train/schedule.py)
 # train.protocol values: the benchmark protocols whose workload speechperf implements. Only its
 # own; AlgoPerf's ("algoperf": its frontend, SentencePiece outputs, models and padding) is not
 # implemented, so no run can claim it (metrics/targets.py refuses AlgoPerf's targets for these runs).
 PROTOCOLS = ("speechperf",)
-# algo.name values: the data-parallel algorithms of train/algorithm.py (its registry holds the same names)
-ALGORITHMS = ("single", "sync", "bsp", "bmuf", "diloco", "asgd", "easgd")
 OPTIMIZERS = ("adadelta", "adamw", "sgd")  # train.optimizer values (train/step.py's make_optimizer)
 
 
@@ -54,6 +55,46 @@ class TrainConfig:
     max_bad_losses: int = 100  # abort after this many consecutive NaN/inf losses
     max_skipped_fraction: float = 0.5  # diverged when more than this share of the steps so far were skipped
 
+    def problems(self) -> list[str]:
+        """One message per value that would fail later or cannot train, naming ``train.FIELD=value``."""
+        checks = [
+            (self.optimizer in OPTIMIZERS, f"train.optimizer={self.optimizer!r} must be one of {', '.join(OPTIMIZERS)}"),
+            (self.lr > 0, f"train.lr={self.lr} must be > 0"),
+            (self.weight_decay >= 0, f"train.weight_decay={self.weight_decay} must be >= 0"),
+            (self.warmup_iters >= 0, f"train.warmup_iters={self.warmup_iters} must be >= 0"),
+            (self.lr_decay > 0, f"train.lr_decay={self.lr_decay} must be > 0"),
+            (self.lr_step_epochs >= 1, f"train.lr_step_epochs={self.lr_step_epochs} must be >= 1"),
+            (self.lr_schedule in SCHEDULES, f"train.lr_schedule={self.lr_schedule!r} must be one of {', '.join(SCHEDULES)}"),
+            (self.lr_schedule != "noam" or self.warmup_iters >= 1,
+             f"train.lr_schedule=noam needs train.warmup_iters >= 1 (its peak), not {self.warmup_iters}"),
+            (0 <= self.lr_min <= self.lr, f"train.lr_min={self.lr_min} must be in [0, train.lr={self.lr}]"),
+            (self.grad_clip >= 0, f"train.grad_clip={self.grad_clip} must be >= 0 (0 disables clipping)"),
+            (self.time_cap_minutes >= 0, f"train.time_cap_minutes={self.time_cap_minutes} must be >= 0 (0 = no cap)"),
+            (self.target >= 0, f"train.target={self.target} must be >= 0 (0 = never stop early)"),
+            (self.eval_beam >= 1 and self.final_beam >= 1,
+             f"train.eval_beam={self.eval_beam} and train.final_beam={self.final_beam} must be >= 1"),
+            (self.threads >= 0, f"train.threads={self.threads} must be >= 0 (0 = torch default)"),
+            (self.max_bad_losses >= 0, f"train.max_bad_losses={self.max_bad_losses} must be >= 0"),
+            (0 < self.max_skipped_fraction <= 1,
+             f"train.max_skipped_fraction={self.max_skipped_fraction} must be in (0, 1]"),
+            (self.precision in ("fp32", "bf16", "fp16"), f"train.precision={self.precision!r} must be fp32, bf16 or fp16"),
+            (self.target_metric in metric.targets(),
+             f"train.target_metric={self.target_metric!r} must be one of {', '.join(metric.targets())}"),
+            (self.sentence_every >= 1 and self.checkpoint_every >= 1, "train.sentence_every and checkpoint_every must be >= 1"),
+            (self.target_epochs >= 1, f"train.target_epochs={self.target_epochs} must be >= 1"),
+            (self.max_epochs >= 1, f"train.max_epochs={self.max_epochs} must be >= 1"),
+            (self.sync_every >= 1, f"train.sync_every={self.sync_every} must be >= 1"),
+            (self.dist_backend in DIST_BACKENDS, f"train.dist_backend={self.dist_backend!r} must be one of {', '.join(DIST_BACKENDS)}"),
+            (self.optimizer_impl in ("default", "foreach", "fused"),
+             f"train.optimizer_impl={self.optimizer_impl!r} must be default, foreach or fused"),
+            (self.optimizer_impl != "fused" or self.optimizer == "adamw",
+             f"train.optimizer_impl=fused needs optimizer=adamw (torch has no fused {self.optimizer})"),
+            (self.eval_mode in WORDBEAM_MODES, f"train.eval_mode={self.eval_mode!r} must be one of {', '.join(WORDBEAM_MODES)}"),
+            (self.protocol in PROTOCOLS, f"train.protocol={self.protocol!r}: speechperf implements only {', '.join(PROTOCOLS)} "
+                                      "(no AlgoPerf-faithful workload yet)"),
+        ]
+        return [msg for ok, msg in checks if not ok]
+
 
 @dataclass(frozen=True)
 class AlgoConfig:
@@ -62,7 +103,7 @@ class AlgoConfig:
     Its fields are always written ``algo.FIELD`` on the command line: ``name`` and
     ``sync_every`` are also the model's and the training loop's fields."""
 
-    name: str = "sync"  # ALGORITHMS: "single" (one process), "sync" (DDP: gradients averaged every step; one process without torchrun), "bsp" (local SGD, models averaged every sync_every steps), "bmuf" (blockwise model-update filtering), "diloco" (DiLoCo: outer Nesterov SGD on the pseudo-gradient), "asgd", "easgd" (asynchronous, a parameter server on rank 0)
+    name: str = "sync"  # a name of train/algorithm.py's registry: "single" (one process), "sync" (DDP: gradients averaged every step; one process without torchrun), "bsp" (local SGD, models averaged every sync_every steps), "bmuf" (blockwise model-update filtering), "diloco" (DiLoCo: outer Nesterov SGD on the pseudo-gradient), "asgd", "easgd" (asynchronous, a parameter server on rank 0)
     sync_every: int = 1  # bsp, bmuf, diloco, asgd, easgd: local optimizer steps between synchronizations (tau, H); bsp, bmuf and diloco also at every epoch's end
     block_lr: float = 1.0  # bmuf: block learning rate eta
     block_momentum: float = -1.0  # bmuf: block momentum zeta in [0, 1); -1 = 1 - block_lr / (workers x bmuf_c) (Eq. 6)
@@ -72,3 +113,18 @@ class AlgoConfig:
     outer_momentum: float = 0.9  # diloco: Nesterov momentum of the outer SGD, in [0, 1)
     easgd_alpha: float = 0.1  # easgd: moving rate alpha = eta x lambda of the elastic exchange (Eq. 9), in (0, 1)
     round_robin: bool = False  # asgd, easgd: the server serves the workers in turn (deterministic: tests, exact resume)
+
+    def problems(self) -> list[str]:
+        """One message per invalid value; the name is checked against the algorithms' registry
+        (train/algorithm.py: ``check``) and the worker count at launch."""
+        checks = [
+            (self.sync_every >= 1, f"algo.sync_every={self.sync_every} must be >= 1"),
+            (self.block_lr > 0, f"algo.block_lr={self.block_lr} must be > 0"),
+            (self.block_momentum == -1 or 0 <= self.block_momentum < 1,
+             f"algo.block_momentum={self.block_momentum} must be in [0, 1), or -1 (from block_lr and bmuf_c)"),
+            (self.bmuf_c > 0, f"algo.bmuf_c={self.bmuf_c} must be > 0"),
+            (self.outer_lr > 0, f"algo.outer_lr={self.outer_lr} must be > 0"),
+            (0 <= self.outer_momentum < 1, f"algo.outer_momentum={self.outer_momentum} must be in [0, 1)"),
+            (0 < self.easgd_alpha < 1, f"algo.easgd_alpha={self.easgd_alpha} must be in (0, 1)"),
+        ]
+        return [msg for ok, msg in checks if not ok]

@@ -40,6 +40,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_flop_count
 
 from speechperf.models.contract import planned_forward
+from speechperf.bench.measured_peak import training_peak
+from speechperf.features.config import FeatureConfig
+from speechperf.models import build_model
 
 aten = torch.ops.aten
 MODULUS = 16  # fit lengths share their residue mod 16: exact for total strides dividing 16
@@ -170,9 +173,6 @@ def fit_flop_model(model: torch.nn.Module, name: str, input_dim: int, min_frames
 
 def flop_model(model_cfg) -> FlopModel:
     """The FLOP model of a fresh model of ``model_cfg``, built on the CPU (the RNG streams untouched)."""
-    from speechperf.features.config import FeatureConfig
-    from speechperf.models import build_model
-
     with torch.random.fork_rng(devices=[]):
         model = build_model(model_cfg)
     # the features every model is given (a model reads its first input_dim columns)
@@ -199,8 +199,6 @@ class RunFlops:
 
     @classmethod
     def at_init(cls, cfg, device: torch.device) -> "RunFlops":
-        from speechperf.bench.measured_peak import training_peak
-
         t = time.perf_counter()
         fm = flop_model(cfg.model)
         peak = training_peak(device, cfg.train.precision, torch.get_num_threads())
@@ -234,7 +232,5 @@ def zoo_mfu(flops_per_step: float, step_s: float, device: torch.device, precisio
     """For a ``bench zoo`` row: TFLOPS and MFU of a step of ``flops_per_step`` FLOPs taking
     ``step_s`` seconds, against the peak a training run on ``device`` uses (``peak_tflops``,
     ``peak_source`` too). ``flops_per_step``: e.g. ``count_step_flops`` of the row's batch."""
-    from speechperf.bench.measured_peak import training_peak
-
     peak = training_peak(device, precision, threads or torch.get_num_threads())
     return {**achieved(flops_per_step, step_s, peak.tflops), "peak_tflops": peak.tflops, "peak_source": peak.source}

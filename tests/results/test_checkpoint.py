@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from speechperf.train.checkpoint import (FORMAT, CheckpointError, contents, load_checkpoint, rng_state,
+from speechperf.results.checkpoint import (FORMAT, CheckpointError, contents, load_checkpoint, rng_state,
                                          save_checkpoint, set_rng_state)
 
 TINY = ["--preset", "tiny", "threads=1", "max_epochs=1", "checkpoint_every=3", "sentence_every=50"]

@@ -76,7 +76,7 @@ def set_rng_state(state: dict) -> None:
 
 def contents(run_id: str, config: dict, progress: dict, state: dict) -> dict:
     """Everything a checkpoint holds, the one place its keys are named: format, the run's id and
-    configuration, ``progress`` (train/progress.py, as a dict), the ``state`` dicts of the
+    configuration, ``progress`` (results/progress.py, as a dict), the ``state`` dicts of the
     trainer (:meth:`TrainState.state_dict`, and the data-parallel algorithm's: train/algorithm.py)
     and the RNG states."""
     return {"format": FORMAT, "run_id": run_id, "config": _plain(config, "config"),

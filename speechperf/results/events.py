@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mlperf_logging.mllog import constants, mllog
+from speechperf.atomic import DiskFullError, disk_full
+from speechperf.errors import MachineFault
 
 
 class _RaisingFileHandler(logging.FileHandler):
@@ -42,9 +44,6 @@ class EventLog:
         try:
             yield
         except OSError as e:
-            from speechperf.atomic import DiskFullError, disk_full
-            from speechperf.errors import MachineFault
-
             if disk_full(e, self.path.parent):
                 raise DiskFullError.writing(self.path) from e
             raise MachineFault(f"{self.path} cannot be written ({e.strerror or e})") from e

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speechperf.config import load_preset
-from speechperf.metrics.mfu import (FlopModel, RunFlops, achieved, count_step_flops, counter, exact_quadratic,
+from speechperf.bench.mfu import (FlopModel, RunFlops, achieved, count_step_flops, counter, exact_quadratic,
                                     fit_flop_model, fit_lengths)
 from speechperf.models import build_model
 from speechperf.models.ds2 import flops_per_frame

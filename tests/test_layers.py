@@ -1,0 +1,17 @@
+"""The package's import layers (pyproject.toml [tool.importlinter]) hold: no module imports a
+higher layer, and no two packages or modules import each other (lint-imports' exit status)."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_contracts_are_kept():
+    exe = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # this checkout's package
+    done = subprocess.run([exe, str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"lint-imports: a layer or cycle contract is broken:\n{done.stdout[-4000:]}{done.stderr[-2000:]}"
