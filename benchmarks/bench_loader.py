@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from speechperf.config import load_preset
-from speechperf.data import alphabet
+from speechperf.corpus import alphabet
 from speechperf.data.loader import Batch, make_loader
 from speechperf.features.shards import read_shard
 from speechperf.features.stats import read_stats

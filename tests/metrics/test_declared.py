@@ -59,7 +59,7 @@ def test_one_declaration_reaches_the_consumers(xer, tmp_path):
 
 
 def test_an_earlier_checkpoints_history_reads_as_entries():
-    from speechperf.train.progress import Progress
+    from speechperf.results.progress import Progress
     from speechperf.train.recorder import _summary
 
     prog = Progress.from_dict({"epoch": 3, "evals": [(60.0, 30.0, 12.0), [120.0, 25.0, 9.0]]})  # (clock, wer, cer)
@@ -145,7 +145,7 @@ def test_a_tta_of_a_run_resumed_across_the_release_counts_an_unmeasured_epoch_as
 def test_the_stop_rule_watches_the_metric_named_by_train_target_metric(monkeypatch):
     from speechperf.config import load_preset
     from speechperf.train import loop
-    from speechperf.train.progress import Progress
+    from speechperf.results.progress import Progress
     from speechperf.train.recorder import Recorder
 
     class History(Recorder):  # rank 0's part of the recorder the stop rule reads: the history's entries

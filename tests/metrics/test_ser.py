@@ -84,13 +84,13 @@ def test_report_shows_ser(tmp_path, monkeypatch):
     from speechperf.report import figures
     from speechperf.report.html import build_report
 
-    titles, save = {}, figures._save
+    titles, save = {}, figures.save_png
 
     def keep_titles(fig, path):
         titles[path.name] = [ax.get_title() for ax in fig.axes]
         return save(fig, path)
 
-    monkeypatch.setattr(figures, "_save", keep_titles)
+    monkeypatch.setattr(figures, "save_png", keep_titles)
     run = _run_with_ser(tmp_path, "ser-run")
     index = build_report([run], tmp_path / "report", targets="50", metric="ser")
     with open(index.parent / "validation.csv", newline="") as f:

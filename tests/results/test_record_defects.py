@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from speechperf.cli import main
-from speechperf.metrics import rcp
+from speechperf.metrics import rcp, study
 from speechperf.results.run import Run
 
 CONFIG = {"preset": "tiny", "model": {"name": "ds2"}, "train": {"seed": 1, "eval_split": "dev-clean"}}
@@ -71,7 +71,7 @@ def test_a_damaged_reference_file_is_refused_naming_file_and_field(reference, fi
     with pytest.raises(rcp.ReferenceError) as e:
         aggregate(runs, lambda r: (10.0,), "cer", 3)
     assert e.value.exit_code == 2 and str(path) in str(e.value) and said in str(e.value), str(e.value)
-    assert said in rcp.run_check(cfg, {}, "success", [], path.parent)["check"]  # a finishing run names it, never raises
+    assert said in study.run_check(cfg, {}, "success", [], path.parent)["check"]  # a finishing run names it, never raises
 
 
 # ---- 3. another program's SQLite file where a run's results.db should be --------------------

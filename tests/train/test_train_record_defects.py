@@ -126,7 +126,7 @@ def test_a_busy_seed_folder_is_said_on_the_terminal_with_exit_2(tiny_features, t
 # ---- 7. a final evaluation stopped by a signal, then the same command --------------------------
 def test_a_final_evaluation_stopped_and_run_again_logs_each_split_once(tiny_features, tmp_path, monkeypatch):
     from speechperf.train import loop
-    from speechperf.train.events import read_events
+    from speechperf.results.events import read_events
     from speechperf.train.stop import Interrupted
 
     run, real, calls = tmp_path / "run", loop._evaluate, []
