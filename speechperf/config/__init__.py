@@ -199,6 +199,7 @@ def validate(cfg: RunConfig) -> None:
         (0 <= t.lr_min <= t.lr, f"train.lr_min={t.lr_min} must be in [0, train.lr={t.lr}]"),
         (t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 disables clipping)"),
         (t.time_cap_minutes >= 0, f"train.time_cap_minutes={t.time_cap_minutes} must be >= 0 (0 = no cap)"),
+        (t.stop_after_epochs >= 0, f"train.stop_after_epochs={t.stop_after_epochs} must be >= 0 (0 = off)"),
         (t.target >= 0, f"train.target={t.target} must be >= 0 (0 = never stop early)"),
         (t.eval_beam >= 1 and t.final_beam >= 1,
          f"train.eval_beam={t.eval_beam} and train.final_beam={t.final_beam} must be >= 1"),

@@ -31,7 +31,7 @@ FORMAT = 1  # reference file "format"
 # Fields that change how a run is executed or recorded, not what it trains: a run differing
 # from the reference only in these is still checked against it.
 NOT_RECIPE = frozenset({
-    "train.seed", "train.threads", "train.time_cap_minutes", "train.device", "train.dist_backend", "train.sync_every",
+    "train.seed", "train.threads", "train.time_cap_minutes", "train.stop_after_epochs", "train.device", "train.dist_backend", "train.sync_every",
     "train.checkpoint_every", "train.sentence_every", "train.compile", "train.optimizer_impl", "train.deterministic",
     "train.max_bad_losses", "train.max_skipped_fraction", "train.final_splits", "train.final_beam",
     "train.target", "loader.readers", "loader.prefetch_batches"})  # train.target: where it stops, not how it trains
@@ -230,5 +230,8 @@ def run_check(config: dict, env: dict, status: str, evals: list[dict], folder: P
         checks.append({"target": target, "metric": metric, "epochs to target": o.epochs,
                        **columns(check_outcomes([o], metric, window)["runs"][0])})
     path = reference_path(config.get("preset"))
+    from speechperf.metrics.curve import run_reproduction  # (curve reads references through this module)
+
     return {"reference": path.name if ref else None, "checks": checks,
-            "check": None if ref else f"no reference for preset {config.get('preset')!r}"}
+            "check": None if ref else f"no reference for preset {config.get('preset')!r}",
+            "reproduction": run_reproduction(config, env, evals)}  # its first epochs against the reference curve

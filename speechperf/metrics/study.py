@@ -12,13 +12,15 @@ def seed_run(label: str, config: dict, env: dict, status: str | None, evals: lis
              folder: Path | None = None) -> SeedRun:
     """A run as aggregation sees it, from what every reader already holds (its label, config,
     env, status and per-epoch evaluation rows); ``folder``: where its events.log names its corpus."""
+    from speechperf.metrics.curve import run_reproduction
     from speechperf.metrics.rcp import corpus_of
     from speechperf.results.workload import workload, workload_label
     from speechperf.telemetry.machine import machine_name
 
     return SeedRun(label=label, workload=workload_label(workload(config)), machine=machine_name(env), config=config,
                    status=status, evals=tuple((e["clock_s"], e[metric]) for e in evals),
-                   corpus=corpus_of(Path(folder) / "events.log") if folder else {})
+                   corpus=corpus_of(Path(folder) / "events.log") if folder else {},
+                   reproduction=run_reproduction(config, env, evals))
 
 
 def targets_for(spec, metric: str, required: bool = True):
@@ -78,6 +80,7 @@ def study_notes(study: dict) -> list[str]:
                  "95% bootstrap interval over the validation utterances (the split's resolution, not the seeds' spread; "
                  "none for rows recorded before it).")
     lines += speed_notes(study["groups"])
+    lines += sorted({f"{r['run']}: {r['reproduction']}" for r in study["runs"] if r.get("reproduction")})
     if study["comparisons"]:
         lines.append("Ratios: median of the seed-pair TTA ratios A/B with an exact 95% (Mann-Whitney) interval; an "
                      "interval holding 1 means these seeds cannot tell the two apart.")

@@ -256,7 +256,8 @@ def _epochs(cfg: RunConfig, group, data: Path, splits: dict, model, algo: Algori
     tc, device, prog, rank = cfg.train, group.device, rec.prog, group.env.rank
     model.train()
     # newbob's stopping rule ends training as the last epoch would (train/schedule.py)
-    while prog.status is None and prog.epoch <= tc.max_epochs and not schedule_ended(tc, prog.eval_losses):
+    last_epoch = min(tc.max_epochs, tc.stop_after_epochs or tc.max_epochs)  # stop_after_epochs: the schedule stays max_epochs
+    while prog.status is None and prog.epoch <= last_epoch and not schedule_ended(tc, prog.eval_losses):
         loader = make_loader(data, splits["train"], cfg.loader, epoch=prog.epoch, seed=tc.seed,
                              start_batch=prog.start_batch, rank=rank, world=group.world)
         rec.epoch_started()
@@ -315,10 +316,12 @@ def _recorder(rank: int, plan: str, out: Path, cfg: RunConfig, prog: Progress, d
     if rank != 0:
         return Recorder(prog, out)
     from speechperf.results.run import default_label
+    from speechperf.features.checksum import OVER, features_sha256
     from speechperf.telemetry.environment import capture_env
 
     env = {**capture_env(str(device)), "world_size": world, "platform": platform,
-           "precision_note": check_precision(cfg, device)}
+           "precision_note": check_precision(cfg, device),
+           "features": {"sha256": features_sha256(data), "over": OVER}}  # what a reproduction compares (issue 31)
     given, suffix = label
     label = f"{given or default_label(env, cfg.to_dict())}{suffix}" if suffix else given
     return RunRecorder.begin(plan, out, cfg, prog, data=data, env=env, splits=splits, init_ms=init_ms, label=label,
