@@ -151,6 +151,8 @@ def write(a, entries: list[dict], config: dict, corpus: dict) -> Path:
     if old["corpus"]["fingerprint"] != corpus:
         sys.exit(f"{path}: measured on another corpus ({old['corpus']['fingerprint']} vs {corpus})")
     mine = {e["seed"] for e in entries}
+    curves = {s["seed"]: s["curves"] for s in old["seeds"] if s.get("curves")}  # --curves' (a seed's first epochs) stay
+    entries = [{**e, "curves": curves[e["seed"]]} if e["seed"] in curves else e for e in entries]
     old["seeds"] = sorted([s for s in old["seeds"] if s["seed"] not in mine] + entries, key=lambda s: s["seed"])
     old["targets"] = sorted(set(old["targets"]) | {a.target}, reverse=True)
     path.parent.mkdir(parents=True, exist_ok=True)

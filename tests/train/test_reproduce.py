@@ -160,3 +160,21 @@ def test_features_of_another_corpus_cannot_be_compared(tmp_path, tiny_features, 
     (other / "stats.json").write_text(json.dumps(stats))
     assert main(["reproduce", "tiny", "--data", str(other)]) == 3
     assert "another corpus or preparation" in capsys.readouterr().out
+
+
+def test_tta_says_the_run_reproduces_the_reference_and_flags_one_that_differs(reproduced, tmp_path):
+    from speechperf.metrics.study import tta_study
+
+    _, out = reproduced
+    rows = tta_study([out], metric="cer", targets="38")["runs"]
+    assert rows[0]["reproduction"] == "reproduces the reference bit for bit through epoch 2"
+    assert not rows[0]["RCP check"].startswith("FAILED")
+    other = tmp_path / "differs"  # the same run, its second evaluation one bit off: could have matched, did not
+    shutil.copytree(out, other)
+    import sqlite3
+
+    with sqlite3.connect(other / "results.db") as db:
+        db.execute("UPDATE evals SET cer = cer + 1e-9 WHERE epoch = 2")
+    rows = tta_study([other], metric="cer", targets="38")["runs"]
+    assert rows[0]["reproduction"].startswith("FAILED: could have reproduced the reference curve and differs from epoch 2")
+    assert rows[0]["RCP check"].startswith("FAILED")
