@@ -46,7 +46,7 @@ from speechperf.results.run import Run, read_json  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.train.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
 from speechperf.telemetry.machine import hardware  # noqa: E402
-from speechperf.telemetry.isa_cap import CAPS, ONEDNN_VAR, cap_env  # noqa: E402
+from speechperf.telemetry.isa_cap import ATEN_VAR, CAPS, ONEDNN_VAR, cap_env  # noqa: E402
 
 
 def child_env(isa: str | None) -> dict:
@@ -110,6 +110,7 @@ def measured(a, seed: int, out: Path, isa: str) -> tuple[dict, dict, dict]:
              f"final_{a.metric}": evals[-1][1] if evals else None, "epochs_trained": len(evals),
              "measured": {**when, "host": platform.node(),
                           "machine": hardware(env), "isa": isa, "onednn_max_cpu_isa": CAPS.get(a.isa, {}).get(ONEDNN_VAR),
+                          "aten_cpu_capability": CAPS.get(a.isa, {}).get(ATEN_VAR),
                           "threads": config["train"].get("threads"), "torch": env.get("libraries", {}).get("torch")}}
     return entry, config, rcp.corpus_of(out / "events.log")
 

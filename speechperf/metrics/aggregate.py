@@ -68,6 +68,9 @@ class SeedRun:
 
     @property
     def finished(self) -> bool:
+        train = self.config.get("train", {})
+        if 0 < (train.get("stop_after_epochs") or 0) < train.get("max_epochs", 0) and self.status in FINISHED:
+            return False  # cut after its first epochs (a reproduction, train/reproduce.py): not a failed run
         return self.status in FINISHED or str(self.status or "").startswith("diverged")
 
 

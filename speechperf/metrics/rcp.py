@@ -7,6 +7,8 @@ configuration apart from the fields in :data:`NOT_RECIPE`), the corpus (train an
 validation utterances), the metric and TTA window, and per reference seed its epochs and
 minutes to each target, its final error and where, when and how it was measured (commit,
 machine, ISA, threads, torch).
+A seed may also keep its first epochs' validation curve, bit for bit, with the settings
+that reproduce it (``curves``: metrics/curve.py, ``speechperf reproduce``).
 
 The statistics are mlperf-logging's RCP checker's (``mlperf_logging.rcp_checker``): the
 reference's olympic mean and standard deviation of epochs, and the fewest mean epochs a

@@ -178,3 +178,14 @@ def test_tta_says_the_run_reproduces_the_reference_and_flags_one_that_differs(re
     rows = tta_study([other], metric="cer", targets="38")["runs"]
     assert rows[0]["reproduction"].startswith("FAILED: could have reproduced the reference curve and differs from epoch 2")
     assert rows[0]["RCP check"].startswith("FAILED")
+
+
+def test_a_run_cut_after_its_first_epochs_is_unfinished_not_failed():
+    from speechperf.metrics.aggregate import SeedRun, outcome
+
+    def run(cut):
+        config = {"preset": "cpu", "train": {"seed": 1, "max_epochs": 12, "stop_after_epochs": cut}}
+        return SeedRun("r", "w", "m", config, "success", ((60.0, 50.0), (120.0, 30.0)))
+
+    assert outcome(run(2), 10.0, 3).state == "unfinished"
+    assert outcome(run(0), 10.0, 3).state == "never reached"
