@@ -168,6 +168,11 @@ def test_tta_says_the_run_reproduces_the_reference_and_flags_one_that_differs(re
     _, out = reproduced
     rows = tta_study([out], metric="cer", targets="38")["runs"]
     assert rows[0]["reproduction"] == "reproduces the reference bit for bit through epoch 2"
+    from speechperf import demo
+
+    said = []
+    demo._say_reproduction([out], said.append)  # the demo's closing lines
+    assert said == ["run: reproduces the reference bit for bit through epoch 2"]
     assert not rows[0]["RCP check"].startswith("FAILED")
     other = tmp_path / "differs"  # the same run, its second evaluation one bit off: could have matched, did not
     shutil.copytree(out, other)
