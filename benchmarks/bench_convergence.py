@@ -6,6 +6,14 @@ preset's reference in ``speechperf/config/rcp/PRESET.json`` (speechperf/metrics/
         --threads 1 --data FEATS --write
     python benchmarks/bench_convergence.py cpu --seeds 6-10 --isa avx2 --data FEATS --write   # a later batch
     python benchmarks/bench_convergence.py cpu --seeds 3 --threads 1 --past-target --data FEATS  # and the floor
+    python benchmarks/bench_convergence.py cpu --seeds 5 --curves 2 --data FEATS --write  # the reference curves
+
+``--curves N`` trains each seed's first N epochs under the whole AVX2 cap (ONEDNN_MAX_CPU_ISA
+and ATEN_CPU_CAPABILITY, telemetry/isa_cap.py) at 1 thread, as ``speechperf reproduce`` does
+(train.stop_after_epochs: the schedule is the reference's), and ``--write`` stores each
+seed's per-epoch validation loss, CER and WER (full precision, from the run's results.db)
+with its settings as a curve of that seed (one per features folder: its checksum,
+features/checksum.py); the seeds' epochs to target stay as they are.
 
 Resumable: each seed trains into OUT/seed-S (``train --resume auto``: a finished seed is
 only read again, an interrupted one continues), and ``--write`` merges the seeds measured
@@ -38,19 +46,17 @@ from speechperf.results.run import Run, read_json  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.train.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
 from speechperf.telemetry.machine import hardware  # noqa: E402
-
-ISA = {"avx2": "AVX2", "avx512": "AVX512_CORE"}  # --isa -> ONEDNN_MAX_CPU_ISA
+from speechperf.telemetry.isa_cap import ATEN_VAR, CAPS, ONEDNN_VAR, cap_env  # noqa: E402
 
 
 def child_env(isa: str | None) -> dict:
+    """The training's environment: this tree on the path, capped to ``isa`` (both variables)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    if isa:
-        env["ONEDNN_MAX_CPU_ISA"] = ISA[isa]
-    return env
+    return cap_env(isa, env)
 
 
 def cpu_capability(env: dict) -> str:
-    """The ISA torch's CPU kernels use under ``env`` (ONEDNN_MAX_CPU_ISA applied)."""
+    """The ISA torch's CPU kernels use under ``env`` (the cap applied)."""
     code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
 
@@ -103,7 +109,8 @@ def measured(a, seed: int, out: Path, isa: str) -> tuple[dict, dict, dict]:
              "minutes": {rcp._key(a.target): evals[epochs - 1][0] / 60 if epochs else None},
              f"final_{a.metric}": evals[-1][1] if evals else None, "epochs_trained": len(evals),
              "measured": {**when, "host": platform.node(),
-                          "machine": hardware(env), "isa": isa, "onednn_max_cpu_isa": ISA.get(a.isa),
+                          "machine": hardware(env), "isa": isa, "onednn_max_cpu_isa": CAPS.get(a.isa, {}).get(ONEDNN_VAR),
+                          "aten_cpu_capability": CAPS.get(a.isa, {}).get(ATEN_VAR),
                           "threads": config["train"].get("threads"), "torch": env.get("libraries", {}).get("torch")}}
     return entry, config, rcp.corpus_of(out / "events.log")
 
@@ -145,6 +152,8 @@ def write(a, entries: list[dict], config: dict, corpus: dict) -> Path:
     if old["corpus"]["fingerprint"] != corpus:
         sys.exit(f"{path}: measured on another corpus ({old['corpus']['fingerprint']} vs {corpus})")
     mine = {e["seed"] for e in entries}
+    curves = {s["seed"]: s["curves"] for s in old["seeds"] if s.get("curves")}  # --curves' (a seed's first epochs) stay
+    entries = [{**e, "curves": curves[e["seed"]]} if e["seed"] in curves else e for e in entries]
     old["seeds"] = sorted([s for s in old["seeds"] if s["seed"] not in mine] + entries, key=lambda s: s["seed"])
     old["targets"] = sorted(set(old["targets"]) | {a.target}, reverse=True)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +169,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="run folders (default bench-convergence/PRESET)")
     p.add_argument("--target", type=float, default=None, help="error %% to reach (default: the preset's train.target)")
     p.add_argument("--metric", default="cer", choices=["cer", "wer"])
-    p.add_argument("--isa", choices=sorted(ISA), default=None, help="cap oneDNN's ISA (ONEDNN_MAX_CPU_ISA)")
+    p.add_argument("--isa", choices=sorted(CAPS), default=None,
+                   help="cap the ISA of oneDNN and of torch's own kernels (ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY)")
+    p.add_argument("--curves", type=int, default=0, metavar="N",
+                   help="train each seed's first N epochs under the avx2 cap at 1 thread and (--write) store its curve")
     p.add_argument("--threads", type=int, default=0, help="train.threads (0: the preset's)")
     p.add_argument("--set", nargs="*", default=[], help="config overrides k=v, recorded in the reference")
     p.add_argument("--past-target", action="store_true",
@@ -168,6 +180,10 @@ def main() -> None:
                         "the evaluations: the margin at the end is the recipe's floor under the target")
     p.add_argument("--write", action="store_true", help="merge the seeds into speechperf/config/rcp/PRESET.json")
     a = p.parse_args()
+    if a.curves:  # the first epochs of reference seeds: no target
+        from _curves import measure_curves
+
+        return measure_curves(a, a.out or Path("bench-convergence") / a.preset, child_env("avx2"))
     cfg = load_preset(a.preset, a.set)
     a.target = a.target or cfg.train.target
     if not a.target:

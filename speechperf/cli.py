@@ -163,8 +163,17 @@ def _seeds(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _isa_cap(a) -> None:
+    """--isa: this command again, the process replaced by one under the whole cap (telemetry/isa_cap.py)."""
+    from speechperf.telemetry.isa_cap import exec_capped
+
+    exec_capped(a.isa, sys.argv[1:])
+
+
 def cmd_train(a) -> int:
     from speechperf.train.loop import RESUME_MODES, train
+
+    _isa_cap(a)
 
     if a.seeds is not None:
         return _train_seeds(a, RESUME_MODES)
@@ -360,6 +369,8 @@ def cmd_parallel_sweep(a) -> int:
 def cmd_demo(a) -> int:
     from speechperf.demo import run_demo
 
+    _isa_cap(a)
+
     rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json,
                     seeds=a.seeds, parallel=a.parallel)
     if not a.json:
@@ -368,6 +379,29 @@ def cmd_demo(a) -> int:
                                 *([] if a.json else ["error at TTA [95%]"]), "init s",
                                 "TFLOPS", "MFU %", "cost to accuracy $", "price note"])
     return 0
+
+
+def cmd_reproduce(a) -> int:
+    from speechperf.train.reproduce import EXIT, reproduce
+
+    result = reproduce(a.preset, Path(a.data), seed=a.seed, epochs=a.epochs, out=Path(a.out) if a.out else None,
+                       quiet=a.json)
+    if a.json:
+        emit_json(result)
+    else:
+        if result["epochs"]:
+            emit(result["epochs"], False)
+        print(f"{a.preset} seed {result['seed']}: {result['text']}")
+    return EXIT[result["verdict"]]
+
+
+def _isa_arg(sp) -> None:
+    from speechperf.telemetry.isa_cap import CAPS
+
+    sp.add_argument("--isa", choices=sorted(CAPS), default=None,
+                    help="cap the instruction set of oneDNN and of torch's own kernels (ONEDNN_MAX_CPU_ISA and "
+                         "ATEN_CPU_CAPABILITY; the command restarts itself under them): with train.threads=1, a "
+                         "reference seed's curve is reproducible bit for bit (docs/reproduce.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -412,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "stats.json is never changed")
 
     sp = add("train", cmd_train, "train an acoustic model and log time-to-accuracy")
+    _isa_arg(sp)
     sp.add_argument("--preset", default="cpu", type=_preset, metavar="PRESET",
                     help=f"named preset ({', '.join(PRESETS)}) or a TOML file")
     sp.add_argument("--data", help="prepared features folder")
@@ -525,7 +560,16 @@ def build_parser() -> argparse.ArgumentParser:
         "communication, MFU", par,
         parents=[sweep.parser(add_help=False)])
 
+    sp = add("reproduce", cmd_reproduce, "train a reference seed's first epochs under the ISA cap at 1 thread and "
+             "compare them with the reference curve bit for bit (exit 0 identical, 1 differs, 3 cannot be compared)")
+    sp.add_argument("preset", help="a preset with reference curves (speechperf/config/rcp/PRESET.json)")
+    sp.add_argument("--data", required=True, help="prepared features (the reference's corpus: see docs/reproduce.md)")
+    sp.add_argument("--seed", type=int, default=None, help="reference seed (default: the first with a curve)")
+    sp.add_argument("--epochs", type=int, default=2, help="epochs to train and compare")
+    sp.add_argument("--out", default=None, help="keep the run in this new folder (default: a temporary one)")
+
     sp = add("demo", cmd_demo, "synth -> prepare -> train (gpu preset with CUDA, else cpu) -> TTA table")
+    _isa_arg(sp)
     sp.add_argument("--out", default="demo")
     sp.add_argument("--hours", type=float, default=None, help="hours of training audio (default: the preset's)")
     sp.add_argument("--minutes", type=float, default=None, help="training time cap (default: the preset's)")

@@ -105,6 +105,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
         train_seeds(seeds, preset, out / "features", out, overrides, folder=demo_folder, quiet=quiet, resume="auto")
     _beam_sweep(runs[0], say)  # Table 3 is the decoder's trade-off of one model: the first seed's
     _report(runs, out / "report", say)
+    _say_reproduction(runs, say)
     if len(runs) == 1:
         say(ONE_SEED)
     else:
@@ -125,6 +126,17 @@ def _say_groups(runs: list[Path], say) -> None:
                 say(f"{len(runs)} seeds, {metric.upper()} {g['target']:g}: {g['reached']} of {g['runs']} reached it, "
                     f"median TTA {'-' if median is None else f'{median:.2f}'} min, epochs to target per seed "
                     f"{g['epochs to target per seed']}")
+
+
+def _say_reproduction(runs: list[Path], say) -> None:
+    """Each run's first epochs against its reference seed's curve (metrics/curve.py), where it has one."""
+    from speechperf.results.run import Run
+
+    for run in runs:
+        with Run.open(run) as r:
+            found = ((r.summary() or {}).get("convergence") or {}).get("reproduction")
+        if found:
+            say(f"{run.name}: {found['text']}")
 
 
 def _finished_status(run: Path) -> str | None:

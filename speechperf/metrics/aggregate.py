@@ -48,6 +48,7 @@ class SeedRun:
     status: str | None  # runs.status: success, time_cap, max_epochs, diverged: ..., failed: ..., running
     evals: tuple  # (TTA clock seconds, error %) per epoch, in epoch order
     corpus: dict = field(default_factory=dict)  # what it trained and validated on (rcp.corpus_of), {} unknown
+    reproduction: dict | None = None  # its curve against the reference seed's (metrics/curve.py), None: no curve
 
     @property
     def seed(self):
@@ -67,6 +68,9 @@ class SeedRun:
 
     @property
     def finished(self) -> bool:
+        train = self.config.get("train", {})
+        if 0 < (train.get("stop_after_epochs") or 0) < train.get("max_epochs", 0) and self.status in FINISHED:
+            return False  # cut after its first epochs (a reproduction, train/reproduce.py): not a failed run
         return self.status in FINISHED or str(self.status or "").startswith("diverged")
 
 
@@ -209,6 +213,15 @@ def verdict(name_a: str, name_b: str, iv, na: int, nb: int, epochs: float | None
     return f"{fast} {r:.3g}x faster than {slow}{factor}"
 
 
+def _reproduction(run: SeedRun, check: dict) -> dict:
+    """The run's curve against its reference's, as a column; a run that could have reproduced
+    it and did not fails the RCP check as well (issue 31)."""
+    r = run.reproduction
+    if r is None:
+        return {}
+    return {"reproduction": r["text"], **({"RCP check": f"{r['text']}; {check['check']}"} if r.get("flagged") else {})}
+
+
 def aggregate(runs: list[SeedRun], targets_of, metric: str, window: int) -> tuple[list[dict], list[dict], list[dict]]:
     """(per-run factor rows, group rows, comparison rows) of ``runs`` for the targets
     ``targets_of(run)`` gives (of ``metric``, TTA window ``window``)."""
@@ -221,7 +234,7 @@ def aggregate(runs: list[SeedRun], targets_of, metric: str, window: int) -> tupl
             checks = rcp.check_outcomes(outs, metric, window)
             run_rows += [{"run": o.run.label, "group": name, "target": target, "state": o.state, "seed": o.run.seed,
                           "epochs to target": o.epochs, "min/epoch": o.min_per_epoch, "minutes": o.minutes,
-                          **rcp.columns(c)} for o, c in zip(outs, checks["runs"])]
+                          **rcp.columns(c), **_reproduction(o.run, c)} for o, c in zip(outs, checks["runs"])]
             group_rows.append({**group_row(name, outs, metric, window), **rcp.columns(checks["group"])})
     for groups in by_workload.values():
         for (na, ta), (nb, tb) in combinations(groups, 2):

@@ -7,6 +7,8 @@ configuration apart from the fields in :data:`NOT_RECIPE`), the corpus (train an
 validation utterances), the metric and TTA window, and per reference seed its epochs and
 minutes to each target, its final error and where, when and how it was measured (commit,
 machine, ISA, threads, torch).
+A seed may also keep its first epochs' validation curve, bit for bit, with the settings
+that reproduce it (``curves``: metrics/curve.py, ``speechperf reproduce``).
 
 The statistics are mlperf-logging's RCP checker's (``mlperf_logging.rcp_checker``): the
 reference's olympic mean and standard deviation of epochs, and the fewest mean epochs a
@@ -33,7 +35,7 @@ FORMAT = 1  # reference file "format"
 # Fields that change how a run is executed or recorded, not what it trains: a run differing
 # from the reference only in these is still checked against it.
 NOT_RECIPE = frozenset({
-    "train.seed", "train.threads", "train.time_cap_minutes", "train.device", "train.dist_backend", "train.sync_every",
+    "train.seed", "train.threads", "train.time_cap_minutes", "train.stop_after_epochs", "train.device", "train.dist_backend", "train.sync_every",
     "train.checkpoint_every", "train.sentence_every", "train.compile", "train.optimizer_impl", "train.deterministic",
     "train.max_bad_losses", "train.max_skipped_fraction", "train.final_splits", "train.final_beam",
     "train.target", "loader.readers", "loader.prefetch_batches"})  # train.target: where it stops, not how it trains

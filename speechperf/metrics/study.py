@@ -7,6 +7,7 @@ from typing import Sequence
 
 from speechperf.metric import measured
 from speechperf.metrics import rcp
+from speechperf.metrics.curve import run_reproduction
 from speechperf.metrics.aggregate import SeedRun, aggregate, outcome, speed_notes
 from speechperf.metrics.targets import METRICS, parse_targets
 from speechperf.metrics.tta import evaluations, notes, tta_table
@@ -21,7 +22,8 @@ def seed_run(label: str, config: dict, env: dict, status: str | None, evals: lis
     env, status and per-epoch evaluation rows); ``folder``: where its events.log names its corpus."""
     return SeedRun(label=label, workload=workload_label(workload(config)), machine=machine_name(env), config=config,
                    status=status, evals=tuple((e["clock_s"], e[metric]) for e in evals),
-                   corpus=rcp.corpus_of(Path(folder) / "events.log") if folder else {})
+                   corpus=rcp.corpus_of(Path(folder) / "events.log") if folder else {},
+                   reproduction=run_reproduction(config, env, evals))
 
 
 def targets_for(spec, metric: str, required: bool = True):
@@ -73,6 +75,7 @@ def study_notes(study: dict) -> list[str]:
                  "95% bootstrap interval over the validation utterances (the split's resolution, not the seeds' spread; "
                  "none for rows recorded before it).")
     lines += speed_notes(study["groups"])
+    lines += sorted({f"{r['run']}: {r['reproduction']}" for r in study["runs"] if r.get("reproduction")})
     if study["comparisons"]:
         lines.append("Ratios: median of the seed-pair TTA ratios A/B with an exact 95% (Mann-Whitney) interval; an "
                      "interval holding 1 means these seeds cannot tell the two apart.")
@@ -112,4 +115,5 @@ def run_check(config: dict, env: dict, status: str, evals: list[dict], folder: P
                        **rcp.columns(rcp.check_outcomes([o], metric, window)["runs"][0])})
     path = rcp.reference_path(config.get("preset"))
     return {"reference": path.name if ref else None, "checks": checks,
-            "check": None if ref else f"no reference for preset {config.get('preset')!r}"}
+            "check": None if ref else f"no reference for preset {config.get('preset')!r}",
+            "reproduction": run_reproduction(config, env, evals)}  # its first epochs against the reference curve

@@ -86,10 +86,21 @@ def capture_env(device: str = "cpu") -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
         "mkldnn": torch.backends.mkldnn.is_available(),
+        "isa": _isa(),  # the kernels it ran: torch's capability, oneDNN's ISA, the cap variables
         "libraries": versions,
         "telemetry": _telemetry(),
         "cloud_instance": cloud_instance(),
     }
+
+
+def _isa() -> dict:
+    """telemetry/isa_cap.py's effective values; a failure is recorded, never fatal."""
+    from speechperf.telemetry.isa_cap import effective
+
+    try:
+        return effective()
+    except Exception as e:  # capture_env must never fail a run
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _telemetry() -> dict:

@@ -42,6 +42,7 @@ from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.data.check import parse_splits, verify_splits
 from speechperf.data.loader import make_loader, planned_steps
 from speechperf.errors import SpeechperfError
+from speechperf.features.checksum import OVER, features_sha256
 from speechperf.features.stats import check_trained_on, read_stats
 from speechperf.models import build_model
 from speechperf.results.db import ResultsDB
@@ -336,7 +337,8 @@ def _epochs(t: Trainer) -> str:
     tc, prog = t.cfg.train, t.prog
     t.model.train()
     # newbob's stopping rule ends training as the last epoch would (train/schedule.py)
-    while prog.status is None and prog.epoch <= tc.max_epochs and not schedule_ended(tc, prog.eval_losses):
+    last_epoch = min(tc.max_epochs, tc.stop_after_epochs or tc.max_epochs)  # stop_after_epochs: the schedule stays max_epochs
+    while prog.status is None and prog.epoch <= last_epoch and not schedule_ended(tc, prog.eval_losses):
         if _train_epoch(t):
             _end_epoch(t)
     prog.status = prog.status or ("max_epochs" if tc.target > 0 else "success")
@@ -403,7 +405,8 @@ def _recorder(launch: Launch, cfg: RunConfig, group: distributed.Group, prog: Pr
         return Recorder(prog, launch.out)
     device = group.device
     env = {**capture_env(str(device)), "world_size": group.world, "platform": launch.platform,
-           "precision_note": check_precision(cfg, device)}
+           "precision_note": check_precision(cfg, device),
+           "features": {"sha256": features_sha256(launch.data), "over": OVER}}  # what a reproduction compares (issue 31)
     given, suffix = launch.label, launch.label_suffix
     label = f"{given or default_label(env, cfg.to_dict())}{suffix}" if suffix else given
     return RunRecorder.begin(launch.plan, launch.out, cfg, prog, data=launch.data, env=env, splits=splits,

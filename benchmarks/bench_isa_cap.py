@@ -1,0 +1,72 @@
+"""The effect of the ISA cap on the machine at hand: the same seed trained for N epochs at 1
+thread without the cap (the machine's own kernels) and under the whole AVX2 cap
+(ONEDNN_MAX_CPU_ISA=AVX2 and ATEN_CPU_CAPABILITY=avx2, telemetry/isa_cap.py), each in its own
+child process; prints both curves (validation loss, CER, WER per epoch, full precision), the
+kernels each ran (env.json's "isa"), whether the curves are identical, and the cap's cost in
+training seconds per epoch (capped / uncapped, the uncapped run the named reference).
+
+On an AVX2 machine the two runs use the same kernels (torch's capability is AVX2 either way)
+and the curves are identical; on an AVX-512 machine they differ from the first epoch, and the
+capped one is the curve an AVX2 machine trains (issue 31).
+
+    python benchmarks/bench_isa_cap.py tiny --data FEATS --epochs 2 --seed 1
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from speechperf.metrics import curve, rcp  # noqa: E402
+from speechperf.results.run import Run  # noqa: E402
+from speechperf.tables import emit  # noqa: E402
+from speechperf.telemetry.isa_cap import ATEN_VAR, ONEDNN_VAR, cap_env  # noqa: E402
+from speechperf.train.reproduce import child_command  # noqa: E402
+
+
+def train(a, isa: str | None, folder: Path) -> dict:
+    """One run of ``a.preset`` seed ``a.seed`` under ``isa`` (None: neither variable set)."""
+    base = {k: v for k, v in os.environ.items() if k not in (ONEDNN_VAR, ATEN_VAR)}
+    base["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    ref = rcp.load_reference(a.preset) or {}
+    cmd = child_command(a.preset, a.data, a.seed, a.epochs, folder, ref.get("overrides", []))
+    done = subprocess.run(cmd, env=cap_env(isa, base), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{isa or 'no cap'}: train exited {done.returncode}: {done.stderr[-1500:]}")
+    with Run.open(folder) as run:
+        evals, env, iters = run.evals(), run.env, run.iterations()
+    return {"curve": curve.curve_of(evals), "isa": env.get("isa", {}),
+            "train s/epoch": sum(r.get("step_s") or 0.0 for r in iters) / max(len(evals), 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset", nargs="?", default="tiny")
+    p.add_argument("--data", type=Path, required=True, help="prepared features")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=2)
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-isa-cap-") as tmp:
+        runs = {"no cap": train(a, None, Path(tmp) / "plain"), "avx2 cap": train(a, "avx2", Path(tmp) / "capped")}
+    emit([{"run": name, "cpu capability": r["isa"].get("cpu_capability"), "oneDNN ISA": r["isa"].get("onednn_isa"),
+           ONEDNN_VAR: r["isa"].get(ONEDNN_VAR), ATEN_VAR: r["isa"].get(ATEN_VAR),
+           "train s/epoch": r["train s/epoch"]} for name, r in runs.items()], False)
+    print()
+    emit([{"run": name, **{k: repr(v) for k, v in point.items()}} for name, r in runs.items() for point in r["curve"]],
+         False)  # repr: every digit, so that equal rows are equal floats
+    same = curve.compare(runs["avx2 cap"]["curve"], runs["no cap"]["curve"])
+    kernels = runs["no cap"]["isa"].get("cpu_capability") == runs["avx2 cap"]["isa"].get("cpu_capability")
+    print(f"\ncapped vs uncapped: {same['text']}" + (" (the same kernels: this machine's own ISA is the cap's)"
+                                                  if kernels else ""))
+    ratio = runs["avx2 cap"]["train s/epoch"] / runs["no cap"]["train s/epoch"]
+    print(f"train seconds per epoch, capped / uncapped (reference): {ratio:.3f} (a shared machine: noisy)")
+
+
+if __name__ == "__main__":
+    main()
