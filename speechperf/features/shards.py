@@ -76,9 +76,9 @@ def repair_command(split_dir: Path) -> str:
     return f"speechperf prepare {corpus} {split_dir.parent} --splits {split_dir.name}"
 
 
-def read_shard(path: Path, sha256: str | None = None) -> dict[str, tuple[np.ndarray, str, float]]:
-    """id -> (frames (T, 93) float32, transcript, duration); verifies the checksum if given."""
-    path = Path(path)
+def _shard_bytes(path: Path, sha256: str | None) -> bytes:
+    """The shard file's bytes, checked against ``sha256`` when given; a missing or altered
+    shard is a ShardError naming it and the repair command."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -86,6 +86,13 @@ def read_shard(path: Path, sha256: str | None = None) -> dict[str, tuple[np.ndar
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise ShardError(f"shard {path} does not match its checksum (truncated or modified); rebuild it with: "
                          f"{repair_command(path.parent)}")
+    return data
+
+
+def read_shard(path: Path, sha256: str | None = None) -> dict[str, tuple[np.ndarray, str, float]]:
+    """id -> (frames (T, 93) float32, transcript, duration); verifies the checksum if given."""
+    path = Path(path)
+    data = _shard_bytes(path, sha256)
     try:
         z = np.load(io.BytesIO(data))
         feats, offsets = z["feats"], z["offsets"]
@@ -122,13 +129,7 @@ def read_rows(path: Path, sha256: str | None = None) -> tuple[np.ndarray, np.nda
     """A shard as stored: (frames (sum T, 93) float16, row offsets (n + 1,), ids (n,), bytes
     decompressed); the training loader's reader (it converts only the rows it batches)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ShardError(f"shard {path} is missing; rebuild it with: {repair_command(path.parent)}") from None
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise ShardError(f"shard {path} does not match its checksum (truncated or modified); rebuild it with: "
-                         f"{repair_command(path.parent)}")
+    data = _shard_bytes(path, sha256)
     try:
         z = np.load(io.BytesIO(data))
         feats, offsets, ids = z["feats"], z["offsets"], z["ids"]
