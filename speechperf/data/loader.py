@@ -198,13 +198,13 @@ def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: 
     return Loader(plan, _Reader(index, feats, cfg, stats), cfg, _readers_generator(seed, epoch, rank))
 
 
-def planned_steps(feats: Path, splits: list[str], cfg: LoaderConfig, seed: int, world: int = 1) -> int | None:
+def planned_steps(index: Index, cfg: LoaderConfig, seed: int, world: int = 1) -> int | None:
     """Steps per epoch for the learning-rate schedule's length: a shuffled epoch's planned
-    batches (data/plan.py, ``steps_per_epoch``); None for today's fixed-count cut, whose
-    schedules (and reference convergence points) count ceil(utterances / batch_size)."""
+    batches of ``index`` (data/plan.py, ``steps_per_epoch``); None for today's fixed-count cut,
+    whose schedules (and reference convergence points) count ceil(utterances / batch_size)."""
     if method(cfg) == "legacy":
         return None
-    return steps_per_epoch(load_index(Path(feats), list(splits)), cfg, seed, world)
+    return steps_per_epoch(index, cfg, seed, world)
 
 
 def _reader_ignores_stop_signals(_worker_id: int) -> None:

@@ -190,3 +190,15 @@ def batch_cost(index: Index, batch: np.ndarray, cfg: LoaderConfig) -> float:
 def steps_per_epoch(index: Index, cfg: LoaderConfig, seed: int, world: int = 1) -> int:
     """Steps of a shuffled epoch (epoch 2's plan; duration plans vary a little from epoch to epoch)."""
     return len(plan_epoch(index, cfg, 2, seed, 0, world))
+
+
+def global_batch(index: Index, cfg: LoaderConfig, seed: int, world: int = 1) -> float:
+    """Utterances one step of all ``world`` ranks takes: ``batch_size`` for fixed counts (the
+    configured batch, as MLPerf logs it), and for ``max_duration`` the mean over a shuffled
+    epoch's plan (epoch 2's, as ``steps_per_epoch``): the utterances of every rank's batches
+    / the steps. Duration batches have no configured count; this is what a step averaged."""
+    if method(cfg) != "duration":
+        return float(cfg.batch_size)
+    steps = steps_per_epoch(index, cfg, seed, world)
+    taken = sum(len(b) for r in range(world) for b in plan_epoch(index, cfg, 2, seed, r, world).batches)
+    return taken / max(steps, 1)

@@ -40,7 +40,9 @@ import torch
 
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.data.check import parse_splits, verify_splits
-from speechperf.data.loader import make_loader, planned_steps
+from speechperf.data.index import Index
+from speechperf.data.loader import load_index, make_loader, planned_steps
+from speechperf.data.plan import global_batch
 from speechperf.errors import SpeechperfError
 from speechperf.features.checksum import OVER, features_sha256
 from speechperf.features.stats import check_trained_on, read_stats
@@ -248,6 +250,7 @@ class Trainer:
     group: distributed.Group
     data: Path  # the features folder
     splits: dict  # every split the run reads, verified (data/check.py)
+    index: Index  # the training splits' compact index, loaded once (every epoch plans from it)
     model: torch.nn.Module  # what the step trains: the algorithm's wrap of the (compiled) model
     algo: Algorithm
     state: TrainState  # model, optimizer, scheduler, scaler
@@ -266,13 +269,14 @@ class Trainer:
 
 def _train(cfg: RunConfig, group: distributed.Group, launch: Launch) -> dict:
     splits = _verify(launch.data, cfg, group.world)  # every split this run reads, before the model and the clock exist
+    index = load_index(launch.data, splits["train"])  # once, before the clock (at 960 h ~1.5 CPU s an epoch, was)
     algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device)  # a launch it cannot train (single x 2) stops here
     ckpt = read_checkpoint(launch.out) if launch.plan == "resume" else None
     prog = Progress.from_dict(ckpt["progress"]) if ckpt is not None else Progress()
-    state, local, model = _model(cfg, group.device, algo, ckpt, prog, splits, launch.data, group.world)
+    state, local, model = _model(cfg, group.device, algo, ckpt, prog, splits, index, group.world)
     with StopSignals() as stop:
-        rec = _recorder(launch, cfg, group, prog, splits)
-        t = Trainer(cfg, group, launch.data, splits, model, algo, state, rec, StepMeter(), stop)
+        rec = _recorder(launch, cfg, group, prog, splits, global_batch(index, cfg.loader, cfg.train.seed, group.world))
+        t = Trainer(cfg, group, launch.data, splits, index, model, algo, state, rec, StepMeter(), stop)
         _initialize(t, local, launch)
         try:
             status = _epochs(t)
@@ -294,7 +298,7 @@ def _train(cfg: RunConfig, group: distributed.Group, launch: Launch) -> dict:
         return group.broadcast(rec.finish(status))  # rank 0's summary on every rank (one exit status)
 
 
-def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Progress, splits: dict, data: Path,
+def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Progress, splits: dict, index: Index,
            world: int):
     """(state, the model without DDP's hooks: what the warm-up runs, the module the step trains),
     restored from ``ckpt`` when resuming."""
@@ -302,7 +306,7 @@ def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Pro
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
     optimizer = make_optimizer(core, tc, device)
-    planned = planned_steps(data, splits["train"], cfg.loader, tc.seed, world)  # None: fixed counts, as before
+    planned = planned_steps(index, cfg.loader, tc.seed, world)  # None: fixed counts, as before
     total_steps = tc.max_epochs * (planned or steps_per_epoch(train_utterances(splits), cfg.loader.batch_size))
     state = TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
                        torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
@@ -349,7 +353,7 @@ def _train_epoch(t: Trainer) -> bool:
     """The epoch's batches from ``prog.start_batch`` on; False when the time cap stopped it."""
     tc, prog, state = t.cfg.train, t.prog, t.state
     loader = make_loader(t.data, t.splits["train"], t.cfg.loader, epoch=prog.epoch, seed=tc.seed,
-                         start_batch=prog.start_batch, rank=t.group.env.rank, world=t.group.world)
+                         start_batch=prog.start_batch, rank=t.group.env.rank, world=t.group.world, index=t.index)
     t.rec.epoch_started()
     last = time.perf_counter()
     for batch in loader:
@@ -399,8 +403,10 @@ def _end_epoch(t: Trainer) -> None:
         raise interrupted(asked, f"in {t.rec.out} after epoch {prog.epoch - 1}")
 
 
-def _recorder(launch: Launch, cfg: RunConfig, group: distributed.Group, prog: Progress, splits: dict) -> Recorder:
-    """Rank 0's recorder of the run folder (created or opened); a no-op one on other ranks."""
+def _recorder(launch: Launch, cfg: RunConfig, group: distributed.Group, prog: Progress, splits: dict,
+              batch: float) -> Recorder:
+    """Rank 0's recorder of the run folder (created or opened); a no-op one on other ranks.
+    ``batch``: utterances a step takes over all ranks (data/plan.py ``global_batch``)."""
     if group.env.rank != 0:
         return Recorder(prog, launch.out)
     device = group.device
@@ -410,7 +416,8 @@ def _recorder(launch: Launch, cfg: RunConfig, group: distributed.Group, prog: Pr
     given, suffix = launch.label, launch.label_suffix
     label = f"{given or default_label(env, cfg.to_dict())}{suffix}" if suffix else given
     return RunRecorder.begin(launch.plan, launch.out, cfg, prog, data=launch.data, env=env, splits=splits,
-                             init_ms=launch.init_ms, label=label, db_path=launch.db_path, quiet=launch.quiet)
+                             init_ms=launch.init_ms, label=label, db_path=launch.db_path, quiet=launch.quiet,
+                             global_batch=batch)
 
 
 def _settle(t: Trainer) -> None:

@@ -9,8 +9,10 @@ import pytest
 
 from speechperf.config import load_preset
 from speechperf.data.loader import load_index
-from speechperf.data.plan import plan_epoch
+from speechperf.data.plan import global_batch, plan_epoch
 from speechperf.parallel.sweep import free_port
+from speechperf.results.events import read_events
+from speechperf.train.mlperf import check_log
 
 SETTINGS = ["max_duration=12", "bucket_window=2"]
 
@@ -30,3 +32,11 @@ def test_two_ranks_same_steps_with_duration_batches(tiny_features, tmp_path):
     whole = plan_epoch(index, cfg.loader, 1, cfg.train.seed)
     assert len(whole) >= 4  # the fixture's corpus gives several batches of 12 s
     assert summary["status"] == "success" and summary["iterations"] == len(whole) // 2
+    # MLPerf's global_batch_size: what a step of both ranks took on average (the batch_size is unused)
+    logged = {e["key"]: e for e in read_events(run / "events.log")}["global_batch_size"]
+    mean = global_batch(index, cfg.loader, cfg.train.seed, 2)
+    shuffled = plan_epoch(index, cfg.loader, 2, cfg.train.seed)
+    assert mean == sum(len(b) for b in shuffled.batches[: len(shuffled) // 2 * 2]) / (len(shuffled) // 2)
+    assert logged["value"] == round(mean) != cfg.loader.batch_size
+    assert logged["metadata"]["batching"] == "duration" and logged["metadata"]["max_duration_s"] == 12
+    assert check_log(run / "events.log")["ok"]

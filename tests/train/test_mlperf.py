@@ -57,6 +57,21 @@ def test_samples_counted_from_the_indexes(tiny_features, tmp_path):
     assert events["eval_samples"]["value"] == dev_utts > 0
 
 
+def test_fixed_counts_log_the_configured_batch_and_the_index_loads_once(tiny_features, tmp_path, monkeypatch):
+    """The training splits' index is read once per run (it was read again every epoch, inside
+    the TTA clock: ~1.5 CPU s an epoch at LibriSpeech size), and fixed counts log batch_size."""
+    from speechperf.data import index as index_mod
+
+    loads = []
+    real = index_mod.load
+    monkeypatch.setattr(index_mod, "load", lambda feats, splits: loads.append(tuple(splits)) or real(feats, splits))
+    _train(tiny_features, tmp_path / "run", TINY + ["max_epochs=3", "loader.balance=true"])
+    train_loads = [s for s in loads if any(x.startswith("train") for x in s)]
+    assert len(train_loads) == 1, loads  # three epochs and the schedule's planned steps: one load
+    events = {e["key"]: e for e in read_events(tmp_path / "run" / "events.log")}
+    assert events["global_batch_size"]["value"] == 4 and "batching" not in events["global_batch_size"]["metadata"]
+
+
 def test_initialization_is_outside_the_tta_clock(tiny_features, tmp_path, monkeypatch):
     real = loop.initialize
 
