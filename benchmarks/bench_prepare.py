@@ -23,7 +23,7 @@ parent included, x W busy cores): on a shared machine, where the workers wait fo
 it is the closer estimate of what W idle cores do; on an idle machine the two agree.
 
 Usage:
-  python benchmarks/bench_prepare.py CORPUS --workers 1,2,4,8 [--work DIR] [--json]
+  python benchmarks/bench_prepare.py CORPUS --workers 1,2,4,8 [--repeat 3] [--work DIR] [--json]
   python benchmarks/bench_prepare.py --synth-hours 1.5 --work DIR --workers 1,2
 """
 from __future__ import annotations
@@ -91,6 +91,8 @@ def run_prepare(corpus: Path, out: Path, workers: int, interval: float, extra: l
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-4000:]}")
     rows = json.loads(stdout)
     hours = sum(r["hours"] for r in rows)
+    done = sorted(f.stat().st_mtime for f in out.glob("*/shard-*.json"))  # each shard's sidecar: written when it is done
+    start = time.time() - wall  # the command's start on the files' clock
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     return {"workers": workers, "wall_s": wall, "audio_hours": hours, "utterances": sum(r["kept"] for r in rows),
             "shards": sum(r["shards"] for r in rows), "cpu_s": cpu, "cpu_per_wall": cpu / wall,
@@ -98,7 +100,18 @@ def run_prepare(corpus: Path, out: Path, workers: int, interval: float, extra: l
             "audio_h_per_wall_h": hours * 3600 / wall, "per_worker": hours * 3600 / wall / workers,
             "peak_tree_mb": peak_tree / 2**20, "peak_one_mb": peak_one / 2**20,
             "peak_parent_mb": peak_parent / 2**20, "max_processes": most,
-            "samples": samples}
+            "samples": samples,
+            # where the wall time went: to the first shard done (interpreter, imports, the pool's start,
+            # torch's import in each worker, the first shard), the shards, and after the last one
+            # (index.json, statistics): the serial parts that keep the speedup under W
+            "first_shard_s": done[0] - start if done else None, "shards_s": done[-1] - done[0] if done else None,
+            "after_last_shard_s": start + wall - done[-1] if done else None}
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run of median wall time (the lower middle of an even count), with every run's wall time."""
+    ranked = sorted(runs, key=lambda r: r["wall_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "walls_s": [r["wall_s"] for r in runs], "runs": len(runs)}
 
 
 def projection(rows: list[dict]) -> dict:
@@ -128,6 +141,14 @@ def report(rows: list[dict], proj: dict, conditions: dict) -> None:
               f"{r['peak_one_mb']:>11.0f} {r['peak_parent_mb']:>9.0f}")
     if ref:
         print("speedup: against the 1-worker run of this invocation (goal: >= 1.8x at 2 workers)")
+    for r in rows:
+        if r.get("runs", 1) > 1:
+            paired = ", ".join(f"{x:.2f}" for x in r.get("speedups_paired", []))
+            print(f"  {r['workers']} worker(s): median of {r['runs']} runs; wall s {min(r['walls_s']):.1f}-"
+                  f"{max(r['walls_s']):.1f}" + (f"; paired speedups {paired}" if paired else ""))
+        if r.get("first_shard_s") is not None:
+            print(f"  {r['workers']} worker(s): {r['first_shard_s']:.1f} s to the first shard, {r['shards_s']:.1f} s "
+                  f"of shards, {r['after_last_shard_s']:.1f} s after the last (index, statistics)")
     print(f"PROJECTION (not measured) for {PROJECTED_HOURS:g} h of LibriSpeech training audio; "
           f"assumption: {proj['assumption']}")
     for w, h in proj["hours"].items():
@@ -145,6 +166,8 @@ def main() -> None:
     ap.add_argument("--splits", help="pass --splits to prepare (default: every split)")
     ap.add_argument("--interval", type=float, default=0.05, help="RSS sampling interval, seconds")
     ap.add_argument("--keep", action="store_true", help="keep the prepared folders")
+    ap.add_argument("--repeat", type=int, default=1, help="run the worker counts this many times, interleaved "
+                    "(1, 2, 1, 2, ...): the rows are each count's median run, with the spread of its wall times")
     ap.add_argument("--json", action="store_true", help="print the rows and projection as JSON")
     a = ap.parse_args()
     if (a.corpus is None) == (a.synth_hours is None):
@@ -156,18 +179,22 @@ def main() -> None:
     extra = ["--splits", a.splits] if a.splits else []
     conditions = {"cpus": os.cpu_count(), "load_before": [round(x, 2) for x in os.getloadavg()],
                   "corpus": str(corpus), "python": sys.version.split()[0]}
-    rows = []
+    runs: dict[int, list[dict]] = {w: [] for w in workers}
     try:
-        for w in workers:
-            rows.append(run_prepare(corpus, work / f"feats-w{w}", w, a.interval, extra))
-            if not a.keep:
-                shutil.rmtree(work / f"feats-w{w}", ignore_errors=True)
+        for _ in range(a.repeat):
+            for w in workers:
+                runs[w].append(run_prepare(corpus, work / f"feats-w{w}", w, a.interval, extra))
+                if not a.keep:
+                    shutil.rmtree(work / f"feats-w{w}", ignore_errors=True)
     finally:
         if a.work is None:
             shutil.rmtree(work, ignore_errors=True)
+    rows = [median_run(runs[w]) for w in workers]
     ref = next((r for r in rows if r["workers"] == 1), None)
     for r in rows:
         r["speedup_vs_1"] = ref["wall_s"] / r["wall_s"] if ref else None
+        if ref and a.repeat > 1:  # each repetition's own pair (run i of 1 worker vs run i of W)
+            r["speedups_paired"] = [one["wall_s"] / mine["wall_s"] for one, mine in zip(runs[1], runs[r["workers"]])]
     proj = projection(rows)
     if a.json:
         print(json.dumps({"conditions": conditions, "rows": rows, "projection_960h": proj}, indent=1))
