@@ -18,5 +18,6 @@ fi
 lint-imports
 # Two workers (pytest-xdist): most cases wait on subprocesses (torchrun, the CLI) and run one
 # thread each, so two share a 2-core machine well; worksteal evens out the long cases.
+# --durations: the 20 slowest cases at the end (the suite aims at ~15 minutes on 2 cores).
 # Arguments after the script's name go to pytest (-n 0: one process).
-python -m pytest -q -n 2 --dist worksteal "$@"
+python -m pytest -q -n 2 --dist worksteal --durations=20 "$@"
