@@ -147,8 +147,10 @@ def cmd_corpus_fetch(a) -> int:
 def cmd_prepare(a) -> int:
     from speechperf.features.prepare import prepare
 
+    from speechperf.features.config import FeatureConfig
+
     summary = prepare(Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json,
-                      recompute_stats=a.recompute_stats)
+                      recompute_stats=a.recompute_stats, config=FeatureConfig(compress=not a.raw))
     emit(summary["splits"], a.json)
     return 0
 
@@ -440,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("out")
     sp.add_argument("--splits", type=_csv(), default=None, help="splits to prepare (default: all found)")
     sp.add_argument("--workers", type=int, default=0, help="CPU worker processes (0: one per core)")
+    sp.add_argument("--raw", action="store_true",
+                    help="store the shards' arrays uncompressed: 1.2x the disk, about half a loader reader's CPU "
+                         "(for GPU hosts whose readers cannot keep up; a folder keeps the form it was made with)")
     sp.add_argument("--recompute-stats", action="store_true",
                     help="compute stats.json again over every prepared train-* split (needed to add a training "
                          "split; runs trained on the previous statistics then refuse to continue); without it "

@@ -69,7 +69,8 @@ def _check_config(out: Path, config: FeatureConfig) -> None:
     path = out / "features.json"
     wanted = dataclasses.asdict(config)
     if path.exists():
-        have = json.loads(path.read_text())
+        # a field added since the folder was made reads as its default (compress: such folders are deflated)
+        have = {**dataclasses.asdict(FeatureConfig()), **json.loads(path.read_text())}
         if have != wanted:
             raise SpeechperfError(f"{out} holds features made with another FeatureConfig ({have}); use a new folder")
     else:
@@ -222,7 +223,7 @@ def _shard_task(task) -> str:
     records, sha, sums = [], None, None
     if kept:
         sha = write_shard(split_dir / f"{name}.npz", feats, [u.id for u, _ in kept], [u.transcript for u, _ in kept],
-                          [len(a) / cfg.sample_rate for _, a in kept])
+                          [len(a) / cfg.sample_rate for _, a in kept], compress=cfg.compress)
         records = [{"id": u.id, "shard": name, "offset": i, "frames": int(len(f)), "duration": len(a) / cfg.sample_rate,
                     "transcript": u.transcript, "speaker": u.speaker} for i, ((u, a), f) in enumerate(zip(kept, feats))]
         stacked = np.concatenate(feats).astype(np.float64)

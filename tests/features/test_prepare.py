@@ -164,3 +164,43 @@ def test_a_chain_of_sigkills_then_prepare_is_byte_identical(tiny_corpus, tiny_fe
     assert [k for k in want if got[k] != want[k] and k != Path("prepare.json")] == []
     a, b = (json.loads(x.pop(Path("prepare.json"))) for x in (got, want))
     assert {**a, "seconds": 0} == {**b, "seconds": 0}
+
+
+def test_raw_shards_hold_the_same_batches_and_a_folder_keeps_its_form(tiny_corpus, tiny_features, tmp_path):
+    """prepare --raw stores the shards' arrays uncompressed (zip members stored, not deflated):
+    the loader builds bit-identical batches from them; the folder keeps the form it was made
+    with, and a folder made before the field existed reads as deflated."""
+    import dataclasses
+    import zipfile
+
+    from speechperf.config import load_preset
+    from speechperf.data.loader import make_loader
+
+    raw = tmp_path / "raw"
+    p = subprocess.run([sys.executable, "-m", "speechperf", "prepare", str(tiny_corpus), str(raw), "--raw",
+                        "--workers", "1", "--splits", "train-clean", "--json"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    shard = next((raw / "train-clean").glob("shard-*.npz"))
+    assert {i.compress_type for i in zipfile.ZipFile(shard).infolist()} == {zipfile.ZIP_STORED}
+    deflated = tiny_features / "train-clean" / shard.name
+    assert {i.compress_type for i in zipfile.ZipFile(deflated).infolist()} == {zipfile.ZIP_DEFLATED}
+    assert shard.stat().st_size > deflated.stat().st_size
+    assert json.loads((raw / "features.json").read_text())["compress"] is False
+    cfg = dataclasses.replace(load_preset("tiny").loader, normalize=False)  # stats.json: here over train-clean only
+    for a, b in zip(make_loader(tiny_features, ["train-clean"], cfg, 2, 1),
+                    make_loader(raw, ["train-clean"], cfg, 2, 1), strict=True):
+        assert a.ids == b.ids and torch_equal(a.feats, b.feats) and torch_equal(a.labels, b.labels)
+    with pytest.raises(SpeechperfError, match="another FeatureConfig"):  # a deflated folder stays deflated
+        prepare(tiny_corpus, raw, splits=["train-clean"], workers=1, progress=False)
+    old = tmp_path / "old"  # features.json as written before the field: no "compress" key
+    shutil.copytree(tiny_features, old)
+    cfg_json = json.loads((old / "features.json").read_text())
+    cfg_json.pop("compress", None)
+    (old / "features.json").write_text(json.dumps(cfg_json))
+    prepare(tiny_corpus, old, workers=1, progress=False)  # accepted: the default (deflated) is what it holds
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
