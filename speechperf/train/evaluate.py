@@ -18,7 +18,7 @@ from speechperf.metrics.bootstrap import error_intervals
 from speechperf.metrics.errors import error_rates, utterance_errors
 from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import RunConfig
-from speechperf.data.loader import make_loader
+from speechperf.data.loader import load_index, make_loader
 from speechperf.decode import get_decoder
 from speechperf.features.stats import check_trained_on
 from speechperf.models import build_model
@@ -50,11 +50,11 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     was_training = model.training
     model.eval()
     dec = make_decoder(decoder, beam, feats, mode)
-    cfg = replace(loader_cfg, shuffle=False, mode="bucket", sort_first_epoch=False)
+    index = load_index(feats, [split])
     refs: list[str] = []
     hyps: list[str] = []
     loss_sum, n_loss = 0.0, 0
-    for batch in make_loader(feats, split, cfg, epoch=0, seed=0):
+    for batch in make_loader(feats, split, eval_loader(loader_cfg, len(index.keys)), epoch=0, seed=0, index=index):
         with autocast(device, precision):
             log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
         log_probs = log_probs.float()  # (T', B, C)
@@ -75,6 +75,16 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
         "eval_s": time.perf_counter() - start,
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
     }
+
+
+def eval_loader(cfg: LoaderConfig, shards: int) -> LoaderConfig:
+    """The training loader's settings for a pass over a split of ``shards`` shards: in order
+    (no shuffle, SortaGrad or paper padding), and with several readers, windows small enough
+    that every reader gets some where the split has a shard per reader (readers own whole
+    windows: a dev split of 43 shards inside one 128-shard window was one reader's work).
+    One reader: the training windows, unchanged."""
+    window = cfg.bucket_window if cfg.readers <= 1 else min(cfg.bucket_window, max(1, shards // cfg.readers))
+    return replace(cfg, shuffle=False, mode="bucket", sort_first_epoch=False, bucket_window=window)
 
 
 def _load_run_model(run, data: Path | None = None):
