@@ -101,10 +101,10 @@ class _Reader:
         for b, u in enumerate(utts.tolist()):
             self._place(u, xs[b, : lens[b]])
         texts = [ix.transcript(int(u)) for u in utts]
-        labels = [alphabet.encode(t) for t in texts]
+        labels = [alphabet.encode_array(t) for t in texts]
         reads, self.reads = tuple(self.reads), []
         return Batch(x, torch.tensor(lens, dtype=torch.int64),
-                     torch.tensor([c for lab in labels for c in lab], dtype=torch.int64),
+                     torch.from_numpy(np.concatenate(labels)),  # (sum L,) int64
                      torch.tensor([len(lab) for lab in labels], dtype=torch.int64),
                      [ix.id(int(u)) for u in utts], texts, float(sum(ix.duration[utts].tolist())), reads)
 
