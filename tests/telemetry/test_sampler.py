@@ -267,7 +267,11 @@ def test_rapl_counter_with_wraparound(tmp_path):
     s = Sampler(config=SamplerConfig(gpus=False, rapl_interval=0.01), rapl_root=tmp_path).start()
     # two wraps, each seen by a periodic read: 1 J to the top + 2 J, then 998 J + 1 J more
     for raw in ("2000000", "999000000", "0"):
-        (pkg / "energy_uj").write_text(raw)
+        # replaced whole, as sysfs reads are: write_text truncates first, and a read between the
+        # truncation and the write saw an empty file (the zone then dropped as unreadable: a loaded
+        # machine's flake that counted 1000 J)
+        (pkg / "energy_uj.new").write_text(raw)
+        os.replace(pkg / "energy_uj.new", pkg / "energy_uj")
         time.sleep(0.15)
     s.stop()
     summary = s.summary()
