@@ -12,7 +12,7 @@ class LoaderConfig:
     max_duration: float = 0.0  # > 0: batches by audio instead, at most this many padded seconds per batch per rank
     quadratic_duration: float = 0.0  # > 0: an utterance of d s counts d + d^2 / this against max_duration (lhotse's)
     balance: bool = False  # fixed counts: cut each window into near-equal batches (no small remainder batch);
-    # False keeps the cut the conformer-cpu and tiny references were measured with (full batches + remainder)
+    # False keeps the cut the tiny references were measured with (full batches + remainder)
     readers: int = 1  # parallel reader processes (DataLoader workers); 0 = in-process
     prefetch_batches: int = 8  # whole batches buffered ahead of the training loop
     mode: str = "bucket"  # "bucket": length-bucketed batches; "pad": every utterance to pad_frames

@@ -7,8 +7,8 @@ shuffled. A reader that owns a window's batches reads each of its shards once (l
 
 Three ways to cut a window (``batch_size`` is the global batch, ``max_duration`` per rank):
 - ``legacy``: full batches of ``batch_size`` and the window's remainder (512 utterances in
-  batches of 240: 240, 240, 32). The conformer-cpu and tiny presets' reference
-  convergence points were measured with exactly these batches; it stays the default.
+  batches of 240: 240, 240, 32). The tiny preset's reference convergence points
+  were measured with exactly these batches; it stays the default.
 - ``balanced`` (``loader.balance = true``): the fewest batches of at most ``batch_size``,
   of near-equal sizes (512 in batches of 240: 171, 171, 170): no batch under half the size but
   a window's last one when the window itself is smaller.
