@@ -145,9 +145,8 @@ def cmd_corpus_fetch(a) -> int:
 
 
 def cmd_prepare(a) -> int:
-    from speechperf.features.prepare import prepare
-
     from speechperf.features.config import FeatureConfig
+    from speechperf.features.prepare import prepare
 
     summary = prepare(Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json,
                       recompute_stats=a.recompute_stats, config=FeatureConfig(compress=not a.raw))

@@ -199,6 +199,6 @@ def global_batch(index: Index, cfg: LoaderConfig, seed: int, world: int = 1) -> 
     / the steps. Duration batches have no configured count; this is what a step averaged."""
     if method(cfg) != "duration":
         return float(cfg.batch_size)
-    steps = steps_per_epoch(index, cfg, seed, world)
-    taken = sum(len(b) for r in range(world) for b in plan_epoch(index, cfg, 2, seed, r, world).batches)
-    return taken / max(steps, 1)
+    batches = plan_epoch(index, cfg, 2, seed).batches  # the global plan the ranks are dealt from (_for_rank)
+    steps = len(batches) // world  # the tail that does not divide is dropped
+    return sum(len(b) for b in batches[: steps * world]) / max(steps, 1)

@@ -275,7 +275,7 @@ def _train(cfg: RunConfig, group: distributed.Group, launch: Launch) -> dict:
     prog = Progress.from_dict(ckpt["progress"]) if ckpt is not None else Progress()
     state, local, model = _model(cfg, group.device, algo, ckpt, prog, splits, index, group.world)
     with StopSignals() as stop:
-        rec = _recorder(launch, cfg, group, prog, splits, global_batch(index, cfg.loader, cfg.train.seed, group.world))
+        rec = _recorder(launch, cfg, group, prog, splits, index)
         t = Trainer(cfg, group, launch.data, splits, index, model, algo, state, rec, StepMeter(), stop)
         _initialize(t, local, launch)
         try:
@@ -404,9 +404,8 @@ def _end_epoch(t: Trainer) -> None:
 
 
 def _recorder(launch: Launch, cfg: RunConfig, group: distributed.Group, prog: Progress, splits: dict,
-              batch: float) -> Recorder:
-    """Rank 0's recorder of the run folder (created or opened); a no-op one on other ranks.
-    ``batch``: utterances a step takes over all ranks (data/plan.py ``global_batch``)."""
+              index: Index) -> Recorder:
+    """Rank 0's recorder of the run folder (created or opened); a no-op one on other ranks."""
     if group.env.rank != 0:
         return Recorder(prog, launch.out)
     device = group.device
@@ -417,7 +416,7 @@ def _recorder(launch: Launch, cfg: RunConfig, group: distributed.Group, prog: Pr
     label = f"{given or default_label(env, cfg.to_dict())}{suffix}" if suffix else given
     return RunRecorder.begin(launch.plan, launch.out, cfg, prog, data=launch.data, env=env, splits=splits,
                              init_ms=launch.init_ms, label=label, db_path=launch.db_path, quiet=launch.quiet,
-                             global_batch=batch)
+                             global_batch=global_batch(index, cfg.loader, cfg.train.seed, group.world))
 
 
 def _settle(t: Trainer) -> None:

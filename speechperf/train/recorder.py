@@ -92,7 +92,7 @@ class RunRecorder(Recorder):
 
     @classmethod
     def begin(cls, plan: str, out: Path, cfg, prog: Progress, *, data: Path, env: dict, splits: dict,
-              init_ms: int, label, db_path, quiet: bool, global_batch: float | None = None) -> "RunRecorder":
+              init_ms: int, label, db_path, quiet: bool, global_batch: float) -> "RunRecorder":
         """Create the run (``plan`` fresh) or open it to continue (restart, resume: rows and logs
         after its checkpoint are cut), and log initialization's start once (MLPerf has no resume)."""
         if plan == "fresh":
@@ -109,14 +109,14 @@ class RunRecorder(Recorder):
             rec._log_run_config(cfg, env["world_size"], splits, global_batch)
         return rec
 
-    def _log_run_config(self, cfg, world: int, splits: dict, global_batch: float | None = None) -> None:
+    def _log_run_config(self, cfg, world: int, splits: dict, global_batch: float) -> None:
         """The submission keys and hyperparameters MLPerf's training rules ask for (train/mlperf.py),
         and the splits the run reads (verified). ``global_batch``: utterances per step over all
         ranks (data/plan.py); batches by duration log its rounded mean, the exact mean and the
         ``max_duration`` beside it (MLPerf's key is an integer)."""
         events = self.events
         log_submission(events, self.run.label)
-        if cfg.loader.max_duration > 0 and global_batch is not None:
+        if cfg.loader.max_duration > 0:
             events.event(C.GLOBAL_BATCH_SIZE, max(1, round(global_batch)), batching="duration",
                          mean_utterances=round(global_batch, 3), max_duration_s=cfg.loader.max_duration)
         else:

@@ -175,6 +175,8 @@ def test_raw_shards_hold_the_same_batches_and_a_folder_keeps_its_form(tiny_corpu
     import dataclasses
     import zipfile
 
+    import torch
+
     from speechperf.config import load_preset
     from speechperf.data.loader import make_loader
 
@@ -191,7 +193,7 @@ def test_raw_shards_hold_the_same_batches_and_a_folder_keeps_its_form(tiny_corpu
     cfg = dataclasses.replace(load_preset("tiny").loader, normalize=False)  # stats.json: here over train-clean only
     for a, b in zip(make_loader(tiny_features, ["train-clean"], cfg, 2, 1),
                     make_loader(raw, ["train-clean"], cfg, 2, 1), strict=True):
-        assert a.ids == b.ids and torch_equal(a.feats, b.feats) and torch_equal(a.labels, b.labels)
+        assert a.ids == b.ids and torch.equal(a.feats, b.feats) and torch.equal(a.labels, b.labels)
     with pytest.raises(SpeechperfError, match="another FeatureConfig"):  # a deflated folder stays deflated
         prepare(tiny_corpus, raw, splits=["train-clean"], workers=1, progress=False)
     old = tmp_path / "old"  # features.json as written before the field: no "compress" key
@@ -200,9 +202,3 @@ def test_raw_shards_hold_the_same_batches_and_a_folder_keeps_its_form(tiny_corpu
     cfg_json.pop("compress", None)
     (old / "features.json").write_text(json.dumps(cfg_json))
     prepare(tiny_corpus, old, workers=1, progress=False)  # accepted: the default (deflated) is what it holds
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return bool(torch.equal(a, b))
