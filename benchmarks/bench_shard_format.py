@@ -5,11 +5,11 @@ The reader's profile on LibriSpeech-length shards (docs/data.md) put zlib's infl
 its time, for float16 frames that deflate only ~1.2x. This benchmark copies FEATS's training
 splits into a temporary folder with every shard rewritten raw (the same arrays: checked
 equal), then builds the same planned batches from both folders with an in-process reader and
-prints, per format: disk bytes, audio seconds built per CPU second of the reader, and the
-ratio raw / deflated. CPU time (``time.process_time``), not wall time: on a busy machine it
-is what a reader on an idle core would take. Each format is timed ``--repeat`` times,
-alternating, after one untimed pass (page cache warm for both); the median is printed with
-the spread.
+prints, per format: disk bytes, audio seconds built per CPU second of the reader
+(bench_loader.py's ``cpu_rate``), and the ratio raw / deflated. CPU time, not wall time: on a
+busy machine it is what a reader on an idle core would take. Each format is timed
+``--repeat`` times, alternating, after one untimed pass (page cache warm for both); the
+median is printed with the spread.
 
 Usage: python benchmarks/bench_shard_format.py FEATS [KEY=VALUE ...] [--preset gpu]
        [--batches N] [--repeat 3] [--json]
@@ -23,19 +23,13 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from bench_loader import cpu_rate, splits as train_splits
 from speechperf.config import load_preset
-from speechperf.data.loader import make_loader
 from speechperf.features.shards import load_index, write_json, write_shard
-
-
-def train_splits(feats: Path) -> list[str]:
-    return sorted(p.name for p in feats.iterdir() if p.name.startswith("train") and (p / "index.json").exists())
 
 
 def raw_copy(feats: Path, out: Path, splits: list[str]) -> Path:
@@ -60,15 +54,6 @@ def raw_copy(feats: Path, out: Path, splits: list[str]) -> Path:
     return out
 
 
-def build(feats: Path, splits: list[str], cfg, limit: int) -> tuple[float, float]:
-    """(audio seconds, reader CPU seconds) of the epoch's first ``limit`` batches, in process."""
-    loader = make_loader(feats, splits, replace(cfg, readers=0), epoch=2, seed=1)
-    c, audio = time.process_time(), 0.0
-    for _, b in zip(range(limit), loader):
-        audio += b.audio_seconds
-    return audio, time.process_time() - c
-
-
 def disk_bytes(feats: Path, splits: list[str]) -> int:
     return sum(p.stat().st_size for s in splits for p in (feats / s).glob("shard-*.npz"))
 
@@ -88,15 +73,12 @@ def main() -> None:
         raw = raw_copy(a.feats, Path(tmp), splits)
         folders = {"deflated (reference)": a.feats, "raw": raw}
         rates: dict[str, list[float]] = {k: [] for k in folders}
-        audio = {}
-        for k, f in folders.items():  # untimed: both folders in the page cache
-            audio[k], _ = build(f, splits, cfg, a.batches)
+        for f in folders.values():  # untimed: both folders in the page cache
+            cpu_rate(f, cfg, a.batches)
         for _ in range(a.repeat):
             for k, f in folders.items():
-                seconds, cpu = build(f, splits, cfg, a.batches)
-                rates[k].append(seconds / cpu)
-        rows = [{"format": k, "disk_mb": disk_bytes(f, splits) / 2**20, "audio_s": audio[k],
-                 "audio_s_per_cpu_s": statistics.median(rates[k]), "min": min(rates[k]), "max": max(rates[k])}
+                rates[k].append(cpu_rate(f, cfg, a.batches))
+        rows = [{"format": k, "disk_mb": disk_bytes(f, splits) / 2**20, "audio_s_per_cpu_s": statistics.median(rates[k]), "min": min(rates[k]), "max": max(rates[k])}
                 for k, f in folders.items()]
     ref = rows[0]["audio_s_per_cpu_s"]
     for r in rows:
@@ -106,9 +88,9 @@ def main() -> None:
                           "rows": rows}, indent=1))
         return
     print(f"{a.feats} ({', '.join(splits)}), preset {a.preset} {' '.join(a.overrides)}; median of {a.repeat}")
-    print(f"{'format':>22} {'disk MB':>9} {'audio s':>9} {'audio s / CPU s':>16} {'spread':>17} {'vs deflated':>11}")
+    print(f"{'format':>22} {'disk MB':>9} {'audio s / CPU s':>16} {'spread':>17} {'vs deflated':>11}")
     for r in rows:
-        print(f"{r['format']:>22} {r['disk_mb']:>9.1f} {r['audio_s']:>9.0f} {r['audio_s_per_cpu_s']:>16.0f} "
+        print(f"{r['format']:>22} {r['disk_mb']:>9.1f} {r['audio_s_per_cpu_s']:>16.0f} "
               f"{r['min']:>8.0f}-{r['max']:<8.0f} {r['vs_deflated']:>10.2f}x")
 
 
