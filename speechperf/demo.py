@@ -57,7 +57,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
 
     ``preset`` None: the machine's (:func:`pick_preset`); any preset (or TOML file) runs, its
     audio hours from PRESET_HOURS, else DEFAULT_HOURS. ``seeds``: None, one run in ``DIR/run``
-    with the preset's seed (as before seeds existed); else those seeds (:func:`demo_folder`),
+    with the preset's seed; else those seeds (:func:`demo_folder`),
     ``parallel`` at a time (train/seed_slots.py: one GPU each, or the CPUs shared)."""
     from speechperf.corpus.synth import synthesize
     from speechperf.features.prepare import prepare

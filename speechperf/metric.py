@@ -121,7 +121,7 @@ def entry(clock_s: float, evaluation: dict) -> dict:
 
 def held(rows: list[dict], metrics=None) -> list[Metric]:
     """Of ``metrics`` (default: every declared one), those some row holds a value of: a metric
-    no run measured gets no column or panel (a run recorded before it existed reads as before)."""
+    no run measured gets no column or panel (a run recorded before it existed shows none of it)."""
     return [m for m in (METRICS.values() if metrics is None else metrics)
             if any(r.get(m.name) is not None for r in rows)]
 

@@ -1,6 +1,6 @@
 """``speechperf bench ops``: achieved FLOPS of single operators against the device's peak.
 
-Operators (SPEC E): matmul N x N for N = 2048, 4096, 8192; the three conv2d workloads of
+Operators (docs/spec.md E): matmul N x N for N = 2048, 4096, 8192; the three conv2d workloads of
 paper 002; and the GEMMs of the DS2 LSTM at the paper's per-GPU batch sizes (24, 60, 150):
 the input projection of all 830 frames at once and one recurrent step. Timing (bench.timing):
 warm-up until the call time is stable, then a timed window of calls (on a GPU timed with

@@ -8,7 +8,7 @@ Command-line overrides are ``key=value`` or ``section.key=value``; ``model.name=
 switches the model first (to X's defaults), so the other model fields are read as X's.
 A bare ``key`` is looked up in the stage sections (``BARE``) only: the algorithm's fields
 are always written ``algo.key`` (its ``name`` and ``sync_every`` are the model's and the
-loop's when bare, as before the section existed).
+loop's when bare).
 """
 from __future__ import annotations
 

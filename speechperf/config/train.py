@@ -1,4 +1,4 @@
-"""Training loop configuration (SPEC C)."""
+"""Training loop configuration (docs/spec.md C)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

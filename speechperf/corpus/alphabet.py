@@ -1,4 +1,4 @@
-"""The 30-symbol output alphabet of SPEC A and text normalization.
+"""The 30-symbol output alphabet of docs/spec.md A and text normalization.
 
 Index 0 is the CTC blank (torch's ``ctc_loss`` default), then space, a..z, apostrophe,
 and the separator that splits doubled letters (``cool`` is emitted as ``co_ol``): CTC

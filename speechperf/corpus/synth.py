@@ -30,9 +30,9 @@ TARGET_RATE = 16000
 OTHER_SNR_DB = (5.0, 15.0)  # SNR range of the "other" splits, dB (uniform per utterance)
 MIN_SECONDS, MAX_SECONDS = 1.0, 15.0  # utterance length range kept
 # Split -> (share of the requested train-clean hours, speakers). dev-clean is the validation
-# split every TTA is declared on: 0.24 of train-clean (~340 utterances at the demo's 1.5 h),
-# not the 0.06 (78 utterances) of before, on which one utterance more or less wrong moved CER
-# by 0.5-1 point and "reached CER 10 or not" was a coin toss between two machines (issue 22).
+# split every TTA is declared on: 0.24 of train-clean (~340 utterances at the demo's 1.5 h).
+# A share of 0.06 (78 utterances) is too coarse: one utterance more or less wrong moves CER by
+# 0.5-1 point, and "reached CER 10 or not" becomes a coin toss between two machines.
 # Its 6 voices stay the ones it had: with 12 voices (6 new ones) the cpu preset (cosine recipe)
 # read CER 34 after 3 epochs where the old set read 22, so the paper's thresholds would have
 # meant another, harder task. Its evaluation takes ~4x as long (~10 s an epoch on 2 cores with

@@ -7,7 +7,7 @@ record. A split that should be there and is not is an error naming it and its pa
 the model exists: a run must not train on part of the data, or skip a final split, without
 saying so.
 
-Which splits "should be there" when the user did not name them (today's behaviour):
+Which splits "should be there" when the user did not name them:
 
 - train: every ``train-*`` folder under FEATS plus the train splits ``stats.json`` was
   computed over (a train split whose folder vanished is missing, not absent);

@@ -1,4 +1,4 @@
-"""Data loader configuration (SPEC A, Table 2)."""
+"""Data loader configuration (docs/spec.md A, Table 2)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

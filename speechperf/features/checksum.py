@@ -1,5 +1,5 @@
 """One checksum of a prepared features folder: the data a training run reads, as one value
-that two machines can compare before comparing their training curves (issue 31).
+that two machines can compare before comparing their training curves.
 
 It is the sha256 over ``stats.json`` (the normalization) and every ``SPLIT/index.json``
 (each split's utterances, transcripts, frame counts, feature sums and the sha256 of every

@@ -1,4 +1,4 @@
-"""Feature extraction configuration (SPEC A)."""
+"""Feature extraction configuration (docs/spec.md A)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""80 log-mel + 13 MFCC per 10 ms frame (SPEC A), computed in torch.
+"""80 log-mel + 13 MFCC per 10 ms frame (docs/spec.md A), computed in torch.
 
 The pipeline matches librosa's ``melspectrogram`` (centred frames with zero padding, Hann
 window, power spectrum, Slaney mel filters with Slaney area normalization),

@@ -215,7 +215,7 @@ def verdict(name_a: str, name_b: str, iv, na: int, nb: int, epochs: float | None
 
 def _reproduction(run: SeedRun, check: dict) -> dict:
     """The run's curve against its reference's, as a column; a run that could have reproduced
-    it and did not fails the RCP check as well (issue 31)."""
+    it and did not fails the RCP check as well."""
     r = run.reproduction
     if r is None:
         return {}

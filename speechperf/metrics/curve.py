@@ -1,6 +1,6 @@
 """Reference curves: a reference seed's per-epoch validation loss, CER and WER as its run
 recorded them (full float precision), with the settings that make them reproducible, and the
-exact comparison of a run against them (issue 31).
+exact comparison of a run against them.
 
 A reference seed (``config/rcp/PRESET.json``, metrics/rcp.py) keeps ``curves``: one per
 features folder it was measured on, each ``{"epochs": [{"epoch", "loss", "cer", "wer"}],

@@ -1,4 +1,4 @@
-"""Word, character and sentence error rates (SPEC D; SER as Kaldi's %SER), in percent.
+"""Word, character and sentence error rates (docs/spec.md D; SER as Kaldi's %SER), in percent.
 
 WER is jiwer's corpus-level WER: (S + D + I) / N over all reference words. Two CERs are
 reported and always labelled: ``cer`` (standard: character edits / reference characters)

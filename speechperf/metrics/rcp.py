@@ -99,7 +99,7 @@ def recipe(config: dict) -> dict:
 
 
 def _completed(flat: dict) -> dict:
-    """``flat`` (a recipe) with every field it lacks at the default of today's code: a run or
+    """``flat`` (a recipe) with every field it lacks at this code's default: a run or
     reference recorded before a field existed (the [algo] section, train.lr_step_epochs)
     trained with its default. A recipe naming a field this code does not know stays as it is
     (and differs)."""

@@ -6,7 +6,7 @@ outputs, model, recipe and decoding); it is applied only to runs that record tha
 (``train.protocol`` in the run's config.json; runs recorded before the field: speechperf's):
 
 - ``paper`` (protocol ``speechperf``): the DS2 paper's targets on real LibriSpeech
-  dev-clean (SPEC D), CER 10/8/7 and WER 22/20.2/19.2. speechperf applies them as
+  dev-clean (docs/spec.md D), CER 10/8/7 and WER 22/20.2/19.2. speechperf applies them as
   thresholds on the run's own corpus, to every model: on real LibriSpeech with the paper's
   model they are the paper's targets; on the embedded synthetic corpus (the demo) or with
   another model they are thresholds of the same numbers, not the paper's accuracy.
@@ -28,7 +28,7 @@ from speechperf.errors import SpeechperfError
 from speechperf.metric import targets as declared_targets
 
 METRICS = declared_targets()  # what a target may be of: the target metrics of speechperf/metric.py
-PAPER = {"cer": (10.0, 8.0, 7.0), "wer": (22.0, 20.2, 19.2)}  # SPEC D, LibriSpeech dev-clean
+PAPER = {"cer": (10.0, 8.0, 7.0), "wer": (22.0, 20.2, 19.2)}  # docs/spec.md D, LibriSpeech dev-clean
 ALGOPERF_WER = {"conformer": 8.5884, "ds2": 11.9936}  # model family -> AlgoPerf's validation WER target
 SPEECHPERF, ALGOPERF = "speechperf", "algoperf"  # benchmark protocols (a run's train.protocol)
 

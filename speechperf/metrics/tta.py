@@ -1,4 +1,4 @@
-"""Time-to-accuracy (SPEC D): TTA(a, e), minutes of the TTA clock (from run_start, after initialization) until the median of
+"""Time-to-accuracy (docs/spec.md D): TTA(a, e), minutes of the TTA clock (from run_start, after initialization) until the median of
 the last e per-epoch evaluations first reaches the target a; None (NA) when never."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Deep Speech 2-style acoustic model of SPEC B.
+"""The Deep Speech 2-style acoustic model of docs/spec.md B.
 
 conv1d (valid, stride 2) -> BN -> clipped ReLU -> dropout -> [LSTM -> BN -> dropout] x L
 -> linear -> log-softmax. Batch normalization statistics are taken over valid frames only
@@ -91,7 +91,7 @@ class DeepSpeech2(AcousticModel):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier (Glorot) uniform weights, zero biases (SPEC B)."""
+        """Xavier (Glorot) uniform weights, zero biases (docs/spec.md B)."""
         for name, p in self.named_parameters():
             if "bn" in name:
                 continue

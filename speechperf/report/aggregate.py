@@ -12,7 +12,7 @@ from speechperf.telemetry import energy
 from speechperf.report.runs import who
 from speechperf.telemetry.platforms import Platform, load, of_run, price_columns, price_performance
 
-# The paper's TTA to dev-clean CER 10 on LibriSpeech (SPEC D), for orientation beside ours.
+# The paper's TTA to dev-clean CER 10 on LibriSpeech (docs/spec.md D), for orientation beside ours.
 PAPER_TTA_CER10 = {"sys1": 820.0, "sys2": 672.0, "sys10": 511.0}
 
 

@@ -28,7 +28,7 @@ class Progress:
     def from_dict(cls, d: dict) -> "Progress":
         known = {f for f in cls.__dataclass_fields__}
         prog = cls(**{k: v for k, v in d.items() if k in known})
-        # a checkpoint of an earlier release holds (clock_s, wer, cer) tuples: read as today's entries
+        # a checkpoint of an earlier release holds (clock_s, wer, cer) tuples: read as dict entries
         prog.evals = [dict(zip(("clock_s", "wer", "cer"), e)) if isinstance(e, (list, tuple)) else e
                       for e in prog.evals]
         return prog

@@ -6,7 +6,7 @@ from the CPU it finds: oneDNN (convolutions, LSTM, some matrix products), capped
 ``ONEDNN_MAX_CPU_ISA``, and ATen's own vectorized kernels (elementwise, reductions, softmax,
 norms), capped by ``ATEN_CPU_CAPABILITY``. Capping only oneDNN is half a cap: on an AVX-512
 machine ATen's kernels still sum in 16-float vectors, and a training curve differs from an
-AVX2 machine's from the first epoch (issue 31); capping both reproduced the AVX2 reference
+AVX2 machine's from the first epoch; capping both reproduced the AVX2 reference
 bit for bit. Both variables are read when the libraries load (ATen's at ``import torch``), so
 a cap only takes effect in a child process started with :func:`cap_env`'s environment.
 
@@ -43,7 +43,7 @@ def cap_vars(isa: str) -> dict:
 
 def cap_env(isa: str | None, base: dict | None = None) -> dict:
     """The environment of a child process capped to ``isa``: ``base`` (default ``os.environ``)
-    with both variables set; ``isa`` None: ``base`` as it is (no cap: today's kernels)."""
+    with both variables set; ``isa`` None: ``base`` as it is (no cap: the machine's own kernels)."""
     env = dict(os.environ if base is None else base)
     if isa is None:
         return env

@@ -1,4 +1,4 @@
-"""The training loop: the paper's state machine (SPEC C), top to bottom.
+"""The training loop: the paper's state machine (docs/spec.md C), top to bottom.
 
 training batch after batch; every ``sentence_every`` iterations greedy-decode the current
 batch and log hypothesis vs reference; every ``checkpoint_every`` iterations an atomic
@@ -172,7 +172,7 @@ def _plan(out: Path, cfg: RunConfig, mode: str, data: Path | None, world: int,
             raise SpeechperfError(f"{out} already holds a run; continue it with --resume auto (the default) "
                                   "or choose another --out")
         run = Run.open(out, data=data)
-        # read through today's config: a section added since (augment) takes its default there too
+        # read through the current RunConfig: a section the run lacks (augment) takes its default there too
         differ = config_diff(RunConfig.from_dict(run.config).to_dict(), cfg.to_dict())
         if differ:
             raise ConfigError(f"{out} holds a run of another configuration ({'; '.join(differ)}): repeat its "
@@ -306,7 +306,7 @@ def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Pro
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
     optimizer = make_optimizer(core, tc, device)
-    planned = planned_steps(index, cfg.loader, tc.seed, world)  # None: fixed counts, as before
+    planned = planned_steps(index, cfg.loader, tc.seed, world)  # None: fixed counts (ceil(utterances / batch_size))
     total_steps = tc.max_epochs * (planned or steps_per_epoch(train_utterances(splits), cfg.loader.batch_size))
     state = TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
                        torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
@@ -336,7 +336,7 @@ def _initialize(t: Trainer, local: torch.nn.Module, launch: Launch) -> None:
 
 
 def _epochs(t: Trainer) -> str:
-    """The state machine (SPEC C): train epoch after epoch until a stopping rule holds; returns
+    """The state machine (docs/spec.md C): train epoch after epoch until a stopping rule holds; returns
     why training stopped (success, time_cap, max_epochs). A signal stops it at a read point."""
     tc, prog = t.cfg.train, t.prog
     t.model.train()
@@ -411,7 +411,7 @@ def _recorder(launch: Launch, cfg: RunConfig, group: distributed.Group, prog: Pr
     device = group.device
     env = {**capture_env(str(device)), "world_size": group.world, "platform": launch.platform,
            "precision_note": check_precision(cfg, device),
-           "features": {"sha256": features_sha256(launch.data), "over": OVER}}  # what a reproduction compares (issue 31)
+           "features": {"sha256": features_sha256(launch.data), "over": OVER}}  # what a reproduction compares
     given, suffix = launch.label, launch.label_suffix
     label = f"{given or default_label(env, cfg.to_dict())}{suffix}" if suffix else given
     return RunRecorder.begin(launch.plan, launch.out, cfg, prog, data=launch.data, env=env, splits=splits,

@@ -1,6 +1,6 @@
 """``speechperf reproduce``: does this machine's stack compute the benchmark as the reference's
 did? Train a reference seed for its first epochs under the ISA cap at 1 thread and compare
-each epoch's validation loss, CER and WER with the reference curve, bit for bit (issue 31).
+each epoch's validation loss, CER and WER with the reference curve, bit for bit.
 
 The training runs in a child process (``speechperf train``): the cap's variables
 (telemetry/isa_cap.py) take effect only at process start (ATen reads its capability at

@@ -1,7 +1,7 @@
 """Seeds side by side: ``train --seeds N --parallel K`` trains K seeds at once, one per device.
 
 A machine with several GPUs can time one seed per GPU, so that five seeds take the time of
-one (issue 22: "--seeds may place one seed per device"). Each seed is its own process, the
+one. Each seed is its own process, the
 ordinary one-run ``speechperf train --out OUT/seed-S ... train.seed=S`` (the run folder, label
 and resume rules of train/seeds.py's one after another), started with the slot's
 device alone visible: ``CUDA_VISIBLE_DEVICES`` set to one of the GPUs this process sees. On a

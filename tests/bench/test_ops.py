@@ -8,7 +8,7 @@ from speechperf.errors import SpeechperfError
 
 
 def test_flop_formulas_against_hand_counts():
-    assert ops.matmul_op(2048, 2048, 2048).flops == pytest.approx(1.72e10, rel=0.01)  # SPEC E
+    assert ops.matmul_op(2048, 2048, 2048).flops == pytest.approx(1.72e10, rel=0.01)  # docs/spec.md E
     assert ops.matmul_op(4096, 4096, 4096).flops == pytest.approx(1.37e11, rel=0.01)
     assert ops.matmul_op(8192, 8192, 8192).flops == pytest.approx(1.10e12, rel=0.01)
     # F(256,224,224,3) K(7,7,3,64) S(2,2): output 112 x 112 with padding 3
