@@ -35,7 +35,7 @@ HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
 
 
 class UnsafeArchive(FetchError):
-    """An archive member would land outside the folder, or is a link, device or fifo."""
+    """An archive member would land outside the folder, is a link, device or fifo, or is not of the part."""
 
 
 def extract_part(archive: Path, out: Path, split: str, marker: dict, progress: bool = True) -> int:

@@ -20,6 +20,7 @@ seed reached. A preset, recipe or corpus without a reference says so, never pass
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -99,9 +100,7 @@ def _check_values(ref: dict, where: str) -> None:
     """The values the shape cannot say: a declared target metric, a window of epochs, error-rate
     targets, epochs and curves that a check or ``reproduce`` can compare with; the first
     field that is not is refused by name (a broken reference must not read as a run's fault)."""
-    def bad(field: str, value, want: str):
-        raise ReferenceError(f"{where}: field {field!r} should be {want}, found {value!r}")
-
+    bad = functools.partial(_refuse, where)
     if ref.get("metric") not in target_metrics():
         bad("metric", ref.get("metric"), f"one of {', '.join(target_metrics())}")
     if not _count(ref.get("window"), 1):
@@ -113,10 +112,11 @@ def _check_values(ref: dict, where: str) -> None:
         if not is_target(t):
             bad(f"targets[{i}]", t, "an error rate in (0, 100] %")
     for i, seed in enumerate(ref["seeds"]):
-        _check_seed(seed, f"seeds[{i}]", bad)
+        _check_seed(seed, f"seeds[{i}]", where)
 
 
-def _check_seed(seed: dict, field: str, bad) -> None:
+def _check_seed(seed: dict, field: str, where: str) -> None:
+    bad = functools.partial(_refuse, where)
     if not _count(seed.get("seed"), 0):
         bad(f"{field}.seed", seed.get("seed"), "a whole number")
     for key in ("epochs", "margin", "minutes"):
@@ -132,11 +132,12 @@ def _check_seed(seed: dict, field: str, bad) -> None:
         if value is not None and not (_count(value, 0) if key == "epochs_trained" else _finite(value) and value >= 0):
             bad(f"{field}.{key}", value, want)
     for c, curve in enumerate(seed.get("curves") or []):
-        _check_curve(curve, f"{field}.curves[{c}]", bad)
+        _check_curve(curve, f"{field}.curves[{c}]", where)
 
 
-def _check_curve(curve: dict, field: str, bad) -> None:
+def _check_curve(curve: dict, field: str, where: str) -> None:
     """A curve is compared epoch by epoch from epoch 1, bit for bit, on the settings it names."""
+    bad = functools.partial(_refuse, where)
     for key in ("epochs", "settings"):
         if key not in curve:
             bad(field, sorted(curve), f"an object with {key!r}")
@@ -153,6 +154,10 @@ def _check_curve(curve: dict, field: str, bad) -> None:
             bad(f"{field}.settings.{key}", curve["settings"].get(key), "a string")
     if curve["settings"].get("seed") is not None and not _count(curve["settings"]["seed"], 0):
         bad(f"{field}.settings.seed", curve["settings"]["seed"], "a whole number")
+
+
+def _refuse(where: str, field: str, value, want: str):
+    raise ReferenceError(f"{where}: field {field!r} should be {want}, found {value!r}")
 
 
 def _count(value, least: int) -> bool:
