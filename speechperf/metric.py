@@ -20,6 +20,7 @@ database, the metrics, the training loop and the report. The computations live a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from speechperf.errors import SpeechperfError
@@ -100,6 +101,12 @@ def metric(name: str) -> Metric:
 def targets() -> tuple[str, ...]:
     """The names a TTA target may be of (``--metric``, ``train.target_metric``), in declaration order."""
     return tuple(name for name, m in METRICS.items() if m.target)
+
+
+def is_target(value) -> bool:
+    """A TTA target of a target metric (an error rate): a finite number in (0, 100] (%). The one
+    rule for ``--targets``, ``train.target`` and a reference file's targets."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= 100
 
 
 def per_epoch() -> list[Metric]:

@@ -8,10 +8,14 @@ run removes the work folder and extracts again). The archive's top-level notes
 (README.TXT, SPEAKERS.TXT, ...) go to OUT beside the splits. The result is the layout
 ``speechperf prepare OUT FEATS`` reads (``OUT/SPLIT/SPEAKER/CHAPTER/*.flac``, ``*.trans.txt``).
 
-Unsafe members are refused (``UnsafeArchive``, naming the member): with tarfile's ``data``
-extraction filter (Python >= 3.11.4, 3.10.12): absolute paths, ``..``, links pointing
-outside the folder, devices and fifos; on an older Python, anything but plain files and
-folders with relative names inside it.
+Anything but what a LibriSpeech part holds is refused (``UnsafeArchive``, naming the archive
+and the member) while extracting, before anything is moved into OUT: absolute paths and
+``..``; links of any kind (LibriSpeech has none, and a relative link that stays inside the
+work folder may point outside OUT once renamed; a hardlink may name a missing member),
+devices and fifos; a member outside ``LibriSpeech/SPLIT/`` other than a top-level note
+(``LibriSpeech/NAME.TXT``), e.g. another split's folder or a ``LibriSpeech/.fetch`` that
+would land on the work folder. tarfile's ``data`` extraction filter (Python >= 3.11.4,
+3.10.12) applies as well where it exists.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
 
 
 class UnsafeArchive(FetchError):
-    """An archive member would land outside the folder, or is a link, device or fifo."""
+    """An archive member would land outside the folder, is a link, device or fifo, or is not of the part."""
 
 
 def extract_part(archive: Path, out: Path, split: str, marker: dict, progress: bool = True) -> int:
@@ -41,32 +45,32 @@ def extract_part(archive: Path, out: Path, split: str, marker: dict, progress: b
     shutil.rmtree(work, ignore_errors=True)  # a previous run's half-extracted folder
     work.mkdir(parents=True)
     try:
-        count = _extract(archive, work, progress)
+        count = _extract(archive, work, split, progress)
         root = work / "LibriSpeech"
         src = root / split
         if not src.is_dir():
             raise FetchError(f"{archive} holds no LibriSpeech/{split} folder: not the archive of {split}; "
                              f"delete it and run again, or check --mirror")
+        if (out / split).exists():
+            raise FetchError(f"{out / split} appeared during extraction: another fetch into {out}? run again")
         atomic_write_text(src / MARKER, json.dumps(marker, indent=1))
         for note in root.iterdir():
             if note.is_file():  # README.TXT, SPEAKERS.TXT, ...: the same in every part
                 os.replace(note, out / note.name)
-        if (out / split).exists():
-            raise FetchError(f"{out / split} appeared during extraction: another fetch into {out}? run again")
         os.rename(src, out / split)  # the split appears complete, marker included
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return count
 
 
-def _extract(archive: Path, dest: Path, progress: bool) -> int:
+def _extract(archive: Path, dest: Path, split: str, progress: bool) -> int:
     from tqdm import tqdm
 
     counted = [0]
 
     def members(tar):
         for member in tar:
-            _check_member(archive, member)
+            _check_member(archive, member, split)
             counted[0] += 1
             yield member
 
@@ -84,12 +88,29 @@ def _extract(archive: Path, dest: Path, progress: bool) -> int:
     return counted[0]
 
 
-def _check_member(archive: Path, member: tarfile.TarInfo) -> None:
-    """Names must be relative and stay inside (the data filter would only strip a leading "/");
-    without the data filter, plain files and folders only."""
-    inside = not (os.path.isabs(member.name) or ".." in Path(member.name).parts)
-    plain = HAS_DATA_FILTER or member.isfile() or member.isdir()
-    if not (inside and plain):
-        kind = "outside the folder" if not inside else "a link, device or fifo"
-        raise UnsafeArchive(f"{archive}: refused member {member.name!r} ({kind}); nothing of it was kept; the "
-                            "archive is not a LibriSpeech part: delete it, check --mirror")
+def _check_member(archive: Path, member: tarfile.TarInfo, split: str) -> None:
+    """Names must be relative and stay inside (the data filter would only strip a leading "/"),
+    members plain files and folders, and each in its place: ``LibriSpeech/``, a note file
+    ``LibriSpeech/NAME.TXT`` or anything under ``LibriSpeech/SPLIT``."""
+    parts = Path(member.name).parts
+    if os.path.isabs(member.name) or ".." in parts:
+        why = "outside the folder"
+    elif not (member.isfile() or member.isdir()):
+        kind = "a symlink" if member.issym() else "a hardlink" if member.islnk() else "a device or fifo"
+        why = f"{kind}; a LibriSpeech part holds only files and folders"
+    elif not _in_place(parts, split, member.isfile()):
+        why = f"not under LibriSpeech/{split}/ nor a LibriSpeech/NAME.TXT note"
+    else:
+        return
+    raise UnsafeArchive(f"{archive}: refused member {member.name!r} ({why}); nothing of it was kept; the "
+                        "archive is not a LibriSpeech part: delete it, check --mirror")
+
+
+def _in_place(parts: tuple, split: str, is_file: bool) -> bool:
+    if not parts or parts[0] != "LibriSpeech":
+        return not parts and not is_file  # "." (the folder itself), or a member outside LibriSpeech/
+    if len(parts) == 1:
+        return not is_file
+    if len(parts) == 2 and is_file:  # a note moved beside the splits: never a split's or the work folder's name
+        return parts[1].upper().endswith(".TXT") and not parts[1].startswith(".")
+    return parts[1] == split

@@ -98,7 +98,12 @@ def _open(url: str, tmp: Path, have: int, part: Part, timeout: float):
 
 
 def _http_message(url: str, part: Part, e: urllib.error.HTTPError, tmp: Path, have: int) -> str:
-    head = f"{url}: HTTP {e.code} {e.reason} while fetching {part.archive_name}"
+    if 300 <= e.code < 400:  # urllib gives up on a redirect loop (or past 10 redirects) with a 3-line reason
+        most = urllib.request.HTTPRedirectHandler.max_redirections
+        return (f"{url}: the server redirects in a loop (or more than {most} times; last HTTP {e.code}) while fetching "
+                f"{part.archive_name}; check the address (--mirror), or use another --mirror (e.g. {MIRROR_HINT})")
+    reason = " ".join(str(e.reason).split())  # one line, whatever the server sent
+    head = f"{url}: HTTP {e.code} {reason} while fetching {part.archive_name}"
     if e.code in (404, 410):
         return (f"{head}: no such file at this address; check --mirror (it replaces the base address "
                 f"https://www.openslr.org/resources, e.g. --mirror {MIRROR_HINT})")

@@ -161,12 +161,18 @@ def _greedy(widths: np.ndarray, cap: float, items: np.ndarray | None, index: Ind
         b = a + int(np.searchsorted(cost, cap, side="right"))
         if b == a and index is None:
             return None
-        if b == a:
-            raise SpeechperfError(f"utterance {index.id(int(items[a]))} ({index.duration[items[a]]:.2f} s) costs "
-                                  f"{widths[a]:.1f} s, more than loader.max_duration={cap:g}: raise max_duration")
+        if b == a:  # exact values, so that the cost is visibly above the cap
+            raise SpeechperfError(f"utterance {index.id(int(items[a]))} ({_exact(index.duration[items[a]])} s) costs "
+                                  f"{_exact(widths[a])} s, more than loader.max_duration={_exact(cap)}: raise "
+                                  "max_duration")
         bounds.append(b)
         a = b
     return bounds
+
+
+def _exact(x) -> str:
+    """The shortest digits that give ``x`` back in its own precision (float32 1.01 is "1.01")."""
+    return np.format_float_positional(x, trim="-")
 
 
 def _for_rank(batches: list[np.ndarray], groups: np.ndarray, cfg: LoaderConfig, rank: int, world: int) -> Plan:

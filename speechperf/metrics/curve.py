@@ -18,7 +18,7 @@ import math
 
 from speechperf.metrics import rcp
 
-METRICS = ("loss", "cer", "wer")  # what a curve holds per epoch (evals columns)
+METRICS = rcp.CURVE_METRICS  # what a curve holds per epoch (evals columns); rcp checks a reference's on load
 # settings that must be equal for a curve to be reproducible, in the order they are reported
 MUST_MATCH = ("torch", "threads", "cap", "cpu_capability", "features_sha256", "seed")
 # settings that must be equal as well where both sides recorded them (oneDNN's ISA is only

@@ -20,13 +20,16 @@ seed reached. A preset, recipe or corpus without a reference says so, never pass
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 
 from speechperf.config import SECTIONS, section_kind
 from speechperf.errors import SpeechperfError
+from speechperf.metric import is_target, targets as target_metrics
 from speechperf.metrics.olympic import olympic_mean
 from speechperf.results.shapes import NUM, OPT_NUM, OPT_STR, ShapeError, check_shape
 
@@ -45,13 +48,17 @@ BENCHMARK, RULESET = "rnnt", "6.0.0"
 OK, FASTER, FAILED = "ok", "faster than the reference allows", "never reached; every reference seed did"
 
 
-# The shape of a reference file (results/shapes.py's specs): what the checks below read.
+CURVE_METRICS = ("loss", "cer", "wer")  # what a reference curve holds per epoch (metrics/curve.py)
+# The shape of a reference file (results/shapes.py's specs): what the checks below read; the
+# values are checked after it (_check_values).
+CURVE = {"epochs": [{"epoch": int, **{m: NUM for m in CURVE_METRICS}}], "settings": {"*": (str, int, type(None))},
+         "overrides": [str], "corpus": dict, "measured": (dict, type(None))}
 REFERENCE = {"format": int, "preset": OPT_STR, "metric": OPT_STR, "window": OPT_NUM, "targets": [NUM],
              "recipe": {"*": (str, int, float, bool, type(None), list)}, "overrides": [str],
              "corpus": {"fingerprint": {"*": OPT_NUM}, "data": OPT_STR, "synth": (dict, type(None))}, "how": OPT_STR,
              "seeds": [{"seed": OPT_NUM, "status": OPT_STR, "epochs": {"*": OPT_NUM}, "margin": {"*": OPT_NUM},
                         "minutes": {"*": OPT_NUM}, "final_cer": OPT_NUM, "epochs_trained": OPT_NUM,
-                        "measured": (dict, type(None))}]}
+                        "measured": (dict, type(None)), "curves": [CURVE]}]}
 
 
 class ReferenceError(SpeechperfError):
@@ -80,11 +87,92 @@ def _read(path: str, _mtime: int) -> dict:
         raise ReferenceError(f"reference convergence points {path}: unreadable ({e})") from None
     except RecursionError:  # nested deeper than the parser's recursion
         raise ReferenceError(f"reference convergence points {path}: unreadable (nested too deeply)") from None
+    where = f"reference convergence points {path}"
     try:  # valid JSON of the wrong shape ("recipe": "abc"): refused by field, not a traceback in a table
-        check_shape(ref, REFERENCE, f"reference convergence points {path}")
+        check_shape(ref, REFERENCE, where)
     except ShapeError as e:
         raise ReferenceError(str(e)) from None
+    _check_values(ref, where)
     return ref
+
+
+def _check_values(ref: dict, where: str) -> None:
+    """The values the shape cannot say: a declared target metric, a window of epochs, error-rate
+    targets, epochs and curves that a check or ``reproduce`` can compare with; the first
+    field that is not is refused by name (a broken reference must not read as a run's fault)."""
+    bad = functools.partial(_refuse, where)
+    if ref.get("metric") not in target_metrics():
+        bad("metric", ref.get("metric"), f"one of {', '.join(target_metrics())}")
+    if not _count(ref.get("window"), 1):
+        bad("window", ref.get("window"), "a whole number of epochs >= 1")
+    targets = ref.get("targets")
+    if not targets:
+        bad("targets", targets, "a list of error rates in (0, 100] %")
+    for i, t in enumerate(targets):
+        if not is_target(t):
+            bad(f"targets[{i}]", t, "an error rate in (0, 100] %")
+    for i, seed in enumerate(ref["seeds"]):
+        _check_seed(seed, f"seeds[{i}]", where)
+
+
+def _check_seed(seed: dict, field: str, where: str) -> None:
+    bad = functools.partial(_refuse, where)
+    if not _count(seed.get("seed"), 0):
+        bad(f"{field}.seed", seed.get("seed"), "a whole number")
+    for key in ("epochs", "margin", "minutes"):
+        for target, value in (seed.get(key) or {}).items():
+            if not _target_key(target):
+                bad(f"{field}.{key}", target, "keyed by targets written as numbers")
+            ok = _count(value, 1) if key == "epochs" else _finite(value) and (key == "margin" or value >= 0)
+            if value is not None and not ok:
+                bad(f"{field}.{key}.{target}", value, "a whole number of epochs >= 1" if key == "epochs" else
+                    "a finite number" + ("" if key == "margin" else " >= 0"))
+    for key, want in (("final_cer", "a finite error rate >= 0"), ("epochs_trained", "a whole number >= 0")):
+        value = seed.get(key)
+        if value is not None and not (_count(value, 0) if key == "epochs_trained" else _finite(value) and value >= 0):
+            bad(f"{field}.{key}", value, want)
+    for c, curve in enumerate(seed.get("curves") or []):
+        _check_curve(curve, f"{field}.curves[{c}]", where)
+
+
+def _check_curve(curve: dict, field: str, where: str) -> None:
+    """A curve is compared epoch by epoch from epoch 1, bit for bit, on the settings it names."""
+    bad = functools.partial(_refuse, where)
+    for key in ("epochs", "settings"):
+        if key not in curve:
+            bad(field, sorted(curve), f"an object with {key!r}")
+    if not curve["epochs"]:
+        bad(f"{field}.epochs", [], "a list of epochs from epoch 1")
+    for e, row in enumerate(curve["epochs"]):
+        if row.get("epoch") != e + 1:
+            bad(f"{field}.epochs[{e}].epoch", row.get("epoch"), f"{e + 1} (epochs in order from 1)")
+        for m in CURVE_METRICS:
+            if not (_finite(row.get(m)) and row[m] >= 0):
+                bad(f"{field}.epochs[{e}].{m}", row.get(m), "a finite number >= 0")
+    for key in ("features_sha256", "torch"):
+        if not isinstance(curve["settings"].get(key), str):
+            bad(f"{field}.settings.{key}", curve["settings"].get(key), "a string")
+    if curve["settings"].get("seed") is not None and not _count(curve["settings"]["seed"], 0):
+        bad(f"{field}.settings.seed", curve["settings"]["seed"], "a whole number")
+
+
+def _refuse(where: str, field: str, value, want: str):
+    raise ReferenceError(f"{where}: field {field!r} should be {want}, found {value!r}")
+
+
+def _count(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _target_key(key: str) -> bool:
+    try:
+        return is_target(float(key))
+    except ValueError:
+        return False
 
 
 def recipe(config: dict) -> dict:

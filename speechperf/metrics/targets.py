@@ -20,11 +20,11 @@ Explicit numbers (``--targets 10,8``) apply to the metric asked, for every run.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from speechperf.errors import SpeechperfError
+from speechperf.metric import is_target
 from speechperf.metric import targets as declared_targets
 
 METRICS = declared_targets()  # what a target may be of: the target metrics of speechperf/metric.py
@@ -124,11 +124,6 @@ class Targets:
 
     def __str__(self) -> str:
         return self.name or ",".join(f"{v:g}" for v in self.values)
-
-
-def is_target(value) -> bool:
-    """An error-rate target: a finite number in (0, 100] (%)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= 100
 
 
 def parse_targets(spec: "str | Targets | Sequence[float]", metric: str = "cer") -> Targets:

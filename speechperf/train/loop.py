@@ -48,7 +48,7 @@ from speechperf.features.checksum import OVER, features_sha256
 from speechperf.features.stats import check_trained_on, read_stats
 from speechperf.models import build_model
 from speechperf.results.db import ResultsDB
-from speechperf.results.lock import RunFolderBusy, RunLock
+from speechperf.results.lock import LOCK_FILE, RunFolderBusy, RunLock
 from speechperf.results.run import Run, default_label, read_checkpoint
 from speechperf.train import distributed
 from speechperf.train.algorithm import Algorithm, check as check_algorithm, check_launch, make_algorithm
@@ -92,7 +92,7 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     group = distributed.setup(tc.device, tc.dist_backend, denv)  # checks the launch against the GPUs first
-    lock = None
+    lock, made = None, rank == 0 and not out.exists()  # made: a refused run leaves no folder behind
     try:
         check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
         # rank 0 alone looks at the folder (across machines only its disk holds it), holding its
@@ -112,8 +112,21 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
         raise as_fault(e, out) from e
     finally:
         if lock is not None:
+            if not Run.exists(out):  # refused before the run existed (loader.max_duration, ...)
+                _unmake(out, made)
             lock.release()
         group.close()
+
+
+def _unmake(out: Path, made: bool) -> None:
+    """Remove the lock file, still held (no other process can take it in between), and the
+    folder if this command made it and nothing else is in it."""
+    (out / LOCK_FILE).unlink(missing_ok=True)
+    if made:
+        try:
+            out.rmdir()
+        except OSError:  # something else was put there: not this command's to delete
+            pass
 
 
 def _configuration(preset: str, out: Path | None, overrides, resume, platform: str | None) -> tuple[Path, str, RunConfig]:

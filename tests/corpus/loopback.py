@@ -68,7 +68,8 @@ def table_text(archives: dict, corpus: str = "mini-librispeech", resource: int =
 class Loopback:
     """The server's state: ``files`` {url path: bytes}; ``mode`` one of ok, 404, 500,
     close_mid (send ``cut`` bytes of the body, then close), slow (headers, then ``delay`` s of
-    silence), throttle (``rate`` bytes/s), ignore_range (answer 200 with the whole file);
+    silence), throttle (``rate`` bytes/s), ignore_range (answer 200 with the whole file),
+    redirect_loop (302 back to the same address);
     ``log``: one (path, range start, body bytes sent) per answered GET."""
 
     def __init__(self):
@@ -100,6 +101,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         st: Loopback = self.server.state
+        if st.mode == "redirect_loop":
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if st.mode in ("404", "500") or self.path not in st.files:
             self.send_error(500 if st.mode == "500" else 404)
             return

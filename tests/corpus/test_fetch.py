@@ -198,6 +198,81 @@ def test_a_link_pointing_outside_is_refused(openslr, tmp_path, monkeypatch, kind
     print(message)
 
 
+def _link(name, target, kind=tarfile.SYMTYPE):
+    def member(tar):
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, target
+        tar.addfile(info)
+    return member
+
+
+def test_a_relative_symlink_that_would_escape_out_once_renamed_is_refused(openslr, tmp_path, monkeypatch,
+                                                                         extraction):
+    """``updir -> ../..`` stays inside OUT/.fetch/dev-clean-2.extract while extracting (the data
+    filter lets it through) and points at OUT's parent once the split is renamed to OUT/dev-clean-2."""
+    (tmp_path / "secret").write_text("outside OUT")
+    out, message = _unsafe(tmp_path, monkeypatch, openslr, _link("LibriSpeech/dev-clean-2/updir", "../.."))
+    assert "dev-clean-2.tar.gz: refused member 'LibriSpeech/dev-clean-2/updir' (a symlink" in message
+    assert not (out / "README.TXT").exists()  # refused before anything was moved into OUT
+
+
+def test_a_flac_symlink_to_a_file_outside_out_is_refused(openslr, tmp_path, monkeypatch, extraction):
+    (tmp_path / "secret").write_text("outside OUT")
+    out, message = _unsafe(tmp_path, monkeypatch, openslr,
+                           _link("LibriSpeech/dev-clean-2/84/100/84-100-0009.flac", "../../../../secret"))
+    assert "'LibriSpeech/dev-clean-2/84/100/84-100-0009.flac' (a symlink" in message
+    assert not list(out.rglob("84-100-0009.flac"))
+
+
+def test_a_hardlink_to_a_missing_member_is_one_message_exit_2(openslr, tmp_path, monkeypatch, capsys, extraction):
+    from speechperf.cli import main
+
+    data = make_archive("dev-clean-2", speakers=(84,), seed=1, extra=_link(
+        "LibriSpeech/dev-clean-2/84/100/x.flac", "LibriSpeech/dev-clean-2/84/100/missing.flac", tarfile.LNKTYPE))
+    openslr.serve("dev-clean-2", data)
+    monkeypatch.setenv(ENV, str(write_table(tmp_path, {"dev-clean-2": data})))
+    out = tmp_path / "corpus"
+    assert main(["corpus", "fetch", "mini-librispeech", str(out), "--mirror", openslr.base]) == 2
+    err = capsys.readouterr().err.strip()  # the progress bars' lines, then the error's one line
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("speechperf: error: ")
+    assert "dev-clean-2.tar.gz: refused member 'LibriSpeech/dev-clean-2/84/100/x.flac' (a hardlink" in \
+        err.splitlines()[-1]
+    assert not (out / "dev-clean-2").exists() and not (out / WORKDIR / "dev-clean-2.extract").exists()
+
+
+def _file(name, data=b"x"):
+    def member(tar):
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return member
+
+
+@pytest.mark.parametrize("name", [".fetch", "LibriSpeech/.fetch", "LibriSpeech/.speechperf-fetch.json"])
+def test_a_member_named_like_the_work_folder_is_refused_before_anything_moves_into_out(openslr, tmp_path,
+                                                                                      monkeypatch, name):
+    out, message = _unsafe(tmp_path, monkeypatch, openslr, _file(name))
+    assert f"refused member {name!r} (not under LibriSpeech/dev-clean-2/" in message
+    assert sorted(p.name for p in out.iterdir()) == [WORKDIR]  # no README.TXT moved in
+    assert [p.name for p in (out / WORKDIR).iterdir()] == ["dev-clean-2.tar.gz"]  # the verified archive only
+
+
+@pytest.mark.parametrize("name", ["LibriSpeech/train-clean-5", "LibriSpeech/train-clean-5/19/100/19-100-0000.flac"])
+def test_a_member_of_another_split_is_refused_and_that_split_then_fetches(openslr, archives, tmp_path, monkeypatch,
+                                                                          name):
+    """A file named like a later part would be moved into OUT as a note, and that part then fail
+    with "another fetch into OUT?"; a folder of another split would be left in the work folder."""
+    bad = make_archive("dev-clean-2", speakers=(84,), seed=1, extra=_file(name))
+    openslr.serve("dev-clean-2", bad)
+    monkeypatch.setenv(ENV, str(write_table(tmp_path, {**archives, "dev-clean-2": bad})))
+    out = tmp_path / "corpus"
+    with pytest.raises(UnsafeArchive, match=f"refused member '{name}' \\(not under LibriSpeech/dev-clean-2/"):
+        fetch(openslr, out, parts=["dev-clean-2"])
+    assert sorted(p.name for p in out.iterdir()) == [WORKDIR]  # nothing stray in OUT
+    rows = fetch(openslr, out, parts=["train-clean-5"])
+    assert rows[0]["status"] == "fetched" and len(scan_split(out, "train-clean-5").utterances) == 6
+
+
 def test_a_fifo_member_is_refused(openslr, tmp_path, monkeypatch, extraction):
     def member(tar):
         info = tarfile.TarInfo("LibriSpeech/dev-clean-2/fifo")
@@ -235,6 +310,8 @@ def _refused_port() -> int:
     ("404", r"HTTP 404 .* while fetching dev-clean-2.tar.gz: no such file at this address; check --mirror"),
     ("500", r"HTTP 500 .* while fetching dev-clean-2.tar.gz: the server failed; run the same command again later"),
     ("slow", r"no data for 0.5 s while fetching dev-clean-2.tar.gz \(0 of \d+ bytes\); run the same command again"),
+    ("redirect_loop", r"the server redirects in a loop \(or more than 10 times; last HTTP 302\) while fetching "
+                      r"dev-clean-2.tar.gz; check the address"),
     ("refused", r"cannot connect \(.*Connection refused.*\) while fetching dev-clean-2.tar.gz; run the same command"),
 ])
 def test_every_network_failure_is_one_message_naming_the_url_the_file_and_what_to_do(openslr, tmp_path, mode,

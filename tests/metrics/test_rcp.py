@@ -116,3 +116,68 @@ def test_the_shipped_tiny_reference():
     for seed in ref["seeds"]:
         assert {"commit", "machine", "isa", "threads", "torch", "date"} <= set(seed["measured"])
     assert rcp.load_reference("paper") is None
+
+
+def _damage(ref: dict, field: str, value) -> dict:
+    """``ref`` with the dotted/indexed ``field`` ("seeds[0].curves[0].epochs[0].cer") set to ``value``."""
+    import re
+
+    keys = [int(k) if k.isdigit() else k for k in re.findall(r"[^.\[\]]+", field)]
+    node = ref
+    for k in keys[:-1]:
+        node = node[k]
+    node[keys[-1]] = value
+    return ref
+
+
+@pytest.mark.parametrize("field,value,said", [
+    ("seeds[0].curves[0].epochs[0].cer", "x", "'seeds[0].curves[0].epochs[0].cer' should be an integer or a number, found "
+                                                 "str 'x'"),
+    ("seeds[0].curves[0].epochs[0].loss", None, "'seeds[0].curves[0].epochs[0].loss' should be an integer or a number"),
+    ("seeds[0].curves[0].epochs[1].wer", float("nan"), "'seeds[0].curves[0].epochs[1].wer' should be a finite "
+                                                       "number >= 0, found nan"),
+    ("seeds[0].curves[0].epochs[1].epoch", 3, "'seeds[0].curves[0].epochs[1].epoch' should be 2 (epochs in order"),
+    ("seeds[0].curves[0].epochs", [], "'seeds[0].curves[0].epochs' should be a list of epochs from epoch 1"),
+    ("seeds[0].curves[0].settings", {"torch": "2.13.0+cpu"}, "'seeds[0].curves[0].settings.features_sha256' "
+                                                             "should be a string, found None"),
+    ("seeds[0].curves", "x", "'seeds[0].curves' should be a list"),
+    ("targets", [float("nan")], "'targets[0]' should be an error rate in (0, 100] %, found nan"),
+    ("targets", [-5], "'targets[0]' should be an error rate in (0, 100] %, found -5"),
+    ("targets", [], "'targets' should be a list of error rates"),
+    ("window", 0, "'window' should be a whole number of epochs >= 1, found 0"),
+    ("window", 2.5, "'window' should be a whole number of epochs >= 1, found 2.5"),
+    ("metric", "bogus", "'metric' should be one of cer, wer, ser, found 'bogus'"),
+    ("seeds[1].seed", None, "'seeds[1].seed' should be a whole number, found None"),
+    ("seeds[1].epochs", {"38": 0}, "'seeds[1].epochs.38' should be a whole number of epochs >= 1, found 0"),
+    ("seeds[1].epochs", {"abc": 3}, "'seeds[1].epochs' should be keyed by targets written as numbers, found 'abc'"),
+    ("seeds[1].minutes", {"38": -1.0}, "'seeds[1].minutes.38' should be a finite number >= 0, found -1.0"),
+    ("seeds[1].final_cer", float("inf"), "'seeds[1].final_cer' should be a finite error rate >= 0, found inf"),
+])
+def test_every_field_of_a_reference_file_is_checked_on_load(tmp_path, monkeypatch, field, value, said):
+    """The shipped tiny reference with one field damaged is refused naming the file and field
+    (exit 2): never a verdict about the run or the machine."""
+    ref = _damage(json.loads(rcp.reference_path("tiny").read_text()), field, value)
+    (tmp_path / "tiny.json").write_text(json.dumps(ref))
+    monkeypatch.setattr(rcp, "RCP_DIR", tmp_path)
+    with pytest.raises(rcp.ReferenceError) as e:
+        rcp.load_reference("tiny")
+    assert e.value.exit_code == 2 and str(tmp_path / "tiny.json") in str(e.value) and said in str(e.value), \
+        str(e.value)
+
+
+def test_every_shipped_reference_passes_its_checks():
+    for path in sorted(rcp.RCP_DIR.glob("*.json")):
+        assert rcp.load_reference(path.stem)["preset"] == path.stem
+
+
+@pytest.mark.parametrize("value", ["x", None])
+def test_reproduce_refuses_a_damaged_curve_instead_of_blaming_the_machine(tmp_path, monkeypatch, tiny_features,
+                                                                          capsys, value):
+    from speechperf.cli import main
+
+    ref = _damage(json.loads(rcp.reference_path("tiny").read_text()), "seeds[0].curves[1].epochs[0].cer", value)
+    (tmp_path / "tiny.json").write_text(json.dumps(ref))
+    monkeypatch.setattr(rcp, "RCP_DIR", tmp_path)
+    assert main(["reproduce", "tiny", "--data", str(tiny_features)]) == 2
+    out, err = capsys.readouterr()
+    assert f"{tmp_path / 'tiny.json'}: field 'seeds[0].curves[1].epochs[0].cer'" in err and "differs" not in out + err

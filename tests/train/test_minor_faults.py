@@ -67,3 +67,36 @@ def test_a_lost_peer_is_a_named_run_failure_not_a_traceback(error, tmp_path, mon
     assert isinstance(fault, PeerLost) and fault.exit_code == 1
     assert str(fault).startswith("rank 0 lost its process group") and "torchrun --max-restarts" in str(fault)
     assert as_fault(RuntimeError("shape mismatch"), tmp_path) is None  # other errors stay themselves
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_max_duration_below_the_longest_utterance_is_refused_exactly_and_leaves_no_file(
+        tiny_features, tmp_path, capsys, existing):
+    """Refused after the run folder's lock was taken (the plan cuts batches): neither the lock
+    file nor the folder this command made stays behind, and the message's numbers are exact."""
+    run = tmp_path / "run"
+    if existing:
+        run.mkdir()  # the user's empty folder stays, empty
+    argv = ["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(run), *TINY,
+            "loader.max_duration=1"]
+    assert main(argv) == 2
+    assert (list(run.iterdir()) == []) if existing else not run.exists()  # no .speechperf.lock
+    err = capsys.readouterr().err
+    m = __import__("re").search(r"utterance \S+ \(([\d.]+) s\) costs ([\d.]+) s, more than loader.max_duration=1: "
+                                r"raise max_duration", err)
+    assert m, err
+    assert float(m.group(2)) > 1 and m.group(1) != "1.0" and m.group(2) != "1.0", err
+
+
+@pytest.mark.parametrize("value", ["150", "100.5", "-1"])
+def test_train_target_must_be_an_error_rate_as_tta_targets_are(value):
+    from speechperf.config import load_preset
+    from speechperf.errors import ConfigError
+    from speechperf.metrics.targets import TargetError, parse_targets
+
+    with pytest.raises(ConfigError, match=r"train.target=\S+ must be an error rate in \(0, 100\] % \(or 0: never"):
+        load_preset("tiny", [f"train.target={value}"])
+    with pytest.raises(TargetError):  # the same rule as tta --targets
+        parse_targets(value)
+    assert load_preset("tiny", ["train.target=100"]).train.target == 100
+    assert load_preset("tiny", ["train.target=0"]).train.target == 0
