@@ -17,7 +17,9 @@ fi
 # broken contract fails here, before the tests.
 lint-imports
 # Two workers (pytest-xdist): most cases wait on subprocesses (torchrun, the CLI) and run one
-# thread each, so two share a 2-core machine well; worksteal evens out the long cases.
+# thread each, so two share a 2-core machine well; worksteal evens out the long cases. With -n N
+# each worker's torch, and the subprocesses it starts, use cores / N threads (tests/conftest.py;
+# an OMP_NUM_THREADS set here is kept): on 16 cores, -n 8 gives each worker 2 threads.
 # --durations: the 20 slowest cases at the end (the suite aims at ~15 minutes on 2 cores).
 # Arguments after the script's name go to pytest (-n 0: one process).
 python -m pytest -q -n 2 --dist worksteal --durations=20 "$@"

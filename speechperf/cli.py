@@ -341,6 +341,18 @@ def cmd_bench_zoo(a) -> int:
     return 0
 
 
+def cmd_bench_feed(a) -> int:
+    from speechperf.train.feed import COLUMNS, notes, run_feed
+
+    row = run_feed(a.preset, a.overrides, data=Path(a.data) if a.data else None, device=a.device, profile=a.profile,
+                   readers=a.readers, windows=a.windows, steps=a.steps, warmup=a.warmup, batches=a.batches,
+                   cores=a.cores)
+    emit([row], a.json, columns=COLUMNS)
+    if not a.json:
+        print("\n".join(notes(row)))
+    return 0
+
+
 def _timing_args(sp, what: str) -> None:
     """The measurement method's options (speechperf/bench/timing.py; defaults per device there)."""
     sp.add_argument("--seconds", "--cpu-seconds", type=float, default=None,
@@ -556,6 +568,23 @@ def build_parser() -> argparse.ArgumentParser:
     _timing_args(sp, "row")
     sp.add_argument("--csv", help="Table 8 layout CSV (default: bench_zoo_table8.csv beside --db)")
     sp.add_argument("--db")
+
+    sp = add("feed", cmd_bench_feed, "how many CPU cores feed one GPU: the preset's training step's appetite (audio "
+             "s/s on batches on the device, LibriSpeech lengths) against the loader's supply per reader", bench)
+    sp.add_argument("--preset", default="gpu", type=_preset, metavar="PRESET", help="named preset or a TOML file")
+    sp.add_argument("--data", default=None, help="prepared features to read (default: a synthetic shard set at "
+                    "LibriSpeech lengths in a temporary folder)")
+    sp.add_argument("--device", default="auto", help="where the appetite is measured: auto (a GPU when torch sees "
+                    "one, else the recorded profile's figure), cuda, cuda:N or cpu")
+    sp.add_argument("--profile", default=None, help="recorded GPU profile (speechperf/config/gpu_appetite.toml; "
+                    "default: its first) when no GPU measures the appetite")
+    sp.add_argument("--readers", type=int, default=1, help="reader processes timed together (the supply is per reader)")
+    sp.add_argument("--windows", type=int, default=3, help="timed windows of each measurement (median and spread)")
+    sp.add_argument("--steps", type=int, default=5, help="training steps per appetite window")
+    sp.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
+    sp.add_argument("--batches", type=int, default=4, help="loader batches per supply window")
+    sp.add_argument("--cores", type=int, default=None, help="the host's cores (default: os.cpu_count())")
+    sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset (e.g. loader.batch_size=64)")
 
     par = sub.add_parser("parallel", help="parallel training algorithms").add_subparsers(dest="sub", required=True)
     from speechperf.parallel import sweep

@@ -3,12 +3,37 @@
 other test runs as on a machine without a GPU, also on one with a GPU."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def worker_threads(cores: int, workers: int) -> int:
+    """Threads each of ``workers`` pytest-xdist workers may use on ``cores`` cores, at least one."""
+    return max(1, cores // max(workers, 1))
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist every worker's torch would take all the cores (16 workers x 16
+    threads on a 16-core machine: end-to-end cases ran out their timeouts): each worker gets
+    its share, in torch here and, through OMP_NUM_THREADS, in the CLI and torchrun
+    subprocesses it starts. An OMP_NUM_THREADS the user set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 1 or "OMP_NUM_THREADS" in os.environ:  # torch's own default reads it
+        return
+    n = worker_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+                       workers)
+    os.environ.update({v: str(n) for v in THREAD_VARS})
+    torch.set_num_threads(n)
+
+
+_share_the_cores()
 
 
 def pytest_collection_modifyitems(config, items):

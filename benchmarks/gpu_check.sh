@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# One GPU check in one go (at most ~9 minutes on a bare H100/H200 machine), most important
+# step first, each under `timeout` and inside a whole-run budget, so that a cut loses the
+# least: the GPU demo (TTA, evaluation share, breakdown, energy, GPU busy) -> a short
+# conformer run (bf16, MFU) -> `bench feed` for gpu and conformer -> the step floor (the gpu
+# preset's old and new batch sizing) -> the cuda-marked tests and the GPU-sensitive files
+# (with the tiny corpus's features checksum under the AVX2 cap beside them) -> one summary
+# table (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last.
+#
+# Usage (repository root; speechperf's dependencies on PYTHONPATH, see docs/gpu.md):
+#   OUT=/some/dir bash benchmarks/gpu_check.sh           # on the GPU machine
+#   OUT=/tmp/check bash benchmarks/gpu_check.sh --cpu    # the whole flow on a tiny corpus, CPU, 1-3 min
+# GPU_CHECK_DRY=1 is the same as --cpu; BUDGET=seconds (default 510; --cpu 900) bounds the whole run;
+# ONLY="tests_cuda tests_gpu_files checksum" runs only the steps named (a second, short call).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DRY=${GPU_CHECK_DRY:-0}
+for arg in "$@"; do
+    case "$arg" in
+        --cpu) DRY=1 ;;
+        *) echo "gpu_check.sh: unknown argument '$arg' (only --cpu)" >&2; exit 2 ;;
+    esac
+done
+OUT=${OUT:?gpu_check.sh: set OUT to the folder for the logs}
+WORK=${WORK:-$(mktemp -d /tmp/gpu-check.XXXXXX)}
+mkdir -p "$OUT" "$WORK/logs" || exit 2
+START=$(date +%s)
+PY=${PYTHON:-python3}
+LOGS="$WORK/logs"  # at most 8 files come back from $OUT: the logs travel as one archive
+
+if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CPU
+    DEMO_ARGS=(--preset tiny --hours 0.05 --minutes 0.3)
+    BUDGET=${BUDGET:-900}; DEMO_T=300; CONF_PRESET=conformer-cpu; CONF_ARGS=(model.layers=1 model.d_model=32 model.heads=2 model.subsampling_channels=16
+        loader.max_duration=60 train.max_epochs=1 train.eval_decoder=greedy train.final_splits=none)
+    CONF_T=120; CONF_FLOOR=(--preset conformer-cpu --device cpu --steps 2 --warmup 1 model.layers=1 model.d_model=32
+        model.heads=2 model.subsampling_channels=16 loader.max_duration=60); COMPILE=0; FEED_PRESETS=(tiny); FEED_ARGS=(--device cpu --windows 2 --steps 1 --warmup 1 --batches 2 loader.batch_size=4)
+    FEED_T=60; FLOOR_PRESET=tiny; FLOOR_OLD=(loader.max_duration=0); FLOOR_NEW=(loader.max_duration=60)
+    FLOOR_ARGS=(--steps 3 --warmup 1 --device cpu); FLOOR_T=60
+    CUDA_TESTS=(tests/train/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/train/test_feed.py -k recorded_profile_rows)
+    TEST_ARGS=(-n 0); TEST_T=90
+else
+    DEMO_ARGS=(--minutes 2)  # the gpu preset reached CER 10 in 1.25 min on an H200
+    BUDGET=${BUDGET:-510}; DEMO_T=240; CONF_PRESET=conformer
+    CONF_ARGS=(train.time_cap_minutes=1 train.max_epochs=3 train.eval_decoder=greedy train.final_splits=none)
+    CONF_T=65; FEED_PRESETS=(gpu conformer); FEED_ARGS=(--readers 2 --windows 3 --steps 4 --warmup 3 --batches 2)
+    FEED_T=40; FLOOR_PRESET=gpu; FLOOR_OLD=(loader.max_duration=720); FLOOR_NEW=()
+    FLOOR_ARGS=(--steps 20 --warmup 5); FLOOR_T=30
+    CONF_FLOOR=(--preset conformer --steps 10 --warmup 5); COMPILE=1
+    CUDA_TESTS=(-m cuda tests); GPU_FILES=(tests/train/test_reproduce.py tests/train/test_cli_e2e.py)
+    TEST_ARGS=(-n 6 --timeout 120); TEST_T=90  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
+fi
+
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+# step NAME CAP CMD...: runs CMD under timeout min(CAP, budget left - 15 s) with its output in
+# $LOGS/NAME.log; skipped (and said so) when under 10 s are left; the exit status is logged.
+step() {
+    local name=$1 cap=$2; shift 2
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
+    local t=$(( $(left) - 15 )); [ "$t" -gt "$cap" ] && t=$cap
+    if [ "$t" -lt 10 ]; then echo "skipped: budget spent" > "$LOGS/$name.log"; echo "== $name: skipped"; return; fi
+    echo "== $name (timeout ${t}s, $(left)s of the budget left)"
+    local t0=$(date +%s)
+    timeout -k 5 "$t" "$@" > "$LOGS/$name.log" 2>&1
+    local rc=$?
+    echo "exit $rc after $(( $(date +%s) - t0 ))s (timeout ${t}s)" >> "$LOGS/$name.log"
+    echo "   exit $rc, $(( $(date +%s) - t0 ))s"
+}
+
+env_info() {
+    nvidia-smi || echo "no nvidia-smi"
+    $PY -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, 'python', sys.version.split()[0])"
+    lscpu | grep -E "Model name|Vendor ID|^CPU\(s\)|Flags"
+    echo "date $(date -u '+%F %T UTC')"
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+dirty')"
+}
+
+CHECKSUM_PY='
+import json, os, subprocess, sys
+from pathlib import Path
+from speechperf.corpus.synth import synthesize
+from speechperf.features.checksum import features_sha256
+from speechperf.telemetry import isa_cap
+root = Path(sys.argv[1])
+synthesize(root / "corpus", hours=0.03, seed=3, progress=False)  # tests/conftest.py: TINY_HOURS, seed 3
+subprocess.run([sys.executable, "-m", "speechperf", "prepare", "--workers", "1", str(root / "corpus"), str(root / "feats")],
+               env=isa_cap.cap_env("avx2"), check=True, stdout=subprocess.DEVNULL)
+print(json.dumps({"features_sha256": features_sha256(root / "feats"), "cap": "avx2"}))
+'
+features_checksum() {  # the test suite's tiny corpus (tests/conftest.py), prepared under the AVX2 cap
+    $PY -c "$CHECKSUM_PY" "$WORK/tiny"
+}
+
+export PY WORK
+export -f env_info features_checksum  # timeout runs programs: the functions run in a child bash
+step env 40 bash -c env_info
+step demo "$DEMO_T" $PY -m speechperf demo --out "$WORK/demo" "${DEMO_ARGS[@]}"
+step demo_tta 30 $PY -m speechperf tta --json "$WORK/demo/run"
+step conformer "$CONF_T" $PY -m speechperf train --preset "$CONF_PRESET" --data "$WORK/demo/features" \
+    --out "$WORK/conformer" "${CONF_ARGS[@]}"
+step conformer_tta 30 $PY -m speechperf tta --json "$WORK/conformer"
+for p in "${FEED_PRESETS[@]}"; do
+    step "feed_$p" "$FEED_T" $PY -m speechperf bench feed --preset "$p" --json "${FEED_ARGS[@]}"
+done
+step floor_old "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
+    "${FLOOR_ARGS[@]}" "${FLOOR_OLD[@]}"
+step floor_new "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
+    "${FLOOR_ARGS[@]}" "${FLOOR_NEW[@]}"
+if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" checksum "* ]]; then
+    features_checksum > "$LOGS/checksum.log" 2>&1 &  # beside the tests: neither is timed
+    CHECKSUM=$!
+fi
+step tests_cuda "$TEST_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${CUDA_TESTS[@]}"
+step tests_gpu_files "$TEST_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${GPU_FILES[@]}"
+if [ -n "${CHECKSUM:-}" ]; then  # given until 10 s before the budget ends
+    ( w=$(( $(left) - 10 )); sleep $(( w > 1 ? w : 1 )); kill "$CHECKSUM" 2>/dev/null ) &
+    KILLER=$!
+    wait "$CHECKSUM"; echo "exit $?" >> "$LOGS/checksum.log"
+    kill "$KILLER" 2>/dev/null
+fi
+
+# if the budget allows: the conformer's step eager and under torch.compile (compilation in the warm-up)
+step floor_conformer 40 $PY benchmarks/bench_step_floor.py "$WORK/demo/features" "${CONF_FLOOR[@]}"
+[ "$COMPILE" = 1 ] && step floor_conformer_compile 120 $PY benchmarks/bench_step_floor.py "$WORK/demo/features" \
+    "${CONF_FLOOR[@]}" train.compile=true
+
+# the demo's report and the runs' results, for a closer look: one archive
+tar -czf "$OUT/runs.tar.gz" -C "$WORK" --exclude='*.npz' --exclude='*.flac' --exclude='corpus' --exclude='*.pt' \
+    demo/report demo/run conformer 2>/dev/null
+tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs
+$PY benchmarks/gpu_summary.py "$LOGS" --runs "$WORK" --out "$OUT/summary.md" --budget "$BUDGET" \
+    --elapsed "$(( $(date +%s) - START ))"

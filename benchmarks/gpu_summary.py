@@ -1,0 +1,198 @@
+"""The GPU check's one table (benchmarks/gpu_check.sh): figures per step from its logs and runs.
+
+Reads LOGS/NAME.log as gpu_check.sh writes them (each ends in "exit RC after Ns (timeout
+Ts)" or says "skipped"): env (torch, GPU, commit), demo_tta and conformer_tta (`tta --json`
+rows), feed_* (`bench feed --json`), floor_* (bench_step_floor.py), tests_* (pytest's last
+line), checksum (the tiny corpus's features checksum); and, with --runs, the demo's and the
+conformer's results.db (steps: utterances and seconds per step; evaluation seconds against
+the training clock; the mean GPU utilization of the NVML samples). A step that failed or is
+missing reads as such in its row, never as a figure.
+
+Usage: python benchmarks/gpu_summary.py LOGS [--runs WORK] [--out summary.md] [--budget S] [--elapsed S]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sqlite3
+import sys
+from pathlib import Path
+
+STEPS = ["demo", "demo_tta", "conformer", "conformer_tta", "feed_gpu", "feed_conformer", "feed_tiny",
+         "floor_old", "floor_new", "tests_cuda", "tests_gpu_files", "checksum", "floor_conformer",
+         "floor_conformer_compile"]
+EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
+
+
+def read(logs: Path, name: str) -> str | None:
+    path = logs / f"{name}.log"
+    return path.read_text(errors="replace") if path.is_file() else None
+
+
+def status(text: str | None) -> str:
+    """ok / exit RC (timeout) / skipped / missing, with the seconds taken."""
+    if text is None:
+        return "missing"
+    if text.startswith("skipped"):
+        return "skipped (budget)"
+    m = None
+    for m in EXIT.finditer(text):
+        pass
+    if m is None:
+        return "no exit line"
+    rc, secs = int(m.group(1)), m.group(2)
+    word = "ok" if rc == 0 else ("timed out" if rc in (124, 137) else f"exit {rc}")
+    return f"{word}, {secs} s" if secs else word
+
+
+def json_in(text: str | None):
+    """The first JSON array or object in a log (the command's --json output), or None."""
+    if not text:
+        return None
+    for start in (i for i, c in enumerate(text) if c in "[{"):
+        try:
+            return json.JSONDecoder().raw_decode(text[start:])[0]
+        except ValueError:
+            continue
+    return None
+
+
+def fmt(x, digits: int = 3) -> str:
+    if x is None:
+        return "NA"
+    if isinstance(x, float):
+        return f"{x:,.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
+    return str(x)
+
+
+def tta_figures(rows) -> str:
+    """The first `tta --json` row's TTA, epochs, MFU, and whatever energy, evaluation and
+    breakdown columns the row carries."""
+    rows = rows.get("runs") if isinstance(rows, dict) else rows  # tta --json: {"runs": [...], "groups": ...}
+    if not isinstance(rows, list) or not rows:
+        return "no TTA rows"
+    r = rows[0]  # the first target (the paper's CER 10)
+    parts = [f"{r.get('metric', '?')} {fmt(r.get('target'))}: TTA {fmt(r.get('minutes'))} min "
+             f"({r.get('state', '?')}), epoch {fmt(r.get('epochs to target'))}",
+             f"MFU {fmt(r.get('MFU %'))} %, {fmt(r.get('TFLOPS'))} TFLOPS",
+             f"energy to accuracy {fmt(r.get('energy to accuracy kWh'))} kWh"]
+    parts += [f"{k} {fmt(v)}" for k, v in r.items() if k != "energy to accuracy kWh"
+              and re.search(r"energy|eval|breakdown|wait|share|floor", k, re.I)
+              and v is not None]
+    return "; ".join(parts)
+
+
+def feed_figures(rows) -> str:
+    if not isinstance(rows, list) or not rows:
+        return "no output"
+    r = rows[0]
+    src = "recorded" if str(r.get("appetite source", "")).startswith("appetite from recorded") else "measured"
+    return (f"appetite {fmt(r.get('appetite audio s/s'))} audio s/s ({src}, spread {fmt(r.get('appetite spread %'))} %), "
+            f"supply {fmt(r.get('supply audio s/s per reader'))} per reader: {r.get('readers per GPU')} readers per GPU; "
+            f"{r.get('host cores')} cores feed {fmt(r.get('GPUs this host feeds'))} GPUs")
+
+
+def floor_figures(text: str | None) -> str:
+    if not text:
+        return "no output"
+    floor = re.search(r"floor \(batches on the device\)\s+([\d.]+)\s+([\d.]+)", text)
+    loop = re.search(r"loop \(loader, copies, reads\)\s+([\d.]+)\s+([\d.]+)", text)
+    ratio = re.search(r"loop / floor = ([\d.]+)", text)
+    batch = re.search(r"batch (\d+ \(\w+\))", text)
+    if not (floor and loop and ratio):
+        return "no floor table"
+    return (f"floor {floor.group(1)} s/step ({floor.group(2)} utt/s), loop {loop.group(1)} s ({loop.group(2)} utt/s), "
+            f"loop/floor {ratio.group(1)}" + (f"; batch {batch.group(1)}" if batch else ""))
+
+
+def pytest_figures(text: str | None) -> str:
+    lines = [ln for ln in (text or "").splitlines() if re.search(r"\d+ (passed|failed|errors?|skipped|deselected)", ln)]
+    return lines[-1].strip("= ") if lines else "no pytest summary"
+
+
+def run_figures(run: Path) -> str:
+    """Steps (mean utterances, seconds), evaluation seconds against the training clock, and the
+    mean NVML utilization, from a run folder's results.db."""
+    db = run / "results.db"
+    if not db.is_file():
+        return f"no {db}"
+    con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        n, utts, step, clock = con.execute("SELECT count(*), avg(batch_size), avg(step_s), max(clock_s) FROM iterations").fetchone()
+        ev = con.execute("SELECT sum(eval_s) FROM evals WHERE final = 0").fetchone()[0]
+        util = con.execute("SELECT avg(value), count(*) FROM samples WHERE metric = 'util_pct'").fetchone()
+    finally:
+        con.close()
+    parts = [f"{n} steps of {fmt(utts)} utt, {fmt(step)} s/step"]
+    if ev is not None and clock:
+        parts.append(f"per-epoch evaluation {fmt(ev)} s of the {fmt(clock)} s clock ({100 * ev / clock:.0f} %)")
+    parts.append(f"GPU busy {fmt(util[0])} % over {util[1]} NVML samples" if util[1] else "no NVML samples")
+    return "; ".join(parts)
+
+
+def env_figures(text: str | None) -> dict:
+    text = text or ""
+    torch = re.search(r"^torch (\S+) cuda (\S+) cudnn (\S+) gpu (.+?) python (\S+)$", text, re.M)
+    commit = re.search(r"^commit (\S+)", text, re.M)
+    cpu = re.search(r"Model name:\s+(.+)", text)
+    date = re.search(r"^date (.+)$", text, re.M)
+    return {"torch": torch.group(1) if torch else "?", "device": torch.group(4) if torch else "?",
+            "cuda": torch.group(2) if torch else "?", "commit": commit.group(1) if commit else "?",
+            "cpu": cpu.group(1).strip() if cpu else "?", "date": date.group(1) if date else "?"}
+
+
+def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
+    """(step, status, figures) per step that ran or was expected."""
+    out = []
+    for name in STEPS:
+        text = read(logs, name)
+        if text is None and name in ("feed_tiny", "feed_gpu", "feed_conformer", "floor_conformer_compile"):
+            continue  # steps that only one of the GPU and the --cpu flows runs
+        if name in ("demo_tta", "conformer_tta"):
+            figs = tta_figures(json_in(text))
+        elif name in ("demo", "conformer"):
+            run = runs / ("demo/run" if name == "demo" else "conformer") if runs else None
+            figs = run_figures(run) if run else "no --runs"
+        elif name.startswith("feed_"):
+            figs = feed_figures(json_in(text))
+        elif name.startswith("floor_"):
+            figs = floor_figures(text)
+        elif name.startswith("tests_"):
+            figs = pytest_figures(text)
+        else:
+            got = json_in(text)
+            figs = f"features_sha256 {got['features_sha256']} ({got['cap']} cap)" if isinstance(got, dict) else "no checksum"
+        out.append((name, status(text), figs))
+    return out
+
+
+def table(logs: Path, runs: Path | None, budget: int | None, elapsed: int | None) -> str:
+    env = env_figures(read(logs, "env"))
+    head = (f"# GPU check: {env['device']} on {env['cpu']}, torch {env['torch']} (CUDA {env['cuda']}), "
+            f"commit {env['commit']}, {env['date']}" + (f"; {elapsed} s of a {budget} s budget" if elapsed is not None else ""))
+    body = ["| step | status | figures |", "| --- | --- | --- |"]
+    body += [f"| {n} | {s} | {f.replace('|', '/')} |" for n, s, f in rows(logs, runs)]
+    return "\n".join([head, "", *body]) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("logs", type=Path, help="the folder of NAME.log files gpu_check.sh wrote")
+    ap.add_argument("--runs", type=Path, default=None, help="gpu_check.sh's work folder (demo/run, conformer)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
+    ap.add_argument("--budget", type=int, default=None)
+    ap.add_argument("--elapsed", type=int, default=None)
+    a = ap.parse_args(argv)
+    if not a.logs.is_dir():
+        print(f"gpu_summary: {a.logs} is not a folder of logs", file=sys.stderr)
+        return 2
+    text = table(a.logs, a.runs, a.budget, a.elapsed)
+    if a.out:
+        a.out.write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""How many CPU cores feed one GPU: the GPU's appetite against the loader's supply per reader.
+
+Appetite: audio seconds per second of the preset's training step (``train.step.train_step``:
+planned forward, CTC in fp32, backward, clip, masked optimizer step) on batches already on
+the device, ``loader.batch_size`` utterances each at LibriSpeech's lengths (most 10-17 s,
+mean ~12.3 s). Measured where the device is a GPU (or ``device="cpu"`` asks for this CPU);
+otherwise read from a recorded profile (``config/gpu_appetite.toml``) and named as such.
+
+Supply: audio seconds per second the real loader (``data.loader``: reader processes,
+decompression, normalization, padding, the hand-over) delivers over prepared shards, divided
+by its readers: the rate one reader process (one core) sustains. Without ``data`` a shard set
+at LibriSpeech lengths is written to a temporary folder with the package's shard writer.
+
+Both are timed in windows (warm-up first, CUDA synchronized at each window's ends); the
+figures are the windows' median and their spread ((max - min) / median).
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import tempfile
+import time
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from speechperf.config import load_preset
+from speechperf.data.loader import Batch, make_loader
+from speechperf.errors import SpeechperfError
+from speechperf.features.config import FeatureConfig
+from speechperf.features.shards import shard_name, write_json, write_shard
+from speechperf.models import build_model
+from speechperf.train.distributed import DistEnv, pick_device
+from speechperf.train.step import make_optimizer, train_step
+from speechperf.train.warmup import check_precision
+
+PROFILES = Path(__file__).resolve().parents[1] / "config" / "gpu_appetite.toml"
+FRAME_S = 0.01  # 10 ms hop (features/config.py)
+CHARS_PER_S = 15.0  # LibriSpeech read speech: about 15 characters (spaces included) per second
+SHARD_UTTS = 64  # utterances per synthetic shard (a prepared split's order of size)
+SUPPLY_BATCH = 64  # utterances per supply batch at most: the rate is per audio second, a bigger batch
+# only lengthens the windows (and the synthetic set the windows need)
+COLUMNS = ["preset", "batch", "mean utt s", "appetite audio s/s", "appetite spread %",
+           "supply audio s/s per reader", "supply spread %", "readers per GPU", "host cores", "GPUs this host feeds"]
+
+
+def librispeech_durations(n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n,) seconds with LibriSpeech train's spread: most 10-17 s, a short tail, 1-35 s, mean ~12.3."""
+    d = rng.normal(13.5, 3.5, n)
+    short = rng.random(n) < 0.12
+    d[short] = rng.uniform(1.0, 9.0, short.sum())
+    return np.clip(d, 1.0, 35.0)
+
+
+def readers_per_gpu(appetite: float, per_reader: float) -> int:
+    """Reader processes (cores) that supply one GPU's appetite, both in audio s/s."""
+    if appetite <= 0 or per_reader <= 0:
+        raise SpeechperfError(f"appetite {appetite} and supply per reader {per_reader} must be > 0 audio s/s")
+    return math.ceil(appetite / per_reader)
+
+
+def gpus_fed(cores: int, readers: int) -> float:
+    """GPUs ``cores`` cores keep fed at ``readers`` readers per GPU, one core per GPU kept for
+    its training process (the one that launches the GPU's work)."""
+    return cores / (readers + 1)
+
+
+def summary(times: list[float]) -> tuple[float, float]:
+    """Median and spread % ((max - min) / median) of window times."""
+    med = statistics.median(times)
+    return med, 100.0 * (max(times) - min(times)) / med
+
+
+def recorded(preset: str, profile: str | None = None, path: Path = PROFILES) -> dict:
+    """A recorded profile's row for ``preset``, with the profile's name, device, torch, commit,
+    date and source; refused (exit 2) naming the file when the profile or preset is not there."""
+    profiles = tomllib.loads(path.read_text())["profile"]
+    chosen = next((p for p in profiles if p["name"] == profile), None) if profile else profiles[0]
+    if chosen is None:
+        raise SpeechperfError(f"{path}: no profile {profile!r} (there: {', '.join(p['name'] for p in profiles)})")
+    if preset not in chosen["presets"]:
+        raise SpeechperfError(f"{path}: profile {chosen['name']!r} records no appetite for preset {preset!r} (there: "
+                              f"{', '.join(chosen['presets'])}); measure it on a GPU or with --device cpu")
+    meta = {k: v for k, v in chosen.items() if k != "presets"}
+    return {**chosen["presets"][preset], **meta}
+
+
+def synthetic_batch(durations: np.ndarray, rng: np.random.Generator, device: torch.device) -> Batch:
+    """A padded batch of random features at ``durations`` (seconds), on ``device``."""
+    frames = np.maximum((durations / FRAME_S).astype(np.int64), 20)
+    label_lens = torch.tensor(np.maximum((durations * CHARS_PER_S).astype(np.int64), 1))
+    feats = torch.randn(len(frames), int(frames.max()), FeatureConfig().dim, device=device)  # (B, T, 93)
+    labels = torch.randint(2, 28, (int(label_lens.sum()),), device=device)
+    return Batch(feats, torch.tensor(frames), labels, label_lens, [""] * len(frames), [""] * len(frames),
+                 float(durations.sum()))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def appetite(cfg, device: torch.device, windows: int, steps: int, warmup: int) -> dict:
+    """The training step's audio s/s on resident batches of ``loader.batch_size`` utterances."""
+    tc, bs = cfg.train, cfg.loader.batch_size
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model).to(device).train()
+    opt = make_optimizer(model, tc, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
+    rng = np.random.default_rng(tc.seed)
+    pool = np.sort(librispeech_durations(bs * 4, rng))  # 4 length buckets, as the loader's bucket mode cuts them
+    batches = [synthetic_batch(pool[i * bs:(i + 1) * bs], rng, device) for i in range(4)]
+    for i in range(warmup):
+        train_step(model, batches[i % 4], opt, scaler, device, tc)
+    times, audio = [], sum(b.audio_seconds for b in batches) / 4
+    for _ in range(windows):
+        _sync(device)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            train_step(model, batches[i % 4], opt, scaler, device, tc)
+        _sync(device)
+        times.append((time.perf_counter() - t0) / steps)
+    step_s, spread = summary(times)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    return {"s_per_step": step_s, "audio_s_per_s": audio / step_s, "spread_pct": spread,
+            "mean_utt_s": audio / bs, "source": f"measured on {name} ({device}), {tc.precision}, "
+            f"{windows} windows of {steps} steps after {warmup} warm-up"}
+
+
+def write_synthetic(out: Path, hours: float, seed: int = 0) -> Path:
+    """A prepared-features folder (one split ``train-feed``, stats.json) of random frames at
+    LibriSpeech lengths, ``hours`` of audio, written with the package's shard writer."""
+    rng = np.random.default_rng(seed)
+    split, dim = out / "train-feed", FeatureConfig().dim
+    split.mkdir(parents=True, exist_ok=True)
+    durs = librispeech_durations(max(int(hours * 3600 / 12.3), SHARD_UTTS), rng)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz "))
+    utts, shards = [], {}
+    for k, lo in enumerate(range(0, len(durs), SHARD_UTTS)):
+        part = durs[lo:lo + SHARD_UTTS]
+        frames = [(rng.standard_normal((int(d / FRAME_S), dim)) * 4).astype(np.float32) for d in part]
+        ids = [f"feed-{lo + i:06d}" for i in range(len(part))]
+        texts = ["".join(rng.choice(letters, int(d * CHARS_PER_S))).strip() or "a" for d in part]
+        shards[shard_name(k)] = write_shard(split / f"{shard_name(k)}.npz", frames, ids, texts, list(part))
+        utts += [{"id": i, "shard": shard_name(k), "offset": j, "frames": len(f), "duration": len(f) * FRAME_S,
+                  "transcript": t, "speaker": "0"} for j, (i, f, t) in enumerate(zip(ids, frames, texts))]
+    write_json(split / "index.json", {"split": "train-feed", "utterances": utts, "shards": shards, "problems": []})
+    write_json(out / "stats.json", {"mean": [0.0] * dim, "std": [4.0] * dim, "splits": ["train-feed"]})
+    return out
+
+
+def train_splits(feats: Path) -> list[str]:
+    found = sorted(p.parent.name for p in Path(feats).glob("train*/index.json"))
+    if not found:
+        raise SpeechperfError(f"{feats}: no prepared training split (train*/index.json); prepare one with "
+                              f"speechperf prepare, or leave --data out for a synthetic set")
+    return found
+
+
+def supply(feats: Path, loader_cfg, readers: int, windows: int, batches: int, seed: int) -> dict:
+    """Audio s/s the real loader delivers with ``readers`` reader processes: ``windows`` windows
+    of ``batches`` batches after the first batch (start-up: processes, first shards)."""
+    cfg = replace(loader_cfg, readers=readers)
+    it = iter(make_loader(feats, train_splits(feats), cfg, epoch=1, seed=seed))
+    next(it)
+    rates = []
+    for _ in range(windows):
+        t0, audio, n = time.perf_counter(), 0.0, 0
+        for n, b in zip(range(1, batches + 1), it):
+            audio += b.audio_seconds
+        if n < batches:
+            raise SpeechperfError(f"{feats}: one epoch holds too few batches of {cfg.batch_size} for {windows} "
+                                  f"windows of {batches} (more data, --windows or --batches fewer)")
+        rates.append(audio / (time.perf_counter() - t0))
+    per_reader = [r / max(readers, 1) for r in rates]
+    med = statistics.median(per_reader)
+    return {"audio_s_per_s_per_reader": med, "spread_pct": 100.0 * (max(per_reader) - min(per_reader)) / med}
+
+
+def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, device: str = "auto",
+             profile: str | None = None, readers: int = 1, windows: int = 3, steps: int = 5, warmup: int = 3,
+             batches: int = 4, cores: int | None = None) -> dict:
+    """One row: the preset's appetite (measured on a GPU or on ``device="cpu"``, else the
+    recorded ``profile``'s), the supply per reader, the readers one GPU needs and the GPUs this
+    host's ``cores`` (default: all it has) can feed. Batches hold ``loader.batch_size``
+    utterances (``max_duration`` off) for the appetite, at most ``SUPPLY_BATCH`` for the supply."""
+    cfg = load_preset(preset, [*overrides, "loader.max_duration=0"])
+    dev = torch.device("cpu") if device == "cpu" else None
+    if dev is None and (device != "auto" or torch.cuda.is_available()):
+        dev = pick_device(device, DistEnv())
+    if dev is not None:
+        note = check_precision(cfg, dev)  # a precision this device cannot run: refused, naming why
+        app = appetite(cfg, dev, windows, steps, warmup)
+        src = app["source"] + (f"; {note}" if note else "")
+    else:
+        rec = recorded(preset, profile)
+        app = {"audio_s_per_s": rec["audio_s_per_s"], "spread_pct": None, "mean_utt_s": rec["mean_utt_s"],
+               "batch": rec["batch"]}
+        src = (f"appetite from recorded profile {rec['name']} ({rec['device']}, torch {rec['torch']}, commit "
+               f"{rec['commit']}, {rec['date']}; {rec['source']}); no GPU here")
+    loader = replace(cfg.loader, batch_size=min(cfg.loader.batch_size, SUPPLY_BATCH))
+    with tempfile.TemporaryDirectory(prefix="speechperf-feed-") as tmp:
+        feats = Path(data) if data else write_synthetic(Path(tmp), hours=_hours(loader.batch_size, windows,
+                                                                                 batches, readers))
+        sup = supply(feats, loader, readers, windows, batches, cfg.train.seed)
+    need = readers_per_gpu(app["audio_s_per_s"], sup["audio_s_per_s_per_reader"])
+    host = cores or os.cpu_count() or 1
+    return {"preset": preset, "batch": app.get("batch", cfg.loader.batch_size), "mean utt s": round(app["mean_utt_s"], 2),
+            "appetite audio s/s": round(app["audio_s_per_s"], 1), "appetite spread %": _r(app["spread_pct"]),
+            "appetite source": src, "supply audio s/s per reader": round(sup["audio_s_per_s_per_reader"], 1),
+            "supply spread %": _r(sup["spread_pct"]), "readers": readers, "supply data": str(data or "synthetic"),
+            "readers per GPU": need, "host cores": host, "GPUs this host feeds": round(gpus_fed(host, need), 2)}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def _hours(batch: int, windows: int, batches: int, readers: int) -> float:
+    """Synthetic audio for the timed windows, the first batch and the readers' look-ahead."""
+    return (windows * batches + 2 + 2 * max(readers, 1)) * batch * 12.3 / 3600 * 1.2
+
+
+def notes(row: dict) -> list[str]:
+    return [row["appetite source"],
+            f"one GPU eats {row['appetite audio s/s']:.0f} audio s/s; one reader supplies "
+            f"{row['supply audio s/s per reader']:.0f} ({row['supply data']}, {row['readers']} reader(s)): "
+            f"{row['readers per GPU']} reader cores per GPU, and this host's {row['host cores']} cores feed "
+            f"{row['GPUs this host feeds']} GPUs (one core per GPU kept for its training process)"]

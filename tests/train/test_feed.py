@@ -1,0 +1,65 @@
+"""``speechperf bench feed``: the cores arithmetic, the recorded profiles, and the command on a
+CPU (appetite measured on the CPU with the tiny preset, or taken from the recorded profile)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speechperf.cli import main
+from speechperf.errors import SpeechperfError
+from speechperf.train import feed
+
+SMALL = ["--windows", "2", "--steps", "1", "--warmup", "1", "--batches", "2"]
+
+
+def test_readers_per_gpu_rounds_up_and_a_host_keeps_one_core_per_gpu():
+    assert feed.readers_per_gpu(13800.0, 6000.0) == 3
+    assert feed.readers_per_gpu(12000.0, 6000.0) == 2
+    assert feed.gpus_fed(16, 3) == 4.0
+    assert feed.gpus_fed(2, 2) == pytest.approx(2 / 3)
+    with pytest.raises(SpeechperfError, match="must be > 0"):
+        feed.readers_per_gpu(100.0, 0.0)
+
+
+def test_summary_is_the_median_and_the_spread_over_it():
+    assert feed.summary([0.2, 0.1, 0.4]) == (0.2, pytest.approx(150.0))
+
+
+def test_recorded_profile_rows_carry_device_torch_commit_date_and_source():
+    row = feed.recorded("gpu")
+    assert (row["name"], row["batch"], row["audio_s_per_s"], row["s_per_step"]) == ("h100-2026-11-25", 240, 13800.0, 0.235)
+    assert row["torch"] == "2.11.0+cu130" and row["commit"] == "68d6c71" and "bench_gpu_appetite" in row["source"]
+    with pytest.raises(SpeechperfError, match="records no appetite for preset 'tiny'"):
+        feed.recorded("tiny")
+    with pytest.raises(SpeechperfError, match="no profile 'a100'"):
+        feed.recorded("gpu", "a100")
+
+
+def test_synthetic_shards_are_at_librispeech_lengths(tmp_path):
+    from speechperf.data.loader import load_index
+
+    ix = load_index(feed.write_synthetic(tmp_path, hours=0.5), ["train-feed"])
+    mean = float(ix.duration.mean())
+    assert 10.5 < mean < 14.0 and len(ix.duration) >= 64
+
+
+def test_bench_feed_on_cpu_measures_both_sides(capsys):
+    assert main(["bench", "feed", "--preset", "tiny", "--device", "cpu", "--json", *SMALL, "loader.batch_size=2"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["appetite source"].startswith("measured on CPU (cpu), fp32, 2 windows of 1 steps")
+    assert row["batch"] == 2 and row["appetite audio s/s"] > 0 and row["supply audio s/s per reader"] > 0
+    assert row["readers per GPU"] == feed.readers_per_gpu(row["appetite audio s/s"], row["supply audio s/s per reader"])
+    assert row["GPUs this host feeds"] == round(row["host cores"] / (row["readers per GPU"] + 1), 2)
+
+
+def test_bench_feed_without_a_gpu_names_the_recorded_profile(capsys):
+    assert main(["bench", "feed", "--preset", "conformer", "--cores", "16", *SMALL, "loader.batch_size=8"]) == 0
+    out = capsys.readouterr().out
+    assert "appetite from recorded profile h100-2026-11-25 (NVIDIA H100" in out and "no GPU here" in out
+    assert "5260" in out and "this host's 16 cores feed" in out
+
+
+def test_bench_feed_refuses_a_folder_without_training_splits(tmp_path, capsys):
+    assert main(["bench", "feed", "--preset", "tiny", "--device", "cpu", "--data", str(tmp_path), *SMALL]) == 2
+    assert f"{tmp_path}: no prepared training split" in capsys.readouterr().err
