@@ -98,7 +98,8 @@ def load_model(args) -> tuple[torch.nn.Module, RunConfig, str]:
         cfg = RunConfig.from_dict(ckpt["config"])
         model = build_model(cfg.model)
         model.load_state_dict(ckpt["model"])
-        return model, cfg, f"run {args.run} (epoch {ckpt['progress']['epoch'] - 1} trained)"
+        prog = ckpt["progress"]
+        return model, cfg, f"run {args.run} ({prog['epoch'] - 1} epochs + {prog['start_batch']} batches trained)"
     cfg = load_preset(args.preset)
     torch.manual_seed(0)
     return build_model(cfg.model), cfg, f"randomly initialized {args.preset} preset (untrained: beam behaviour not realistic)"
@@ -151,8 +152,10 @@ def main(argv=None) -> int:
           f"{100 * ratio * s / (1 - s + ratio * s):.1f}% (the evaluation {ratio:.2f}x as long, the rest unchanged)")
 
     dec = ev.make_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode)
+    t = time.perf_counter()
     batches = emissions(model, feats, args.split, cfg)
-    print("\ndecode alone (log-probs computed once):")
+    print(f"\nforward alone (loading, forward; no decode): {time.perf_counter() - t:.2f} s")
+    print("decode alone (log-probs computed once):")
     one = decode_rate(dec, batches, 1)
     print(f"  1 thread: {one[0]:.2f} s, {one[1]:,.0f} frames/s per thread")
     many = decode_rate(dec, batches, args.threads)

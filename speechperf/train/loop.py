@@ -459,8 +459,9 @@ def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> tup
     tc = cfg.train
     rec.eval_started()
     r = _evaluate(model, data, tc.eval_split, cfg, device, tc.eval_beam, keep_pairs=3, intervals=False)
-    with rec.off_clock():  # the stop rule reads the point values only: the intervals are no time to accuracy
-        r = with_intervals(r)
+    if "errors" in r:  # the per-utterance counts; the stop rule reads the point values only, so the
+        with rec.off_clock():  # intervals are no time to accuracy
+            r = with_intervals(r)
     rec.evaluated(r, final=False)
     if tc.target > 0:
         history = [(e["clock_s"], e[tc.target_metric]) for e in rec.prog.evals]  # speechperf/metric.py's names
