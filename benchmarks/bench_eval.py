@@ -16,6 +16,7 @@ evaluation's share of a TTA whose evaluation share was ``--share`` under the old
 Model: ``--run DIR`` (a run folder's latest checkpoint: realistic beam behaviour) or, without
 it, a randomly initialized model of ``--preset`` (says so). Usage:
   python benchmarks/bench_eval.py --feats /work/data/feats [--run RUN] [--threads N] [--repeats 2]
+  [--torch-threads 1]
 """
 from __future__ import annotations
 
@@ -114,7 +115,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=usable_cpus(), help="the pool's size for 'all threads'")
     p.add_argument("--repeats", type=int, default=2, help="evaluations per path (the minimum is shown)")
     p.add_argument("--share", type=float, default=9.8, help="the evaluation's percent of the TTA under the old path")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="torch intra-op threads of the forward pass (0: torch's default; 1 on a loaded machine, "
+                        "where two spinning OpenMP threads cost more than they give)")
     args = p.parse_args(argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     feats = Path(args.feats)
     model, cfg, what = load_model(args)
     tc = cfg.train
