@@ -506,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--decoder", default="wordbeam", choices=DECODER_NAMES, help="CTC decoder")
     sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
     sp.add_argument("--beam", type=int, default=256, help="beam width")
-    sp.add_argument("--workers", type=int, default=0, help="decoding processes (0: in this process)")
+    sp.add_argument("--workers", type=int, default=0, help="decoding threads (0: one per CPU this process may use, less the loader's readers)")
     sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
 
     sp = add("beam-sweep", cmd_beam_sweep, "evaluation time, WER and CER per beam width (Table 3 form)")
@@ -515,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--split", default="dev-clean", help="prepared split to evaluate")
     sp.add_argument("--decoder", default="wordbeam", choices=DECODER_NAMES, help="CTC decoder")
     sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
-    sp.add_argument("--workers", type=int, default=0, help="decoding processes (0: in this process)")
+    sp.add_argument("--workers", type=int, default=0, help="decoding threads (0: one per CPU this process may use, less the loader's readers)")
     sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
     sp.add_argument("--db", help="a shared results database that also receives the rows")
 

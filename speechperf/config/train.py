@@ -41,6 +41,7 @@ class TrainConfig:
     eval_decoder: str = "greedy"  # decoder registry key for per-epoch evaluation
     eval_beam: int = 256  # beam width for per-epoch evaluation (paper 256)
     eval_mode: str = "ngrams"  # word beam search mode (wordbeam only): words, ngrams, ngrams_forecast, ngrams_forecast_sample
+    eval_threads: int = 0  # threads decoding the evaluations (beside the forward pass); 0 = auto: the CPUs this process may use, less the loader's readers
     final_beam: int = 512  # beam width for the final evaluation (paper 512)
     target_metric: str = "cer"  # what the stop rule watches: a target metric of speechperf/metric.py (cer, wer)
     target: float = 0.0  # stop once the median of the last target_epochs evals is <= this (percent); 0 = never
@@ -76,6 +77,7 @@ class TrainConfig:
              f"train.target={self.target!r} must be an error rate in (0, 100] % (or 0: never stop early)"),
             (self.eval_beam >= 1 and self.final_beam >= 1,
              f"train.eval_beam={self.eval_beam} and train.final_beam={self.final_beam} must be >= 1"),
+            (self.eval_threads >= 0, f"train.eval_threads={self.eval_threads} must be >= 0 (0 = auto)"),
             (self.threads >= 0, f"train.threads={self.threads} must be >= 0 (0 = torch default)"),
             (self.max_bad_losses >= 0, f"train.max_bad_losses={self.max_bad_losses} must be >= 0"),
             (0 < self.max_skipped_fraction <= 1,

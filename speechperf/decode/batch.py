@@ -1,34 +1,109 @@
-"""Decoding a batch in parallel over CPU processes (evaluation is dominated by decoding).
+"""Decoding batches on a pool of threads, beside the forward pass that produces them.
 
-The decoder is handed to the workers by fork inheritance (a module global set before the
-pool starts), not pickled with every task: a word beam decoder carries its dictionary and
-LM tables, and only the (T_b, C) matrices travel.
+Evaluation is dominated by decoding, and the beam search kernel (decode/kernel.py) is
+compiled with ``nogil``: threads of this one process decode utterances in parallel, sharing
+the decoder's dictionary and LM tables (read only) with nothing copied or pickled. A batch's
+utterances are submitted as separate tasks, so threads stay balanced within a batch, and
+:meth:`DecodePool.submit` returns at once: the caller runs the next batch's forward pass
+while the previous batches decode. :meth:`DecodePool.results` hands the texts back in
+submission order, so the output equals a one-thread decode's text for text (tested).
+
+A decoder that is not safe to call from several threads at once (``thread_safe = False``:
+flashlight's decoder keeps per-search state) is called under a lock; a decoder that decodes a
+whole batch at once (``batched = True``: greedy's vectorized argmax) gets one task per batch.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+
 from speechperf.decode import DecodeError
 
-_DECODER = None  # the decoder the forked workers use
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: a container's or taskset's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this platform (macOS)
+        return os.cpu_count() or 1
 
 
-def _decode_one(lp: np.ndarray) -> str:
-    return _DECODER.decode(lp)
+def auto_threads(reserved: int = 0) -> int:
+    """Decode threads for this process: its usable CPUs less ``reserved`` (the loader's reader
+    processes, which fill the next batches meanwhile), at least one."""
+    return max(1, usable_cpus() - max(0, reserved))
+
+
+class DecodePool:
+    """Batches of log-probabilities in, texts out in submission order; ``threads`` decode."""
+
+    def __init__(self, decoder, threads: int):
+        if not isinstance(threads, (int, np.integer)) or threads < 1:
+            raise DecodeError(f"decode threads must be an integer >= 1, got {threads!r}")
+        self.decoder, self.threads = decoder, int(threads)
+        self.frames = 0  # valid frames submitted (the decode rate's numerator)
+        self.wait_s = 0.0  # wall seconds :meth:`results` waited for decodes still running
+        self._lock = None if getattr(decoder, "thread_safe", True) else threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []  # one per utterance, or per batch for a batched decoder
+
+    def submit(self, log_probs: np.ndarray, lens) -> None:
+        """Start decoding a (T, B, C) batch with valid lengths (B,); returns at once. The
+        array must not be written to afterwards (its utterances are read by the threads)."""
+        if log_probs.ndim != 3 or len(lens) != log_probs.shape[1]:
+            raise DecodeError(f"expected (T, B, C) log-probs with B lengths, got {log_probs.shape} and {len(lens)}")
+        lens = [int(n) for n in lens]
+        self.frames += sum(lens)
+        if self._executor is None:  # started on first use: after the loader has forked its readers
+            self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="speechperf-decode")
+        if getattr(self.decoder, "batched", False):
+            self._pending.append(self._executor.submit(self.decoder.decode_batch, log_probs, lens))
+            return
+        for b, n in enumerate(lens):
+            self._pending.append(self._executor.submit(self._one, log_probs[:n, b]))  # (T_b, C) view
+
+    def _one(self, lp: np.ndarray) -> list[str]:
+        if self._lock is None:
+            return [self.decoder.decode(lp)]
+        with self._lock:
+            return [self.decoder.decode(lp)]
+
+    def results(self) -> list[str]:
+        """Every submitted utterance's text, in submission order, waiting for those still
+        decoding (a decode's error is raised here); the pool can take new batches after."""
+        t = time.perf_counter()
+        try:
+            texts = [text for f in self._pending for text in f.result()]
+        finally:
+            self.wait_s += time.perf_counter() - t
+            self._pending = []
+        return texts
+
+    def close(self) -> None:
+        """Stop the threads (decodes not yet started are cancelled)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        self._pending = []
+
+    def __enter__(self) -> DecodePool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def decode_parallel(decoder, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:
-    """(T, B, C) log-probs with valid lengths (B,) -> texts; ``workers`` > 1 uses processes."""
-    global _DECODER
+    """(T, B, C) log-probs with valid lengths (B,) -> texts; ``workers`` > 1 decodes on that
+    many threads, else in the calling thread."""
     if log_probs.ndim != 3 or len(lens) != log_probs.shape[1]:
         raise DecodeError(f"expected (T, B, C) log-probs with B lengths, got {log_probs.shape} and {len(lens)}")
-    items = [np.ascontiguousarray(log_probs[: int(n), b]) for b, n in enumerate(lens)]  # (T_b, C) each
-    if workers <= 1 or len(items) < 2:
-        return [decoder.decode(lp) for lp in items]
-    _DECODER = decoder
-    try:
-        with mp.get_context("fork").Pool(min(workers, len(items))) as pool:
-            return pool.map(_decode_one, items, chunksize=max(1, len(items) // (4 * workers)))
-    finally:
-        _DECODER = None
+    if workers <= 1 or len(lens) < 2:
+        return [decoder.decode(np.ascontiguousarray(log_probs[: int(n), b])) for b, n in enumerate(lens)]
+    with DecodePool(decoder, min(workers, len(lens))) as pool:
+        pool.submit(log_probs, lens)
+        return pool.results()

@@ -64,7 +64,7 @@ class BeamDecoder:
         return " ".join(alphabet.decode(prefix_beam_search(log_probs, self.beam, self.prune, self.gap, alphabet.SPACE)).split())
 
     def decode_batch(self, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:
-        """(T, B, 30) with valid lengths (B,) -> B texts; ``workers`` > 1 uses processes."""
+        """(T, B, 30) with valid lengths (B,) -> B texts; ``workers`` > 1 decodes on that many threads."""
         return decode_parallel(self, log_probs, lens, workers)
 
 

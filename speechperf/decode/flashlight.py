@@ -49,6 +49,7 @@ class FlashlightDecoder:
     """flashlight's LexiconDecoder (CTC criterion) over the 30-symbol alphabet."""
 
     name = "flashlight"
+    thread_safe = False  # its LexiconDecoder keeps the search's state in itself: one search at a time
 
     def __init__(self, arpa: Path, beam: int, lm_weight: float = 1.0, word_score: float = 0.0,
                  beam_threshold: float = 25.0):
@@ -93,7 +94,7 @@ class FlashlightDecoder:
         return " ".join(self.word_dict.get_entry(i) for i in best.words if i >= 0)
 
     def decode_batch(self, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:
-        """(T, B, 30) with valid lengths (B,) -> B texts; ``workers`` > 1 uses processes."""
+        """(T, B, 30) with valid lengths (B,) -> B texts; ``workers`` > 1 decodes on that many threads."""
         return decode_parallel(self, log_probs, lens, workers)
 
 

@@ -11,6 +11,7 @@ class GreedyDecoder:
     """Beam width 1: the most likely symbol of every frame."""
 
     name = "greedy"
+    batched = True  # a decode pool hands it whole batches: one vectorized argmax beats a task per utterance
 
     def decode(self, log_probs: np.ndarray) -> str:
         """(T, C) log-probabilities -> text."""
@@ -18,7 +19,7 @@ class GreedyDecoder:
         return alphabet.decode(alphabet.collapse(log_probs.argmax(axis=1)))
 
     def decode_batch(self, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:
-        """(T, B, C) with valid lengths (B,) -> B texts (argmax is cheap: no worker processes)."""
+        """(T, B, C) with valid lengths (B,) -> B texts (argmax is cheap: no threads)."""
         if log_probs.ndim != 3 or log_probs.shape[2] != alphabet.NUM_SYMBOLS or len(lens) != log_probs.shape[1]:
             raise DecodeError(f"expected (T, B, 30) log-probs with B lengths, got {log_probs.shape}, {len(lens)}")
         best = log_probs.argmax(axis=2)  # (T, B)

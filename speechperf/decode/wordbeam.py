@@ -66,7 +66,7 @@ class WordBeamDecoder:
         return " ".join(self.search(log_probs)[1])
 
     def decode_batch(self, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:
-        """(T, B, 30) with valid lengths (B,) -> B texts; ``workers`` > 1 uses processes."""
+        """(T, B, 30) with valid lengths (B,) -> B texts; ``workers`` > 1 decodes on that many threads."""
         return decode_parallel(self, log_probs, lens, workers)
 
 

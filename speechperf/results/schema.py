@@ -43,11 +43,15 @@ CREATE TABLE IF NOT EXISTS iterations (
 # a database written before a metric existed gets its columns when opened for writing (db.py), NULL
 # in its older rows.
 EVALS_METRICS = metric.columns()
+# An evaluation's seconds by part (train/evaluate.py): the pass over the batches (loading, forward,
+# loss; the decodes run beside it), the wait for the decodes after it, the scoring. Sum: eval_s.
+EVALS_PARTS = ("eval_forward_s", "eval_decode_s", "eval_score_s")
 EVALS = f"""
 CREATE TABLE IF NOT EXISTS evals (
     run_id TEXT, epoch INTEGER, split TEXT, decoder TEXT, beam INTEGER,
     clock_s REAL,                 -- TTA clock when the evaluation finished
     eval_s REAL,                  -- seconds the evaluation took (not training time)
+    {", ".join(f"{c} REAL" for c in EVALS_PARTS)},  -- its parts (EVALS_PARTS)
     loss REAL, n_utts INTEGER,
     final INTEGER DEFAULT 0,      -- 1 for the final evaluation after training
     {", ".join(f"{c} REAL" for c in EVALS_METRICS)},

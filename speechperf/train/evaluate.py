@@ -10,25 +10,54 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from speechperf.data.config import LoaderConfig
 from speechperf.metrics.bootstrap import error_intervals
-from speechperf.metrics.errors import error_rates, utterance_errors
+from speechperf.metrics.errors import UtteranceErrors, error_rates, utterance_errors
+from speechperf.metric import METRICS
 from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import RunConfig
 from speechperf.data.loader import load_index, make_loader
 from speechperf.decode import get_decoder
+from speechperf.decode.batch import DecodePool, auto_threads
+from speechperf.decode.lm import LM_NAME
 from speechperf.features.stats import check_trained_on
 from speechperf.models import build_model
 from speechperf.results.run import Run
 
 
+# Decoders built so far, by (name, beam, mode, features folder, LM file state): the run's
+# initialization builds the evaluation's decoder once (train/warmup.py) and every epoch reuses
+# it, its dictionary and LM tables included; a rebuilt lm.json is a new key. A few entries:
+# a beam sweep builds one per width, a run two (the epochs' beam and the final one).
+_DECODERS: dict[tuple, object] = {}
+_DECODERS_KEPT = 8
+
+
+def _decoder_key(name: str, beam: int, feats: Path | None, mode: str) -> tuple:
+    lm = Path(feats) / LM_NAME if feats is not None else None
+    try:
+        state = (lm.stat().st_mtime_ns, lm.stat().st_size) if lm is not None else None
+    except OSError:  # not built yet: the decoder's factory builds it
+        state = None
+    return name, beam, mode, str(Path(feats).resolve()) if feats is not None else None, state
+
+
 def make_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams"):
     """The registry decoder ``name``; decoders that need a dictionary/LM get the dataset's;
-    ``mode`` is the word beam search mode (ignored by the other decoders)."""
-    return get_decoder(name, beam=beam, features=feats, mode=mode if name == "wordbeam" else None)
+    ``mode`` is the word beam search mode (ignored by the other decoders). Built once per
+    (name, beam, mode, features, LM file): later calls return the same decoder."""
+    mode = mode if name == "wordbeam" else "ngrams"
+    dec = _DECODERS.get(_decoder_key(name, beam, feats, mode))
+    if dec is None:
+        dec = get_decoder(name, beam=beam, features=feats, mode=mode if name == "wordbeam" else None)
+        while len(_DECODERS) >= _DECODERS_KEPT:
+            del _DECODERS[next(iter(_DECODERS))]  # the oldest
+        _DECODERS[_decoder_key(name, beam, feats, mode)] = dec  # keyed after the build: it may write lm.json
+    return dec
 
 
 def decoder_label(name: str, mode: str = "ngrams") -> str:
@@ -40,41 +69,91 @@ def decoder_label(name: str, mode: str = "ngrams") -> str:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: LoaderConfig, device: torch.device,
              decoder: str = "greedy", beam: int = 1, workers: int = 0, precision: str = "fp32",
-             keep_pairs: int = 0, mode: str = "ngrams") -> dict:
+             keep_pairs: int = 0, mode: str = "ngrams", intervals: bool = True) -> dict:
     """Loss, every declared metric (speechperf/metric.py: WER, CER standard and paper, ...) and seconds
     of one pass over ``split``; ``NAME_lo``, ``NAME_hi``: the 95% bootstrap interval of each
     counted metric over the split's utterances (metrics/bootstrap.py), the resolution this split
-    gives them."""
+    gives them. ``intervals`` False: the point values only, and ``errors``, the per-utterance
+    counts :func:`with_intervals` turns into the intervals later (the training loop computes
+    them off the TTA clock).
+
+    ``workers``: decode threads (0: :func:`decode_threads`); each batch's decode runs on them
+    while the next batches' forward passes run. Seconds: ``eval_forward_s`` (the pass over the
+    batches: loading, forward, loss), ``eval_decode_s`` (waiting for the decodes after the
+    last forward), ``eval_score_s`` (scoring); they sum to ``eval_s``."""
     start = time.perf_counter()
     beam = 1 if decoder == "greedy" else beam
     was_training = model.training
     model.eval()
-    dec = make_decoder(decoder, beam, feats, mode)
+    dec = make_decoder(decoder, beam, feats, mode)  # built once (the run's initialization) and reused
     index = load_index(feats, [split])
     refs: list[str] = []
-    hyps: list[str] = []
     loss_sum, n_loss = 0.0, 0
-    for batch in make_loader(feats, split, eval_loader(loader_cfg, len(index.keys)), epoch=0, seed=0, index=index):
-        with autocast(device, precision):
-            log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
-        log_probs = log_probs.float()  # (T', B, C)
-        losses = F.ctc_loss(log_probs, batch.labels.to(device), out_lens, batch.label_lens,
-                            blank=0, reduction="none", zero_infinity=False)
-        finite = torch.isfinite(losses)
-        loss_sum += float(losses[finite].sum())
-        n_loss += int(finite.sum())
-        hyps += dec.decode_batch(log_probs.cpu().numpy(), out_lens.numpy(), workers=workers)
-        refs += list(batch.transcripts)
+    with DecodePool(dec, workers or decode_threads(loader_cfg)) as pool:
+        for batch in make_loader(feats, split, eval_loader(loader_cfg, len(index.keys)), epoch=0, seed=0, index=index):
+            with autocast(device, precision):
+                log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
+            log_probs = log_probs.float()  # (T', B, C)
+            losses = F.ctc_loss(log_probs, batch.labels.to(device), out_lens, batch.label_lens,
+                                blank=0, reduction="none", zero_infinity=False)
+            finite = torch.isfinite(losses)
+            loss_sum += float(losses[finite].sum())
+            n_loss += int(finite.sum())
+            pool.submit(log_probs.cpu().numpy(), out_lens.numpy())  # decodes beside the next forward passes
+            refs += list(batch.transcripts)
+        forward_end = time.perf_counter()
+        hyps = pool.results()
+        frames, threads = pool.frames, pool.threads
     if was_training:
         model.train()
-    rates = error_rates(refs, hyps).to_dict()  # jiwer's WER and the CERs; the counted metrics' values and intervals:
-    counted = error_intervals(utterance_errors(refs, hyps))  # the declared ones (speechperf/metric.py)
+    decoded = time.perf_counter()
+    scores = score(refs, hyps, intervals)
+    end = time.perf_counter()
     return {
         "split": split, "decoder": decoder_label(decoder, mode), "beam": beam,
-        "loss": loss_sum / max(n_loss, 1), **rates, **{k: v for k, v in counted.items() if k not in rates},
-        "eval_s": time.perf_counter() - start,
+        "loss": loss_sum / max(n_loss, 1), **scores, "eval_s": end - start,
+        "eval_forward_s": forward_end - start, "eval_decode_s": decoded - forward_end, "eval_score_s": end - decoded,
+        "decode_threads": threads, "decode_frames": frames,
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
     }
+
+
+def decode_threads(loader_cfg: LoaderConfig) -> int:
+    """Decode threads of an evaluation that names none: every CPU this process may use less
+    the loader's reader processes (:func:`speechperf.decode.batch.auto_threads`)."""
+    return auto_threads(loader_cfg.readers)
+
+
+def score(refs: list[str], hyps: list[str], intervals: bool = True) -> dict:
+    """jiwer's WER and the CERs, the counted metrics' values (speechperf/metric.py) and, with
+    ``intervals``, their 95% bootstrap intervals; without, ``errors``: the per-utterance counts
+    :func:`with_intervals` reads."""
+    rates = error_rates(refs, hyps).to_dict()
+    errors = utterance_errors(refs, hyps)
+    if intervals:
+        return {**rates, **{k: v for k, v in error_intervals(errors).items() if k not in rates}}
+    return {**rates, **{k: v for k, v in point_values(errors).items() if k not in rates}, "errors": errors}
+
+
+def point_values(u: UtteranceErrors) -> dict[str, float]:
+    """Every counted metric's value, exactly as :func:`error_intervals` computes it (without its
+    resamples): 100 x the errors' sum / the lengths' sum."""
+    out = {}
+    for m in METRICS.values():
+        if m.counts is not None:
+            errors, lengths = (np.asarray(getattr(u, c), dtype=np.int64) for c in m.counts)
+            out[m.name] = 100.0 * float(errors.sum()) / float(lengths.sum())
+    return out
+
+
+def with_intervals(r: dict) -> dict:
+    """An evaluation made with ``intervals=False``, completed: its ``errors`` become every
+    counted metric's ``NAME_lo``, ``NAME_hi`` (the same as ``intervals=True`` gives)."""
+    if "errors" not in r:
+        raise ValueError(f"evaluation of {r.get('split')!r} holds no per-utterance errors to resample")
+    rest = {k: v for k, v in r.items() if k != "errors"}
+    found = error_intervals(r["errors"])
+    return {**rest, **{k: v for k, v in found.items() if k.endswith(("_lo", "_hi")) or k not in rest}}
 
 
 def eval_loader(cfg: LoaderConfig, shards: int) -> LoaderConfig:

@@ -14,6 +14,7 @@ recording methods do nothing, so that the loop has no branch per rank for record
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from speechperf import metric
@@ -25,6 +26,7 @@ from speechperf.results.events import C
 from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
 from speechperf.results.progress import Clock, Progress
+from speechperf.results.schema import EVALS_PARTS
 from speechperf.train.warmup import warn_if_slow
 from speechperf.bench.mfu import RunFlops
 from speechperf.telemetry.sampler import Sampler
@@ -49,6 +51,17 @@ class Recorder:
         """Initialization is over: the TTA clock starts, continuing a resumed run's."""
         self.prog.init_s += init_s
         self.clock = Clock(self.prog.clock_s)
+
+    @contextmanager
+    def off_clock(self):
+        """Work that is no part of the time to accuracy (an evaluation's bootstrap intervals,
+        after the stop rule has read the point values): the TTA clock stands still meanwhile."""
+        stood = self.now()
+        try:
+            yield
+        finally:
+            if self.clock is not None:
+                self.clock = Clock(stood)
 
     def summary(self, status: str) -> dict:
         return _summary(self.run_id, self.out, status, self.prog, self.now())
@@ -202,6 +215,7 @@ class RunRecorder(Recorder):
         epoch = prog.epoch - 1 if final else prog.epoch
         self.run.upsert("evals", {"run_id": self.run_id, "epoch": epoch, "split": r["split"], "decoder": r["decoder"],
                                   "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"],
+                                  **{k: r.get(k) for k in EVALS_PARTS},
                                   "n_utts": r["n_utts"], "final": int(final),
                                   **{k: r.get(k) for k in metric.columns()}})  # every declared metric's columns
         if final:

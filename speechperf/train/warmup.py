@@ -3,9 +3,10 @@
 What depends on the state a machine happens to be in, rather than on its speed, is paid
 here, so that the first epoch and the first evaluation cost what the later ones cost:
 
-- the evaluation decoder is built (the dictionary and bigram LM are read, or built once
-  beside the features) and its numba kernels are compiled: 13-14 s with a cold cache on
-  both an H100 machine and 2 CPU cores, 0 s with a warm one (measured);
+- the per-epoch evaluation's decoder is built, once for the run (the dictionary and bigram LM
+  are read, or built once beside the features, and turned into the search's tables), and its
+  numba kernels are compiled: 13-14 s with a cold cache on both an H100 machine and 2 CPU
+  cores, 0 s with a warm one (measured);
 - one forward and backward pass of the model (compiled, if ``train.compile``), so that the CUDA context exists,
   cuDNN has picked its LSTM/convolution algorithms and oneDNN has built its primitives.
 
@@ -37,8 +38,9 @@ WARM_FRAMES = 64
 
 
 def warm_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams") -> None:
-    """Build decoder ``name`` for the features folder and decode a small random batch,
-    which compiles every kernel the evaluation will call (the same dtypes as evaluate)."""
+    """Build decoder ``name`` for the features folder, once: every evaluation of the run reuses
+    it, dictionary and LM tables included (train/evaluate.py's ``make_decoder``); and decode a
+    small random batch, which compiles every kernel the evaluation will call (its dtypes)."""
     from speechperf.train.evaluate import make_decoder
 
     dec = make_decoder(name, 1 if name == "greedy" else beam, feats, mode)

@@ -1,13 +1,21 @@
-"""The evaluation pass's loader: in order, and every reader given work."""
+"""The evaluation pass: its loader (in order, every reader given work), its decode threads, its
+decoder built once, its intervals off the TTA clock and its seconds by part."""
+import time
 from dataclasses import replace
 
 import numpy as np
+import pytest
+import torch
 
 from speechperf.config import load_preset
 from speechperf.data.index import librispeech_like
 from speechperf.data.loader import owners
 from speechperf.data.plan import plan_epoch
 from speechperf.train.evaluate import eval_loader
+from speechperf.models import build_model
+from speechperf.results.progress import Progress
+from speechperf.train import evaluate as ev
+from speechperf.train.recorder import Recorder
 
 
 def test_every_reader_gets_a_share_of_a_dev_split_and_one_reader_keeps_the_training_windows():
@@ -26,3 +34,102 @@ def test_every_reader_gets_a_share_of_a_dev_split_and_one_reader_keeps_the_train
     for preset in ("cpu", "conformer-cpu", "tiny"):  # one reader (or none): the windows the references used
         train = load_preset(preset).loader
         assert eval_loader(train, shards).bucket_window == train.bucket_window
+
+
+# ---- the evaluation's decode pool, decoder reuse, intervals off the clock ----------------------
+
+
+
+CPU = torch.device("cpu")
+TIMINGS = ("eval_s", "eval_forward_s", "eval_decode_s", "eval_score_s")
+
+
+def tiny_model():
+    cfg = load_preset("tiny", ["threads=1"])
+    torch.manual_seed(0)
+    return build_model(cfg.model), cfg
+
+
+def run_eval(feats, workers=1, beam=8, **kw):
+    model, cfg = tiny_model()
+    return ev.evaluate(model, feats, "dev-clean", cfg.loader, CPU, decoder="beam", beam=beam, workers=workers,
+                       keep_pairs=100_000, **kw)
+
+
+def without(r: dict, keys) -> dict:
+    return {k: v for k, v in r.items() if k not in keys}
+
+
+def test_decoded_text_with_n_threads_equals_one_threads(tiny_features):
+    one, three = run_eval(tiny_features, workers=1), run_eval(tiny_features, workers=3)
+    assert len({p["hyp"] for p in one["pairs"]}) > 1  # the untrained model's texts differ: an order mix-up would show
+    assert one["pairs"] == three["pairs"]
+    assert (one["decode_threads"], three["decode_threads"]) == (1, 3)
+    assert without(one, TIMINGS + ("decode_threads",)) == without(three, TIMINGS + ("decode_threads",))
+
+
+def test_the_parts_sum_to_the_evaluation_seconds(tiny_features):
+    r = run_eval(tiny_features)
+    assert all(r[k] >= 0 for k in TIMINGS)
+    assert r["eval_forward_s"] + r["eval_decode_s"] + r["eval_score_s"] == pytest.approx(r["eval_s"], abs=1e-6)
+    assert r["decode_frames"] > 0
+
+
+def test_intervals_computed_after_equal_those_computed_inside(tiny_features):
+    refs = ["the cat sat on the mat", "a dog ran", "the cool book", "off we go now", "a good day"]
+    hyps = ["the cat sat on a mat", "a dog ran", "the col book", "of we go", ""]
+    later = ev.score(refs, hyps, intervals=False)
+    assert "errors" in later and not any(k.endswith(("_lo", "_hi")) for k in later)
+    assert ev.with_intervals(later) == ev.score(refs, hyps)  # the point values too, bit for bit
+    inside, after = run_eval(tiny_features), run_eval(tiny_features, intervals=False)
+    assert "cer_lo" in inside and "cer_lo" not in after
+    assert without(ev.with_intervals(after), TIMINGS) == without(inside, TIMINGS)
+    with pytest.raises(ValueError, match="no per-utterance errors"):
+        ev.with_intervals(inside)
+
+
+def test_the_decoder_is_built_once_and_reused_by_every_evaluation(tiny_features, monkeypatch):
+    from speechperf.train.warmup import warm_decoder
+
+    built = []
+    real = ev.get_decoder
+    monkeypatch.setattr(ev, "get_decoder", lambda *a, **k: built.append(k["beam"]) or real(*a, **k))
+    monkeypatch.setattr(ev, "_DECODERS", {})
+    warm_decoder("beam", 8, tiny_features)  # the run's initialization
+    run_eval(tiny_features)
+    run_eval(tiny_features)
+    assert built == [8]
+    run_eval(tiny_features, beam=16)  # the final evaluation's width: built once too
+    run_eval(tiny_features, beam=16)
+    assert built == [8, 16]
+
+
+class _Kept(Recorder):
+    """The base recorder with the clock readings and rows of its evaluations kept."""
+
+    def evaluated(self, r: dict, final: bool) -> None:
+        self.rows.append((self.now(), r))
+
+
+def test_the_epoch_evaluation_computes_its_intervals_off_the_clock(tiny_features, tmp_path, monkeypatch):
+    from speechperf.train import loop
+
+    slow = 0.5
+    real = ev.error_intervals
+
+    def slow_intervals(u):
+        time.sleep(slow)
+        return real(u)
+
+    monkeypatch.setattr(ev, "error_intervals", slow_intervals)
+    model, _ = tiny_model()
+    cfg = load_preset("tiny", ["threads=1", "eval_decoder=beam", "eval_beam=8"])
+    rec = _Kept(Progress(), tmp_path)
+    rec.rows = []
+    rec.initialized("fresh", 0.0, {})
+    wall0, clock0 = time.perf_counter(), rec.now()
+    loop._epoch_eval(model, tiny_features, cfg, CPU, rec)
+    wall, (clock, r) = time.perf_counter() - wall0, rec.rows[0]
+    assert "cer_lo" in r and "errors" not in r  # the row carries the intervals
+    assert wall - (clock - clock0) >= slow - 0.05  # ... computed while the clock stood still
+    assert r["eval_s"] < wall - slow + 0.05  # and not counted in the evaluation's seconds

@@ -1,0 +1,174 @@
+"""The per-epoch evaluation's seconds on a prepared split: the decoder pool against the
+one-core path it replaces, in the same process, on the same model and batches.
+
+Reference (``old``): what the training loop ran every epoch before the pool: the decoder and
+its dictionary/LM tables built anew, each batch decoded one utterance at a time in the main
+thread right after its forward pass, the bootstrap intervals computed inside the evaluation.
+``new``: :func:`speechperf.train.evaluate.evaluate` as the loop calls it: the decoder built
+once (before the clock), each batch's decode submitted to N threads while the next batches'
+forward passes run, the intervals computed after it (off the clock, timed apart here). Both
+give the same texts (checked here, tested in tests/decode/test_pool.py).
+
+Also the decode alone on log-probs computed once: frames per second per thread with 1 and N
+threads (N threads sharing cores with each other and the machine's other work), and the
+evaluation's share of a TTA whose evaluation share was ``--share`` under the old path.
+
+Model: ``--run DIR`` (a run folder's latest checkpoint: realistic beam behaviour) or, without
+it, a randomly initialized model of ``--preset`` (says so). Usage:
+  python benchmarks/bench_eval.py --feats /work/data/feats [--run RUN] [--threads N] [--repeats 2]
+  [--torch-threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from speechperf.config import RunConfig, load_preset
+from speechperf.data.loader import load_index, make_loader
+from speechperf.decode import get_decoder
+from speechperf.decode.batch import DecodePool, usable_cpus
+from speechperf.models import build_model
+from speechperf.models.contract import planned_forward
+from speechperf.results.run import Run
+from speechperf.train import evaluate as ev
+from speechperf.train.warmup import warm_decoder
+
+CPU = torch.device("cpu")
+
+
+@torch.no_grad()
+def old_evaluate(model, feats: Path, split: str, cfg: RunConfig) -> tuple[float, list[str]]:
+    """The one-core path (the reference): (seconds, texts)."""
+    tc = cfg.train
+    start = time.perf_counter()
+    model.eval()
+    dec = get_decoder(tc.eval_decoder, beam=tc.eval_beam, features=feats,
+                      mode=tc.eval_mode if tc.eval_decoder == "wordbeam" else None)  # rebuilt every epoch
+    index = load_index(feats, [split])
+    refs, hyps = [], []
+    for batch in make_loader(feats, split, ev.eval_loader(cfg.loader, len(index.keys)), epoch=0, seed=0, index=index):
+        log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, CPU)
+        log_probs = log_probs.float()  # (T', B, C)
+        torch.nn.functional.ctc_loss(log_probs, batch.labels, out_lens, batch.label_lens, blank=0, reduction="none")
+        hyps += dec.decode_batch(log_probs.numpy(), out_lens.numpy(), workers=0)
+        refs += list(batch.transcripts)
+    ev.score(refs, hyps, intervals=True)
+    return time.perf_counter() - start, hyps
+
+
+def new_evaluate(model, feats: Path, split: str, cfg: RunConfig, threads: int) -> tuple[dict, float]:
+    """The loop's path with ``threads`` decode threads: (its result, the intervals' seconds)."""
+    tc = cfg.train
+    r = ev.evaluate(model, feats, split, cfg.loader, CPU, decoder=tc.eval_decoder, beam=tc.eval_beam,
+                    workers=threads, mode=tc.eval_mode, keep_pairs=1_000_000, intervals=False)
+    t = time.perf_counter()
+    ev.with_intervals(r)
+    return r, time.perf_counter() - t
+
+
+@torch.no_grad()
+def emissions(model, feats: Path, split: str, cfg: RunConfig) -> list[tuple]:
+    """Every batch's (T', B, C) log-probs and lengths, computed once."""
+    index = load_index(feats, [split])
+    out = []
+    for batch in make_loader(feats, split, ev.eval_loader(cfg.loader, len(index.keys)), epoch=0, seed=0, index=index):
+        log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, CPU)
+        out.append((log_probs.float().numpy(), out_lens.numpy()))
+    return out
+
+
+def decode_rate(dec, batches: list, threads: int) -> tuple[float, float]:
+    """(wall seconds, frames per second per thread) of decoding ``batches`` on ``threads``."""
+    t = time.perf_counter()
+    with DecodePool(dec, threads) as pool:
+        for lp, lens in batches:
+            pool.submit(lp, lens)
+        pool.results()
+        frames = pool.frames
+    wall = time.perf_counter() - t
+    return wall, frames / wall / threads
+
+
+def load_model(args) -> tuple[torch.nn.Module, RunConfig, str]:
+    if args.run:
+        ckpt = Run.open(Path(args.run), data=Path(args.feats)).load_checkpoint()
+        cfg = RunConfig.from_dict(ckpt["config"])
+        model = build_model(cfg.model)
+        model.load_state_dict(ckpt["model"])
+        prog = ckpt["progress"]
+        return model, cfg, f"run {args.run} ({prog['epoch'] - 1} epochs + {prog['start_batch']} batches trained)"
+    cfg = load_preset(args.preset)
+    torch.manual_seed(0)
+    return build_model(cfg.model), cfg, f"randomly initialized {args.preset} preset (untrained: beam behaviour not realistic)"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--feats", default="/work/data/feats")
+    p.add_argument("--run", default=None, help="a run folder: its latest checkpoint is the model")
+    p.add_argument("--preset", default="cpu", help="without --run: a random model of this preset")
+    p.add_argument("--split", default="dev-clean")
+    p.add_argument("--threads", type=int, default=usable_cpus(), help="the pool's size for 'all threads'")
+    p.add_argument("--repeats", type=int, default=2, help="evaluations per path (the minimum is shown)")
+    p.add_argument("--share", type=float, default=9.8, help="the evaluation's percent of the TTA under the old path")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="torch intra-op threads of the forward pass (0: torch's default; 1 on a loaded machine, "
+                        "where two spinning OpenMP threads cost more than they give)")
+    args = p.parse_args(argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    feats = Path(args.feats)
+    model, cfg, what = load_model(args)
+    tc = cfg.train
+    print(f"model: {what}; {args.split} of {feats}; decoder {tc.eval_decoder} beam {tc.eval_beam} ({tc.eval_mode}); "
+          f"usable CPUs {usable_cpus()}, torch threads {torch.get_num_threads()}")
+    t = time.perf_counter()
+    warm_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode)  # the run's initialization (compiles, builds once)
+    print(f"initialization (decoder built, kernels compiled): {time.perf_counter() - t:.2f} s, outside the clock")
+    t = time.perf_counter()
+    get_decoder(tc.eval_decoder, beam=tc.eval_beam, features=feats, mode=tc.eval_mode)
+    print(f"decoder + LM tables rebuilt (what every old evaluation paid): {time.perf_counter() - t:.3f} s")
+
+    old, new1, newN, texts = [], [], [], {}
+    for _ in range(args.repeats):  # interleaved: the machine's other load hits every path alike
+        s, texts["old"] = old_evaluate(model, feats, args.split, cfg)
+        old.append(s)
+        for threads, kept in ((1, new1), (args.threads, newN)):
+            r, iv = new_evaluate(model, feats, args.split, cfg, threads)
+            kept.append((r, iv))
+            texts[threads] = [q["hyp"] for q in r["pairs"]]
+    if not texts["old"] == texts[1] == texts[args.threads]:
+        print("FAILED: the paths decoded different texts", file=sys.stderr)
+        return 1
+    ref = min(old)
+    print(f"\nper-epoch evaluation seconds (min of {args.repeats}), {len(texts['old'])} utterances:")
+    print(f"  old (one core, decoder rebuilt, intervals inside): {ref:.2f} s  (1.00x)")
+    for label, kept in (("new, 1 thread", new1), (f"new, {args.threads} threads", newN)):
+        r, iv = min(kept, key=lambda x: x[0]["eval_s"])
+        print(f"  {label}: {r['eval_s']:.2f} s  ({ref / r['eval_s']:.2f}x faster): forward {r['eval_forward_s']:.2f} s, "
+              f"decode wait {r['eval_decode_s']:.2f} s, score {r['eval_score_s']:.3f} s; intervals off the clock {iv:.3f} s")
+    best = min(r["eval_s"] for r, _ in newN)
+    ratio = best / ref
+    s = args.share / 100
+    print(f"\nevaluation share of a TTA whose evaluation was {args.share:.1f}% under the old path: "
+          f"{100 * ratio * s / (1 - s + ratio * s):.1f}% (the evaluation {ratio:.2f}x as long, the rest unchanged)")
+
+    dec = ev.make_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode)
+    t = time.perf_counter()
+    batches = emissions(model, feats, args.split, cfg)
+    print(f"\nforward alone (loading, forward; no decode): {time.perf_counter() - t:.2f} s")
+    print("decode alone (log-probs computed once):")
+    one = decode_rate(dec, batches, 1)
+    print(f"  1 thread: {one[0]:.2f} s, {one[1]:,.0f} frames/s per thread")
+    many = decode_rate(dec, batches, args.threads)
+    print(f"  {args.threads} threads: {many[0]:.2f} s, {many[1]:,.0f} frames/s per thread "
+          f"({one[0] / many[0]:.2f}x the 1-thread wall)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

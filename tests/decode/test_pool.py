@@ -1,0 +1,114 @@
+"""Decoding on a pool of threads gives the one-thread decode's text, in order."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from speechperf.decode import DecodeError, get_decoder
+from speechperf.decode import batch as batch_mod
+from speechperf.decode.batch import DecodePool, auto_threads, decode_parallel
+from speechperf.decode.wordbeam import MODES, WordBeamDecoder
+from tests.decode.test_decoders import TEXTS, lm_of, spell
+
+
+def batches(noise: float = 1.5, per_batch: int = 4, seed: int = 0) -> list[tuple[np.ndarray, list[int]]]:
+    """Padded (T, B, 30) float32 batches of noisy matrices (the search has work to do), as
+    evaluate hands them over: 20 utterances in batches of ``per_batch``."""
+    texts = [TEXTS[i % len(TEXTS)] for i in range(20)]
+    mats = [spell(t, noise=noise, seed=seed + i) for i, t in enumerate(texts)]
+    out = []
+    for s in range(0, len(mats), per_batch):
+        group = mats[s: s + per_batch]
+        T = max(len(m) for m in group) + 3
+        x = np.full((T, len(group), 30), np.log(1e-6), dtype=np.float32)  # padding past each length
+        for b, m in enumerate(group):
+            x[: len(m), b] = m
+        out.append((x, [len(m) for m in group]))
+    return out
+
+
+def decoders():
+    lm = lm_of()
+    return [get_decoder("greedy"), get_decoder("beam", beam=8)] + [WordBeamDecoder(lm, beam=8, mode=m, samples=2)
+                                                                   for m in MODES]
+
+
+def pooled(dec, threads: int, data) -> list[str]:
+    with DecodePool(dec, threads) as pool:
+        for x, lens in data:
+            pool.submit(x, lens)
+        return pool.results()
+
+
+@pytest.mark.parametrize("dec", decoders(), ids=lambda d: f"{d.name}:{getattr(d, 'mode', '')}")
+def test_n_threads_decode_the_one_thread_text_in_order(dec):
+    data = batches()
+    serial = [dec.decode(np.ascontiguousarray(x[:n, b])) for x, lens in data for b, n in enumerate(lens)]
+    assert len(set(serial)) > 3  # different texts: an order mix-up would show
+    assert pooled(dec, 1, data) == serial
+    for threads in (2, 4, 7):
+        assert pooled(dec, threads, data) == serial
+    assert decode_parallel(dec, *data[0], workers=3) == serial[:4]
+
+
+def test_results_can_be_taken_batch_by_batch_and_frames_are_counted():
+    dec, data = get_decoder("beam", beam=8), batches()
+    with DecodePool(dec, 3) as pool:
+        pool.submit(*data[0])
+        first = pool.results()
+        pool.submit(*data[1])
+        assert first + pool.results() == pooled(dec, 1, data[:2])
+        assert pool.frames == sum(data[0][1]) + sum(data[1][1])
+
+
+def test_the_kernel_releases_the_gil():
+    from speechperf.decode import kernel
+
+    for f in (kernel.beam_search, kernel._select, kernel._best, kernel._forecast, kernel._prob, kernel._lse):
+        assert f.targetoptions.get("nogil") is True, f.py_func.__name__
+
+
+class _OneAtATime:
+    """A decoder that must not be entered twice at once (as flashlight's): it counts how many
+    threads are inside it."""
+
+    name, thread_safe = "one-at-a-time", False
+
+    def __init__(self):
+        self.inside, self.most, self.guard = 0, 0, threading.Lock()
+
+    def decode(self, lp):
+        with self.guard:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        time.sleep(0.002)
+        with self.guard:
+            self.inside -= 1
+        return str(len(lp))
+
+
+def test_a_decoder_that_is_not_thread_safe_is_entered_by_one_thread_at_a_time():
+    dec, data = _OneAtATime(), batches()
+    assert pooled(dec, 4, data) == [str(n) for _, lens in data for n in lens]
+    assert dec.most == 1
+
+
+def test_bad_threads_shapes_and_a_failed_decode_are_errors():
+    dec = get_decoder("beam", beam=4)
+    with pytest.raises(DecodeError, match="threads must be an integer >= 1"):
+        DecodePool(dec, 0)
+    with DecodePool(dec, 2) as pool:
+        with pytest.raises(DecodeError, match=r"\(T, B, C\)"):
+            pool.submit(np.zeros((5, 30), np.float32), [5])
+        pool.submit(np.ones((5, 2, 30), np.float32), [5, 5])  # logits, not log-probabilities
+        with pytest.raises(DecodeError, match="logits"):
+            pool.results()
+
+
+def test_auto_threads_are_the_usable_cpus_less_the_readers(monkeypatch):
+    monkeypatch.setattr(batch_mod.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    assert batch_mod.usable_cpus() == 6
+    assert auto_threads(2) == 4
+    assert auto_threads(0) == 6
+    assert auto_threads(9) == 1  # never none
