@@ -199,7 +199,8 @@ def time_parts(rows: list[dict], path: Path) -> tuple[Path | None, str]:
         secs = np.array([r[f"{part} s"] for r in rows])
         ax.barh(y, secs, left=left, color=color, label=part)
         left += secs
-    ax.set_yticks(y, [f"{r['run']} (to {r['to']})" for r in rows], fontsize=8)
+    ax.set_yticks(y, [f"{r['run']} ({r['workload']})\nto {r['to']}" if r.get("workload") else
+                      f"{r['run']}\nto {r['to']}" for r in rows], fontsize=8)  # as legend() names a run
     ax.invert_yaxis()
     ax.set_xlabel("seconds of the TTA clock")
     ax.set_title("Where the time to accuracy went")
