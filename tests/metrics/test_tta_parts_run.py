@@ -32,10 +32,12 @@ def run(tiny_features, tmp_path_factory):
 def test_the_parts_of_a_real_run_add_up_to_its_tta(run):
     r = Run.open(run)
     try:
-        iterations, evals = r.iterations(), r.evals()
+        iterations, evals, samples = r.iterations(), r.evals(), r.samples()
     finally:
         r.close()
     assert all(i["data_s"] is not None and i["data_s"] >= 0 for i in iterations)
+    segments = {s["segment"] for s in samples}
+    assert samples and len(segments) == 1 and None not in segments  # one process: one segment
     assert sum(i["ckpt_s"] for i in iterations) > 0  # every 3 steps and at the epoch's end
     for e in evals:
         parts = time_parts(iterations, evals, e["clock_s"])
