@@ -65,8 +65,9 @@ CREATE TABLE IF NOT EXISTS evals (
 SAMPLES = """
 CREATE TABLE IF NOT EXISTS samples (
     run_id TEXT, t REAL, source TEXT, metric TEXT, value REAL,
-    segment REAL                  -- unix time the recording process's sampler started: counters are differenced
-                                  -- only within one (telemetry/energy.py); NULL in rows of older runs
+    segment REAL                  -- unix time the stretch of the TTA clock began (a process's sampler start, or the
+                                  -- end of time kept off the clock): counters are differenced only within one
+                                  -- (telemetry/energy.py); NULL in rows of older runs
 );
 CREATE INDEX IF NOT EXISTS samples_run ON samples (run_id, source, metric);
 """

@@ -119,6 +119,8 @@ class RunRecorder(Recorder):
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
         self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
         self.segment: float | None = None  # unix time this process's sampler started: its samples' segment
+        self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
+        self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
 
     @classmethod
     def begin(cls, plan: str, out: Path, cfg, prog: Progress, *, data: Path, env: dict, splits: dict,
@@ -174,6 +176,7 @@ class RunRecorder(Recorder):
 
         self.segment = time.time()  # one per process: its counters are differenced only among its samples
         self.sampler = Sampler(os.getpid()).start()
+        self.sampler_p0 = time.perf_counter()  # a sample's t from here (the sampler's start, to a few ms)
         # a sample's t is seconds since the sampler started: put it on the run's clock, which a
         # resumed run continues (else every process's samples would pile up from t = 0)
         self.sample_t0 = self.now()
@@ -310,13 +313,35 @@ class RunRecorder(Recorder):
             self._store_samples(len(self.sampler.samples))
             self.sampler = None
 
+    @contextmanager
+    def off_clock(self):
+        """As :meth:`Recorder.off_clock`; the span is kept, so that the samples taken in it are not
+        stored and those after it are put on the TTA clock (:meth:`_on_clock`)."""
+        start = time.perf_counter()
+        with super().off_clock():
+            yield
+        self.off_spans.append((start, time.perf_counter(), time.time()))
+
     def _store_samples(self, upto: int) -> None:
-        """The samples not stored yet, up to ``upto`` (those that no longer change: Sampler.settled)."""
-        new = self.sampler.samples[self.samples_stored: upto]
+        """The samples not stored yet, up to ``upto`` (those that no longer change: Sampler.settled),
+        on the TTA clock."""
+        new = [row for row in map(self._on_clock, self.sampler.samples[self.samples_stored: upto]) if row]
         if new:
-            self.run.insert("samples", [{"run_id": self.run_id, "t": s.t + self.sample_t0, "source": s.source, "metric": s.metric,
-                                         "value": s.value, "segment": self.segment} for s in new])
+            self.run.insert("samples", new)
         self.samples_stored = max(self.samples_stored, upto)
+
+    def _on_clock(self, s) -> dict | None:
+        """A sample's row: its ``t`` on the TTA clock (the sampler's seconds less the time spent off
+        the clock before it), None when taken off the clock. Each stretch of the clock is a
+        segment of its own, so a counter is never differenced across time the TTA does not count."""
+        at, shift, segment = self.sampler_p0 + s.t, 0.0, self.segment
+        for start, end, unix_end in self.off_spans:
+            if start < at < end:
+                return None
+            if end <= at:
+                shift, segment = shift + end - start, unix_end
+        return {"run_id": self.run_id, "t": s.t + self.sample_t0 - shift, "source": s.source, "metric": s.metric,
+                "value": s.value, "segment": segment}
 
     def _say(self, text: str) -> None:
         if not self.quiet:

@@ -36,8 +36,10 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(run):
     finally:
         r.close()
     assert all(i["data_s"] is not None and i["data_s"] >= 0 for i in iterations)
-    segments = {s["segment"] for s in samples}
-    assert samples and len(segments) == 1 and None not in segments  # one process: one segment
+    segments = {s["segment"] for s in samples}  # one process; a new stretch after each evaluation's intervals
+    assert samples and len(segments) >= 2 and None not in segments
+    clock_s = 60 * json.loads((run / "summary.json").read_text())["clock_min"]
+    assert max(s["t"] for s in samples) <= clock_s + 0.5  # on the TTA clock, not the wall's
     assert sum(i["ckpt_s"] for i in iterations) > 0  # every 3 steps and at the epoch's end
     for e in evals:
         parts = time_parts(iterations, evals, e["clock_s"])
@@ -76,3 +78,16 @@ def test_tta_json_shows_the_energy_of_a_run_with_samples(run, tmp_path):
     (row,) = json.loads(p.stdout)["runs"]
     assert row["energy to accuracy kWh"] == pytest.approx(100 * tta_s / 3.6e6)
     assert "no energy" not in (row["price note"] or "")
+
+
+def test_samples_taken_off_the_clock_are_dropped_and_later_ones_moved_back():
+    from types import SimpleNamespace
+
+    from speechperf.telemetry.sampler import Sample
+    from speechperf.train.recorder import RunRecorder
+
+    rec = SimpleNamespace(run_id="r", sampler_p0=100.0, sample_t0=5.0, segment=1.0,
+                          off_spans=[(102.0, 104.0, 2.0), (106.0, 107.0, 3.0)])
+    rows = [RunRecorder._on_clock(rec, Sample(t, "gpu0", "energy_j", v)) for t, v in
+            ((1.0, 10.0), (3.0, 30.0), (5.0, 50.0), (6.5, 65.0), (8.0, 80.0))]
+    assert [(r["t"], r["segment"]) if r else None for r in rows] == [(6.0, 1.0), None, (8.0, 2.0), None, (10.0, 3.0)]
