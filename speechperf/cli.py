@@ -236,7 +236,8 @@ def cmd_tta(a) -> int:
     _error_column(study["runs"])
     emit(study["runs"], False, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative",
                                         "error at TTA [95%]", "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
-                                        "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"])
+                                        "platform", "cost to accuracy $", "TTA x price ($ min)", "energy to accuracy kWh", "time parts",
+                                        "price note"])
     print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
     emit(study["groups"], False, columns=["group", "target", "runs", "reached", "never reached", "unfinished",
                                           "median TTA min", "olympic TTA min", "min TTA min", "max TTA min",
@@ -390,7 +391,8 @@ def cmd_demo(a) -> int:
         _error_column(rows)
     emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative",
                                 *([] if a.json else ["error at TTA [95%]"]), "init s",
-                                "TFLOPS", "MFU %", "cost to accuracy $", "price note"])
+                                "TFLOPS", "MFU %", "cost to accuracy $", "energy to accuracy kWh", "time parts",
+                                "price note"])
     return 0
 
 

@@ -9,9 +9,15 @@ from typing import Sequence
 
 from speechperf.errors import SpeechperfError
 from speechperf.metric import measured, metric as metric_of, per_epoch
+from speechperf.metrics.breakdown import shares, time_parts
 from speechperf.metrics.targets import parse_targets
 from speechperf.results.run import Run, machine_name, unique_labels
 from speechperf.results.workload import by_workload
+
+
+# No run measures its step's floor (the same step on batches already on the device): benchmarks/bench_step_floor.py
+# measures it apart, for a preset on a machine.
+STEP_FLOOR_NOTE = "not measured (benchmarks/bench_step_floor.py measures it apart)"
 
 
 def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> float | None:
@@ -79,6 +85,7 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
                    platform_file) -> list[dict]:
     """The rows of the runs of one workload; relative % against the first of them."""
     from speechperf.bench.mfu import mfu_columns
+    from speechperf.telemetry import energy
     from speechperf.telemetry.platforms import price_columns, with_price_overrides
 
     rows: list[dict] = []
@@ -93,16 +100,34 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
         env = with_price_overrides(run.env, price_per_hour, platform_file)
         summary = run.summary() or {}  # {}: unfinished, or a run of the previous release
         init_s = summary.get("init_s")
+        samples, iterations = run.samples(), run.iterations()
         for target in targets:
             minutes = tta_minutes(evals, target, epochs)
             reached = epochs_to_target(evals, target, epochs)
             ref = first.setdefault(target, minutes)
             relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference: exactly 100
+            joules = energy.to_accuracy(samples, None if minutes is None else minutes * 60, label)
+            price = price_columns(env, minutes, joules)
+            if minutes is not None and joules is None:  # no sample measured energy or power: say why
+                price["price note"] = energy.explained(price["price note"], run.env)
             rows.append({"run": label, "workload": name, "machine": machine_name(run.env), "metric": metric,
                          "target": target, "epochs": epochs, "minutes": minutes, "relative": relative,
                          **at_target(rows_of_epochs[reached - 1] if reached else None, metric), "init s": init_s,
-                         **mfu_columns(summary), **price_columns(env, minutes)})
+                         **mfu_columns(summary), **price,
+                         **time_columns(iterations, rows_of_epochs, minutes)})
     return rows
+
+
+def time_columns(iterations: list[dict], evals: list[dict], minutes: float | None) -> dict:
+    """Where the time went (metrics/breakdown.py) up to the TTA, or up to the run's last
+    evaluation when the target was not reached; and the step against its floor."""
+    until = minutes * 60 if minutes is not None else max((e["clock_s"] for e in evals), default=None)
+    if until is None:
+        return {"time parts": None, "time parts s": None, "step vs floor": STEP_FLOOR_NOTE}
+    parts = time_parts(iterations, evals, until)
+    text = shares(parts) + ("" if minutes is not None else " (to the last evaluation: target not reached)")
+    return {"time parts": text + (f"; {parts['note']}" if parts["note"] else ""), "time parts s": parts,
+            "step vs floor": STEP_FLOOR_NOTE}
 
 
 def at_target(row: dict | None, metric: str) -> dict:

@@ -6,6 +6,7 @@ import json
 import statistics
 
 from speechperf.metric import measured
+from speechperf.metrics.breakdown import shares, time_parts
 from speechperf.metrics.tta import tta_minutes
 from speechperf.metrics.targets import METRICS, Targets
 from speechperf.telemetry import energy
@@ -27,8 +28,24 @@ def energy_by_source(run: dict, seconds: float) -> dict[str, tuple[float, str]]:
 
 
 def energy_until(run: dict, seconds: float | None) -> float | None:
-    """Joules of all sources in the first ``seconds`` of the run; None when nothing measured it."""
-    return energy.total(run["samples"], seconds)
+    """Energy to accuracy (telemetry/energy.py's one rule, as ``tta`` reads it): joules of all
+    sources in the first ``seconds`` of the run; None when nothing measured it."""
+    return energy.to_accuracy(run["samples"], seconds, run.get("label", "the run"))
+
+
+def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
+    """Where each run's time to CER ``target`` went (metrics/breakdown.py), or its time to its
+    last evaluation where it never reached the target; seconds and the parts' shares."""
+    rows = []
+    for r in runs:
+        tta = run_tta(r, target)
+        until = tta * 60 if tta is not None else max((e["clock_s"] for e in r["evals"]), default=None)
+        if until is None:
+            continue
+        parts = time_parts(r["iterations"], r["evals"], until)
+        rows.append({**who(r), "to": f"CER {target:g}" if tta is not None else "last evaluation (target not reached)",
+                     **{k: v for k, v in parts.items() if k != "note"}, "shares": shares(parts), "note": parts["note"]})
+    return rows
 
 
 def cheapest_first(platform: Platform) -> tuple:
@@ -63,7 +80,10 @@ def price_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
     for r in runs:
         tta = run_tta(r, target)
         joules = energy_until(r, tta * 60 if tta is not None else None)
-        rows.append({**who(r), **price_columns(r["env"], tta, joules)})
+        price = price_columns(r["env"], tta, joules)
+        if tta is not None and joules is None:  # no sample measured energy or power: say why
+            price["price note"] = energy.explained(price["price note"], r["env"])
+        rows.append({**who(r), **price})
     for name, tta in PAPER_TTA_CER10.items():
         plat = load(name)
         rows.append({"run": "paper, LibriSpeech", "workload": "ds2 (the paper's sizes)", "platform": plat.name,

@@ -181,3 +181,29 @@ def _power_series(samples: list[dict]):
         rate = [((t0 + t1) / 2, (e1 - e0) / (t1 - t0)) for (t0, e0), (t1, e1) in zip(pts, pts[1:]) if t1 > t0]
         if rate:
             yield source, "RAPL counter", tuple(map(list, zip(*rate)))
+
+
+PART_COLORS = {"steps": "tab:blue", "data": "tab:orange", "eval": "tab:red", "checkpoints": "tab:gray",
+               "epoch changes": "tab:olive"}
+
+
+def time_parts(rows: list[dict], path: Path) -> tuple[Path | None, str]:
+    """Where the time to accuracy went: a stacked bar per run (report/aggregate.py ``time_rows``),
+    seconds of training steps, waiting for data, evaluation, checkpoints and epoch changes."""
+    if not rows:
+        return None, "no run has evaluations to break its time down to"
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.6))
+    y = np.arange(len(rows))
+    left = np.zeros(len(rows))
+    for part, color in PART_COLORS.items():
+        secs = np.array([r[f"{part} s"] for r in rows])
+        ax.barh(y, secs, left=left, color=color, label=part)
+        left += secs
+    ax.set_yticks(y, [f"{r['run']} ({r['workload']})\nto {r['to']}" if r.get("workload") else
+                      f"{r['run']}\nto {r['to']}" for r in rows], fontsize=8)  # as legend() names a run
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds of the TTA clock")
+    ax.set_title("Where the time to accuracy went")
+    ax.legend(fontsize=8, ncol=len(PART_COLORS), loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.grid(alpha=0.3, axis="x")
+    return save_png(fig, path), ""

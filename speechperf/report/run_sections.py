@@ -8,7 +8,7 @@ import statistics
 from speechperf import metric
 from speechperf.bench.mfu import mfu_columns
 from speechperf.report import figures
-from speechperf.report.aggregate import energy_by_source, price_rows, tta_rows
+from speechperf.report.aggregate import energy_by_source, price_rows, time_rows, tta_rows
 from speechperf.report.runs import who
 from speechperf.report.sections import Context, Figure, Note, Section, Table, register_section
 from speechperf.results.workload import by_workload
@@ -124,6 +124,22 @@ def tta_section(ctx: Context) -> Section:
             blocks.append(Note(f"No {m.label} TTA rows for {', '.join(older)}: recorded before speechperf measured "
                                f"{m.label} (not measured; neither 0 nor a target never reached)."))
     return Section("Time to accuracy (Table 4/6), per workload", blocks)
+
+
+@register_section("time_parts", 55)
+def time_parts_section(ctx: Context) -> Section:
+    rows = time_rows(ctx.runs)
+    path, why = figures.time_parts(rows, ctx.out / "time_parts.png")
+    return Section("Where the time to accuracy went", [
+        Note("Seconds of the TTA clock up to CER 10 (or the run's last evaluation where it never reached it), from "
+             "the run's own rows: training steps (the step's compute, its reads and logging), waiting for the "
+             "loader's next batch, evaluation (split into forward, decode and score where the run recorded them), "
+             "checkpoints, and epoch changes (the clock between the rows: loader start, the model made common). "
+             "An accelerator-bound TTA is mostly steps; data and evaluation are the host's. 'note' says where a "
+             "part was not recorded, or where the parts do not add up to the TTA within 1%. Step vs its floor: not "
+             "measured by runs (benchmarks/bench_step_floor.py measures it apart)."),
+        Figure("time_parts.png", path, why, "A stacked bar per run: the parts of its time to accuracy, in seconds."),
+        Table("time_parts.csv", rows, "no run has evaluations to break its time down to")])
 
 
 def _slug(name: str) -> str:

@@ -335,7 +335,10 @@ class Run:
         return self.query("SELECT * FROM iterations WHERE run_id = ? ORDER BY iteration", [self.run_id])
 
     def samples(self) -> list[dict]:
-        return self.query("SELECT t, source, metric, value FROM samples WHERE run_id = ? ORDER BY t", [self.run_id])
+        """Every stored sample (t on the TTA clock) with its ``segment`` (the process that sampled
+        it; None in rows of older runs, whose databases may lack the column)."""
+        return [{"segment": None, **r} for r in self.query("SELECT * FROM samples WHERE run_id = ? ORDER BY t",
+                                                              [self.run_id])]
 
     def beam_sweep(self) -> list[dict]:
         if not self.db.has_table("beam_sweep"):

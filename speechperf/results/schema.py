@@ -35,6 +35,9 @@ CREATE TABLE IF NOT EXISTS iterations (
     model_flops REAL,             -- the batch's training FLOPs, valid frames only (bench/mfu.py)
     comm_s REAL,                  -- rank 0's communication seconds in the step (train/algorithm.py; NULL: older runs)
     comm_bytes INTEGER,           -- bytes rank 0 sent in the step (an all-reduce counted once)
+    data_s REAL,                  -- of step_s, seconds waiting for the loader's batch (NULL: older runs)
+    ckpt_s REAL,                  -- seconds writing checkpoints since the previous row: inside step_s, but for an
+                                  -- epoch's first row (those at the epoch's end) (NULL: older runs)
     PRIMARY KEY (run_id, iteration)
 );
 """
@@ -61,7 +64,10 @@ CREATE TABLE IF NOT EXISTS evals (
 
 SAMPLES = """
 CREATE TABLE IF NOT EXISTS samples (
-    run_id TEXT, t REAL, source TEXT, metric TEXT, value REAL
+    run_id TEXT, t REAL, source TEXT, metric TEXT, value REAL,
+    segment REAL                  -- unix time the stretch of the TTA clock began (a process's sampler start, or the
+                                  -- end of time kept off the clock): counters are differenced only within one
+                                  -- (telemetry/energy.py); NULL in rows of older runs
 );
 CREATE INDEX IF NOT EXISTS samples_run ON samples (run_id, source, metric);
 """

@@ -369,7 +369,7 @@ def _train_epoch(t: Trainer) -> bool:
                          start_batch=prog.start_batch, rank=t.group.env.rank, world=t.group.world, index=t.index)
     t.rec.epoch_started()
     last = time.perf_counter()
-    for batch in loader:
+    for batch in t.rec.batches(loader):  # timed: each wait for data is the recorder's
         # -- training
         if prog.iteration:  # the learning rate of this step (train/schedule.py)
             state.scheduler.step()

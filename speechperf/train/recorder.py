@@ -14,6 +14,7 @@ recording methods do nothing, so that the loop has no branch per rank for record
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,6 +43,20 @@ class Recorder:
         self.prog, self.out = prog, Path(out)
         self.clock: Clock | None = None  # started by ``initialized`` (run_start)
         self.run_id: str | None = None
+        self.data_s = 0.0  # seconds the last batch took to arrive from the loader (:meth:`batches`)
+
+    def batches(self, loader):
+        """The loader's batches, timing each wait for the next one (``data_s``: the step's
+        waiting for data, apart from its compute in the iteration row)."""
+        it = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self.data_s = time.perf_counter() - t0
+            yield batch
 
     def now(self) -> float:
         """TTA seconds so far (before run_start: where the run stood at its checkpoint)."""
@@ -102,6 +117,10 @@ class RunRecorder(Recorder):
         self.sampler, self.samples_stored, self.sample_t0 = None, 0, 0.0
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
+        self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
+        self.segment: float | None = None  # unix time this process's sampler started: its samples' segment
+        self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
+        self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
 
     @classmethod
     def begin(cls, plan: str, out: Path, cfg, prog: Progress, *, data: Path, env: dict, splits: dict,
@@ -155,7 +174,9 @@ class RunRecorder(Recorder):
             self.events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
             self.events.start(C.RUN_START)
 
+        self.segment = time.time()  # one per process: its counters are differenced only among its samples
         self.sampler = Sampler(os.getpid()).start()
+        self.sampler_p0 = time.perf_counter()  # a sample's t from here (the sampler's start, to a few ms)
         # a sample's t is seconds since the sampler started: put it on the run's clock, which a
         # resumed run continues (else every process's samples would pile up from t = 0)
         self.sample_t0 = self.now()
@@ -173,8 +194,10 @@ class RunRecorder(Recorder):
 
     def iteration_row(self, batch, step_s: float, comm: tuple[float, int] = (0.0, 0)) -> dict:
         """The step's row (its loss filled in at the read); ``comm``: its communication (seconds, bytes)."""
-        return {**_iteration_row(self.run_id, self.prog, self.now(), None, batch, step_s, self.flops.row(batch)),
-                "comm_s": comm[0], "comm_bytes": comm[1]}
+        row = {**_iteration_row(self.run_id, self.prog, self.now(), None, batch, step_s, self.flops.row(batch)),
+               "comm_s": comm[0], "comm_bytes": comm[1], "data_s": self.data_s, "ckpt_s": self.ckpt_s}
+        self.data_s, self.ckpt_s = 0.0, 0.0
+        return row
 
     def steps_read(self, reads: list) -> None:
         """Steps read from the device (train/step.py's StepMeter): their rows, the status line."""
@@ -240,6 +263,7 @@ class RunRecorder(Recorder):
                           clock_s=round(self.prog.clock_s, 3))
         self._store_samples(self.sampler.settled())  # a killed run keeps its samples up to here
         self.run.save_checkpoint(self.prog, **state.state_dict(), **(algo_state or {}))
+        self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (metrics/breakdown.py)
 
     def stopped(self, status: str) -> None:
         """run_stop: the run trained to its end (``status``: success, time_cap, max_epochs)."""
@@ -289,13 +313,35 @@ class RunRecorder(Recorder):
             self._store_samples(len(self.sampler.samples))
             self.sampler = None
 
+    @contextmanager
+    def off_clock(self):
+        """As :meth:`Recorder.off_clock`; the span is kept, so that the samples taken in it are not
+        stored and those after it are put on the TTA clock (:meth:`_on_clock`)."""
+        start = time.perf_counter()
+        with super().off_clock():
+            yield
+        self.off_spans.append((start, time.perf_counter(), time.time()))
+
     def _store_samples(self, upto: int) -> None:
-        """The samples not stored yet, up to ``upto`` (those that no longer change: Sampler.settled)."""
-        new = self.sampler.samples[self.samples_stored: upto]
+        """The samples not stored yet, up to ``upto`` (those that no longer change: Sampler.settled),
+        on the TTA clock."""
+        new = [row for row in map(self._on_clock, self.sampler.samples[self.samples_stored: upto]) if row]
         if new:
-            self.run.insert("samples", [{"run_id": self.run_id, "t": s.t + self.sample_t0, "source": s.source, "metric": s.metric,
-                                         "value": s.value} for s in new])
+            self.run.insert("samples", new)
         self.samples_stored = max(self.samples_stored, upto)
+
+    def _on_clock(self, s) -> dict | None:
+        """A sample's row: its ``t`` on the TTA clock (the sampler's seconds less the time spent off
+        the clock before it), None when taken off the clock. Each stretch of the clock is a
+        segment of its own, so a counter is never differenced across time the TTA does not count."""
+        at, shift, segment = self.sampler_p0 + s.t, 0.0, self.segment
+        for start, end, unix_end in self.off_spans:
+            if start < at < end:
+                return None
+            if end <= at:
+                shift, segment = shift + end - start, unix_end
+        return {"run_id": self.run_id, "t": s.t + self.sample_t0 - shift, "source": s.source, "metric": s.metric,
+                "value": s.value, "segment": segment}
 
     def _say(self, text: str) -> None:
         if not self.quiet:

@@ -35,18 +35,21 @@ def _training_run(root, name: str, seed: int):
     config = {"preset": "full", "model": {"name": "ds2", "conv_channels": 8, "lstm_layers": 1, "lstm_hidden": 8},
               "train": {"seed": seed, "eval_split": "dev-clean", "precision": "fp32"}}
     with Run.create(root / name, kind="train", config=config, env=GPU_ENV, label=name) as run:
-        for n in range(EPOCHS * 20):
-            run.add_iteration({"iteration": n, "epoch": n // 20 + 1, "clock_s": n * EPOCH_S / 20, "loss": 100.0 / (n + 1),
-                               "batch_size": 8, "frames": 800, "audio_s": 8.0, "step_s": 1.0, "utts_per_s": 8.0,
-                               "audio_s_per_s": 8.0})
+        for n in range(EPOCHS * 20):  # each epoch: 20 steps of 2.5 s from its start, 5 s to the evaluation's
+            epoch, k = n // 20 + 1, n % 20  # 5 s: the TTA clock tiled (metrics/breakdown.py)
+            run.add_iteration({"iteration": n, "epoch": epoch, "clock_s": (epoch - 1) * EPOCH_S + 2.5 * (k + 1),
+                               "loss": 100.0 / (n + 1), "batch_size": 8, "frames": 800, "audio_s": 8.0, "step_s": 2.5,
+                               "utts_per_s": 8.0, "audio_s_per_s": 8.0, "data_s": 0.5, "ckpt_s": 0.25 if k == 10 else 0.0})
         run.flush()
         run.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
-                              "clock_s": e * EPOCH_S, "eval_s": 5.0, "loss": 1.0, "wer": 30.0 - 4 * e, "cer": 12.0 - e,
+                              "clock_s": e * EPOCH_S, "eval_s": 5.0, "eval_forward_s": 2.0, "eval_decode_s": 2.5,
+                              "eval_score_s": 0.5, "loss": 1.0, "wer": 30.0 - 4 * e, "cer": 12.0 - e,
                               "cer_paper": 11.0 - e, "n_utts": 10, "final": 0, "cer_lo": 10.5 - e, "cer_hi": 13.5 - e,
                               "wer_lo": 27.0 - 4 * e, "wer_hi": 33.0 - 4 * e, "ser": 90.0 - 10 * e,
                               "ser_lo": 80.0 - 10 * e, "ser_hi": 100.0 - 10 * e} for e in range(1, EPOCHS + 1)]
                    + [{"run_id": run.run_id, "epoch": EPOCHS, "split": split, "decoder": "wordbeam", "beam": 256,
-                       "clock_s": EPOCHS * EPOCH_S, "eval_s": 5.0, "loss": 1.0, "wer": 15.0, "cer": 7.0,
+                       "clock_s": EPOCHS * EPOCH_S, "eval_s": 5.0, "eval_forward_s": 2.0, "eval_decode_s": 2.5,
+                       "eval_score_s": 0.5, "loss": 1.0, "wer": 15.0, "cer": 7.0,
                        "cer_paper": 6.5, "n_utts": 10, "final": 1, "cer_lo": 6.0, "cer_hi": 8.0, "wer_lo": 13.0,
                        "wer_hi": 17.0, "ser": 40.0, "ser_lo": 30.0, "ser_hi": 50.0}
                       for split in ("dev-clean", "test-clean")])
@@ -103,6 +106,14 @@ def test_cells_the_runs_hold_are_filled(full_page):
     for r in _csv(full_page, "price.csv"):
         if r["run"].startswith("seed"):
             assert r["TTA min"] == "3.0" and float(r["energy to accuracy kWh"]) > 0 and r["workload"], r
+    # where the time went up to CER 10 (epoch 3, 180 s): 3 epochs of 20 steps, 5 s between steps and evaluation
+    for r in _csv(full_page, "time_parts.csv"):
+        parts = {k: float(r[f"{k} s"]) for k in ("steps", "data", "eval", "checkpoints", "epoch changes",
+                                                 "eval forward", "eval decode", "eval score", "total", "until")}
+        assert parts == pytest.approx({"steps": 119.25, "data": 30.0, "eval": 15.0, "checkpoints": 0.75,
+                                       "epoch changes": 15.0, "eval forward": 6.0, "eval decode": 7.5,
+                                       "eval score": 1.5, "total": 180.0, "until": 180.0}), r
+        assert r["to"] == "CER 10" and r["note"] == "" and r["shares"].startswith("steps 66% data 17% eval 8%"), r
     energy = {(r["run"].split()[0], r["source"]): r["method"] for r in _csv(full_page, "energy.csv")}
     assert energy == {(f"seed{s}", src): how for s in (1, 2) for src, how in
                       (("gpu0", "counter"), ("gpu1", "integrated-power"), ("rapl:intel-rapl:0", "counter"))}

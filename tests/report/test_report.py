@@ -29,7 +29,7 @@ def full_report(recorded_runs, tmp_path_factory):
 
 def test_every_section_has_its_files(full_report):
     out = full_report.parent
-    for name in ("fig7.png", "fig8.png", "fig9.png", "power.png", "tta.csv", "beam_sweep.csv", "final.csv", "runs.csv",
+    for name in ("fig7.png", "fig8.png", "fig9.png", "power.png", "time_parts.png", "time_parts.csv", "tta.csv", "beam_sweep.csv", "final.csv", "runs.csv",
                  "platforms.csv", "price.csv", "repeated.csv", "seed_runs.csv", "comparisons.csv", "energy.csv", "unavailable.csv", "sentences.csv"):
         assert (out / name).stat().st_size > 0, name
     page = full_report.read_text()
@@ -176,7 +176,7 @@ def _in_chromium(index, script: str, tmp_path) -> dict:
 def test_report_in_headless_chromium(full_report, tmp_path):
     page = full_report.read_text()
     check = _in_chromium(full_report, CHECK % json.dumps(HOSTILE).replace("</", "<\\/"), tmp_path)
-    assert len(check["imgs"]) == page.count("<img ") == 4 and all(check["imgs"]), check
+    assert len(check["imgs"]) == page.count("<img ") == 5 and all(check["imgs"]), check
     assert len(check["tables"]) == page.count("<table>") >= 10 and all(n >= 2 for n in check["tables"]), check
     assert check["hostile"] and check["injected"] == 0
 
@@ -216,7 +216,7 @@ def test_report_of_two_machines_in_headless_chromium(recorded_runs, tmp_path, mo
     legends = []  # every figure's legend or panel titles name both runs
     save = figures.save_png
     monkeypatch.setattr(figures, "save_png", lambda fig, path: legends.append(
-        (path.name, " ".join(t.get_text() for ax in fig.axes for t in [ax.title, *(ax.get_legend().get_texts()
+        (path.name, " ".join(t.get_text() for ax in fig.axes for t in [ax.title, *ax.get_yticklabels(), *(ax.get_legend().get_texts()
                                                                               if ax.get_legend() else [])]))) or save(fig, path))
     index = build_report([recorded_runs["cpu-seed1"], h100], tmp_path / "rep")
     for name, text in legends:

@@ -52,10 +52,10 @@ def test_the_tta_table_ranks_within_a_workload_only(runs, capsys):
 
 
 def test_the_report_has_one_tta_table_per_workload_and_says_why(runs, tmp_path, monkeypatch):
-    texts = []  # every figure's legends and titles
+    texts = []  # every figure's legends, titles and labelled bars
     save = figures.save_png
     monkeypatch.setattr(figures, "save_png", lambda fig, path: texts.append(" ".join(
-        t.get_text() for ax in fig.axes for t in [ax.title, *(ax.get_legend().get_texts() if ax.get_legend() else [])]))
+        t.get_text() for ax in fig.axes for t in [ax.title, *ax.get_yticklabels(), *(ax.get_legend().get_texts() if ax.get_legend() else [])]))
         or save(fig, path))
     page = build_report(runs, tmp_path / "rep").read_text()
     ds2, conformer = workload_label(workload({"model": DS2})), workload_label(workload({"model": CONFORMER}))

@@ -1,0 +1,79 @@
+"""Where a run's time to accuracy went: training steps, waiting for data, evaluation (its
+forward passes, decoding and scoring where the run split them), checkpoints, and epoch changes,
+from the run's own rows (results/schema.py), so a reader sees whether a TTA is bound by the
+accelerator or by the host.
+
+The TTA clock's time up to the TTA moment is tiled by the rows' windows: an iteration row's
+``[clock_s - step_s, clock_s]`` (its wait for the batch ``data_s``, the checkpoints written
+since the previous row ``ckpt_s``, the rest its step), an evaluation row's
+``[clock_s - eval_s, clock_s]``; the time between windows is the epochs' changes (loader start,
+the model made common, bookkeeping) and the checkpoints written at an epoch's end (on the
+next epoch's first row, outside its window). Each gap is measured from the rows, never
+taken as what is left of the TTA: windows that overlap or a clock that jumps show as parts that
+do not add up to the TTA, and the result says so.
+"""
+from __future__ import annotations
+
+PARTS = ("steps", "data", "eval", "checkpoints", "epoch changes")
+EVAL_PARTS = {"forward": "eval_forward_s", "decode": "eval_decode_s", "score": "eval_score_s"}
+SHORT = {"steps": "steps", "data": "data", "eval": "eval", "checkpoints": "ckpt", "epoch changes": "epoch"}
+TOLERANCE = 0.01  # parts within 1% of the TTA: the rows tile its clock
+
+
+def time_parts(iterations: list[dict], evals: list[dict], until_s: float) -> dict:
+    """{part: seconds} of the TTA clock up to ``until_s`` (the TTA moment: the clock at the
+    evaluation that reached the target, or the run's last one), from the iteration rows and
+    the per-epoch evaluation rows of one run; with ``total s`` (their sum), ``until s``, the
+    evaluation's own parts where every row split it (else None), and a ``note`` naming what
+    the rows did not record or a sum off the TTA by more than 1%."""
+    its = sorted((r for r in iterations if r["clock_s"] <= until_s + 1e-6), key=lambda r: r["iteration"])
+    evs = [e for e in evals if e["clock_s"] <= until_s + 1e-6]
+    secs = dict.fromkeys(PARTS, 0.0)
+    windows, notes = [], []
+    previous_epoch = None
+    for r in its:
+        data, ckpt = r.get("data_s"), r.get("ckpt_s") or 0.0
+        first = r["epoch"] != previous_epoch  # its window starts after the epoch's start: checkpoints before it
+        previous_epoch = r["epoch"]
+        inside = 0.0 if first else ckpt
+        secs["data"] += data or 0.0
+        secs["checkpoints"] += ckpt
+        secs["steps"] += r["step_s"] - (data or 0.0) - inside
+        windows.append((r["clock_s"] - r["step_s"], r["clock_s"]))
+        if first:
+            secs["epoch changes"] -= ckpt  # written in the gap before this window: not an epoch change
+    for e in evs:
+        secs["eval"] += e["eval_s"]
+        windows.append((e["clock_s"] - e["eval_s"], e["clock_s"]))
+    secs["epoch changes"] += gaps(windows, until_s)
+    if its and any(r.get("data_s") is None for r in its):
+        notes.append("data wait not recorded (rows of an older release): in steps")
+    split = {name: sum(e[col] for e in evs) if evs and all(e.get(col) is not None for e in evs) else None
+             for name, col in EVAL_PARTS.items()}
+    total = sum(secs.values())
+    if until_s > 0 and abs(total - until_s) > TOLERANCE * until_s:
+        notes.append(f"parts sum to {total:.1f} s of the TTA {until_s:.1f} s: the rows' windows overlap or miss time")
+    return {**{f"{p} s": v for p, v in secs.items()}, **{f"eval {n} s": v for n, v in split.items()},
+            "total s": total, "until s": until_s, "note": "; ".join(notes) or None}
+
+
+def gaps(windows: list[tuple[float, float]], until_s: float) -> float:
+    """Seconds of ``[0, until_s]`` outside every (start, end) window: the clock between the rows."""
+    out, end = 0.0, 0.0
+    for start, stop in sorted(windows, key=lambda w: w[1]):
+        out += max(0.0, start - end)
+        end = max(end, stop)
+    return out + max(0.0, until_s - end)
+
+
+def shares(parts: dict) -> str:
+    """``steps 54% data 3% eval 40% ckpt 3% epoch 0%``: each part's share of the parts' sum,
+    the evaluation's own parts in brackets where the run split them."""
+    total = parts["total s"]
+    if not total:
+        return "no time recorded"
+    text = [f"{SHORT[p]} {100 * parts[f'{p} s'] / total:.0f}%" for p in PARTS]
+    inner = [f"{n[:3]} {100 * parts[f'eval {n} s'] / total:.0f}" for n in EVAL_PARTS if parts[f"eval {n} s"] is not None]
+    if inner:
+        text[2] += f" ({' '.join(inner)})"
+    return " ".join(text)
