@@ -58,12 +58,13 @@ def dct_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=8)
-def _bases(cfg: FeatureConfig, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Window (n_fft,), mel filters (bins, n_mels) and DCT (n_mels, n_mfcc) as float32 tensors."""
+def _bases(cfg: FeatureConfig, device: str, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                          torch.Tensor]:
+    """Window (n_fft,), mel filters (bins, n_mels) and DCT (n_mels, n_mfcc) as ``dtype`` tensors."""
     win = np.zeros(cfg.n_fft)
     off = (cfg.n_fft - cfg.win_length) // 2  # a shorter window is centred in n_fft, as librosa does
     win[off: off + cfg.win_length] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(cfg.win_length) / cfg.win_length)
-    as_t = lambda a: torch.tensor(a, dtype=torch.float32, device=device)  # noqa: E731
+    as_t = lambda a: torch.tensor(a, dtype=dtype, device=device)  # noqa: E731
     return as_t(win), as_t(mel_filters(cfg).T), as_t(dct_matrix(cfg.n_mels, cfg.n_mfcc))
 
 
@@ -81,16 +82,18 @@ def _frames(wave: torch.Tensor, cfg: FeatureConfig) -> torch.Tensor:
 
 
 @torch.no_grad()
-def extract_batch(waves: list[np.ndarray], cfg: FeatureConfig = FeatureConfig(), device: str = "cpu") -> list[np.ndarray]:
-    """Features of several utterances: a list of (T_i, n_mels + n_mfcc) float32 arrays."""
-    win, mel, dct = _bases(cfg, device)
+def extract_batch(waves: list[np.ndarray], cfg: FeatureConfig = FeatureConfig(), device: str = "cpu",
+                  dtype: torch.dtype = torch.float64) -> list[np.ndarray]:
+    """Features of several utterances: a list of (T_i, n_mels + n_mfcc) float32 arrays, computed
+    in ``dtype``."""
+    win, mel, dct = _bases(cfg, device, dtype)
     out = []
     for w in waves:
-        frames = _frames(torch.as_tensor(w, dtype=torch.float32, device=device), cfg)  # (T, n_fft)
+        frames = _frames(torch.as_tensor(w, device=device).to(dtype), cfg)  # (T, n_fft)
         spec = torch.fft.rfft(frames * win)  # (T, n_fft // 2 + 1) complex
         power = spec.real.square() + spec.imag.square()
         log_mel = 10.0 * torch.log10(torch.clamp(power @ mel, min=cfg.log_floor))  # (T, n_mels), dB
-        out.append(torch.cat([log_mel, log_mel @ dct], dim=1).cpu().numpy())  # (T, n_mels + n_mfcc)
+        out.append(torch.cat([log_mel, log_mel @ dct], dim=1).float().cpu().numpy())  # (T, n_mels + n_mfcc)
     return out
 
 
