@@ -386,7 +386,7 @@ def cmd_reproduce(a) -> int:
     from speechperf.train.reproduce import EXIT, reproduce
 
     result = reproduce(a.preset, Path(a.data), seed=a.seed, epochs=a.epochs, out=Path(a.out) if a.out else None,
-                       quiet=a.json)
+                       quiet=a.json, corpus=Path(a.prepare) if a.prepare else None)
     if a.json:
         emit_json(result)
     else:
@@ -571,6 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=None, help="reference seed (default: the first with a curve)")
     sp.add_argument("--epochs", type=int, default=2, help="epochs to train and compare")
     sp.add_argument("--out", default=None, help="keep the run in this new folder (default: a temporary one)")
+    sp.add_argument("--prepare", default=None, metavar="CORPUS",
+                    help="where --data is not the features of any reference curve, prepare CORPUS into DATA-reproduce "
+                         "and reproduce on that")
 
     sp = add("demo", cmd_demo, "synth -> prepare -> train (gpu preset with CUDA, else cpu) -> TTA table")
     _isa_arg(sp)

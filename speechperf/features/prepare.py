@@ -9,7 +9,8 @@ used is reported with its name and reason in ``FEATS/prepare.json``, the rest is
 A split already prepared is checked, not trusted: every shard is hashed against the index,
 and those missing or damaged (and an unreadable index) are rebuilt and named, so re-running
 prepare is the repair the loader's checksum error advises.
-Also writes ``FEATS/features.json`` (the FeatureConfig) and ``FEATS/stats.json``
+Also writes ``FEATS/features.json`` (the FeatureConfig, and under ``made_with`` the
+arithmetic, torch, numpy and MKL versions and the ISA cap variables it was made under) and ``FEATS/stats.json``
 (per-dimension mean and std over the train-* splits, for normalization): once, never
 changed by a later call (a repair keeps it) unless ``recompute_stats`` asks; see
 features/stats.py.
