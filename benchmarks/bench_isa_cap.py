@@ -1,9 +1,10 @@
 """The effect of the ISA cap on the machine at hand: the same seed trained for N epochs at 1
 thread without the cap (the machine's own kernels) and under the whole AVX2 cap
 (ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2 and MKL_CBWR=COMPATIBLE,
-telemetry/isa_cap.py), each in its own child process; prints both curves (validation loss, CER, WER per epoch, full precision), the
-kernels each ran (env.json's "isa"), whether the curves are identical, and the cap's cost in
-training seconds per epoch (capped / uncapped, the uncapped run the named reference).
+telemetry/isa_cap.py), each in its own child process; prints both curves (validation loss,
+CER, WER per epoch, full precision), the kernels each ran (env.json's "isa"), whether the
+curves are identical, and the cap's cost in training seconds per epoch (capped / uncapped,
+the uncapped run the named reference).
 
 On an AVX2 machine the two runs use the same kernels (torch's capability is AVX2 either way)
 and the curves are identical; on an AVX-512 machine they differ from the first epoch, and the
@@ -18,6 +19,11 @@ worker without and under the cap, interleaved, CPU seconds of the process tree e
 depend on the cap); (2) in one process, extract_batch over CORPUS's audio in float32 and in
 float64 (features/extract.py's arithmetic), interleaved, CPU seconds (float32: the reference).
 Goal: prepare under the cap costs at most 10% more than without.
+
+``--step PRESET``: one training step of PRESET's model (forward and backward of a random
+batch of 24 x 6 s, 1 thread) timed in CPU seconds in child processes without and under the
+cap, interleaved (uncapped: the reference): MKL's vendor-independent path is the cap's cost
+on the matrix products.
 """
 from __future__ import annotations
 
@@ -89,6 +95,40 @@ def extract_cpu_s(corpus: Path, repeat: int) -> dict:
     return out
 
 
+STEP = """
+import sys, time, torch
+from speechperf.config import load_preset
+from speechperf.models import build_model
+torch.set_num_threads(1); torch.manual_seed(0)
+cfg = load_preset(sys.argv[1])
+model = build_model(cfg.model)
+x, lengths = torch.randn(24, 600, getattr(cfg.model, "input_dim", 93)), torch.full((24,), 600)
+def step():
+    out = model(x, lengths)[0]
+    out.sum().backward()
+step()  # warm-up: allocations, oneDNN's primitives
+t = time.process_time()
+for _ in range(int(sys.argv[2])):
+    step()
+print((time.process_time() - t) / int(sys.argv[2]))
+"""
+
+
+def bench_step(a) -> None:
+    base = {k: v for k, v in os.environ.items() if k not in CAP_VARS}
+    base["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    got = {"no cap": [], "avx2 cap": []}
+    for _ in range(a.repeat):
+        for name, isa in (("no cap", None), ("avx2 cap", "avx2")):
+            done = subprocess.run([sys.executable, "-c", STEP, a.step, "3"], env=cap_env(isa, base),
+                                  capture_output=True, text=True, check=True)
+            got[name].append(float(done.stdout.strip().splitlines()[-1]))
+    emit([{"step": name, "CPU s per step (min)": min(v), "runs": " ".join(f"{x:.3f}" for x in v)}
+          for name, v in got.items()], False)
+    print(f"{a.step} training step CPU seconds, capped / uncapped (reference, minima): "
+          f"{min(got['avx2 cap']) / min(got['no cap']):.3f}")
+
+
 def bench_prepare(a) -> None:
     rows = {"no cap": [0.0, None], "avx2 cap": [0.0, None]}
     with tempfile.TemporaryDirectory(prefix="bench-isa-cap-prepare-") as tmp:
@@ -111,10 +151,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--prepare", type=Path, default=None, metavar="CORPUS", help="time prepare and extraction instead")
-    p.add_argument("--repeat", type=int, default=2, help="--prepare: interleaved repeats of each")
+    p.add_argument("--step", default=None, metavar="PRESET", help="time a training step of PRESET's model instead")
+    p.add_argument("--repeat", type=int, default=2, help="--prepare, --step: interleaved repeats of each")
     a = p.parse_args()
     if a.prepare:
         return bench_prepare(a)
+    if a.step:
+        return bench_step(a)
     if a.data is None:
         p.error("--data FEATS is required (or --prepare CORPUS)")
     with tempfile.TemporaryDirectory(prefix="bench-isa-cap-") as tmp:

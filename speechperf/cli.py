@@ -400,8 +400,9 @@ def _isa_arg(sp) -> None:
     from speechperf.telemetry.isa_cap import CAPS
 
     sp.add_argument("--isa", choices=sorted(CAPS), default=None,
-                    help="cap the instruction set of oneDNN and of torch's own kernels (ONEDNN_MAX_CPU_ISA and "
-                         "ATEN_CPU_CAPABILITY; the command restarts itself under them): with train.threads=1, a "
+                    help="cap the instruction set of oneDNN and of torch's own kernels and fix MKL's code path "
+                         "(ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_CBWR=COMPATIBLE; the command restarts "
+                         "itself under them): with train.threads=1, a "
                          "reference seed's curve is reproducible bit for bit (docs/reproduce.md)")
 
 

@@ -34,7 +34,8 @@ from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_
 from speechperf.errors import SpeechperfError
 from speechperf.features.config import FeatureConfig
 from speechperf.features.index_stream import write_index
-from speechperf.features.shards import ShardError, as_stored, file_sha256, load_index, shard_name, write_json, write_shard
+from speechperf.features.shards import (ShardError, as_stored, file_sha256, load_index, shard_name, write_json,
+                                        write_shard)
 from speechperf.features.stats import refuse_change, write_stats
 
 

@@ -42,7 +42,8 @@ def settings_of(config: dict, env: dict) -> dict:
             "onednn": isa.get("onednn"), "ONEDNN_MAX_CPU_ISA": isa.get("ONEDNN_MAX_CPU_ISA"),
             "ATEN_CPU_CAPABILITY": isa.get("ATEN_CPU_CAPABILITY"), "mkl": isa.get("mkl"),
             "MKL_CBWR": isa.get("MKL_CBWR"), "torch": (env.get("libraries") or {}).get("torch"),
-            "numpy": (env.get("libraries") or {}).get("numpy"), "features_sha256": (env.get("features") or {}).get("sha256")}
+            "numpy": (env.get("libraries") or {}).get("numpy"),
+            "features_sha256": (env.get("features") or {}).get("sha256")}
 
 
 def curves_of(ref: dict, seed: int) -> list[dict]:

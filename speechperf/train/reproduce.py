@@ -141,12 +141,13 @@ def features_differ(data: Path, features: str, ref: dict, seed: int) -> str:
         return (f"{head}: {data} was prepared without made_with in features.json, by a speechperf whose float16 "
                 "features depended on the CPU's matrix kernels; prepare the corpus again into a new folder "
                 "(speechperf prepare CORPUS NEW, or reproduce --prepare CORPUS)")
-    theirs = ((curves[0].get("corpus") or {}).get("fingerprint") or {}).get("train_utterances") if curves else None
+    theirs = [((c.get("corpus") or {}).get("fingerprint") or {}).get("train_utterances") for c in curves]
     mine = _train_counts(data)
-    if theirs and mine and theirs not in {*mine.values(), sum(mine.values())}:
+    if mine and all(theirs) and not {*theirs} & {*mine.values(), sum(mine.values())}:
         counts = ", ".join(f"{split} {n}" for split, n in sorted(mine.items()))
-        return (f"{head}: another corpus (training utterances {counts}; the reference trained on {theirs}); make "
-                f"the references' corpus ({_corpus_words(curves[0])}) and prepare it (reproduce --prepare CORPUS)")
+        return (f"{head}: another corpus (training utterances {counts}; the references trained on "
+                f"{', '.join(map(str, theirs))}); make the references' corpus ({_corpus_words(curves[0])}) and "
+                "prepare it (reproduce --prepare CORPUS)")
     return (f"{head}: another corpus or preparation (made with {made}); prepare the references' corpus "
             f"({_corpus_words(curves[0]) if curves else 'see docs/reproduce.md'}) with this speechperf "
             "(reproduce --prepare CORPUS)")

@@ -23,7 +23,8 @@ print(hashlib.sha256(as_stored(np.concatenate(extract_batch(waves))).tobytes()).
 """
 SETTINGS = {"MKL's vendor-independent path": {"MKL_CBWR": "COMPATIBLE"},
             "ATen's default kernels": {"ATEN_CPU_CAPABILITY": "default"},
-            "the whole AVX2 cap": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}}
+            "the whole AVX2 cap": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+                                   "MKL_CBWR": "COMPATIBLE"}}
 
 
 def _hash(extra: dict) -> str:

@@ -218,7 +218,8 @@ def test_features_prepared_by_a_cpu_dependent_speechperf_are_named(tmp_path, tin
 
 def test_another_build_of_the_reference_torch_release_is_named_with_the_wheel_to_install():
     got = rep.torch_differs("2.13.0+cu130", "2.13.0+cpu")
-    assert got.startswith("torch 2.13.0+cu130 is the reference's release 2.13.0 in another build (reference 2.13.0+cpu)")
+    assert got.startswith("torch 2.13.0+cu130 is the reference's release 2.13.0 in another build "
+                          "(reference 2.13.0+cpu)")
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in got
     assert rep.torch_differs("2.11.0", "2.13.0+cpu").startswith("torch 2.11.0 (reference 2.13.0+cpu): another release")
     assert rep.torch_differs("2.13.0+cpu", "2.13.0+cpu") is None
@@ -257,3 +258,15 @@ def test_a_run_cut_after_its_first_epochs_is_unfinished_not_failed():
 
     assert outcome(run(2), 10.0, 3).state == "unfinished"
     assert outcome(run(0), 10.0, 3).state == "never reached"
+
+
+def test_features_of_a_corpus_with_other_utterance_counts_name_the_corpus_to_make(tmp_path, tiny_features, capsys):
+    other = tmp_path / "features"
+    shutil.copytree(tiny_features, other)
+    index = json.loads((other / "train-clean" / "index.json").read_text())
+    index["utterances"] = index["utterances"][:-1]  # one utterance fewer than any reference trained on
+    (other / "train-clean" / "index.json").write_text(json.dumps(index))
+    assert main(["reproduce", "tiny", "--data", str(other)]) == 3
+    out = capsys.readouterr().out
+    assert f"another corpus (training utterances train-clean {len(index['utterances'])};" in out
+    assert "speechperf corpus synth --hours" in out and "reproduce --prepare CORPUS" in out
