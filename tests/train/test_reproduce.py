@@ -270,3 +270,18 @@ def test_features_of_a_corpus_with_other_utterance_counts_name_the_corpus_to_mak
     out = capsys.readouterr().out
     assert f"another corpus (training utterances train-clean {len(index['utterances'])};" in out
     assert "speechperf corpus synth --hours" in out and "reproduce --prepare CORPUS" in out
+
+
+@needs_reference_stack
+def test_prepare_corpus_makes_features_of_the_reference_curve(tmp_path, tiny_corpus, tiny_features):
+    """``reproduce --prepare CORPUS`` where --data matches no curve: CORPUS is prepared into
+    DATA-reproduce, whose features are the reference curve's."""
+    stale = tmp_path / "features"
+    shutil.copytree(tiny_features, stale)
+    stats = json.loads((stale / "stats.json").read_text())
+    stats["frames"] += 1
+    (stale / "stats.json").write_text(json.dumps(stats))
+    ref = rcp.load_reference("tiny")
+    chosen, data = rep._curve_for(ref, 1, stale, tiny_corpus, quiet=True)
+    assert data == tmp_path / "features-reproduce"
+    assert chosen is curve.pick(ref, 1, features_sha256(tiny_features))
