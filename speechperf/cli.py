@@ -400,7 +400,7 @@ def cmd_reproduce(a) -> int:
     from speechperf.train.reproduce import EXIT, reproduce
 
     result = reproduce(a.preset, Path(a.data), seed=a.seed, epochs=a.epochs, out=Path(a.out) if a.out else None,
-                       quiet=a.json)
+                       quiet=a.json, corpus=Path(a.prepare) if a.prepare else None)
     if a.json:
         emit_json(result)
     else:
@@ -414,8 +414,9 @@ def _isa_arg(sp) -> None:
     from speechperf.telemetry.isa_cap import CAPS
 
     sp.add_argument("--isa", choices=sorted(CAPS), default=None,
-                    help="cap the instruction set of oneDNN and of torch's own kernels (ONEDNN_MAX_CPU_ISA and "
-                         "ATEN_CPU_CAPABILITY; the command restarts itself under them): with train.threads=1, a "
+                    help="cap the instruction set of oneDNN and of torch's own kernels and fix MKL's code path "
+                         "(ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_CBWR=COMPATIBLE; the command restarts "
+                         "itself under them): with train.threads=1, a "
                          "reference seed's curve is reproducible bit for bit (docs/reproduce.md)")
 
 
@@ -602,6 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=None, help="reference seed (default: the first with a curve)")
     sp.add_argument("--epochs", type=int, default=2, help="epochs to train and compare")
     sp.add_argument("--out", default=None, help="keep the run in this new folder (default: a temporary one)")
+    sp.add_argument("--prepare", default=None, metavar="CORPUS",
+                    help="where --data is not the features of any reference curve, prepare CORPUS into DATA-reproduce "
+                         "and reproduce on that")
 
     sp = add("demo", cmd_demo, "synth -> prepare -> train (gpu preset with CUDA, else cpu) -> TTA table")
     _isa_arg(sp)

@@ -9,6 +9,15 @@ Speed, measured on this 2-core machine (benchmarks/bench_features.py): frames as
 view (unfold), one real FFT over all frames, then mel filtering and the DCT as two
 matmuls ran ~3x librosa on one thread; torch.stft ran ~2x (its padding and complex
 output cost more), and a DFT-as-matmul against a cos/sin basis ran ~0.6x (memory bound).
+
+The arithmetic is float64, and the features are stored as float16 (features/shards.py): the
+FFT and the two matmuls run in MKL, whose code path depends on the CPU's vendor and ISA. In
+float32 its rounding moved 0.28% of the stored float16 values between an AMD and an Intel CPU
+(another features checksum); in float64 its last-bit differences are ~1e-16 relative, far
+below float16's 1e-3 steps, and the stored values were identical on an AMD EPYC (AVX2) and an
+Intel Xeon (AVX-512, another torch build), with and without each cap variable
+(docs/reproduce.md). The one exception, the sign of an exact zero, is removed where the values
+are stored (shards.as_stored).
 """
 from __future__ import annotations
 
@@ -58,12 +67,13 @@ def dct_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=8)
-def _bases(cfg: FeatureConfig, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Window (n_fft,), mel filters (bins, n_mels) and DCT (n_mels, n_mfcc) as float32 tensors."""
+def _bases(cfg: FeatureConfig, device: str, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                          torch.Tensor]:
+    """Window (n_fft,), mel filters (bins, n_mels) and DCT (n_mels, n_mfcc) as ``dtype`` tensors."""
     win = np.zeros(cfg.n_fft)
     off = (cfg.n_fft - cfg.win_length) // 2  # a shorter window is centred in n_fft, as librosa does
     win[off: off + cfg.win_length] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(cfg.win_length) / cfg.win_length)
-    as_t = lambda a: torch.tensor(a, dtype=torch.float32, device=device)  # noqa: E731
+    as_t = lambda a: torch.tensor(a, dtype=dtype, device=device)  # noqa: E731
     return as_t(win), as_t(mel_filters(cfg).T), as_t(dct_matrix(cfg.n_mels, cfg.n_mfcc))
 
 
@@ -81,16 +91,18 @@ def _frames(wave: torch.Tensor, cfg: FeatureConfig) -> torch.Tensor:
 
 
 @torch.no_grad()
-def extract_batch(waves: list[np.ndarray], cfg: FeatureConfig = FeatureConfig(), device: str = "cpu") -> list[np.ndarray]:
-    """Features of several utterances: a list of (T_i, n_mels + n_mfcc) float32 arrays."""
-    win, mel, dct = _bases(cfg, device)
+def extract_batch(waves: list[np.ndarray], cfg: FeatureConfig = FeatureConfig(), device: str = "cpu",
+                  dtype: torch.dtype = torch.float64) -> list[np.ndarray]:
+    """Features of several utterances: a list of (T_i, n_mels + n_mfcc) float32 arrays, computed
+    in ``dtype``."""
+    win, mel, dct = _bases(cfg, device, dtype)
     out = []
     for w in waves:
-        frames = _frames(torch.as_tensor(w, dtype=torch.float32, device=device), cfg)  # (T, n_fft)
+        frames = _frames(torch.as_tensor(w, device=device).to(dtype), cfg)  # (T, n_fft)
         spec = torch.fft.rfft(frames * win)  # (T, n_fft // 2 + 1) complex
         power = spec.real.square() + spec.imag.square()
         log_mel = 10.0 * torch.log10(torch.clamp(power @ mel, min=cfg.log_floor))  # (T, n_mels), dB
-        out.append(torch.cat([log_mel, log_mel @ dct], dim=1).cpu().numpy())  # (T, n_mels + n_mfcc)
+        out.append(torch.cat([log_mel, log_mel @ dct], dim=1).float().cpu().numpy())  # (T, n_mels + n_mfcc)
     return out
 
 

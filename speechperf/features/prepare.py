@@ -9,7 +9,8 @@ used is reported with its name and reason in ``FEATS/prepare.json``, the rest is
 A split already prepared is checked, not trusted: every shard is hashed against the index,
 and those missing or damaged (and an unreadable index) are rebuilt and named, so re-running
 prepare is the repair the loader's checksum error advises.
-Also writes ``FEATS/features.json`` (the FeatureConfig) and ``FEATS/stats.json``
+Also writes ``FEATS/features.json`` (the FeatureConfig, and under ``made_with`` the
+arithmetic, torch, numpy and MKL versions and the ISA cap variables it was made under) and ``FEATS/stats.json``
 (per-dimension mean and std over the train-* splits, for normalization): once, never
 changed by a later call (a repair keeps it) unless ``recompute_stats`` asks; see
 features/stats.py.
@@ -33,7 +34,8 @@ from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_
 from speechperf.errors import SpeechperfError
 from speechperf.features.config import FeatureConfig
 from speechperf.features.index_stream import write_index
-from speechperf.features.shards import ShardError, file_sha256, load_index, shard_name, write_json, write_shard
+from speechperf.features.shards import (ShardError, as_stored, file_sha256, load_index, shard_name, write_json,
+                                        write_shard)
 from speechperf.features.stats import refuse_change, write_stats
 
 
@@ -71,11 +73,31 @@ def _check_config(out: Path, config: FeatureConfig) -> None:
     if path.exists():
         # a field added since the folder was made reads as its default (compress: such folders are deflated)
         have = {**dataclasses.asdict(FeatureConfig()), **json.loads(path.read_text())}
+        have.pop(MADE_WITH, None)
         if have != wanted:
             raise SpeechperfError(f"{out} holds features made with another FeatureConfig ({have}); use a new folder")
     else:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(path, wanted)
+        write_json(path, {**wanted, MADE_WITH: made_with()})
+
+
+MADE_WITH = "made_with"  # features.json's record of what computed the features (not part of the FeatureConfig)
+PRECISION = "float64"  # the arithmetic of features/extract.py, recorded in made_with
+CAP_VARS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_CBWR")  # telemetry/isa_cap.py's variables
+
+
+def made_with() -> dict:
+    """What computes this process's features: {"precision", "torch", "numpy", "mkl", "cap"}
+    (the cap: the ISA cap's variables as set, {} when none)."""
+    import re
+    from importlib import metadata
+
+    import torch
+
+    mkl = re.search(r"Math Kernel Library Version ([^\n]+?) for", torch.__config__.show())
+    return {"precision": PRECISION, "torch": metadata.version("torch"), "numpy": np.__version__,
+            "mkl": mkl.group(1).strip() if mkl else None,
+            "cap": {var: os.environ[var] for var in CAP_VARS if os.environ.get(var)}}
 
 
 def _prepare_split(corpus, out, split, pool: "_Workers", progress, config) -> tuple[dict, dict | None, list[dict]]:
@@ -226,7 +248,9 @@ def _shard_task(task) -> str:
                           [len(a) / cfg.sample_rate for _, a in kept], compress=cfg.compress)
         records = [{"id": u.id, "shard": name, "offset": i, "frames": int(len(f)), "duration": len(a) / cfg.sample_rate,
                     "transcript": u.transcript, "speaker": u.speaker} for i, ((u, a), f) in enumerate(zip(kept, feats))]
-        stacked = np.concatenate(feats).astype(np.float64)
+        # the sums of the stored values: one ulp of a float32 value that float16 rounds away
+        # leaves them as they are
+        stacked = as_stored(np.concatenate(feats)).astype(np.float64)  # (sum T, dim)
         sums = {"n": int(len(stacked)), "sum": stacked.sum(0).tolist(), "sumsq": (stacked**2).sum(0).tolist()}
     write_json(split_dir / f"{name}.json", {"shard": name, "sha256": sha, "records": records, "problems": problems,
                                             "sums": sums})

@@ -34,6 +34,14 @@ def shard_name(k: int) -> str:
     return f"shard-{k:05d}"
 
 
+def as_stored(feats: np.ndarray) -> np.ndarray:
+    """``feats`` as a shard stores them: float16, every zero positive. A value that is zero in
+    exact arithmetic (an MFCC of a silent frame) comes out of the float64 DCT as rounding noise
+    of either sign, +-1e-14, which float16 rounds to +0 or -0: different bytes for the same
+    value, chosen by the matrix kernel's summation order (MKL's code path on this CPU)."""
+    return feats.astype(np.float16) + np.float16(0)  # -0 + +0 is +0 in IEEE arithmetic
+
+
 def write_shard(path: Path, feats: list[np.ndarray], ids: list[str], transcripts: list[str],
                 durations: list[float], compress: bool = True) -> str:
     """Write one shard atomically; returns its SHA-256 (a function of the content only).
@@ -41,7 +49,7 @@ def write_shard(path: Path, feats: list[np.ndarray], ids: list[str], transcripts
     frames deflate only ~1.2x, and inflating them was half of a loader reader's time)."""
     offsets = np.cumsum([0] + [len(f) for f in feats]).astype(np.int64)
     buf = io.BytesIO()
-    (np.savez_compressed if compress else np.savez)(buf, feats=np.concatenate(feats).astype(np.float16), offsets=offsets,
+    (np.savez_compressed if compress else np.savez)(buf, feats=as_stored(np.concatenate(feats)), offsets=offsets,
                         ids=np.array(ids), transcripts=np.array(transcripts), durations=np.array(durations))
     data = buf.getvalue()
     atomic_write(path, lambda f: f.write(data))

@@ -20,10 +20,10 @@ from speechperf.metrics import rcp
 
 METRICS = rcp.CURVE_METRICS  # what a curve holds per epoch (evals columns); rcp checks a reference's on load
 # settings that must be equal for a curve to be reproducible, in the order they are reported
-MUST_MATCH = ("torch", "threads", "cap", "cpu_capability", "features_sha256", "seed")
+MUST_MATCH = ("torch", "threads", "cap", "MKL_CBWR", "cpu_capability", "features_sha256", "seed")
 # settings that must be equal as well where both sides recorded them (oneDNN's ISA is only
 # read where oneDNN printed it; its version where torch's build names it)
-MATCH_WHERE_KNOWN = ("onednn_isa", "onednn")
+MATCH_WHERE_KNOWN = ("onednn_isa", "onednn", "mkl")
 ONE_THREAD = 1  # the references' thread count: more threads split sums differently per machine
 IDENTICAL, DIFFERS, NOT_COMPARABLE = "identical", "differs", "cannot be compared"
 
@@ -40,8 +40,9 @@ def settings_of(config: dict, env: dict) -> dict:
     return {"seed": config.get("train", {}).get("seed"), "threads": config.get("train", {}).get("threads"),
             "cap": isa.get("cap"), "cpu_capability": isa.get("cpu_capability"), "onednn_isa": isa.get("onednn_isa"),
             "onednn": isa.get("onednn"), "ONEDNN_MAX_CPU_ISA": isa.get("ONEDNN_MAX_CPU_ISA"),
-            "ATEN_CPU_CAPABILITY": isa.get("ATEN_CPU_CAPABILITY"),
-            "torch": (env.get("libraries") or {}).get("torch"),
+            "ATEN_CPU_CAPABILITY": isa.get("ATEN_CPU_CAPABILITY"), "mkl": isa.get("mkl"),
+            "MKL_CBWR": isa.get("MKL_CBWR"), "torch": (env.get("libraries") or {}).get("torch"),
+            "numpy": (env.get("libraries") or {}).get("numpy"),
             "features_sha256": (env.get("features") or {}).get("sha256")}
 
 
@@ -76,9 +77,9 @@ def comparable(mine: dict, theirs: dict) -> str | None:
     if mine.get("threads") != ONE_THREAD:
         return f"threads {mine.get('threads')}: only a 1-thread run is reproducible across machines"
     if not mine.get("cap"):
-        return "no ISA cap (ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY): kernels follow the machine"
+        return "no ISA cap (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_CBWR): kernels follow the machine"
     missing = [d for d in differences(mine, theirs) if d.split(" ", 1)[0] in ("torch", "threads", "features_sha256",
-                                                                                "seed", "cap")]
+                                                                                "seed", "cap", "MKL_CBWR")]
     return "; ".join(missing) if missing else None
 
 

@@ -7,8 +7,13 @@ from the CPU it finds: oneDNN (convolutions, LSTM, some matrix products), capped
 norms), capped by ``ATEN_CPU_CAPABILITY``. Capping only oneDNN is half a cap: on an AVX-512
 machine ATen's kernels still sum in 16-float vectors, and a training curve differs from an
 AVX2 machine's from the first epoch; capping both reproduced the AVX2 reference
-bit for bit. Both variables are read when the libraries load (ATen's at ``import torch``), so
-a cap only takes effect in a child process started with :func:`cap_env`'s environment.
+bit for bit. A third library, MKL, computes torch's float32 matrix products (``torch.mm``,
+linear layers) and FFTs; it dispatches on the CPU's vendor as well as its instruction set (an
+AMD CPU takes MKL's generic code, an Intel one its own kernels), so ``MKL_CBWR`` (MKL's
+conditional numerical reproducibility) fixes its code path too: ``COMPATIBLE`` is the branch
+MKL documents as giving the same results on Intel and non-Intel CPUs. All three variables are
+read when the libraries load (ATen's at ``import torch``, MKL's at its first call), so a cap
+only takes effect in a child process started with :func:`cap_env`'s environment.
 
 :func:`effective` says what a process actually ran: torch's capability, oneDNN's ISA (torch
 exposes no getter for it: it is read from the header oneDNN prints once per process when its
@@ -22,11 +27,13 @@ import re
 import sys
 import tempfile
 
-ONEDNN_VAR, ATEN_VAR = "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"
+ONEDNN_VAR, ATEN_VAR, MKL_VAR = "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_CBWR"
+CAP_VARS = (ONEDNN_VAR, ATEN_VAR, MKL_VAR)  # every variable a cap sets
+MKL_BRANCH = "COMPATIBLE"  # MKL's vendor-independent code path (see the module's docstring)
 # --isa NAME -> the value of each variable (oneDNN's names: dnnl_cpu_isa_t; ATen's: its
-# CPU_CAPABILITY names, lower case)
-CAPS = {"avx2": {ONEDNN_VAR: "AVX2", ATEN_VAR: "avx2"},
-        "avx512": {ONEDNN_VAR: "AVX512_CORE", ATEN_VAR: "avx512"}}
+# CPU_CAPABILITY names, lower case; MKL's: its MKL_CBWR branches)
+CAPS = {"avx2": {ONEDNN_VAR: "AVX2", ATEN_VAR: "avx2", MKL_VAR: MKL_BRANCH},
+        "avx512": {ONEDNN_VAR: "AVX512_CORE", ATEN_VAR: "avx512", MKL_VAR: MKL_BRANCH}}
 
 
 class UnknownCap(ValueError):
@@ -43,7 +50,7 @@ def cap_vars(isa: str) -> dict:
 
 def cap_env(isa: str | None, base: dict | None = None) -> dict:
     """The environment of a child process capped to ``isa``: ``base`` (default ``os.environ``)
-    with both variables set; ``isa`` None: ``base`` as it is (no cap: the machine's own kernels)."""
+    with every variable of the cap set; ``isa`` None: ``base`` as it is (no cap: the machine's own kernels)."""
     env = dict(os.environ if base is None else base)
     if isa is None:
         return env
@@ -52,9 +59,9 @@ def cap_env(isa: str | None, base: dict | None = None) -> dict:
 
 
 def cap_of(env: dict) -> str | None:
-    """The :data:`CAPS` key that ``env`` sets whole, None when it sets neither variable; a
-    half or unknown cap is named as ``"partial: VAR=VALUE ..."``."""
-    set_ = {k: env.get(k) for k in (ONEDNN_VAR, ATEN_VAR) if env.get(k)}
+    """The :data:`CAPS` key that ``env`` sets whole, None when it sets none of its variables; a
+    part of a cap or an unknown one is named as ``"partial: VAR=VALUE ..."``."""
+    set_ = {k: env.get(k) for k in CAP_VARS if env.get(k)}
     if not set_:
         return None
     for name, values in CAPS.items():
@@ -96,14 +103,23 @@ def onednn_version() -> str | None:
     return found.group(1) if found else None
 
 
+def mkl_version() -> str | None:
+    """MKL's version as torch's build reports it ("2024.2-Product Build 20240605"), None where
+    torch was built without it."""
+    import torch
+
+    found = re.search(r"Math Kernel Library Version ([^\n]+?) for", torch.__config__.show())
+    return found.group(1).strip() if found else None
+
+
 def effective() -> dict:
-    """The kernels this process runs: {"cpu_capability", "onednn_isa", "onednn", "cap",
-    ONEDNN_VAR, ATEN_VAR} (the last two as set, None when not)."""
+    """The kernels this process runs: {"cpu_capability", "onednn_isa", "onednn", "mkl", "cap",
+    ONEDNN_VAR, ATEN_VAR, MKL_VAR} (the last three as set, None when not)."""
     import torch
 
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "onednn_isa": onednn_isa(),
-            "onednn": onednn_version(), "cap": cap_of(os.environ),
-            ONEDNN_VAR: os.environ.get(ONEDNN_VAR), ATEN_VAR: os.environ.get(ATEN_VAR)}
+            "onednn": onednn_version(), "mkl": mkl_version(), "cap": cap_of(os.environ),
+            **{var: os.environ.get(var) for var in CAP_VARS}}
 
 
 def exec_capped(isa: str | None, argv: list[str]) -> None:

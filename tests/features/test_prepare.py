@@ -202,3 +202,34 @@ def test_raw_shards_hold_the_same_batches_and_a_folder_keeps_its_form(tiny_corpu
     cfg_json.pop("compress", None)
     (old / "features.json").write_text(json.dumps(cfg_json))
     prepare(tiny_corpus, old, workers=1, progress=False)  # accepted: the default (deflated) is what it holds
+
+
+def test_index_sums_are_those_of_the_stored_float16_values(tiny_features):
+    """The sums in a shard's sidecar (and so in index.json and the features checksum) are the
+    float16 values as stored: a float32 value moved by one ulp that float16 rounds away leaves
+    them as they are."""
+    split = tiny_features / "train-clean"
+    side = json.loads((split / "shard-00000.json").read_text())
+    with np.load(split / "shard-00000.npz") as z:
+        stored = z["feats"]
+    assert stored.dtype == np.float16 and not np.signbit(stored[stored == 0]).any()
+    as64 = stored.astype(np.float64)
+    assert side["sums"]["n"] == len(stored)
+    assert side["sums"]["sum"] == as64.sum(0).tolist() and side["sums"]["sumsq"] == (as64**2).sum(0).tolist()
+
+
+def test_features_json_records_what_made_them(tiny_features):
+    import torch
+
+    made = json.loads((tiny_features / "features.json").read_text())["made_with"]
+    assert made["precision"] == "float64" and made["torch"] == torch.__version__ and made["numpy"] == np.__version__
+    assert made["cap"] == {} and (made["mkl"] is not None) == torch.backends.mkl.is_available()
+
+
+def test_as_stored_has_one_zero():
+    """float16 rounds the DCT's +-1e-14 rounding noise (an MFCC that is exactly zero) to +0 or
+    -0 by its sign; stored, both are +0, so the bytes do not depend on the kernel's sums."""
+    from speechperf.features.shards import as_stored
+
+    got = as_stored(np.array([-1e-14, 1e-14, -0.0, -1.5], dtype=np.float32))
+    assert got.dtype == np.float16 and got.view(np.uint16).tolist() == [0, 0, 0, np.float16(-1.5).view(np.uint16)]
