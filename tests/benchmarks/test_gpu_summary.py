@@ -53,7 +53,7 @@ def test_run_figures_from_a_results_db(tmp_path):
                     "('r', ?, 1, ?, ?, ?)", [(1, 10.0, 100, 0.1), (2, 40.0, 300, 0.3)])
     con.execute("INSERT INTO evals (run_id, epoch, split, decoder, beam, eval_s, final) VALUES ('r', 1, 'd', 'g', 1, 8.0, 0)")
     con.execute("INSERT INTO evals (run_id, epoch, split, decoder, beam, eval_s, final) VALUES ('r', 1, 'd', 'g', 1, 99.0, 1)")
-    con.executemany("INSERT INTO samples VALUES ('r', ?, 'gpu0', 'util_pct', ?)", [(0.0, 50.0), (1.0, 70.0)])
+    con.executemany("INSERT INTO samples (run_id, t, source, metric, value) VALUES ('r', ?, 'gpu0', 'util_pct', ?)", [(0.0, 50.0), (1.0, 70.0)])
     con.commit()
     con.close()
     assert gs.run_figures(tmp_path) == ("2 steps of 200 utt, 0.2 s/step; per-epoch evaluation 8 s of the 40 s clock "
