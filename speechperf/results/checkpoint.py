@@ -25,7 +25,6 @@ or anything else is refused by name before any of it is interpreted.
 from __future__ import annotations
 
 import pickletools
-import random
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 
 from speechperf.atomic import atomic_torch_save
 from speechperf.errors import SpeechperfError
+from speechperf.rng import rng_state, set_rng_state
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT = 2  # 1: earlier releases, RNG states as numpy and python objects (refused: reading them runs code)
@@ -44,40 +44,10 @@ class CheckpointError(SpeechperfError):
     """A checkpoint is missing, truncated or of another format."""
 
 
-def rng_state() -> dict:
-    """What makes the next steps' numbers: every RNG state and the intra-op thread count, as
-    tensors and plain values (what ``torch.load(weights_only=True)`` reads back)."""
-    name, key, pos, has_gauss, cached = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    return {"torch": torch.get_rng_state(),
-            # int64, not uint32: torch pickles a uint32 tensor that it cannot unpickle (plain pickle, as
-            # local SGD's gather of every rank's state uses: train/algorithm.py; torch.save is fine),
-            # measured on torch 2.13
-            "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-            "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "threads": torch.get_num_threads()}
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore ``rng_state()``."""
-    if state["threads"] != torch.get_num_threads():
-        torch.set_num_threads(state["threads"])  # even above the cores now available: exact, only slower
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def contents(run_id: str, config: dict, progress: dict, state: dict) -> dict:
     """Everything a checkpoint holds, the one place its keys are named: format, the run's id and
     configuration, ``progress`` (results/progress.py, as a dict), the ``state`` dicts of the
-    trainer (:meth:`TrainState.state_dict`, and the data-parallel algorithm's: train/algorithm.py)
+    trainer (:meth:`TrainState.state_dict`, and the data-parallel algorithm's: speechperf/algorithms)
     and the RNG states."""
     return {"format": FORMAT, "run_id": run_id, "config": _plain(config, "config"),
             "progress": _plain(progress, "progress"), **state, "rng": rng_state()}
