@@ -91,21 +91,21 @@ class _Timed:
 
 def hooks(a, root: Path) -> list[dict]:
     """One epoch of ``algo.name=single`` in this process, its per-step hooks timed."""
-    from speechperf.train import algorithm
+    from speechperf.algorithms import base, single
     from speechperf.train.loop import train
 
     timers = {name: _Timed() for name in ("after_step", "comm.take", "before_eval")}
-    originals = (algorithm.Single.after_step, algorithm.CommMeter.take, algorithm.Single.before_eval)
-    algorithm.Single.after_step = timers["after_step"].wrap(originals[0])
-    algorithm.CommMeter.take = timers["comm.take"].wrap(originals[1])
-    algorithm.Single.before_eval = timers["before_eval"].wrap(originals[2])
+    originals = (single.Single.after_step, base.CommMeter.take, single.Single.before_eval)
+    single.Single.after_step = timers["after_step"].wrap(originals[0])
+    base.CommMeter.take = timers["comm.take"].wrap(originals[1])
+    single.Single.before_eval = timers["before_eval"].wrap(originals[2])
     out = root / "single-hooks"
     shutil.rmtree(out, ignore_errors=True)  # a finished run would only be read again: no hook called
     try:
         train(a.preset, a.data, out, ["train.max_epochs=1", "train.final_splits=none", "train.target=0",
                                       "train.threads=1", "algo.name=single", *a.set], quiet=True)
     finally:
-        algorithm.Single.after_step, algorithm.CommMeter.take, algorithm.Single.before_eval = originals
+        single.Single.after_step, base.CommMeter.take, single.Single.before_eval = originals
     with Run.open(out) as run:
         steps = [r["step_s"] for r in run.iterations()]
     step = statistics.median(steps)

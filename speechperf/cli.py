@@ -228,8 +228,7 @@ def cmd_tta(a) -> int:
     from speechperf.metrics.study import study_notes, tta_study
 
     study = tta_study([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
-                      db_path=Path(a.db) if a.db else None, price_per_hour=a.price_per_hour,
-                      platform_file=a.platform_file)
+                      price_per_hour=a.price_per_hour, platform_file=a.platform_file)
     if a.json:
         emit_json(study)
         return 0
@@ -497,7 +496,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--metric", choices=metric_targets(), default="cer", help="validation error the targets apply to")
     _targets_args(sp)
     sp.add_argument("--epochs", type=int, default=3, help="median over this many last epochs")
-    sp.add_argument("--db", help="where the rows of a previous-release run folder without its own database are")
     sp.add_argument("--price-per-hour", type=float, default=None,
                     help="$/hour of the whole machine of every run given (overrides every profile)")
     sp.add_argument("--platform-file", default=None,
@@ -535,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("runs", nargs="+", help="run folders, from any machines")
     sp.add_argument("--out", required=True, help="report folder")
     sp.add_argument("--db", help="shared database for the benchmark and parallel sections (default: the first "
-                                 "run's), and for previous-release run folders without their own")
+                                 "run's)")
     sp.add_argument("--price-per-hour", type=float, default=None,
                     help="$/hour of the whole machine of every run given (overrides every profile)")
     sp.add_argument("--platform-file", default=None,

@@ -2,13 +2,15 @@
 
 A preset has sections ``[model]``, ``[loader]``, ``[train]``, ``[augment]`` and ``[algo]``
 whose keys are fields of the model's own config (``[model] name`` picks the model; default
-``ds2``), LoaderConfig, TrainConfig, SpecAugmentConfig and AlgoConfig (the data-parallel
-algorithm); unknown keys are errors, missing keys keep the dataclass default.
+``ds2``), LoaderConfig, TrainConfig, SpecAugmentConfig and the data-parallel algorithm's own
+config (``[algo] name`` picks it; default ``sync``: speechperf/algorithms); unknown keys are
+errors, missing keys keep the dataclass default.
 Command-line overrides are ``key=value`` or ``section.key=value``; ``model.name=X``
-switches the model first (to X's defaults), so the other model fields are read as X's.
-A bare ``key`` is looked up in the stage sections (``BARE``) only: the algorithm's fields
-are always written ``algo.key`` (its ``name`` and ``sync_every`` are the model's and the
-loop's when bare).
+switches the model first (to X's defaults), so the other model fields are read as X's;
+``algo.name=X`` switches the algorithm first, keeping the preset's values of the fields X
+also has. A bare ``key`` is looked up in the stage sections (``BARE``) only: the
+algorithm's fields are always written ``algo.key`` (a bare ``name`` or ``sync_every`` is
+the model's or the loop's).
 """
 from __future__ import annotations
 
@@ -18,27 +20,32 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speechperf.algorithms import DEFAULT as DEFAULT_ALGO, algo_config, config_class as algo_class
+from speechperf.algorithms.base import AlgoConfig
 from speechperf.data.config import LoaderConfig
 from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.errors import ConfigError
 from speechperf.models import config_class
 from speechperf.models.ds2 import DS2Config
 from speechperf.section import build_section
-from speechperf.config.train import AlgoConfig, TrainConfig
+from speechperf.config.train import TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
 # model: the default model's (each model has its own); augment: SpecAugment on training batches
-# algo: the data-parallel algorithm (train/algorithm.py)
+# algo: the data-parallel algorithms' common base (each algorithm has its own: speechperf/algorithms)
 SECTIONS = {"model": DS2Config, "loader": LoaderConfig, "train": TrainConfig, "augment": SpecAugmentConfig,
             "algo": AlgoConfig}
 BARE = ("model", "loader", "train", "augment")  # the sections a bare ``key=value`` override is looked up in
 
 
 def section_kind(section: str, data: dict):
-    """The dataclass of ``section`` in the preset ``data``: the model's depends on its name."""
+    """The dataclass of ``section`` in the preset ``data``: the model's and the algorithm's
+    depend on their name."""
     if section == "model":
         return config_class(data.get("model", {}).get("name", "ds2"))
+    if section == "algo":
+        return algo_class(data.get("algo", {}).get("name", DEFAULT_ALGO))
     return SECTIONS[section]
 
 
@@ -51,17 +58,16 @@ class RunConfig:
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)  # off unless a preset sets masks
-    algo: AlgoConfig = field(default_factory=AlgoConfig)  # the data-parallel algorithm (sync: DDP under torchrun)
+    algo: AlgoConfig = field(default_factory=algo_config)  # the config of the data-parallel algorithm [algo] name selects (sync: DDP under torchrun)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
-        return cls(
-            preset=d.get("preset", "custom"),
-            **{name: build_section(section_kind(name, d), d.get(name, {}), name) for name in SECTIONS},
-        )
+        sections = {name: build_section(section_kind(name, d), d.get(name, {}), name)
+                    for name in SECTIONS if name != "algo"}
+        return cls(preset=d.get("preset", "custom"), algo=algo_config(d.get("algo", {})), **sections)
 
 
 def preset_names() -> list[str]:
@@ -98,8 +104,8 @@ def load_preset(name: str, overrides: list[str] | tuple[str, ...] = (), platform
     path, data = _read_toml(name, PRESET_DIR, "preset", set(SECTIONS))
     if platform:
         data.setdefault("loader", {}).update(load_platform(platform).get("loader", {}))
-    # the model's name first: the other model fields are then that model's
-    for item in sorted(overrides, key=lambda item: item.split("=", 1)[0] not in ("model.name", "name")):
+    # the model's and the algorithm's names first: the other fields are then theirs
+    for item in sorted(overrides, key=lambda item: item.split("=", 1)[0] not in ("model.name", "name", "algo.name")):
         _apply_override(data, item)
     cfg = RunConfig.from_dict({"preset": path.stem, **data})
     validate(cfg)
@@ -126,6 +132,9 @@ def _apply_override(data: dict, item: str) -> None:
     if (section, name) == ("model", "name") and value != data.get("model", {}).get("name", "ds2"):
         config_class(value)  # an unknown model is named here
         data["model"] = {}  # the preset's model fields are its own model's: another starts from its defaults
+    if (section, name) == ("algo", "name"):
+        kept = {f.name for f in dataclasses.fields(algo_class(value))}  # an unknown algorithm is named here
+        data["algo"] = {k: v for k, v in data.get("algo", {}).items() if k in kept}
     data.setdefault(section, {})[name] = value
 
 

@@ -99,37 +99,3 @@ class TrainConfig:
                                       "(no AlgoPerf-faithful workload yet)"),
         ]
         return [msg for ok, msg in checks if not ok]
-
-
-@dataclass(frozen=True)
-class AlgoConfig:
-    """The data-parallel training algorithm of a run launched by torchrun (train/algorithm.py).
-
-    Its fields are always written ``algo.FIELD`` on the command line: ``name`` and
-    ``sync_every`` are also the model's and the training loop's fields."""
-
-    name: str = "sync"  # a name of train/algorithm.py's registry: "single" (one process), "sync" (DDP: gradients averaged every step; one process without torchrun), "bsp" (local SGD, models averaged every sync_every steps), "bmuf" (blockwise model-update filtering), "diloco" (DiLoCo: outer Nesterov SGD on the pseudo-gradient), "asgd", "easgd" (asynchronous, a parameter server on rank 0)
-    sync_every: int = 1  # bsp, bmuf, diloco, asgd, easgd: local optimizer steps between synchronizations (tau, H); bsp, bmuf and diloco also at every epoch's end
-    block_lr: float = 1.0  # bmuf: block learning rate eta
-    block_momentum: float = -1.0  # bmuf: block momentum zeta in [0, 1); -1 = 1 - block_lr / (workers x bmuf_c) (Eq. 6)
-    bmuf_c: float = 1.05  # bmuf: C of Eq. 6 (eta / (workers (1 - zeta)) = C), used when block_momentum = -1
-    nesterov: bool = True  # bmuf: workers restart from the look-ahead global + momentum x Delta and a block's update is measured from it (NBM-BMUF); false: from the global model (CBM-BMUF, the paper's)
-    outer_lr: float = 0.7  # diloco: learning rate of the outer SGD on the pseudo-gradient (Douillard et al. 2023)
-    outer_momentum: float = 0.9  # diloco: Nesterov momentum of the outer SGD, in [0, 1)
-    easgd_alpha: float = 0.1  # easgd: moving rate alpha = eta x lambda of the elastic exchange (Eq. 9), in (0, 1)
-    round_robin: bool = False  # asgd, easgd: the server serves the workers in turn (deterministic: tests, exact resume)
-
-    def problems(self) -> list[str]:
-        """One message per invalid value; the name is checked against the algorithms' registry
-        (train/algorithm.py: ``check``) and the worker count at launch."""
-        checks = [
-            (self.sync_every >= 1, f"algo.sync_every={self.sync_every} must be >= 1"),
-            (self.block_lr > 0, f"algo.block_lr={self.block_lr} must be > 0"),
-            (self.block_momentum == -1 or 0 <= self.block_momentum < 1,
-             f"algo.block_momentum={self.block_momentum} must be in [0, 1), or -1 (from block_lr and bmuf_c)"),
-            (self.bmuf_c > 0, f"algo.bmuf_c={self.bmuf_c} must be > 0"),
-            (self.outer_lr > 0, f"algo.outer_lr={self.outer_lr} must be > 0"),
-            (0 <= self.outer_momentum < 1, f"algo.outer_momentum={self.outer_momentum} must be in [0, 1)"),
-            (0 < self.easgd_alpha < 1, f"algo.easgd_alpha={self.easgd_alpha} must be in (0, 1)"),
-        ]
-        return [msg for ok, msg in checks if not ok]

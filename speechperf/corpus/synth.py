@@ -121,7 +121,7 @@ def synthesize(out: Path, hours: float = 1.5, seed: int = 1, progress: bool = Tr
             differ = sorted(k for k in set(want) | set(done["params"]) if want.get(k) != done["params"].get(k))
             raise SpeechperfError(f"{out} holds a corpus made with other parameters ({', '.join(differ)}: "
                                   f"{ {k: done['params'].get(k) for k in differ} } there, { {k: want.get(k) for k in differ} } "
-                                  "now; an earlier release's sizes?): choose another folder, or delete it and the "
+                                  "now): choose another folder, or delete it and the "
                                   "features and runs made from it")
         return {"splits": done["splits"]}
     jobs = [j for j in plan(out, hours, seed) if not _speaker_done(j)]

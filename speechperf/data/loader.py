@@ -200,9 +200,9 @@ def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: 
 
 def planned_steps(index: Index, cfg: LoaderConfig, seed: int, world: int = 1) -> int | None:
     """Steps per epoch for the learning-rate schedule's length: a shuffled epoch's planned
-    batches of ``index`` (data/plan.py, ``steps_per_epoch``); None for the fixed-count cut,
+    batches of ``index`` (data/plan.py, ``steps_per_epoch``); None for the ``full`` cut,
     whose schedules (and reference convergence points) count ceil(utterances / batch_size)."""
-    if method(cfg) == "legacy":
+    if method(cfg) == "full":
         return None
     return steps_per_epoch(index, cfg, seed, world)
 

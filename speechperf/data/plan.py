@@ -6,7 +6,7 @@ shuffled order (``pad`` mode, the paper's) and cut into batches, and the window'
 shuffled. A reader that owns a window's batches reads each of its shards once (loader.py).
 
 Three ways to cut a window (``batch_size`` is the global batch, ``max_duration`` per rank):
-- ``legacy``: full batches of ``batch_size`` and the window's remainder (512 utterances in
+- ``full``: full batches of ``batch_size`` and the window's remainder (512 utterances in
   batches of 240: 240, 240, 32). The tiny preset's reference convergence points
   were measured with exactly these batches; it stays the default.
 - ``balanced`` (``loader.balance = true``): the fewest batches of at most ``batch_size``,
@@ -51,10 +51,10 @@ class Plan:
 
 
 def method(cfg: LoaderConfig) -> str:
-    """``legacy``, ``balanced`` or ``duration``: how this configuration cuts a window."""
+    """``full``, ``balanced`` or ``duration``: how this configuration cuts a window."""
     if cfg.max_duration > 0:
         return "duration"
-    return "balanced" if cfg.balance else "legacy"
+    return "balanced" if cfg.balance else "full"
 
 
 def plan_epoch(index: Index, cfg: LoaderConfig, epoch: int, seed: int, rank: int = 0, world: int = 1) -> Plan:
@@ -97,7 +97,7 @@ def _shard_order(index: Index, cfg: LoaderConfig, rng: np.random.Generator) -> l
 
 def _cut(items: np.ndarray, index: Index, cfg: LoaderConfig) -> list[np.ndarray]:
     kind = method(cfg)
-    if kind == "legacy":
+    if kind == "full":
         return [items[i: i + cfg.batch_size] for i in range(0, len(items), cfg.batch_size)]
     if kind == "balanced":
         return np.array_split(items, -(-len(items) // cfg.batch_size))

@@ -116,8 +116,8 @@ def write_stats(feats: Path, train_splits: list[str], recompute: bool, sums: dic
 
 
 def check_trained_on(feats: Path, recorded: str | None, run: Path) -> None:
-    """Refuse ``FEATS/stats.json`` when it is not the one ``run`` recorded (None: a run of an
-    earlier release recorded none, nothing to compare)."""
+    """Refuse ``FEATS/stats.json`` when it is not the one ``run`` recorded (None: the
+    run recorded none, nothing to compare)."""
     if recorded is None:
         return
     now = stats_sha256(feats)

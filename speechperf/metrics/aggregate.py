@@ -28,11 +28,11 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 
+from speechperf.algorithms import algo_config
 from speechperf.metrics import rcp
 from speechperf.metrics.interval import ratio_interval
 from speechperf.metrics.olympic import olympic_mean
 from speechperf.metrics.tta import epochs_to_target
-from speechperf.config.train import AlgoConfig
 
 FINISHED = ("success", "time_cap", "max_epochs")  # statuses of a run that trained to its end
 
@@ -63,7 +63,7 @@ class SeedRun:
         """Workload, configuration apart from train.seed, machine: what seeds of one study share."""
         cfg = json.loads(json.dumps(self.config))
         cfg.get("train", {}).pop("seed", None)
-        cfg.setdefault("algo", asdict(AlgoConfig()))  # a run recorded before the [algo] section: its defaults (sync)
+        cfg["algo"] = asdict(algo_config(cfg.get("algo")))  # its own fields: a section holding every algorithm's reads the same
         return json.dumps([self.workload, cfg, self.machine], sort_keys=True)
 
     @property

@@ -27,6 +27,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
+from speechperf.algorithms import DEFAULT as DEFAULT_ALGO, algo_config
 from speechperf.config import SECTIONS, section_kind
 from speechperf.errors import SpeechperfError
 from speechperf.metric import is_target, targets as target_metrics
@@ -191,14 +192,27 @@ def _completed(flat: dict) -> dict:
     reference recorded before a field existed (the [algo] section, train.lr_step_epochs)
     trained with its default. A recipe naming a field this code does not know stays as it is
     (and differs)."""
-    model = {"model": {"name": flat.get("model.name", "ds2")}}
+    named = {"model": {"name": flat.get("model.name", "ds2")}, "algo": {"name": flat.get("algo.name", DEFAULT_ALGO)}}
     defaults = {}
     for section in SECTIONS:
         try:
-            defaults[section] = dataclasses.asdict(section_kind(section, model)())
-        except ValueError:  # a model this code does not know (UnknownName): its fields stay as recorded
+            defaults[section] = dataclasses.asdict(section_kind(section, named)())
+        except ValueError:  # a model or algorithm this code does not know (UnknownName, ConfigError): as recorded
             pass
-    return {**recipe(defaults), **flat}
+    return {**recipe(defaults), **_own_algo_fields(flat)}
+
+
+def _own_algo_fields(flat: dict) -> dict:
+    """``flat`` with its ``algo.*`` keys those of the named algorithm's config: a recipe holding
+    every algorithm's fields (this release's config.json) reads as the one naming its own
+    (speechperf/algorithms' ``algo_config``); one it refuses stays as recorded (and differs)."""
+    algo = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith("algo.")}
+    try:
+        own = dataclasses.asdict(algo_config(algo))
+    except ValueError:
+        return flat
+    return {**{k: v for k, v in flat.items() if not k.startswith("algo.")},
+            **{f"algo.{k}": v for k, v in own.items() if f"algo.{k}" in flat}}
 
 
 def epochs_of(ref: dict, target: float) -> list[int | None]:

@@ -34,15 +34,14 @@ def targets_for(spec, metric: str, required: bool = True):
 
 
 def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs: int = 3,
-              db_path: Path | None = None, price_per_hour: float | None = None,
-              platform_file: Path | None = None) -> dict:
+              price_per_hour: float | None = None, platform_file: Path | None = None) -> dict:
     """{"runs": per-run rows (:func:`speechperf.metrics.tta.tta_table`'s, with epochs to target,
     minutes per epoch and the reference check), "groups": the seeds of one workload,
     configuration and machine aggregated, "comparisons": every two groups of a workload,
     "evaluations": every run's per-epoch validation errors with their 95% intervals}."""
     spec = parse_targets(targets, metric)
-    table = tta_table(runs, metric, spec, epochs, db_path, price_per_hour, platform_file)
-    opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
+    table = tta_table(runs, metric, spec, epochs, price_per_hour, platform_file)
+    opened = [Run.open(Path(r)) for r in runs]
     try:
         labels = unique_labels(opened)
         seeds = [_of_open(r, label, metric) for r, label in zip(opened, labels)]
@@ -58,9 +57,8 @@ def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
 
 
 def _of_open(run, label: str, metric: str) -> SeedRun:
-    """:func:`seed_run` of an open Run; a folder of the previous release has its config and env
-    only in its database row (as the report reads it: report/runs.py)."""
-    return seed_run(label, run.recorded("config.json"), run.recorded("env.json"), run.row().get("status"),
+    """:func:`seed_run` of an open Run."""
+    return seed_run(label, run.config, run.env, run.row().get("status"),
                     run.evals(), metric, run.folder)
 
 

@@ -52,8 +52,7 @@ def epoch_rows(run) -> list[dict]:
 
 
 def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs: int = 3,
-              db_path: Path | None = None, price_per_hour: float | None = None,
-              platform_file: Path | None = None) -> list[dict]:
+              price_per_hour: float | None = None, platform_file: Path | None = None) -> list[dict]:
     """Table 4 form: one row per (run, target) with minutes and % of the first run of the same
     workload (the reference), the initialization seconds kept outside the clock, the achieved
     TFLOPS and MFU of its training steps (bench/mfu.py) with the peak behind it, and the run's
@@ -65,11 +64,10 @@ def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs
     workload (model and parameter count): runs of different models are different jobs, so a
     run's relative % is only ever against a run of its own workload. Runs are named by their
     labels (told apart where they collide); each run's rows come from its own folder, so
-    folders from different machines compare in one table. ``db_path``: where the rows of a
-    folder of the previous release are (it has no database of its own).
+    folders from different machines compare in one table.
     """
     spec = parse_targets(targets, metric)
-    opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
+    opened = [Run.open(Path(r)) for r in runs]
     try:
         labelled = list(zip(opened, unique_labels(opened), (r.workload for r in opened)))
         for run, label, _ in labelled:  # a named set only for runs of its protocol, before any row
@@ -98,7 +96,7 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
                                   f"recorded before speechperf did): no TTA of it; choose another --metric")
         evals = [(e["clock_s"], e[metric]) for e in rows_of_epochs]
         env = with_price_overrides(run.env, price_per_hour, platform_file)
-        summary = run.summary() or {}  # {}: unfinished, or a run of the previous release
+        summary = run.summary() or {}  # {}: unfinished
         init_s = summary.get("init_s")
         samples, iterations = run.samples(), run.iterations()
         for target in targets:

@@ -2,7 +2,7 @@
 count (torchrun for several), plus one single-process run: the baseline of the speedups.
 
 Every run is an ordinary training run (train/loop.py, the algorithm a hook of its loop:
-train/algorithm.py), in ``OUT/NAME`` (``one-worker``, ``sync-n2``, ``bmuf-n2-h20``, ...),
+speechperf/algorithms), in ``OUT/NAME`` (``one-worker``, ``sync-n2``, ``bmuf-n2-h20``, ...),
 its rows in its own database and in the sweep's (``--db``, default ``OUT/results.db``).
 The table: speedup of training seconds per epoch over the one worker, the last
 validation WER and CER, TTA (the preset's ``train.target``, where it sets one), the share
@@ -22,8 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from speechperf.algorithms import periodic
 from speechperf.errors import SpeechperfError
-from speechperf.train.algorithm import ALGORITHMS
 from speechperf.metrics.tta import tta_minutes
 from speechperf.results.run import Run
 from speechperf.results.workload import workload_label
@@ -69,7 +69,7 @@ def grid(a: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
     runs = [("one-worker", 1, ["algo.name=sync"])]
     for algo in a.algos.split(","):
         for workers in [int(w) for w in a.workers.split(",")]:
-            if not _periodic(algo):
+            if not periodic(algo):
                 runs.append((f"{algo}-n{workers}", workers, [f"algo.name={algo}"]))
                 continue
             for every in [int(h) for h in a.sync_every.split(",")]:
@@ -154,7 +154,7 @@ def run_facts(summary: dict, config: dict, env: dict, its: list[dict], evals: li
         tta = tta_minutes([(e["clock_s"], e[metric]) for e in evals], tc["target"], tc.get("target_epochs", 3))
     epochs = max(summary.get("epochs") or 0, 1)
     return {"algo": algo.get("name", "sync"), "workers": env.get("world_size") or 1,
-            "sync_every": algo.get("sync_every") if _periodic(algo.get("name", "sync")) else None,
+            "sync_every": algo.get("sync_every") if periodic(algo.get("name", "sync")) else None,
             "epochs": summary.get("epochs"), "train_s_per_epoch": train_s / epochs,
             "wer": summary.get("last_wer"), "cer": summary.get("last_cer"), "tta_min": tta,
             "comm_pct": 100 * comm_s / train_s if train_s else None,
@@ -168,9 +168,3 @@ def _row(f: dict, base: float | None) -> dict:
             "speedup": base / f["train_s_per_epoch"] if base and f["train_s_per_epoch"] else None,
             "WER": f["wer"], "CER": f["cer"], "TTA min": f["tta_min"], "comm %": f["comm_pct"],
             "comm MB/step": f["comm_mb_per_step"], "MFU %": f["mfu_pct"], "status": f["status"], "run": f["run"]}
-
-
-def _periodic(name: str) -> bool:
-    """Whether a recorded run's algorithm synchronizes every algo.sync_every steps (a name this
-    release does not know: no)."""
-    return name in ALGORITHMS and ALGORITHMS[name].periodic

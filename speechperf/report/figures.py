@@ -59,7 +59,7 @@ def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()
 
 def _interval_band(ax, t: list[float], evals: list[dict], metric: str, color) -> None:
     """The evaluations' 95% bootstrap interval (metrics/bootstrap.py) shaded around the line,
-    over the epochs that recorded one (rows of earlier releases have none)."""
+    over the epochs that recorded one."""
     have = [(x, e[f"{metric}_lo"], e[f"{metric}_hi"]) for x, e in zip(t, evals)
             if e.get(f"{metric}_lo") is not None and e.get(f"{metric}_hi") is not None]
     if have:

@@ -32,8 +32,7 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
 
     Each run's rows come from its own folder (runs from different machines side by side);
     ``db_path``: a shared database for the database-wide sections (benchmarks, parallel
-    sweeps) and for folders of the previous release without a database of their own;
-    default for those sections: the first run's database. ``price_per_hour``,
+    sweeps); default for those sections: the first run's database. ``price_per_hour``,
     ``platform_file``: prices that override what the runs recorded
     (:func:`speechperf.telemetry.platforms.of_run`). ``targets``: the TTA targets, a set
     (``paper``, ``algoperf``) or numbers of ``metric`` (:func:`speechperf.metrics.targets.parse_targets`).
@@ -42,7 +41,7 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
         raise SpeechperfError("report needs at least one run folder")
     out = Path(out)
     spec = parse_targets(targets, metric)
-    opened = [Run.open(Path(r), shared_db=db_path) for r in runs]
+    opened = [Run.open(Path(r)) for r in runs]
     try:
         loaded = [load_run(r, label) for r, label in zip(opened, unique_labels(opened))]
         for r in loaded:  # a named target set only for runs of its protocol, before anything is written

@@ -10,8 +10,7 @@ SENTENCES_SHOWN = 3  # last logged sentence batches per run
 def load_run(run: Run, label: str | None = None) -> dict:
     """Everything the report shows about one open run (read only; nothing is recomputed)."""
     row = run.row()  # a run missing from its database is an error, not an empty report
-    # the folder's files first: they travel with it (the row's copies are for a shared database)
-    cfg, env = run.recorded("config.json"), run.recorded("env.json")
+    cfg, env = run.config, run.env  # the folder's files: they travel with it (the row's copies are for a shared database)
     work = workload(cfg)
     return {
         "run": str(run.folder), "run_id": run.run_id, "label": label or run.label, "row": row, "config": cfg,

@@ -19,14 +19,11 @@ A checkpoint is data, never code: run folders are copied between machines, and u
 file runs whatever its pickle names. It is therefore read with ``torch.load(weights_only=True)``
 (tensors and plain values only) and holds nothing else: the numpy and python RNG states are
 stored as their parts (a tensor of the 32-bit words and ints), the configuration and progress as plain
-dicts and lists. A file of format 1 (earlier releases, with numpy and python objects inside)
-or anything else is refused by name before any of it is interpreted.
+dicts and lists. A file holding anything else, or of another format, is refused by name before
+any of it is interpreted.
 """
 from __future__ import annotations
 
-import pickletools
-import random
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,49 +32,20 @@ import torch
 
 from speechperf.atomic import atomic_torch_save
 from speechperf.errors import SpeechperfError
+from speechperf.rng import rng_state, set_rng_state
 
 CHECKPOINT_NAME = "checkpoint.pt"
-FORMAT = 2  # 1: earlier releases, RNG states as numpy and python objects (refused: reading them runs code)
+FORMAT = 2  # the "format" key of every checkpoint; the only one this release reads
 
 
 class CheckpointError(SpeechperfError):
     """A checkpoint is missing, truncated or of another format."""
 
 
-def rng_state() -> dict:
-    """What makes the next steps' numbers: every RNG state and the intra-op thread count, as
-    tensors and plain values (what ``torch.load(weights_only=True)`` reads back)."""
-    name, key, pos, has_gauss, cached = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    return {"torch": torch.get_rng_state(),
-            # int64, not uint32: torch pickles a uint32 tensor that it cannot unpickle (plain pickle, as
-            # local SGD's gather of every rank's state uses: train/algorithm.py; torch.save is fine),
-            # measured on torch 2.13
-            "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-            "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "threads": torch.get_num_threads()}
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore ``rng_state()``."""
-    if state["threads"] != torch.get_num_threads():
-        torch.set_num_threads(state["threads"])  # even above the cores now available: exact, only slower
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def contents(run_id: str, config: dict, progress: dict, state: dict) -> dict:
     """Everything a checkpoint holds, the one place its keys are named: format, the run's id and
     configuration, ``progress`` (results/progress.py, as a dict), the ``state`` dicts of the
-    trainer (:meth:`TrainState.state_dict`, and the data-parallel algorithm's: train/algorithm.py)
+    trainer (:meth:`TrainState.state_dict`, and the data-parallel algorithm's: speechperf/algorithms)
     and the RNG states."""
     return {"format": FORMAT, "run_id": run_id, "config": _plain(config, "config"),
             "progress": _plain(progress, "progress"), **state, "rng": rng_state()}
@@ -131,26 +99,22 @@ def save_checkpoint(run: Path, state: dict) -> Path:
 
 def load_checkpoint(run: Path) -> dict:
     """``RUN/checkpoint.pt`` of this format, read as data only: a file that would need code to
-    load (format 1, a crafted pickle) or that is not a speechperf checkpoint is refused by name."""
+    load (a crafted pickle) or that is not a speechperf checkpoint is refused by name."""
     path = Path(run) / CHECKPOINT_NAME
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}: the run stopped before its first checkpoint")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for truncated, foreign or code-carrying files
-        raise CheckpointError(f"{path} cannot be read: {_why_unreadable(path, e)}") from e
+        raise CheckpointError(f"{path} cannot be read: {_why_unreadable(e)}") from e
     found = state.get("format") if isinstance(state, dict) else None
     if found != FORMAT:
         raise CheckpointError(f"{path} cannot be read: {_why_format(found)}")
     return state
 
 
-def _why_unreadable(path: Path, error: Exception) -> str:
-    """Why ``torch.load(weights_only=True)`` refused ``path``, told from its pickle's opcodes
-    (parsed, never run): an earlier release's format, or not a speechperf checkpoint."""
-    found = _declared_format(path)
-    if found is not None and found != FORMAT:
-        return _why_format(found)
+def _why_unreadable(error: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file: not a speechperf checkpoint."""
     lines = str(error).strip().splitlines()
     refused = next((line.strip() for line in lines if "Unsupported global" in line), None)
     if refused:  # weights_only's unpickler stopped at a name it would have had to call
@@ -161,30 +125,4 @@ def _why_unreadable(path: Path, error: Exception) -> str:
 def _why_format(found) -> str:
     if found is None:
         return f"not a speechperf checkpoint (no format {FORMAT} dictionary inside)"
-    if isinstance(found, int) and found < FORMAT:
-        return (f"format {found} written by an earlier release of speechperf, which stored objects that only "
-                f"run as code when loaded; this release reads format {FORMAT} (tensors and plain values only): "
-                "continue the run with the release that wrote it, or train it again")
     return f"format {found!r}, not {FORMAT}: written by a newer release of speechperf, or not a speechperf checkpoint"
-
-
-def _declared_format(path: Path) -> int | None:
-    """The ``format`` a checkpoint file declares, from its pickle opcodes alone (nothing in it
-    is executed): the first key of :func:`contents`' dictionary. None when there is none."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            name = next((n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
-            if name is None:
-                return None
-            ops = pickletools.genops(z.read(name))
-            previous = None
-            for _ in range(64):  # "format" opens the dictionary: a few opcodes in
-                op, arg, _pos = next(ops)
-                if "PUT" in op.name or op.name == "MEMOIZE":  # the memo's bookkeeping between key and value
-                    continue
-                if previous == "format" and op.name.startswith(("BININT", "LONG")):
-                    return arg
-                previous = arg if isinstance(arg, str) else None
-    except Exception:  # noqa: BLE001 (not a zip, a damaged pickle, too short: no format to name)
-        return None
-    return None

@@ -7,17 +7,16 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Progress:
-    """Where a run stands; saved in every checkpoint (the training loop's; the previous release's
-    parallel worker's too)."""
+    """Where a run stands; saved in every checkpoint."""
 
     epoch: int = 1  # current epoch (1-based): the next one to train
     start_batch: int = 0  # next batch of the current epoch
     iteration: int = 0  # optimizer steps attempted so far
-    clock_s: float = 0.0  # TTA clock (train) or training seconds (parallel) at the last checkpoint
+    clock_s: float = 0.0  # TTA clock at the last checkpoint
     skipped_steps: int = 0  # steps skipped for non-finite loss or gradients
     consecutive_bad: int = 0  # skipped steps in a row (abort at max_bad_losses)
     impossible_utts: int = 0  # utterances whose labels cannot fit the output frames
-    evals: list = field(default_factory=list)  # per-epoch history: train {clock_s, metric: value}; parallel epoch rows
+    evals: list = field(default_factory=list)  # per-epoch history: {clock_s, metric: value} dicts
     eval_losses: list = field(default_factory=list)  # validation loss of every epoch, on every rank (newbob reads it)
     log_sizes: dict = field(default_factory=dict)  # byte sizes of the append-only logs at the checkpoint
     status: str | None = None  # why training stopped: success, time_cap, max_epochs (None: running)
@@ -27,11 +26,7 @@ class Progress:
     @classmethod
     def from_dict(cls, d: dict) -> "Progress":
         known = {f for f in cls.__dataclass_fields__}
-        prog = cls(**{k: v for k, v in d.items() if k in known})
-        # a checkpoint of an earlier release holds (clock_s, wer, cer) tuples: read as dict entries
-        prog.evals = [dict(zip(("clock_s", "wer", "cer"), e)) if isinstance(e, (list, tuple)) else e
-                      for e in prog.evals]
-        return prog
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 class Clock:

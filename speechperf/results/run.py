@@ -1,7 +1,7 @@
 """A run folder and everything in it: the one object that training writes and readers open.
 
-A run folder (``train --out RUN``; the previous release's parallel worker's too) is self-contained and
-portable: it can be copied, renamed or moved to another machine and still opens there.
+A run folder (``train --out RUN``) is self-contained and portable: it can be copied, renamed
+or moved to another machine and still opens there.
 
 - ``run.json``: format version, run id, kind, label, where the features were (a hint only)
 - ``config.json``, ``env.json``: the configuration and the machine (hardware, versions)
@@ -15,9 +15,6 @@ Nothing recorded inside is trusted as an absolute path: the features folder is r
 as given, resolved and relative to the run folder, and used only where it exists (readers
 take ``--data FEATS`` to point elsewhere). A shared database (``--db``) receives the same
 rows as the run's own, for collecting many runs in one file; a reader opens the run's own.
-A folder of the previous release (``run.json`` without a format, rows in a ``results.db``
-beside the folder) opens when that database is inside or beside the folder; otherwise the
-error says how to bring it in.
 """
 from __future__ import annotations
 
@@ -30,14 +27,14 @@ from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
-from speechperf.results.db import ResultsDB, ResultsError
+from speechperf.results.db import ResultsDB
 from speechperf.results.shapes import check_file
 from speechperf.results.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
 from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu  # noqa: F401 (labels; tta and tests import them here)
 from speechperf.features.stats import stats_sha256
 from speechperf.results.workload import workload
 
-FORMAT = 2  # run.json "format"; the previous release wrote none (format 1)
+FORMAT = 2  # run.json "format": the only one this release reads
 RUN_FILE, DB_FILE, SUMMARY_FILE, CHECKPOINT_FILE = "run.json", "results.db", "summary.json", "checkpoint.pt"
 APPEND_LOGS = ("events.log", "sentences.jsonl")
 JSON_FILES = ("config.json", "env.json", SUMMARY_FILE)  # besides run.json: read (and checked) through read_json
@@ -119,8 +116,7 @@ class Run:
     def open(cls, folder: Path, *, data: Path | None = None, shared_db: Path | None = None,
              write: bool = False) -> "Run":
         """An existing run folder. ``data``: the features folder to use instead of the recorded
-        one; ``shared_db``: also write rows there (``write``), or, for a folder of the previous
-        release without a database of its own, read its rows there."""
+        one; ``shared_db``: also write rows there (``write`` only)."""
         folder = Path(folder)
         path = folder / RUN_FILE
         if not path.is_file():
@@ -128,15 +124,13 @@ class Run:
         info = read_json(path)
         if "run_id" not in info:
             raise RunError(f"{path} has no run_id: not a speechperf run folder")
-        version = info.get("format", 1)
-        if not isinstance(version, int) or version > FORMAT:
-            raise RunError(f"{folder} was written by a newer speechperf (run folder format {version!r}; this release "
-                           f"reads formats 1 to {FORMAT}): upgrade speechperf to read it")
-        if version == FORMAT:
-            db_path = folder / DB_FILE
-        else:
-            db_path = cls._legacy_db(folder, info, shared_db)
-        run = cls(folder, info, db_path, write=write, shared_db=shared_db if write else None, data=data)
+        version = info.get("format")
+        if isinstance(version, int) and version > FORMAT:
+            raise RunError(f"{folder} was written by a newer speechperf (run folder format {version}; this release "
+                           f"reads format {FORMAT}): upgrade speechperf to read it")
+        if version != FORMAT:
+            raise RunError(f"{path}: run folder format {version!r}; this speechperf reads format {FORMAT} only")
+        run = cls(folder, info, folder / DB_FILE, write=write, shared_db=shared_db if write else None, data=data)
         run.check_files()
         if write:  # every database it will write checked (results/db.py) and holding its row
             run._check_registered()
@@ -145,29 +139,10 @@ class Run:
     def check_files(self) -> None:
         """Read every JSON file the folder holds (config, env, summary), so that every reader
         refuses an unreadable one by name before it shows or computes anything from the run
-        (a missing one is the previous release's, or an unfinished run's: allowed here)."""
+        (a missing summary is an unfinished run's: allowed here)."""
         for name in JSON_FILES:
             if (self.folder / name).exists():
                 self.summary() if name == SUMMARY_FILE else self._json(name)
-
-    @staticmethod
-    def _legacy_db(folder: Path, info: dict, shared_db: Path | None) -> Path:
-        """The database of a run folder of the previous release: inside the folder, then beside
-        it, then ``--db``; never the absolute path it recorded (a path on the machine that made it)."""
-        candidates = [folder / DB_FILE, folder.parent / DB_FILE] + ([Path(shared_db)] if shared_db else [])
-        for c in candidates:
-            if c.is_file():
-                try:
-                    with ResultsDB(c, readonly=True) as db:
-                        if db.has_table("runs") and db.query("SELECT 1 FROM runs WHERE run_id = ?", [info["run_id"]]):
-                            return c
-                except ResultsError:
-                    continue
-        recorded = info.get("db", "its results.db")
-        raise RunError(
-            f"{folder}: run {info['run_id']!r} was made by an earlier speechperf release, which kept its rows in "
-            f"{recorded} (a path on the machine that made it); looked for it in {', '.join(map(str, candidates))}. "
-            f"Copy that database into {folder / DB_FILE} (other runs in it are ignored), or name it with --db")
 
     # ---- what the run is ------------------------------------------------------------------
     @property
@@ -180,17 +155,12 @@ class Run:
 
     @property
     def format(self) -> int:
-        return self.info.get("format", 1)
+        return self.info["format"]
 
     @property
     def label(self) -> str:
         """The name in tables and legends (``train --label``; default machine, preset, precision)."""
-        if self.info.get("label"):
-            return self.info["label"]
-        try:  # a run of the previous release: derived the same way
-            return default_label(self.env, self.config)
-        except RunError:
-            return self.folder.name
+        return self.info.get("label") or self.folder.name
 
     @property
     def config(self) -> dict:
@@ -209,19 +179,11 @@ class Run:
             cache[name] = read_json(path)
         return cache[name]
 
-    def recorded(self, name: str) -> dict:
-        """``config.json`` or ``env.json`` of the folder, else (a folder of the previous release)
-        the copy in its database row; either checked for its shape."""
-        if (self.folder / name).is_file():
-            return self._json(name)
-        column = name.replace(".", "_")  # config.json -> config_json
-        return row_json(self.row(), column, name, f"{self.db_path} run {self.run_id}")
-
     @property
     def workload(self) -> dict:
         """{"model": name, "params": count}: :func:`workload` of the run's configuration (the
-        folder's config.json, or the database row's for a folder without one)."""
-        return workload(self.recorded("config.json"))
+        folder's config.json)."""
+        return workload(self.config)
 
     @property
     def label_hint(self) -> str:
@@ -234,11 +196,7 @@ class Run:
             if not (self.data_override / "features.json").is_file():
                 raise RunError(f"{self.data_override} is not a prepared features folder (no features.json)")
             return self.data_override
-        hint = self.info.get("data")
-        if hint is None:  # previous release: only the checkpoint recorded it
-            hint = self._checkpoint_data()
-        if isinstance(hint, str):
-            hint = {"given": hint}
+        hint = self.info.get("data") or {}
         candidates = []
         if hint.get("relative"):
             candidates.append(Path(os.path.normpath(self.folder / hint["relative"])))
@@ -255,12 +213,6 @@ class Run:
     def stats_sha256(self) -> str | None:
         """The sha256 of the features' stats.json the run trained on (None: not recorded)."""
         return (self.info.get("data") or {}).get("stats_sha256")
-
-    def _checkpoint_data(self) -> dict:
-        try:
-            return {"given": str(self.load_checkpoint().get("data"))}
-        except SpeechperfError:
-            return {}
 
     # ---- database -------------------------------------------------------------------------
     def dbs(self) -> list[ResultsDB]:
@@ -311,7 +263,6 @@ class Run:
         """On resume: drop rows written after the checkpoint (they are measured again)."""
         self.execute("DELETE FROM iterations WHERE run_id = ? AND iteration > ?", [self.run_id, progress.iteration])
         self.execute("DELETE FROM evals WHERE run_id = ? AND (epoch >= ? OR final = 1)", [self.run_id, progress.epoch])
-        self.execute("DELETE FROM parallel_epochs WHERE run_id = ? AND epoch >= ?", [self.run_id, progress.epoch])
         self.execute("DELETE FROM samples WHERE run_id = ? AND t > ?", [self.run_id, progress.clock_s])
 
     def row(self) -> dict:
@@ -446,20 +397,6 @@ def read_json(path: Path) -> dict:
     return check_file(Path(path).name, data, str(path))  # valid JSON of the wrong shape: refused by field
 
 
-def row_json(row: dict, column: str, name: str, where: str) -> dict:
-    """A JSON column of a database row (``config_json``, ``env_json``: a folder of the
-    previous release keeps its configuration there), parsed and checked like the file ``name``."""
-    try:
-        data = json.loads(row.get(column) or "{}")
-    except json.JSONDecodeError as e:
-        raise RunError(f"{where}: column {column} is not valid JSON ({e})") from e
-    except RecursionError:
-        raise RunError(f"{where}: column {column} is nested too deeply to read") from None
-    if not isinstance(data, dict):
-        raise RunError(f"{where}: column {column} is not a JSON object (found {type(data).__name__})")
-    return check_file(name, data, f"{where} (column {column})")
-
-
 def read_checkpoint(folder: Path) -> dict:
     """The checkpoint of a run folder (any rank may read it; only rank 0 writes)."""
     from speechperf.results.checkpoint import load_checkpoint
@@ -473,14 +410,13 @@ def default_label(env: dict, config: dict) -> str:
     preset, precision and, for several processes or another algorithm than sync, the
     data-parallel algorithm (its sync_every for local SGD) and the process count."""
     train, algo = config.get("train", {}), config.get("algo")
-    named = algo if isinstance(algo, str) else None  # a previous release's parallel worker: its algorithm's name
-    parts = [machine_name(env), config.get("preset") or named, train.get("precision") or config.get("model"),
+    parts = [machine_name(env), config.get("preset"), train.get("precision") or config.get("model"),
              _algorithm_part(algo, env.get("world_size") or 1)]
     return " ".join(str(p) for p in parts if p)
 
 
 def _algorithm_part(algo, world: int) -> str | None:
-    """"bmuf/20 x2", "sync x4"; None for one process of sync or single (the label of every earlier run)."""
+    """"bmuf/20 x2", "sync x4"; None for one process of sync or single."""
     if not isinstance(algo, dict):
         return None
     name = algo.get("name", "sync")

@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS iterations (
     loss REAL, batch_size INTEGER, frames INTEGER, audio_s REAL,
     step_s REAL, utts_per_s REAL, audio_s_per_s REAL,
     model_flops REAL,             -- the batch's training FLOPs, valid frames only (bench/mfu.py)
-    comm_s REAL,                  -- rank 0's communication seconds in the step (train/algorithm.py; NULL: older runs)
+    comm_s REAL,                  -- rank 0's communication seconds in the step (speechperf/algorithms; NULL: older runs)
     comm_bytes INTEGER,           -- bytes rank 0 sent in the step (an all-reduce counted once)
     data_s REAL,                  -- of step_s, seconds waiting for the loader's batch (NULL: older runs)
     ckpt_s REAL,                  -- seconds writing checkpoints since the previous row: inside step_s, but for an
@@ -80,21 +80,6 @@ CREATE TABLE IF NOT EXISTS beam_sweep (
 );
 """
 
-PARALLEL_RUNS = """
-CREATE TABLE IF NOT EXISTS parallel_runs (
-    run_id TEXT PRIMARY KEY, algo TEXT, workers INTEGER, sync_period INTEGER, batch INTEGER, model TEXT,
-    epochs INTEGER, train_s REAL, s_per_epoch REAL, comm_s REAL, comm_bytes INTEGER, syncs INTEGER,
-    cv_loss REAL, wer_test_clean REAL, wer_test_other REAL, device TEXT, status TEXT, env_json TEXT,
-    shared_start INTEGER  -- 1: the run that made a sweep's starting model (--save-init), no grid point
-);
-"""
-
-PARALLEL_EPOCHS = """
-CREATE TABLE IF NOT EXISTS parallel_epochs (
-    run_id TEXT, epoch INTEGER, train_s REAL, cv_loss REAL, lr REAL, PRIMARY KEY (run_id, epoch)
-);
-"""
-
 BENCH_ZOO = """
 CREATE TABLE IF NOT EXISTS bench_zoo (
     at REAL, model TEXT, batch INTEGER, precision TEXT, multiply TEXT, accumulate TEXT, device TEXT, libraries TEXT,
@@ -119,6 +104,5 @@ CREATE TABLE IF NOT EXISTS bench_ops (
 
 # name -> DDL; ResultsDB runs them all (idempotent) when it opens a database for writing.
 TABLES = {"runs": RUNS, "iterations": ITERATIONS, "evals": EVALS, "samples": SAMPLES, "beam_sweep": BEAM_SWEEP,
-          "parallel_runs": PARALLEL_RUNS, "parallel_epochs": PARALLEL_EPOCHS, "bench_zoo": BENCH_ZOO,
-          "bench_ops": BENCH_OPS}
+          "bench_zoo": BENCH_ZOO, "bench_ops": BENCH_OPS}
 ALL = "".join(TABLES.values())

@@ -1,11 +1,10 @@
 """The shapes of a run folder's JSON files, checked wherever one is read.
 
-A run folder may come from another machine or another release, so its files are data that
-can be valid JSON of the wrong shape (``config.json`` = ``{"train": "x"}``). Every reader goes
-through :func:`check_shape` (results/run.py ``read_json``, and the JSON columns of a
-database row), so such a file is refused by name and field (exit 2) instead of surfacing
-as a traceback deep in a table. Only fields that are present are checked: older releases
-wrote fewer, and a missing field is each reader's to default.
+A run folder may come from another machine, so its files are data that can be valid JSON
+of the wrong shape (``config.json`` = ``{"train": "x"}``). Every reader goes through
+:func:`check_shape` (results/run.py ``read_json``), so such a file is refused by name and
+field (exit 2) instead of surfacing as a traceback deep in a table. Only fields that are
+present are checked: a missing field is each reader's to default.
 
 A spec is a type or a tuple of types (``type(None)`` for null; one member may be a dict spec),
 a dict of field specs (``"*"``: the spec of any other field), or ``[spec]``: a list whose
@@ -23,9 +22,7 @@ OPT_NUM = (int, float, type(None))
 SECTION = {"*": (str, int, float, bool, type(None), list)}  # one stage's config: plain values
 
 RUN = {"format": int, "run_id": str, "kind": OPT_STR, "label": OPT_STR, "host": OPT_STR, "created_at": OPT_NUM,
-       "db": OPT_STR,
-       # the features folder: the previous release recorded its path as a string
-       "data": (str, {"given": OPT_STR, "resolved": OPT_STR, "relative": OPT_STR, "stats_sha256": OPT_STR})}
+       "data": {"given": OPT_STR, "resolved": OPT_STR, "relative": OPT_STR, "stats_sha256": OPT_STR}}
 CONFIG = {"preset": OPT_STR, "model": SECTION, "loader": SECTION, "train": SECTION, "augment": SECTION,
           "features": SECTION, "algo": SECTION}
 ENV = {"hostname": OPT_STR, "os": OPT_STR, "python": OPT_STR, "cpu_model": OPT_STR, "cpu_cores_physical": OPT_NUM,

@@ -1,5 +1,5 @@
 """Devices and process groups for data-parallel runs of the training loop (every algorithm:
-train/algorithm.py).
+speechperf/algorithms).
 
 One place decides, from the torchrun environment and the configuration, which device a
 process trains on and which backend its process group uses, and checks the combination

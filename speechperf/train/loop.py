@@ -16,7 +16,7 @@ point, saved and recorded (train/stop.py); the learning rate follows train/sched
 set before every step.
 
 Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the algorithm of ``algo.name``
-(train/algorithm.py) trains: ``sync`` (the default) wraps the model in DDP; bsp, bmuf,
+(speechperf/algorithms) trains: ``sync`` (the default) wraps the model in DDP; bsp, bmuf,
 diloco, asgd and easgd let every rank train its own model and combine them after steps
 (asgd, easgd: through a parameter server) and before evaluations, and put every rank's
 state into the checkpoints; their hooks are one line each below (``algo.``).
@@ -51,7 +51,8 @@ from speechperf.results.db import ResultsDB
 from speechperf.results.lock import LOCK_FILE, RunFolderBusy, RunLock
 from speechperf.results.run import Run, default_label, read_checkpoint
 from speechperf.train import distributed
-from speechperf.train.algorithm import Algorithm, check as check_algorithm, check_launch, make_algorithm
+from speechperf.algorithms import check_launch, make_algorithm
+from speechperf.algorithms.base import Algorithm
 from speechperf.results.checkpoint import TrainState
 from speechperf.train.evaluate import evaluate, with_intervals
 from speechperf.train.faults import as_fault, check_trained
@@ -77,8 +78,8 @@ def train(preset: str = "cpu", data: Path | None = None, out: Path | None = None
     ``resume``: ``auto`` continues a run of the same configuration found in ``out`` from its
     last checkpoint (a finished one is only reported, a different configuration refused), so
     that the same command, repeated by ``torchrun --max-restarts``, recovers from a dead
-    worker; ``yes`` insists on continuing, ``no`` refuses an existing run. A run folder (the
-    previous release's ``--resume RUN``) continues that run with its own configuration.
+    worker; ``yes`` insists on continuing, ``no`` refuses an existing run. A run folder
+    (``--resume RUN``) continues that run with its own configuration.
     ``db_path``: a shared database that receives the rows too (the run folder keeps its own).
     ``label_suffix``: appended to the new run's label, given or derived (train/seeds.py: " seed 2").
     """
@@ -139,8 +140,7 @@ def _configuration(preset: str, out: Path | None, overrides, resume, platform: s
         return Path(resume), "yes", RunConfig.from_dict(Run.open(resume).config)
     if out is None:
         raise ConfigError("train needs --out RUN (and --data FEATS for a new run)")
-    cfg = load_preset(preset, overrides, platform)
-    check_algorithm(cfg.algo)  # the registry's names (train/algorithm.py), before any folder exists
+    cfg = load_preset(preset, overrides, platform)  # an unknown algo.name is refused here, before any folder exists
     return Path(out), mode, cfg
 
 

@@ -256,7 +256,7 @@ class RunRecorder(Recorder):
     # ---- checkpoint and end -----------------------------------------------------------------
     def checkpoint(self, state: TrainState, algo_state: dict | None = None) -> None:
         """The checkpoint (results/checkpoint.py's contents), after the rows and samples so far;
-        ``algo_state``: the data-parallel algorithm's keys (train/algorithm.py), if any."""
+        ``algo_state``: the data-parallel algorithm's keys (speechperf/algorithms), if any."""
         self.prog.clock_s = self.now()
         # Logged before the log sizes are taken, so a resume keeps this line.
         self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,

@@ -33,7 +33,6 @@ from typing import Callable, Sequence
 
 from speechperf.config import ConfigError, load_preset
 from speechperf.errors import RunFailed, SpeechperfError
-from speechperf.train.algorithm import check as check_algorithm
 from speechperf.train.seeds import check_seeds_command, seed_folder
 from speechperf.results.run import Run
 
@@ -49,7 +48,6 @@ def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform
     if parallel < 1:
         raise ConfigError(f"--parallel {parallel}: at least 1")
     cfg = load_preset(preset, list(overrides), platform)  # refuses a bad override before any seed starts
-    check_algorithm(cfg.algo)
     tc = cfg.train
     if cuda_devices is None:
         cuda_devices = _visible_gpus()

@@ -11,12 +11,12 @@ import pytest
 from speechperf.config import load_preset
 from speechperf.data.config import LoaderConfig
 from speechperf.data.index import from_columns, librispeech_like
-from speechperf.data.plan import batch_cost, plan_epoch
+from speechperf.data.plan import batch_cost, method, plan_epoch
 from speechperf.errors import SpeechperfError
 from speechperf.metrics.rcp import reference_path
 
 
-def legacy_plan_epoch(records, cfg, epoch, seed, rank=0, world=1):
+def reference_plan_epoch(records, cfg, epoch, seed, rank=0, world=1):
     """The planner as it was before the compact index (speechperf/data/loader.py at ed215bc), copied as the reference."""
     rng = np.random.default_rng([seed, epoch])
     by_shard = {}
@@ -83,7 +83,7 @@ def test_fixed_counts_are_today_s_batches(kw, world):
     cfg = LoaderConfig(**kw)
     for epoch, seed in ((1, 1), (2, 1), (3, 7)):
         for rank in range(world):
-            old = [[r["id"] for r in b] for b in legacy_plan_epoch(recs, cfg, epoch, seed, rank, world)]
+            old = [[r["id"] for r in b] for b in reference_plan_epoch(recs, cfg, epoch, seed, rank, world)]
             new = [[ix.id(int(u)) for u in b] for b in plan_epoch(ix, cfg, epoch, seed, rank, world).batches]
             assert new == old
 
@@ -95,7 +95,7 @@ def test_fixed_counts_on_prepared_features(tiny_features):
     recs = records_of(ix)
     for kw in CASES:
         cfg = LoaderConfig(**kw)
-        old = [[r["id"] for r in b] for b in legacy_plan_epoch(recs, cfg, 1, 3)]
+        old = [[r["id"] for r in b] for b in reference_plan_epoch(recs, cfg, 1, 3)]
         assert [[ix.id(int(u)) for u in b] for b in plan_epoch(ix, cfg, 1, 3).batches] == old
 
 
@@ -176,3 +176,9 @@ def test_at_most_one_small_batch_per_rank_at_librispeech_size(preset, librispeec
             else:
                 small = [b for b in p.batches if len(b) < cfg.batch_size / 2 / world]
             assert len(small) <= 1, f"{preset} rank {rank}/{world}: {len(small)} small batches of {len(p)}"
+
+
+def test_each_cut_is_named_by_what_it_does():
+    assert method(LoaderConfig()) == "full"  # full batches of batch_size, then the window's remainder
+    assert method(LoaderConfig(balance=True)) == "balanced"
+    assert method(LoaderConfig(balance=True, max_duration=60.0)) == "duration"

@@ -181,3 +181,20 @@ def test_reproduce_refuses_a_damaged_curve_instead_of_blaming_the_machine(tmp_pa
     assert main(["reproduce", "tiny", "--data", str(tiny_features)]) == 2
     out, err = capsys.readouterr()
     assert f"{tmp_path / 'tiny.json'}: field 'seeds[0].curves[1].epochs[0].cer'" in err and "differs" not in out + err
+
+
+def test_a_recipe_of_every_algorithms_fields_is_the_named_algorithms(reference):
+    """config.json's [algo] as this release wrote it (every algorithm's fields) matches a
+    reference of the algorithm's own fields; a field of the named algorithm off its default does not."""
+    from speechperf.config import load_preset
+
+    full = {**load_preset("cpu").to_dict(), "preset": "refd"}
+    every = {"name": "sync", "sync_every": 1, "block_lr": 1.0, "block_momentum": -1.0, "bmuf_c": 1.05,
+             "nesterov": True, "outer_lr": 0.7, "outer_momentum": 0.9, "easgd_alpha": 0.1, "round_robin": False}
+    reference([8, 9, 9, 10, 10])
+    path = rcp.RCP_DIR / "refd.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "recipe": rcp.recipe(full)}))
+    assert checks([run(1, 9, config={**full, "algo": every})])[0] == [rcp.OK]
+    bsp = {**full, "algo": {**every, "name": "bsp", "sync_every": 3}}
+    (why,) = checks([run(1, 9, config=bsp)])[0]
+    assert why == "reference is for another recipe: algo.name='bsp' (reference 'sync'), algo.sync_every=3 (reference None)"

@@ -1,7 +1,7 @@
 """A checkpoint is data, never code: a run folder copied from another machine may hold a
 crafted ``checkpoint.pt``, and every command that reads one (eval, beam-sweep, train's
-resume) refuses it by name without running anything inside; an earlier release's format
-is named as such; the RNG states round-trip exactly through tensors and plain values."""
+resume) refuses it by name without running anything inside; the RNG states round-trip
+exactly through tensors and plain values."""
 import pickletools
 import random
 import shutil
@@ -75,11 +75,12 @@ def test_a_crafted_checkpoint_is_refused_by_name_and_nothing_in_it_runs(command,
     assert not marker.exists()
 
 
-def test_a_format_1_checkpoint_is_named_as_an_earlier_release_s(tmp_path):
-    """What earlier releases wrote: numpy's and python's RNG states as their own objects."""
-    torch.save({"format": 1, "run_id": "x", "config": {}, "progress": {},
+def test_rng_states_as_numpy_and_python_objects_are_refused(tmp_path):
+    """numpy's and python's RNG states as their own objects: loading them would run code."""
+    torch.save({"format": FORMAT, "run_id": "x", "config": {}, "progress": {},
                 "rng": {"numpy": np.random.get_state(), "python": random.getstate()}}, tmp_path / "checkpoint.pt")
-    with pytest.raises(CheckpointError, match=r"checkpoint.pt cannot be read: format 1 written by an earlier release"):
+    with pytest.raises(CheckpointError, match=r"checkpoint.pt cannot be read: not a speechperf checkpoint: it holds "
+                                              r"objects other than tensors and plain values"):
         load_checkpoint(tmp_path)
 
 

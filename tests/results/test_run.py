@@ -1,5 +1,5 @@
-"""The run folder: create and open, labels, portability of recorded paths, the previous
-release's format, clear errors instead of empty results, and concurrent writers."""
+"""The run folder: create and open, labels, portability of recorded paths, its format, clear
+errors instead of empty results, and concurrent writers."""
 import json
 import multiprocessing
 import shutil
@@ -85,44 +85,14 @@ def test_newer_format_and_broken_folders_are_named(tmp_path):
         Run.open(tmp_path)
 
 
-def _legacy_run(root, name="run", db_beside=True):
-    """A run folder as the previous release wrote it: run.json without a format, naming its
-    database by an absolute path on the machine that made it; the rows beside the folder."""
-    run = root / name
-    run.mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"run_id": f"{name}-1234", "db": "/home/someone/exp/results.db",
-                                              "data": "/home/someone/exp/feats"}))
-    (run / "config.json").write_text(json.dumps(CONFIG))
-    (run / "env.json").write_text(json.dumps(CPU_ENV))
-    db_path = (root / "results.db") if db_beside else (root / "elsewhere.db")
-    with ResultsDB(db_path) as db:
-        db.upsert("runs", {"run_id": f"{name}-1234", "kind": "train", "config_json": CONFIG, "env_json": CPU_ENV})
-        for epoch in (1, 2, 3):
-            db.upsert("evals", {"run_id": f"{name}-1234", "epoch": epoch, "split": "dev-clean", "decoder": "greedy",
-                                "beam": 1, "clock_s": 60.0 * epoch, "eval_s": 1.0, "loss": 1.0, "wer": 20.0,
-                                "cer": 5.0, "cer_paper": 5.0, "n_utts": 3, "final": 0})
-    return run
-
-
-def test_a_run_of_the_previous_release_opens_or_says_how_to_convert_it(tmp_path):
-    from speechperf.metrics.tta import tta_table
-
-    run = _legacy_run(tmp_path / "old")
-    opened = Run.open(run)
-    assert opened.format == 1 and opened.db_path == tmp_path / "old" / "results.db"
-    assert opened.label == "2-core Xeon tiny fp32"
-    assert [r["minutes"] for r in tta_table([run], targets=[10])] == [3.0]
-    from speechperf.metrics.study import tta_study  # the seed groups read its config from the database row
-
-    assert [(r["minutes"], r["epochs to target"]) for r in tta_study([run], targets=[10])["runs"]] == [(3.0, 3)]
-    lone = _legacy_run(tmp_path / "lone", db_beside=False)
-    with pytest.raises(SpeechperfError, match=r"made by an earlier speechperf release.*/home/someone/exp/results.db.*"
-                                              r"Copy that database into .*lone/run/results.db"):
-        Run.open(lone)
-    assert [r["minutes"] for r in tta_table([lone], targets=[10], db_path=tmp_path / "lone" / "elsewhere.db")] == [3.0]
-    shutil.copy(tmp_path / "lone" / "elsewhere.db", lone / "results.db")  # the conversion the message asks for
-    assert Run.open(lone).db_path == lone / "results.db"
-    assert not (tmp_path / "home").exists()  # the recorded absolute path was never touched
+def test_a_run_json_of_another_format_is_refused_by_name(tmp_path):
+    run = Run.create(tmp_path / "run", kind="train", config=CONFIG, env=CPU_ENV)
+    run.close()
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    for bad in ({k: v for k, v in info.items() if k != "format"}, {**info, "format": 1}):
+        (tmp_path / "run" / "run.json").write_text(json.dumps(bad))
+        with pytest.raises(SpeechperfError, match=f"run/run.json: run folder format .*; this speechperf reads format {FORMAT} only"):
+            Run.open(tmp_path / "run")
 
 
 def _writer(args):
@@ -160,9 +130,8 @@ def test_labels_name_the_data_parallel_algorithm_and_the_processes():
     two = {**CPU_ENV, "world_size": 2}
     assert default_label(two, {**config, "algo": {"name": "bmuf", "sync_every": 20}}) == "2-core Xeon tiny fp32 bmuf/20 x2"
     assert default_label(two, {**config, "algo": {"name": "sync", "sync_every": 1}}) == "2-core Xeon tiny fp32 sync x2"
-    for name in ("sync", "single"):  # one process: the label of every earlier run
+    for name in ("sync", "single"):  # one process: no algorithm named
         assert default_label(CPU_ENV, {**config, "algo": {"name": name, "sync_every": 1}}) == "2-core Xeon tiny fp32"
-    assert default_label(CPU_ENV, {"algo": "easgd", "model": "dnn"}) == "2-core Xeon easgd dnn"  # the previous worker's
 
 
 def test_a_database_without_the_communication_columns_reads_and_gets_them_when_written(tmp_path):

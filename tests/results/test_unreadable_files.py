@@ -69,17 +69,6 @@ def test_valid_json_of_the_wrong_shape_is_refused_naming_file_and_field(reader, 
     assert "Traceback" not in err and not (tmp_path / "rep" / "index.html").exists()
 
 
-def test_a_legacy_row_of_the_wrong_shape_is_refused_naming_the_column():
-    from speechperf.results.run import RunError, row_json
-    from speechperf.results.shapes import ShapeError
-
-    assert row_json({"env_json": json.dumps(ENV)}, "env_json", "env.json", "db run r") == ENV
-    with pytest.raises(ShapeError, match=r"db run r \(column env_json\): field 'gpus' should be a list"):
-        row_json({"env_json": json.dumps({"gpus": "H100"})}, "env_json", "env.json", "db run r")
-    with pytest.raises(RunError, match="column config_json is not a JSON object"):
-        row_json({"config_json": "[1]"}, "config_json", "config.json", "db run r")
-
-
 def test_shapes_check_only_present_fields_and_any_field_of_a_section():
     from speechperf.results.shapes import SPECS, ShapeError, check_shape
 

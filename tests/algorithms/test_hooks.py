@@ -1,4 +1,4 @@
-"""The data-parallel algorithms' hooks (train/algorithm.py) on 2 gloo processes, float64, a
+"""The data-parallel algorithms' hooks (speechperf/algorithms) on 2 gloo processes, float64, a
 tiny model, against a serial simulation of their update rules; the ``algo`` config section."""
 import os
 import time
@@ -8,12 +8,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from speechperf.config import ConfigError, RunConfig, load_preset
+from speechperf.config import PRESET_DIR as PRESETS, ConfigError, RunConfig, load_preset
 from speechperf.parallel.sweep import free_port
-from speechperf.train import algorithm as A
-from speechperf.config.train import AlgoConfig
+from speechperf import algorithms as A
+from speechperf.algorithms import param_server
+from speechperf.algorithms.bmuf import bmuf_update
 
 WORLD, STEPS, LR = 2, 6, 0.1
+
+
+def cfg(**values):
+    """The config of the algorithm ``values["name"]`` names, as a preset's [algo] section reads."""
+    return A.algo_config(values)
 
 
 def model_fn():
@@ -45,13 +51,13 @@ def flat(model):
 # name -> (algo config, local optimizer, steps, batches_done at the evaluation: a partial last block when not
 # a multiple of sync_every)
 SCENARIOS = {
-    "sync": (AlgoConfig(name="sync"), "sgd", STEPS, STEPS),
-    "bsp1": (AlgoConfig(name="bsp", sync_every=1), "sgd", STEPS, STEPS),
-    "bsp3": (AlgoConfig(name="bsp", sync_every=3), "sgd", STEPS, STEPS),
-    "bmuf": (AlgoConfig(name="bmuf", sync_every=3, block_momentum=0.5), "sgd", STEPS, STEPS),
-    "bmuf_classic": (AlgoConfig(name="bmuf", sync_every=3, block_momentum=0.5, nesterov=False), "adamw", STEPS,
+    "sync": (cfg(name="sync"), "sgd", STEPS, STEPS),
+    "bsp1": (cfg(name="bsp", sync_every=1), "sgd", STEPS, STEPS),
+    "bsp3": (cfg(name="bsp", sync_every=3), "sgd", STEPS, STEPS),
+    "bmuf": (cfg(name="bmuf", sync_every=3, block_momentum=0.5), "sgd", STEPS, STEPS),
+    "bmuf_classic": (cfg(name="bmuf", sync_every=3, block_momentum=0.5, nesterov=False), "adamw", STEPS,
                      STEPS),
-    "diloco": (AlgoConfig(name="diloco", sync_every=3), "adamw", 7, 7),  # 2 blocks of 3, then one of 1
+    "diloco": (cfg(name="diloco", sync_every=3), "adamw", 7, 7),  # 2 blocks of 3, then one of 1
 }
 
 
@@ -175,12 +181,12 @@ def test_bmuf_without_progress_lets_its_momentum_decay(nesterov):
     glob, delta = torch.zeros(1), torch.ones(1)
     start = glob + 0.6 * delta if nesterov else glob
     for block in range(1, 6):
-        glob, delta, start = A.bmuf_update(glob, delta, start, block_lr=1.0, momentum=0.6, nesterov=nesterov)
+        glob, delta, start = bmuf_update(glob, delta, start, block_lr=1.0, momentum=0.6, nesterov=nesterov)
         assert delta.item() == pytest.approx(0.6 ** block)
 
 
 def test_bmuf_default_block_momentum_is_eq_6():
-    algo = A.make_algorithm(AlgoConfig(name="bmuf"), world=4)
+    algo = A.make_algorithm(cfg(name="bmuf"), world=4)
     assert algo.momentum == pytest.approx(1 - 1 / (4 * 1.05))
 
 
@@ -201,20 +207,49 @@ def test_diloco_matches_serial_outer_nesterov_sgd(ranks):
 
 
 def test_the_algo_section_is_loaded_stored_and_validated():
-    cfg = load_preset("tiny", ["algo.name=bmuf", "algo.sync_every=20", "sync_every=3"])
-    assert (cfg.algo.name, cfg.algo.sync_every, cfg.train.sync_every) == ("bmuf", 20, 3)  # bare: the loop's
-    assert RunConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["algo"]["name"] == "bmuf"
-    assert RunConfig.from_dict({"preset": "tiny"}).algo == AlgoConfig()  # a run recorded before the section
+    conf = load_preset("tiny", ["algo.sync_every=20", "algo.name=bmuf", "sync_every=3"])
+    assert (conf.algo.name, conf.algo.sync_every, conf.train.sync_every) == ("bmuf", 20, 3)  # bare: the loop's
+    assert RunConfig.from_dict(conf.to_dict()) == conf and conf.to_dict()["algo"]["name"] == "bmuf"
+    assert type(conf.algo).__name__ == "BMUFConfig" and conf.algo.bmuf_c == 1.05  # the algorithm's own config
+    assert RunConfig.from_dict({"preset": "tiny"}).algo == cfg(name="sync")  # no [algo] section: sync
     with pytest.raises(ConfigError, match="algo.name='gossip' is unknown; known: single, sync, bsp, bmuf, diloco, asgd, easgd"):
-        A.check(load_preset("tiny", ["algo.name=gossip"]).algo)  # the registry's names (train refuses it first thing)
+        load_preset("tiny", ["algo.name=gossip"])  # the registry's names, before any run folder
     with pytest.raises(ConfigError, match="algo has no field 'tau'"):
-        load_preset("tiny", ["algo.tau=3"])
+        load_preset("tiny", ["algo.name=bsp", "algo.tau=3"])
+    with pytest.raises(ConfigError, match="algo has no field 'bmuf_c'"):
+        load_preset("tiny", ["algo.name=diloco", "algo.bmuf_c=2"])  # another algorithm's field
     for bad, msg in (("algo.sync_every=0", "algo.sync_every=0 must be >= 1"),
                      ("algo.block_momentum=1.0", "algo.block_momentum=1.0 must be in"),
-                     ("algo.outer_momentum=1.5", "algo.outer_momentum=1.5 must be in")):
+                     ("algo.outer_momentum=1.5", "algo.outer_momentum=1.5 must be in"),
+                     ("algo.easgd_alpha=1.0", "algo.easgd_alpha=1.0 must be in")):
+        name = {"sync": "bsp", "block": "bmuf", "outer": "diloco", "easgd": "easgd"}[bad[5:].split("_")[0]]
         with pytest.raises(ConfigError, match=msg):
-            load_preset("tiny", [bad])
-    assert [n for n in A.ALGORITHMS if A.ALGORITHMS[n].periodic] == ["bsp", "bmuf", "diloco", "asgd", "easgd"]
+            load_preset("tiny", [f"algo.name={name}", bad])
+    assert [n for n in A.names() if A.periodic(n)] == ["bsp", "bmuf", "diloco", "asgd", "easgd"]
+
+
+# what this release's config.json holds in its [algo] section: every algorithm's fields
+EVERY_FIELD = {"name": "sync", "sync_every": 1, "block_lr": 1.0, "block_momentum": -1.0, "bmuf_c": 1.05,
+               "nesterov": True, "outer_lr": 0.7, "outer_momentum": 0.9, "easgd_alpha": 0.1, "round_robin": False}
+
+
+def test_a_section_of_every_algorithms_fields_reads_as_the_named_ones_config():
+    assert A.algo_config(EVERY_FIELD) == cfg(name="sync")
+    assert A.algo_config({**EVERY_FIELD, "name": "bmuf", "sync_every": 20, "bmuf_c": 2.0}) == cfg(
+        name="bmuf", sync_every=20, bmuf_c=2.0)
+    assert A.algo_config({**EVERY_FIELD, "name": "easgd", "easgd_alpha": 0.3, "round_robin": True}) == cfg(
+        name="easgd", easgd_alpha=0.3, round_robin=True)
+    with pytest.raises(ConfigError, match=r"\[algo\] unknown keys \['outer_lr'\]"):
+        A.algo_config({**EVERY_FIELD, "outer_lr": 0.5})  # another algorithm's field, set: refused, not dropped
+    with pytest.raises(ConfigError, match=r"\[algo\] unknown keys \['tau'\]"):
+        A.algo_config({"name": "bsp", "tau": 3})
+
+
+def test_switching_algo_name_keeps_the_fields_the_new_algorithm_has(tmp_path):
+    preset = tmp_path / "p.toml"
+    preset.write_text((PRESETS / "tiny.toml").read_text() + '\n[algo]\nname = "bmuf"\nsync_every = 8\nbmuf_c = 2.0\n')
+    conf = load_preset(str(preset), ["algo.name=diloco"])
+    assert conf.algo == cfg(name="diloco", sync_every=8)  # bmuf_c is bmuf's: dropped with it
 
 
 def test_train_refuses_an_unknown_algorithm_before_any_folder(tmp_path):
@@ -227,7 +262,7 @@ def test_train_refuses_an_unknown_algorithm_before_any_folder(tmp_path):
 
 def test_single_refuses_several_processes():
     with pytest.raises(ConfigError, match="algo.name=single trains in one process, not 2"):
-        A.make_algorithm(AlgoConfig(name="single"), world=2)
+        A.make_algorithm(cfg(name="single"), world=2)
 
 
 ALPHA, ASYNC_STEPS = 0.3, 4
@@ -235,8 +270,6 @@ ALPHA, ASYNC_STEPS = 0.3, 4
 
 def async_worker(rank, port, out):
     """asgd (every step) and easgd (every 2 steps) served round robin, plain SGD workers."""
-    from speechperf.train import param_server
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
@@ -252,9 +285,9 @@ def async_worker(rank, port, out):
         param_server.call = late
     results = {}
     for name, every in (("asgd", 1), ("easgd", 2)):
-        cfg = AlgoConfig(name=name, sync_every=every, easgd_alpha=ALPHA, round_robin=True)
+        own = {"easgd_alpha": ALPHA} if name == "easgd" else {}
         core = model_fn()
-        algo = A.make_algorithm(cfg, WORLD, rank)
+        algo = A.make_algorithm(cfg(name=name, sync_every=every, round_robin=True, **own), WORLD, rank)
         model = algo.wrap(core)
         opt = optimizer("sgd", core)
         for s in range(ASYNC_STEPS):

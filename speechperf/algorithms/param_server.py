@@ -1,4 +1,4 @@
-"""The parameter server of the asynchronous algorithms (asgd, easgd: train/algorithm.py) on
+"""The parameter server of the asynchronous algorithms (asgd.py, easgd.py) on
 torch.distributed.rpc, beside the run's process group.
 
 Rank 0 hosts the server (and trains like every other rank); every rank reaches it with rpc.
