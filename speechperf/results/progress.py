@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from speechperf.metric import CER, WER
+
 
 @dataclass
 class Progress:
@@ -29,7 +31,7 @@ class Progress:
         known = {f for f in cls.__dataclass_fields__}
         prog = cls(**{k: v for k, v in d.items() if k in known})
         # a checkpoint of an earlier release holds (clock_s, wer, cer) tuples: read as dict entries
-        prog.evals = [dict(zip(("clock_s", "wer", "cer"), e)) if isinstance(e, (list, tuple)) else e
+        prog.evals = [dict(zip(("clock_s", WER.name, CER.name), e)) if isinstance(e, (list, tuple)) else e
                       for e in prog.evals]
         return prog
 
