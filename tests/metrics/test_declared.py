@@ -191,3 +191,17 @@ def test_a_curve_holds_every_target_metric_and_compares_those_the_reference_reco
     assert (got["verdict"], got["first"]["metric"]) == (curve.DIFFERS, "ser")
     assert got["text"] == ("differs from epoch 1: CER 50.0 vs 50.0, WER 90.0 vs 90.0, SER 100.0 vs 95.0, "
                            "loss 2.0 vs 2.0")
+
+
+def test_a_reference_curve_needs_the_loss_and_a_target_metric_not_every_one():
+    from speechperf.metrics import rcp
+
+    settings = {"features_sha256": "ab", "torch": "2.13.0+cpu", "seed": 1}
+    rcp._check_curve({"epochs": [{"epoch": 1, "loss": 2.0, "cer": 50.0, "wer": 90.0}], "settings": settings},
+                     "curves[0]", "tiny.json")  # measured before SER: read, compared on what it holds
+    with pytest.raises(rcp.ReferenceError, match=r"'curves\[0\].epochs\[0\]' should be an epoch with the loss and "
+                                                 r"a target metric \(cer, wer, ser\), found \['epoch', 'loss'\]"):
+        rcp._check_curve({"epochs": [{"epoch": 1, "loss": 2.0}], "settings": settings}, "curves[0]", "tiny.json")
+    with pytest.raises(rcp.ReferenceError, match=r"'curves\[0\].epochs\[0\].ser' should be a finite number >= 0"):
+        rcp._check_curve({"epochs": [{"epoch": 1, "loss": 2.0, "cer": 5.0, "ser": -1.0}], "settings": settings},
+                         "curves[0]", "tiny.json")
