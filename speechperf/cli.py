@@ -13,7 +13,7 @@ from pathlib import Path
 
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.errors import SpeechperfError
-from speechperf.metric import targets as metric_targets
+from speechperf import metric
 from speechperf.tables import emit, emit_json
 
 
@@ -219,8 +219,8 @@ def _train_seeds(a, resume_modes) -> int:
     else:
         results = train_seeds(a.seeds, quiet=a.json, **common)
     if rank0:  # the text table: what tells the seeds apart; --json: every summary in full
-        emit(results, a.json, columns=None if a.json else ["seed", "run", "status", "epochs", "iterations",
-                                                             "clock_min", "last_wer", "last_cer"])
+        emit(results, a.json, columns=None if a.json else ["seed", "run", "status", "epochs", "iterations", "clock_min",
+                                                             *(f"last_{m}" for m in metric.targets())])
     return 0
 
 
@@ -493,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("tta", cmd_tta, "time-to-accuracy table (Table 4 form)")
     sp.add_argument("runs", nargs="+")
-    sp.add_argument("--metric", choices=metric_targets(), default="cer", help="validation error the targets apply to")
+    sp.add_argument("--metric", choices=metric.targets(), default=metric.DEFAULT_TARGET, help="validation error the targets apply to")
     _targets_args(sp)
     sp.add_argument("--epochs", type=int, default=3, help="median over this many last epochs")
     sp.add_argument("--price-per-hour", type=float, default=None,
@@ -539,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--platform-file", default=None,
                     help="a platform profile TOML whose prices apply to every run given (overrides the recorded one)")
 
-    sp.add_argument("--metric", choices=metric_targets(), default="cer",
+    sp.add_argument("--metric", choices=metric.targets(), default=metric.DEFAULT_TARGET,
                     help="the metric of explicit --targets numbers")
     _targets_args(sp)
 

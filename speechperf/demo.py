@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from speechperf.config import ConfigError, load_preset
+from speechperf.metric import held
 from speechperf.metrics.targets import PAPER  # the demo's targets: the paper's, of its metrics (cer, wer)
 from speechperf.results.workload import workload, workload_label
 
@@ -151,7 +152,7 @@ def _finished_status(run: Path) -> str | None:
 
 
 def _beam_sweep(run: Path, say) -> None:
-    """Evaluation seconds, WER and CER per beam width of the final model, once per run."""
+    """Evaluation seconds and every declared metric per beam width of the final model, once per run."""
     from speechperf.results.run import Run
     from speechperf.train.evaluate import beam_sweep
 
@@ -160,7 +161,8 @@ def _beam_sweep(run: Path, say) -> None:
             return
     say(f"beam sweep on dev-clean, widths {', '.join(map(str, SWEEP_WIDTHS))}")
     for r in beam_sweep(run, list(SWEEP_WIDTHS), split="dev-clean"):
-        say(f"  width {r['beam']:>4}: WER {r['wer']:.2f}  CER {r['cer']:.2f}  ({r['eval_s']:.1f} s)")
+        rates = "  ".join(f"{m.label} {r[m.name]:{m.fmt}}" for m in held([r]))
+        say(f"  width {r['beam']:>4}: {rates}  ({r['eval_s']:.1f} s)")
 
 
 def _report(runs: list[Path], out: Path, say) -> None:

@@ -7,11 +7,16 @@ another edit: a column of the ``evals`` table (results/schema.py; added to an ol
 opened for writing: results/db.py), a part of every epoch and final line the train loop
 prints, in the stop rule's history and the summary's ``last_NAME`` (a target metric), a
 choice of ``tta --metric``, ``report --metric`` and ``train.target_metric`` (a target
-metric), a column of ``tta --json``'s evaluations and of the report's validation and final
-tables, and a panel of Fig. 7 (a target metric). Its interval comes from the per-utterance
+metric), a column of ``tta --json``'s evaluations, of the beam sweep (``beam_sweep`` rows,
+the command's table, the report's) and of the report's validation and final tables, a
+panel of Fig. 7, a column of ``train --seeds`` and ``parallel sweep``, a value of reference
+curves (a target metric), and what ``eval_accuracy`` in events.log and the live status line
+show when it is the run's ``train.target_metric``. Its interval comes from the per-utterance
 counts it names (``counts``: two fields of :class:`speechperf.metrics.errors.UtteranceErrors`,
 resampled by metrics/bootstrap.py). A row recorded before a metric existed has no value for
-it: readers show "not measured" (None, NA), never 0.
+it: readers show "not measured" (None, NA), never 0. The one default target metric is
+:data:`DEFAULT_TARGET`. No other module spells a metric's name (tests/test_metric_names.py):
+code that means one metric names its declaration (:data:`WER`).
 
 This module sits at the bottom of the package, beside the registry (it imports only the errors
 and the registry), so that every layer reads it: the configuration's checks, the results
@@ -82,13 +87,20 @@ def declare(m: Metric) -> Metric:
     return METRICS.register(m.name)(m)
 
 
-declare(Metric("cer", "CER", "character edits / reference characters", target=True,
-               counts=("char_edits", "ref_chars")))
-declare(Metric("wer", "WER", "word edits (S + D + I) / reference words, as jiwer", target=True,
-               counts=("word_edits", "ref_words")))
-declare(Metric("cer_paper", "CER paper", "character edits / the longer of hypothesis and reference (the paper's)"))
-declare(Metric("ser", "SER", "utterances with any word error / utterances (Kaldi's %SER)", target=True,
-               counts=("sentence_errors", "sentences")))
+# Code that means one metric in particular (the paper's targets are of CER and WER, AlgoPerf's of
+# WER) names its declaration below, never its name as a string.
+CER = declare(Metric("cer", "CER", "character edits / reference characters", target=True,
+                     counts=("char_edits", "ref_chars")))
+WER = declare(Metric("wer", "WER", "word edits (S + D + I) / reference words, as jiwer", target=True,
+                     counts=("word_edits", "ref_words")))
+CER_PAPER = declare(Metric("cer_paper", "CER paper",
+                           "character edits / the longer of hypothesis and reference (the paper's)"))
+SER = declare(Metric("ser", "SER", "utterances with any word error / utterances (Kaldi's %SER)", target=True,
+                     counts=("sentence_errors", "sentences")))
+
+# The target metric where none is named: train.target_metric's default (and a run recorded before
+# that field), ``--metric`` of tta and report, the studies' and TTA functions' default.
+DEFAULT_TARGET: str = CER.name
 
 
 def metric(name: str) -> Metric:

@@ -43,7 +43,7 @@ class TrainConfig:
     eval_mode: str = "ngrams"  # word beam search mode (wordbeam only): words, ngrams, ngrams_forecast, ngrams_forecast_sample
     eval_threads: int = 0  # threads decoding the evaluations (beside the forward pass); 0 = auto: the CPUs this process may use, less the loader's readers
     final_beam: int = 512  # beam width for the final evaluation (paper 512)
-    target_metric: str = "cer"  # what the stop rule watches: a target metric of speechperf/metric.py (cer, wer)
+    target_metric: str = metric.DEFAULT_TARGET  # what the stop rule watches: a target metric of speechperf/metric.py
     target: float = 0.0  # stop once the median of the last target_epochs evals is <= this (percent); 0 = never
     target_epochs: int = 3  # e of TTA(a, e)
     precision: str = "fp32"  # "fp32", "bf16" (autocast, CPU and GPU) or "fp16" (GPU, with a scaler)

@@ -3,7 +3,7 @@ recorded them (full float precision), with the settings that make them reproduci
 exact comparison of a run against them.
 
 A reference seed (``config/rcp/PRESET.json``, metrics/rcp.py) keeps ``curves``: one per
-features folder it was measured on, each ``{"epochs": [{"epoch", "loss", "cer", "wer"}],
+features folder it was measured on, each ``{"epochs": [{"epoch", "loss", METRIC...}],
 "settings": {...}}`` where the settings are :func:`settings_of` a run: the seed, threads,
 the ISA cap and the kernels it gave (torch's CPU capability, oneDNN's ISA and version),
 torch's version and the features checksum (features/checksum.py). A run is *comparable* to
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from speechperf.metric import metric
 from speechperf.metrics import rcp
 
 METRICS = rcp.CURVE_METRICS  # what a curve holds per epoch (evals columns); rcp checks a reference's on load
@@ -30,7 +31,7 @@ IDENTICAL, DIFFERS, NOT_COMPARABLE = "identical", "differs", "cannot be compared
 
 def curve_of(evals: list[dict]) -> list[dict]:
     """A run's per-epoch validation rows (results.db ``evals``, final=0, one split, in epoch
-    order) as a curve: [{"epoch", "loss", "cer", "wer"}], the floats as recorded."""
+    order) as a curve: [{"epoch", "loss", "cer", "wer", ...}] (:data:`METRICS`), the floats as recorded."""
     return [{"epoch": int(e["epoch"]), **{m: e.get(m) for m in METRICS}} for e in evals]
 
 
@@ -89,7 +90,7 @@ def compare(mine: list[dict], reference: list[dict], epochs: int | None = None) 
     "first": None or {"epoch", "metric", "mine", "reference"}, "text"}."""
     n = min(len(mine), len(reference), epochs or len(reference))
     for a, b in zip(mine[:n], reference[:n]):
-        for m in METRICS:
+        for m in held(b):
             if not same(a.get(m), b.get(m)):
                 first = {"epoch": a["epoch"], "metric": m, "mine": a.get(m), "reference": b.get(m)}
                 return {"verdict": DIFFERS, "epochs": n, "first": first, "text": differs_text(a, b)}
@@ -101,9 +102,17 @@ def same(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
+def held(point: dict) -> tuple[str, ...]:
+    """What a reference curve's epoch ``point`` is compared on: the loss and every metric of
+    :data:`METRICS` it recorded."""
+    return tuple(m for m in METRICS if m == "loss" or m in point)
+
+
 def differs_text(a: dict, b: dict) -> str:
-    return (f"differs from epoch {a['epoch']}: CER {_fmt(a.get('cer'))} vs {_fmt(b.get('cer'))}, "
-            f"WER {_fmt(a.get('wer'))} vs {_fmt(b.get('wer'))}, loss {_fmt(a.get('loss'))} vs {_fmt(b.get('loss'))}")
+    """``differs from epoch 2: CER 30.000000000000004 vs 30.0, WER ..., loss ...``."""
+    named = [(metric(m).label, m) for m in held(b) if m != "loss"] + [("loss", "loss")]
+    return f"differs from epoch {a['epoch']}: " + ", ".join(f"{label} {_fmt(a.get(m))} vs {_fmt(b.get(m))}"
+                                                           for label, m in named)
 
 
 def _fmt(x) -> str:

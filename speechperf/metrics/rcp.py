@@ -49,7 +49,9 @@ BENCHMARK, RULESET = "rnnt", "6.0.0"
 OK, FASTER, FAILED = "ok", "faster than the reference allows", "never reached; every reference seed did"
 
 
-CURVE_METRICS = ("loss", "cer", "wer")  # what a reference curve holds per epoch (metrics/curve.py)
+# What a reference curve holds per epoch (metrics/curve.py): the loss and every target metric of
+# speechperf/metric.py; a curve measured before a metric existed lacks it (and is not compared on it).
+CURVE_METRICS = ("loss", *target_metrics())
 # The shape of a reference file (results/shapes.py's specs): what the checks below read; the
 # values are checked after it (_check_values).
 CURVE = {"epochs": [{"epoch": int, **{m: NUM for m in CURVE_METRICS}}], "settings": {"*": (str, int, type(None))},
@@ -147,7 +149,10 @@ def _check_curve(curve: dict, field: str, where: str) -> None:
     for e, row in enumerate(curve["epochs"]):
         if row.get("epoch") != e + 1:
             bad(f"{field}.epochs[{e}].epoch", row.get("epoch"), f"{e + 1} (epochs in order from 1)")
-        for m in CURVE_METRICS:
+        if not any(m in row for m in CURVE_METRICS[1:]):
+            bad(f"{field}.epochs[{e}]", sorted(row), f"an epoch with the loss and a target metric "
+                                                     f"({', '.join(CURVE_METRICS[1:])})")
+        for m in (m for m in CURVE_METRICS if m == "loss" or m in row):
             if not (_finite(row.get(m)) and row[m] >= 0):
                 bad(f"{field}.epochs[{e}].{m}", row.get(m), "a finite number >= 0")
     for key in ("features_sha256", "torch"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from speechperf.metric import measured
+from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.metrics import rcp
 from speechperf.metrics.curve import run_reproduction
 from speechperf.metrics.aggregate import SeedRun, aggregate, outcome, speed_notes
@@ -33,7 +33,7 @@ def targets_for(spec, metric: str, required: bool = True):
     return lambda r: pick(metric, workload(r.config)["model"])
 
 
-def tta_study(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs: int = 3,
+def tta_study(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper", epochs: int = 3,
               price_per_hour: float | None = None, platform_file: Path | None = None) -> dict:
     """{"runs": per-run rows (:func:`speechperf.metrics.tta.tta_table`'s, with epochs to target,
     minutes per epoch and the reference check), "groups": the seeds of one workload,
@@ -99,7 +99,7 @@ def run_check(config: dict, env: dict, status: str, evals: list[dict], folder: P
     reference says so. Never raises: a damaged reference file is named in the result instead
     (the run itself is over and recorded)."""
     train = config.get("train", {})
-    metric, window = train.get("target_metric", "cer"), train.get("target_epochs", 3)
+    metric, window = train.get("target_metric", DEFAULT_TARGET), train.get("target_epochs", 3)
     try:
         ref = rcp.load_reference(config.get("preset"))
     except rcp.ReferenceError as e:

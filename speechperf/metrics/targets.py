@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from speechperf.errors import SpeechperfError
-from speechperf.metric import is_target
+from speechperf.metric import CER, DEFAULT_TARGET, WER, is_target
 from speechperf.metric import targets as declared_targets
 
 METRICS = declared_targets()  # what a target may be of: the target metrics of speechperf/metric.py
-PAPER = {"cer": (10.0, 8.0, 7.0), "wer": (22.0, 20.2, 19.2)}  # docs/spec.md D, LibriSpeech dev-clean
+PAPER = {CER.name: (10.0, 8.0, 7.0), WER.name: (22.0, 20.2, 19.2)}  # docs/spec.md D, LibriSpeech dev-clean
 ALGOPERF_WER = {"conformer": 8.5884, "ds2": 11.9936}  # model family -> AlgoPerf's validation WER target
 SPEECHPERF, ALGOPERF = "speechperf", "algoperf"  # benchmark protocols (a run's train.protocol)
 
@@ -75,7 +75,7 @@ class Targets:
 
     name: str | None = "paper"  # a key of SETS ("paper", "algoperf"), or None for explicit values
     values: tuple[float, ...] = ()  # the explicit targets (% error)
-    metric: str = "cer"  # the metric the explicit targets are of
+    metric: str = DEFAULT_TARGET  # the metric the explicit targets are of
 
     def of(self, metric: str, model: str | None) -> tuple[float, ...]:
         """The targets of ``metric`` for a run of model family ``model``; () when this set has none."""
@@ -85,7 +85,7 @@ class Targets:
             return self.values if metric == self.metric else ()
         if self.name == "paper":
             return PAPER.get(metric, ())
-        return (ALGOPERF_WER[model],) if metric == "wer" and model in ALGOPERF_WER else ()
+        return (ALGOPERF_WER[model],) if metric == WER.name and model in ALGOPERF_WER else ()
 
     def check_run(self, config: dict, run: str) -> None:
         """Refuse (exit 2) a named set whose protocol is not the one ``run`` recorded in its
@@ -116,8 +116,9 @@ class Targets:
             if self.name == "paper":
                 raise TargetError(f"--targets paper has targets of {' and '.join(m.upper() for m in PAPER)} only, "
                                   f"none of {metric.upper()}: give error rates of it (e.g. --targets 50,40)")
-            if metric != "wer":
-                raise TargetError(f"--targets {self.name}: AlgoPerf's targets are validation WER; give --metric wer")
+            if metric != WER.name:
+                raise TargetError(f"--targets {self.name}: AlgoPerf's targets are validation {WER.label}; "
+                                  f"give --metric {WER.name}")
             raise TargetError(f"--targets {self.name} has no target for model {model!r} (it has: "
                               f"{', '.join(f'{m} {t}' for m, t in ALGOPERF_WER.items())}); give explicit targets")
         return found
@@ -126,7 +127,7 @@ class Targets:
         return self.name or ",".join(f"{v:g}" for v in self.values)
 
 
-def parse_targets(spec: "str | Targets | Sequence[float]", metric: str = "cer") -> Targets:
+def parse_targets(spec: "str | Targets | Sequence[float]", metric: str = DEFAULT_TARGET) -> Targets:
     """``paper``, ``algoperf``, comma-separated numbers, a :class:`Targets` or a list of numbers
     (numbers: targets of ``metric``); a value that is no error rate is refused as written."""
     if isinstance(spec, Targets):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from speechperf.errors import SpeechperfError
-from speechperf.metric import measured, metric as metric_of, per_epoch
+from speechperf.metric import DEFAULT_TARGET, measured, metric as metric_of, per_epoch
 from speechperf.metrics.breakdown import shares, time_parts
 from speechperf.metrics.targets import parse_targets
 from speechperf.results.run import Run, machine_name, unique_labels
@@ -51,7 +51,7 @@ def epoch_rows(run) -> list[dict]:
     return run.evals()
 
 
-def tta_table(runs: Sequence[Path], metric: str = "cer", targets="paper", epochs: int = 3,
+def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper", epochs: int = 3,
               price_per_hour: float | None = None, platform_file: Path | None = None) -> list[dict]:
     """Table 4 form: one row per (run, target) with minutes and % of the first run of the same
     workload (the reference), the initialization seconds kept outside the clock, the achieved

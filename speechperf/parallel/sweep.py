@@ -5,10 +5,10 @@ Every run is an ordinary training run (train/loop.py, the algorithm a hook of it
 speechperf/algorithms), in ``OUT/NAME`` (``one-worker``, ``sync-n2``, ``bmuf-n2-h20``, ...),
 its rows in its own database and in the sweep's (``--db``, default ``OUT/results.db``).
 The table: speedup of training seconds per epoch over the one worker, the last
-validation WER and CER, TTA (the preset's ``train.target``, where it sets one), the share
-of training seconds spent communicating and MFU. Run again after a failure, the same
-command reports the finished runs and continues the unfinished one from its checkpoint
-(``train --resume auto``).
+validation value of each target metric (speechperf/metric.py), TTA (the preset's
+``train.target``, where it sets one), the share of training seconds spent communicating and
+MFU. Run again after a failure, the same command reports the finished runs and continues the
+unfinished one from its checkpoint (``train --resume auto``).
 
 The speedups measured on this project's CI machine are on 2 CPU cores and say so; the same
 command drives GPU machines.
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from speechperf.algorithms import periodic
 from speechperf.errors import SpeechperfError
+from speechperf.metric import DEFAULT_TARGET, per_epoch
 from speechperf.metrics.tta import tta_minutes
 from speechperf.results.run import Run
 from speechperf.results.workload import workload_label
@@ -142,13 +143,14 @@ def _facts(folder: Path) -> dict:
 
 def run_facts(summary: dict, config: dict, env: dict, its: list[dict], evals: list[dict], name: str) -> dict:
     """What the sweep's table says of one run, from its recorded rows (nothing recomputed but
-    sums): training seconds per epoch, the last WER/CER, TTA to the run's own target on the
-    run's clock, the share of training seconds spent communicating and bytes sent per step."""
+    sums): training seconds per epoch, the last value of each target metric, TTA to the run's
+    own target on the run's clock, the share of training seconds spent communicating and bytes
+    sent per step."""
     train_s = sum(r["step_s"] for r in its)
     comm_s = sum(r.get("comm_s") or 0.0 for r in its)
     comm_bytes = sum(r.get("comm_bytes") or 0 for r in its)
     tc, algo = config.get("train", {}), config.get("algo", {})
-    metric = tc.get("target_metric", "cer")
+    metric = tc.get("target_metric", DEFAULT_TARGET)
     tta = None
     if tc.get("target", 0) > 0:
         tta = tta_minutes([(e["clock_s"], e[metric]) for e in evals], tc["target"], tc.get("target_epochs", 3))
@@ -156,7 +158,7 @@ def run_facts(summary: dict, config: dict, env: dict, its: list[dict], evals: li
     return {"algo": algo.get("name", "sync"), "workers": env.get("world_size") or 1,
             "sync_every": algo.get("sync_every") if periodic(algo.get("name", "sync")) else None,
             "epochs": summary.get("epochs"), "train_s_per_epoch": train_s / epochs,
-            "wer": summary.get("last_wer"), "cer": summary.get("last_cer"), "tta_min": tta,
+            **{m.name: summary.get(f"last_{m.name}") for m in per_epoch()}, "tta_min": tta,
             "comm_pct": 100 * comm_s / train_s if train_s else None,
             "comm_mb_per_step": comm_bytes / len(its) / 1e6 if its else None, "mfu_pct": summary.get("mfu_pct"),
             "status": summary.get("status"), "run": name}
@@ -166,5 +168,5 @@ def _row(f: dict, base: float | None) -> dict:
     return {"algorithm": f["algo"], "workers": f["workers"], "sync every": f["sync_every"], "epochs": f["epochs"],
             "train s/epoch": f["train_s_per_epoch"],
             "speedup": base / f["train_s_per_epoch"] if base and f["train_s_per_epoch"] else None,
-            "WER": f["wer"], "CER": f["cer"], "TTA min": f["tta_min"], "comm %": f["comm_pct"],
+            **{m.label: f.get(m.name) for m in per_epoch()}, "TTA min": f["tta_min"], "comm %": f["comm_pct"],
             "comm MB/step": f["comm_mb_per_step"], "MFU %": f["mfu_pct"], "status": f["status"], "run": f["run"]}

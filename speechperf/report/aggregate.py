@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from speechperf.metric import measured
+from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.metrics.breakdown import shares, time_parts
 from speechperf.metrics.tta import tta_minutes
 from speechperf.metrics.targets import METRICS, Targets
@@ -17,7 +17,7 @@ from speechperf.telemetry.platforms import Platform, load, of_run, price_columns
 PAPER_TTA_CER10 = {"sys1": 820.0, "sys2": 672.0, "sys10": 511.0}
 
 
-def run_tta(run: dict, target: float = 10.0, metric: str = "cer") -> float | None:
+def run_tta(run: dict, target: float = 10.0, metric: str = DEFAULT_TARGET) -> float | None:
     return tta_minutes([(e["clock_s"], e[metric]) for e in run["evals"]], target, 3)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
+from speechperf.metric import DEFAULT_TARGET
 from speechperf.report.runs import legend, load_run
 from speechperf.report.sections import Context, Figure, Note, Section, Table, ordered
 from speechperf.results import ResultsDB
@@ -27,7 +28,7 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
 
 
 def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price_per_hour: float | None = None,
-                 platform_file: Path | None = None, targets="paper", metric: str = "cer") -> Path:
+                 platform_file: Path | None = None, targets="paper", metric: str = DEFAULT_TARGET) -> Path:
     """Write ``out/index.html`` (+ PNG and CSV files) for ``runs``; returns its path.
 
     Each run's rows come from its own folder (runs from different machines side by side);

@@ -148,8 +148,9 @@ def _slug(name: str) -> str:
 
 @register_section("beam_sweep", 60)
 def beam_sweep_section(ctx: Context) -> Section:
+    shown = metric.held([w for r in ctx.runs for w in r["sweep"]])
     rows = [{**who(r), "split": w["split"], "decoder": w["decoder"], "beam": w["beam"], "eval s": w["eval_s"],
-             "WER %": w["wer"], "CER %": w["cer"], "utterances": w["n_utts"]} for r in ctx.runs for w in r["sweep"]]
+             **_metric_cells(shown, w), "utterances": w["n_utts"]} for r in ctx.runs for w in r["sweep"]]
     return Section("Beam width vs evaluation time and accuracy (Table 3)", [
         Table("beam_sweep.csv", rows, "no beam sweep was run for these runs (speechperf beam-sweep RUN)")])
 

@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass, field
 
 
+
 @dataclass
 class Progress:
     """Where a run stands; saved in every checkpoint."""

@@ -72,10 +72,13 @@ CREATE TABLE IF NOT EXISTS samples (
 CREATE INDEX IF NOT EXISTS samples_run ON samples (run_id, source, metric);
 """
 
-BEAM_SWEEP = """
+# beam_sweep holds the same metric columns as evals (a database written before a metric existed
+# gets them when opened for writing, NULL in its older rows).
+BEAM_SWEEP = f"""
 CREATE TABLE IF NOT EXISTS beam_sweep (
     run_id TEXT, split TEXT, decoder TEXT, beam INTEGER,
-    eval_s REAL, wer REAL, cer REAL, cer_paper REAL, n_utts INTEGER, device TEXT,
+    eval_s REAL, n_utts INTEGER, device TEXT,
+    {", ".join(f"{c} REAL" for c in EVALS_METRICS)},
     PRIMARY KEY (run_id, split, decoder, beam)
 );
 """

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from speechperf import metric
 from speechperf.data.config import LoaderConfig
 from speechperf.metrics.bootstrap import error_intervals
 from speechperf.metrics.errors import UtteranceErrors, error_rates, utterance_errors
@@ -193,7 +194,7 @@ def evaluate_run(run: Path, split: str = "dev-clean", decoder: str = "wordbeam",
 def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: str = "wordbeam",
                workers: int = 0, mode: str = "ngrams", data: Path | None = None,
                db_path: Path | None = None) -> list[dict]:
-    """Table 3 form: evaluation seconds, WER and CER per beam width; rows also go to the run's
+    """Table 3 form: evaluation seconds and every declared metric per beam width; rows also go to the run's
     database (and to ``db_path``, a shared one, if given)."""
     rows = []
     with Run.open(Path(run), data=data, shared_db=db_path, write=True) as r:
@@ -202,7 +203,7 @@ def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: 
             e = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=width,
                          workers=workers, mode=mode)
             row = {"run_id": r.run_id, "split": split, "decoder": e["decoder"], "beam": e["beam"], "eval_s": e["eval_s"],
-                   "wer": e["wer"], "cer": e["cer"], "cer_paper": e["cer_paper"], "n_utts": e["n_utts"], "device": "cpu"}
+                   **{c: e.get(c) for c in metric.columns()}, "n_utts": e["n_utts"], "device": "cpu"}
             r.upsert("beam_sweep", row)
             rows.append(row)
     return rows

@@ -7,7 +7,9 @@ train_samples, eval_samples) is used as shipped, except that the division's foll
 file (which only knows MLPerf's own benchmarks) is replaced by speechperf's benchmark rules,
 ``mlperf_rules.yaml`` beside this module. The two rule files are written to a temporary
 folder and handed to the checker with ``--config``, as its documentation intends for rules
-beyond its own.
+beyond its own. ``eval_accuracy``'s value is the run's ``train.target_metric``, named in its
+metadata (train/recorder.py); the rules accept the target metrics of speechperf/metric.py,
+written into them here.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from speechperf import metric
 from speechperf.errors import SpeechperfError
 from speechperf.results.events import C, EventLog
 
@@ -28,6 +31,7 @@ BENCHMARK = "speechperf_ds2"
 # entries (the division also sets the checker's initialization limit: 240 min open).
 DIVISION = "open"
 BENCHMARK_RULES = Path(__file__).with_name("mlperf_rules.yaml")
+TARGET_METRICS = "TARGET_METRICS"  # in BENCHMARK_RULES: replaced by the list of speechperf/metric.py's target metrics
 
 
 def log_submission(events: EventLog, platform: str, org: str | None = None) -> None:
@@ -52,7 +56,7 @@ def rules_config(folder: Path) -> Path:
     stock = Path(cc.__file__).with_name(f"training_{RULESET}") / "common.yaml"
     records = yaml.load(stock.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
     bench = Path(folder) / "speechperf_benchmark.yaml"
-    bench.write_text(BENCHMARK_RULES.read_text(encoding="utf-8"), encoding="utf-8")
+    bench.write_text(benchmark_rules(), encoding="utf-8")
     found = False
     for record in records:
         key = record.get("KEY", {})
@@ -66,6 +70,15 @@ def rules_config(folder: Path) -> Path:
     common = Path(folder) / "speechperf_common.yaml"
     common.write_text(yaml.safe_dump(records, sort_keys=False), encoding="utf-8")
     return common
+
+
+def benchmark_rules() -> str:
+    """speechperf's benchmark rules (``BENCHMARK_RULES``) with the metrics ``eval_accuracy`` may
+    be of written in: the target metrics of speechperf/metric.py (any run's train.target_metric)."""
+    text = BENCHMARK_RULES.read_text(encoding="utf-8")
+    if TARGET_METRICS not in text:
+        raise RuntimeError(f"{BENCHMARK_RULES} has no {TARGET_METRICS} to write the target metrics into")
+    return text.replace(TARGET_METRICS, repr(list(metric.targets())))
 
 
 def check_log(path: Path) -> dict:

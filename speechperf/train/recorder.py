@@ -108,12 +108,13 @@ class Recorder:
 class RunRecorder(Recorder):
     """Rank 0's recorder: writes the run folder through ``run``."""
 
-    def __init__(self, prog: Progress, run: Run, quiet: bool):
+    def __init__(self, prog: Progress, run: Run, quiet: bool, target: str):
         super().__init__(prog, run.folder)
 
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
+        self.target = target  # train.target_metric: eval_accuracy's value and the status line's
         self.events = run.events()
-        self.status_line = None if quiet else StatusLine()
+        self.status_line = None if quiet else StatusLine(target)
         self.sampler, self.samples_stored, self.sample_t0 = None, 0, 0.0
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
@@ -135,7 +136,7 @@ class RunRecorder(Recorder):
             run.truncate_logs(prog.log_sizes)  # a restart without checkpoint: cut to nothing
             run.forget_after(prog)
             run.set_status("running")
-        rec = cls(prog, run, quiet)
+        rec = cls(prog, run, quiet, cfg.train.target_metric)
         if plan != "resume":
             rec.events.start(C.INIT_START, time_ms=init_ms)
             rec._log_run_config(cfg, env["world_size"], splits, global_batch)
@@ -207,7 +208,7 @@ class RunRecorder(Recorder):
         if self.status_line and reads:
             evals = self.prog.evals
             self.status_line.update(self.prog.epoch, reads[-1].iteration, reads[-1].loss,
-                                    self.last_row["utts_per_s"], evals[-1].get("cer") if evals else None, self.now(),
+                                    self.last_row["utts_per_s"], evals[-1].get(self.target) if evals else None, self.now(),
                                     self.last_row["audio_s_per_s"])
 
     def sentences(self, batch, step) -> None:
@@ -242,13 +243,13 @@ class RunRecorder(Recorder):
                                   "n_utts": r["n_utts"], "final": int(final),
                                   **{k: r.get(k) for k in metric.columns()}})  # every declared metric's columns
         if final:
-            self.events.event("final_eval", r["wer"], split=r["split"], **_others(r, "wer"), decoder=r["decoder"],
-                              beam=r["beam"])
+            self.events.event("final_eval", r[self.target], split=r["split"], metric=self.target,
+                              **_others(r, self.target), decoder=r["decoder"], beam=r["beam"])
             self._say(f"final {r['split']}: {_rates(r)} ({r['decoder']}, beam {r['beam']})")
             return
         prog.evals.append(metric.entry(now, r))  # the stop rule's history: {clock_s, metric: value}
-        self.events.event(C.EVAL_ACCURACY, r["cer"], epoch_num=epoch, metric="cer", **_others(r, "cer"),
-                          loss=round(r["loss"], 4), eval_s=round(r["eval_s"], 3))
+        self.events.event(C.EVAL_ACCURACY, r[self.target], epoch_num=epoch, metric=self.target,
+                          **_others(r, self.target), loss=round(r["loss"], 4), eval_s=round(r["eval_s"], 3))
         self.events.end(C.EVAL_STOP, epoch_num=epoch)
         self._say(f"epoch {epoch}: {r['split']} loss {r['loss']:.3f} {_rates(r)} "
                   f"eval {r['eval_s']:.1f}s clock {now / 60:.2f} min")

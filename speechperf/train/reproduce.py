@@ -243,12 +243,13 @@ def judge(folder: Path, ref: dict, chosen: dict, epochs: int) -> dict:
 
 
 def _rows(mine: list[dict], reference: list[dict], epochs: int) -> list[dict]:
-    """Per epoch: this run's loss, CER, WER beside the reference's, and whether all three are equal."""
+    """Per epoch: this run's loss and target metrics beside the reference's (those it recorded:
+    curve.held), and whether all are equal."""
     out = []
     for a, b in zip(mine[:epochs], reference[:epochs]):
         row = {"epoch": a["epoch"]}
-        for m in curve.METRICS:
+        for m in curve.held(b):
             row[m], row[f"reference {m}"] = a.get(m), b.get(m)
-        row["same"] = all(curve.same(a.get(m), b.get(m)) for m in curve.METRICS)
+        row["same"] = all(curve.same(a.get(m), b.get(m)) for m in curve.held(b))
         out.append(row)
     return out

@@ -77,6 +77,13 @@ CREATE TABLE evals (
     PRIMARY KEY (run_id, epoch, split, decoder, beam, final)
 );
 """
+PREVIOUS_BEAM_SWEEP = """
+CREATE TABLE beam_sweep (
+    run_id TEXT, split TEXT, decoder TEXT, beam INTEGER,
+    eval_s REAL, wer REAL, cer REAL, cer_paper REAL, n_utts INTEGER, device TEXT,
+    PRIMARY KEY (run_id, split, decoder, beam)
+);
+"""
 CERS = [30.0, 12.0, 9.0, 9.0, 8.0]
 
 
@@ -90,7 +97,9 @@ def _previous_release_run(root):
         run.write_summary({"status": "success", "init_s": 1.0, "last_wer": 16.0, "last_cer": 8.0})
         run_id = run.run_id
     with sqlite3.connect(root / "old" / "results.db") as db:
-        db.executescript("DROP TABLE evals;" + PREVIOUS_EVALS)
+        db.executescript("DROP TABLE evals;" + PREVIOUS_EVALS + "DROP TABLE beam_sweep;" + PREVIOUS_BEAM_SWEEP)
+        db.executemany("INSERT INTO beam_sweep VALUES (?, 'dev-clean', 'wordbeam', ?, 1.0, 20.0, 8.0, 7.5, 10, 'cpu')",
+                       [(run_id, b) for b in (16, 64)])
         db.executemany("INSERT INTO evals VALUES (?, ?, 'dev-clean', 'greedy', 1, ?, 1.0, 1.0, ?, ?, ?, 10, ?, "
                        "?, ?, ?, ?)",
                        [(run_id, e, 60.0 * e, 2 * c, c, c, int(e == 5), c - 1, c + 1, 2 * c - 2, 2 * c + 2)
@@ -117,6 +126,11 @@ def test_a_previous_release_run_reads_as_before(tmp_path, capsys):
                              "WER %", "WER 95% low", "WER 95% high", "utterances"]  # its columns, no SER
     with open(index.parent / "final.csv", newline="") as f:
         assert "SER %" not in next(csv.DictReader(f))
+    with open(index.parent / "beam_sweep.csv", newline="") as f:
+        sweep = list(csv.DictReader(f))
+    assert [(r["beam"], r["CER %"], r["WER %"], r["CER paper %"]) for r in sweep] == [("16", "8.0", "20.0", "7.5"),
+                                                                                     ("64", "8.0", "20.0", "7.5")]
+    assert "SER %" not in sweep[0] and sweep[0]["CER 95% low"] == ""  # not measured then: no column, no value
     with sqlite3.connect(old / "results.db") as db:
         assert "ser" not in {r[1] for r in db.execute("PRAGMA table_info(evals)")}  # readers never migrate
 
@@ -129,7 +143,11 @@ def test_a_previous_release_database_opened_for_writing_gets_the_declared_column
         cols = [r["name"] for r in db.query("PRAGMA table_info(evals)")]
         assert set(metric.columns()) <= set(cols)
         rows = db.query("SELECT cer, ser FROM evals ORDER BY epoch")
+        sweep_cols = [r["name"] for r in db.query("PRAGMA table_info(beam_sweep)")]
+        assert set(metric.columns()) <= set(sweep_cols)  # the beam sweep holds every declared metric too
+        sweep = db.query("SELECT beam, cer, ser FROM beam_sweep ORDER BY beam")
     assert rows == [{"cer": c, "ser": None} for c in CERS]  # older rows: NULL, not 0
+    assert sweep == [{"beam": 16, "cer": 8.0, "ser": None}, {"beam": 64, "cer": 8.0, "ser": None}]
 
 
 def test_a_tta_of_a_run_resumed_across_the_release_counts_an_unmeasured_epoch_as_not_reached():
@@ -158,3 +176,32 @@ def test_the_stop_rule_watches_the_metric_named_by_train_target_metric(monkeypat
     rec = History(Progress(), "RUN")
     # medians of the last 2 SERs: -, 50, 40: the target 45 is reached at the third epoch (CER never would)
     assert [loop._epoch_eval(None, None, cfg, None, rec)[0] for _ in range(3)] == [None, None, "success"]
+
+
+def test_a_curve_holds_every_target_metric_and_compares_those_the_reference_recorded():
+    from speechperf.metrics import curve
+
+    assert curve.METRICS == ("loss", *metric.targets())
+    mine = curve.curve_of([{"epoch": 1, "loss": 2.0, "cer": 50.0, "wer": 90.0, "ser": 100.0, "cer_paper": 40.0}])
+    assert mine == [{"epoch": 1, "loss": 2.0, "cer": 50.0, "wer": 90.0, "ser": 100.0}]
+    before_ser = [{"epoch": 1, "loss": 2.0, "cer": 50.0, "wer": 90.0}]  # a reference recorded before SER
+    assert curve.compare(mine, before_ser)["verdict"] == curve.IDENTICAL
+    other_ser = [{**before_ser[0], "ser": 95.0}]
+    got = curve.compare(mine, other_ser)
+    assert (got["verdict"], got["first"]["metric"]) == (curve.DIFFERS, "ser")
+    assert got["text"] == ("differs from epoch 1: CER 50.0 vs 50.0, WER 90.0 vs 90.0, SER 100.0 vs 95.0, "
+                           "loss 2.0 vs 2.0")
+
+
+def test_a_reference_curve_needs_the_loss_and_a_target_metric_not_every_one():
+    from speechperf.metrics import rcp
+
+    settings = {"features_sha256": "ab", "torch": "2.13.0+cpu", "seed": 1}
+    rcp._check_curve({"epochs": [{"epoch": 1, "loss": 2.0, "cer": 50.0, "wer": 90.0}], "settings": settings},
+                     "curves[0]", "tiny.json")  # measured before SER: read, compared on what it holds
+    with pytest.raises(rcp.ReferenceError, match=r"'curves\[0\].epochs\[0\]' should be an epoch with the loss and "
+                                                 r"a target metric \(cer, wer, ser\), found \['epoch', 'loss'\]"):
+        rcp._check_curve({"epochs": [{"epoch": 1, "loss": 2.0}], "settings": settings}, "curves[0]", "tiny.json")
+    with pytest.raises(rcp.ReferenceError, match=r"'curves\[0\].epochs\[0\].ser' should be a finite number >= 0"):
+        rcp._check_curve({"epochs": [{"epoch": 1, "loss": 2.0, "cer": 5.0, "ser": -1.0}], "settings": settings},
+                         "curves[0]", "tiny.json")

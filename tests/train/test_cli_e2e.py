@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 
+from speechperf import metric
 from speechperf.results import ResultsDB
 from speechperf.results.events import read_events
 
@@ -67,6 +68,7 @@ def test_cli_end_to_end(tmp_path):
     assert row[0]["decoder"] == "wordbeam:ngrams_forecast" and row[0]["n_utts"] > 0 and 0 <= row[0]["cer"]
     sweep = json.loads(cli("beam-sweep", run, "--widths", "1,4", "--json").stdout)
     assert [r["beam"] for r in sweep] == [1, 4] and all(r["eval_s"] > 0 and r["decoder"] == "wordbeam" for r in sweep)
+    assert all(r[c] is not None for r in sweep for c in metric.columns())  # every declared metric: SER too
     with ResultsDB(run / "results.db", readonly=True) as db:
         assert len(db.query("SELECT * FROM beam_sweep WHERE run_id = ?", [info["run_id"]])) == 2
     bad_mode = cli("eval", run, "--mode", "fastest", check=False)

@@ -117,3 +117,43 @@ def test_resumed_run_log_still_complies(tiny_features, tmp_path, monkeypatch):
 
 def stop_init(events) -> float:
     return [e for e in events if e["key"] == "init_stop"][0]["metadata"]["init_s"]
+
+
+
+@pytest.fixture(scope="module")
+def wer_run(tiny_features, tmp_path_factory):
+    """A one-epoch run whose target metric is WER (not the default)."""
+    from speechperf.metric import DEFAULT_TARGET, WER
+
+    assert WER.name != DEFAULT_TARGET
+    run = tmp_path_factory.mktemp("wer") / "run"
+    _train(tiny_features, run, ["max_epochs=1", "threads=1", f"train.target_metric={WER.name}",
+                                "train.final_splits=none"])
+    return run
+
+
+def test_a_wer_target_run_logs_wer_as_eval_accuracy_and_complies(wer_run):
+    """eval_accuracy states the run's train.target_metric, named, with the other metrics beside it."""
+    from speechperf.metric import CER, WER
+
+    (line,) = [e for e in read_events(wer_run / "events.log") if e["key"] == "eval_accuracy"]
+    with ResultsDB(wer_run / "results.db", readonly=True) as db:
+        (row,) = db.query("SELECT * FROM evals WHERE final = 0")
+    assert line["metadata"]["metric"] == WER.name and line["value"] == row[WER.name]
+    assert line["metadata"][CER.name] == round(row[CER.name], 3)  # the other metrics: metadata
+    assert WER.name not in line["metadata"]
+    result = check_log(wer_run / "events.log")
+    assert result["ok"], result["output"]
+
+
+def test_the_checker_accepts_every_target_metric_and_refuses_another(wer_run, tmp_path):
+    from speechperf.metric import WER, targets
+    from speechperf.train.mlperf import benchmark_rules
+
+    assert f" v['metadata']['metric'] in {list(targets())!r} " in benchmark_rules()
+    text = (wer_run / "events.log").read_text()
+    renamed = tmp_path / "renamed.log"
+    renamed.write_text(text.replace(f'"metric": "{WER.name}"', '"metric": "loss"'))
+    assert renamed.read_text() != text
+    result = check_log(renamed)
+    assert not result["ok"] and "eval_accuracy" in result["output"]
