@@ -3,7 +3,7 @@
 # step first, each under `timeout` and inside a whole-run budget, so that a cut loses the
 # least: the GPU demo (TTA, evaluation share, breakdown, energy, GPU busy) -> a short
 # conformer run (bf16, MFU) -> `bench feed` for gpu and conformer -> the step floor (the gpu
-# preset's old and new batch sizing) -> the cuda-marked tests and the GPU-sensitive files
+# preset's batch sizing and twice it) -> the cuda-marked tests and the GPU-sensitive files
 # (with the tiny corpus's features checksum under the AVX2 cap beside them) -> one summary
 # table (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last.
 #
@@ -34,7 +34,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
         loader.max_duration=60 train.max_epochs=1 train.eval_decoder=greedy train.final_splits=none)
     CONF_T=120; CONF_FLOOR=(--preset conformer-cpu --device cpu --steps 2 --warmup 1 model.layers=1 model.d_model=32
         model.heads=2 model.subsampling_channels=16 loader.max_duration=60); COMPILE=0; FEED_PRESETS=(tiny); FEED_ARGS=(--device cpu --windows 2 --steps 1 --warmup 1 --batches 2 loader.batch_size=4)
-    FEED_T=60; FLOOR_PRESET=tiny; FLOOR_OLD=(loader.max_duration=0); FLOOR_NEW=(loader.max_duration=60)
+    FEED_T=60; FLOOR_PRESET=tiny; FLOOR_DOUBLED=(loader.max_duration=120); FLOOR_PRESET_ARGS=(loader.max_duration=60)
     FLOOR_ARGS=(--steps 3 --warmup 1 --device cpu); FLOOR_T=60
     CUDA_TESTS=(tests/train/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/train/test_feed.py -k recorded_profile_rows)
     TEST_ARGS=(-n 0); TEST_T=90
@@ -43,7 +43,7 @@ else
     BUDGET=${BUDGET:-510}; DEMO_T=210; CONF_PRESET=conformer
     CONF_ARGS=(train.time_cap_minutes=1 train.max_epochs=3 train.eval_decoder=greedy train.final_splits=none)
     CONF_T=55; FEED_PRESETS=(gpu conformer); FEED_ARGS=(--readers 2 --windows 3 --steps 4 --warmup 3 --batches 2)
-    FEED_T=30; FLOOR_PRESET=gpu; FLOOR_OLD=(loader.max_duration=720); FLOOR_NEW=()
+    FEED_T=30; FLOOR_PRESET=gpu; FLOOR_DOUBLED=(loader.max_duration=1440); FLOOR_PRESET_ARGS=()
     FLOOR_ARGS=(--steps 20 --warmup 5); FLOOR_T=30
     CONF_FLOOR=(--preset conformer --steps 10 --warmup 5); COMPILE=1
     CUDA_TESTS=(-m cuda tests); GPU_FILES=(tests/train/test_reproduce.py tests/train/test_cli_e2e.py)
@@ -103,13 +103,13 @@ step conformer "$CONF_T" $PY -m speechperf train --preset "$CONF_PRESET" --data 
     --out "$WORK/conformer" "${CONF_ARGS[@]}"
 step conformer_tta 30 $PY -m speechperf tta --json "$WORK/conformer"
 step "feed_${FEED_PRESETS[0]}" "$FEED_T" $PY -m speechperf bench feed --preset "${FEED_PRESETS[0]}" --json "${FEED_ARGS[@]}"
-step floor_new "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
-    "${FLOOR_ARGS[@]}" "${FLOOR_NEW[@]}"
+step floor "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
+    "${FLOOR_ARGS[@]}" "${FLOOR_PRESET_ARGS[@]}"
 for p in "${FEED_PRESETS[@]:1}"; do
     step "feed_$p" "$FEED_T" $PY -m speechperf bench feed --preset "$p" --json "${FEED_ARGS[@]}"
 done
-step floor_old "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
-    "${FLOOR_ARGS[@]}" "${FLOOR_OLD[@]}"
+step floor_doubled "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
+    "${FLOOR_ARGS[@]}" "${FLOOR_DOUBLED[@]}"
 step tests_cuda "$TEST_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${CUDA_TESTS[@]}"
 step tests_gpu_files "$TEST_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${GPU_FILES[@]}"
 if [ -n "${CHECKSUM:-}" ]; then  # given until 10 s before the budget ends

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 STEPS = ["demo", "demo_tta", "conformer", "conformer_tta", "feed_gpu", "feed_conformer", "feed_tiny",
-         "floor_old", "floor_new", "tests_cuda", "tests_gpu_files", "checksum", "floor_conformer",
+         "floor_doubled", "floor", "tests_cuda", "tests_gpu_files", "checksum", "floor_conformer",
          "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 PARTS = ("steps", "data", "eval", "checkpoints", "epoch changes")
 EVAL_PARTS = {"forward": "eval_forward_s", "decode": "eval_decode_s", "score": "eval_score_s"}
+EVAL_SHORT = {"forward": "fwd", "decode": "dec", "score": "score"}  # the table cell's names
 SHORT = {"steps": "steps", "data": "data", "eval": "eval", "checkpoints": "ckpt", "epoch changes": "epoch"}
 TOLERANCE = 0.01  # parts within 1% of the TTA: the rows tile its clock
 
@@ -73,7 +74,7 @@ def shares(parts: dict) -> str:
     if not total:
         return "no time recorded"
     text = [f"{SHORT[p]} {100 * parts[f'{p} s'] / total:.0f}%" for p in PARTS]
-    inner = [f"{n[:3]} {100 * parts[f'eval {n} s'] / total:.0f}" for n in EVAL_PARTS if parts[f"eval {n} s"] is not None]
+    inner = [f"{EVAL_SHORT[n]} {100 * parts[f'eval {n} s'] / total:.0f}" for n in EVAL_PARTS if parts[f"eval {n} s"] is not None]
     if inner:
         text[2] += f" ({' '.join(inner)})"
     return " ".join(text)

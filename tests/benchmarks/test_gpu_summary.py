@@ -30,7 +30,7 @@ def test_status_reads_the_exit_line_timeouts_and_skips():
 
 
 def test_floor_and_pytest_lines():
-    text = (FIXTURES / "logs" / "floor_old.log").read_text()
+    text = (FIXTURES / "logs" / "floor_doubled.log").read_text()
     got = gs.floor_figures(text)
     assert got.startswith("floor ") and "loop/floor" in got and "; batch 4 (bucket)" in got
     assert gs.floor_figures("Traceback ...") == "no floor table"

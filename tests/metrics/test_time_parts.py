@@ -27,7 +27,7 @@ def test_parts_to_the_first_evaluation():
         {"steps": 3.0, "data": 1.0, "eval": 3.0, "checkpoints": 1.0, "epoch changes": 2.0})
     assert (p["eval forward s"], p["eval decode s"], p["eval score s"]) == (1.0, 1.5, 0.5)
     assert p["total s"] == pytest.approx(10.0) and p["note"] is None
-    assert shares(p) == "steps 30% data 10% eval 30% (for 10 dec 15 sco 5) ckpt 10% epoch 20%"
+    assert shares(p) == "steps 30% data 10% eval 30% (fwd 10 dec 15 score 5) ckpt 10% epoch 20%"
 
 
 def test_an_epoch_end_checkpoint_is_a_checkpoint_not_an_epoch_change():
