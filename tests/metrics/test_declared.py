@@ -38,6 +38,8 @@ def test_a_value_prints_with_its_interval_where_the_row_holds_one():
 @pytest.fixture
 def xer(monkeypatch):
     """A metric declared in one line (for this test only): WER's counts under another name."""
+    import speechperf.metrics.curve  # noqa: F401  modules whose constants read the declarations at import
+    # take them before it (else a later test in this process would see xer in their constants)
     m = Metric("xer", "XER", "a test metric", target=True, counts=("word_edits", "ref_words"))
     monkeypatch.setitem(METRICS, "xer", m)
     return m
@@ -58,12 +60,12 @@ def test_one_declaration_reaches_the_consumers(xer, tmp_path):
     assert parser.parse_args(["tta", "RUN", "--metric", "xer"]).metric == "xer"  # --metric's choices
 
 
-def test_an_earlier_checkpoints_history_reads_as_entries():
+def test_a_history_without_a_later_metric_summarizes_it_as_not_measured():
     from speechperf.results.progress import Progress
     from speechperf.train.recorder import _summary
 
-    prog = Progress.from_dict({"epoch": 3, "evals": [(60.0, 30.0, 12.0), [120.0, 25.0, 9.0]]})  # (clock, wer, cer)
-    assert prog.evals == [{"clock_s": 60.0, "wer": 30.0, "cer": 12.0}, {"clock_s": 120.0, "wer": 25.0, "cer": 9.0}]
+    evals = [{"clock_s": 60.0, "wer": 30.0, "cer": 12.0}, {"clock_s": 120.0, "wer": 25.0, "cer": 9.0}]  # no SER
+    prog = Progress.from_dict({"epoch": 3, "evals": evals})
     summary = _summary("r", "RUN", "success", prog, 120.0)
     assert (summary["epochs"], summary["last_cer"], summary["last_wer"], summary["last_ser"]) == (2, 9.0, 25.0, None)
 
