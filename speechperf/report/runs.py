@@ -1,6 +1,7 @@
 """One run as the report sees it: its rows in its own results database and its run folder."""
 from __future__ import annotations
 
+from speechperf.results.layout import CONFIG_FILE, ENV_FILE
 from speechperf.results.run import Run
 from speechperf.results.workload import workload, workload_label
 
@@ -11,7 +12,7 @@ def load_run(run: Run, label: str | None = None) -> dict:
     """Everything the report shows about one open run (read only; nothing is recomputed)."""
     row = run.row()  # a run missing from its database is an error, not an empty report
     # the folder's files first: they travel with it (the row's copies are for a shared database)
-    cfg, env = run.recorded("config.json"), run.recorded("env.json")
+    cfg, env = run.recorded(CONFIG_FILE), run.recorded(ENV_FILE)
     work = workload(cfg)
     return {
         "run": str(run.folder), "run_id": run.run_id, "label": label or run.label, "row": row, "config": cfg,
