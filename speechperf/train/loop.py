@@ -9,9 +9,10 @@ validation and test split. As in MLPerf, the TTA clock starts after initializati
 (``init_start``..``init_stop``: every split verified, the model built, the decoder kernels
 compiled, one warm-up step; see train/warmup.py), whose seconds are reported beside the
 TTA; it only runs while this process runs, so a resumed run does not count the time it was
-down. What happened is written down by the recorder (train/recorder.py: progress, clock,
-rows, events, checkpoint, failure), into the run folder that
-:class:`speechperf.results.run.Run` owns. SIGINT and SIGTERM stop the run at the next read
+down. Whether the run folder takes the run (fresh, restart, resume, finished) and its lock are
+results/admission.py's; what one process trains with is built by train/trainer.py; what
+happened is written down by the recorder (train/recorder.py: progress, clock, rows, events,
+checkpoint, failure), into the run folder that :class:`speechperf.results.run.Run` owns. SIGINT and SIGTERM stop the run at the next read
 point, saved and recorded (train/stop.py); the learning rate follows train/schedule.py,
 set before every step.
 
