@@ -33,6 +33,7 @@ from speechperf.decode import get_decoder
 from speechperf.decode.batch import DecodePool, usable_cpus
 from speechperf.models import build_model
 from speechperf.models.contract import planned_forward
+from speechperf.results import checkpoint
 from speechperf.results.run import Run
 from speechperf.train import evaluate as ev
 from speechperf.train.warmup import warm_decoder
@@ -95,11 +96,12 @@ def decode_rate(dec, batches: list, threads: int) -> tuple[float, float]:
 
 def load_model(args) -> tuple[torch.nn.Module, RunConfig, str]:
     if args.run:
-        ckpt = Run.open(Path(args.run), data=Path(args.feats)).load_checkpoint()
-        cfg = RunConfig.from_dict(ckpt["config"])
+        run = Run.open(Path(args.run), data=Path(args.feats))
+        ckpt = checkpoint.load(run.folder)
+        cfg = RunConfig.from_dict(ckpt[checkpoint.CONFIG])
         model = build_model(cfg.model)
-        model.load_state_dict(ckpt["model"])
-        prog = ckpt["progress"]
+        model.load_state_dict(ckpt[checkpoint.MODEL])
+        prog = ckpt[checkpoint.PROGRESS]
         return model, cfg, f"run {args.run} ({prog['epoch'] - 1} epochs + {prog['start_batch']} batches trained)"
     cfg = load_preset(args.preset)
     torch.manual_seed(0)

@@ -172,20 +172,18 @@ def _isa_cap(a) -> None:
 
 
 def cmd_train(a) -> int:
-    from speechperf.train.loop import RESUME_MODES, train
+    from speechperf.train.loop import RESUME_MODES, TrainRequest, train
 
     _isa_cap(a)
-
+    request = TrainRequest(preset=a.preset, data=a.data or None, out=a.out or None, overrides=a.overrides,
+                           resume=a.resume, db_path=a.db or None, quiet=a.json, platform=a.platform, label=a.label,
+                           label_suffix=a.label_suffix)
     if a.seeds is not None:
-        return _train_seeds(a, RESUME_MODES)
+        return _train_seeds(a, request, RESUME_MODES)
     if a.parallel != 1:
         raise SpeechperfError(f"--parallel {a.parallel} without --seeds: it places seeds side by side; one run "
                               "trains with all the devices it is given (torchrun for several)")
-    result = train(
-        preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
-        overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, quiet=a.json,
-        platform=a.platform, label=a.label, label_suffix=a.label_suffix,
-    )
+    result = train(request)
     from speechperf.train.distributed import DistEnv
 
     # every rank of a torchrun job returns rank 0's summary (one exit status); one prints it
@@ -194,7 +192,7 @@ def cmd_train(a) -> int:
     return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
 
 
-def _train_seeds(a, resume_modes) -> int:
+def _train_seeds(a, request, resume_modes) -> int:
     """``train --seeds``: one run folder per seed under --out; a seed that fails stops the
     command (train_seeds raises: exit 1 naming the seed's folder)."""
     from speechperf.train.distributed import DistEnv
@@ -207,17 +205,14 @@ def _train_seeds(a, resume_modes) -> int:
     rank0 = env.rank == 0
     say = print if rank0 and not a.json else None
     say_seeds = (lambda msg: say(f"[seeds] {msg}", flush=True)) if say else None
-    common = dict(preset=a.preset, data=Path(a.data) if a.data else None, out=Path(a.out) if a.out else None,
-                  overrides=a.overrides, resume=a.resume, db_path=Path(a.db) if a.db else None, platform=a.platform,
-                  label=a.label, say=say_seeds)
     if a.parallel > 1:
         from speechperf.train.seed_slots import train_seeds_parallel
 
         if env.world > 1:
             raise SpeechperfError("--parallel places one seed per device itself: run it without torchrun")
-        results = train_seeds_parallel(a.seeds, a.parallel, **common)
+        results = train_seeds_parallel(a.seeds, a.parallel, request, say=say_seeds)
     else:
-        results = train_seeds(a.seeds, quiet=a.json, **common)
+        results = train_seeds(a.seeds, request, say=say_seeds)
     if rank0:  # the text table: what tells the seeds apart; --json: every summary in full
         emit(results, a.json, columns=None if a.json else ["seed", "run", "status", "epochs", "iterations", "clock_min",
                                                              *(f"last_{m}" for m in metric.targets())])

@@ -21,6 +21,8 @@ from pathlib import Path
 from speechperf.config import ConfigError, load_preset
 from speechperf.metric import held
 from speechperf.metrics.targets import PAPER  # the demo's targets: the paper's, of its metrics (cer, wer)
+from speechperf.results.layout import has_checkpoint
+from speechperf.results.request import TrainRequest
 from speechperf.results.workload import workload, workload_label
 
 DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo (CPU-sized presets: cpu, tiny, conformer-cpu)
@@ -93,17 +95,18 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
         if status is not None:
             say(f"{run} already finished ({status}); delete it to train anew")
         else:
-            say(f"{'resuming' if (run / 'checkpoint.pt').exists() else 'training'} preset {preset!r} -> {run} "
+            say(f"{'resuming' if has_checkpoint(run) else 'training'} preset {preset!r} -> {run} "
                 f"({time.perf_counter() - t0:.0f} s so far)")
+    request = TrainRequest(preset, out / "features", runs[0] if seeds is None else out, overrides, resume="auto",
+                           quiet=quiet)
     if seeds is None:
-        train(preset=preset, data=out / "features", out=runs[0], overrides=overrides, quiet=quiet, resume="auto")
+        train(request)
     elif parallel > 1:  # as below, `parallel` seeds at a time, each its own process
         from speechperf.train.seed_slots import train_seeds_parallel
 
-        train_seeds_parallel(seeds, parallel, preset, out / "features", out, overrides, folder=demo_folder,
-                             resume="auto", say=say)
+        train_seeds_parallel(seeds, parallel, request, folder=demo_folder, say=say)
     else:  # finished seeds are only read again; the first seed that fails stops the demo (exit 1)
-        train_seeds(seeds, preset, out / "features", out, overrides, folder=demo_folder, quiet=quiet, resume="auto")
+        train_seeds(seeds, request, folder=demo_folder)
     _beam_sweep(runs[0], say)  # Table 3 is the decoder's trade-off of one model: the first seed's
     _report(runs, out / "report", say)
     _say_reproduction(runs, say)

@@ -11,6 +11,7 @@ from speechperf.metrics.curve import run_reproduction
 from speechperf.metrics.aggregate import SeedRun, aggregate, outcome, speed_notes
 from speechperf.metrics.targets import METRICS, parse_targets
 from speechperf.metrics.tta import evaluations, notes, tta_table
+from speechperf.results.layout import CONFIG_FILE, ENV_FILE, EVENTS_FILE
 from speechperf.results.run import Run, unique_labels
 from speechperf.results.workload import workload, workload_label
 from speechperf.telemetry.machine import machine_name
@@ -22,7 +23,7 @@ def seed_run(label: str, config: dict, env: dict, status: str | None, evals: lis
     env, status and per-epoch evaluation rows); ``folder``: where its events.log names its corpus."""
     return SeedRun(label=label, workload=workload_label(workload(config)), machine=machine_name(env), config=config,
                    status=status, evals=tuple((e["clock_s"], e[metric]) for e in evals),
-                   corpus=rcp.corpus_of(Path(folder) / "events.log") if folder else {},
+                   corpus=rcp.corpus_of(Path(folder) / EVENTS_FILE) if folder else {},
                    reproduction=run_reproduction(config, env, evals))
 
 

@@ -26,6 +26,7 @@ from speechperf.algorithms import periodic
 from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET, per_epoch
 from speechperf.metrics.tta import tta_minutes
+from speechperf.results.layout import DB_FILE
 from speechperf.results.run import Run
 from speechperf.results.workload import workload_label
 from speechperf.telemetry.machine import devices
@@ -99,7 +100,7 @@ def run_sweep(argv: list[str], as_json: bool = False) -> list[dict]:
     a = parse(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    db = Path(a.db) if a.db else out / "results.db"
+    db = Path(a.db) if a.db else out / DB_FILE
     folders = []
     for name, processes, algo in grid(a):
         folders.append(out / name)

@@ -24,7 +24,7 @@ any of it is interpreted.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +32,14 @@ import torch
 
 from speechperf.atomic import atomic_torch_save
 from speechperf.errors import SpeechperfError
+from speechperf.results.layout import CHECKPOINT_FILE
+from speechperf.results.progress import Progress
 from speechperf.rng import rng_state, set_rng_state
 
-CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT = 2  # the "format" key of every checkpoint; the only one this release reads
+# the checkpoint's keys (:func:`contents`); readers index a loaded checkpoint with these
+FORMAT_KEY, RUN_ID, CONFIG, PROGRESS, RNG = "format", "run_id", "config", "progress", "rng"
+MODEL, OPTIMIZER, SCHEDULER, SCALER = "model", "optimizer", "scheduler", "scaler"  # TrainState's
 
 
 class CheckpointError(SpeechperfError):
@@ -47,8 +51,8 @@ def contents(run_id: str, config: dict, progress: dict, state: dict) -> dict:
     configuration, ``progress`` (results/progress.py, as a dict), the ``state`` dicts of the
     trainer (:meth:`TrainState.state_dict`, and the data-parallel algorithm's: speechperf/algorithms)
     and the RNG states."""
-    return {"format": FORMAT, "run_id": run_id, "config": _plain(config, "config"),
-            "progress": _plain(progress, "progress"), **state, "rng": rng_state()}
+    return {FORMAT_KEY: FORMAT, RUN_ID: run_id, CONFIG: _plain(config, CONFIG),
+            PROGRESS: _plain(progress, PROGRESS), **state, RNG: rng_state()}
 
 
 def _plain(value, where: str):
@@ -77,37 +81,42 @@ class TrainState:
     scaler: torch.amp.GradScaler
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict()}
+        return {MODEL: self.model.state_dict(), OPTIMIZER: self.optimizer.state_dict(),
+                SCHEDULER: self.scheduler.state_dict(), SCALER: self.scaler.state_dict()}
 
     def load(self, ckpt: dict) -> None:
         """Restore the state and the RNG streams of ``ckpt`` (its progress is the caller's)."""
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.scaler.load_state_dict(ckpt["scaler"])
-        set_rng_state(ckpt["rng"])
+        self.model.load_state_dict(ckpt[MODEL])
+        self.optimizer.load_state_dict(ckpt[OPTIMIZER])
+        self.scheduler.load_state_dict(ckpt[SCHEDULER])
+        self.scaler.load_state_dict(ckpt[SCALER])
+        set_rng_state(ckpt[RNG])
 
 
-def save_checkpoint(run: Path, state: dict) -> Path:
-    """Write ``RUN/checkpoint.pt`` (``state``: :func:`contents`) atomically; the previous one
-    survives a crash mid-write."""
-    path = Path(run) / CHECKPOINT_NAME
-    atomic_torch_save(state, path)
+def save(run, progress: Progress, state: dict) -> Path:
+    """Write ``RUN/checkpoint.pt`` of ``run`` (results/run.py's Run) atomically, the previous one
+    surviving a crash mid-write: the run's pending rows first, then :func:`contents` with
+    ``progress`` holding the logs' sizes now (a resume cuts them back to these) and ``state``
+    (:meth:`TrainState.state_dict`, the algorithm's keys)."""
+    run.flush()
+    progress.log_sizes = run.log_sizes()
+    path = Path(run.folder) / CHECKPOINT_FILE
+    atomic_torch_save(contents(run.run_id, run.config, asdict(progress), state), path)
     return path
 
 
-def load_checkpoint(run: Path) -> dict:
-    """``RUN/checkpoint.pt`` of this format, read as data only: a file that would need code to
-    load (a crafted pickle) or that is not a speechperf checkpoint is refused by name."""
-    path = Path(run) / CHECKPOINT_NAME
+def load(run: Path) -> dict:
+    """``RUN/checkpoint.pt`` of this format, read as data only (any rank may read it; only rank 0
+    writes): a file that would need code to load (a crafted pickle) or that is not a speechperf
+    checkpoint is refused by name."""
+    path = Path(run) / CHECKPOINT_FILE
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}: the run stopped before its first checkpoint")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for truncated, foreign or code-carrying files
         raise CheckpointError(f"{path} cannot be read: {_why_unreadable(e)}") from e
-    found = state.get("format") if isinstance(state, dict) else None
+    found = state.get(FORMAT_KEY) if isinstance(state, dict) else None
     if found != FORMAT:
         raise CheckpointError(f"{path} cannot be read: {_why_format(found)}")
     return state

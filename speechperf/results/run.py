@@ -22,12 +22,13 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
 from speechperf.results.db import ResultsDB
+from speechperf.results.layout import (APPEND_LOGS, CONFIG_FILE, DB_FILE, ENV_FILE, EVENTS_FILE, JSON_FILES, RUN_FILE,
+                                       SENTENCES_FILE, SUMMARY_FILE, has_checkpoint)
 from speechperf.results.shapes import check_file
 from speechperf.results.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
 from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu  # noqa: F401 (labels; tta and tests import them here)
@@ -35,9 +36,6 @@ from speechperf.features.stats import stats_sha256
 from speechperf.results.workload import workload
 
 FORMAT = 2  # run.json "format": the only one this release reads
-RUN_FILE, DB_FILE, SUMMARY_FILE, CHECKPOINT_FILE = "run.json", "results.db", "summary.json", "checkpoint.pt"
-APPEND_LOGS = ("events.log", "sentences.jsonl")
-JSON_FILES = ("config.json", "env.json", SUMMARY_FILE)  # besides run.json: read (and checked) through read_json
 SENTENCES_SHOWN = 3  # last logged sentence batches a reader gets
 
 
@@ -78,8 +76,8 @@ class Run:
             info["data"] = {"given": str(data), "resolved": str(Path(data).resolve()),
                             "relative": os.path.relpath(Path(data).resolve(), folder.resolve()),
                             "stats_sha256": stats_sha256(data)}  # the normalization it trains on (features/stats.py)
-        atomic_write_text(folder / "config.json", json.dumps(config, indent=1))
-        atomic_write_text(folder / "env.json", json.dumps(env, indent=1, default=str))
+        atomic_write_text(folder / CONFIG_FILE, json.dumps(config, indent=1))
+        atomic_write_text(folder / ENV_FILE, json.dumps(env, indent=1, default=str))
         run = cls(folder, info, folder / DB_FILE, write=True, shared_db=shared_db)
         run._register(started_at)
         atomic_write_text(folder / RUN_FILE, json.dumps(info, indent=1))
@@ -164,11 +162,11 @@ class Run:
 
     @property
     def config(self) -> dict:
-        return self._json("config.json")
+        return self._json(CONFIG_FILE)
 
     @property
     def env(self) -> dict:
-        return self._json("env.json")
+        return self._json(ENV_FILE)
 
     def _json(self, name: str) -> dict:
         cache = self.__dict__.setdefault("_json_cache", {})
@@ -302,15 +300,15 @@ class Run:
         if self._events is None:
             from speechperf.results.events import EventLog
 
-            self._events = EventLog(self.folder / "events.log", self.run_id)
+            self._events = EventLog(self.folder / EVENTS_FILE, self.run_id)
         return self._events
 
     def append_sentences(self, record: dict) -> None:
-        with open(self.folder / "sentences.jsonl", "a", encoding="utf-8") as f:
+        with open(self.folder / SENTENCES_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def sentences(self, last: int = SENTENCES_SHOWN) -> list[dict]:
-        path = self.folder / "sentences.jsonl"
+        path = self.folder / SENTENCES_FILE
         if not path.exists():
             return []
         out = []
@@ -333,21 +331,9 @@ class Run:
                 with open(path, "r+b") as f:
                     f.truncate(size)
 
-    # ---- checkpoint -----------------------------------------------------------------------
-    def save_checkpoint(self, progress: Progress, **state) -> None:
-        """Write the checkpoint atomically: ``progress`` (with the logs' sizes now), the RNG
-        states and ``state`` (model, optimizer, ... as state dicts). Pending rows go first."""
-        from speechperf.results.checkpoint import contents, save_checkpoint
-
-        self.flush()
-        progress.log_sizes = self.log_sizes()
-        save_checkpoint(self.folder, contents(self.run_id, self.config, asdict(progress), state))
-
+    # ---- checkpoint: written and read by results/checkpoint.py ----------------------------
     def has_checkpoint(self) -> bool:
-        return (self.folder / CHECKPOINT_FILE).is_file()
-
-    def load_checkpoint(self) -> dict:
-        return read_checkpoint(self.folder)
+        return has_checkpoint(self.folder)
 
     # ---- summary --------------------------------------------------------------------------
     @property
@@ -397,11 +383,6 @@ def read_json(path: Path) -> dict:
     return check_file(Path(path).name, data, str(path))  # valid JSON of the wrong shape: refused by field
 
 
-def read_checkpoint(folder: Path) -> dict:
-    """The checkpoint of a run folder (any rank may read it; only rank 0 writes)."""
-    from speechperf.results.checkpoint import load_checkpoint
-
-    return load_checkpoint(Path(folder))
 
 
 # ---- labels ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from speechperf import metric
 from speechperf.errors import SpeechperfError
+from speechperf.results.layout import CONFIG_FILE, ENV_FILE, RUN_FILE, SUMMARY_FILE
 
 NUM = (int, float)
 SCALAR = (str, int, float, bool, type(None))
@@ -34,7 +35,7 @@ ENV = {"hostname": OPT_STR, "os": OPT_STR, "python": OPT_STR, "cpu_model": OPT_S
 SUMMARY = {"run": OPT_STR, "run_id": OPT_STR, "status": str, "epochs": OPT_NUM, "iterations": OPT_NUM,
            "clock_min": OPT_NUM, "init_s": OPT_NUM, **{f"last_{name}": OPT_NUM for name in metric.targets()},
            "mfu_pct": OPT_NUM, "tflops": OPT_NUM, "peak_tflops": OPT_NUM, "convergence": (dict, type(None))}
-SPECS = {"run.json": RUN, "config.json": CONFIG, "env.json": ENV, "summary.json": SUMMARY}
+SPECS = {RUN_FILE: RUN, CONFIG_FILE: CONFIG, ENV_FILE: ENV, SUMMARY_FILE: SUMMARY}
 
 
 class ShapeError(SpeechperfError):

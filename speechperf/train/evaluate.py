@@ -27,6 +27,7 @@ from speechperf.decode.batch import DecodePool, auto_threads
 from speechperf.decode.lm import LM_NAME
 from speechperf.features.stats import check_trained_on
 from speechperf.models import build_model
+from speechperf.results import checkpoint
 from speechperf.results.run import Run
 
 
@@ -171,13 +172,13 @@ def _load_run_model(run, data: Path | None = None):
     """(model with the run's latest weights, RunConfig, features folder, the open Run)."""
     r = run if not isinstance(run, (str, Path)) else Run.open(Path(run), data=data)
     feats = r.features()  # a missing features folder fails before the checkpoint is read
-    ckpt = r.load_checkpoint()
-    cfg = RunConfig.from_dict(ckpt["config"])
+    ckpt = checkpoint.load(r.folder)
+    cfg = RunConfig.from_dict(ckpt[checkpoint.CONFIG])
     if cfg.loader.normalize:  # weights trained under one normalization are evaluated under it
 
         check_trained_on(feats, r.stats_sha256, r.folder)
     model = build_model(cfg.model)
-    model.load_state_dict(ckpt["model"])
+    model.load_state_dict(ckpt[checkpoint.MODEL])
     return model, cfg, feats, r
 
 

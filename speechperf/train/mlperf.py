@@ -24,6 +24,7 @@ import yaml
 from speechperf import metric
 from speechperf.errors import SpeechperfError
 from speechperf.results.events import C, EventLog
+from speechperf.results.layout import EVENTS_FILE, events_log
 
 RULESET = "6.0.0"  # the newest training ruleset of the mlperf-logging release pyproject pins
 BENCHMARK = "speechperf_ds2"
@@ -97,9 +98,9 @@ _FINDINGS = ("Required", "CHECK for", "failed test", "Failed checks", "Could not
 
 def check_run(run: Path) -> dict:
     """``speechperf check-log``: one row for a run folder's (or a log file's) events.log."""
-    path = Path(run) / "events.log" if Path(run).is_dir() else Path(run)
+    path = events_log(run)
     if not path.is_file():
-        raise SpeechperfError(f"{path} does not exist: give a run folder or its events.log")
+        raise SpeechperfError(f"{path} does not exist: give a run folder or its {EVENTS_FILE}")
     result = check_log(path)
     findings = [line for line in result["output"].splitlines() if line.startswith(_FINDINGS)]
     return {"log": str(path), "usage": "training", "ruleset": RULESET, "compliant": result["ok"],

@@ -21,6 +21,8 @@ from pathlib import Path
 from speechperf import metric
 from speechperf.corpus import alphabet
 from speechperf.metrics.study import run_check
+from speechperf.results import checkpoint
+from speechperf.results.layout import EVENTS_FILE, SUMMARY_FILE
 from speechperf.results.run import Run
 from speechperf.results.checkpoint import TrainState
 from speechperf.results.events import C
@@ -124,22 +126,14 @@ class RunRecorder(Recorder):
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
 
     @classmethod
-    def begin(cls, plan: str, out: Path, cfg, prog: Progress, *, data: Path, env: dict, splits: dict,
-              init_ms: int, label, db_path, quiet: bool, global_batch: float) -> "RunRecorder":
-        """Create the run (``plan`` fresh) or open it to continue (restart, resume: rows and logs
-        after its checkpoint are cut), and log initialization's start once (MLPerf has no resume)."""
-        if plan == "fresh":
-            run = Run.create(out, kind="train", config=cfg.to_dict(), env=env, data=data, label=label,
-                             shared_db=db_path)
-        else:
-            run = Run.open(out, data=data, shared_db=db_path, write=True)
-            run.truncate_logs(prog.log_sizes)  # a restart without checkpoint: cut to nothing
-            run.forget_after(prog)
-            run.set_status("running")
+    def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
+              quiet: bool, global_batch: float) -> "RunRecorder":
+        """The recorder of ``run`` (created or reopened by results/admission.py), logging
+        initialization's start once (MLPerf has no resume)."""
         rec = cls(prog, run, quiet, cfg.train.target_metric)
         if plan != "resume":
             rec.events.start(C.INIT_START, time_ms=init_ms)
-            rec._log_run_config(cfg, env["world_size"], splits, global_batch)
+            rec._log_run_config(cfg, world, splits, global_batch)
         return rec
 
     def _log_run_config(self, cfg, world: int, splits: dict, global_batch: float) -> None:
@@ -263,7 +257,7 @@ class RunRecorder(Recorder):
         self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,
                           clock_s=round(self.prog.clock_s, 3))
         self._store_samples(self.sampler.settled())  # a killed run keeps its samples up to here
-        self.run.save_checkpoint(self.prog, **state.state_dict(), **(algo_state or {}))
+        checkpoint.save(self.run, self.prog, {**state.state_dict(), **(algo_state or {})})
         self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (metrics/breakdown.py)
 
     def stopped(self, status: str) -> None:
@@ -293,8 +287,8 @@ class RunRecorder(Recorder):
         reason, status = str(fault or e), failure_status(fault or e)
         unsaved = []
         for what, write in (("rows", self.run.flush), ("status", lambda: self.run.set_status(status)),
-                            ("events.log", lambda: self.events.end(C.RUN_STOP, None, status="aborted", reason=reason)),
-                            ("summary.json", lambda: self.run.write_summary(self.summary(status))),
+                            (EVENTS_FILE, lambda: self.events.end(C.RUN_STOP, None, status="aborted", reason=reason)),
+                            (SUMMARY_FILE, lambda: self.run.write_summary(self.summary(status))),
                             ("samples", self._stop_sampler)):
             try:
                 write()

@@ -33,6 +33,7 @@ from pathlib import Path
 from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.features.checksum import features_sha256
 from speechperf.metrics import curve, rcp
+from speechperf.results.layout import RUN_FILE
 from speechperf.telemetry.isa_cap import cap_env
 
 EXIT = {curve.IDENTICAL: 0, curve.DIFFERS: 1, curve.NOT_COMPARABLE: 3}  # bad input: 2 (SpeechperfError)
@@ -68,7 +69,7 @@ def reproduce(preset: str, data: Path, seed: int | None = None, epochs: int = DE
     keep = out is not None
     folder = Path(out) if keep else Path(tempfile.mkdtemp(prefix=f"reproduce-{preset}-"))
     try:
-        if keep and (folder / "run.json").exists():
+        if keep and (folder / RUN_FILE).exists():
             raise ReproduceError(f"{folder}: already holds a run; give a new --out (a reproduction trains from scratch)")
         start = time.perf_counter()
         _train(preset, data, seed, epochs, folder, theirs, chosen.get("overrides", ref.get("overrides", [])), quiet)

@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 from speechperf.config import ConfigError, load_preset
 from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.train.seeds import check_seeds_command, seed_folder
+from speechperf.results.request import TrainRequest
 from speechperf.results.run import Run
 
 POLL_S = 0.2  # how often the seeds' processes are polled
@@ -80,29 +81,29 @@ def _visible_gpus() -> list[str]:
     return ids[:torch.cuda.device_count()] or [str(k) for k in range(torch.cuda.device_count())]
 
 
-def seed_command(seed: int, preset: str, data: Path | None, run: Path, overrides: Sequence[str], resume: str,
-                 label: str | None, platform: str | None, db_path: Path | None) -> list[str]:
-    """The command a slot runs: the one-run ``speechperf train --out RUN ... train.seed=S``
-    with the label suffix ``train --seeds`` gives (`` seed S``)."""
-    argv = [sys.executable, "-m", "speechperf", "train", "--preset", preset, "--out", str(run), "--resume", resume,
-            f"--label-suffix= seed {seed}"]
-    for flag, value in (("--data", data), ("--label", label), ("--platform", platform), ("--db", db_path)):
+def seed_command(seed: int, request: TrainRequest) -> list[str]:
+    """The command a slot runs: the one-run ``speechperf train --out RUN ... train.seed=S`` of
+    seed ``seed``'s request (:meth:`TrainRequest.for_seed`: the label suffix `` seed S``)."""
+    r = request
+    argv = [sys.executable, "-m", "speechperf", "train", "--preset", r.preset, "--out", str(r.out), "--resume",
+            str(r.resume), f"--label-suffix={r.label_suffix}"]
+    for flag, value in (("--data", r.data), ("--label", r.label), ("--platform", r.platform), ("--db", r.db_path)):
         if value is not None:
             argv += [flag, str(value)]
-    return argv + [*overrides, f"train.seed={seed}"]
+    return argv + list(r.overrides)
 
 
-def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu", data: Path | None = None,
-                         out: Path | None = None, overrides: Sequence[str] = (), *, resume: str = "auto",
-                         label: str | None = None, platform: str | None = None, db_path: Path | None = None,
+def train_seeds_parallel(seeds: Sequence[int], parallel: int, request: TrainRequest, *,
                          say: Callable[[str], None] | None = None, folder: Callable[[Path, int], Path] = seed_folder,
-                         command: Callable[..., list[str]] = seed_command, **settings_kw) -> list[dict]:
-    """Train the seeds ``parallel`` at a time (:func:`slot_settings`); their summaries in seed
-    order, as :func:`speechperf.train.seeds.train_seeds` returns them. ``folder(out, seed)``: the
-    seed's run folder (the demo has its own); ``command``: the argv of one seed's process
+                         command: Callable[[int, TrainRequest], list[str]] = seed_command,
+                         **settings_kw) -> list[dict]:
+    """Train the seeds of ``request`` (its ``out`` holding their folders) ``parallel`` at a time
+    (:func:`slot_settings`); their summaries in seed order, as
+    :func:`speechperf.train.seeds.train_seeds` returns them. ``folder(out, seed)``: the seed's
+    run folder (the demo has its own); ``command(seed, request)``: the argv of one seed's process
     (tests put a stand-in there)."""
-    out = check_seeds_command(out, overrides)
-    slots = slot_settings(parallel, preset, overrides, platform, **settings_kw)
+    out = check_seeds_command(request.out, request.overrides)
+    slots = slot_settings(parallel, request.preset, request.overrides, request.platform, **settings_kw)
     say = say or (lambda msg: None)
     out.mkdir(parents=True, exist_ok=True)
     todo, running, done = list(seeds), {}, {}  # running: slot -> (seed, Popen, log path, run folder)
@@ -116,7 +117,7 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, preset: str = "cpu
                 say(f"seed {seed} ({len(done) + len(running) + 1} of {len(seeds)}) -> {run}"
                     f"{' on GPU ' + env['CUDA_VISIBLE_DEVICES'] if env else ''}; its output: {log}")
                 with open(log, "ab") as f:
-                    argv = command(seed, preset, data, run, [*overrides, *extra], resume, label, platform, db_path)
+                    argv = command(seed, request.for_seed(seed, run, tuple(extra)))
                     # its own session: a terminal's Ctrl-C reaches this process only, which asks each
                     # seed once (a second signal would stop a seed at once, without its checkpoint)
                     proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env},

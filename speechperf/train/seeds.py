@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 from speechperf.config import ConfigError
 from speechperf.errors import RunFailed, SpeechperfError
+from speechperf.results.request import TrainRequest
 
 SEED_KEYS = ("train.seed", "seed")  # how an override can name the seed (load_preset resolves a bare field)
 TRAINED = ("success", "time_cap", "max_epochs")  # a seed's run that trained to its end (cmd_train's exit 0)
@@ -84,27 +85,25 @@ def check_seeds_command(out: Path | None, overrides: Sequence[str]) -> Path:
     return Path(out)
 
 
-def train_seeds(seeds: Sequence[int], preset: str = "cpu", data: Path | None = None, out: Path | None = None,
-                overrides: Sequence[str] = (), *, folder: Callable[[Path, int], Path] = seed_folder,
-                say: Callable[[str], None] | None = None, label: str | None = None, **train_kw) -> list[dict]:
+def train_seeds(seeds: Sequence[int], request: TrainRequest, *, folder: Callable[[Path, int], Path] = seed_folder,
+                say: Callable[[str], None] | None = None) -> list[dict]:
     """Train (or continue, or read again) one run per seed, in order; returns their summaries,
     each with its ``seed`` and ``run`` folder.
 
-    ``folder(out, seed)``: the seed's run folder (:func:`seed_folder`; the demo has its own);
-    ``label``: each run's label gets `` seed S`` (the derived one too, so that tables name
-    the seed); ``train_kw``: passed to :func:`speechperf.train.loop.train` (resume, db_path,
-    quiet, platform). Stops at the first seed that did not train to its end: exit 1, naming it."""
+    ``request``: the command's, its ``out`` holding the seeds' folders; ``folder(out, seed)``: the
+    seed's run folder (:func:`seed_folder`; the demo has its own). Each run's label gets `` seed S``
+    (the derived one too, so that tables name the seed): :meth:`TrainRequest.for_seed`. Stops at
+    the first seed that did not train to its end: exit 1, naming it."""
     from speechperf.train.loop import train
 
-    out = check_seeds_command(out, overrides)
+    out = check_seeds_command(request.out, request.overrides)
     say = say or (lambda msg: None)
     summaries = []
     for k, seed in enumerate(seeds):
         run = folder(out, seed)
         say(f"seed {seed} ({k + 1} of {len(seeds)}) -> {run}")
         try:
-            summary = train(preset, data, run, [*overrides, f"train.seed={seed}"], label=label,
-                            label_suffix=f" seed {seed}", **train_kw)
+            summary = train(request.for_seed(seed, run))
         except SpeechperfError as e:
             e.add_note(_stopped_at(seeds, k, run))  # the CLI prints notes on the error's line
             raise

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from speechperf.results.checkpoint import (FORMAT, CheckpointError, contents, load_checkpoint, rng_state,
-                                         save_checkpoint, set_rng_state)
+from speechperf.results.checkpoint import FORMAT, CheckpointError, contents, load, rng_state, set_rng_state
 
 TINY = ["--preset", "tiny", "threads=1", "max_epochs=1", "checkpoint_every=3", "sentence_every=50"]
 
@@ -81,7 +80,7 @@ def test_rng_states_as_numpy_and_python_objects_are_refused(tmp_path):
                 "rng": {"numpy": np.random.get_state(), "python": random.getstate()}}, tmp_path / "checkpoint.pt")
     with pytest.raises(CheckpointError, match=r"checkpoint.pt cannot be read: not a speechperf checkpoint: it holds "
                                               r"objects other than tensors and plain values"):
-        load_checkpoint(tmp_path)
+        load(tmp_path)
 
 
 @pytest.mark.parametrize("payload,why", [
@@ -97,7 +96,7 @@ def test_a_foreign_file_is_refused_by_name(tmp_path, payload, why):
     else:
         torch.save(payload, path)
     with pytest.raises(CheckpointError, match=why) as e:
-        load_checkpoint(tmp_path)
+        load(tmp_path)
     assert str(path) in str(e.value)
 
 
@@ -105,8 +104,8 @@ def test_the_checkpoint_holds_only_tensors_and_plain_values(tmp_path):
     """Everything :func:`contents` writes loads under ``weights_only=True``, and its pickle names
     no global outside torch's (numpy's array, python's Random state would need code)."""
     progress = {"epoch": 1, "evals": [(1.0, np.float64(2.0), np.float32(3.0))]}  # a numpy rate becomes a float
-    save_checkpoint(tmp_path, contents("r1", {"train": {"lr": 0.1}}, progress, {"model": {"w": torch.ones(3)}}))
-    assert load_checkpoint(tmp_path)["progress"]["evals"] == [(1.0, 2.0, 3.0)]
+    torch.save(contents("r1", {"train": {"lr": 0.1}}, progress, {"model": {"w": torch.ones(3)}}), tmp_path / "checkpoint.pt")
+    assert load(tmp_path)["progress"]["evals"] == [(1.0, 2.0, 3.0)]
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["format"] == FORMAT
     with zipfile.ZipFile(tmp_path / "checkpoint.pt") as z:
         pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
@@ -118,10 +117,10 @@ def test_the_rng_states_round_trip_exactly_through_a_checkpoint(tmp_path):
     torch.manual_seed(3), np.random.seed(4), random.seed(5)
     np.random.standard_normal()  # numpy's cached gaussian is part of its state
     random.gauss(0, 1)  # python's too
-    save_checkpoint(tmp_path, contents("r1", {}, {}, {}))
+    torch.save(contents("r1", {}, {}, {}), tmp_path / "checkpoint.pt")
     expected = (torch.rand(4), np.random.standard_normal(3), np.random.rand(2), random.random(), random.gauss(0, 1))
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
-    set_rng_state(load_checkpoint(tmp_path)["rng"])
+    set_rng_state(load(tmp_path)["rng"])
     got = (torch.rand(4), np.random.standard_normal(3), np.random.rand(2), random.random(), random.gauss(0, 1))
     assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
     assert np.array_equal(got[2], expected[2]) and got[3:] == expected[3:]

@@ -13,7 +13,7 @@ from speechperf.config import load_preset
 from speechperf.models import build_model
 from speechperf.parallel.sweep import free_port
 from speechperf.results import ResultsDB
-from speechperf.results.checkpoint import load_checkpoint
+from speechperf.results.checkpoint import load as load_checkpoint
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=1000"]
 # where averaging models equals averaging gradients; 4 steps: CTC's summed loss has a large curvature,

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from speechperf.parallel.sweep import free_port
-from speechperf.results.checkpoint import CheckpointError, load_checkpoint
+from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
 
 ARGS = ["--preset", "tiny", "max_epochs=3", "threads=1", "batch_size=4", "checkpoint_every=2", "sentence_every=3"]

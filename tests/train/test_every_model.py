@@ -12,7 +12,7 @@ import torch
 
 from speechperf.models import MODELS
 from speechperf.results import ResultsDB
-from speechperf.results.checkpoint import CheckpointError, load_checkpoint
+from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 
 # tiny sizes per model (``model.name=X`` starts from X's defaults: these narrow it)
 SIZES = {

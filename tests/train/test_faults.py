@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from speechperf.results import ResultsDB
-from speechperf.results.checkpoint import CheckpointError, load_checkpoint
+from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
 
 TINY = ["--preset", "tiny", "threads=1"]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from speechperf.results import ResultsDB
-from speechperf.train import loop
+from speechperf.train import loop, trainer
 from speechperf.results.events import read_events
 from speechperf.train.mlperf import check_log
 
@@ -73,13 +73,13 @@ def test_fixed_counts_log_the_configured_batch_and_the_index_loads_once(tiny_fea
 
 
 def test_initialization_is_outside_the_tta_clock(tiny_features, tmp_path, monkeypatch):
-    real = loop.initialize
+    real = trainer.initialize
 
     def slow_initialize(*args, **kw):
         time.sleep(1.5)  # a cold numba cache, say
         return real(*args, **kw)
 
-    monkeypatch.setattr(loop, "initialize", slow_initialize)
+    monkeypatch.setattr(trainer, "initialize", slow_initialize)
     summary = _train(tiny_features, tmp_path / "run")
     assert summary["init_s"] >= 1.5
     stop = [e for e in read_events(tmp_path / "run" / "events.log") if e["key"] == "init_stop"][0]

@@ -11,7 +11,7 @@ import torch
 
 from speechperf.parallel.sweep import free_port
 from speechperf.results import ResultsDB
-from speechperf.results.checkpoint import load_checkpoint
+from speechperf.results.checkpoint import load as load_checkpoint
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -12,7 +12,7 @@ import torch
 
 from speechperf.parallel.sweep import free_port
 from speechperf.results import ResultsDB
-from speechperf.results.checkpoint import CheckpointError, load_checkpoint
+from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
 
 ARGS = ["--preset", "tiny", "max_epochs=5", "threads=1", "checkpoint_every=4", "sentence_every=3"]

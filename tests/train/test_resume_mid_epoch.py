@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from speechperf.results import ResultsDB
-from speechperf.results.checkpoint import CheckpointError, load_checkpoint
+from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 
 CONFORMER = ["model.name=conformer", "model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
              "model.subsampling_channels=4", "model.dropout=0.1", "model.attention_dropout=0.1"]

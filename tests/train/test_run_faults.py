@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from speechperf.results.checkpoint import load_checkpoint
+from speechperf.results.checkpoint import load as load_checkpoint
 from speechperf.results.events import read_events
 
 TINY = ["--preset", "tiny", "max_epochs=3", "threads=1", "checkpoint_every=2"]
@@ -114,14 +114,14 @@ def test_a_run_that_fails_in_its_initialization_is_recorded_failed_and_resumes(t
     import errno
 
     from speechperf.errors import MachineFault
-    from speechperf.train import loop
+    from speechperf.train import loop, trainer
 
-    real = loop.initialize
+    real = trainer.initialize
 
     def vanished(*args, **kw):
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tiny_features / "lm.json"))
 
-    monkeypatch.setattr(loop, "initialize", vanished)
+    monkeypatch.setattr(trainer, "initialize", vanished)
     run = tmp_path / "run"
     with pytest.raises(MachineFault, match="lm.json"):
         loop.train("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True)
@@ -129,5 +129,5 @@ def test_a_run_that_fails_in_its_initialization_is_recorded_failed_and_resumes(t
     assert summary["status"].startswith("failed: ") and "lm.json" in summary["status"]
     with sqlite3.connect(run / "results.db") as db:
         assert db.execute("SELECT status FROM runs").fetchone()[0] == summary["status"]
-    monkeypatch.setattr(loop, "initialize", real)
+    monkeypatch.setattr(trainer, "initialize", real)
     assert loop.train("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True)["status"] == "success"

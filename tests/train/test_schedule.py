@@ -105,7 +105,7 @@ def test_the_loop_applies_the_schedule_and_a_resume_keeps_every_rate(tiny_featur
     interrupted after a checkpoint and resumed sees the same rate at every step and ends
     with the uninterrupted run's weights."""
     from speechperf.train import loop
-    from speechperf.results.checkpoint import load_checkpoint
+    from speechperf.results.checkpoint import load as load_checkpoint
 
     args = ["max_epochs=2", "threads=1", "checkpoint_every=3", "sentence_every=50", "lr_schedule=cosine",
             "warmup_iters=4", "lr_min=0.0003"]
@@ -171,7 +171,7 @@ def test_a_newbob_run_sets_every_epochs_rate_from_the_recorded_validation_losses
                                                                                  monkeypatch):
     from speechperf.results import ResultsDB
     from speechperf.train import loop
-    from speechperf.results.checkpoint import load_checkpoint
+    from speechperf.results.checkpoint import load as load_checkpoint
     from speechperf.train.schedule import newbob
 
     real, rates = loop.train_step, []

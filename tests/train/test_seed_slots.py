@@ -10,6 +10,7 @@ from speechperf.cli import main
 from speechperf.config import ConfigError
 from speechperf.errors import RunFailed
 from speechperf.results import ResultsDB
+from speechperf.results.request import TrainRequest
 from speechperf.train.seed_slots import slot_settings, train_seeds_parallel
 
 LOSSES = "SELECT iteration, loss FROM iterations WHERE run_id = ? ORDER BY iteration"
@@ -57,13 +58,13 @@ time.sleep(60)
 """
 
 
-def _fake(seed, preset, data, run, overrides, resume, label, platform, db_path):
-    return [sys.executable, "-c", FAKE, str(seed), str(run.parent)]
+def _fake(seed, request):
+    return [sys.executable, "-c", FAKE, str(seed), str(request.out.parent)]
 
 
 def test_a_failing_seed_stops_the_others_saved_and_names_itself(tmp_path):
     with pytest.raises(RunFailed) as e:
-        train_seeds_parallel([1, 2, 3], 2, "tiny", out=tmp_path, overrides=["threads=1"], command=_fake,
+        train_seeds_parallel([1, 2, 3], 2, TrainRequest("tiny", out=tmp_path, overrides=["threads=1"]), command=_fake,
                              cuda_devices=[], cores=2)
     msg = "; ".join([str(e.value), *e.value.__notes__])
     assert "seed 2 exited 1" in msg and str(tmp_path / "seed-2") in msg and "seed 2: boom" in msg
@@ -103,10 +104,11 @@ import sys, pathlib
 sys.path.insert(0, sys.argv[2])
 from test_seed_slots import _fake
 from speechperf.train import seed_slots
+from speechperf.results.request import TrainRequest
 from speechperf.errors import SpeechperfError
 out = pathlib.Path(sys.argv[1])
 try:
-    seed_slots.train_seeds_parallel([1, 3], 2, "tiny", out=out, overrides=["threads=1"], command=_fake,
+    seed_slots.train_seeds_parallel([1, 3], 2, TrainRequest("tiny", out=out, overrides=["threads=1"]), command=_fake,
                                     cuda_devices=[], cores=2)
 except SpeechperfError as e:
     print("; ".join([str(e), *e.__notes__]), file=sys.stderr)

@@ -11,7 +11,7 @@ import pytest
 from speechperf.cli import main
 from speechperf.config import ConfigError
 from speechperf.results import ResultsDB
-from speechperf.results.checkpoint import CheckpointError, load_checkpoint
+from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
 from speechperf.train.seeds import parse_seeds, refuse_seed_override
 
@@ -154,8 +154,9 @@ def test_a_failing_seed_stops_the_command_naming_it(tiny_features, tmp_path, mon
 
     calls = []
 
-    def fake_train(preset, data, out, overrides, **kw):
-        calls.append((out.name, overrides[-1], kw["label_suffix"]))
+    def fake_train(request):
+        out = request.out
+        calls.append((out.name, request.overrides[-1], request.label_suffix))
         return {"run": str(out), "status": "diverged: 5 bad steps in a row" if out.name == "seed-2" else "success"}
 
     monkeypatch.setattr(loop, "train", fake_train)
@@ -175,10 +176,11 @@ def test_seeds_with_a_run_folder_to_resume_is_refused(tmp_path, capsys):
 
 def test_seeds_with_a_label_continue_under_the_same_command(tiny_features, tmp_path):
     """A given --label gets " seed S" per seed; the same command again is the same label."""
+    from speechperf.results.request import TrainRequest
     from speechperf.train.seeds import train_seeds
 
-    args = dict(preset="tiny", data=tiny_features, out=tmp_path / "o", overrides=["threads=1", "max_epochs=1"],
-                quiet=True, label="mine")
-    first = train_seeds(seeds=[1, 2], **args)
-    again = train_seeds(seeds=[1, 2], **args)
+    request = TrainRequest(preset="tiny", data=tiny_features, out=tmp_path / "o",
+                           overrides=["threads=1", "max_epochs=1"], quiet=True, label="mine")
+    first = train_seeds([1, 2], request)
+    again = train_seeds([1, 2], request)
     assert [r["status"] for r in first] == [r["status"] for r in again] == ["success", "success"]

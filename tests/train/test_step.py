@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from speechperf.config import load_preset
 from speechperf.models import build_model
-from speechperf.train.loop import Progress, TrainingDiverged
+from speechperf.results.progress import Progress
+from speechperf.train.loop import TrainingDiverged
 from speechperf.train.step import StepMeter, count_steps, make_optimizer, masked_step, read_point, train_step
 
 CPU = torch.device("cpu")

@@ -5,7 +5,7 @@ import json
 import torch
 
 from speechperf.results import ResultsDB
-from speechperf.results.checkpoint import load_checkpoint
+from speechperf.results.checkpoint import load as load_checkpoint
 from speechperf.train.loop import train
 
 

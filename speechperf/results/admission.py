@@ -1,0 +1,183 @@
+"""Whether a run folder takes a run, and how: fresh, restart, resume or finished, under its lock.
+
+One call, :func:`admit`, on rank 0 (across machines only its disk holds the folder): it reads
+the folder (results/run.py), refuses what cannot be trained (a run of another configuration or
+label, a damaged features folder, a shared database that cannot be written, a launch the
+algorithm cannot run) before any file is written, and holds the folder's lock
+(results/lock.py) from there to the end of the run, so that a second process on the folder
+is refused naming the first. The training loop broadcasts :attr:`Admission.decision` to every
+rank; :meth:`Admission.begin` then creates or reopens the run where the loop records it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from speechperf.config import ConfigError, RunConfig
+from speechperf.data.check import parse_splits, verify_splits
+from speechperf.errors import SpeechperfError
+from speechperf.features.stats import check_trained_on, read_stats
+from speechperf.results.db import ResultsDB
+from speechperf.results.lock import LOCK_FILE, RunFolderBusy, RunLock
+from speechperf.results.progress import Progress
+from speechperf.results.request import TrainRequest
+from speechperf.results.run import Run
+
+PLANS = ("fresh", "restart", "resume", "finished")  # restart: a run without a checkpoint yet
+
+
+@dataclass
+class Admission:
+    """Rank 0's verdict on the run folder, and its lock while the run trains."""
+
+    request: TrainRequest  # as configured (TrainRequest.configuration): out is the folder
+    plan: str | None  # one of PLANS; None: refused (error)
+    features: str | None  # the features folder the run trains on
+    error: str | None  # why the folder was refused, in words
+    lock: RunLock | None = None  # held from admit to release (a run to train only)
+    made: bool = False  # admit made the folder: a run refused after it (loader.max_duration, ...) leaves none
+
+    @property
+    def decision(self) -> tuple[str | None, str | None, str | None]:
+        """(plan, features, error): what every rank is told."""
+        return self.plan, self.features, self.error
+
+    def summary(self) -> dict | None:
+        """A finished run's summary (plan finished)."""
+        return Run.open(self.request.out).summary()
+
+    def begin(self, config: dict, env: dict, prog: Progress, data: Path) -> Run:
+        """Create the run (plan fresh) or open it to continue (restart, resume: rows and logs
+        after its checkpoint are cut)."""
+        req = self.request
+        if self.plan == "fresh":
+            return Run.create(req.out, kind="train", config=config, env=env, data=data,
+                              label=req.run_label(env, config), shared_db=req.db_path)
+        run = Run.open(req.out, data=data, shared_db=req.db_path, write=True)
+        run.truncate_logs(prog.log_sizes)  # a restart without checkpoint: cut to nothing
+        run.forget_after(prog)
+        run.set_status("running")
+        return run
+
+    def release(self) -> None:
+        """The lock released; a run refused before it existed leaves no lock file, nor the folder
+        admit made for it."""
+        if self.lock is not None:
+            if not Run.exists(self.request.out):  # refused before the run existed (loader.max_duration, ...)
+                _unmake(self.request.out, self.made)
+            self.lock.release()
+            self.lock = None
+
+
+def _unmake(out: Path, made: bool) -> None:
+    """Remove the lock file, still held (no other process can take it in between), and the
+    folder if this command made it and nothing else is in it."""
+    (out / LOCK_FILE).unlink(missing_ok=True)
+    if made:
+        try:
+            out.rmdir()
+        except OSError:  # something else was put there: not this command's to delete
+            pass
+
+
+def admit(request: TrainRequest, cfg: RunConfig, world: int, check_launch: Callable[[object, int], None]) -> Admission:
+    """:func:`_plan` under the run folder's lock, held from here to the end of the run; a new
+    run's features are verified before its folder exists. ``request``: as configured
+    (TrainRequest.configuration); ``check_launch(cfg.algo, world)``: the algorithm's refusal of
+    a launch it cannot train (speechperf/algorithms/), asked of a run to train only."""
+    out = request.out
+    made = not out.exists()
+
+    def plan():
+        return Admission(request, *_plan(request, cfg, world, check_launch))
+
+    first = None
+    if not out.is_dir():
+        first = plan()
+        if first.plan != "fresh":
+            return first
+        out.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out)
+    try:
+        lock.acquire()
+    except RunFolderBusy as e:
+        return Admission(request, None, None, str(e))
+    # planned again under the lock only if another process made a run here in between
+    planned = first if first is not None and not Run.exists(out) else plan()
+    if planned.plan in (None, "finished"):
+        lock.release()
+        return planned
+    planned.lock, planned.made = lock, made
+    return planned
+
+
+def _plan(request: TrainRequest, cfg: RunConfig, world: int,
+          check_launch) -> tuple[str | None, str | None, str | None]:
+    """(fresh | restart | resume | finished, features folder, error) for the run folder ``out``;
+    a run to train has its shared database (``db_path``) checked before its folder exists."""
+    out, mode, data, label = request.out, request.mode, request.data, request.given_label()
+    try:
+        if not Run.exists(out):
+            if mode == "yes":
+                raise SpeechperfError(f"--resume yes but {out} holds no run")
+            if data is None:
+                raise ConfigError("train needs --data FEATS for a new run")
+            verify(data, cfg, world)  # a bad features folder fails before any file is written
+            _accept(cfg, world, request.db_path, check_launch)
+            return "fresh", str(data), None
+        if mode == "no":
+            raise SpeechperfError(f"{out} already holds a run; continue it with --resume auto (the default) "
+                                  "or choose another --out")
+        run = Run.open(out, data=data)
+        # read through the current RunConfig: a section the run lacks (augment) takes its default there too
+        differ = config_diff(RunConfig.from_dict(run.config).to_dict(), cfg.to_dict())
+        if differ:
+            raise ConfigError(f"{out} holds a run of another configuration ({'; '.join(differ)}): repeat its "
+                              "configuration to continue it, or choose another --out")
+        if label is not None and label != run.label:  # a label is the run's from its creation on
+            raise ConfigError(f"{out} holds a run labelled {run.label!r}, not {label!r}: omit --label (or give "
+                              "that one) to continue it, or choose another --out for a run of that label")
+        if run.finished:
+            return "finished", None, None
+        if cfg.loader.normalize:  # the normalization it trained on, or refused (features/stats.py)
+            check_trained_on(run.features(), run.stats_sha256, out)
+        _accept(cfg, world, request.db_path, check_launch)
+        return ("resume" if run.has_checkpoint() else "restart"), str(run.features()), None
+    except SpeechperfError as e:
+        return None, None, str(e)
+
+
+def _accept(cfg: RunConfig, world: int, db_path: Path | None, check_launch) -> None:
+    """The last checks of a run to train, before its folder exists: the launch fits the
+    algorithm (single in one process; asgd/easgd's port free), and the shared database
+    (``--db``) can be written (not a text file, another program's database, a read-only folder)."""
+    check_launch(cfg.algo, world)
+    if db_path is not None:
+        try:
+            ResultsDB(db_path).close()
+        except OSError as e:  # its folder cannot be made: named as the --db it is, not as a stopped run
+            raise SpeechperfError(f"--db {db_path}: cannot be written ({e.strerror or e}); give a database in a "
+                                  "writable folder") from None
+
+
+def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:
+    """``key: X there, Y now`` for every field where two configurations differ."""
+    out = []
+    for key in sorted(set(there) | set(here)):
+        a, b = there.get(key), here.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_diff(a, b, f"{prefix}{key}.")
+        elif a != b and not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)):
+            out.append(f"{prefix}{key}: {a!r} there, {b!r} now")
+    return out
+
+
+def verify(data: Path, cfg: RunConfig, world: int) -> dict:
+    """Every split the run reads (train, validation, final), verified (data/check.py: shards
+    against their checksums), and the feature statistics."""
+    tc = cfg.train
+    if cfg.loader.normalize:  # the statistics every batch is normalized with, readable and sane
+        read_stats(data)
+    return verify_splits(data, parse_splits(tc.train_splits), tc.eval_split, parse_splits(tc.final_splits),
+                         None if cfg.loader.max_duration else cfg.loader.batch_size, world)
