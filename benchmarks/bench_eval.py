@@ -9,6 +9,11 @@ once (before the clock), each batch's decode submitted to N threads while the ne
 forward passes run, the intervals computed after it (off the clock, timed apart here). Both
 give the same texts (checked here, tested in tests/decode/test_pool.py).
 
+Resident batches (``--part resident``): the loop's path with the evaluation split's batches read
+from the shards at every evaluation (``stream``, the reference: readers started, shards
+decompressed, batches padded) against the same path on the batches kept resident since the
+run's initialization (:func:`speechperf.train.evaluate.keep_resident`); the results must be equal.
+
 Also the decode alone on log-probs computed once: frames per second per thread with 1 and N
 threads (N threads sharing cores with each other and the machine's other work), and the
 evaluation's share of a TTA whose evaluation share was ``--share`` under the old path.
@@ -16,7 +21,7 @@ evaluation's share of a TTA whose evaluation share was ``--share`` under the old
 Model: ``--run DIR`` (a run folder's latest checkpoint: realistic beam behaviour) or, without
 it, a randomly initialized model of ``--preset`` (says so). Usage:
   python benchmarks/bench_eval.py --feats /work/data/feats [--run RUN] [--threads N] [--repeats 2]
-  [--torch-threads 1]
+  [--torch-threads 1] [--part all|pool|resident]
 """
 from __future__ import annotations
 
@@ -94,6 +99,44 @@ def decode_rate(dec, batches: list, threads: int) -> tuple[float, float]:
     return wall, frames / wall / threads
 
 
+TIMES = ("eval_s", "eval_forward_s", "eval_decode_s", "eval_score_s", "eval_data")
+
+
+def resident_vs_stream(model, feats: Path, split: str, cfg: RunConfig, threads: int, repeats: int) -> int:
+    """Per-evaluation seconds, streamed against resident, interleaved; 1 if the results differ."""
+    tc = cfg.train
+    t = time.perf_counter()
+    kept = ev.keep_resident(feats, split, cfg.loader, CPU, tc.eval_resident_mb)
+    built = time.perf_counter() - t
+    if kept is None:
+        print(f"{split}'s batches exceed train.eval_resident_mb={tc.eval_resident_mb}: nothing to compare")
+        return 1
+    print(f"\nresident batches: {len(kept.batches)} batches, {kept.nbytes / 2**20:.1f} MiB padded float32 "
+          f"({kept.where}), built in {built:.2f} s at initialization (outside the clock)")
+    runs: dict[str, list[dict]] = {"stream": [], "resident": []}
+    for _ in range(repeats):  # interleaved: the machine's other load hits both alike
+        for name in ("stream", "resident"):
+            saved = dict(ev._RESIDENT)
+            if name == "stream":
+                ev.release_resident()
+            r, _ = new_evaluate(model, feats, split, cfg, threads)
+            ev._RESIDENT.update(saved)
+            runs[name].append(r)
+    ref = min(runs["stream"], key=lambda r: r["eval_s"])
+    print(f"per-evaluation seconds (min of {repeats}), {threads} decode threads:")
+    for name, rs in runs.items():
+        r = min(rs, key=lambda r: r["eval_s"])
+        print(f"  {name} ({r['eval_data']}): {r['eval_s']:.2f} s ({ref['eval_s'] / r['eval_s']:.2f}x): forward "
+              f"{r['eval_forward_s']:.2f} s ({ref['eval_forward_s'] / r['eval_forward_s']:.2f}x), decode wait "
+              f"{r['eval_decode_s']:.2f} s, score {r['eval_score_s']:.3f} s")
+    a, b = (ev.with_intervals(runs[name][0]) for name in runs)  # the per-utterance counts, as the intervals
+    if {k: v for k, v in a.items() if k not in TIMES} != {k: v for k, v in b.items() if k not in TIMES}:
+        print("FAILED: the resident evaluation's result differs from the streamed one's", file=sys.stderr)
+        return 1
+    print("results equal: loss, every metric and interval, every decoded text")
+    return 0
+
+
 def load_model(args) -> tuple[torch.nn.Module, RunConfig, str]:
     if args.run:
         run = Run.open(Path(args.run), data=Path(args.feats))
@@ -120,6 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--torch-threads", type=int, default=0,
                    help="torch intra-op threads of the forward pass (0: torch's default; 1 on a loaded machine, "
                         "where two spinning OpenMP threads cost more than they give)")
+    p.add_argument("--part", choices=("all", "pool", "resident"), default="all",
+                   help="pool: the decode pool against the one-core path; resident: kept batches against streamed ones")
     args = p.parse_args(argv)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -134,6 +179,8 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     get_decoder(tc.eval_decoder, beam=tc.eval_beam, features=feats, mode=tc.eval_mode)
     print(f"decoder + LM tables rebuilt (what every old evaluation paid): {time.perf_counter() - t:.3f} s")
+    if args.part == "resident":
+        return resident_vs_stream(model, feats, args.split, cfg, args.threads, args.repeats)
 
     old, new1, newN, texts = [], [], [], {}
     for _ in range(args.repeats):  # interleaved: the machine's other load hits every path alike
@@ -169,7 +216,7 @@ def main(argv=None) -> int:
     many = decode_rate(dec, batches, args.threads)
     print(f"  {args.threads} threads: {many[0]:.2f} s, {many[1]:,.0f} frames/s per thread "
           f"({one[0] / many[0]:.2f}x the 1-thread wall)")
-    return 0
+    return resident_vs_stream(model, feats, args.split, cfg, args.threads, args.repeats) if args.part == "all" else 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ disk), and the seconds spent here are recorded apart from training time.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,8 @@ from speechperf.metrics.errors import UtteranceErrors, error_rates, utterance_er
 from speechperf.metric import METRICS
 from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import RunConfig
-from speechperf.data.loader import load_index, make_loader
+from speechperf.data.index import Index
+from speechperf.data.loader import Batch, load_index, make_loader
 from speechperf.decode import get_decoder
 from speechperf.decode.batch import DecodePool, auto_threads
 from speechperf.decode.lm import LM_NAME
@@ -82,21 +83,25 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     ``workers``: decode threads (0: :func:`decode_threads`); each batch's decode runs on them
     while the next batches' forward passes run. Seconds: ``eval_forward_s`` (the pass over the
     batches: loading, forward, loss), ``eval_decode_s`` (waiting for the decodes after the
-    last forward), ``eval_score_s`` (scoring); they sum to ``eval_s``."""
+    last forward), ``eval_score_s`` (scoring); they sum to ``eval_s``. The batches are the split's
+    resident ones where :func:`keep_resident` kept them for this device (``eval_data``: where they
+    were), else read from the shards now (``stream``): the same batches in the same order."""
     start = time.perf_counter()
     beam = 1 if decoder == "greedy" else beam
     was_training = model.training
     model.eval()
     dec = make_decoder(decoder, beam, feats, mode)  # built once (the run's initialization) and reused
     index = load_index(feats, [split])
+    kept = _RESIDENT.get(_resident_key(feats, split, index, loader_cfg, device))
+    batches = kept.batches if kept is not None else eval_batches(feats, split, loader_cfg, index)
     refs: list[str] = []
     loss_sum, n_loss = 0.0, 0
     with DecodePool(dec, workers or decode_threads(loader_cfg)) as pool:
-        for batch in make_loader(feats, split, eval_loader(loader_cfg, len(index.keys)), epoch=0, seed=0, index=index):
+        for batch in batches:
             with autocast(device, precision):
                 log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
             log_probs = log_probs.float()  # (T', B, C)
-            losses = F.ctc_loss(log_probs, batch.labels.to(device), out_lens, batch.label_lens,
+            losses = F.ctc_loss(log_probs, batch.labels.to(device, non_blocking=True), out_lens, batch.label_lens,
                                 blank=0, reduction="none", zero_infinity=False)
             finite = torch.isfinite(losses)
             loss_sum += float(losses[finite].sum())
@@ -115,9 +120,96 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
         "split": split, "decoder": decoder_label(decoder, mode), "beam": beam,
         "loss": loss_sum / max(n_loss, 1), **scores, "eval_s": end - start,
         "eval_forward_s": forward_end - start, "eval_decode_s": decoded - forward_end, "eval_score_s": end - decoded,
-        "decode_threads": threads, "decode_frames": frames,
+        "decode_threads": threads, "decode_frames": frames, "eval_data": kept.where if kept is not None else "stream",
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
     }
+
+
+def eval_batches(feats: Path, split: str, loader_cfg: LoaderConfig, index: Index | None = None):
+    """The evaluation's batches of ``split``, read from its shards: in order, the same every time."""
+    index = index if index is not None else load_index(feats, [split])
+    return make_loader(feats, split, eval_loader(loader_cfg, len(index.keys)), epoch=0, seed=0, index=index)
+
+
+# The evaluation split's batches, kept between evaluations: one entry, keyed by (features folder,
+# split, its shards' hashes, normalization statistics file, loader settings, device). A re-prepared
+# split or other settings are a new key, streamed until kept again.
+_RESIDENT: dict[tuple, "Resident"] = {}
+# Of the GPU memory free when the batches are placed (after the model's warm-up pass), the share
+# they may take: the rest is the training steps' activations, which grow with the batch size.
+DEVICE_SHARE = 0.25
+
+
+@dataclass
+class Resident:
+    """A split's evaluation batches, built once: features and labels on the device (``device``)
+    or in host memory (``pinned`` for a CUDA device, else ``host``), lengths on the CPU."""
+
+    where: str
+    nbytes: int  # the padded features' bytes
+    batches: list[Batch]
+
+
+def _resident_key(feats: Path, split: str, index: Index, loader_cfg: LoaderConfig, device) -> tuple:
+    stats = Path(feats) / "stats.json"
+    state = (stats.stat().st_mtime_ns, stats.stat().st_size) if stats.exists() else None
+    return str(Path(feats).resolve()), split, tuple(index.shas), state, loader_cfg, str(torch.device(device))
+
+
+def padded_bytes(first: Batch, plan_lens: list[list[int]]) -> int:
+    """Bytes of every planned batch's padded float32 features, from the first batch's width."""
+    dim = first.feats.shape[2]
+    return 4 * dim * sum(len(lens) * max(lens) for lens in plan_lens)
+
+
+def keep_resident(feats: Path, split: str, loader_cfg: LoaderConfig, device, max_mb: float) -> Resident | None:
+    """Build ``split``'s evaluation batches once and keep them for every later :func:`evaluate`
+    on ``device``: on a CUDA device when they take at most ``DEVICE_SHARE`` of its free memory,
+    else pinned there (host memory on a CPU). None, keeping nothing, when their padded features
+    exceed ``max_mb`` MiB (or ``max_mb`` is 0): the evaluations read the shards each time."""
+    device = torch.device(device)
+    _RESIDENT.clear()  # one split kept: a new one replaces the old
+    if max_mb <= 0:
+        return None
+    index = load_index(feats, [split])
+    loader = eval_batches(feats, split, loader_cfg, index)
+    plan_lens = [index.frames[b].tolist() for b in loader.plan.batches]
+    batches: list[Batch] = []
+    where = nbytes = None
+    for batch in loader:
+        if where is None:
+            nbytes = padded_bytes(batch, plan_lens)
+            if nbytes > max_mb * 2**20:
+                return None  # the readers stop with the loader
+            where = _placement(nbytes, device)
+        batches.append(_placed(batch, where, device))
+    kept = Resident(where or "host", nbytes or 0, batches)
+    _RESIDENT[_resident_key(feats, split, index, loader_cfg, device)] = kept
+    return kept
+
+
+def release_resident() -> None:
+    """Drop the kept batches (their device or pinned memory is freed with them)."""
+    _RESIDENT.clear()
+
+
+def _placement(nbytes: int, device: torch.device) -> str:
+    if device.type != "cuda":
+        return "host"
+    free, _ = torch.cuda.mem_get_info(device)
+    return "device" if nbytes <= DEVICE_SHARE * free else "pinned"
+
+
+def _placed(batch: Batch, where: str, device: torch.device) -> Batch:
+    """``batch``'s features and labels where they are kept; a reader's shared-memory tensor is
+    copied out (one file handle per kept batch would stay open otherwise)."""
+    if where == "device":
+        move = lambda x: x.to(device)  # noqa: E731
+    elif where == "pinned":
+        move = lambda x: x.pin_memory()  # noqa: E731
+    else:
+        move = lambda x: x.clone() if x.is_shared() else x  # noqa: E731
+    return replace(batch, feats=move(batch.feats), labels=move(batch.labels), reads=())
 
 
 def decode_threads(loader_cfg: LoaderConfig) -> int:

@@ -46,7 +46,7 @@ from speechperf.results.admission import admit
 from speechperf.results.request import RESUME_MODES, TrainRequest
 from speechperf.train import distributed
 from speechperf.algorithms import check_launch
-from speechperf.train.evaluate import evaluate, with_intervals
+from speechperf.train.evaluate import evaluate, release_resident, with_intervals
 from speechperf.train.faults import as_fault, check_trained
 from speechperf.train.recorder import Recorder
 from speechperf.train.schedule import schedule_ended
@@ -235,8 +235,11 @@ def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> tup
 def _final_eval(model, data: Path, splits: list[str], cfg: RunConfig, device, rec: Recorder,
                 stop: StopSignals) -> None:
     """Table 5: the final-evaluation splits (verified before training), with the final beam
-    width; a stop signal ends it between splits."""
-    for split in splits:
-        if stop.requested:
-            return
-        rec.evaluated(_evaluate(model, data, split, cfg, device, cfg.train.final_beam), final=True)
+    width; a stop signal ends it between splits. The kept evaluation batches are freed after it."""
+    try:
+        for split in splits:
+            if stop.requested:
+                return
+            rec.evaluated(_evaluate(model, data, split, cfg, device, cfg.train.final_beam), final=True)
+    finally:
+        release_resident()  # their device memory is no longer the run's

@@ -133,3 +133,61 @@ def test_the_epoch_evaluation_computes_its_intervals_off_the_clock(tiny_features
     assert "cer_lo" in r and "errors" not in r  # the row carries the intervals
     assert wall - (clock - clock0) >= slow - 0.05  # ... computed while the clock stood still
     assert r["eval_s"] < wall - slow + 0.05  # and not counted in the evaluation's seconds
+
+
+# ---- the evaluation split's batches kept resident ---------------------------------------------
+
+
+@pytest.fixture
+def released():
+    ev.release_resident()
+    yield
+    ev.release_resident()
+
+
+def test_the_resident_evaluation_returns_exactly_the_streaming_one(tiny_features, released, monkeypatch):
+    _, cfg = tiny_model()
+    streamed = run_eval(tiny_features)
+    kept = ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=64)
+    assert kept is not None and kept.where == "host" and kept.nbytes > 0
+    monkeypatch.setattr(ev, "make_loader", lambda *a, **k: pytest.fail("a resident evaluation read the shards"))
+    resident = run_eval(tiny_features)
+    assert (streamed["eval_data"], resident["eval_data"]) == ("stream", "host")
+    assert len({p["hyp"] for p in resident["pairs"]}) > 1  # distinct texts: a batch order mix-up would show
+    rest = TIMINGS + ("eval_data",)
+    assert without(resident, rest) == without(streamed, rest)  # loss, every metric, interval, text: exact
+    assert without(run_eval(tiny_features), rest) == without(resident, rest)  # reused: the same again
+
+
+def test_the_kept_bytes_are_the_padded_features_and_a_split_over_the_bound_streams(tiny_features, released):
+    from speechperf.data.loader import load_index
+
+    _, cfg = tiny_model()
+    kept = ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=64)
+    assert kept.nbytes == sum(b.feats.numel() * 4 for b in kept.batches)
+    assert len(kept.batches) == len(ev.eval_batches(tiny_features, "dev-clean", cfg.loader))
+    assert sum(len(b.ids) for b in kept.batches) == len(load_index(tiny_features, ["dev-clean"]).frames)
+    under = (kept.nbytes - 1) / 2**20  # one byte short of holding them
+    assert ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=under) is None
+    assert run_eval(tiny_features)["eval_data"] == "stream"  # nothing kept: the shards are read
+    assert ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=0) is None
+
+
+def test_kept_batches_serve_only_their_split_settings_and_device(tiny_features, released):
+    _, cfg = tiny_model()
+    ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=64)
+    other = replace(cfg.loader, normalize=not cfg.loader.normalize)
+    r = ev.evaluate(tiny_model()[0], tiny_features, "dev-clean", other, CPU, decoder="greedy")
+    assert r["eval_data"] == "stream"
+    assert run_eval(tiny_features)["eval_data"] == "host"
+
+
+def test_initialization_keeps_the_eval_split_within_the_configured_bound(tiny_features, released):
+    from speechperf.train.warmup import initialize
+
+    for bound, where in ((64, "host"), (0, "stream")):
+        model, _ = tiny_model()
+        cfg = load_preset("tiny", ["threads=1", f"eval_resident_mb={bound}"])
+        parts = initialize(model, cfg, tiny_features, CPU)
+        assert (parts["eval_data_mb"] > 0) == (bound > 0)
+        assert run_eval(tiny_features)["eval_data"] == where
