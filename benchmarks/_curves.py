@@ -1,6 +1,6 @@
 """bench_convergence.py ``--curves N``: each reference seed's first N epochs, trained under the
 whole AVX2 cap at 1 thread as ``speechperf reproduce`` trains them, stored (``--write``) as
-that seed's curve in ``speechperf/config/rcp/PRESET.json`` (speechperf/metrics/curve.py).
+that seed's curve in ``speechperf/config/rcp/PRESET.json`` (speechperf/studies/curve.py).
 
 Resumable as the rest of bench_convergence: each seed trains into OUT/seed-S with ``--resume
 auto`` (a finished seed is only read again).
@@ -15,12 +15,12 @@ from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
 from speechperf.features.checksum import OVER, features_sha256
-from speechperf.metrics import curve, rcp
+from speechperf.studies import curve, rcp
 from speechperf.results.run import Run
 from speechperf.tables import emit
 from speechperf.telemetry.machine import hardware
-from speechperf.train.reproduce import child_command
-from speechperf.train.seeds import parse_seeds, seed_folder
+from speechperf.studies.reproduce import child_command
+from speechperf.studies.seeds import parse_seeds, seed_folder
 
 
 def measure_curves(a, out: Path, env: dict) -> int:

@@ -1,6 +1,6 @@
 """Reference convergence points of a preset: train it with several seeds, print epochs and
 minutes to its target per seed and the aggregate, and (``--write``) store them as the
-preset's reference in ``speechperf/config/rcp/PRESET.json`` (speechperf/metrics/rcp.py).
+preset's reference in ``speechperf/config/rcp/PRESET.json`` (speechperf/studies/rcp.py).
 
     python benchmarks/bench_convergence.py tiny --seeds 5 --target 38 --set train.max_epochs=10 \\
         --threads 1 --data FEATS --write
@@ -39,12 +39,12 @@ sys.path.insert(0, str(REPO))
 
 from speechperf.atomic import atomic_write_text  # noqa: E402
 from speechperf.config import load_preset  # noqa: E402
-from speechperf.metrics import rcp  # noqa: E402
-from speechperf.metrics.olympic import olympic_mean  # noqa: E402
-from speechperf.metrics.tta import epochs_to_target  # noqa: E402
+from speechperf.studies import rcp  # noqa: E402
+from speechperf.scoring.olympic import olympic_mean  # noqa: E402
+from speechperf.studies.tta import epochs_to_target  # noqa: E402
 from speechperf.results.run import Run, read_json  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
-from speechperf.train.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
+from speechperf.studies.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
 from speechperf.telemetry.machine import hardware  # noqa: E402
 from speechperf.telemetry.isa_cap import ATEN_VAR, CAPS, ONEDNN_VAR, cap_env  # noqa: E402
 

@@ -27,7 +27,7 @@ import torch
 
 from speechperf.config import load_preset
 from speechperf.data.loader import Batch
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model
 from speechperf.train.step import make_optimizer, train_step
 

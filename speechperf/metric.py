@@ -12,7 +12,7 @@ the command's table, the report's) and of the report's validation and final tabl
 panel of Fig. 7, a column of ``train --seeds`` and ``parallel sweep``, a value of reference
 curves (a target metric), and what ``eval_accuracy`` in events.log and the live status line
 show when it is the run's ``train.target_metric``. Its interval comes from the per-utterance
-counts it names (``counts``: two fields of :class:`speechperf.metrics.errors.UtteranceErrors`,
+counts it names (``counts``: two fields of :class:`speechperf.scoring.error_rates.UtteranceErrors`,
 resampled by metrics/bootstrap.py). A row recorded before a metric existed has no value for
 it: readers show "not measured" (None, NA), never 0. The one default target metric is
 :data:`DEFAULT_TARGET`. No other module spells a metric's name (tests/test_metric_names.py):

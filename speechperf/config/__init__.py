@@ -22,7 +22,7 @@ from pathlib import Path
 
 from speechperf.algorithms import DEFAULT as DEFAULT_ALGO, algo_config, config_class as algo_class
 from speechperf.algorithms.base import AlgoConfig
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.errors import ConfigError
 from speechperf.models import config_class

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from speechperf.corpus import alphabet
 from speechperf.data import index as index_mod
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import Index
 from speechperf.data.plan import Plan, method, plan_epoch, steps_per_epoch
 from speechperf.features.shards import ShardError, read_rows

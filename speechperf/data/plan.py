@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import Index
 from speechperf.errors import SpeechperfError
 

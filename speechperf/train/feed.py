@@ -31,7 +31,7 @@ import torch
 from speechperf.config import load_preset
 from speechperf.data.loader import Batch, make_loader
 from speechperf.errors import SpeechperfError
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.shards import shard_name, write_json, write_shard
 from speechperf.models import build_model
 from speechperf.train.distributed import DistEnv, pick_device

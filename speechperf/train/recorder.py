@@ -20,7 +20,7 @@ from pathlib import Path
 
 from speechperf import metric
 from speechperf.corpus import alphabet
-from speechperf.metrics.study import run_check
+from speechperf.studies.study import run_check
 from speechperf.results import checkpoint
 from speechperf.results.layout import EVENTS_FILE, SUMMARY_FILE
 from speechperf.results.run import Run

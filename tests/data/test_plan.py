@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from speechperf.config import load_preset
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import from_columns, librispeech_like
 from speechperf.data.plan import batch_cost, method, plan_epoch
 from speechperf.errors import SpeechperfError
-from speechperf.metrics.rcp import reference_path
+from speechperf.studies.rcp import reference_path
 
 
 def reference_plan_epoch(records, cfg, epoch, seed, rank=0, world=1):
