@@ -41,7 +41,7 @@ from speechperf.atomic import atomic_write_text  # noqa: E402
 from speechperf.config import load_preset  # noqa: E402
 from speechperf.studies import rcp  # noqa: E402
 from speechperf.scoring.olympic import olympic_mean  # noqa: E402
-from speechperf.studies.tta import epochs_to_target  # noqa: E402
+from speechperf.scoring.target_rule import epochs_to_target  # noqa: E402
 from speechperf.results.run import Run, read_json  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.studies.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)

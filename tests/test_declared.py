@@ -153,7 +153,7 @@ def test_a_previous_release_database_opened_for_writing_gets_the_declared_column
 
 
 def test_a_tta_of_a_run_resumed_across_the_release_counts_an_unmeasured_epoch_as_not_reached():
-    from speechperf.studies.tta import epochs_to_target
+    from speechperf.scoring.target_rule import epochs_to_target
 
     # epoch 1 from before SER existed: the median of 3 holds at epoch 3 whatever it was; of 2, from epoch 3 on
     assert epochs_to_target([(60, None), (120, 40.0), (180, 40.0)], 50.0, 3) == 3

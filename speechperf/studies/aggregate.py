@@ -32,7 +32,7 @@ from speechperf.algorithms import algo_config
 from speechperf.studies import rcp
 from speechperf.scoring.interval import ratio_interval
 from speechperf.scoring.olympic import olympic_mean
-from speechperf.studies.tta import epochs_to_target
+from speechperf.scoring.target_rule import epochs_to_target
 
 FINISHED = ("success", "time_cap", "max_epochs")  # statuses of a run that trained to its end
 

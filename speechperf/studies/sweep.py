@@ -25,7 +25,7 @@ from pathlib import Path
 from speechperf.algorithms import periodic
 from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET, per_epoch
-from speechperf.studies.tta import tta_minutes
+from speechperf.scoring.target_rule import tta_minutes
 from speechperf.results.layout import DB_FILE
 from speechperf.results.run import Run
 from speechperf.results.workload import workload_label

@@ -2,14 +2,13 @@
 the last e per-epoch evaluations first reaches the target a; None (NA) when never."""
 from __future__ import annotations
 
-import math
-import statistics
 from pathlib import Path
 from typing import Sequence
 
 from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET, measured, metric as metric_of, per_epoch
 from speechperf.studies.time_parts import shares, time_parts
+from speechperf.scoring.target_rule import epochs_to_target, tta_minutes
 from speechperf.scoring.targets import parse_targets
 from speechperf.results.run import Run, machine_name, unique_labels
 from speechperf.results.workload import by_workload
@@ -18,30 +17,6 @@ from speechperf.results.workload import by_workload
 # No run measures its step's floor (the same step on batches already on the device): benchmarks/bench_step_floor.py
 # measures it apart, for a preset on a machine.
 STEP_FLOOR_NOTE = "not measured (benchmarks/bench_step_floor.py measures it apart)"
-
-
-def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> float | None:
-    """``evals``: (TTA clock seconds, error %) per epoch in epoch order -> minutes or None.
-
-    The median is taken over exactly the last ``epochs`` evaluations, so the earliest
-    possible TTA is at the ``epochs``-th evaluation: accuracy must be persistent.
-    """
-    reached = epochs_to_target(evals, target, epochs)
-    return None if reached is None else evals[reached - 1][0] / 60.0
-
-
-def epochs_to_target(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> int | None:
-    """How many evaluations (epochs) it took until the TTA rule first held: TTA is the clock at
-    that evaluation (:func:`tta_minutes`); None when never. The recipe's factor of TTA. An
-    error of None (an epoch that did not measure the metric: recorded before it existed) counts
-    as infinite: the rule then holds only where it holds whatever that error was."""
-    if epochs < 1:
-        raise SpeechperfError(f"epochs must be >= 1, got {epochs}")
-    for i in range(epochs - 1, len(evals)):
-        window = [math.inf if v is None else v for _, v in evals[i - epochs + 1 : i + 1]]
-        if statistics.median(window) <= target:
-            return i + 1
-    return None
 
 
 def epoch_rows(run) -> list[dict]:

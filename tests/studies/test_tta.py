@@ -3,7 +3,8 @@ import json
 import pytest
 
 from speechperf.errors import SpeechperfError
-from speechperf.studies.tta import tta_minutes, tta_table
+from speechperf.scoring.target_rule import tta_minutes
+from speechperf.studies.tta import tta_table
 from speechperf.results import ResultsDB
 
 

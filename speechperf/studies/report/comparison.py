@@ -7,7 +7,7 @@ import statistics
 
 from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.studies.time_parts import shares, time_parts
-from speechperf.studies.tta import tta_minutes
+from speechperf.scoring.target_rule import tta_minutes
 from speechperf.scoring.targets import METRICS, Targets
 from speechperf.telemetry import energy
 from speechperf.studies.report.runs import who
