@@ -73,12 +73,6 @@ def factor(tc, step: int, epochs_done: int, total_steps: int, losses=()) -> floa
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * done))
 
 
-def steps_per_epoch(utterances: int, batch_size: int) -> int:
-    """Optimizer steps of one epoch: batches of ``batch_size`` (the global batch) over the
-    training utterances (the loader's last batch may be short)."""
-    return -(-utterances // batch_size)
-
-
 def make_scheduler(optimizer, tc, prog, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``LambdaLR`` whose factor is read from ``prog`` (steps and epochs done), stepped by
     the loop before every step but a run's first (its constructor sets that one): the step
