@@ -155,7 +155,7 @@ def cmd_prepare(a) -> int:
 
 
 def _seeds(text: str):
-    """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (train/seeds.py)."""
+    """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (studies/seeds.py)."""
     from speechperf.studies.seeds import parse_seeds
 
     try:

@@ -8,7 +8,7 @@ Every stage is cached under the output folder: the corpus and the features are r
 when complete, an interrupted run is resumed, a finished run is reported again as it is
 (delete ``DIR/run`` to measure anew).
 
-``--seeds N`` trains the recipe once per seed (train/seeds.py): seed 1 stays in ``DIR/run``,
+``--seeds N`` trains the recipe once per seed (studies/seeds.py): seed 1 stays in ``DIR/run``,
 where a demo of one seed keeps it (an existing demo folder is its first seed), seed S > 1 in
 ``DIR/run-seed-S``; the TTA table and the report cover every seed, and the report groups
 them (runs that differ only in seed). With one seed the demo says what one seed cannot tell.
@@ -61,7 +61,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     ``preset`` None: the machine's (:func:`pick_preset`); any preset (or TOML file) runs, its
     audio hours from PRESET_HOURS, else DEFAULT_HOURS. ``seeds``: None, one run in ``DIR/run``
     with the preset's seed; else those seeds (:func:`demo_folder`),
-    ``parallel`` at a time (train/seed_slots.py: one GPU each, or the CPUs shared)."""
+    ``parallel`` at a time (studies/seed_slots.py: one GPU each, or the CPUs shared)."""
     from speechperf.corpus.synth import synthesize
     from speechperf.features.prepare import prepare
     from speechperf.studies.tta import tta_table
@@ -133,7 +133,7 @@ def _say_groups(runs: list[Path], say) -> None:
 
 
 def _say_reproduction(runs: list[Path], say) -> None:
-    """Each run's first epochs against its reference seed's curve (metrics/curve.py), where it has one."""
+    """Each run's first epochs against its reference seed's curve (studies/curve.py), where it has one."""
     from speechperf.results.run import Run
 
     for run in runs:

@@ -18,7 +18,7 @@ interval is a function of its per-utterance counts alone: deterministic across c
 processes and machines (numpy's PCG64 stream is stable across platforms); vectorized, 1000
 resamples of 2,700 utterances (LibriSpeech dev-clean) take milliseconds.
 
-What it does not cover: the spread between training seeds (metrics/aggregate.py) nor
+What it does not cover: the spread between training seeds (studies/aggregate.py) nor
 between dev sets drawn from other speakers; it is the resolution of this set.
 """
 from __future__ import annotations

@@ -59,7 +59,7 @@ def error_rates(refs: Sequence[str], hyps: Sequence[str]) -> ErrorRates:
 @dataclass(frozen=True)
 class UtteranceErrors:
     """Per-utterance error counts of a set of pairs, so that the set can be resampled
-    (metrics/bootstrap.py); each array holds one entry per utterance, in the set's order."""
+    (scoring/bootstrap.py); each array holds one entry per utterance, in the set's order."""
 
     char_edits: np.ndarray  # character edit distance (the standard CER's numerator)
     ref_chars: np.ndarray  # reference characters (its denominator)

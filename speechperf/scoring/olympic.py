@@ -1,5 +1,5 @@
 """MLPerf's score of a benchmark's runs: the olympic mean of mlperf-logging's result summarizer
-(the seeds' aggregation, metrics/aggregate.py, and the reference check, metrics/rcp.py)."""
+(the seeds' aggregation, studies/aggregate.py, and the reference check, studies/rcp.py)."""
 from __future__ import annotations
 
 from functools import lru_cache

@@ -1,1 +1,1 @@
-"""parallel stage."""
+"""studies and commands: seeds, reproduction, the sweep, the metric studies over run folders, the report."""

@@ -48,7 +48,7 @@ class SeedRun:
     status: str | None  # runs.status: success, time_cap, max_epochs, diverged: ..., failed: ..., running
     evals: tuple  # (TTA clock seconds, error %) per epoch, in epoch order
     corpus: dict = field(default_factory=dict)  # what it trained and validated on (rcp.corpus_of), {} unknown
-    reproduction: dict | None = None  # its curve against the reference seed's (metrics/curve.py), None: no curve
+    reproduction: dict | None = None  # its curve against the reference seed's (studies/curve.py), None: no curve
 
     @property
     def seed(self):
@@ -70,7 +70,7 @@ class SeedRun:
     def finished(self) -> bool:
         train = self.config.get("train", {})
         if 0 < (train.get("stop_after_epochs") or 0) < train.get("max_epochs", 0) and self.status in FINISHED:
-            return False  # cut after its first epochs (a reproduction, train/reproduce.py): not a failed run
+            return False  # cut after its first epochs (a reproduction, studies/reproduce.py): not a failed run
         return self.status in FINISHED or str(self.status or "").startswith("diverged")
 
 

@@ -2,7 +2,7 @@
 recorded them (full float precision), with the settings that make them reproducible, and the
 exact comparison of a run against them.
 
-A reference seed (``config/rcp/PRESET.json``, metrics/rcp.py) keeps ``curves``: one per
+A reference seed (``config/rcp/PRESET.json``, studies/rcp.py) keeps ``curves``: one per
 features folder it was measured on, each ``{"epochs": [{"epoch", "loss", METRIC...}],
 "settings": {...}}`` where the settings are :func:`settings_of` a run: the seed, threads,
 the ISA cap and the kernels it gave (torch's CPU capability, oneDNN's ISA and version),

@@ -8,7 +8,7 @@ validation utterances), the metric and TTA window, and per reference seed its ep
 minutes to each target, its final error and where, when and how it was measured (commit,
 machine, ISA, threads, torch).
 A seed may also keep its first epochs' validation curve, bit for bit, with the settings
-that reproduce it (``curves``: metrics/curve.py, ``speechperf reproduce``).
+that reproduce it (``curves``: studies/curve.py, ``speechperf reproduce``).
 
 The statistics are mlperf-logging's RCP checker's (``mlperf_logging.rcp_checker``): the
 reference's olympic mean and standard deviation of epochs, and the fewest mean epochs a
@@ -49,7 +49,7 @@ BENCHMARK, RULESET = "rnnt", "6.0.0"
 OK, FASTER, FAILED = "ok", "faster than the reference allows", "never reached; every reference seed did"
 
 
-# What a reference curve holds per epoch (metrics/curve.py): the loss and every target metric of
+# What a reference curve holds per epoch (studies/curve.py): the loss and every target metric of
 # speechperf/metric.py; a curve measured before a metric existed lacks it (and is not compared on it).
 CURVE_METRICS = ("loss", *target_metrics())
 # The shape of a reference file (results/shapes.py's specs): what the checks below read; the

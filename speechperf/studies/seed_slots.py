@@ -3,7 +3,7 @@
 A machine with several GPUs can time one seed per GPU, so that five seeds take the time of
 one. Each seed is its own process, the
 ordinary one-run ``speechperf train --out OUT/seed-S ... train.seed=S`` (the run folder, label
-and resume rules of train/seeds.py's one after another), started with the slot's
+and resume rules of studies/seeds.py's one after another), started with the slot's
 device alone visible: ``CUDA_VISIBLE_DEVICES`` set to one of the GPUs this process sees. On a
 CPU the slots share the cores: each seed gets ``train.threads = cores // K`` unless the
 configuration names its threads (thread count changes the float sums, so it is recorded in

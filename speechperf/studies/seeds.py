@@ -8,7 +8,7 @@ several runs of each benchmark; ``speechperf train --seeds N`` makes that one co
 Each seed is a normal run folder (``OUT/seed-S`` for ``train``; the demo keeps its first
 seed in ``DIR/run``), trained by :func:`speechperf.train.loop.train` with the override
 ``train.seed=S``, so its stored configuration carries the seed and the seeds of one command
-differ in nothing else: ``tta`` and ``report`` group them (metrics/aggregate.py). Seeds run
+differ in nothing else: ``tta`` and ``report`` group them (studies/aggregate.py). Seeds run
 one after another and the command is resumable as a whole: run again, a finished seed is
 only read (train's ``resume="auto"`` reports it without writing), an interrupted one
 continues from its checkpoint, and the seeds after it are trained.

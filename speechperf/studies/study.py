@@ -82,7 +82,7 @@ def study_notes(study: dict) -> list[str]:
 
 
 def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dict], list[dict], list[dict]]:
-    """:func:`aggregate` over the report's loaded runs (report/runs.py ``load_run``), for every
+    """:func:`aggregate` over the report's loaded runs (studies/report/runs.py ``load_run``), for every
     metric ``spec`` has targets of: (per-run factor rows, group rows, comparison rows)."""
     out: tuple[list, list, list] = ([], [], [])
     for metric in METRICS:

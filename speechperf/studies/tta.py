@@ -92,7 +92,7 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
 
 
 def time_columns(iterations: list[dict], evals: list[dict], minutes: float | None) -> dict:
-    """Where the time went (metrics/breakdown.py) up to the TTA, or up to the run's last
+    """Where the time went (studies/time_parts.py) up to the TTA, or up to the run's last
     evaluation when the target was not reached; and the step against its floor."""
     until = minutes * 60 if minutes is not None else max((e["clock_s"] for e in evals), default=None)
     if until is None:
@@ -105,7 +105,7 @@ def time_columns(iterations: list[dict], evals: list[dict], minutes: float | Non
 
 def at_target(row: dict | None, metric: str) -> dict:
     """The evaluation at which the target was declared: its error and 95% interval over the
-    validation utterances (metrics/bootstrap.py; None in rows recorded before it, or when the
+    validation utterances (scoring/bootstrap.py; None in rows recorded before it, or when the
     target was never reached). A target crossed inside that interval is crossed by the
     validation set's resolution as much as by the model."""
     row = row or {}

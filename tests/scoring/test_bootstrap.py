@@ -1,5 +1,5 @@
 """The resolution of an evaluation: a percentile bootstrap of corpus-level CER and WER over
-utterances (metrics/bootstrap.py), checked against a slow pure-Python reference."""
+utterances (scoring/bootstrap.py), checked against a slow pure-Python reference."""
 import jiwer
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""``train --seeds N --parallel K``: seeds side by side, one per device (train/seed_slots.py)."""
+"""``train --seeds N --parallel K``: seeds side by side, one per device (studies/seed_slots.py)."""
 import json
 import os
 import subprocess

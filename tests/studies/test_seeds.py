@@ -1,4 +1,4 @@
-"""``train --seeds``: one run folder per seed, resumable as one command (train/seeds.py)."""
+"""``train --seeds``: one run folder per seed, resumable as one command (studies/seeds.py)."""
 import json
 import os
 import signal
@@ -49,7 +49,7 @@ def test_seeds_make_one_run_folder_per_seed_with_that_seed(tiny_features, tmp_pa
         assert _rows(run, "SELECT seed FROM runs WHERE run_id = ?") == [{"seed": seed}]
     assert _rows(out / "seed-1", LOSSES) != _rows(out / "seed-2", LOSSES)  # another seed, another run
 
-    # every evaluation carries its 95% interval over the split's utterances (metrics/bootstrap.py)
+    # every evaluation carries its 95% interval over the split's utterances (scoring/bootstrap.py)
     evals = _rows(out / "seed-1", "SELECT final, cer, cer_lo, cer_hi, wer, wer_lo, wer_hi FROM evals WHERE run_id = ?")
     assert len(evals) == 1 + 4  # the epoch's and the final evaluation's four splits
     for e in evals:

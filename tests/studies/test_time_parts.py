@@ -1,5 +1,5 @@
 """Where the time to accuracy went: the rows' windows tile the TTA clock, each part from its own
-rows, the gaps between them measured (metrics/breakdown.py)."""
+rows, the gaps between them measured (studies/time_parts.py)."""
 import pytest
 
 from speechperf.studies.time_parts import gaps, shares, time_parts

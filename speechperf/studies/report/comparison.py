@@ -34,7 +34,7 @@ def energy_until(run: dict, seconds: float | None) -> float | None:
 
 
 def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
-    """Where each run's time to CER ``target`` went (metrics/breakdown.py), or its time to its
+    """Where each run's time to CER ``target`` went (studies/time_parts.py), or its time to its
     last evaluation where it never reached the target; seconds and the parts' shares."""
     rows = []
     for r in runs:

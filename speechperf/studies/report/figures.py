@@ -58,7 +58,7 @@ def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()
 
 
 def _interval_band(ax, t: list[float], evals: list[dict], metric: str, color) -> None:
-    """The evaluations' 95% bootstrap interval (metrics/bootstrap.py) shaded around the line,
+    """The evaluations' 95% bootstrap interval (scoring/bootstrap.py) shaded around the line,
     over the epochs that recorded one."""
     have = [(x, e[f"{metric}_lo"], e[f"{metric}_hi"]) for x, e in zip(t, evals)
             if e.get(f"{metric}_lo") is not None and e.get(f"{metric}_hi") is not None]
@@ -188,7 +188,7 @@ PART_COLORS = {"steps": "tab:blue", "data": "tab:orange", "eval": "tab:red", "ch
 
 
 def time_parts(rows: list[dict], path: Path) -> tuple[Path | None, str]:
-    """Where the time to accuracy went: a stacked bar per run (report/aggregate.py ``time_rows``),
+    """Where the time to accuracy went: a stacked bar per run (studies/report/comparison.py ``time_rows``),
     seconds of training steps, waiting for data, evaluation, checkpoints and epoch changes."""
     if not rows:
         return None, "no run has evaluations to break its time down to"

@@ -51,7 +51,7 @@ class Context:
     runs: list[dict]  # load_run() of each run, in command-line order
     out: Path  # report folder (PNG and CSV files go here)
     db: ResultsDB  # the results database of the runs (bench and parallel tables too)
-    targets: Targets = Targets()  # the TTA targets (a named set or numbers: metrics/targets.py)
+    targets: Targets = Targets()  # the TTA targets (a named set or numbers: scoring/targets.py)
 
 
 Builder = Callable[[Context], Section]

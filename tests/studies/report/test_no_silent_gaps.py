@@ -36,7 +36,7 @@ def _training_run(root, name: str, seed: int):
               "train": {"seed": seed, "eval_split": "dev-clean", "precision": "fp32"}}
     with Run.create(root / name, kind="train", config=config, env=GPU_ENV, label=name) as run:
         for n in range(EPOCHS * 20):  # each epoch: 20 steps of 2.5 s from its start, 5 s to the evaluation's
-            epoch, k = n // 20 + 1, n % 20  # 5 s: the TTA clock tiled (metrics/breakdown.py)
+            epoch, k = n // 20 + 1, n % 20  # 5 s: the TTA clock tiled (studies/time_parts.py)
             run.add_iteration({"iteration": n, "epoch": epoch, "clock_s": (epoch - 1) * EPOCH_S + 2.5 * (k + 1),
                                "loss": 100.0 / (n + 1), "batch_size": 8, "frames": 800, "audio_s": 8.0, "step_s": 2.5,
                                "utts_per_s": 8.0, "audio_s_per_s": 8.0, "data_s": 0.5, "ckpt_s": 0.25 if k == 10 else 0.0})
