@@ -68,7 +68,7 @@ w = "WER 12"  # prose: not a key
 
 def test_one_default_target_everywhere():
     from speechperf.cli import build_parser
-    from speechperf.config.train import TrainConfig
+    from speechperf.config.training import TrainConfig
     from speechperf.scoring.targets import Targets
 
     assert metric.DEFAULT_TARGET in metric.targets()

@@ -28,7 +28,7 @@ from speechperf.errors import ConfigError
 from speechperf.models import config_class
 from speechperf.models.ds2 import DS2Config
 from speechperf.section import build_section
-from speechperf.config.train import TrainConfig
+from speechperf.config.training import TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")

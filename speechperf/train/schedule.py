@@ -1,6 +1,6 @@
 """The learning-rate schedule: a factor of ``train.lr`` for every optimizer step.
 
-``train.lr_schedule`` (its values: config/train.py's ``SCHEDULES``):
+``train.lr_schedule`` (its values: config/training.py's ``SCHEDULES``):
 
 - ``epoch_decay`` (the default, the paper's): ``lr_decay ** epochs_done``;
 - ``step`` (torch's ``StepLR`` over epochs, MLPerf's step recipes): warm-up, then

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from speechperf.config import ConfigError, load_preset
-from speechperf.config.train import TrainConfig
+from speechperf.config.training import TrainConfig
 from speechperf.results.progress import Progress
 from speechperf.train.schedule import factor, make_scheduler, warmup
 
