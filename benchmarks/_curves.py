@@ -1,6 +1,6 @@
 """bench_convergence.py ``--curves N``: each reference seed's first N epochs, trained under the
 whole AVX2 cap at 1 thread as ``speechperf reproduce`` trains them, stored (``--write``) as
-that seed's curve in ``speechperf/config/rcp/PRESET.json`` (speechperf/metrics/curve.py).
+that seed's curve in ``speechperf/config/rcp/PRESET.json`` (speechperf/studies/curve.py).
 
 Resumable as the rest of bench_convergence: each seed trains into OUT/seed-S with ``--resume
 auto`` (a finished seed is only read again).
@@ -13,20 +13,36 @@ import subprocess
 import sys
 from pathlib import Path
 
-from speechperf.atomic import atomic_write_text
-from speechperf.features.checksum import OVER, features_sha256
-from speechperf.metrics import curve, rcp
-from speechperf.results.run import Run
-from speechperf.tables import emit
-from speechperf.telemetry.machine import hardware
-from speechperf.train.reproduce import child_command
-from speechperf.train.seeds import parse_seeds, seed_folder
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from speechperf.atomic import atomic_write_text  # noqa: E402
+from speechperf.features.checksum import OVER, features_sha256  # noqa: E402
+from speechperf.studies import curve, rcp  # noqa: E402
+from speechperf.results.run import Run  # noqa: E402
+from speechperf.tables import emit  # noqa: E402
+from speechperf.telemetry.machine import hardware  # noqa: E402
+from speechperf.studies.reproduce import child_command  # noqa: E402
+from speechperf.studies.seeds import parse_seeds, seed_folder  # noqa: E402
+
+
+def commit() -> str:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def synth_params(feats: Path) -> dict:
+    """The embedded corpus' synthesis (hours, seed) where the features sit beside it (the demo's layout)."""
+    synth = feats.parent / "corpus" / "SYNTH.json"
+    if not synth.is_file():
+        return {}
+    params = json.loads(synth.read_text()).get("params", {})
+    return {"synth": {"hours": params.get("hours"), "seed": params.get("seed")}}
 
 
 def measure_curves(a, out: Path, env: dict) -> int:
     """Train (or read) every seed's first ``a.curves`` epochs; print them; ``a.write``: store them."""
-    from bench_convergence import commit, synth_params
-
     path = rcp.reference_path(a.preset)
     ref = rcp.load_reference(a.preset)
     if ref is None:

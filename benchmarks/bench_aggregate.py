@@ -19,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from speechperf.metrics import rcp  # noqa: E402
-from speechperf.metrics.aggregate import aggregate  # noqa: E402
-from speechperf.metrics.study import seed_run, tta_study  # noqa: E402
-from speechperf.metrics.targets import parse_targets  # noqa: E402
-from speechperf.metrics.study import targets_for  # noqa: E402
-from speechperf.metrics.tta import tta_table  # noqa: E402
+from speechperf.studies import rcp  # noqa: E402
+from speechperf.studies.aggregate import aggregate  # noqa: E402
+from speechperf.studies.study import seed_run, tta_study  # noqa: E402
+from speechperf.scoring.targets import parse_targets  # noqa: E402
+from speechperf.studies.study import targets_for  # noqa: E402
+from speechperf.studies.tta import tta_table  # noqa: E402
 from speechperf.results import ResultsDB  # noqa: E402
 
 MACHINES = {"Xeon": 0.35, "EPYC": 0.5, "Graviton": 0.6, "Core": 0.3}  # minutes per epoch

@@ -1,6 +1,6 @@
 """Reference convergence points of a preset: train it with several seeds, print epochs and
 minutes to its target per seed and the aggregate, and (``--write``) store them as the
-preset's reference in ``speechperf/config/rcp/PRESET.json`` (speechperf/metrics/rcp.py).
+preset's reference in ``speechperf/config/rcp/PRESET.json`` (speechperf/studies/rcp.py).
 
     python benchmarks/bench_convergence.py tiny --seeds 5 --target 38 --set train.max_epochs=10 \\
         --threads 1 --data FEATS --write
@@ -34,17 +34,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _curves import REPO, commit, measure_curves, synth_params  # noqa: E402 (the curves' half; its helpers shared)
 from speechperf.atomic import atomic_write_text  # noqa: E402
 from speechperf.config import load_preset  # noqa: E402
-from speechperf.metrics import rcp  # noqa: E402
-from speechperf.metrics.olympic import olympic_mean  # noqa: E402
-from speechperf.metrics.tta import epochs_to_target  # noqa: E402
+from speechperf.studies import rcp  # noqa: E402
+from speechperf.scoring.olympic import olympic_mean  # noqa: E402
+from speechperf.scoring.target_rule import epochs_to_target  # noqa: E402
 from speechperf.results.run import Run, read_json  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
-from speechperf.train.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
+from speechperf.studies.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
 from speechperf.telemetry.machine import hardware  # noqa: E402
 from speechperf.telemetry.isa_cap import ATEN_VAR, CAPS, ONEDNN_VAR, cap_env  # noqa: E402
 
@@ -59,12 +59,6 @@ def cpu_capability(env: dict) -> str:
     """The ISA torch's CPU kernels use under ``env`` (the cap applied)."""
     code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def commit() -> str:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def train(a, seed: int, out: Path, env: dict) -> None:
@@ -129,15 +123,6 @@ def summary(a, entries: list[dict]) -> list[dict]:
              "max/min": max(minutes) / min(minutes) if minutes else None, "olympic rule": rule}]
 
 
-def synth_params(feats: Path) -> dict:
-    """The embedded corpus' synthesis (hours, seed) where the features sit beside it (the demo's layout)."""
-    synth = feats.parent / "corpus" / "SYNTH.json"
-    if not synth.is_file():
-        return {}
-    params = json.loads(synth.read_text()).get("params", {})
-    return {"synth": {"hours": params.get("hours"), "seed": params.get("seed")}}
-
-
 def write(a, entries: list[dict], config: dict, corpus: dict) -> Path:
     """Merge ``entries`` into the preset's reference file (same recipe, metric, window, corpus)."""
     path = rcp.reference_path(a.preset)
@@ -181,8 +166,6 @@ def main() -> None:
     p.add_argument("--write", action="store_true", help="merge the seeds into speechperf/config/rcp/PRESET.json")
     a = p.parse_args()
     if a.curves:  # the first epochs of reference seeds: no target
-        from _curves import measure_curves
-
         return measure_curves(a, a.out or Path("bench-convergence") / a.preset, child_env("avx2"))
     cfg = load_preset(a.preset, a.set)
     a.target = a.target or cfg.train.target

@@ -33,7 +33,7 @@ from speechperf.decode.beam import BeamDecoder
 from speechperf.decode.greedy import GreedyDecoder
 from speechperf.decode.lm import BigramLM, count, write_arpa
 from speechperf.decode.wordbeam import WordBeamDecoder
-from speechperf.metrics.errors import error_rates
+from speechperf.scoring.error_rates import error_rates
 
 T = 400
 KINDS = {"peaked": dict(peak=8.0, noise=0.5, confuse=0.02, strength=5.0),

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _timing import measure, show  # noqa: E402
 
-from speechperf.features.config import FeatureConfig  # noqa: E402
+from speechperf.features.feature_config import FeatureConfig  # noqa: E402
 from speechperf.features.extract import extract  # noqa: E402
 
 

@@ -27,11 +27,11 @@ import torch
 
 from speechperf.config import load_preset
 from speechperf.data.loader import Batch
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model
 from speechperf.train.step import make_optimizer, train_step
 
-FRAME_S = 0.01  # 10 ms hop (features/config.py)
+FRAME_S = 0.01  # 10 ms hop (features/feature_config.py)
 CHARS_PER_S = 15.0  # LibriSpeech read speech: about 15 characters (with spaces) per second
 
 

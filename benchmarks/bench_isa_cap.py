@@ -37,11 +37,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from speechperf.metrics import curve, rcp  # noqa: E402
+from speechperf.studies import curve, rcp  # noqa: E402
 from speechperf.results.run import Run  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.telemetry.isa_cap import ATEN_VAR, CAP_VARS, MKL_VAR, ONEDNN_VAR, cap_env  # noqa: E402
-from speechperf.train.reproduce import child_command  # noqa: E402
+from speechperf.studies.reproduce import child_command  # noqa: E402
 
 
 def train(a, isa: str | None, folder: Path) -> dict:

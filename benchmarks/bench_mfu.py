@@ -33,7 +33,7 @@ from speechperf.config import load_preset
 from speechperf.data.loader import Batch, load_index
 from speechperf.data.plan import plan_epoch
 from speechperf.data.check import parse_splits, train_splits_of
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.bench.mfu import count_step_flops, flop_model
 from speechperf.models import build_model
 from speechperf.train.step import make_optimizer, train_step

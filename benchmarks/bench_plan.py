@@ -29,7 +29,7 @@ import numpy as np
 import psutil
 
 from speechperf.config import load_preset
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import librispeech_like
 from speechperf.data.loader import load_index
 from speechperf.data.plan import batch_cost, plan_epoch

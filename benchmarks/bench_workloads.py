@@ -24,7 +24,7 @@ WORKLOADS = (("ds2", "cpu"), ("conformer", "conformer-cpu"))
 
 def train_to_target(preset: str, feats: Path, out: Path, overrides: list[str]) -> dict:
     """Train ``preset`` into ``out`` (or report the finished run there); its TTA row and summary."""
-    from speechperf.metrics.tta import tta_table
+    from speechperf.studies.tta import tta_table
     from speechperf.train.loop import train
 
     train(preset, data=feats, out=out, overrides=[f"target={TARGET}", "target_metric=cer", *overrides])

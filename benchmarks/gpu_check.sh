@@ -46,7 +46,7 @@ else
     FEED_T=30; FLOOR_PRESET=gpu; FLOOR_DOUBLED=(loader.max_duration=1440); FLOOR_PRESET_ARGS=()
     FLOOR_ARGS=(--steps 20 --warmup 5); FLOOR_T=30
     CONF_FLOOR=(--preset conformer --steps 10 --warmup 5); COMPILE=1
-    CUDA_TESTS=(-m cuda tests); GPU_FILES=(tests/train/test_reproduce.py tests/train/test_cli_e2e.py)
+    CUDA_TESTS=(-m cuda tests); GPU_FILES=(tests/studies/test_reproduce.py tests/train/test_cli_e2e.py)
     TEST_ARGS=(-n 6 --timeout 120); TEST_T=90  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
 fi
 

@@ -78,7 +78,7 @@ def _csv(kind=str, choices=None):
 
 def _targets(text: str):
     """A target set (paper, algoperf) or comma-separated error rates, each finite and in (0, 100]."""
-    from speechperf.metrics.targets import TargetError, parse_targets
+    from speechperf.scoring.targets import TargetError, parse_targets
 
     try:
         return parse_targets(text).name or text  # numbers are bound to --metric by the library
@@ -145,7 +145,7 @@ def cmd_corpus_fetch(a) -> int:
 
 
 def cmd_prepare(a) -> int:
-    from speechperf.features.config import FeatureConfig
+    from speechperf.features.feature_config import FeatureConfig
     from speechperf.features.prepare import prepare
 
     summary = prepare(Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json,
@@ -155,8 +155,8 @@ def cmd_prepare(a) -> int:
 
 
 def _seeds(text: str):
-    """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (train/seeds.py)."""
-    from speechperf.train.seeds import parse_seeds
+    """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (studies/seeds.py)."""
+    from speechperf.studies.seeds import parse_seeds
 
     try:
         return parse_seeds(text)
@@ -196,7 +196,7 @@ def _train_seeds(a, request, resume_modes) -> int:
     """``train --seeds``: one run folder per seed under --out; a seed that fails stops the
     command (train_seeds raises: exit 1 naming the seed's folder)."""
     from speechperf.train.distributed import DistEnv
-    from speechperf.train.seeds import train_seeds
+    from speechperf.studies.seeds import train_seeds
 
     if a.resume not in resume_modes:
         raise SpeechperfError(f"--resume {a.resume} with --seeds: --resume takes {', '.join(resume_modes)} there "
@@ -206,7 +206,7 @@ def _train_seeds(a, request, resume_modes) -> int:
     say = print if rank0 and not a.json else None
     say_seeds = (lambda msg: say(f"[seeds] {msg}", flush=True)) if say else None
     if a.parallel > 1:
-        from speechperf.train.seed_slots import train_seeds_parallel
+        from speechperf.studies.seed_slots import train_seeds_parallel
 
         if env.world > 1:
             raise SpeechperfError("--parallel places one seed per device itself: run it without torchrun")
@@ -220,7 +220,7 @@ def _train_seeds(a, request, resume_modes) -> int:
 
 
 def cmd_tta(a) -> int:
-    from speechperf.metrics.study import study_notes, tta_study
+    from speechperf.studies.study import study_notes, tta_study
 
     study = tta_study([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
                       price_per_hour=a.price_per_hour, platform_file=a.platform_file)
@@ -249,7 +249,7 @@ def cmd_tta(a) -> int:
 def _error_column(rows: list[dict]) -> None:
     """The text tables' one column for the error where the target was declared and its 95%
     interval (``9.36 [8.10, 10.70]``; --json keeps the three numbers)."""
-    from speechperf.metrics.bootstrap import with_interval
+    from speechperf.scoring.bootstrap import with_interval
 
     for row in rows:
         row["error at TTA [95%]"] = with_interval(row["error at TTA"], row["error 95% low"], row["error 95% high"])
@@ -289,7 +289,7 @@ def cmd_lm_build(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from speechperf.report.html import build_report
+    from speechperf.studies.report.html import build_report
 
     path = build_report([Path(r) for r in a.runs], Path(a.out), db_path=Path(a.db) if a.db else None,
                         price_per_hour=a.price_per_hour, platform_file=a.platform_file, targets=a.targets,
@@ -367,7 +367,7 @@ def _targets_args(sp) -> None:
 
 
 def cmd_parallel_sweep(a) -> int:
-    from speechperf.parallel.sweep import run_sweep
+    from speechperf.studies.sweep import run_sweep
 
     rows = run_sweep(a.rest, as_json=a.json)
     emit(rows, a.json)
@@ -391,7 +391,7 @@ def cmd_demo(a) -> int:
 
 
 def cmd_reproduce(a) -> int:
-    from speechperf.train.reproduce import EXIT, reproduce
+    from speechperf.studies.reproduce import EXIT, reproduce
 
     result = reproduce(a.preset, Path(a.data), seed=a.seed, epochs=a.epochs, out=Path(a.out) if a.out else None,
                        quiet=a.json, corpus=Path(a.prepare) if a.prepare else None)
@@ -583,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset (e.g. loader.batch_size=64)")
 
     par = sub.add_parser("parallel", help="parallel training algorithms").add_subparsers(dest="sub", required=True)
-    from speechperf.parallel import sweep
+    from speechperf.studies import sweep
 
     add("sweep", cmd_parallel_sweep, "train runs per algorithm and worker count: speedup, WER/CER, TTA, "
         "communication, MFU", par,

@@ -8,7 +8,7 @@ Every stage is cached under the output folder: the corpus and the features are r
 when complete, an interrupted run is resumed, a finished run is reported again as it is
 (delete ``DIR/run`` to measure anew).
 
-``--seeds N`` trains the recipe once per seed (train/seeds.py): seed 1 stays in ``DIR/run``,
+``--seeds N`` trains the recipe once per seed (studies/seeds.py): seed 1 stays in ``DIR/run``,
 where a demo of one seed keeps it (an existing demo folder is its first seed), seed S > 1 in
 ``DIR/run-seed-S``; the TTA table and the report cover every seed, and the report groups
 them (runs that differ only in seed). With one seed the demo says what one seed cannot tell.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from speechperf.config import ConfigError, load_preset
 from speechperf.metric import held
-from speechperf.metrics.targets import PAPER  # the demo's targets: the paper's, of its metrics (cer, wer)
+from speechperf.scoring.targets import PAPER  # the demo's targets: the paper's, of its metrics (cer, wer)
 from speechperf.results.layout import has_checkpoint
 from speechperf.results.request import TrainRequest
 from speechperf.results.workload import workload, workload_label
@@ -61,12 +61,12 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     ``preset`` None: the machine's (:func:`pick_preset`); any preset (or TOML file) runs, its
     audio hours from PRESET_HOURS, else DEFAULT_HOURS. ``seeds``: None, one run in ``DIR/run``
     with the preset's seed; else those seeds (:func:`demo_folder`),
-    ``parallel`` at a time (train/seed_slots.py: one GPU each, or the CPUs shared)."""
+    ``parallel`` at a time (studies/seed_slots.py: one GPU each, or the CPUs shared)."""
     from speechperf.corpus.synth import synthesize
     from speechperf.features.prepare import prepare
-    from speechperf.metrics.tta import tta_table
+    from speechperf.studies.tta import tta_table
     from speechperf.train.loop import train
-    from speechperf.train.seeds import refuse_seed_override, train_seeds
+    from speechperf.studies.seeds import refuse_seed_override, train_seeds
 
     out = Path(out)
     overrides = list(overrides)
@@ -102,7 +102,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     if seeds is None:
         train(request)
     elif parallel > 1:  # as below, `parallel` seeds at a time, each its own process
-        from speechperf.train.seed_slots import train_seeds_parallel
+        from speechperf.studies.seed_slots import train_seeds_parallel
 
         train_seeds_parallel(seeds, parallel, request, folder=demo_folder, say=say)
     else:  # finished seeds are only read again; the first seed that fails stops the demo (exit 1)
@@ -121,7 +121,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
 def _say_groups(runs: list[Path], say) -> None:
     """The seeds aggregated, per target reached by any: how many reached it, median TTA and the
     epochs to target per seed (their spread is the recipe's, not the machine's)."""
-    from speechperf.metrics.study import tta_study
+    from speechperf.studies.study import tta_study
 
     for metric in PAPER:
         for g in tta_study(runs, metric=metric, targets="paper")["groups"]:
@@ -133,7 +133,7 @@ def _say_groups(runs: list[Path], say) -> None:
 
 
 def _say_reproduction(runs: list[Path], say) -> None:
-    """Each run's first epochs against its reference seed's curve (metrics/curve.py), where it has one."""
+    """Each run's first epochs against its reference seed's curve (studies/curve.py), where it has one."""
     from speechperf.results.run import Run
 
     for run in runs:
@@ -169,7 +169,7 @@ def _beam_sweep(run: Path, say) -> None:
 
 
 def _report(runs: list[Path], out: Path, say) -> None:
-    from speechperf.report.html import build_report
+    from speechperf.studies.report.html import build_report
 
     path = build_report(runs, out)
     say(f"report: {path}")

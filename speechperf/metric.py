@@ -12,8 +12,8 @@ the command's table, the report's) and of the report's validation and final tabl
 panel of Fig. 7, a column of ``train --seeds`` and ``parallel sweep``, a value of reference
 curves (a target metric), and what ``eval_accuracy`` in events.log and the live status line
 show when it is the run's ``train.target_metric``. Its interval comes from the per-utterance
-counts it names (``counts``: two fields of :class:`speechperf.metrics.errors.UtteranceErrors`,
-resampled by metrics/bootstrap.py). A row recorded before a metric existed has no value for
+counts it names (``counts``: two fields of :class:`speechperf.scoring.error_rates.UtteranceErrors`,
+resampled by scoring/bootstrap.py). A row recorded before a metric existed has no value for
 it: readers show "not measured" (None, NA), never 0. The one default target metric is
 :data:`DEFAULT_TARGET`. No other module spells a metric's name (tests/test_metric_names.py):
 code that means one metric names its declaration (:data:`WER`).
@@ -21,7 +21,7 @@ code that means one metric names its declaration (:data:`WER`).
 This module sits at the bottom of the package, beside the registry (it imports only the errors
 and the registry), so that every layer reads it: the configuration's checks, the results
 database, the metrics, the training loop and the report. The computations live above it
-(metrics/errors.py, metrics/bootstrap.py); here is only what each metric is.
+(scoring/error_rates.py, scoring/bootstrap.py); here is only what each metric is.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Metric:
     counts: tuple[str, str] | None = None  # UtteranceErrors fields (errors, reference lengths): its bootstrap interval
 
     def __post_init__(self):
-        if self.target and not self.lower_is_better:  # metrics/tta.py: a target is reached from above (<=)
+        if self.target and not self.lower_is_better:  # studies/tta.py: a target is reached from above (<=)
             raise MetricError(f"metric {self.name!r}: a TTA target must be of a lower-is-better metric")
 
     @property

@@ -80,7 +80,7 @@ def test_demo_seeds_layout_and_one_seed_line(tiny_features, monkeypatch, tmp_pat
     monkeypatch.setattr(demo, "_beam_sweep", lambda run, say: swept.append(run))  # Table 3: not what this tests
     out = tmp_path / "d"
     args = dict(preset="tiny", overrides=["threads=1", "max_epochs=1"])
-    # side by side (train/seed_slots.py: each seed a `speechperf train` process) in the demo's layout
+    # side by side (studies/seed_slots.py: each seed a `speechperf train` process) in the demo's layout
     rows = demo.run_demo(out, seeds=(1, 2), parallel=2 if len(os.sched_getaffinity(0)) >= 2 else 1, **args)
     for folder, seed in (("run", 1), ("run-seed-2", 2)):
         assert json.loads((out / folder / "config.json").read_text())["train"]["seed"] == seed

@@ -1,5 +1,5 @@
 """Metric names are data: no module spells one but speechperf/metric.py, which declares them,
-and speechperf/metrics/errors.py, which computes them. Every other module reads the
+and speechperf/scoring/error_rates.py, which computes them. Every other module reads the
 declarations (a name, its ``last_NAME``/``NAME_lo``/``NAME_hi`` keys, its label or header), so
 that a metric declared, renamed or made the default is one edit; the one default target is
 ``metric.DEFAULT_TARGET``."""
@@ -68,8 +68,8 @@ w = "WER 12"  # prose: not a key
 
 def test_one_default_target_everywhere():
     from speechperf.cli import build_parser
-    from speechperf.config.train import TrainConfig
-    from speechperf.metrics.targets import Targets
+    from speechperf.config.training import TrainConfig
+    from speechperf.scoring.targets import Targets
 
     assert metric.DEFAULT_TARGET in metric.targets()
     assert TrainConfig().target_metric == Targets().metric == metric.DEFAULT_TARGET

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.models.contract import planned_forward, unwrap
 from speechperf.config import load_preset
 from speechperf.models import MODELS, build_model, model_config

@@ -41,7 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_flop
 
 from speechperf.models.contract import planned_forward
 from speechperf.bench.measured_peak import training_peak
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model
 
 aten = torch.ops.aten

@@ -22,13 +22,13 @@ from pathlib import Path
 
 from speechperf.algorithms import DEFAULT as DEFAULT_ALGO, algo_config, config_class as algo_class
 from speechperf.algorithms.base import AlgoConfig
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.errors import ConfigError
 from speechperf.models import config_class
 from speechperf.models.ds2 import DS2Config
 from speechperf.section import build_section
-from speechperf.config.train import TrainConfig
+from speechperf.config.training import TrainConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")

@@ -26,9 +26,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from speechperf.corpus import alphabet
 from speechperf.data import index as index_mod
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import Index
-from speechperf.data.plan import Plan, method, plan_epoch, steps_per_epoch
+from speechperf.data.plan import Plan, method, plan_epoch
 from speechperf.features.shards import ShardError, read_rows
 from speechperf.features.stats import read_stats
 
@@ -196,15 +196,6 @@ def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: 
     plan = plan_epoch(index, cfg, epoch, seed, rank, world).sliced(start_batch)
     stats = _stats(feats) if cfg.normalize else None
     return Loader(plan, _Reader(index, feats, cfg, stats), cfg, _readers_generator(seed, epoch, rank))
-
-
-def planned_steps(index: Index, cfg: LoaderConfig, seed: int, world: int = 1) -> int | None:
-    """Steps per epoch for the learning-rate schedule's length: a shuffled epoch's planned
-    batches of ``index`` (data/plan.py, ``steps_per_epoch``); None for the ``full`` cut,
-    whose schedules (and reference convergence points) count ceil(utterances / batch_size)."""
-    if method(cfg) == "full":
-        return None
-    return steps_per_epoch(index, cfg, seed, world)
 
 
 def _reader_ignores_stop_signals(_worker_id: int) -> None:

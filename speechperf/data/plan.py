@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import Index
 from speechperf.errors import SpeechperfError
 
@@ -193,8 +193,14 @@ def batch_cost(index: Index, batch: np.ndarray, cfg: LoaderConfig) -> float:
     return float(len(batch) * width_costs(index.duration[batch], cfg).max())
 
 
-def steps_per_epoch(index: Index, cfg: LoaderConfig, seed: int, world: int = 1) -> int:
-    """Steps of a shuffled epoch (epoch 2's plan; duration plans vary a little from epoch to epoch)."""
+def steps_per_epoch(index: Index, cfg: LoaderConfig, seed: int, world: int = 1, utterances: int | None = None) -> int:
+    """Optimizer steps of one epoch, the unit of the learning-rate schedule's length. The
+    ``full`` cut counts ceil(utterances / batch_size), the global batch (its schedules and
+    reference convergence points were measured so; ``utterances``: the training splits',
+    default the index's); the other cuts count a shuffled epoch's planned batches (epoch 2's
+    plan; duration plans vary a little from epoch to epoch)."""
+    if method(cfg) == "full":
+        return -(-(len(index) if utterances is None else utterances) // cfg.batch_size)
     return len(plan_epoch(index, cfg, 2, seed, 0, world))
 
 

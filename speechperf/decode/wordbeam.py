@@ -22,7 +22,7 @@ from speechperf.decode.batch import decode_parallel
 from speechperf.decode.beam import GAP
 from speechperf.decode.kernel import beam_search
 from speechperf.decode.lm import BigramLM, load_lm
-from speechperf.decode.tables import build_tables
+from speechperf.decode.search_tables import build_tables
 from speechperf.errors import SpeechperfError
 from speechperf.decode.greedy import GreedyDecoder
 

@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 
 
 def hz_to_mel(f: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ import numpy as np
 from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_splits, is_train_split, iter_split,
                                           read_audio)
 from speechperf.errors import SpeechperfError
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.index_stream import write_index
 from speechperf.features.shards import (ShardError, as_stored, file_sha256, load_index, shard_name, write_json,
                                         write_shard)

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from speechperf.config import ConfigError
-from speechperf.config.train import DIST_BACKENDS as BACKENDS
+from speechperf.config.training import DIST_BACKENDS as BACKENDS
 
 MIXED = "cpu:gloo,cuda:nccl"
 # cuBLAS reproducibility (CUDA docs, "Results reproducibility"): a fixed workspace per handle.

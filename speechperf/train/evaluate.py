@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from speechperf import metric
-from speechperf.data.config import LoaderConfig
-from speechperf.metrics.bootstrap import error_intervals
-from speechperf.metrics.errors import UtteranceErrors, error_rates, utterance_errors
+from speechperf.data.loader_config import LoaderConfig
+from speechperf.scoring.bootstrap import error_intervals
+from speechperf.scoring.error_rates import UtteranceErrors, error_rates, utterance_errors
 from speechperf.metric import METRICS
 from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import RunConfig

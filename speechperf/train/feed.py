@@ -31,7 +31,7 @@ import torch
 from speechperf.config import load_preset
 from speechperf.data.loader import Batch, make_loader
 from speechperf.errors import SpeechperfError
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.shards import shard_name, write_json, write_shard
 from speechperf.models import build_model
 from speechperf.train.distributed import DistEnv, pick_device
@@ -39,7 +39,7 @@ from speechperf.train.step import make_optimizer, train_step
 from speechperf.train.warmup import check_precision
 
 PROFILES = Path(__file__).resolve().parents[1] / "config" / "gpu_appetite.toml"
-FRAME_S = 0.01  # 10 ms hop (features/config.py)
+FRAME_S = 0.01  # 10 ms hop (features/feature_config.py)
 CHARS_PER_S = 15.0  # LibriSpeech read speech: about 15 characters (spaces included) per second
 SHARD_UTTS = 64  # utterances per synthetic shard (a prepared split's order of size)
 SUPPLY_BATCH = 64  # utterances per supply batch at most: the rate is per audio second, a bigger batch

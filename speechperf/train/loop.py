@@ -41,7 +41,7 @@ import torch
 from speechperf.config import RunConfig
 from speechperf.data.loader import make_loader
 from speechperf.errors import SpeechperfError
-from speechperf.metrics.tta import tta_minutes
+from speechperf.scoring.target_rule import tta_minutes
 from speechperf.results.admission import admit
 from speechperf.results.request import RESUME_MODES, TrainRequest
 from speechperf.train import distributed

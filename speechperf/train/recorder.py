@@ -20,7 +20,7 @@ from pathlib import Path
 
 from speechperf import metric
 from speechperf.corpus import alphabet
-from speechperf.metrics.study import run_check
+from speechperf.studies.study import run_check
 from speechperf.results import checkpoint
 from speechperf.results.layout import EVENTS_FILE, SUMMARY_FILE
 from speechperf.results.run import Run
@@ -258,7 +258,7 @@ class RunRecorder(Recorder):
                           clock_s=round(self.prog.clock_s, 3))
         self._store_samples(self.sampler.settled())  # a killed run keeps its samples up to here
         checkpoint.save(self.run, self.prog, {**state.state_dict(), **(algo_state or {})})
-        self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (metrics/breakdown.py)
+        self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (studies/time_parts.py)
 
     def stopped(self, status: str) -> None:
         """run_stop: the run trained to its end (``status``: success, time_cap, max_epochs)."""

@@ -1,6 +1,6 @@
 """The learning-rate schedule: a factor of ``train.lr`` for every optimizer step.
 
-``train.lr_schedule`` (its values: config/train.py's ``SCHEDULES``):
+``train.lr_schedule`` (its values: config/training.py's ``SCHEDULES``):
 
 - ``epoch_decay`` (the default, the paper's): ``lr_decay ** epochs_done``;
 - ``step`` (torch's ``StepLR`` over epochs, MLPerf's step recipes): warm-up, then
@@ -71,12 +71,6 @@ def factor(tc, step: int, epochs_done: int, total_steps: int, losses=()) -> floa
     floor = tc.lr_min / tc.lr
     done = min(1.0, (step - w) / max(total_steps - w, 1))
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * done))
-
-
-def steps_per_epoch(utterances: int, batch_size: int) -> int:
-    """Optimizer steps of one epoch: batches of ``batch_size`` (the global batch) over the
-    training utterances (the loader's last batch may be short)."""
-    return -(-utterances // batch_size)
 
 
 def make_scheduler(optimizer, tc, prog, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:

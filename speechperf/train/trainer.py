@@ -17,8 +17,8 @@ import torch
 
 from speechperf.config import RunConfig
 from speechperf.data.index import Index
-from speechperf.data.loader import load_index, planned_steps
-from speechperf.data.plan import global_batch
+from speechperf.data.loader import load_index
+from speechperf.data.plan import global_batch, steps_per_epoch
 from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model
 from speechperf.results import checkpoint
@@ -31,7 +31,7 @@ from speechperf.train import distributed
 from speechperf.algorithms import make_algorithm
 from speechperf.algorithms.base import Algorithm
 from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
-from speechperf.train.schedule import make_scheduler, steps_per_epoch
+from speechperf.train.schedule import make_scheduler
 from speechperf.train.step import StepMeter, make_optimizer
 from speechperf.train.stop import StopSignals
 from speechperf.train.warmup import check_precision, initialize, warm_model
@@ -102,8 +102,7 @@ def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Pro
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
     optimizer = make_optimizer(core, tc, device)
-    planned = planned_steps(index, cfg.loader, tc.seed, world)  # None: fixed counts (ceil(utterances / batch_size))
-    total_steps = tc.max_epochs * (planned or steps_per_epoch(train_utterances(splits), cfg.loader.batch_size))
+    total_steps = tc.max_epochs * steps_per_epoch(index, cfg.loader, tc.seed, world, train_utterances(splits))
     state = TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
                        torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
     if ckpt is not None:

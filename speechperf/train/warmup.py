@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from speechperf.corpus import alphabet
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import ConfigError
 from speechperf.telemetry.capability import model_support

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from speechperf.corpus import alphabet
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.loader import load_index, make_loader
 from speechperf.data.plan import plan_epoch
 

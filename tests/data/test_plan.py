@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from speechperf.config import load_preset
-from speechperf.data.config import LoaderConfig
+from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import from_columns, librispeech_like
-from speechperf.data.plan import batch_cost, method, plan_epoch
+from speechperf.data.plan import batch_cost, method, plan_epoch, steps_per_epoch
 from speechperf.errors import SpeechperfError
-from speechperf.metrics.rcp import reference_path
+from speechperf.studies.rcp import reference_path
 
 
 def reference_plan_epoch(records, cfg, epoch, seed, rank=0, world=1):
@@ -182,3 +182,15 @@ def test_each_cut_is_named_by_what_it_does():
     assert method(LoaderConfig()) == "full"  # full batches of batch_size, then the window's remainder
     assert method(LoaderConfig(balance=True)) == "balanced"
     assert method(LoaderConfig(balance=True, max_duration=60.0)) == "duration"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_steps_per_epoch_is_the_schedule_s_unit(world):
+    """Fixed counts: ceil(utterances / global batch), whatever the world; the other cuts: the
+    planned batches of a shuffled epoch per rank."""
+    index = librispeech_like(0, splits=(10,), per_shard=4)
+    full = LoaderConfig(batch_size=4)
+    assert steps_per_epoch(index, full, 0, world) == 3  # 10 utterances: 4 + 4 + 2
+    assert steps_per_epoch(index, full, 0, world, utterances=8) == 2
+    for cfg in (LoaderConfig(batch_size=4, balance=True), LoaderConfig(max_duration=40.0)):
+        assert steps_per_epoch(index, cfg, 7, world) == len(plan_epoch(index, cfg, 2, 7, 0, world)) > 0

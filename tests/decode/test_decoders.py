@@ -202,7 +202,7 @@ def test_forecast_sample_is_deterministic_and_words_sorted_by_labels():
     lp = spell("the cot dug rn", noise=1.5, seed=3)
     d = WordBeamDecoder(lm, beam=16, mode="ngrams_forecast_sample", samples=2)
     assert d.decode(lp) == d.decode(lp)
-    from speechperf.decode.tables import tree_order
+    from speechperf.decode.search_tables import tree_order
 
     assert tree_order(["cool", "coo", "col"]) == ["col", "coo", "cool"]  # c o l < c o o < c o _ o l
     with pytest.raises(LMError, match="caf"):

@@ -3,7 +3,7 @@ import pytest
 
 librosa = pytest.importorskip("librosa")
 
-from speechperf.features.config import FeatureConfig  # noqa: E402
+from speechperf.features.feature_config import FeatureConfig  # noqa: E402
 from speechperf.features.extract import dct_matrix, extract, extract_batch, frame_count, mel_filters  # noqa: E402
 
 # Tolerance against librosa: float32 FFT vs librosa's own, measured max 0.002 dB on log-mel.

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from speechperf.errors import SpeechperfError
-from speechperf.features.config import FeatureConfig
+from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.prepare import prepare
 from speechperf.features.shards import ShardError, load_index, read_shard, write_shard
 
@@ -99,7 +99,7 @@ def test_shards_are_byte_deterministic(tmp_path, monkeypatch):
 
 def test_prepare_rebuilds_a_corrupt_shard_identical_and_the_loader_names_the_repair(tiny_corpus, tiny_features,
                                                                                     tmp_path, capsys):
-    from speechperf.data.config import LoaderConfig
+    from speechperf.data.loader_config import LoaderConfig
     from speechperf.data.loader import make_loader
 
     out = tmp_path / "feats"

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from speechperf.cli import main
-from speechperf.metrics import rcp, study
+from speechperf.studies import rcp, study
 from speechperf.results.run import Run
 
 CONFIG = {"preset": "tiny", "model": {"name": "ds2"}, "train": {"seed": 1, "eval_split": "dev-clean"}}
@@ -59,7 +59,7 @@ def reference(tmp_path, monkeypatch):
     ("deep", "nested too deeply"),
 ])
 def test_a_damaged_reference_file_is_refused_naming_file_and_field(reference, fields, said):
-    from speechperf.metrics.aggregate import SeedRun, aggregate
+    from speechperf.studies.aggregate import SeedRun, aggregate
 
     if fields == "deep":  # written as text (json.dumps cannot write it either)
         path = reference()

@@ -29,7 +29,7 @@ def test_counter_else_integrated_power():
 
 
 def test_sampler_summary_and_report_read_the_same_rule():
-    from speechperf.report.aggregate import energy_by_source, energy_until
+    from speechperf.studies.report.comparison import energy_by_source, energy_until
 
     s = Sampler(config=SamplerConfig(gpus=False, rapl=False))
     s.samples = list(SAMPLES)

@@ -92,7 +92,7 @@ def test_a_max_duration_below_the_longest_utterance_is_refused_exactly_and_leave
 def test_train_target_must_be_an_error_rate_as_tta_targets_are(value):
     from speechperf.config import load_preset
     from speechperf.errors import ConfigError
-    from speechperf.metrics.targets import TargetError, parse_targets
+    from speechperf.scoring.targets import TargetError, parse_targets
 
     with pytest.raises(ConfigError, match=r"train.target=\S+ must be an error rate in \(0, 100\] % \(or 0: never"):
         load_preset("tiny", [f"train.target={value}"])

@@ -9,9 +9,9 @@ EMULATED = "emulated: no native bf16 on this CPU (AVX2)"
 
 
 def test_an_emulated_precision_is_flagged_in_env_summary_and_report(tiny_features, tmp_path, monkeypatch, capsys):
-    from speechperf.report.runs import load_run
-    from speechperf.report.run_sections import runs_section
-    from speechperf.report.sections import Context
+    from speechperf.studies.report.runs import load_run
+    from speechperf.studies.report.run_sections import runs_section
+    from speechperf.studies.report.sections import Context
     from speechperf.results.run import Run
 
     monkeypatch.setenv(cap.FORCE_ENV, "avx512f,avx512_bf16,amx_bf16")

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from speechperf.parallel.sweep import free_port
+from speechperf.studies.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events

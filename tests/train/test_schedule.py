@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from speechperf.config import ConfigError, load_preset
-from speechperf.config.train import TrainConfig
+from speechperf.config.training import TrainConfig
 from speechperf.results.progress import Progress
-from speechperf.train.schedule import factor, make_scheduler, steps_per_epoch, warmup
+from speechperf.train.schedule import factor, make_scheduler, warmup
 
 
 def tc(**kw) -> TrainConfig:
@@ -58,10 +58,6 @@ def test_cosine_goes_from_one_to_lr_min_at_the_end_and_stays():
     assert factor(c, 7, 0, 12) == pytest.approx(0.1 + 0.9 * 0.5)  # half way: cos(pi/2) = 0
     assert factor(c, 12, 0, 12) == pytest.approx(0.1)
     assert factor(c, 500, 0, 12) == pytest.approx(0.1)
-
-
-def test_steps_per_epoch_rounds_up():
-    assert steps_per_epoch(10, 4) == 3 and steps_per_epoch(8, 4) == 2
 
 
 def test_the_scheduler_as_the_loop_steps_it():

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from speechperf.parallel.sweep import free_port
+from speechperf.studies.sweep import free_port
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=1000"]
 

@@ -1,0 +1,92 @@
+"""Tables that combine runs: time to accuracy (Table 4/6) and price/performance per platform
+(repeated runs over seeds: speechperf/studies/aggregate.py)."""
+from __future__ import annotations
+
+import json
+import statistics
+
+from speechperf.metric import DEFAULT_TARGET, measured
+from speechperf.studies.time_parts import shares, time_parts
+from speechperf.scoring.target_rule import tta_minutes
+from speechperf.scoring.targets import METRICS, Targets
+from speechperf.telemetry import energy
+from speechperf.studies.report.runs import who
+from speechperf.telemetry.platforms import Platform, load, of_run, price_columns, price_performance
+
+# The paper's TTA to dev-clean CER 10 on LibriSpeech (docs/spec.md D), for orientation beside ours.
+PAPER_TTA_CER10 = {"sys1": 820.0, "sys2": 672.0, "sys10": 511.0}
+
+
+def run_tta(run: dict, target: float = 10.0, metric: str = DEFAULT_TARGET) -> float | None:
+    return tta_minutes([(e["clock_s"], e[metric]) for e in run["evals"]], target, 3)
+
+
+def energy_by_source(run: dict, seconds: float) -> dict[str, tuple[float, str]]:
+    """{source: (joules in the first ``seconds`` of the run, "counter" | "integrated-power")} of the
+    top-level sources (telemetry/energy.py: counter where a source has one, else integrated power)."""
+    return energy.by_source(run["samples"], seconds, top_only=True)
+
+
+def energy_until(run: dict, seconds: float | None) -> float | None:
+    """Energy to accuracy (telemetry/energy.py's one rule, as ``tta`` reads it): joules of all
+    sources in the first ``seconds`` of the run; None when nothing measured it."""
+    return energy.to_accuracy(run["samples"], seconds, run.get("label", "the run"))
+
+
+def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
+    """Where each run's time to CER ``target`` went (studies/time_parts.py), or its time to its
+    last evaluation where it never reached the target; seconds and the parts' shares."""
+    rows = []
+    for r in runs:
+        tta = run_tta(r, target)
+        until = tta * 60 if tta is not None else max((e["clock_s"] for e in r["evals"]), default=None)
+        if until is None:
+            continue
+        parts = time_parts(r["iterations"], r["evals"], until)
+        rows.append({**who(r), "to": f"CER {target:g}" if tta is not None else "last evaluation (target not reached)",
+                     **{k: v for k, v in parts.items() if k != "note"}, "shares": shares(parts), "note": parts["note"]})
+    return rows
+
+
+def cheapest_first(platform: Platform) -> tuple:
+    """Sort key: purchase price, then $/hour, then unpriced machines."""
+    if platform.price_usd is not None:
+        return (0, platform.price_usd)
+    return (1, platform.usd_per_hour) if platform.usd_per_hour is not None else (2, 0.0)
+
+
+def tta_rows(runs: list[dict], targets: Targets = Targets()) -> list[dict]:
+    """Table 4/6 for the runs of one workload: TTA per run and target, and relative to the run
+    on the cheapest platform that reached it (the fastest run when no platform has a price; the
+    row names its reference). ``targets``: the set (or numbers) whose targets apply."""
+    rows = []
+    for metric in METRICS:
+        for target in sorted({t for r in runs for t in targets.of(metric, r["workload"]["model"])}, reverse=True):
+            mins = [(r, run_tta(r, target, metric)) for r in runs if not r["evals"] or measured(r["evals"], metric)]
+            reached = [(r, m) for r, m in mins if m is not None]
+            ref = min(reached, key=lambda rm: (cheapest_first(of_run(rm[0]["env"])), rm[1]), default=(None, None))
+            for r, m in mins:
+                rows.append({**who(r), "platform": of_run(r["env"]).name, "metric": metric.upper(),
+                             "target %": target, "TTA minutes": m,
+                             "relative %": 100 * m / ref[1] if m is not None and ref[1] else None,
+                             "reference": ref[0]["label"] if ref[0] else None})
+    return rows
+
+
+def price_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
+    """TTA x price, cost at $/hour and energy to accuracy per run (to CER ``target``), then the
+    paper's platforms with the paper's TTA (LibriSpeech: a far larger job than ours)."""
+    rows = []
+    for r in runs:
+        tta = run_tta(r, target)
+        joules = energy_until(r, tta * 60 if tta is not None else None)
+        price = price_columns(r["env"], tta, joules)
+        if tta is not None and joules is None:  # no sample measured energy or power: say why
+            price["price note"] = energy.explained(price["price note"], r["env"])
+        rows.append({**who(r), **price})
+    for name, tta in PAPER_TTA_CER10.items():
+        plat = load(name)
+        rows.append({"run": "paper, LibriSpeech", "workload": "ds2 (the paper's sizes)", "platform": plat.name,
+                     "price $": plat.price_usd, "$/hour": None,
+                     "price date": plat.price_date, **price_performance(tta, plat)})
+    return rows

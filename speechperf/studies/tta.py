@@ -1,0 +1,132 @@
+"""Time-to-accuracy (docs/spec.md D): TTA(a, e), minutes of the TTA clock (from run_start, after initialization) until the median of
+the last e per-epoch evaluations first reaches the target a; None (NA) when never."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from speechperf.errors import SpeechperfError
+from speechperf.metric import DEFAULT_TARGET, measured, metric as metric_of, per_epoch
+from speechperf.studies.time_parts import shares, time_parts
+from speechperf.scoring.target_rule import epochs_to_target, tta_minutes
+from speechperf.scoring.targets import parse_targets
+from speechperf.results.run import Run, machine_name, unique_labels
+from speechperf.results.workload import by_workload
+
+
+# No run measures its step's floor (the same step on batches already on the device): benchmarks/bench_step_floor.py
+# measures it apart, for a preset on a machine.
+STEP_FLOOR_NOTE = "not measured (benchmarks/bench_step_floor.py measures it apart)"
+
+
+def epoch_rows(run) -> list[dict]:
+    """Per-epoch validation rows of an open :class:`~speechperf.results.Run`, in epoch order; a
+    run whose rows are not in its database is an error, never an empty list."""
+    run.row()
+    return run.evals()
+
+
+def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper", epochs: int = 3,
+              price_per_hour: float | None = None, platform_file: Path | None = None) -> list[dict]:
+    """Table 4 form: one row per (run, target) with minutes and % of the first run of the same
+    workload (the reference), the initialization seconds kept outside the clock, the achieved
+    TFLOPS and MFU of its training steps (bench/mfu.py) with the peak behind it, and the run's
+    platform with cost to accuracy and TTA x price (``price_per_hour``/``platform_file``
+    override what the run recorded; :func:`speechperf.telemetry.platforms.of_run`).
+
+    ``targets``: a target set (``paper``, ``algoperf``: its targets depend on the run's model;
+    refused for a run of another protocol) or numbers (:func:`speechperf.scoring.targets.parse_targets`). Rows are grouped per
+    workload (model and parameter count): runs of different models are different jobs, so a
+    run's relative % is only ever against a run of its own workload. Runs are named by their
+    labels (told apart where they collide); each run's rows come from its own folder, so
+    folders from different machines compare in one table.
+    """
+    spec = parse_targets(targets, metric)
+    opened = [Run.open(Path(r)) for r in runs]
+    try:
+        labelled = list(zip(opened, unique_labels(opened), (r.workload for r in opened)))
+        for run, label, _ in labelled:  # a named set only for runs of its protocol, before any row
+            spec.check_run(run.config, label)
+        return [row for name, members in by_workload(labelled, lambda m: m[2]).items()
+                for row in _workload_rows(members, name, metric, spec, epochs, price_per_hour, platform_file)]
+    finally:
+        for run in opened:
+            run.close()
+
+
+def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, price_per_hour,
+                   platform_file) -> list[dict]:
+    """The rows of the runs of one workload; relative % against the first of them."""
+    from speechperf.bench.mfu import mfu_columns
+    from speechperf.telemetry import energy
+    from speechperf.telemetry.platforms import price_columns, with_price_overrides
+
+    rows: list[dict] = []
+    first: dict[float, float | None] = {}
+    for run, label, wl in members:
+        targets = spec.require(metric, wl["model"])
+        rows_of_epochs = epoch_rows(run)
+        if rows_of_epochs and not measured(rows_of_epochs, metric):  # recorded before the metric existed
+            raise SpeechperfError(f"run {label!r} did not measure {metric_of(metric).label} (its evaluations were "
+                                  f"recorded before speechperf did): no TTA of it; choose another --metric")
+        evals = [(e["clock_s"], e[metric]) for e in rows_of_epochs]
+        env = with_price_overrides(run.env, price_per_hour, platform_file)
+        summary = run.summary() or {}  # {}: unfinished
+        init_s = summary.get("init_s")
+        samples, iterations = run.samples(), run.iterations()
+        for target in targets:
+            minutes = tta_minutes(evals, target, epochs)
+            reached = epochs_to_target(evals, target, epochs)
+            ref = first.setdefault(target, minutes)
+            relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference: exactly 100
+            joules = energy.to_accuracy(samples, None if minutes is None else minutes * 60, label)
+            price = price_columns(env, minutes, joules)
+            if minutes is not None and joules is None:  # no sample measured energy or power: say why
+                price["price note"] = energy.explained(price["price note"], run.env)
+            rows.append({"run": label, "workload": name, "machine": machine_name(run.env), "metric": metric,
+                         "target": target, "epochs": epochs, "minutes": minutes, "relative": relative,
+                         **at_target(rows_of_epochs[reached - 1] if reached else None, metric), "init s": init_s,
+                         **mfu_columns(summary), **price,
+                         **time_columns(iterations, rows_of_epochs, minutes)})
+    return rows
+
+
+def time_columns(iterations: list[dict], evals: list[dict], minutes: float | None) -> dict:
+    """Where the time went (studies/time_parts.py) up to the TTA, or up to the run's last
+    evaluation when the target was not reached; and the step against its floor."""
+    until = minutes * 60 if minutes is not None else max((e["clock_s"] for e in evals), default=None)
+    if until is None:
+        return {"time parts": None, "time parts s": None, "step vs floor": STEP_FLOOR_NOTE}
+    parts = time_parts(iterations, evals, until)
+    text = shares(parts) + ("" if minutes is not None else " (to the last evaluation: target not reached)")
+    return {"time parts": text + (f"; {parts['note']}" if parts["note"] else ""), "time parts s": parts,
+            "step vs floor": STEP_FLOOR_NOTE}
+
+
+def at_target(row: dict | None, metric: str) -> dict:
+    """The evaluation at which the target was declared: its error and 95% interval over the
+    validation utterances (scoring/bootstrap.py; None in rows recorded before it, or when the
+    target was never reached). A target crossed inside that interval is crossed by the
+    validation set's resolution as much as by the model."""
+    row = row or {}
+    return {"error at TTA": row.get(metric), "error 95% low": row.get(f"{metric}_lo"),
+            "error 95% high": row.get(f"{metric}_hi")}
+
+
+def evaluations(run, label: str) -> list[dict]:
+    """Per-epoch validation rows of an open run, each per-epoch metric (speechperf/metric.py) with
+    its 95% interval (None where the row predates the interval or the metric: not measured):
+    what ``tta --json`` shows per run."""
+    keys = [k for m in per_epoch() for k in m.columns]
+    return [{"run": label, "epoch": e["epoch"], "clock_s": e["clock_s"], "split": e["split"],
+             **{k: e.get(k) for k in keys}, "n_utts": e["n_utts"]} for e in run.evals()]
+
+
+def notes(rows: list[dict]) -> list[str]:
+    """What the text table leaves implicit: with runs of several workloads, that they are not
+    ranked against each other."""
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    if len(workloads) < 2:
+        return []
+    return [f"{len(workloads)} workloads ({'; '.join(workloads)}): different jobs, not ranked against each other; "
+            "'relative' is % of the first run of the same workload."]

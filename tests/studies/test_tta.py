@@ -1,0 +1,73 @@
+import json
+
+import pytest
+
+from speechperf.errors import SpeechperfError
+from speechperf.scoring.target_rule import tta_minutes
+from speechperf.studies.tta import tta_table
+from speechperf.results import ResultsDB
+
+
+def test_median_of_last_three_epochs():
+    evals = [(60, 30.0), (120, 9.0), (180, 20.0), (240, 9.5), (300, 9.0)]
+    # windows: [30,9,20] -> 20; [9,20,9.5] -> 9.5; reached at epoch 4 (240 s)
+    assert tta_minutes(evals, 10.0, 3) == pytest.approx(4.0)
+    assert tta_minutes(evals, 9.0, 3) is None
+    assert tta_minutes(evals, 9.0, 1) == pytest.approx(2.0)
+
+
+def test_needs_e_epochs_before_reaching():
+    assert tta_minutes([(60, 1.0), (120, 1.0)], 10.0, 3) is None
+    with pytest.raises(SpeechperfError):
+        tta_minutes([], 1.0, 0)
+
+
+def _fake_run(tmp_path, name, evals):
+    run = tmp_path / name
+    run.mkdir()
+    db_path = run / "results.db"
+    (run / "run.json").write_text(json.dumps({"format": 2, "run_id": name, "label": f"run {name}"}))
+    (run / "config.json").write_text(json.dumps({"train": {"eval_split": "dev-clean"}}))
+    (run / "env.json").write_text(json.dumps({"cpu_model": "Test CPU", "cpu_cores_logical": 2}))
+    with ResultsDB(db_path) as db:
+        db.upsert("runs", {"run_id": name, "kind": "train", "config_json": {"train": {"eval_split": "dev-clean"}}})
+        for epoch, (clock, cer) in enumerate(evals, 1):
+            db.upsert("evals", {"run_id": name, "epoch": epoch, "split": "dev-clean", "decoder": "greedy", "beam": 1,
+                                "clock_s": clock, "eval_s": 1.0, "loss": 1.0, "wer": 2 * cer, "cer": cer,
+                                "cer_paper": cer, "n_utts": 10, "final": 0})
+        # a final evaluation and another split must not count
+        db.upsert("evals", {"run_id": name, "epoch": 99, "split": "dev-clean", "decoder": "greedy", "beam": 1,
+                            "clock_s": 1.0, "eval_s": 1.0, "loss": 1.0, "wer": 0.0, "cer": 0.0, "cer_paper": 0.0,
+                            "n_utts": 10, "final": 1})
+    return run
+
+
+def test_table_relative_to_first_run(tmp_path):
+    a = _fake_run(tmp_path, "a", [(600, 12), (1200, 9), (1800, 9), (2400, 7)])
+    b = _fake_run(tmp_path, "b", [(300, 9), (600, 9), (900, 9), (1200, 9)])
+    rows = tta_table([a, b], metric="cer", targets=[10, 8], epochs=3)
+    assert [(r["run"][-1], r["target"], r["minutes"], r["relative"]) for r in rows] == [
+        ("a", 10, 30.0, 100.0), ("a", 8, None, None), ("b", 10, 15.0, 50.0), ("b", 8, None, None)]
+    assert set(rows[0]) >= {"run", "machine", "metric", "target", "epochs", "minutes", "relative", "init s",
+                            "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"}
+    assert rows[0]["run"] == "run a" and rows[0]["machine"] == "2-core Test"
+    # a CPU that no profile prices: no price, and the row says why
+    assert rows[0]["cost to accuracy $"] is None and "no price for Test CPU" in rows[0]["price note"]
+
+
+def test_table_prices_each_run_from_its_environment_and_overrides(tmp_path, capsys):
+    from speechperf.cli import main
+
+    h100 = _fake_run(tmp_path, "h100", [(600, 9), (1200, 9), (1800, 9)])  # CER 10 at 30 min
+    (h100 / "env.json").write_text(json.dumps({"cpu_model": "x", "gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 2}))
+    odd = _fake_run(tmp_path, "odd", [(600, 9), (1200, 9), (1800, 9)])
+    (odd / "env.json").write_text(json.dumps({"cpu_model": "x", "gpus": [{"name": "NVIDIA B300"}]}))
+    rows = {r["run"][-3:]: r for r in tta_table([h100, odd], targets=[10])}
+    assert rows["100"]["platform"] == "2x NVIDIA H100 SXM 80 GB"
+    assert rows["100"]["cost to accuracy $"] == pytest.approx(0.5 * 2 * 3.99)
+    assert rows["100"]["TTA x price ($ min)"] == pytest.approx(30 * 2 * 25000.0)
+    assert rows["odd"]["cost to accuracy $"] is None
+    assert "no price for 1x NVIDIA B300; give --price-per-hour" in rows["odd"]["price note"]
+    assert main(["tta", str(h100), str(odd), "--targets", "10", "--price-per-hour", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["cost to accuracy $"] for r in out] == [2.0, 2.0]

@@ -1,0 +1,93 @@
+"""A real tiny run through ``speechperf tta --json``: where its time to accuracy went adds up to
+the TTA within 1% (its rows tile the clock), and recorded power samples show as its energy to
+accuracy, a resumed run's two processes summed."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from speechperf.studies.time_parts import time_parts
+from speechperf.results import ResultsDB
+from speechperf.results.run import Run
+
+ARGS = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=50", "eval_decoder=greedy"]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def run(tiny_features, tmp_path_factory):
+    out = tmp_path_factory.mktemp("parts") / "run"
+    p = _cli("train", "--data", tiny_features, "--out", out, *ARGS, "--json")
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_the_parts_of_a_real_run_add_up_to_its_tta(run):
+    r = Run.open(run)
+    try:
+        iterations, evals, samples = r.iterations(), r.evals(), r.samples()
+    finally:
+        r.close()
+    assert all(i["data_s"] is not None and i["data_s"] >= 0 for i in iterations)
+    segments = {s["segment"] for s in samples}  # one process; a new stretch after each evaluation's intervals
+    assert samples and len(segments) >= 2 and None not in segments
+    clock_s = 60 * json.loads((run / "summary.json").read_text())["clock_min"]
+    assert max(s["t"] for s in samples) <= clock_s + 0.5  # on the TTA clock, not the wall's
+    assert sum(i["ckpt_s"] for i in iterations) > 0  # every 3 steps and at the epoch's end
+    for e in evals:
+        parts = time_parts(iterations, evals, e["clock_s"])
+        assert parts["total s"] == pytest.approx(e["clock_s"], rel=0.01), parts
+        assert parts["note"] is None and parts["steps s"] > 0 and parts["eval s"] > 0
+    assert evals[-1]["clock_s"] - evals[0]["clock_s"] > 0
+
+    p = _cli("tta", run, "--metric", "ser", "--targets", "100", "--epochs", "1", "--json")  # SER <= 100: reached at once
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads(p.stdout)["runs"]
+    assert row["time parts s"]["total s"] == pytest.approx(row["minutes"] * 60, rel=0.01)
+    assert row["time parts"].startswith("steps ") and row["step vs floor"].startswith("not measured")
+    # no power source on this machine: no energy, and the note says why
+    assert row["energy to accuracy kWh"] is None and "no energy counter or power samples (" in row["price note"]
+
+
+@pytest.mark.timeout(600)
+def test_tta_json_shows_the_energy_of_a_run_with_samples(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    r = Run.open(copy)
+    run_id, tta_s = r.run_id, r.evals()[0]["clock_s"]
+    r.close()
+    half = tta_s / 2
+    # NVML's counter from two processes (a resume at half the TTA; it counted 50 kJ while the run was down),
+    # 100 W throughout; and samples after the TTA, not charged
+    rows = [{"run_id": run_id, "t": t, "source": "gpu0", "metric": "energy_j", "value": v, "segment": seg}
+            for seg, pts in ((1.0, [(0.0, 1000.0), (half, 1000.0 + 100 * half)]),
+                             (2.0, [(half, 51000.0 + 100 * half), (tta_s, 51000.0 + 100 * tta_s),
+                                    (tta_s + 10, 51000.0 + 100 * (tta_s + 10))]))
+            for t, v in pts]
+    with ResultsDB(copy / "results.db") as db:
+        db.insert_many("samples", rows)
+    p = _cli("tta", copy, "--metric", "ser", "--targets", "100", "--epochs", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads(p.stdout)["runs"]
+    assert row["energy to accuracy kWh"] == pytest.approx(100 * tta_s / 3.6e6)
+    assert "no energy" not in (row["price note"] or "")
+
+
+def test_samples_taken_off_the_clock_are_dropped_and_later_ones_moved_back():
+    from types import SimpleNamespace
+
+    from speechperf.telemetry.sampler import Sample
+    from speechperf.train.recorder import RunRecorder
+
+    rec = SimpleNamespace(run_id="r", sampler_p0=100.0, sample_t0=5.0, segment=1.0,
+                          off_spans=[(102.0, 104.0, 2.0), (106.0, 107.0, 3.0)])
+    rows = [RunRecorder._on_clock(rec, Sample(t, "gpu0", "energy_j", v)) for t, v in
+            ((1.0, 10.0), (3.0, 30.0), (5.0, 50.0), (6.5, 65.0), (8.0, 80.0))]
+    assert [(r["t"], r["segment"]) if r else None for r in rows] == [(6.0, 1.0), None, (8.0, 2.0), None, (10.0, 3.0)]
