@@ -75,7 +75,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
              keep_pairs: int = 0, mode: str = "ngrams", intervals: bool = True) -> dict:
     """Loss, every declared metric (speechperf/metric.py: WER, CER standard and paper, ...) and seconds
     of one pass over ``split``; ``NAME_lo``, ``NAME_hi``: the 95% bootstrap interval of each
-    counted metric over the split's utterances (metrics/bootstrap.py), the resolution this split
+    counted metric over the split's utterances (scoring/bootstrap.py), the resolution this split
     gives them. ``intervals`` False: the point values only, and ``errors``, the per-utterance
     counts :func:`with_intervals` turns into the intervals later (the training loop computes
     them off the TTA clock).
