@@ -155,7 +155,9 @@ def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_featur
     so a resume given another count drifted from the second resumed step on. The count is
     kept in the checkpoint and restored."""
     args = ["--preset", "tiny", "max_epochs=2", "checkpoint_every=3", "sentence_every=50"]
-    two, one = {**os.environ, "OMP_NUM_THREADS": "2"}, {**os.environ, "OMP_NUM_THREADS": "1"}
+    # both variables: torch's default count reads MKL_NUM_THREADS after OMP_NUM_THREADS (tests/conftest.py sets both)
+    two = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    one = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     ref, run = tmp_path / "ref", tmp_path / "run"
 
     def popen(*a, env):
