@@ -7,6 +7,7 @@ from typing import Sequence
 
 from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET, measured, metric as metric_of, per_epoch
+from speechperf.studies.busy import busy, busy_text
 from speechperf.studies.time_parts import shares, time_parts
 from speechperf.scoring.target_rule import epochs_to_target, tta_minutes
 from speechperf.scoring.targets import parse_targets
@@ -87,20 +88,29 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
                          "target": target, "epochs": epochs, "minutes": minutes, "relative": relative,
                          **at_target(rows_of_epochs[reached - 1] if reached else None, metric), "init s": init_s,
                          **mfu_columns(summary), **price,
-                         **time_columns(iterations, rows_of_epochs, minutes)})
+                         **time_columns(iterations, rows_of_epochs, minutes, samples, run.env.get("device"))})
     return rows
 
 
-def time_columns(iterations: list[dict], evals: list[dict], minutes: float | None) -> dict:
+def time_columns(iterations: list[dict], evals: list[dict], minutes: float | None, samples: list[dict],
+                 device: str | None) -> dict:
     """Where the time went (studies/time_parts.py) up to the TTA, or up to the run's last
-    evaluation when the target was not reached; and the step against its floor."""
-    until = minutes * 60 if minutes is not None else max((e["clock_s"] for e in evals), default=None)
+    evaluation when the target was not reached; how busy the accelerator was in it
+    (studies/busy.py: ``busy``, its short form at the end of ``time parts``); and the step
+    against its floor. ``device``: the run's recorded one (env.json)."""
+    until = until_s(evals, minutes)
     if until is None:
-        return {"time parts": None, "time parts s": None, "step vs floor": STEP_FLOOR_NOTE}
+        return {"time parts": None, "time parts s": None, "busy": None, "step vs floor": STEP_FLOOR_NOTE}
     parts = time_parts(iterations, evals, until)
+    shown = busy(samples, iterations, evals, until, device)
     text = shares(parts) + ("" if minutes is not None else " (to the last evaluation: target not reached)")
-    return {"time parts": text + (f"; {parts['note']}" if parts["note"] else ""), "time parts s": parts,
-            "step vs floor": STEP_FLOOR_NOTE}
+    return {"time parts": text + (f"; {parts['note']}" if parts["note"] else "") + f"; {busy_text(shown)}",
+            "time parts s": parts, "busy": shown, "step vs floor": STEP_FLOOR_NOTE}
+
+
+def until_s(evals: list[dict], minutes: float | None) -> float | None:
+    """The clock the breakdown runs to: the TTA moment, else the run's last evaluation (None: none)."""
+    return minutes * 60 if minutes is not None else max((e["clock_s"] for e in evals), default=None)
 
 
 def at_target(row: dict | None, metric: str) -> dict:

@@ -6,6 +6,7 @@ import json
 import statistics
 
 from speechperf.metric import DEFAULT_TARGET, measured
+from speechperf.studies.busy import busy, busy_text
 from speechperf.studies.time_parts import shares, time_parts
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.scoring.targets import METRICS, Targets
@@ -33,9 +34,14 @@ def energy_until(run: dict, seconds: float | None) -> float | None:
     return energy.to_accuracy(run["samples"], seconds, run.get("label", "the run"))
 
 
+BUSY_COLUMNS = ("device", "tta %", "tta samples", "training %", "training samples", "eval %", "eval samples")
+
+
 def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
     """Where each run's time to CER ``target`` went (studies/time_parts.py), or its time to its
-    last evaluation where it never reached the target; seconds and the parts' shares."""
+    last evaluation where it never reached the target; seconds and the parts' shares; and how
+    busy its accelerator was over that time, in its training phases and its evaluations
+    (studies/busy.py: ``busy`` in short, ``busy ...`` each figure)."""
     rows = []
     for r in runs:
         tta = run_tta(r, target)
@@ -43,8 +49,11 @@ def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
         if until is None:
             continue
         parts = time_parts(r["iterations"], r["evals"], until)
+        shown = busy(r["samples"], r["iterations"], r["evals"], until, r["env"].get("device"))
         rows.append({**who(r), "to": f"CER {target:g}" if tta is not None else "last evaluation (target not reached)",
-                     **{k: v for k, v in parts.items() if k != "note"}, "shares": shares(parts), "note": parts["note"]})
+                     **{k: v for k, v in parts.items() if k != "note"}, "shares": shares(parts), "note": parts["note"],
+                     "busy": busy_text(shown), **{f"busy {k}": shown[k] for k in BUSY_COLUMNS},
+                     "busy note": shown["note"]})
     return rows
 
 
