@@ -46,15 +46,15 @@ def phases(iterations: list[dict], evals: list[dict], until_s: float) -> dict[st
 
 def device_of(samples: list[dict], device: str | None) -> tuple[tuple[str, str] | None, str | None]:
     """((device named, metric), None) of the samples a run's busy share reads, or (None, why
-    there is none). ``device``: the run's recorded device (env.json ``device``)."""
+    there is none). ``device``: the run's recorded device (env.json ``device``; a CPU run on a
+    machine with GPUs samples them too, idle: its share is the CPU's); a run that recorded none
+    reads its GPUs' where it sampled any."""
     metrics = {s["metric"] for s in samples}
-    if GPU[1] in metrics:
-        return GPU, None
-    if str(device or "").startswith("cuda"):
-        return None, "no NVML utilization samples"
-    if CPU[1] in metrics:
-        return CPU, None
-    return None, "no utilization samples"
+    gpu_run = str(device).startswith("cuda") if device else GPU[1] in metrics
+    wanted = GPU if gpu_run else CPU
+    if wanted[1] in metrics:
+        return wanted, None
+    return None, "no NVML utilization samples" if gpu_run else "no CPU utilization samples"
 
 
 def busy(samples: list[dict], iterations: list[dict], evals: list[dict], until_s: float,

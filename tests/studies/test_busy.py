@@ -69,7 +69,10 @@ def test_a_cpu_run_shows_the_cpu_and_a_gpu_run_never_does():
     none = busy(cpu, ITERATIONS, EVALS, 18.0, "cuda:0")  # NVML missing: the CPU's share is not the GPU's
     assert (none["device"], none["tta %"], none["tta samples"]) == (None, None, 0)
     assert none["note"] == "no NVML utilization samples" and busy_text(none) == "busy: no NVML utilization samples"
-    assert device_of([], "cpu") == (None, "no utilization samples")
+    assert device_of([], "cpu") == (None, "no CPU utilization samples")
+    # a CPU run on a machine with GPUs: its sampler saw them idle; its share is the CPU's
+    assert device_of(cpu + _samples(POINTS), "cpu") == (("CPU", "util_machine_pct"), None)
+    assert device_of(_samples(POINTS), None) == (("GPU", "util_pct"), None)  # no device recorded: the GPUs sampled
 
 
 def test_a_phase_without_samples_is_none_and_said():

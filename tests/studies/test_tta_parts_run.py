@@ -52,6 +52,13 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(run):
     (row,) = json.loads(p.stdout)["runs"]
     assert row["time parts s"]["total s"] == pytest.approx(row["minutes"] * 60, rel=0.01)
     assert row["time parts"].startswith("steps ") and row["step vs floor"].startswith("not measured")
+    # a CPU run: its recorded CPU utilization is its busy share, in the training phases and evaluations too
+    busy = row["busy"]
+    assert (busy["device"], busy["metric"], busy["sources"]) == ("CPU", "util_machine_pct", ["cpu"])
+    assert busy["tta samples"] > busy["training samples"] > 0 and busy["eval samples"] > 0
+    assert all(0 < busy[f"{p} %"] <= 100 for p in ("tta", "training", "eval"))
+    assert row["time parts"].endswith(f"CPU busy {busy['tta %']:.0f}% (training {busy['training %']:.0f}% eval "
+                                      f"{busy['eval %']:.0f}%; {busy['tta samples']} samples)")
     # no power source on this machine: no energy, and the note says why
     assert row["energy to accuracy kWh"] is None and "no energy counter or power samples (" in row["price note"]
 
@@ -71,12 +78,16 @@ def test_tta_json_shows_the_energy_of_a_run_with_samples(run, tmp_path):
                              (2.0, [(half, 51000.0 + 100 * half), (tta_s, 51000.0 + 100 * tta_s),
                                     (tta_s + 10, 51000.0 + 100 * (tta_s + 10))]))
             for t, v in pts]
+    rows += [{"run_id": run_id, "t": t, "source": "gpu0", "metric": "util_pct", "value": v, "segment": 2.0}
+             for t, v in ((half, 60.0), (tta_s + 10, 100.0))]
     with ResultsDB(copy / "results.db") as db:
         db.insert_many("samples", rows)
     p = _cli("tta", copy, "--metric", "ser", "--targets", "100", "--epochs", "1", "--json")
     assert p.returncode == 0, p.stderr
     (row,) = json.loads(p.stdout)["runs"]
     assert row["energy to accuracy kWh"] == pytest.approx(100 * tta_s / 3.6e6)
+    # a CPU run on a machine whose GPU the sampler saw (idle): its busy share stays the CPU's
+    assert (row["busy"]["device"], row["busy"]["metric"]) == ("CPU", "util_machine_pct")
     assert "no energy" not in (row["price note"] or "")
 
 

@@ -189,23 +189,20 @@ PART_COLORS = {"steps": "tab:blue", "data": "tab:orange", "eval": "tab:red", "ch
 
 def time_parts(rows: list[dict], path: Path) -> tuple[Path | None, str]:
     """Where the time to accuracy went: a stacked bar per run (studies/report/comparison.py ``time_rows``),
-    seconds of training steps, waiting for data, evaluation, checkpoints and epoch changes, with
-    the accelerator's busy share written beside it."""
+    seconds of training steps, waiting for data, evaluation, checkpoints and epoch changes, each
+    labelled with the accelerator's busy share in them."""
     if not rows:
         return None, "no run has evaluations to break its time down to"
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(8, 0.8 * len(rows) + 1.6))
     y = np.arange(len(rows))
     left = np.zeros(len(rows))
     for part, color in PART_COLORS.items():
         secs = np.array([r[f"{part} s"] for r in rows])
         ax.barh(y, secs, left=left, color=color, label=part)
         left += secs
-    for k, r in enumerate(rows):  # beside each bar: how busy the accelerator was in those seconds
-        if r.get("busy"):
-            ax.annotate(r["busy"], (left[k], y[k]), xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
-    ax.set_xlim(0, left.max() * 1.6 if left.max() > 0 else 1)  # room for the busy text
-    ax.set_yticks(y, [f"{r['run']} ({r['workload']})\nto {r['to']}" if r.get("workload") else
-                      f"{r['run']}\nto {r['to']}" for r in rows], fontsize=8)  # as legend() names a run
+    # each bar's label: the run (as legend() names it), how far, and how busy the accelerator was in those seconds
+    ax.set_yticks(y, [(f"{r['run']} ({r['workload']})" if r.get("workload") else r["run"]) + f"\nto {r['to']}"
+                      + (f"\n{r['busy']}" if r.get("busy") else "") for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds of the TTA clock")
     ax.set_title("Where the time to accuracy went")

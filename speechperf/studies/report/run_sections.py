@@ -137,13 +137,13 @@ def time_parts_section(ctx: Context) -> Section:
              "checkpoints, and epoch changes (the clock between the rows: loader start, the model made common). "
              "An accelerator-bound TTA is mostly steps; data and evaluation are the host's. 'note' says where a "
              "part was not recorded, or where the parts do not add up to the TTA within 1%. Step vs its floor: not "
-             "measured by runs (benchmarks/bench_step_floor.py measures it apart). Beside each bar, how busy the "
+             "measured by runs (benchmarks/bench_step_floor.py measures it apart). In each bar's label, how busy the "
              "accelerator was (studies/busy.py): the mean of its recorded utilization samples over that time, inside "
              "its training phases (an epoch's first step to its evaluation) and inside its evaluations, with the "
              "sample count; a GPU's is NVML's utilization (a kernel running), a CPU run's the CPU seconds of its "
              "processes in % of the machine's cores."),
         Figure("time_parts.png", path, why, "A stacked bar per run: the parts of its time to accuracy, in seconds, "
-               "and the accelerator's busy share beside it."),
+               "and the accelerator's busy share in its label."),
         Table("time_parts.csv", rows, "no run has evaluations to break its time down to")])
 
 

@@ -114,6 +114,13 @@ def test_cells_the_runs_hold_are_filled(full_page):
                                        "epoch changes": 15.0, "eval forward": 6.0, "eval decode": 7.5,
                                        "eval score": 1.5, "total": 180.0, "until": 180.0}), r
         assert r["to"] == "CER 10" and r["note"] == "" and r["shares"].startswith("steps 66% data 17% eval 8%"), r
+        # both GPUs at 80% every 0.5 s: 2 x 360 samples in (0, 180], 2 x 3 x 20 in the evaluations' 5 s windows (0.5 s
+        # apart: 10 each), the rest of each epoch's first step (at 0 s) to its evaluation (at 55 s) in training
+        busy = {k: r[f"busy {k}"] for k in ("device", "tta %", "tta samples", "training samples", "eval samples")}
+        assert busy == {"device": "GPU", "tta %": "80.0", "tta samples": "720", "training samples": "660",
+                        "eval samples": "60"}, r
+        assert r["busy"] == "GPU busy 80% (training 80% eval 80%; 720 samples)"
+        assert r["busy note"] == "averaged over gpu0, gpu1: every GPU the sampler saw"
     energy = {(r["run"].split()[0], r["source"]): r["method"] for r in _csv(full_page, "energy.csv")}
     assert energy == {(f"seed{s}", src): how for s in (1, 2) for src, how in
                       (("gpu0", "counter"), ("gpu1", "integrated-power"), ("rapl:intel-rapl:0", "counter"))}
