@@ -12,6 +12,7 @@ from speechperf.errors import SpeechperfError
 
 COUNTER, INTEGRATED = "counter", "integrated-power"
 POWER_METRICS = ("power_w", "power_avg_w")  # instant first: preferred where a source has both
+EPS = 1e-6  # s: a TTA moment read back from minutes (clock_s / 60 * 60) may fall an ulp before the sample at it
 
 
 def top_level(source: str) -> bool:
@@ -53,7 +54,7 @@ def by_source(samples, until: float | None = None, top_only: bool = False) -> di
     series: dict[tuple[str, str], dict] = {}  # (source, metric) -> {segment: [(t, value)]}
     for s in samples:
         source, metric, t, value, segment = _fields(s)
-        if metric in ("energy_j",) + POWER_METRICS and (until is None or t <= until) and (top_level(source) or not top_only):
+        if metric in ("energy_j",) + POWER_METRICS and (until is None or t <= until + EPS) and (top_level(source) or not top_only):
             series.setdefault((source, metric), {}).setdefault(segment, []).append((t, value))
     out = {}
     for source in sorted({src for src, _ in series}):

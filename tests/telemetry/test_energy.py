@@ -62,6 +62,9 @@ def test_gpu_counter_of_a_resumed_run_leaves_its_down_time_out():
     second = _rows([(2.0, 121_400.0), (3.0, 121_700.0), (4.0, 122_000.0)], "gpu0", "energy_j", 2.0)
     assert energy.to_accuracy(first + second, 4.0) == pytest.approx(400.0 + 600.0)
     assert energy.to_accuracy(first + second, 3.0) == pytest.approx(400.0 + 300.0)
+    # the TTA moment as `tta` has it, from minutes: 3.791653 / 60 * 60 is an ulp short of the reading at it
+    at = [dict(r, t=3.791653) if r["t"] == 4.0 else r for r in first + second]
+    assert 3.791653 / 60 * 60 < 3.791653 and energy.to_accuracy(at, 3.791653 / 60 * 60) == pytest.approx(1000.0)
 
 
 def _rapl_zone(root, top_uj: int):
