@@ -4,9 +4,10 @@ Reads LOGS/NAME.log as gpu_check.sh writes them (each ends in "exit RC after Ns 
 Ts)" or says "skipped"): env (torch, GPU, commit), demo_tta and conformer_tta (`tta --json`
 rows), feed_* (`bench feed --json`), floor_* (bench_step_floor.py), tests_* (pytest's last
 line), checksum (the tiny corpus's features checksum); and, with --runs, the demo's and the
-conformer's results.db (steps: utterances and seconds per step; evaluation seconds against
-the training clock; the mean GPU utilization of the NVML samples). A step that failed or is
-missing reads as such in its row, never as a figure.
+conformer's run folders (steps: utterances and seconds per step; evaluation seconds against
+the training clock; how busy the GPU was over the TTA window, inside training phases and
+inside evaluations; the step MFU from the iteration rows, for a run cut before its summary
+too). A step that failed or is missing reads as such in its row, never as a figure.
 
 Usage: python benchmarks/gpu_summary.py LOGS [--runs WORK] [--out summary.md] [--budget S] [--elapsed S]
 """
@@ -15,13 +16,20 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sqlite3
 import sys
 from pathlib import Path
+
+from speechperf.bench.measured_peak import recorded_peak
+from speechperf.bench.mfu import steps_achieved
+from speechperf.metric import DEFAULT_TARGET
+from speechperf.results.run import Run
+from speechperf.scoring.target_rule import tta_minutes
+from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "conformer", "conformer_tta", "feed_gpu", "feed_conformer", "feed_tiny",
          "floor_doubled", "floor", "tests_cuda", "tests_gpu_files", "checksum", "floor_conformer",
          "floor_conformer_compile"]
+TARGET, EPOCHS = 10.0, 3  # the paper's CER 10 over the median of 3 evaluations: `tta`'s first row
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -112,23 +120,57 @@ def pytest_figures(text: str | None) -> str:
 
 
 def run_figures(run: Path) -> str:
-    """Steps (mean utterances, seconds), evaluation seconds against the training clock, and the
-    mean NVML utilization, from a run folder's results.db."""
-    db = run / "results.db"
-    if not db.is_file():
-        return f"no {db}"
-    con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    """From a run folder's records: steps (mean utterances, seconds), evaluation seconds against
+    the training clock, how busy the GPU was over the TTA window (to CER 10, or to the last
+    evaluation where the run never reached it), inside its training phases and inside its
+    evaluations (studies/busy.py, as `tta --json` shows it), and the step MFU over its iteration
+    rows (bench/mfu.py, against the peak its summary holds or, for a run stopped before it wrote
+    one, the recorded GPU's)."""
+    if not (run / "results.db").is_file():
+        return f"no {run / 'results.db'}"
+    r = Run.open(run)
     try:
-        n, utts, step, clock = con.execute("SELECT count(*), avg(batch_size), avg(step_s), max(clock_s) FROM iterations").fetchone()
-        ev = con.execute("SELECT sum(eval_s) FROM evals WHERE final = 0").fetchone()[0]
-        util = con.execute("SELECT avg(value), count(*) FROM samples WHERE metric = 'util_pct'").fetchone()
+        iterations, evals, samples, env = r.iterations(), r.evals(), r.samples(), r.env
+        summary, precision = r.summary() or {}, r.config.get("train", {}).get("precision", "fp32")
     finally:
-        con.close()
-    parts = [f"{n} steps of {fmt(utts)} utt, {fmt(step)} s/step"]
+        r.close()
+    parts = [f"{len(iterations)} steps of {fmt(mean(iterations, 'batch_size'))} utt, {fmt(mean(iterations, 'step_s'))} s/step"]
+    clock = max((i["clock_s"] for i in iterations), default=None)
+    ev = sum(e["eval_s"] for e in evals) if evals else None
     if ev is not None and clock:
         parts.append(f"per-epoch evaluation {fmt(ev)} s of the {fmt(clock)} s clock ({100 * ev / clock:.0f} %)")
-    parts.append(f"GPU busy {fmt(util[0])} % over {util[1]} NVML samples" if util[1] else "no NVML samples")
+    minutes = tta_minutes([(e["clock_s"], e[DEFAULT_TARGET]) for e in evals], TARGET, EPOCHS)
+    shown = time_columns(iterations, evals, minutes, samples, env.get("device"))["busy"]
+    parts.append(busy_figures(shown, minutes is not None))
+    parts.append(mfu_figures(iterations, recorded_peak(summary, env, precision)))
     return "; ".join(parts)
+
+
+def mean(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def busy_figures(b: dict | None, reached: bool) -> str:
+    """``GPU busy 37 % of the TTA (581 samples), 44 % in training (439), 19 % in evaluations (118)``."""
+    if b is None:
+        return "busy: no evaluation to end its window"
+    if b["device"] is None:
+        return f"busy: {b['note']}"
+    span = "of the TTA" if reached else "to the last evaluation (target not reached)"
+    pct = lambda x: "NA" if x is None else f"{x:.0f} %"  # noqa: E731
+    return (f"{b['device']} busy {pct(b['tta %'])} {span} ({b['tta samples']} samples), {pct(b['training %'])} in "
+            f"training ({b['training samples']}), {pct(b['eval %'])} in evaluations ({b['eval samples']})"
+            + (f" [{b['note']}]" if b["note"] else ""))
+
+
+def mfu_figures(iterations: list[dict], peak) -> str:
+    """``step MFU 3.92 % (38.8 TFLOPS of 989.5; PEAK SOURCE)`` over the rows with model FLOPs."""
+    achieved = steps_achieved(iterations, peak.tflops)
+    if not achieved["model_flops_steps"]:
+        return "step MFU NA (no iteration row holds model FLOPs)"
+    return (f"step MFU {fmt(achieved['mfu_pct'])} % ({fmt(achieved['tflops'])} TFLOPS of {fmt(peak.tflops, 4)}; "
+            f"{peak.source})")
 
 
 def env_figures(text: str | None) -> dict:

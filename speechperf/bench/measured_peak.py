@@ -101,3 +101,17 @@ def training_peak(device: torch.device, precision: str, threads: int) -> Peak:
     if device.type == "cuda":
         return gpu_peak(torch.cuda.get_device_name(device), gpu_dtype(precision))
     return cpu_gemm_peak(threads, "bf16" if precision == "bf16" else "fp32")
+
+
+def recorded_peak(summary: dict, env: dict, precision: str) -> Peak:
+    """The peak a recorded run's MFU is measured against: its summary's (a finished run's); for
+    a CUDA run stopped before its summary held one, the one :func:`training_peak` gives its
+    recorded GPU (env.json) in its ``precision``, said so; for such a CPU run none (a CPU's peak
+    is measured on its machine at the run's initialization, not known afterwards)."""
+    if summary.get("peak_tflops") is not None:
+        return Peak(summary["peak_tflops"], summary.get("peak_source") or "the run's summary")
+    gpus = env.get("gpus") or []
+    if str(env.get("device", "")).startswith("cuda") and gpus:
+        peak = gpu_peak(gpus[0].get("name", "GPU"), gpu_dtype(precision))
+        return Peak(peak.tflops, f"{peak.source} (looked up for the recorded GPU: the run recorded no peak)")
+    return Peak(None, "the run recorded no peak (a CPU's is measured at a run's initialization)")

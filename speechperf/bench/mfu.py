@@ -209,15 +209,21 @@ class RunFlops:
         return self.flops.batch(batch.feat_lens)
 
     def summary(self, iterations: list[dict]) -> dict:
-        """summary.json's MFU facts over the run's iteration rows (rows of an older release,
-        without ``model_flops``, are left out of both the FLOPs and the seconds)."""
-        counted = [r for r in iterations if r.get("model_flops") is not None and r.get("step_s")]
-        flops = sum(r["model_flops"] for r in counted)
-        seconds = sum(r["step_s"] for r in counted)
-        return {"model_flops_per_step": flops / len(counted) if counted else None,
-                "model_flops_steps": len(counted), "model_flops_fit": self.flops.to_dict(),
-                **achieved(flops, seconds, self.peak_tflops),
+        """summary.json's MFU facts over the run's iteration rows (:func:`steps_achieved`)."""
+        return {**steps_achieved(iterations, self.peak_tflops), "model_flops_fit": self.flops.to_dict(),
                 "peak_tflops": self.peak_tflops, "peak_source": self.peak_source}
+
+
+def steps_achieved(iterations: list[dict], peak_tflops: float | None) -> dict:
+    """MFU over a run's iteration rows: their ``model_flops`` over their ``step_s`` against
+    ``peak_tflops`` (:func:`achieved`), with the FLOPs per step and the steps counted. Rows of an
+    older release, without ``model_flops``, are left out of both the FLOPs and the seconds. What
+    a finished run's summary holds; a run stopped before its summary's MFU is read the same way."""
+    counted = [r for r in iterations if r.get("model_flops") is not None and r.get("step_s")]
+    flops = sum(r["model_flops"] for r in counted)
+    seconds = sum(r["step_s"] for r in counted)
+    return {"model_flops_per_step": flops / len(counted) if counted else None, "model_flops_steps": len(counted),
+            **achieved(flops, seconds, peak_tflops)}
 
 
 def mfu_columns(summary: dict) -> dict:

@@ -76,3 +76,13 @@ def test_gpu_peak_from_the_platform_profile(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 NVL")
     unknown = mp.training_peak(cuda, "bf16", 1)
     assert unknown.tflops is None and "NVL" in unknown.source  # never a guessed peak
+
+
+def test_the_peak_of_a_recorded_run():
+    h100 = {"device": "cuda:0", "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]}
+    # a finished run: its summary's peak, whatever the machine it is read on
+    assert mp.recorded_peak({"peak_tflops": 5.0, "peak_source": "measured"}, h100, "bf16") == mp.Peak(5.0, "measured")
+    # a CUDA run stopped before its summary held one: the recorded GPU's, in the run's precision, said so
+    cut = mp.recorded_peak({"status": "failed: interrupted (SIGTERM)"}, h100, "bf16")
+    assert cut.tflops == 989.5 and cut.source.endswith("(looked up for the recorded GPU: the run recorded no peak)")
+    assert mp.recorded_peak({}, {**h100, "device": "cpu"}, "bf16").tflops is None  # a CPU's is not known afterwards

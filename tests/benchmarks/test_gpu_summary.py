@@ -4,14 +4,11 @@ from a run folder's results.db; its argument handling."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
 
-from speechperf.results.schema import ALL
+from speechperf.results.run import Run
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu_check"
@@ -46,19 +43,61 @@ def test_feed_row_says_whether_the_appetite_was_recorded():
     assert gs.feed_figures(None) == "no output"
 
 
-def test_run_figures_from_a_results_db(tmp_path):
-    con = sqlite3.connect(tmp_path / "results.db")
-    con.executescript(ALL)
-    con.executemany("INSERT INTO iterations (run_id, iteration, epoch, clock_s, batch_size, step_s) VALUES "
-                    "('r', ?, 1, ?, ?, ?)", [(1, 10.0, 100, 0.1), (2, 40.0, 300, 0.3)])
-    con.execute("INSERT INTO evals (run_id, epoch, split, decoder, beam, eval_s, final) VALUES ('r', 1, 'd', 'g', 1, 8.0, 0)")
-    con.execute("INSERT INTO evals (run_id, epoch, split, decoder, beam, eval_s, final) VALUES ('r', 1, 'd', 'g', 1, 99.0, 1)")
-    con.executemany("INSERT INTO samples (run_id, t, source, metric, value) VALUES ('r', ?, 'gpu0', 'util_pct', ?)", [(0.0, 50.0), (1.0, 70.0)])
-    con.commit()
-    con.close()
-    assert gs.run_figures(tmp_path) == ("2 steps of 200 utt, 0.2 s/step; per-epoch evaluation 8 s of the 40 s clock "
-                                        "(20 %); GPU busy 60 % over 2 NVML samples")
+H100 = {"device": "cuda:0", "world_size": 1, "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]}
+
+
+def _run(root, env, summary):
+    """A run stopped after two epochs of two steps each: steps of 1 s (100 and 300 utterances, 5e14
+    training FLOPs each), epoch 1's [0, 2] and its evaluation [2, 3], epoch 2's [3, 5] and its
+    evaluation [5, 6]; CER 12 then 11 (no TTA)."""
+    with Run.create(root, kind="train", config={"preset": "gpu", "train": {"precision": "bf16"}}, env=env,
+                    label="r") as run:
+        for n, (epoch, clock, utts) in enumerate(((1, 1.0, 100), (1, 2.0, 300), (2, 4.0, 100), (2, 5.0, 300))):
+            run.add_iteration({"iteration": n, "epoch": epoch, "clock_s": clock, "batch_size": utts, "step_s": 1.0,
+                               "model_flops": 5e14, "data_s": 0.0, "ckpt_s": 0.0})
+        run.flush()
+        run.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
+                              "clock_s": 3.0 * e, "eval_s": 1.0, "cer": 13.0 - e, "n_utts": 10, "final": 0}
+                             for e in (1, 2)])
+        # NVML utilization: 90% and 70% in the training phases, 10% in the evaluations, one sample after them
+        run.insert("samples", [{"run_id": run.run_id, "t": t, "source": "gpu0", "metric": "util_pct", "value": v,
+                                "segment": 1.0} for t, v in ((1.0, 90.0), (2.5, 10.0), (4.0, 70.0), (5.5, 10.0),
+                                                             (7.0, 100.0))])
+        run.set_status("failed: interrupted (SIGTERM)")
+        run.write_summary(summary)
+    return root
+
+
+def test_run_figures_of_a_run_cut_before_its_summary_held_an_mfu(tmp_path):
+    run = _run(tmp_path / "cut", H100, {"status": "failed: interrupted (SIGTERM)"})
+    peak = ("NVIDIA H100 Tensor Core GPU datasheet (2023), dense bf16; platform profile h100-sxm "
+            "(looked up for the recorded GPU: the run recorded no peak)")
+    assert gs.run_figures(run) == (
+        "4 steps of 200 utt, 1 s/step; per-epoch evaluation 2 s of the 5 s clock (40 %); GPU busy 45 % to the last "
+        "evaluation (target not reached) (4 samples), 80 % in training (2), 10 % in evaluations (2); "
+        f"step MFU 50.5 % (500 TFLOPS of 989.5; {peak})")
+    # a finished run's summary holds its peak: that one is used; a CPU run cut before it has none
+    finished = _run(tmp_path / "done", H100, {"status": "success", "peak_tflops": 1000.0, "peak_source": "a sheet"})
+    assert gs.run_figures(finished).endswith("step MFU 50 % (500 TFLOPS of 1,000; a sheet)")
+    cpu = _run(tmp_path / "cpu", {"device": "cpu"}, {"status": "failed: interrupted (SIGTERM)"})
+    assert gs.run_figures(cpu).endswith("busy: no CPU utilization samples; step MFU NA % (500 TFLOPS of NA; the run "
+                                        "recorded no peak (a CPU's is measured at a run's initialization))")
     assert gs.run_figures(tmp_path / "none") == f"no {tmp_path / 'none' / 'results.db'}"
+
+
+def test_run_figures_of_the_recorded_h200_runs():
+    """The demo (CER 10 in 1.93 min) and the 55 s conformer run of one H200 check (commit 9e0dabc's tree),
+    their records trimmed to the rows read here."""
+    demo = gs.run_figures(FIXTURES / "runs" / "demo" / "run")
+    assert demo == ("672 steps of 170 utt, 0.129 s/step; per-epoch evaluation 23.4 s of the 114 s clock (20 %); "
+                    "GPU busy 37 % of the TTA (581 samples), 44 % in training (439), 19 % in evaluations (118); "
+                    "step MFU 3.92 % (38.8 TFLOPS of 989.5; NVIDIA H200 Tensor Core GPU datasheet (2024), dense "
+                    "bf16; platform profile h200)")
+    conformer = gs.run_figures(FIXTURES / "runs" / "conformer")  # killed at 55 s: its summary has no MFU
+    assert conformer.startswith("81 steps of 352 utt, 0.458 s/step; ")
+    assert ("GPU busy 31 % to the last evaluation (target not reached) (210 samples), 32 % in training (187), "
+            "31 % in evaluations (19); step MFU 0.855 % (8.46 TFLOPS of 989.5; ") in conformer
+    assert conformer.endswith("platform profile h200 (looked up for the recorded GPU: the run recorded no peak))")
 
 
 def test_the_table_from_recorded_logs(tmp_path, capsys):
@@ -83,3 +122,10 @@ def test_the_table_from_recorded_logs(tmp_path, capsys):
 def test_a_missing_folder_is_refused(tmp_path, capsys):
     assert gs.main([str(tmp_path / "nowhere")]) == 2
     assert "nowhere is not a folder of logs" in capsys.readouterr().err
+
+
+def test_the_table_reads_the_runs_given(capsys):
+    assert gs.main([str(FIXTURES / "logs"), "--runs", str(FIXTURES / "runs")]) == 0
+    steps = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()[4:]}
+    assert "GPU busy 37 % of the TTA (581 samples), 44 % in training (439)" in steps["demo"]
+    assert "step MFU 0.855 % (8.46 TFLOPS of 989.5; " in steps["conformer"]
