@@ -21,6 +21,7 @@ from pathlib import Path
 
 from speechperf.bench.measured_peak import recorded_peak
 from speechperf.bench.mfu import steps_achieved
+from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET
 from speechperf.results.run import Run
 from speechperf.scoring.target_rule import tta_minutes
@@ -128,7 +129,10 @@ def run_figures(run: Path) -> str:
     one, the recorded GPU's)."""
     if not (run / "results.db").is_file():
         return f"no {run / 'results.db'}"
-    r = Run.open(run)
+    try:
+        r = Run.open(run)
+    except SpeechperfError as e:  # a run cut while its folder was made: its row says so, the table goes on
+        return f"unreadable run: {e}"
     try:
         iterations, evals, samples, env = r.iterations(), r.evals(), r.samples(), r.env
         summary, precision = r.summary() or {}, r.config.get("train", {}).get("precision", "fp32")

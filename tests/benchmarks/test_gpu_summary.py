@@ -83,6 +83,8 @@ def test_run_figures_of_a_run_cut_before_its_summary_held_an_mfu(tmp_path):
     assert gs.run_figures(cpu).endswith("busy: no CPU utilization samples; step MFU NA % (500 TFLOPS of NA; the run "
                                         "recorded no peak (a CPU's is measured at a run's initialization))")
     assert gs.run_figures(tmp_path / "none") == f"no {tmp_path / 'none' / 'results.db'}"
+    (cpu / "run.json").unlink()  # cut while its folder was made
+    assert gs.run_figures(cpu).startswith("unreadable run: ")
 
 
 def test_run_figures_of_the_recorded_h200_runs():
