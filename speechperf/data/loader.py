@@ -10,7 +10,9 @@ loader starts at) is read by reader j mod R, which decompresses each of the wind
 once and builds its batches in order. The DataLoader hands readers' items over round robin;
 the loader puts them back in planned order (holding at most a few runs of batches), so the
 training loop sees exactly the planned order whatever R is. ``prefetch_batches`` whole
-batches are buffered ahead of the training loop. Every batch carries the shards decompressed
+batches are buffered ahead of the training loop. :meth:`Loader.start` starts the readers
+before the first batch is asked for: the training loop starts the next epoch's during the
+evaluation, so the readers' start and first windows overlap it instead of the next step. Every batch carries the shards decompressed
 to build it (``Batch.reads``); the loader counts them (``Loader.shard_reads``).
 """
 from __future__ import annotations
@@ -150,6 +152,21 @@ class Loader:
         self.shard_reads: Counter[str] = Counter()
         self.shard_bytes: dict[str, int] = {}  # key -> bytes one decompression of it yields
         self.bytes_read = 0
+        self._items = None  # the readers' DataLoader iterator once started (start)
+
+    def start(self) -> "Loader":
+        """Start the reader processes now: they fill the prefetch buffer while the caller does
+        something else. The batches and their order are the same (the plan is a pure function
+        of (seed, epoch) and the readers' seeds come from the loader's own generator)."""
+        if self.cfg.readers and self._items is None:
+            self._items = iter(self._dataloader())
+        return self
+
+    def close(self) -> None:
+        """Stop the reader processes of a started loader that will not be read (the run stopped)."""
+        items, self._items = self._items, None
+        if items is not None:
+            items._shutdown_workers()  # what its __del__ does; at once rather than at collection
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -171,11 +188,7 @@ class Loader:
             for utts in self.plan.batches:
                 yield self.reader.batch(utts)
             return
-        readers = min(self.cfg.readers, max(1, int(owners(self.plan, self.cfg.readers).max(initial=0)) + 1))
-        prefetch = max(1, -(-self.cfg.prefetch_batches // readers))  # per reader, rounded up
-        items = DataLoader(_Readers(self.plan, self.reader, readers), batch_size=None, num_workers=readers,
-                           prefetch_factor=prefetch, generator=self.generator,
-                           worker_init_fn=_reader_ignores_stop_signals)
+        items, self._items = self._items if self._items is not None else iter(self._dataloader()), None
         pending, want = {}, 0  # readers' batches that arrived before their turn
         for pos, batch in items:
             pending[pos] = batch
@@ -184,6 +197,13 @@ class Loader:
                 want += 1
         if pending or want != len(self.plan):
             raise RuntimeError(f"the loader's readers delivered {want} of {len(self.plan)} batches in order")
+
+    def _dataloader(self) -> DataLoader:
+        readers = min(self.cfg.readers, max(1, int(owners(self.plan, self.cfg.readers).max(initial=0)) + 1))
+        prefetch = max(1, -(-self.cfg.prefetch_batches // readers))  # per reader, rounded up
+        return DataLoader(_Readers(self.plan, self.reader, readers), batch_size=None, num_workers=readers,
+                          prefetch_factor=prefetch, generator=self.generator,
+                          worker_init_fn=_reader_ignores_stop_signals)
 
 
 def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: int, seed: int,

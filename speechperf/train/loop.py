@@ -39,7 +39,6 @@ from pathlib import Path
 import torch
 
 from speechperf.config import RunConfig
-from speechperf.data.loader import make_loader
 from speechperf.errors import SpeechperfError
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.results.admission import admit
@@ -129,7 +128,8 @@ def _epochs(t: Trainer) -> str:
     last_epoch = min(tc.max_epochs, tc.stop_after_epochs or tc.max_epochs)  # stop_after_epochs: the schedule stays max_epochs
     while prog.status is None and prog.epoch <= last_epoch and not schedule_ended(tc, prog.eval_losses):
         if _train_epoch(t):
-            _end_epoch(t)
+            _end_epoch(t, last_epoch)
+    t.close_ahead()  # the readers of an epoch that will not be trained
     prog.status = prog.status or ("max_epochs" if tc.target > 0 else "success")
     return prog.status
 
@@ -137,8 +137,7 @@ def _epochs(t: Trainer) -> str:
 def _train_epoch(t: Trainer) -> bool:
     """The epoch's batches from ``prog.start_batch`` on; False when the time cap stopped it."""
     tc, prog, state = t.cfg.train, t.prog, t.state
-    loader = make_loader(t.data, t.splits["train"], t.cfg.loader, epoch=prog.epoch, seed=tc.seed,
-                         start_batch=prog.start_batch, rank=t.group.env.rank, world=t.group.world, index=t.index)
+    loader = t.loader()
     t.rec.epoch_started()
     last = time.perf_counter()
     for batch in t.rec.batches(loader):  # timed: each wait for data is the recorder's
@@ -169,12 +168,14 @@ def _train_epoch(t: Trainer) -> bool:
     return True
 
 
-def _end_epoch(t: Trainer) -> None:
+def _end_epoch(t: Trainer, last_epoch: int) -> None:
     """Every rank at an epoch's end: a common model, the divergence check, rank 0's validation
     (its verdict and loss broadcast), the checkpoint; a signal received meanwhile stops the run."""
     tc, prog = t.cfg.train, t.prog
     evaluated = t.algo.before_eval(prog.start_batch)  # every rank: local SGD ends the epoch on a common model
     check_trained(t.state.model, prog, tc)  # a run that cannot train stops here, as diverged
+    if prog.epoch < last_epoch:  # the next epoch's readers fill their buffer during the evaluation
+        t.start_ahead(prog.epoch + 1)
     # -- evaluating (the model stays resident; its seconds are recorded apart)
     t.rec.epoch_ended()
     verdict = _epoch_eval(evaluated, t.data, t.cfg, t.group.device, t.rec) if t.group.env.rank == 0 else None

@@ -17,7 +17,7 @@ import torch
 
 from speechperf.config import RunConfig
 from speechperf.data.index import Index
-from speechperf.data.loader import load_index
+from speechperf.data.loader import Loader, load_index, make_loader
 from speechperf.data.plan import global_batch, steps_per_epoch
 from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model
@@ -67,10 +67,38 @@ class Trainer:
     rec: Recorder | None = None  # rank 0: the run folder's; other ranks: progress and clock only (start)
     meter: StepMeter | None = None  # the steps' device values not yet read
     stop: StopSignals | None = None  # SIGINT / SIGTERM received
+    ahead: tuple[int, Loader] | None = None  # (epoch, its loader) started during the evaluation before it
 
     @property
     def prog(self) -> Progress:
         return self.rec.prog
+
+    def loader(self) -> Loader:
+        """This epoch's batches from ``prog.start_batch`` on: the loader started ahead when it is
+        this epoch's from its first batch, else a new one."""
+        prog, (epoch, ahead) = self.prog, self.ahead or (None, None)
+        self.ahead = None
+        if epoch == prog.epoch and prog.start_batch == 0:
+            return ahead
+        if ahead is not None:
+            ahead.close()
+        return self._make_loader(prog.epoch, prog.start_batch)
+
+    def start_ahead(self, epoch: int) -> None:
+        """Start ``epoch``'s readers now, before the evaluation: on a GPU their start and first
+        windows (seconds with 8 readers) would otherwise be the next epoch's wait for data."""
+        self.close_ahead()
+        self.ahead = (epoch, self._make_loader(epoch, 0).start())
+
+    def close_ahead(self) -> None:
+        """The readers started ahead stopped: training ended before their epoch."""
+        if self.ahead is not None:
+            self.ahead[1].close()
+            self.ahead = None
+
+    def _make_loader(self, epoch: int, start_batch: int) -> Loader:
+        return make_loader(self.data, self.splits["train"], self.cfg.loader, epoch=epoch, seed=self.cfg.train.seed,
+                           start_batch=start_batch, rank=self.group.env.rank, world=self.group.world, index=self.index)
 
     def checkpoint(self) -> None:
         """Every rank: the algorithm's state (a collective), then rank 0 writes the checkpoint."""

@@ -111,3 +111,24 @@ def test_duration_resume_mid_epoch_is_the_tail(tiny_features):
         assert [b.ids for b in tail] == full[start:]
     secs = [b.audio_seconds for b in make_loader(tiny_features, SPLITS, DURATION, epoch=3, seed=2)]
     assert max(secs) <= 12.0
+
+
+def test_a_loader_started_ahead_yields_the_same_batches_and_close_stops_its_readers(tiny_features):
+    """Loader.start (the next epoch's readers started during the evaluation) changes nothing in
+    the batches, their order or the run's random stream; close stops the readers of a started
+    loader that is never read."""
+    cfg = LoaderConfig(batch_size=4, readers=2, prefetch_batches=4)
+    plain = [(b.ids, b.feats) for b in make_loader(tiny_features, SPLITS, cfg, epoch=3, seed=2)]
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    ahead = make_loader(tiny_features, SPLITS, cfg, epoch=3, seed=2).start()
+    assert torch.equal(torch.get_rng_state(), before)
+    got = [(b.ids, b.feats) for b in ahead]
+    assert [i for i, _ in got] == [i for i, _ in plain]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, plain))
+    unread = make_loader(tiny_features, SPLITS, cfg, epoch=4, seed=2).start()
+    workers = list(unread._items._workers)
+    assert workers and all(w.is_alive() for w in workers)
+    unread.close()
+    assert not any(w.is_alive() for w in workers)
+    unread.close()  # twice: nothing left to stop

@@ -107,6 +107,24 @@ def test_masks_are_built_on_the_cpu_from_cpu_lengths(monkeypatch):
     assert seen == [torch.device("cpu")]
 
 
+def test_no_batch_sized_mask_crosses_to_the_device(monkeypatch):
+    """Only the (B, T) and (B, F) masks go from the host to the batch's device (the meta device
+    here stands in for a GPU): a host-built (B, T, F) mask would cross whole every step."""
+    crossed = []
+    real = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if self.device.type == "cpu" and out.device.type != "cpu":
+            crossed.append(tuple(self.shape))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    y = apply(torch.empty(4, 300, 93, device="meta"), torch.tensor([300, 200, 90, 10]), ALGOPERF)
+    assert y.device.type == "meta" and y.shape == (4, 300, 93)
+    assert sorted(crossed) == [(4, 93), (4, 300), (4, 300)]
+
+
 @pytest.mark.parametrize("kw,match", [
     ({"freq_masks": -1}, r"augment\.freq_masks=-1 must be >= 0"),
     ({"time_ratio": 1.5}, r"augment\.time_ratio=1\.5 must be in \[0, 1\]"),

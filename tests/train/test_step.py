@@ -124,15 +124,50 @@ def test_a_bad_first_step_leaves_a_fresh_optimizer():
     assert all(torch.equal(opt.state[a]["step"], ref_opt.state[b]["step"]) for a, b in zip(model.parameters(), ref.parameters()))
 
 
-def test_masked_step_keeps_or_undoes_exactly():
+@pytest.mark.parametrize("fused", [False, True])
+def test_masked_step_keeps_or_undoes_exactly(fused):
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
-    opt = torch.optim.AdamW([w], lr=0.1)
+    opt = torch.optim.AdamW([w], lr=0.1, fused=fused)
     w.grad = torch.tensor([0.5, -0.5])
     masked_step(opt, torch.tensor(False))
     assert torch.equal(w.detach(), torch.tensor([1.0, 2.0])) and float(opt.state[w]["step"]) == 0
     assert torch.equal(opt.state[w]["exp_avg"], torch.zeros(2))
     masked_step(opt, torch.tensor(True))
     assert float(opt.state[w]["step"]) == 1 and not torch.equal(w.detach(), torch.tensor([1.0, 2.0]))
+    assert not hasattr(opt, "found_inf")  # the flag is the step's only
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_a_fused_masked_step_equals_plain_steps_bit_for_bit(name):
+    """The found_inf path of a fused optimizer: kept steps equal unmasked ones exactly, an
+    undone one leaves parameters and state as they were (the plain path's contract)."""
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+        kw = {"weight_decay": 0.01, "fused": True}
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, **kw) if name == "adamw" else \
+            torch.optim.SGD(model.parameters(), lr=0.01, **kw)
+        return model, opt
+
+    def grads(model, i):
+        model.zero_grad()
+        model(torch.randn(4, 5, generator=torch.Generator().manual_seed(i))).square().sum().backward()
+
+    masked, mopt = make()
+    plain, popt = make()
+    for i, ok in enumerate([True, False, True, True, False]):
+        grads(masked, i)
+        before = [p.detach().clone() for p in masked.parameters()]
+        masked_step(mopt, torch.tensor(ok))
+        if ok:
+            grads(plain, i)
+            popt.step()
+            assert all(torch.equal(a, b) for a, b in zip(masked.parameters(), plain.parameters()))
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(masked.parameters(), before))
+    for a, b in zip(masked.parameters(), plain.parameters()):
+        for k, v in popt.state[b].items():
+            assert torch.equal(mopt.state[a][k], v), k
 
 
 def test_accumulated_reads_equal_per_step_reads():
