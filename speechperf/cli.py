@@ -264,7 +264,7 @@ def cmd_check_log(a) -> int:
 
 
 def cmd_eval(a) -> int:
-    from speechperf.train.evaluate import evaluate_run
+    from speechperf.studies.evaluate_run import evaluate_run
 
     row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers,
                        mode=a.mode, data=Path(a.data) if a.data else None)
@@ -273,7 +273,7 @@ def cmd_eval(a) -> int:
 
 
 def cmd_beam_sweep(a) -> int:
-    from speechperf.train.evaluate import beam_sweep
+    from speechperf.studies.evaluate_run import beam_sweep
 
     rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers,
                       mode=a.mode, data=Path(a.data) if a.data else None, db_path=Path(a.db) if a.db else None)
