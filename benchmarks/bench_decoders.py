@@ -109,9 +109,9 @@ def model_emissions(run: Path, splits=("dev-clean", "dev-other")) -> dict[str, t
     from dataclasses import replace
 
     from speechperf.data.loader import make_loader
-    from speechperf.train.evaluate import _load_run_model
+    from speechperf.studies.evaluate_run import load_run_model
 
-    model, cfg, feats, _ = _load_run_model(run)
+    model, cfg, feats, _ = load_run_model(run)
     model.eval()
     out = {}
     for split in splits:

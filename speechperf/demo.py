@@ -157,7 +157,7 @@ def _finished_status(run: Path) -> str | None:
 def _beam_sweep(run: Path, say) -> None:
     """Evaluation seconds and every declared metric per beam width of the final model, once per run."""
     from speechperf.results.run import Run
-    from speechperf.train.evaluate import beam_sweep
+    from speechperf.studies.evaluate_run import beam_sweep
 
     with Run.open(run) as r:
         if r.beam_sweep():

@@ -1,9 +1,12 @@
-"""Shared fixtures: one tiny synthesized corpus and its features per test session; the
-``cuda`` marker: CUDA variants of core tests run where torch sees a GPU, skip elsewhere; every
-other test runs as on a machine without a GPU, also on one with a GPU."""
+"""Shared fixtures: one tiny synthesized corpus, its features and a run trained on them per test
+session; ``cli``, the command line as a user runs it; the ``cuda`` marker: CUDA variants of core
+tests run where torch sees a GPU, skip elsewhere; every other test runs as on a machine without
+a GPU, also on one with a GPU."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -113,6 +116,38 @@ def tiny_features(tiny_corpus, tmp_path_factory):
 
     return _shared(tmp_path_factory, "features",
                    lambda out: prepare(tiny_corpus, out, progress=False, workers=1))
+
+
+def cli_argv(*args) -> list[str]:
+    """The command ``python -m speechperf ARGS``, each argument as text."""
+    return [sys.executable, "-m", "speechperf", *map(str, args)]
+
+
+def cli(*args, timeout: float = 300, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """``speechperf ARGS`` in a new process, as a user runs it: its exit status, stdout and stderr
+    (``kwargs``: subprocess.run's, e.g. ``cwd``). ``check``: a failure raises, showing both."""
+    p = subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=timeout, **kwargs)
+    if check and p.returncode != 0:
+        raise AssertionError(f"speechperf {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+# The session's tiny run: two epochs (two evaluations), a checkpoint every 3 steps (their seconds
+# show among the time parts), greedy evaluation (seconds); a command continuing it repeats them.
+TINY_RUN = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=50",
+            "eval_decoder=greedy"]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_features, tmp_path_factory):
+    """A real finished run folder, trained once per test session by ``speechperf train --data
+    TINY_FEATURES --out RUN TINY_RUN``. Tests read it (Run.open, the reading commands) or copy it
+    to change it."""
+    def build(folder):
+        p = cli("train", "--data", tiny_features, "--out", folder / "run", *TINY_RUN, "--json", timeout=600)
+        assert p.returncode == 0, p.stderr
+
+    return _shared(tmp_path_factory, "run", build) / "run"
 
 
 def tone(seconds, rate=16000, f=440.0):

@@ -35,3 +35,13 @@ def test_bad_choices_are_refused_naming_them(capsys):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_every_command_has_its_place_in_the_help_and_every_place_a_command():
+    from speechperf.cli import COMMANDS, GROUPS, ORDER
+
+    tops = [c.group or c.name for c in COMMANDS]
+    assert sorted(ORDER) == sorted(set(tops))  # ORDER: the order --help lists them in
+    assert set(GROUPS) == {c.group for c in COMMANDS} - {None}
+    names = [(c.group, c.name) for c in COMMANDS]
+    assert len(names) == len(set(names))

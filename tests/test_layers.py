@@ -1,9 +1,11 @@
 """The package's import layers (pyproject.toml [tool.importlinter]) hold: no module imports a
-higher layer, and no two packages or modules import each other (lint-imports' exit status)."""
+higher layer, and no two packages or modules import each other (lint-imports' exit status); no
+two modules or packages share a name."""
 import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,3 +17,13 @@ def test_import_contracts_are_kept():
     done = subprocess.run([exe, str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"lint-imports: a layer or cycle contract is broken:\n{done.stdout[-4000:]}{done.stderr[-2000:]}"
+
+
+def test_no_two_modules_or_packages_share_a_name():
+    """A name says which module it is (``__init__`` and ``__main__`` aside): no metric.py beside a
+    metrics/, no two config.py."""
+    package = ROOT / "speechperf"
+    names = Counter([p.stem for p in package.rglob("*.py") if not p.stem.startswith("__")]
+                    + [p.parent.name for p in package.rglob("__init__.py") if p.parent != package])
+    assert len(names) > 100  # the whole package was read
+    assert [name for name, n in names.items() if n > 1] == []

@@ -1,8 +1,8 @@
-"""Evaluation of an acoustic model on a prepared split: CTC loss, WER and both CERs.
+"""Evaluation of an acoustic model on a prepared split: CTC loss and every declared metric.
 
-The per-epoch evaluation of the training loop and ``speechperf eval`` share
-:func:`evaluate`; the model stays resident in the training process (no swapping to
-disk), and the seconds spent here are recorded apart from training time.
+The per-epoch evaluation of the training loop and ``speechperf eval``/``beam-sweep``
+(studies/evaluate_run.py) share :func:`evaluate`; the model stays resident in the training
+process (no swapping to disk), and the seconds spent here are recorded apart from training time.
 """
 from __future__ import annotations
 
@@ -14,22 +14,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from speechperf import metric
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.scoring.bootstrap import error_intervals
 from speechperf.scoring.error_rates import UtteranceErrors, error_rates, utterance_errors
 from speechperf.metric import METRICS
 from speechperf.models.contract import autocast, planned_forward
-from speechperf.config import RunConfig
 from speechperf.data.index import Index
 from speechperf.data.loader import Batch, load_index, make_loader
 from speechperf.decode import get_decoder
 from speechperf.decode.batch import DecodePool, auto_threads
 from speechperf.decode.lm import LM_NAME
-from speechperf.features.stats import check_trained_on
-from speechperf.models import build_model
-from speechperf.results import checkpoint
-from speechperf.results.run import Run
 
 
 # Decoders built so far, by (name, beam, mode, features folder, LM file state): the run's
@@ -258,45 +252,3 @@ def eval_loader(cfg: LoaderConfig, shards: int) -> LoaderConfig:
     One reader: the training windows, unchanged."""
     window = cfg.bucket_window if cfg.readers <= 1 else min(cfg.bucket_window, max(1, shards // cfg.readers))
     return replace(cfg, shuffle=False, mode="bucket", sort_first_epoch=False, bucket_window=window)
-
-
-def _load_run_model(run, data: Path | None = None):
-    """(model with the run's latest weights, RunConfig, features folder, the open Run)."""
-    r = run if not isinstance(run, (str, Path)) else Run.open(Path(run), data=data)
-    feats = r.features()  # a missing features folder fails before the checkpoint is read
-    ckpt = checkpoint.load(r.folder)
-    cfg = RunConfig.from_dict(ckpt[checkpoint.CONFIG])
-    if cfg.loader.normalize:  # weights trained under one normalization are evaluated under it
-
-        check_trained_on(feats, r.stats_sha256, r.folder)
-    model = build_model(cfg.model)
-    model.load_state_dict(ckpt[checkpoint.MODEL])
-    return model, cfg, feats, r
-
-
-def evaluate_run(run: Path, split: str = "dev-clean", decoder: str = "wordbeam", beam: int = 256,
-                 workers: int = 0, mode: str = "ngrams", data: Path | None = None) -> dict:
-    """``speechperf eval``: the run's latest checkpoint on ``split``; one row. ``data``: the
-    features folder, where it is not where the run recorded it (another machine)."""
-    model, cfg, feats, _ = _load_run_model(Path(run), data)
-    r = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=beam, workers=workers,
-                 mode=mode)
-    return {k: v for k, v in r.items() if k != "pairs"}
-
-
-def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: str = "wordbeam",
-               workers: int = 0, mode: str = "ngrams", data: Path | None = None,
-               db_path: Path | None = None) -> list[dict]:
-    """Table 3 form: evaluation seconds and every declared metric per beam width; rows also go to the run's
-    database (and to ``db_path``, a shared one, if given)."""
-    rows = []
-    with Run.open(Path(run), data=data, shared_db=db_path, write=True) as r:
-        model, cfg, feats, _ = _load_run_model(r)
-        for width in widths:
-            e = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=width,
-                         workers=workers, mode=mode)
-            row = {"run_id": r.run_id, "split": split, "decoder": e["decoder"], "beam": e["beam"], "eval_s": e["eval_s"],
-                   **{c: e.get(c) for c in metric.columns()}, "n_utts": e["n_utts"], "device": "cpu"}
-            r.upsert("beam_sweep", row)
-            rows.append(row)
-    return rows

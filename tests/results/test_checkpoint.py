@@ -5,8 +5,6 @@ exactly through tensors and plain values."""
 import pickletools
 import random
 import shutil
-import subprocess
-import sys
 import zipfile
 
 import numpy as np
@@ -14,8 +12,7 @@ import pytest
 import torch
 
 from speechperf.results.checkpoint import FORMAT, CheckpointError, contents, load, rng_state, set_rng_state
-
-TINY = ["--preset", "tiny", "threads=1", "max_epochs=1", "checkpoint_every=3", "sentence_every=50"]
+from tests.conftest import TINY_RUN, cli
 
 
 class _WritesMarker:
@@ -32,20 +29,6 @@ def _craft(path, marker):
     """A checkpoint of this format in every way but one value whose unpickling runs code."""
     torch.save({"format": FORMAT, "run_id": "x", "config": {}, "progress": {}, "payload": _WritesMarker(marker)},
                path)
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tiny_features, tmp_path_factory):
-    """A real, unfinished run folder (its summary removed: train's resume reads the checkpoint)."""
-    run = tmp_path_factory.mktemp("ckpt") / "run"
-    p = _cli("train", "--data", tiny_features, "--out", run, *TINY, "--json")
-    assert p.returncode == 0, p.stderr
-    return run
 
 
 def test_the_crafted_file_would_run_code_when_unpickled(tmp_path):
@@ -66,8 +49,8 @@ def test_a_crafted_checkpoint_is_refused_by_name_and_nothing_in_it_runs(command,
     _craft(run / "checkpoint.pt", marker)
     args = {"eval": ["eval", run, "--decoder", "greedy"],
             "beam-sweep": ["beam-sweep", run, "--widths", "2", "--decoder", "beam"],
-            "train": ["train", "--data", tiny_features, "--out", run, *TINY]}[command]
-    p = _cli(*args)
+            "train": ["train", "--data", tiny_features, "--out", run, *TINY_RUN]}[command]
+    p = cli(*args)
     assert p.returncode == 2, p.stderr
     assert str(run / "checkpoint.pt") in p.stderr and "not a speechperf checkpoint" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr

@@ -6,18 +6,12 @@ import csv
 import json
 import os
 import shutil
-import subprocess
-import sys
+from functools import partial
 
 from speechperf.train.loop import train
+from tests.conftest import cli as run_cli
 
-
-def cli(*args, cwd, check=True):
-    p = subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True,
-                       timeout=300, cwd=cwd)
-    if check and p.returncode != 0:
-        raise AssertionError(f"speechperf {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
+cli = partial(run_cli, check=True)  # a command that fails fails the test, unless check=False
 
 
 def _files(root) -> set[str]:

@@ -3,7 +3,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -14,16 +13,9 @@ from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
 from speechperf.studies.seeds import parse_seeds, refuse_seed_override
+from tests.conftest import cli, cli_argv
 
 TINY = ["--preset", "tiny", "threads=1"]
-
-
-def _argv(*args):
-    return [sys.executable, "-m", "speechperf", *map(str, args)]
-
-
-def _cli(*args, timeout=300):
-    return subprocess.run(_argv(*args), capture_output=True, text=True, timeout=timeout)
 
 
 def _rows(run, sql):
@@ -37,7 +29,7 @@ LOSSES = "SELECT iteration, loss, batch_size FROM iterations WHERE run_id = ? OR
 
 def test_seeds_make_one_run_folder_per_seed_with_that_seed(tiny_features, tmp_path):
     out = tmp_path / "out"
-    p = _cli("train", "--data", tiny_features, "--out", out, "--seeds", "2", "--json", *TINY, "max_epochs=1")
+    p = cli("train", "--data", tiny_features, "--out", out, "--seeds", "2", "--json", *TINY, "max_epochs=1")
     assert p.returncode == 0, p.stderr
     summaries = json.loads(p.stdout)
     assert [s["seed"] for s in summaries] == [1, 2] and all(s["status"] == "success" for s in summaries)
@@ -56,7 +48,7 @@ def test_seeds_make_one_run_folder_per_seed_with_that_seed(tiny_features, tmp_pa
         assert e["cer_lo"] <= e["cer"] <= e["cer_hi"] and e["wer_lo"] <= e["wer"] <= e["wer_hi"], e
     assert any(e["cer_lo"] < e["cer_hi"] for e in evals)
     # tta --json: the evaluations with their intervals, and the one where each target was declared
-    p = _cli("tta", out / "seed-1", out / "seed-2", "--json", "--targets", "99", "--epochs", "1")
+    p = cli("tta", out / "seed-1", out / "seed-2", "--json", "--targets", "99", "--epochs", "1")
     assert p.returncode == 0, p.stderr
     study = json.loads(p.stdout)
     assert [(e["run"].split()[-1], e["epoch"]) for e in study["evaluations"]] == [("1", 1), ("2", 1)]
@@ -90,10 +82,10 @@ def test_a_seeds_command_killed_in_seed_2_continues_it_and_keeps_seed_1(tiny_fea
     args = ["train", "--data", tiny_features, "--seeds", "2", "--json", *TINY, "max_epochs=8", "checkpoint_every=5"]
     out, ref = tmp_path / "out", tmp_path / "ref"
     # the uninterrupted seed 2, alongside (one thread each: bit-exact whatever the load)
-    reference = subprocess.Popen(_argv("train", "--data", tiny_features, "--out", ref, "--json", *TINY,
+    reference = subprocess.Popen(cli_argv("train", "--data", tiny_features, "--out", ref, "--json", *TINY,
                                        "max_epochs=8", "checkpoint_every=5", "train.seed=2"),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    p = subprocess.Popen(_argv(*args[:1], "--out", out, *args[1:]), stdout=subprocess.DEVNULL,
+    p = subprocess.Popen(cli_argv(*args[:1], "--out", out, *args[1:]), stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:
         # past seed 2's first epoch, so that the part before the kill is trained in the process
@@ -106,7 +98,7 @@ def test_a_seeds_command_killed_in_seed_2_continues_it_and_keeps_seed_1(tiny_fea
     assert not (out / "seed-2" / "summary.json").exists()
     seed1 = _files(out / "seed-1")
 
-    again = _cli(*args[:1], "--out", out, *args[1:])
+    again = cli(*args[:1], "--out", out, *args[1:])
     assert again.returncode == 0, again.stderr
     assert [(s["seed"], s["status"]) for s in json.loads(again.stdout)] == [(1, "success"), (2, "success")]
     assert _files(out / "seed-1") == seed1  # a finished seed is only read again

@@ -3,34 +3,18 @@ the TTA within 1% (its rows tile the clock), and recorded power samples show as 
 accuracy, a resumed run's two processes summed."""
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from speechperf.studies.time_parts import time_parts
 from speechperf.results import ResultsDB
 from speechperf.results.run import Run
-
-ARGS = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=50", "eval_decoder=greedy"]
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
-
-
-@pytest.fixture(scope="module")
-def run(tiny_features, tmp_path_factory):
-    out = tmp_path_factory.mktemp("parts") / "run"
-    p = _cli("train", "--data", tiny_features, "--out", out, *ARGS, "--json")
-    assert p.returncode == 0, p.stderr
-    return out
+from tests.conftest import cli
 
 
 @pytest.mark.timeout(600)
-def test_the_parts_of_a_real_run_add_up_to_its_tta(run):
-    r = Run.open(run)
+def test_the_parts_of_a_real_run_add_up_to_its_tta(tiny_run):
+    r = Run.open(tiny_run)
     try:
         iterations, evals, samples = r.iterations(), r.evals(), r.samples()
     finally:
@@ -38,7 +22,7 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(run):
     assert all(i["data_s"] is not None and i["data_s"] >= 0 for i in iterations)
     segments = {s["segment"] for s in samples}  # one process; a new stretch after each evaluation's intervals
     assert samples and len(segments) >= 2 and None not in segments
-    clock_s = 60 * json.loads((run / "summary.json").read_text())["clock_min"]
+    clock_s = 60 * json.loads((tiny_run / "summary.json").read_text())["clock_min"]
     assert max(s["t"] for s in samples) <= clock_s + 0.5  # on the TTA clock, not the wall's
     assert sum(i["ckpt_s"] for i in iterations) > 0  # every 3 steps and at the epoch's end
     for e in evals:
@@ -47,7 +31,7 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(run):
         assert parts["note"] is None and parts["steps s"] > 0 and parts["eval s"] > 0
     assert evals[-1]["clock_s"] - evals[0]["clock_s"] > 0
 
-    p = _cli("tta", run, "--metric", "ser", "--targets", "100", "--epochs", "1", "--json")  # SER <= 100: reached at once
+    p = cli("tta", tiny_run, "--metric", "ser", "--targets", "100", "--epochs", "1", "--json")  # SER <= 100: reached at once
     assert p.returncode == 0, p.stderr
     (row,) = json.loads(p.stdout)["runs"]
     assert row["time parts s"]["total s"] == pytest.approx(row["minutes"] * 60, rel=0.01)
@@ -64,9 +48,9 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(run):
 
 
 @pytest.mark.timeout(600)
-def test_tta_json_shows_the_energy_of_a_run_with_samples(run, tmp_path):
+def test_tta_json_shows_the_energy_of_a_run_with_samples(tiny_run, tmp_path):
     copy = tmp_path / "run"
-    shutil.copytree(run, copy)
+    shutil.copytree(tiny_run, copy)
     r = Run.open(copy)
     run_id, tta_s = r.run_id, r.evals()[0]["clock_s"]
     r.close()
@@ -82,7 +66,7 @@ def test_tta_json_shows_the_energy_of_a_run_with_samples(run, tmp_path):
              for t, v in ((half, 60.0), (tta_s + 10, 100.0))]
     with ResultsDB(copy / "results.db") as db:
         db.insert_many("samples", rows)
-    p = _cli("tta", copy, "--metric", "ser", "--targets", "100", "--epochs", "1", "--json")
+    p = cli("tta", copy, "--metric", "ser", "--targets", "100", "--epochs", "1", "--json")
     assert p.returncode == 0, p.stderr
     (row,) = json.loads(p.stdout)["runs"]
     assert row["energy to accuracy kWh"] == pytest.approx(100 * tta_s / 3.6e6)

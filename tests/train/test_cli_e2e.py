@@ -1,18 +1,13 @@
 """End to end through the real CLI: synth -> prepare -> train -> tta, on a tiny corpus."""
 import json
-import subprocess
-import sys
+from functools import partial
 
 from speechperf import metric
 from speechperf.results import ResultsDB
 from speechperf.results.events import read_events
+from tests.conftest import cli as run_cli
 
-
-def cli(*args, check=True):
-    p = subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True, timeout=600)
-    if check and p.returncode != 0:
-        raise AssertionError(f"speechperf {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
+cli = partial(run_cli, timeout=600, check=True)  # a command that fails fails the test, unless check=False
 
 
 def test_cli_end_to_end(tmp_path):

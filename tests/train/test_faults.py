@@ -18,13 +18,9 @@ import torch
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
+from tests.conftest import cli
 
 TINY = ["--preset", "tiny", "threads=1"]
-
-
-def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def _popen(*args, session: bool = False):
@@ -51,7 +47,7 @@ def feats(tiny_features, tmp_path):
 def test_a_missing_split_is_refused_before_training(feats, tmp_path, split, role):
     (feats / split / "index.json").unlink()
     run = tmp_path / "run"
-    p = _cli("train", "--data", feats, "--out", run, *TINY)
+    p = cli("train", "--data", feats, "--out", run, *TINY)
     assert p.returncode == 2, p.stderr
     assert f"{role} split {split!r}" in p.stderr and str(feats / split / "index.json") in p.stderr
     assert not run.exists()  # refused before the run folder (and the model, and the clock)
@@ -72,7 +68,7 @@ def _flip_a_byte(path):
 def test_damaged_statistics_or_shards_are_refused_before_the_run_folder_exists(feats, tmp_path, damage, named):
     damage(feats)
     run = tmp_path / "run"
-    p = _cli("train", "--data", feats, "--out", run, *TINY, "max_epochs=1")
+    p = cli("train", "--data", feats, "--out", run, *TINY, "max_epochs=1")
     assert p.returncode == 2 and named in p.stderr, p.stderr
     assert not run.exists()  # no folder, no run_start, no clock
 
@@ -80,7 +76,7 @@ def test_damaged_statistics_or_shards_are_refused_before_the_run_folder_exists(f
 def test_named_splits_train_without_the_missing_one(feats, tmp_path):
     (feats / "test-other" / "index.json").unlink()
     run = tmp_path / "run"
-    p = _cli("train", "--data", feats, "--out", run, *TINY, "max_epochs=1",
+    p = cli("train", "--data", feats, "--out", run, *TINY, "max_epochs=1",
              "final_splits=dev-clean,test-clean", "--json")
     assert p.returncode == 0, p.stderr
     finals = _rows(run, "SELECT split FROM evals WHERE run_id = ? AND final = 1 ORDER BY split")
@@ -98,7 +94,7 @@ def test_values_that_cannot_train_are_refused(tiny_features, tmp_path, override,
 
     n = sum(len(load_index(p)["utterances"]) for p in sorted(tiny_features.glob("train*")))
     run = tmp_path / "run"
-    p = _cli("train", "--data", tiny_features, "--out", run, *TINY, override)
+    p = cli("train", "--data", tiny_features, "--out", run, *TINY, override)
     assert p.returncode == 2 and message.format(n=n) in p.stderr, p.stderr
     assert not run.exists()
 
@@ -279,7 +275,7 @@ def test_two_trains_on_one_folder_leave_one_run_and_a_killed_holder_does_not_blo
     first = _popen(*args)
     while p_alive(first) and not (run / "run.json").exists():
         time.sleep(0.1)
-    second = _cli("train", *args)
+    second = cli("train", *args)
     assert second.returncode == 2, second.stderr
     assert f"in use by another speechperf process (pid {first.pid} on host {socket.gethostname()})" in second.stderr
     killed = _kill_at(first, run, 1.0)  # the holder dies: its lock goes with it

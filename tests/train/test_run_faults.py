@@ -13,13 +13,9 @@ import pytest
 
 from speechperf.results.checkpoint import load as load_checkpoint
 from speechperf.results.events import read_events
+from tests.conftest import cli
 
 TINY = ["--preset", "tiny", "max_epochs=3", "threads=1", "checkpoint_every=2"]
-
-
-def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
 
 
 def test_a_diverging_run_ends_diverged_and_stays_so(tiny_features, tmp_path):

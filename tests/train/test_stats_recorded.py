@@ -4,26 +4,20 @@ on changed statistics mixed two normalizations, its losses differing from the fi
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from speechperf.features.stats import write_stats
+from tests.conftest import cli
 
 ARGS = ["--preset", "tiny", "threads=1", "max_epochs=1", "checkpoint_every=3", "sentence_every=50"]
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "speechperf", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.mark.timeout(600)
 def test_a_run_refuses_to_continue_or_evaluate_on_other_statistics(tiny_features, tmp_path):
     feats, run = tmp_path / "feats", tmp_path / "run"
     shutil.copytree(tiny_features, feats)
-    p = _cli("train", "--data", feats, "--out", run, *ARGS, "--json")
+    p = cli("train", "--data", feats, "--out", run, *ARGS, "--json")
     assert p.returncode == 0, p.stderr
     trained_on = hashlib.sha256((feats / "stats.json").read_bytes()).hexdigest()
     assert json.loads((run / "run.json").read_text())["data"]["stats_sha256"] == trained_on
@@ -33,11 +27,11 @@ def test_a_run_refuses_to_continue_or_evaluate_on_other_statistics(tiny_features
     now = hashlib.sha256((feats / "stats.json").read_bytes()).hexdigest()
     assert now != trained_on
     for args in (["train", "--data", feats, "--out", run, *ARGS], ["eval", run, "--decoder", "greedy"]):
-        p = _cli(*args)
+        p = cli(*args)
         assert p.returncode == 2, p.stderr
         assert str(feats / "stats.json") in p.stderr and trained_on in p.stderr and now in p.stderr, p.stderr
         assert "Traceback" not in p.stderr
 
     shutil.copy(tiny_features / "stats.json", feats / "stats.json")  # the statistics it trained on: continues
-    p = _cli("train", "--data", feats, "--out", run, *ARGS, "--json")
+    p = cli("train", "--data", feats, "--out", run, *ARGS, "--json")
     assert p.returncode == 0, p.stderr

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from speechperf.studies.sweep import free_port
+from tests.conftest import cli_argv
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=1000"]
 
@@ -59,10 +60,6 @@ def test_a_taken_parameter_server_port_is_named_and_creates_nothing(algo, tiny_f
 
 
 # ---- 6. train --seeds N --parallel K: a killed command, a busy folder -----------------------
-def _cli(*args) -> list[str]:
-    return [sys.executable, "-m", "speechperf", *map(str, args)]
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -78,7 +75,7 @@ def test_the_seeds_of_a_killed_command_stop_with_it_saved(tiny_features, tmp_pat
     from speechperf.results.run import Run
 
     out = tmp_path / "out"
-    parent = subprocess.Popen(_cli("train", "--data", tiny_features, "--out", out, "--seeds", "2", "--parallel", "2",
+    parent = subprocess.Popen(cli_argv("train", "--data", tiny_features, "--out", out, "--seeds", "2", "--parallel", "2",
                                    "--preset", "tiny", "threads=1", "max_epochs=100"),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     pids = {}
@@ -114,7 +111,7 @@ def test_a_busy_seed_folder_is_said_on_the_terminal_with_exit_2(tiny_features, t
     out = tmp_path / "out"
     (out / "seed-1").mkdir(parents=True)
     with RunLock(out / "seed-1"):  # another speechperf process trains seed 1 (the test holds its lock)
-        p = subprocess.run(_cli("train", "--data", tiny_features, "--out", out, "--seeds", "2", "--parallel", "2",
+        p = subprocess.run(cli_argv("train", "--data", tiny_features, "--out", out, "--seeds", "2", "--parallel", "2",
                                 "--preset", "tiny", "threads=1", "max_epochs=100"),
                            capture_output=True, text=True, timeout=240)
     assert p.returncode == 2, p.stderr

@@ -1,0 +1,57 @@
+"""Command line: parses arguments and calls one library function per command.
+
+Every command that prints a table takes ``--json`` and then prints the same rows as JSON.
+Errors that the user can fix (bad input, bad config) print one line naming the file or
+value and exit with status 2; anything else is a bug and keeps its traceback.
+
+Each command's arguments are declared beside its ``cmd_*`` function, in the module of its
+kind (data_commands, train_commands, result_commands, bench_commands), which lists it in its
+``COMMANDS`` table; ``build_parser`` assembles the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from speechperf.cli import bench_commands, data_commands, result_commands, train_commands
+from speechperf.cli.parsing import HelpFormatter, add_command
+from speechperf.errors import SpeechperfError
+
+_MODULES = (data_commands, train_commands, result_commands, bench_commands)
+COMMANDS = [c for m in _MODULES for c in m.COMMANDS]
+GROUPS = {name: text for m in _MODULES for name, text in getattr(m, "GROUPS", {}).items()}
+# the order --help lists the top level's commands (and groups) in
+ORDER = ("corpus", "prepare", "train", "tta", "eval", "beam-sweep", "lm", "check-log", "report", "platforms", "bench",
+         "parallel", "reproduce", "demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="speechperf", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    groups = {}
+    for command in sorted(COMMANDS, key=lambda c: ORDER.index(c.group or c.name)):  # stable: a group's own order
+        parent = sub
+        if command.group is not None:
+            if command.group not in groups:
+                groups[command.group] = sub.add_parser(command.group, help=GROUPS[command.group]).add_subparsers(
+                    dest="sub", required=True)
+            parent = groups[command.group]
+        add_command(parent, command)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)  # the sweep's options are checked (and shown) here
+    if args.command == "parallel":  # and passed on as given to the sweep's own parser
+        args.rest = [x for x in argv[argv.index(args.sub) + 1:] if x != "--json"]
+    try:
+        return args.func(args)
+    except SpeechperfError as e:  # 2: bad input; 1: a run that failed (RunFailed)
+        # notes say where a multi-run command stopped (train --seeds): on the error's line
+        print(f"speechperf: error: {'; '.join([str(e), *getattr(e, '__notes__', [])])}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("speechperf: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,130 @@
+"""The hardware benchmarks: ``bench ops``, ``bench zoo`` and ``bench feed``; each one's
+arguments declared right above it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from speechperf.cli.parsing import Command, Registry, csv_list, preset
+from speechperf.tables import emit
+
+
+def _zoo_models():
+    from speechperf.bench.zoo import ZOO
+
+    return ZOO
+
+
+def _dtypes():
+    from speechperf.bench.ops import DTYPES
+
+    return DTYPES
+
+
+ZOO_MODELS, DTYPE_NAMES = Registry(_zoo_models), Registry(_dtypes)
+ZOO_PRECISIONS = ("fp32", "amp")
+
+
+def _timing_args(sp, what: str) -> None:
+    """The measurement method's options (speechperf/bench/timing.py; defaults per device there)."""
+    sp.add_argument("--seconds", "--cpu-seconds", type=float, default=None,
+                    help=f"timed seconds per {what} without --iters (default: per device, docs/bench.md)")
+    sp.add_argument("--warmup-seconds", type=float, default=None,
+                    help="warm-up budget when the step time is not yet stable")
+    sp.add_argument("--repeats", type=int, default=None,
+                    help="consecutive windows the timed steps are split into (default 3)")
+    sp.add_argument("--energy-min-seconds", type=float, default=None,
+                    help="shortest window given power and energy (default 2; shorter: none, with the reason)")
+
+
+def _bench_ops_args(sp) -> None:
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--dtype", type=csv_list(choices=DTYPE_NAMES), default=["fp32"],
+                    help=f"data types, comma separated ({', '.join(DTYPE_NAMES)})")
+    sp.add_argument("--threads", type=csv_list(int), default=None)
+    sp.add_argument("--iters", type=int, default=None)
+    sp.add_argument("--quick", action="store_true", help="small shapes only (smoke test)")
+    _timing_args(sp, "op")
+    sp.add_argument("--csv", help="also write the rows to this CSV file")
+    sp.add_argument("--db")
+
+
+def cmd_bench_ops(a) -> int:
+    from speechperf.bench.ops import COLUMNS, notes, run_ops
+    from speechperf.bench.outcome import check_measured
+
+    rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick,
+                   seconds=a.seconds, csv_path=a.csv, warmup_seconds=a.warmup_seconds, repeats=a.repeats,
+                   energy_min_seconds=a.energy_min_seconds)
+    emit(rows, a.json, columns=COLUMNS)
+    if not a.json:
+        print("\n".join(notes(rows)))
+    check_measured(rows, "bench ops")  # nothing measured: exit 1, the causes in words
+    return 0
+
+
+def _bench_zoo_args(sp) -> None:
+    sp.add_argument("--models", type=csv_list(choices=ZOO_MODELS), default=None,
+                    help=f"models, comma separated ({', '.join(ZOO_MODELS)}; default: all)")
+    sp.add_argument("--batch", type=csv_list(int), default=None,
+                    help="batch sizes, comma separated (default: per model)")
+    sp.add_argument("--precision", type=csv_list(choices=ZOO_PRECISIONS), default=["fp32"],
+                    help=f"precisions, comma separated ({', '.join(ZOO_PRECISIONS)})")
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--iters", type=int, default=None)
+    sp.add_argument("--warmup", type=int, default=None, help="untimed steps at least (default: 3 on a GPU, 1 on a CPU)")
+    _timing_args(sp, "row")
+    sp.add_argument("--csv", help="Table 8 layout CSV (default: bench_zoo_table8.csv beside --db)")
+    sp.add_argument("--db")
+
+
+def cmd_bench_zoo(a) -> int:
+    from speechperf.bench.outcome import check_measured
+    from speechperf.bench.zoo import COLUMNS, notes, run_zoo
+
+    rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters,
+                   db_path=a.db, csv_path=a.csv, warmup=a.warmup, seconds=a.seconds, warmup_seconds=a.warmup_seconds,
+                   repeats=a.repeats, energy_min_seconds=a.energy_min_seconds)
+    emit(rows, a.json, columns=COLUMNS)
+    if not a.json:
+        print("\n".join(notes(rows)))
+    check_measured(rows, "bench zoo")  # nothing measured: exit 1, the causes in words
+    return 0
+
+
+def _bench_feed_args(sp) -> None:
+    sp.add_argument("--preset", default="gpu", type=preset, metavar="PRESET", help="named preset or a TOML file")
+    sp.add_argument("--data", default=None, help="prepared features to read (default: a synthetic shard set at "
+                    "LibriSpeech lengths in a temporary folder)")
+    sp.add_argument("--device", default="auto", help="where the appetite is measured: auto (a GPU when torch sees "
+                    "one, else the recorded profile's figure), cuda, cuda:N or cpu")
+    sp.add_argument("--profile", default=None, help="recorded GPU profile (speechperf/config/gpu_appetite.toml; "
+                    "default: its first) when no GPU measures the appetite")
+    sp.add_argument("--readers", type=int, default=1, help="reader processes timed together (the supply is per reader)")
+    sp.add_argument("--windows", type=int, default=3, help="timed windows of each measurement (median and spread)")
+    sp.add_argument("--steps", type=int, default=5, help="training steps per appetite window")
+    sp.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
+    sp.add_argument("--batches", type=int, default=4, help="loader batches per supply window")
+    sp.add_argument("--cores", type=int, default=None, help="the host's cores (default: os.cpu_count())")
+    sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset (e.g. loader.batch_size=64)")
+
+
+def cmd_bench_feed(a) -> int:
+    from speechperf.train.feed import COLUMNS, notes, run_feed
+
+    row = run_feed(a.preset, a.overrides, data=Path(a.data) if a.data else None, device=a.device, profile=a.profile,
+                   readers=a.readers, windows=a.windows, steps=a.steps, warmup=a.warmup, batches=a.batches,
+                   cores=a.cores)
+    emit([row], a.json, columns=COLUMNS)
+    if not a.json:
+        print("\n".join(notes(row)))
+    return 0
+
+
+GROUPS = {"bench": "accelerator characterization"}
+COMMANDS = [
+    Command("ops", "operator FLOPS against peak", cmd_bench_ops, _bench_ops_args, group="bench"),
+    Command("zoo", "model-zoo training throughput, power and energy", cmd_bench_zoo, _bench_zoo_args, group="bench"),
+    Command("feed", "how many CPU cores feed one GPU: the preset's training step's appetite (audio s/s on batches "
+            "on the device, LibriSpeech lengths) against the loader's supply per reader", cmd_bench_feed,
+            _bench_feed_args, group="bench"),
+]

@@ -1,0 +1,105 @@
+"""What every command's arguments are declared with: the help formatter, argument types shared
+by several commands, registries read lazily as choices, and :class:`Command`, one subcommand as
+the command table lists it (each command module declares its own beside its ``cmd_*``)."""
+from __future__ import annotations
+
+import argparse
+import copy
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of ``speechperf``."""
+
+    name: str  # its word on the command line (under ``group``, where it has one)
+    help: str  # one line: the parent's list of commands and the command's own --help
+    run: Callable  # cmd_*(args) -> exit status: parses nothing, calls one library function
+    args: Callable | None  # declares its arguments on its parser (--json is every command's); None: its parents' only
+    group: str | None = None  # the parent command (corpus, lm, bench, parallel), None at the top
+    parents: Callable | None = None  # () -> parsers whose arguments it takes over (argparse's parents)
+
+
+class Registry:
+    """The names in a registry, read when argparse first checks or shows them (importing a
+    registry can take seconds: torch, numba), so that ``--help`` lists them as choices."""
+
+    def __init__(self, load):
+        self.load, self.names = load, None
+
+    def _get(self) -> list[str]:
+        if self.names is None:
+            self.names = sorted(self.load())
+        return self.names
+
+    def __contains__(self, name) -> bool:
+        return name in self._get()
+
+    def __iter__(self):
+        return iter(self._get())
+
+
+def _presets():
+    from speechperf.config import preset_names
+
+    return preset_names()
+
+
+PRESETS = Registry(_presets)
+
+
+def csv_list(kind=str, choices=None):
+    """A comma-separated list; with ``choices``, every item must be one of them."""
+    def parse(s):
+        items = [kind(x) for x in s.split(",") if x.strip()]
+        bad = [x for x in items if choices is not None and x not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(str, bad))} not among: {', '.join(map(str, choices))}")
+        return items
+    return parse
+
+
+def preset(name: str) -> str:
+    """A preset name or a TOML file."""
+    if name.endswith(".toml") or name in PRESETS:
+        return name
+    raise argparse.ArgumentTypeError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)} (or a .toml file)")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown for every option, documented or not."""
+
+    def _format_action(self, action):
+        if not action.help and action.option_strings and self._shows_default(action):
+            action = copy.copy(action)  # argparse prints nothing for an option without help
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _split_lines(self, text, width):
+        # names such as conformer-cpu stay whole (argparse's wrap breaks lines at hyphens)
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" not in text and action.option_strings and self._shows_default(action):
+            text = f"{text.strip()} (default: %(default)s)".strip()
+        return text
+
+    @staticmethod
+    def _shows_default(action) -> bool:
+        return not (action.default is None or action.default is False or action.default is argparse.SUPPRESS)
+
+
+def add_command(parent, command: Command) -> argparse.ArgumentParser:
+    """``command``'s parser under ``parent`` (the top level's or a group's subparsers): its help,
+    ``--json``, then the arguments it declares; parsing it sets ``func`` to its ``cmd_*``."""
+    sp = parent.add_parser(command.name, help=command.help, description=command.help, formatter_class=HelpFormatter,
+                           parents=list(command.parents() if command.parents else ()))
+    sp.add_argument("--json", action="store_true", help="print the rows as JSON")
+    sp.set_defaults(func=command.run)
+    if command.args is not None:
+        command.args(sp)
+    return sp

@@ -1,0 +1,195 @@
+"""Commands that read run folders: ``tta``, ``eval``, ``beam-sweep``, ``check-log``, ``report``
+and ``platforms`` (the prices they apply); each one's arguments declared right above it."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from speechperf import metric
+from speechperf.cli.parsing import Command, Registry, csv_list
+from speechperf.decode import WORDBEAM_MODES
+from speechperf.tables import emit, emit_json
+
+
+def _decoders():
+    from speechperf.decode import DECODERS
+
+    return DECODERS.names()
+
+
+DECODER_NAMES = Registry(_decoders)
+
+
+def _targets(text: str):
+    """A target set (paper, algoperf) or comma-separated error rates, each finite and in (0, 100]."""
+    from speechperf.scoring.targets import TargetError, parse_targets
+
+    try:
+        return parse_targets(text).name or text  # numbers are bound to --metric by the library
+    except TargetError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _targets_args(sp) -> None:
+    sp.add_argument("--targets", type=_targets, default="paper",
+                    help="TTA targets: paper (the DS2 paper's CER 10/8/7, WER 22/20.2/19.2, as thresholds on the "
+                         "run's own corpus), algoperf (AlgoPerf's validation WER for runs of AlgoPerf's workload, "
+                         "which speechperf has none of yet: refused for its runs), or error rates %% of --metric, "
+                         "e.g. 10,8")
+
+
+def _prices_args(sp) -> None:
+    sp.add_argument("--price-per-hour", type=float, default=None,
+                    help="$/hour of the whole machine of every run given (overrides every profile)")
+    sp.add_argument("--platform-file", default=None,
+                    help="a platform profile TOML whose prices apply to every run given (overrides the recorded one)")
+
+
+def _tta_args(sp) -> None:
+    sp.add_argument("runs", nargs="+")
+    sp.add_argument("--metric", choices=metric.targets(), default=metric.DEFAULT_TARGET,
+                    help="validation error the targets apply to")
+    _targets_args(sp)
+    sp.add_argument("--epochs", type=int, default=3, help="median over this many last epochs")
+    _prices_args(sp)
+
+
+def cmd_tta(a) -> int:
+    from speechperf.studies.study import study_notes, tta_study
+
+    study = tta_study([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
+                      price_per_hour=a.price_per_hour, platform_file=a.platform_file)
+    if a.json:
+        emit_json(study)
+        return 0
+    error_column(study["runs"])
+    emit(study["runs"], False, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative",
+                                        "error at TTA [95%]", "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
+                                        "platform", "cost to accuracy $", "TTA x price ($ min)", "energy to accuracy kWh", "time parts",
+                                        "price note"])
+    print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
+    emit(study["groups"], False, columns=["group", "target", "runs", "reached", "never reached", "unfinished",
+                                          "median TTA min", "olympic TTA min", "min TTA min", "max TTA min",
+                                          "median epochs to target", "median min/epoch", "min/epoch max/min",
+                                          "epochs to target per seed", "RCP check", "olympic rule"])
+    if study["comparisons"]:
+        print("\nBetween groups of one workload:")
+        emit(study["comparisons"], False, columns=["A", "B", "target", "seeds A", "seeds B", "TTA ratio A/B", "95% low",
+                                                   "95% high", "epochs ratio A/B", "min/epoch ratio A/B", "verdict"])
+    for line in study_notes(study):
+        print(line)
+    return 0
+
+
+def error_column(rows: list[dict]) -> None:
+    """The text tables' one column for the error where the target was declared and its 95%
+    interval (``9.36 [8.10, 10.70]``; --json keeps the three numbers)."""
+    from speechperf.scoring.bootstrap import with_interval
+
+    for row in rows:
+        row["error at TTA [95%]"] = with_interval(row["error at TTA"], row["error 95% low"], row["error 95% high"])
+
+
+def _check_log_args(sp) -> None:
+    sp.add_argument("run", help="run folder or events.log")
+
+
+def cmd_check_log(a) -> int:
+    from speechperf.train.mlperf import check_run
+
+    row = check_run(Path(a.run))
+    emit([row], a.json)
+    return 0 if row["compliant"] else 1
+
+
+def _decoding_args(sp) -> None:
+    """The decoder's options, eval's and beam-sweep's."""
+    sp.add_argument("--decoder", default="wordbeam", choices=DECODER_NAMES, help="CTC decoder")
+    sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
+
+
+def _eval_args(sp) -> None:
+    sp.add_argument("run")
+    sp.add_argument("--split", default="dev-clean", help="prepared split to evaluate")
+    _decoding_args(sp)
+    sp.add_argument("--beam", type=int, default=256, help="beam width")
+    sp.add_argument("--workers", type=int, default=0,
+                    help="decoding threads (0: one per CPU this process may use, less the loader's readers)")
+    sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
+
+
+def cmd_eval(a) -> int:
+    from speechperf.studies.evaluate_run import evaluate_run
+
+    row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers,
+                       mode=a.mode, data=Path(a.data) if a.data else None)
+    emit([row], a.json)
+    return 0
+
+
+def _beam_sweep_args(sp) -> None:
+    sp.add_argument("run")
+    sp.add_argument("--widths", type=csv_list(int), default=[64, 128, 256, 512, 1024, 2048, 4096], help="beam widths")
+    sp.add_argument("--split", default="dev-clean", help="prepared split to evaluate")
+    _decoding_args(sp)
+    sp.add_argument("--workers", type=int, default=0,
+                    help="decoding threads (0: one per CPU this process may use, less the loader's readers)")
+    sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
+    sp.add_argument("--db", help="a shared results database that also receives the rows")
+
+
+def cmd_beam_sweep(a) -> int:
+    from speechperf.studies.evaluate_run import beam_sweep
+
+    rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers,
+                      mode=a.mode, data=Path(a.data) if a.data else None, db_path=Path(a.db) if a.db else None)
+    emit(rows, a.json)
+    return 0
+
+
+def _report_args(sp) -> None:
+    sp.add_argument("runs", nargs="+", help="run folders, from any machines")
+    sp.add_argument("--out", required=True, help="report folder")
+    sp.add_argument("--db", help="shared database for the benchmark and parallel sections (default: the first "
+                                 "run's)")
+    _prices_args(sp)
+    sp.add_argument("--metric", choices=metric.targets(), default=metric.DEFAULT_TARGET,
+                    help="the metric of explicit --targets numbers")
+    _targets_args(sp)
+
+
+def cmd_report(a) -> int:
+    from speechperf.studies.report.html import build_report
+
+    path = build_report([Path(r) for r in a.runs], Path(a.out), db_path=Path(a.db) if a.db else None,
+                        price_per_hour=a.price_per_hour, platform_file=a.platform_file, targets=a.targets,
+                        metric=a.metric)
+    print(path)
+    return 0
+
+
+def _platforms_args(sp) -> None:
+    sp.add_argument("--file", action="append", default=[], help="also a user profile TOML (repeatable)")
+
+
+def cmd_platforms(a) -> int:
+    from speechperf.telemetry.platforms import profile_table
+
+    emit(profile_table(a.file), a.json, columns=None if a.json else
+         ["profile", "matches", "per", "$/hour", "hourly date", "purchase $", "price date"])
+    if not a.json:
+        print("Sources of every price: speechperf platforms --json")
+    return 0
+
+
+COMMANDS = [
+    Command("tta", "time-to-accuracy table (Table 4 form)", cmd_tta, _tta_args),
+    Command("eval", "evaluate a run's checkpoint on a split", cmd_eval, _eval_args),
+    Command("beam-sweep", "evaluation time, WER and CER per beam width (Table 3 form)", cmd_beam_sweep,
+            _beam_sweep_args),
+    Command("check-log", "check a run's events.log with mlperf-logging's compliance checker (training rules, "
+            "speechperf's benchmark rules); exit 1 if it does not comply", cmd_check_log, _check_log_args),
+    Command("report", "HTML report comparing runs", cmd_report, _report_args),
+    Command("platforms", "platform profiles: what each matches, prices with their date and source", cmd_platforms,
+            _platforms_args),
+]

@@ -1,0 +1,202 @@
+"""Commands that train: ``train`` (one run, or one per seed), ``parallel sweep``, ``reproduce``
+and ``demo``; each one's arguments declared right above it."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from speechperf import metric
+from speechperf.cli.parsing import PRESETS, Command, preset
+from speechperf.cli.result_commands import error_column
+from speechperf.errors import SpeechperfError
+from speechperf.tables import emit, emit_json
+
+
+def _seeds(text: str):
+    """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (studies/seeds.py)."""
+    from speechperf.studies.seeds import parse_seeds
+
+    try:
+        return parse_seeds(text)
+    except SpeechperfError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _isa_arg(sp) -> None:
+    from speechperf.telemetry.isa_cap import CAPS
+
+    sp.add_argument("--isa", choices=sorted(CAPS), default=None,
+                    help="cap the instruction set of oneDNN and of torch's own kernels and fix MKL's code path "
+                         "(ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_CBWR=COMPATIBLE; the command restarts "
+                         "itself under them): with train.threads=1, a "
+                         "reference seed's curve is reproducible bit for bit (docs/reproduce.md)")
+
+
+def _isa_cap(a) -> None:
+    """--isa: this command again, the process replaced by one under the whole cap (telemetry/isa_cap.py)."""
+    from speechperf.telemetry.isa_cap import exec_capped
+
+    exec_capped(a.isa, sys.argv[1:])
+
+
+def _train_args(sp) -> None:
+    _isa_arg(sp)
+    sp.add_argument("--preset", default="cpu", type=preset, metavar="PRESET",
+                    help=f"named preset ({', '.join(PRESETS)}) or a TOML file")
+    sp.add_argument("--data", help="prepared features folder")
+    sp.add_argument("--out", help="run folder")
+    sp.add_argument("--resume", default="auto",
+                    help="auto: continue a run of the same configuration in --out from its last checkpoint (a "
+                         "finished one is only reported; another configuration is refused); yes: insist; no: refuse "
+                         "an existing run; or a run folder to continue with its own configuration")
+    sp.add_argument("--label", help="the run's name in tables and legends (default: machine, preset, precision, "
+                                    "e.g. 'H100x1 paper bf16')")
+    sp.add_argument("--platform", help="platform profile (a name from `speechperf platforms`, or FILE.toml): its "
+                    "prices, and its loader values where it has them (sys1, sys2, sys10)")
+    sp.add_argument("--db", help="a shared results database that also receives the rows (the run folder keeps its "
+                                 "own RUN/results.db)")
+    sp.add_argument("--seeds", type=_seeds, default=None, metavar="SEEDS",
+                    help="train the recipe once per seed, one after another, each in its own run folder --out/seed-S "
+                         "(train.seed=S): a count N (seeds 1..N), a list 3,7 or a range 6-10; the same command "
+                         "continues an interrupted seed and only reads finished ones; the first seed that fails stops "
+                         "it (exit 1). Without it, --out is the run folder")
+    sp.add_argument("--label-suffix", default="", help=argparse.SUPPRESS)  # a seed of --parallel: " seed S"
+    sp.add_argument("--parallel", type=int, default=1, metavar="K",
+                    help="with --seeds: train K seeds at once, each its own process: one GPU each where CUDA is "
+                         "(K at most the GPUs visible), else the CPUs shared (train.threads = CPUs // K unless "
+                         "given); each seed's output in --out/seed-S.log; a failed seed stops the others, saved")
+    sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
+
+
+def cmd_train(a) -> int:
+    from speechperf.train.loop import RESUME_MODES, TrainRequest, train
+
+    _isa_cap(a)
+    request = TrainRequest(preset=a.preset, data=a.data or None, out=a.out or None, overrides=a.overrides,
+                           resume=a.resume, db_path=a.db or None, quiet=a.json, platform=a.platform, label=a.label,
+                           label_suffix=a.label_suffix)
+    if a.seeds is not None:
+        return _train_seeds(a, request, RESUME_MODES)
+    if a.parallel != 1:
+        raise SpeechperfError(f"--parallel {a.parallel} without --seeds: it places seeds side by side; one run "
+                              "trains with all the devices it is given (torchrun for several)")
+    result = train(request)
+    from speechperf.train.distributed import DistEnv
+
+    # every rank of a torchrun job returns rank 0's summary (one exit status); one prints it
+    if DistEnv.from_env().rank == 0:
+        emit([result], a.json)
+    return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
+
+
+def _train_seeds(a, request, resume_modes) -> int:
+    """``train --seeds``: one run folder per seed under --out; a seed that fails stops the
+    command (train_seeds raises: exit 1 naming the seed's folder)."""
+    from speechperf.train.distributed import DistEnv
+    from speechperf.studies.seeds import train_seeds
+
+    if a.resume not in resume_modes:
+        raise SpeechperfError(f"--resume {a.resume} with --seeds: --resume takes {', '.join(resume_modes)} there "
+                              "(each seed's folder is continued as the same command continues one run)")
+    env = DistEnv.from_env()
+    rank0 = env.rank == 0
+    say = print if rank0 and not a.json else None
+    say_seeds = (lambda msg: say(f"[seeds] {msg}", flush=True)) if say else None
+    if a.parallel > 1:
+        from speechperf.studies.seed_slots import train_seeds_parallel
+
+        if env.world > 1:
+            raise SpeechperfError("--parallel places one seed per device itself: run it without torchrun")
+        results = train_seeds_parallel(a.seeds, a.parallel, request, say=say_seeds)
+    else:
+        results = train_seeds(a.seeds, request, say=say_seeds)
+    if rank0:  # the text table: what tells the seeds apart; --json: every summary in full
+        emit(results, a.json, columns=None if a.json else ["seed", "run", "status", "epochs", "iterations", "clock_min",
+                                                             *(f"last_{m}" for m in metric.targets())])
+    return 0
+
+
+
+def _sweep_parser():
+    from speechperf.studies import sweep
+
+    return [sweep.parser(add_help=False)]  # its options are checked and shown here, and passed on as given
+
+
+def cmd_parallel_sweep(a) -> int:
+    from speechperf.studies.sweep import run_sweep
+
+    rows = run_sweep(a.rest, as_json=a.json)
+    emit(rows, a.json)
+    return 0
+
+
+def _reproduce_args(sp) -> None:
+    sp.add_argument("preset", help="a preset with reference curves (speechperf/config/rcp/PRESET.json)")
+    sp.add_argument("--data", required=True, help="prepared features (the reference's corpus: see docs/reproduce.md)")
+    sp.add_argument("--seed", type=int, default=None, help="reference seed (default: the first with a curve)")
+    sp.add_argument("--epochs", type=int, default=2, help="epochs to train and compare")
+    sp.add_argument("--out", default=None, help="keep the run in this new folder (default: a temporary one)")
+    sp.add_argument("--prepare", default=None, metavar="CORPUS",
+                    help="where --data is not the features of any reference curve, prepare CORPUS into DATA-reproduce "
+                         "and reproduce on that")
+
+
+def cmd_reproduce(a) -> int:
+    from speechperf.studies.reproduce import EXIT, reproduce
+
+    result = reproduce(a.preset, Path(a.data), seed=a.seed, epochs=a.epochs, out=Path(a.out) if a.out else None,
+                       quiet=a.json, corpus=Path(a.prepare) if a.prepare else None)
+    if a.json:
+        emit_json(result)
+    else:
+        if result["epochs"]:
+            emit(result["epochs"], False)
+        print(f"{a.preset} seed {result['seed']}: {result['text']}")
+    return EXIT[result["verdict"]]
+
+
+def _demo_args(sp) -> None:
+    _isa_arg(sp)
+    sp.add_argument("--out", default="demo")
+    sp.add_argument("--hours", type=float, default=None, help="hours of training audio (default: the preset's)")
+    sp.add_argument("--minutes", type=float, default=None, help="training time cap (default: the preset's)")
+    sp.add_argument("--preset", default=None, type=preset, metavar="PRESET",
+                    help=f"named preset ({', '.join(PRESETS)}) or a TOML file; default: gpu where torch sees a CUDA "
+                         "device, else cpu")
+    sp.add_argument("--seeds", type=_seeds, default=None, metavar="SEEDS",
+                    help="train the recipe once per seed (a count N, a list 3,7 or a range 6-10): seed 1 in DIR/run, "
+                         "seed S in DIR/run-seed-S; the TTA table and the report cover them all. Default: one run "
+                         "(DIR/run), and the demo says what one seed cannot tell")
+    sp.add_argument("--parallel", type=int, default=1, metavar="K",
+                    help="with --seeds: K seeds at once, one GPU each (or the CPUs shared), as train --parallel")
+    sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
+
+
+def cmd_demo(a) -> int:
+    from speechperf.demo import run_demo
+
+    _isa_cap(a)
+
+    rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json,
+                    seeds=a.seeds, parallel=a.parallel)
+    if not a.json:
+        error_column(rows)
+    emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative",
+                                *([] if a.json else ["error at TTA [95%]"]), "init s",
+                                "TFLOPS", "MFU %", "cost to accuracy $", "energy to accuracy kWh", "time parts",
+                                "price note"])
+    return 0
+
+
+GROUPS = {"parallel": "parallel training algorithms"}
+COMMANDS = [
+    Command("train", "train an acoustic model and log time-to-accuracy", cmd_train, _train_args),
+    Command("sweep", "train runs per algorithm and worker count: speedup, WER/CER, TTA, communication, MFU",
+            cmd_parallel_sweep, None, group="parallel", parents=_sweep_parser),
+    Command("reproduce", "train a reference seed's first epochs under the ISA cap at 1 thread and compare them with "
+            "the reference curve bit for bit (exit 0 identical, 1 differs, 3 cannot be compared)", cmd_reproduce,
+            _reproduce_args),
+    Command("demo", "synth -> prepare -> train (gpu preset with CUDA, else cpu) -> TTA table", cmd_demo, _demo_args),
+]
