@@ -15,3 +15,11 @@ def test_import_contracts_are_kept():
     done = subprocess.run([exe, str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"lint-imports: a layer or cycle contract is broken:\n{done.stdout[-4000:]}{done.stderr[-2000:]}"
+
+
+def test_no_contract_ignores_an_import():
+    """No import climbs by exception: what a lower tier needs from a higher one is handed down."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    assert len(contracts) == 2 and [c["name"] for c in contracts if c.get("ignore_imports")] == []
