@@ -64,6 +64,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     ``parallel`` at a time (studies/seed_slots.py: one GPU each, or the CPUs shared)."""
     from speechperf.corpus.synth import synthesize
     from speechperf.features.prepare import prepare
+    from speechperf.studies.study import run_check
     from speechperf.studies.tta import tta_table
     from speechperf.train.loop import train
     from speechperf.studies.seeds import refuse_seed_override, train_seeds
@@ -98,7 +99,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
             say(f"{'resuming' if has_checkpoint(run) else 'training'} preset {preset!r} -> {run} "
                 f"({time.perf_counter() - t0:.0f} s so far)")
     request = TrainRequest(preset, out / "features", runs[0] if seeds is None else out, overrides, resume="auto",
-                           quiet=quiet)
+                           quiet=quiet, check=run_check)
     if seeds is None:
         train(request)
     elif parallel > 1:  # as below, `parallel` seeds at a time, each its own process

@@ -27,3 +27,11 @@ def test_no_two_modules_or_packages_share_a_name():
                     + [p.parent.name for p in package.rglob("__init__.py") if p.parent != package])
     assert len(names) > 100  # the whole package was read
     assert [name for name, n in names.items() if n > 1] == []
+
+
+def test_no_contract_ignores_an_import():
+    """No import climbs by exception: what a lower tier needs from a higher one is handed down."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    assert len(contracts) == 2 and [c["name"] for c in contracts if c.get("ignore_imports")] == []

@@ -70,12 +70,13 @@ def _train_args(sp) -> None:
 
 
 def cmd_train(a) -> int:
+    from speechperf.studies.study import run_check
     from speechperf.train.loop import RESUME_MODES, TrainRequest, train
 
     _isa_cap(a)
     request = TrainRequest(preset=a.preset, data=a.data or None, out=a.out or None, overrides=a.overrides,
                            resume=a.resume, db_path=a.db or None, quiet=a.json, platform=a.platform, label=a.label,
-                           label_suffix=a.label_suffix)
+                           label_suffix=a.label_suffix, check=run_check)
     if a.seeds is not None:
         return _train_seeds(a, request, RESUME_MODES)
     if a.parallel != 1:

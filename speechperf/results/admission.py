@@ -6,7 +6,7 @@ label, a damaged features folder, a shared database that cannot be written, a la
 algorithm cannot run) before any file is written, and holds the folder's lock
 (results/lock.py) from there to the end of the run, so that a second process on the folder
 is refused naming the first. The training loop broadcasts :attr:`Admission.decision` to every
-rank; :meth:`Admission.begin` then creates or reopens the run where the loop records it.
+rank; the trainer then makes the run with :meth:`Run.begin` (created, or reopened to continue).
 """
 from __future__ import annotations
 
@@ -20,19 +20,16 @@ from speechperf.errors import SpeechperfError
 from speechperf.features.stats import check_trained_on, read_stats
 from speechperf.results.db import ResultsDB
 from speechperf.results.lock import LOCK_FILE, RunFolderBusy, RunLock
-from speechperf.results.progress import Progress
 from speechperf.results.request import TrainRequest
 from speechperf.results.run import Run
-
-PLANS = ("fresh", "restart", "resume", "finished")  # restart: a run without a checkpoint yet
 
 
 @dataclass
 class Admission:
     """Rank 0's verdict on the run folder, and its lock while the run trains."""
 
-    request: TrainRequest  # as configured (TrainRequest.configuration): out is the folder
-    plan: str | None  # one of PLANS; None: refused (error)
+    folder: Path  # the run folder (the request's out)
+    plan: str | None  # one of results/run.py's PLANS; None: refused (error)
     features: str | None  # the features folder the run trains on
     error: str | None  # why the folder was refused, in words
     lock: RunLock | None = None  # held from admit to release (a run to train only)
@@ -45,27 +42,14 @@ class Admission:
 
     def summary(self) -> dict | None:
         """A finished run's summary (plan finished)."""
-        return Run.open(self.request.out).summary()
-
-    def begin(self, config: dict, env: dict, prog: Progress, data: Path) -> Run:
-        """Create the run (plan fresh) or open it to continue (restart, resume: rows and logs
-        after its checkpoint are cut)."""
-        req = self.request
-        if self.plan == "fresh":
-            return Run.create(req.out, kind="train", config=config, env=env, data=data,
-                              label=req.run_label(env, config), shared_db=req.db_path)
-        run = Run.open(req.out, data=data, shared_db=req.db_path, write=True)
-        run.truncate_logs(prog.log_sizes)  # a restart without checkpoint: cut to nothing
-        run.forget_after(prog)
-        run.set_status("running")
-        return run
+        return Run.open(self.folder).summary()
 
     def release(self) -> None:
         """The lock released; a run refused before it existed leaves no lock file, nor the folder
         admit made for it."""
         if self.lock is not None:
-            if not Run.exists(self.request.out):  # refused before the run existed (loader.max_duration, ...)
-                _unmake(self.request.out, self.made)
+            if not Run.exists(self.folder):  # refused before the run existed (loader.max_duration, ...)
+                _unmake(self.folder, self.made)
             self.lock.release()
             self.lock = None
 
@@ -82,15 +66,15 @@ def _unmake(out: Path, made: bool) -> None:
 
 
 def admit(request: TrainRequest, cfg: RunConfig, world: int, check_launch: Callable[[object, int], None]) -> Admission:
-    """:func:`_plan` under the run folder's lock, held from here to the end of the run; a new
-    run's features are verified before its folder exists. ``request``: as configured
-    (TrainRequest.configuration); ``check_launch(cfg.algo, world)``: the algorithm's refusal of
-    a launch it cannot train (speechperf/algorithms/), asked of a run to train only."""
+    """:func:`_plan` under the run folder's lock (``request.out``), held from here to the end of the
+    run; a new run's features are verified before its folder exists. ``cfg``: the request's
+    configuration (TrainRequest.configuration); ``check_launch(cfg.algo, world)``: the algorithm's
+    refusal of a launch it cannot train (speechperf/algorithms/), asked of a run to train only."""
     out = request.out
     made = not out.exists()
 
     def plan():
-        return Admission(request, *_plan(request, cfg, world, check_launch))
+        return Admission(out, *_plan(request, cfg, world, check_launch))
 
     first = None
     if not out.is_dir():
@@ -102,7 +86,7 @@ def admit(request: TrainRequest, cfg: RunConfig, world: int, check_launch: Calla
     try:
         lock.acquire()
     except RunFolderBusy as e:
-        return Admission(request, None, None, str(e))
+        return Admission(out, None, None, str(e))
     # planned again under the lock only if another process made a run here in between
     planned = first if first is not None and not Run.exists(out) else plan()
     if planned.plan in (None, "finished"):

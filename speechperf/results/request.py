@@ -3,12 +3,14 @@
 One frozen :class:`TrainRequest` carries a run's command line from the CLI (``cmd_train``)
 through the seeds commands (studies/seeds.py, studies/seed_slots.py) and the demo to the loop
 (train/loop.py) and the run folder's admission (results/admission.py), so each parameter is
-declared here once.
+declared here once. Its ``out`` is the run folder from construction on (``--resume RUN``'s
+folder included), the one place that folder is derived.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.results.run import Run, default_label
@@ -26,7 +28,7 @@ class TrainRequest:
 
     preset: str = "cpu"  # a preset's name or TOML file (config/presets/)
     data: Path | None = None  # the features folder (--data); None: a continued run's recorded one
-    out: Path | None = None  # the run folder (--out)
+    out: Path | None = None  # the run folder (--out; a run folder given to --resume is the run's)
     overrides: tuple[str, ...] = ()  # key=value settings over the preset
     # auto: continue a run of the same configuration found in out (a finished one is only
     # reported, another configuration refused); yes: insist on continuing; no: refuse an existing
@@ -37,28 +39,39 @@ class TrainRequest:
     platform: str | None = None  # the platform named on the command line (train --platform)
     label: str | None = None  # the label given (--label); None: derived from the machine and configuration
     label_suffix: str = field(default="")  # appended to the label, given or derived (studies/seeds.py: " seed 2")
+    # the finished run's check against its preset's reference, for summary.json's "convergence"
+    # (studies/study.py's run_check, handed down by the command that trains: cmd_train, the demo,
+    # the seeds commands); None: not checked (convergence null)
+    check: Callable[..., dict] | None = None
 
     def __post_init__(self):
         for name in ("data", "out", "db_path"):
             object.__setattr__(self, name, _path(getattr(self, name)))
         object.__setattr__(self, "overrides", tuple(self.overrides or ()))
+        if self.resume_run is not None:  # --resume RUN: that folder is the run's, whatever --out says
+            object.__setattr__(self, "out", self.resume_run)
+
+    @property
+    def resume_run(self) -> Path | None:
+        """The run folder given to ``--resume`` (continued with its recorded configuration); None:
+        a mode (auto, yes, no)."""
+        return None if self.resume is None or str(self.resume) in RESUME_MODES else Path(self.resume)
 
     @property
     def mode(self) -> str:
-        """auto, yes, no, or the run folder given to --resume (see :meth:`configuration`)."""
-        return "auto" if self.resume is None else str(self.resume)
+        """auto, yes or no; a run folder given to --resume insists on continuing it (yes)."""
+        return "yes" if self.resume_run is not None else "auto" if self.resume is None else str(self.resume)
 
-    def configuration(self) -> tuple["TrainRequest", RunConfig]:
-        """(this request as the run folder's admission reads it, the configuration): the preset
-        with its overrides, or, for ``--resume RUN`` (a folder), that run's recorded configuration
-        and ``out=RUN, resume=yes``."""
-        if self.mode not in RESUME_MODES:  # --resume RUN: that run, with its recorded configuration
+    def configuration(self) -> RunConfig:
+        """The run's configuration: the preset with its overrides, or, for ``--resume RUN`` (a
+        folder), that run's recorded one."""
+        if self.resume_run is not None:  # --resume RUN: that run, with its recorded configuration
             if self.overrides:
                 raise ConfigError("a resumed run keeps its configuration; overrides are not allowed with --resume RUN")
-            return replace(self, out=Path(self.resume), resume="yes"), RunConfig.from_dict(Run.open(self.resume).config)
+            return RunConfig.from_dict(Run.open(self.resume_run).config)
         if self.out is None:
             raise ConfigError("train needs --out RUN (and --data FEATS for a new run)")
-        return self, load_preset(self.preset, list(self.overrides), self.platform)
+        return load_preset(self.preset, list(self.overrides), self.platform)
 
     def given_label(self) -> str | None:
         """The label a new run would get from --label (and the suffix); None: none given."""

@@ -36,6 +36,7 @@ from speechperf.features.stats import stats_sha256
 from speechperf.results.workload import workload
 
 FORMAT = 2  # run.json "format": the only one this release reads
+PLANS = ("fresh", "restart", "resume", "finished")  # a folder's admission (results/admission.py); restart: no checkpoint yet
 SENTENCES_SHOWN = 3  # last logged sentence batches a reader gets
 
 
@@ -109,6 +110,21 @@ class Run:
         for db in shared:
             if not db.query("SELECT 1 FROM runs WHERE run_id = ?", [self.run_id]):
                 db.upsert("runs", found[0])
+
+    @classmethod
+    def begin(cls, folder: Path, plan: str, *, config: dict, env: dict, progress: Progress, data: Path,
+              label: str | None = None, shared_db: Path | None = None) -> "Run":
+        """The training run of ``folder`` as its admission planned it (results/admission.py):
+        created (plan fresh), or opened to continue (restart, resume: the rows and log lines
+        written after ``progress``, the checkpoint's, cut; a restart has no checkpoint: cut to
+        nothing) and marked running again."""
+        if plan == "fresh":
+            return cls.create(folder, kind="train", config=config, env=env, data=data, label=label, shared_db=shared_db)
+        run = cls.open(folder, data=data, shared_db=shared_db, write=True)
+        run.truncate_logs(progress.log_sizes)
+        run.forget_after(progress)
+        run.set_status("running")
+        return run
 
     @classmethod
     def open(cls, folder: Path, *, data: Path | None = None, shared_db: Path | None = None,

@@ -10,9 +10,10 @@ validation and test split. As in MLPerf, the TTA clock starts after initializati
 compiled, one warm-up step; see train/warmup.py), whose seconds are reported beside the
 TTA; it only runs while this process runs, so a resumed run does not count the time it was
 down. Whether the run folder takes the run (fresh, restart, resume, finished) and its lock are
-results/admission.py's; what one process trains with is built by train/trainer.py; what
-happened is written down by the recorder (train/recorder.py: progress, clock, rows, events,
-checkpoint, failure), into the run folder that :class:`speechperf.results.run.Run` owns. SIGINT and SIGTERM stop the run at the next read
+results/admission.py's; what one process trains with, rank 0's run among it, is built by
+train/trainer.py; what happened is written down by the recorder (train/recorder.py: progress,
+clock, rows, events, failure), into the run folder that :class:`speechperf.results.run.Run`
+owns; the checkpoint is results/checkpoint.py's. SIGINT and SIGTERM stop the run at the next read
 point, saved and recorded (train/stop.py); the learning rate follows train/schedule.py,
 set before every step.
 
@@ -51,7 +52,7 @@ from speechperf.train.recorder import Recorder
 from speechperf.train.schedule import schedule_ended
 from speechperf.train.step import TrainingDiverged, count_steps, read_point, train_step
 from speechperf.train.stop import StopSignals, interrupted
-from speechperf.train.trainer import Launch, Trainer, build, raise_as, start
+from speechperf.train.trainer import Trainer, build, raise_as, start
 from speechperf.train.warmup import check_precision
 
 __all__ = ["train", "TrainRequest", "TrainingDiverged", "RESUME_MODES"]
@@ -68,7 +69,7 @@ def train(*args, **fields) -> dict:
     request = args[0] if args and isinstance(args[0], TrainRequest) else TrainRequest(*args, **fields)
     init_t0, init_ms = time.perf_counter(), int(time.time() * 1000)  # init_start
     denv = distributed.DistEnv.from_env()
-    request, cfg = request.configuration()
+    cfg = request.configuration()
     tc = cfg.train
     distributed.configure_determinism(tc.deterministic)  # before CUDA starts (cuBLAS workspace)
     if tc.threads > 0:
@@ -83,7 +84,10 @@ def train(*args, **fields) -> dict:
             raise SpeechperfError(error)
         if plan == "finished":
             return group.broadcast(admission.summary() if admission is not None else None)
-        return _train(cfg, group, Launch(request, admission, Path(feats), plan, init_t0, init_ms))
+        t = build(cfg, group, Path(feats), plan, request.out)  # splits, index, algorithm, model: before the clock exists
+        with StopSignals() as stop:
+            start(t, request, stop, init_t0, init_ms)  # rank 0's run and its recorder, initialization; then the clock starts
+            return group.broadcast(_train(t))  # rank 0's summary on every rank (one exit status)
     except OSError as e:  # before the run exists (a read-only --out, say): named, exit 1
         if isinstance(e, SpeechperfError):
             raise
@@ -94,29 +98,28 @@ def train(*args, **fields) -> dict:
         group.close()
 
 
-def _train(cfg: RunConfig, group: distributed.Group, launch: Launch) -> dict:
-    t = build(cfg, group, launch)  # splits verified, index, algorithm, model: before the clock exists
-    with StopSignals() as stop:
-        start(t, launch, stop)  # the run folder's recorder, initialization; then the clock starts
-        rec = t.rec
-        try:
-            status = _epochs(t)
-            evaluated = t.algo.before_eval(t.prog.start_batch)  # every rank: a stop inside an epoch synchronizes
-            # saved before the final evaluation: a run stopped in it (or killed after it) continues from
-            # here, its logs cut back to before any final_eval line, and evaluates every split again once
-            t.checkpoint()
-            if group.env.rank == 0:
-                _final_eval(evaluated, launch.data, t.splits["final"], cfg, group.device, rec, stop)
-            asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
-            if asked:  # stops it (saved: the same command evaluates again), never ends as a success
-                raise interrupted(asked, f"in {rec.out} during the final evaluation")
-            rec.stopped(status)
-            group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
-            t.algo.close()  # asgd, easgd: the parameter server's rpc ends
-        except BaseException as e:
-            t.algo.close(graceful=False)  # asgd, easgd: this rank's rpc ends without waiting for the others
-            raise_as(e, rec.fail(e, t.meter))
-        return group.broadcast(rec.finish(status))  # rank 0's summary on every rank (one exit status)
+def _train(t: Trainer) -> dict:
+    """The epochs, the checkpoint before the final evaluation, the final evaluation; the run's
+    summary row (rank 0's; recorded as failed by whatever stopped it)."""
+    rec, group, stop = t.rec, t.group, t.stop
+    try:
+        status = _epochs(t)
+        evaluated = t.algo.before_eval(t.prog.start_batch)  # every rank: a stop inside an epoch synchronizes
+        # saved before the final evaluation: a run stopped in it (or killed after it) continues from
+        # here, its logs cut back to before any final_eval line, and evaluates every split again once
+        t.checkpoint()
+        if group.env.rank == 0:
+            _final_eval(evaluated, t.data, t.splits["final"], t.cfg, group.device, rec, stop)
+        asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
+        if asked:  # stops it (saved: the same command evaluates again), never ends as a success
+            raise interrupted(asked, f"in {rec.out} during the final evaluation")
+        rec.stopped(status)
+        group.barrier()  # the other ranks wait for rank 0's final evaluation: tear down together
+        t.algo.close()  # asgd, easgd: the parameter server's rpc ends
+    except BaseException as e:
+        t.algo.close(graceful=False)  # asgd, easgd: this rank's rpc ends without waiting for the others
+        raise_as(e, rec.fail(e, t.meter))
+    return rec.finish(status)
 
 
 def _epochs(t: Trainer) -> str:

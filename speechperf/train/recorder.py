@@ -3,9 +3,11 @@
 The loop trains; the recorder writes down what happened, in one place: where the run
 stands (:class:`Progress`) and its TTA clock, the event log's lines (MLPerf's keys,
 results/events.py), the iteration rows, the logged sentences, the evaluation rows, the
-utilization samples, the checkpoint and how the run ended (finished, or failed: one
-failure path for every way a run can stop early). :class:`speechperf.results.run.Run`
-owns the folder's files; the recorder decides what goes into them.
+utilization samples, what surrounds a checkpoint (the trainer saves it:
+results/checkpoint.py) and how the run ended (finished, with the check it was handed against
+its preset's reference; or failed: one failure path for every way a run can stop early).
+:class:`speechperf.results.run.Run` owns the folder's files; the recorder decides what goes
+into them.
 
 Rank 0 records (:class:`RunRecorder`); every other rank gets a :class:`Recorder`, which
 keeps the progress and the clock (each rank needs its position and the time cap) and whose
@@ -17,14 +19,12 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from speechperf import metric
 from speechperf.corpus import alphabet
-from speechperf.studies.study import run_check
-from speechperf.results import checkpoint
 from speechperf.results.layout import EVENTS_FILE, SUMMARY_FILE
 from speechperf.results.run import Run
-from speechperf.results.checkpoint import TrainState
 from speechperf.results.events import C
 from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
@@ -103,17 +103,17 @@ class Recorder:
     def epoch_ended(self) -> None: ...
     def eval_started(self) -> None: ...
     def evaluated(self, r: dict, final: bool) -> None: ...
-    def checkpoint(self, state: TrainState, algo_state: dict | None = None) -> None: ...
     def stopped(self, status: str) -> None: ...
 
 
 class RunRecorder(Recorder):
     """Rank 0's recorder: writes the run folder through ``run``."""
 
-    def __init__(self, prog: Progress, run: Run, quiet: bool, target: str):
+    def __init__(self, prog: Progress, run: Run, quiet: bool, target: str, check: Callable[..., dict] | None = None):
         super().__init__(prog, run.folder)
 
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
+        self.check = check  # the finished run's check against its reference (TrainRequest.check); None: none
         self.target = target  # train.target_metric: eval_accuracy's value and the status line's
         self.events = run.events()
         self.status_line = None if quiet else StatusLine(target)
@@ -127,10 +127,10 @@ class RunRecorder(Recorder):
 
     @classmethod
     def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
-              quiet: bool, global_batch: float) -> "RunRecorder":
-        """The recorder of ``run`` (created or reopened by results/admission.py), logging
+              quiet: bool, global_batch: float, check: Callable[..., dict] | None = None) -> "RunRecorder":
+        """The recorder of ``run`` (made by ``Run.begin`` as its admission planned), logging
         initialization's start once (MLPerf has no resume)."""
-        rec = cls(prog, run, quiet, cfg.train.target_metric)
+        rec = cls(prog, run, quiet, cfg.train.target_metric, check)
         if plan != "resume":
             rec.events.start(C.INIT_START, time_ms=init_ms)
             rec._log_run_config(cfg, world, splits, global_batch)
@@ -249,15 +249,16 @@ class RunRecorder(Recorder):
                   f"eval {r['eval_s']:.1f}s clock {now / 60:.2f} min")
 
     # ---- checkpoint and end -----------------------------------------------------------------
-    def checkpoint(self, state: TrainState, algo_state: dict | None = None) -> None:
-        """The checkpoint (results/checkpoint.py's contents), after the rows and samples so far;
-        ``algo_state``: the data-parallel algorithm's keys (speechperf/algorithms), if any."""
+    @contextmanager
+    def checkpointing(self):
+        """Around the trainer's save of the checkpoint (results/checkpoint.py): before it, the clock
+        the checkpoint holds, its events.log line (logged before the save takes the logs' sizes, so
+        a resume keeps it) and the samples so far; after it, its seconds, for the next iteration row."""
         self.prog.clock_s = self.now()
-        # Logged before the log sizes are taken, so a resume keeps this line.
         self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,
                           clock_s=round(self.prog.clock_s, 3))
         self._store_samples(self.sampler.settled())  # a killed run keeps its samples up to here
-        checkpoint.save(self.run, self.prog, {**state.state_dict(), **(algo_state or {})})
+        yield
         self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (studies/time_parts.py)
 
     def stopped(self, status: str) -> None:
@@ -269,7 +270,8 @@ class RunRecorder(Recorder):
         summary = self.summary(status)
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
         summary.update(self.flops.summary(self.run.iterations()))  # TFLOPS and MFU over every training step
-        summary["convergence"] = run_check(self.run.config, self.run.env, status, self.run.evals(), self.run.folder)  # against the preset's RCPs
+        summary["convergence"] = (self.check(self.run.config, self.run.env, status, self.run.evals(), self.run.folder)
+                                   if self.check is not None else None)  # against the preset's RCPs
         self.run.set_status(status)
         self.run.write_summary(summary)  # last: its presence means the run finished
         self.run.close()

@@ -2,10 +2,11 @@
 
 :func:`build` verifies every split the run reads, loads the training index, makes the
 data-parallel algorithm (speechperf/algorithms/) and the model, optimizer, scheduler and scaler,
-restored from the checkpoint when resuming (results/checkpoint.py); :func:`start` opens the
-run folder's recorder (rank 0: the run created or reopened by its admission,
-results/admission.py; other ranks: progress and clock only) and does initialization's
-one-time work, after which the clock starts.
+restored from the checkpoint when resuming (results/checkpoint.py); :func:`start` makes rank
+0's run (``Run.begin``: created, or reopened to continue, as its admission planned,
+results/admission.py) and the recorder of it (other ranks: progress and clock only), and does
+initialization's one-time work, after which the clock starts. The trainer holds the run:
+:meth:`Trainer.checkpoint` hands it to results/checkpoint.py's ``save``, the file's one owner.
 """
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from speechperf.data.plan import global_batch, steps_per_epoch
 from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model
 from speechperf.results import checkpoint
-from speechperf.results.admission import Admission, verify
+from speechperf.results.admission import verify
 from speechperf.results.checkpoint import TrainState
 from speechperf.results.progress import Progress
 from speechperf.results.request import TrainRequest
+from speechperf.results.run import Run
 from speechperf.telemetry.environment import capture_env
 from speechperf.train import distributed
 from speechperf.algorithms import make_algorithm
@@ -37,18 +39,6 @@ from speechperf.train.stop import StopSignals
 from speechperf.train.warmup import check_precision, initialize, warm_model
 
 
-@dataclass(frozen=True)
-class Launch:
-    """What rank 0's admission told this process, besides the configuration."""
-
-    request: TrainRequest  # as configured: out is the run folder
-    admission: Admission | None  # rank 0: the folder's verdict and lock; other ranks: None
-    data: Path  # the features folder it trains on
-    plan: str  # fresh, restart (no checkpoint yet) or resume (results/admission.py)
-    init_t0: float  # perf_counter() at init_start
-    init_ms: int  # wall-clock milliseconds at init_start
-
-
 @dataclass
 class Trainer:
     """What one process trains with, built once by :func:`build`; the state machine's
@@ -57,6 +47,7 @@ class Trainer:
     cfg: RunConfig
     group: distributed.Group
     data: Path  # the features folder
+    plan: str  # fresh, restart (no checkpoint yet) or resume (results/admission.py)
     splits: dict  # every split the run reads, verified (data/check.py)
     index: Index  # the training splits' compact index, loaded once (every epoch plans from it)
     local: torch.nn.Module  # the model without DDP's hooks: what the warm-up runs
@@ -64,7 +55,8 @@ class Trainer:
     algo: Algorithm
     state: TrainState  # model, optimizer, scheduler, scaler
     prog_start: Progress  # where the run stands at the start (the checkpoint's, or a new run's)
-    rec: Recorder | None = None  # rank 0: the run folder's; other ranks: progress and clock only (start)
+    run: Run | None = None  # rank 0: the run folder it writes (start); other ranks: None
+    rec: Recorder | None = None  # rank 0: the run's recorder; other ranks: progress and clock only (start)
     meter: StepMeter | None = None  # the steps' device values not yet read
     stop: StopSignals | None = None  # SIGINT / SIGTERM received
     ahead: tuple[int, Loader] | None = None  # (epoch, its loader) started during the evaluation before it
@@ -101,25 +93,43 @@ class Trainer:
                            start_batch=start_batch, rank=self.group.env.rank, world=self.group.world, index=self.index)
 
     def checkpoint(self) -> None:
-        """Every rank: the algorithm's state (a collective), then rank 0 writes the checkpoint."""
-        self.rec.checkpoint(self.state, self.algo.state_dict(self.state))
+        """Every rank: the algorithm's state (a collective); then rank 0 saves its run's checkpoint
+        (results/checkpoint.py), which its recorder records around the save (clock, events line, samples)."""
+        algo_state = self.algo.state_dict(self.state)
+        if self.run is not None:
+            with self.rec.checkpointing():
+                checkpoint.save(self.run, self.prog, {**self.state.state_dict(), **(algo_state or {})})
 
 
-def build(cfg: RunConfig, group: distributed.Group, launch: Launch) -> Trainer:
-    """Everything before the recorder and the clock: splits, index, algorithm, model (restored)."""
-    splits = verify(launch.data, cfg, group.world)  # every split this run reads, before the model and the clock exist
-    index = load_index(launch.data, splits["train"])  # once, before the clock (every epoch plans from it)
+def build(cfg: RunConfig, group: distributed.Group, data: Path, plan: str, folder: Path) -> Trainer:
+    """Everything before the recorder and the clock: splits, index, algorithm, model (restored
+    from ``folder``'s checkpoint when ``plan`` is resume); ``data``: the features folder."""
+    splits = verify(data, cfg, group.world)  # every split this run reads, before the model and the clock exist
+    index = load_index(data, splits["train"])  # once, before the clock (every epoch plans from it)
     algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device)  # a launch it cannot train (single x 2) stops here
-    ckpt = checkpoint.load(launch.request.out) if launch.plan == "resume" else None
+    ckpt = checkpoint.load(folder) if plan == "resume" else None
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
     state, local, model = _model(cfg, group.device, algo, ckpt, prog, splits, index, group.world)
-    return Trainer(cfg, group, launch.data, splits, index, local, model, algo, state, prog)
+    return Trainer(cfg, group, data, plan, splits, index, local, model, algo, state, prog)
 
 
-def start(t: Trainer, launch: Launch, stop: StopSignals) -> None:
-    """The recorder, then initialization: the clock starts."""
-    t.rec, t.meter, t.stop = _recorder(launch, t.cfg, t.group, t.prog_start, t.splits, t.index), StepMeter(), stop
-    _initialize(t, launch)
+def start(t: Trainer, request: TrainRequest, stop: StopSignals, init_t0: float, init_ms: int) -> None:
+    """Rank 0's run (created, or reopened to continue: ``Run.begin``) and its recorder; other ranks
+    a recorder of progress and clock only. Then initialization: the clock starts. ``init_t0``,
+    ``init_ms``: perf_counter() and wall-clock milliseconds at init_start."""
+    cfg, group, prog = t.cfg, t.group, t.prog_start
+    t.meter, t.stop = StepMeter(), stop
+    if group.env.rank == 0:
+        env = _env(t, request)
+        config = cfg.to_dict()
+        t.run = Run.begin(request.out, t.plan, config=config, env=env, progress=prog, data=t.data,
+                          label=request.run_label(env, config), shared_db=request.db_path)
+        t.rec = RunRecorder.begin(t.run, t.plan, cfg, prog, world=group.world, splits=t.splits, init_ms=init_ms,
+                                  quiet=request.quiet, check=request.check,
+                                  global_batch=global_batch(t.index, cfg.loader, cfg.train.seed, group.world))
+    else:
+        t.rec = Recorder(prog, request.out)
+    _initialize(t, init_t0)
 
 
 def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Progress, splits: dict, index: Index,
@@ -142,22 +152,15 @@ def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Pro
     return state, local, model
 
 
-def _recorder(launch: Launch, cfg: RunConfig, group: distributed.Group, prog: Progress, splits: dict,
-              index: Index) -> Recorder:
-    """Rank 0's recorder of the run folder (created or opened by its admission); a no-op one on other ranks."""
-    if launch.admission is None:
-        return Recorder(prog, launch.request.out)
-    device = group.device
-    env = {**capture_env(str(device)), "world_size": group.world, "platform": launch.request.platform,
-           "precision_note": check_precision(cfg, device),
-           "features": {"sha256": features_sha256(launch.data), "over": OVER}}  # what a reproduction compares
-    run = launch.admission.begin(cfg.to_dict(), env, prog, launch.data)
-    return RunRecorder.begin(run, launch.plan, cfg, prog, world=group.world, splits=splits, init_ms=launch.init_ms,
-                             quiet=launch.request.quiet,
-                             global_batch=global_batch(index, cfg.loader, cfg.train.seed, group.world))
+def _env(t: Trainer, request: TrainRequest) -> dict:
+    """The run's env.json: the machine, the launch, and what a reproduction compares (the features)."""
+    device = t.group.device
+    return {**capture_env(str(device)), "world_size": t.group.world, "platform": request.platform,
+            "precision_note": check_precision(t.cfg, device),
+            "features": {"sha256": features_sha256(t.data), "over": OVER}}
 
 
-def _initialize(t: Trainer, launch: Launch) -> None:
+def _initialize(t: Trainer, init_t0: float) -> None:
     """One-time work outside the TTA clock and outside the run's RNG (a first run on a machine
     measures and caches what later runs read: both must train alike); then the clock starts."""
     device = t.group.device
@@ -170,7 +173,7 @@ def _initialize(t: Trainer, launch: Launch) -> None:
             init_parts.update(t.rec.count_flops(t.cfg, device))
     except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
         raise_as(e, t.rec.fail(e))
-    t.rec.initialized(launch.plan, time.perf_counter() - launch.init_t0, init_parts)
+    t.rec.initialized(t.plan, time.perf_counter() - init_t0, init_parts)
 
 
 def raise_as(e: BaseException, err: BaseException):

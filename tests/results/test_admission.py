@@ -19,8 +19,13 @@ def _launch_ok(algo, world):
 
 
 def _admit(request, **over):
-    request, cfg = request.configuration()
+    cfg = request.configuration()
     return admit(request, cfg, 1, over.get("check_launch", _launch_ok)), cfg
+
+
+def _begin(adm, cfg, data, label=None):
+    """The run the trainer makes as ``adm`` planned it (train/trainer.py's start)."""
+    return Run.begin(adm.folder, adm.plan, config=cfg.to_dict(), env=ENV, progress=Progress(), data=data, label=label)
 
 
 def test_a_new_run_is_fresh_and_holds_the_lock_until_released(tiny_features, tmp_path):
@@ -28,7 +33,7 @@ def test_a_new_run_is_fresh_and_holds_the_lock_until_released(tiny_features, tmp
     adm, cfg = _admit(TrainRequest("tiny", tiny_features, out))
     assert adm.decision == ("fresh", str(tiny_features), None)
     assert adm.lock is not None and (out / LOCK_FILE).is_file()  # another process is refused: tests/results/test_lock.py
-    run = adm.begin(cfg.to_dict(), ENV, Progress(), tiny_features)
+    run = _begin(adm, cfg, tiny_features)
     run.close()
     adm.release()
     again, _ = _admit(TrainRequest("tiny", tiny_features, out))
@@ -52,7 +57,7 @@ def test_what_is_refused_leaves_no_folder(tiny_features, tmp_path):
 def test_another_configuration_or_label_or_a_finished_run(tiny_features, tmp_path):
     out = tmp_path / "run"
     adm, cfg = _admit(TrainRequest("tiny", tiny_features, out, label="mine"))
-    run = adm.begin(cfg.to_dict(), ENV, Progress(), tiny_features)
+    run = _begin(adm, cfg, tiny_features, label="mine")
     adm.release()
     other, _ = _admit(TrainRequest("tiny", tiny_features, out, ["train.lr=0.5"]))
     assert "holds a run of another configuration (train.lr:" in other.error and other.lock is None
@@ -64,9 +69,11 @@ def test_another_configuration_or_label_or_a_finished_run(tiny_features, tmp_pat
     run.close()
     done, _ = _admit(TrainRequest("tiny", tiny_features, out))
     assert done.decision == ("finished", None, None) and done.lock is None and done.summary()["status"] == "success"
-    # --resume RUN: that run's recorded configuration, the folder as --out
-    request, cfg = TrainRequest(resume=out).configuration()
-    assert (request.out, request.resume, cfg.to_dict()) == (out, "yes", load_preset("tiny", []).to_dict())
+    # --resume RUN: that run's recorded configuration, the folder as --out (whatever --out says), continued as yes
+    request = TrainRequest(out=tmp_path / "other", resume=out)
+    assert (request.out, request.mode, request.configuration().to_dict()) == (out, "yes", load_preset("tiny", []).to_dict())
+    with pytest.raises(ConfigError, match="overrides are not allowed with --resume RUN"):
+        TrainRequest(resume=out, overrides=["train.lr=0.5"]).configuration()
     assert json.loads((out / "run.json").read_text())["label"] == "mine"
 
 

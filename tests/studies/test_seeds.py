@@ -142,6 +142,7 @@ def test_a_bad_seed_list_is_a_usage_error(capsys):
 
 def test_a_failing_seed_stops_the_command_naming_it(tiny_features, tmp_path, monkeypatch, capsys):
     """A seed that ends diverged stops the seeds after it: exit 1, the seed and its folder named."""
+    from speechperf.studies.study import run_check
     from speechperf.train import loop
 
     calls = []
@@ -149,6 +150,7 @@ def test_a_failing_seed_stops_the_command_naming_it(tiny_features, tmp_path, mon
     def fake_train(request):
         out = request.out
         calls.append((out.name, request.overrides[-1], request.label_suffix))
+        assert request.check is run_check  # handed down by cmd_train: each seed's summary holds its check
         return {"run": str(out), "status": "diverged: 5 bad steps in a row" if out.name == "seed-2" else "success"}
 
     monkeypatch.setattr(loop, "train", fake_train)
