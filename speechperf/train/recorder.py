@@ -14,6 +14,7 @@ recording methods do nothing, so that the loop has no branch per rank for record
 from __future__ import annotations
 
 import os
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ from speechperf.results import checkpoint
 from speechperf.results.layout import EVENTS_FILE, SUMMARY_FILE
 from speechperf.results.run import Run
 from speechperf.results.checkpoint import TrainState
+from speechperf.results.checkpoint_writer import CheckpointWriter, Written
 from speechperf.results.events import C
 from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
@@ -121,6 +123,7 @@ class RunRecorder(Recorder):
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
         self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
+        self.ckpt_writer = CheckpointWriter()  # writes each checkpoint beside training (results/checkpoint_writer.py)
         self.segment: float | None = None  # unix time this process's sampler started: its samples' segment
         self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
@@ -251,20 +254,26 @@ class RunRecorder(Recorder):
     # ---- checkpoint and end -----------------------------------------------------------------
     def checkpoint(self, state: TrainState, algo_state: dict | None = None) -> None:
         """The checkpoint (results/checkpoint.py's contents), after the rows and samples so far;
-        ``algo_state``: the data-parallel algorithm's keys (speechperf/algorithms), if any."""
+        ``algo_state``: the data-parallel algorithm's keys (speechperf/algorithms), if any. Its
+        file is written on a background thread; ``ckpt_s`` is what the loop waited: the previous
+        write's end, the rows, the host copy of the state."""
         self.prog.clock_s = self.now()
+        self._written(self.ckpt_writer.wait())  # the previous write, completed (its error raised here)
         # Logged before the log sizes are taken, so a resume keeps this line.
         self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,
                           clock_s=round(self.prog.clock_s, 3))
         self._store_samples(self.sampler.settled())  # a killed run keeps its samples up to here
-        checkpoint.save(self.run, self.prog, {**state.state_dict(), **(algo_state or {})})
+        checkpoint.save(self.run, self.prog, {**state.state_dict(), **(algo_state or {})}, self.ckpt_writer)
         self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (studies/time_parts.py)
 
     def stopped(self, status: str) -> None:
-        """run_stop: the run trained to its end (``status``: success, time_cap, max_epochs)."""
+        """run_stop: the run trained to its end (``status``: success, time_cap, max_epochs), its
+        last checkpoint written."""
+        self._written(self.ckpt_writer.wait())
         self.events.end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
 
     def finish(self, status: str) -> dict:
+        self.ckpt_writer.wait()  # written by stopped(); a finished run has its last checkpoint on disk
         self._stop_sampler()
         summary = self.summary(status)
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
@@ -286,7 +295,8 @@ class RunRecorder(Recorder):
         fault = as_fault(e, self.out)
         reason, status = str(fault or e), failure_status(fault or e)
         unsaved = []
-        for what, write in (("rows", self.run.flush), ("status", lambda: self.run.set_status(status)),
+        for what, write in (("checkpoint", lambda: self._written(self.ckpt_writer.wait())), ("rows", self.run.flush),
+                            ("status", lambda: self.run.set_status(status)),
                             (EVENTS_FILE, lambda: self.events.end(C.RUN_STOP, None, status="aborted", reason=reason)),
                             (SUMMARY_FILE, lambda: self.run.write_summary(self.summary(status))),
                             ("samples", self._stop_sampler)):
@@ -300,7 +310,15 @@ class RunRecorder(Recorder):
             pass
         if unsaved and fault is not None:
             fault = type(fault)(f"{fault} (not recorded: {'; '.join(unsaved)})")
+        elif unsaved:  # an error that is no named fault keeps its type: what was lost is said beside it
+            print(f"{self.out}: not recorded: {'; '.join(unsaved)}", file=sys.stderr, flush=True)
         return fault or e
+
+    def _written(self, written: Written | None) -> None:
+        """An events.log line for a checkpoint write that completed: its seconds on the writer's
+        thread, beside training (the loop's part is the next iteration row's ``ckpt_s``)."""
+        if written is not None:
+            self.events.event("checkpoint_written", iteration=written.iteration, write_s=round(written.write_s, 3))
 
     def _stop_sampler(self) -> None:
         if self.sampler is not None:
