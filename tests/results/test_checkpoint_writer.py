@@ -94,7 +94,7 @@ def test_a_background_write_equals_a_synchronous_save_of_the_state_at_the_call(t
     sync.pop(checkpoint.RUN_ID), bg.pop(checkpoint.RUN_ID)  # each folder's own run
     assert type(bg[checkpoint.MODEL]) is OrderedDict
     _assert_same(sync, bg)
-    assert not torch.equal(bg[checkpoint.MODEL]["0.weight"], model.state_dict()["0.weight"])  # the step after: not in it
+    assert not torch.equal(bg[checkpoint.MODEL]["0.weight"], model.state_dict()["0.weight"])  # not the step after
 
 
 def test_a_write_error_is_raised_at_the_next_wait_naming_the_file(tmp_path):

@@ -19,17 +19,17 @@ from speechperf.results.events import read_events
 
 ARGS = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=1"]
 
-# `speechperf train` whose write of the first epoch-end checkpoint puts half of the file into
-# its temporary file and stalls there (the marker file says so), while the loop trains on
+# `speechperf train` whose checkpoint writes go wrong as argv[1] says: "stall" puts half of the
+# first epoch-end checkpoint into its temporary file and stalls there (the marker file, argv[2],
+# says so) while the loop trains on; "fail-6" and "fail-final" fail the write of iteration 6's
+# checkpoint or of the final one (saved before the final evaluation) with an I/O error
 CHILD = r"""
-import io, sys, threading, torch
+import errno, io, sys, threading, torch
 import speechperf.atomic as atomic
 
-real, marker = atomic.atomic_torch_save, sys.argv[1]
+real, how, marker = atomic.atomic_torch_save, sys.argv[1], sys.argv[2]
 
-def stalls_at_the_epoch_end(obj, path):
-    if obj["progress"]["epoch"] != 2 or obj["progress"]["start_batch"] != 0:
-        return real(obj, path)
+def stall(obj, path):
     def write(f):
         data = io.BytesIO()
         torch.save(obj, data)
@@ -40,14 +40,23 @@ def stalls_at_the_epoch_end(obj, path):
         threading.Event().wait()
     atomic.atomic_write(path, write)
 
-atomic.atomic_torch_save = stalls_at_the_epoch_end
+def injected(obj, path):
+    p = obj["progress"]
+    if how == "stall" and p["epoch"] == 2 and p["start_batch"] == 0:
+        return stall(obj, path)
+    if (how == "fail-6" and p["iteration"] == 6) or (how == "fail-final" and p["status"] is not None):
+        raise OSError(errno.EIO, "Input/output error")
+    return real(obj, path)
+
+atomic.atomic_torch_save = injected
 from speechperf.cli import main
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[3:]))
 """
 
 
-def _train(*args, child: str | None = None) -> subprocess.Popen:
-    head = [sys.executable, "-c", CHILD, child] if child else [sys.executable, "-m", "speechperf"]
+def _train(*args, child: tuple[str, object] | None = None) -> subprocess.Popen:
+    """``speechperf train --json ARGS``; ``child``: (how, marker) of CHILD's injected writes."""
+    head = [sys.executable, "-c", CHILD, *map(str, child)] if child else [sys.executable, "-m", "speechperf"]
     return subprocess.Popen([*head, "train", "--json", *map(str, args)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 
@@ -86,7 +95,7 @@ def test_a_kill_during_a_background_checkpoint_write_resumes_exactly(tiny_featur
     p = _train("--data", tiny_features, "--out", ref, *ARGS)
     assert p.wait(timeout=300) == 0, p.stderr.read()
 
-    stalled = _kill_once_recorded_past(_train("--data", tiny_features, "--out", run, *ARGS, child=str(marker)),
+    stalled = _kill_once_recorded_past(_train("--data", tiny_features, "--out", run, *ARGS, child=("stall", marker)),
                                        run, marker)
     before = load_checkpoint(run)["progress"]
     assert before["epoch"] == 1 and before["iteration"] <= stalled  # the previous checkpoint (inside epoch 1), whole
@@ -108,3 +117,32 @@ def test_a_kill_during_a_background_checkpoint_write_resumes_exactly(tiny_featur
     # each checkpoint once; the line of the resumed-from checkpoint's completed write was logged
     # after its log sizes were taken (at the next checkpoint), so the resume cut it with the rest
     assert _checkpoint_lines(run) == [x for x in lines if x != ("checkpoint_written", before["iteration"])]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("how", ["fail-6", "fail-final"])
+def test_a_failed_background_write_fails_the_run_naming_the_file_and_the_same_command_continues(
+        tiny_features, tmp_path, how):
+    """Iteration 6's write fails: raised at the next checkpoint's wait; the final checkpoint's
+    write fails: raised at the run's end, after the final evaluation. Either way the run is
+    recorded failed (not finished), naming the file, and the same command continues it from
+    the last checkpoint that was written."""
+    run = tmp_path / "run"
+    p = _train("--data", tiny_features, "--out", run, *ARGS, child=(how, tmp_path / "unused"))
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 1, err
+    assert f"writing the checkpoint {run / 'checkpoint.pt'} failed (OSError: [Errno 5] Input/output error)" in err
+    assert "Traceback" not in err
+    summary = json.loads((run / "summary.json").read_text())
+    status = summary["status"]
+    assert status.startswith("failed: ") and f"writing the checkpoint {run / 'checkpoint.pt'}" in status
+    kept = load_checkpoint(run)["progress"]
+    if how == "fail-6":
+        assert kept["iteration"] == 3 and 6 < summary["iterations"] <= 9  # stopped at the next checkpoint's wait
+    else:
+        assert kept["status"] is None and kept["epoch"] == 3  # the last epoch's end: before the failed final one
+    p = _train("--data", tiny_features, "--out", run, *ARGS)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    assert json.loads((run / "summary.json").read_text())["status"] == "success"
+    stops = [e["metadata"]["status"] for e in read_events(run / "events.log") if e["key"] == "run_stop"]
+    assert stops == ["success"]  # the failed end's run_stop was cut back with the rest
