@@ -27,10 +27,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from speechperf import atomic
 from speechperf.errors import MachineFault, SpeechperfError, in_words
+
+
+# Host tensors of these dtypes are copied by numpy, on one thread: a copy is bound by memory
+# bandwidth, and torch's intra-op parallel copy waits at every tensor for all its threads, which
+# on a busy host stalls (measured on 2 shared cores, the cpu preset's 21 MB state: 0.62 s with 2
+# threads, 0.03 s with 1; the gpu preset's 294 MB: numpy 0.31 s, torch on 1 thread 0.32 s).
+# Setting torch's thread count instead would touch what the run's rounding depends on.
+NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                          torch.int8, torch.uint8, torch.bool})
 
 
 class CheckpointWriteError(MachineFault):
@@ -121,15 +131,7 @@ class HostBuffers:
         """``value`` with every tensor copied to host memory and every container rebuilt (the
         loop goes on changing the optimizer's per-parameter dicts), complete on return."""
         self._used, self._devices = 0, set()
-        threads = torch.get_num_threads()
-        # One thread per host copy: a copy is bound by memory bandwidth, and an intra-op parallel
-        # one waits at every tensor for all its threads, which on a busy host stalls (measured on
-        # 2 shared cores: 0.62 s with 2 threads, 0.03 s with 1, for the cpu preset's 21 MB)
-        torch.set_num_threads(1)
-        try:
-            out = self._copy(value, {})
-        finally:
-            torch.set_num_threads(threads)  # the run's count (results/checkpoint.py: it sets the rounding)
+        out = self._copy(value, {})
         for device in self._devices:  # the device-to-host copies were queued on the current stream
             torch.cuda.current_stream(device).synchronize()
         return out
@@ -154,9 +156,13 @@ class HostBuffers:
             return t.to("cpu", copy=True)
         cuda = t.device.type == "cuda"
         buf = self._buffer(t, pinned=cuda)
-        buf.copy_(t, non_blocking=cuda)
         if cuda:
+            buf.copy_(t, non_blocking=True)
             self._devices.add(t.device)
+        elif t.dtype in NUMPY_DTYPES and t.device.type == "cpu":
+            np.copyto(buf.numpy(), t.numpy())  # one thread (see NUMPY_DTYPES)
+        else:
+            buf.copy_(t)
         return buf
 
     def _buffer(self, t: torch.Tensor, pinned: bool) -> torch.Tensor:
