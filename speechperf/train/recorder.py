@@ -124,6 +124,7 @@ class RunRecorder(Recorder):
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
         self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
         self.ckpt_writer = CheckpointWriter()  # writes each checkpoint beside training (results/checkpoint_writer.py)
+        self.resumed_at: int | None = None  # the iteration of the checkpoint a resumed run continues from
         self.segment: float | None = None  # unix time this process's sampler started: its samples' segment
         self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
@@ -166,6 +167,7 @@ class RunRecorder(Recorder):
         warn_if_slow(init_s, str(self.out))
         parts = {k: round(v, 3) for k, v in parts.items()}
         if plan == "resume":
+            self.resumed_at = self.prog.iteration
             self.events.event("resume", clock_s=round(self.now(), 3), iteration=self.prog.iteration,
                               epoch=self.prog.epoch, init_s=round(init_s, 3), **parts)
         else:
@@ -315,10 +317,17 @@ class RunRecorder(Recorder):
         return fault or e
 
     def _written(self, written: Written | None) -> None:
-        """An events.log line for a checkpoint write that completed: its seconds on the writer's
-        thread, beside training (the loop's part is the next iteration row's ``ckpt_s``)."""
+        """events.log's line for the last checkpoint's completed write, logged where the loop next
+        waits for the writer: its seconds on the writer's thread, beside training (the loop's part
+        is the next iteration row's ``ckpt_s``). That line of the checkpoint a run resumes from
+        came after the checkpoint's log sizes and was cut with the rest: the resumed run logs it
+        at the same place, without the seconds (the process before measured them), so that every
+        checkpoint has its line once."""
         if written is not None:
             self.events.event("checkpoint_written", iteration=written.iteration, write_s=round(written.write_s, 3))
+        elif self.resumed_at is not None:
+            self.events.event("checkpoint_written", iteration=self.resumed_at, write_s=None)
+        self.resumed_at = None
 
     def _stop_sampler(self) -> None:
         if self.sampler is not None:
