@@ -16,6 +16,7 @@ recording methods do nothing, so that the loop has no branch per rank for record
 from __future__ import annotations
 
 import os
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ from speechperf import metric
 from speechperf.corpus import alphabet
 from speechperf.results.layout import EVENTS_FILE, SUMMARY_FILE
 from speechperf.results.run import Run
+from speechperf.results.checkpoint_writer import CheckpointWriter, Written
 from speechperf.results.events import C
 from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
@@ -121,6 +123,8 @@ class RunRecorder(Recorder):
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
         self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
+        self.ckpt_writer = CheckpointWriter()  # writes each checkpoint beside training (results/checkpoint_writer.py)
+        self.resumed_at: int | None = None  # the iteration of the checkpoint a resumed run continues from
         self.segment: float | None = None  # unix time this process's sampler started: its samples' segment
         self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
@@ -163,6 +167,7 @@ class RunRecorder(Recorder):
         warn_if_slow(init_s, str(self.out))
         parts = {k: round(v, 3) for k, v in parts.items()}
         if plan == "resume":
+            self.resumed_at = self.prog.iteration
             self.events.event("resume", clock_s=round(self.now(), 3), iteration=self.prog.iteration,
                               epoch=self.prog.epoch, init_s=round(init_s, 3), **parts)
         else:
@@ -251,21 +256,28 @@ class RunRecorder(Recorder):
     # ---- checkpoint and end -----------------------------------------------------------------
     @contextmanager
     def checkpointing(self):
-        """Around the trainer's save of the checkpoint (results/checkpoint.py): before it, the clock
-        the checkpoint holds, its events.log line (logged before the save takes the logs' sizes, so
-        a resume keeps it) and the samples so far; after it, its seconds, for the next iteration row."""
+        """Around the trainer's save of the checkpoint (results/checkpoint.py), which it hands the
+        yielded background writer (results/checkpoint_writer.py): before it, the previous write
+        completed (its error raised here), the clock the checkpoint holds, its events.log line
+        (logged before the save takes the logs' sizes, so a resume keeps it) and the samples so
+        far; after it, its seconds for the next iteration row: what the loop waited (the previous
+        write's end, the rows, the host copy of the state), not the write itself."""
         self.prog.clock_s = self.now()
+        self._written(self.ckpt_writer.wait())
         self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,
                           clock_s=round(self.prog.clock_s, 3))
         self._store_samples(self.sampler.settled())  # a killed run keeps its samples up to here
-        yield
+        yield self.ckpt_writer
         self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (studies/time_parts.py)
 
     def stopped(self, status: str) -> None:
-        """run_stop: the run trained to its end (``status``: success, time_cap, max_epochs)."""
+        """run_stop: the run trained to its end (``status``: success, time_cap, max_epochs), its
+        last checkpoint written."""
+        self._written(self.ckpt_writer.wait())
         self.events.end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
 
     def finish(self, status: str) -> dict:
+        self.ckpt_writer.wait()  # written by stopped(); a finished run has its last checkpoint on disk
         self._stop_sampler()
         summary = self.summary(status)
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
@@ -288,9 +300,10 @@ class RunRecorder(Recorder):
         fault = as_fault(e, self.out)
         reason, status = str(fault or e), failure_status(fault or e)
         unsaved = []
-        for what, write in (("rows", self.run.flush), ("status", lambda: self.run.set_status(status)),
+        for what, write in (("checkpoint", lambda: self._written(self.ckpt_writer.wait())), ("rows", self.run.flush),
+                            ("status", lambda: self.run.set_status(status)),
                             (EVENTS_FILE, lambda: self.events.end(C.RUN_STOP, None, status="aborted", reason=reason)),
-                            (SUMMARY_FILE, lambda: self.run.write_summary(self.summary(status))),
+                            (SUMMARY_FILE, lambda: self.run.write_summary(self._stopped_summary(status))),
                             ("samples", self._stop_sampler)):
             try:
                 write()
@@ -302,7 +315,28 @@ class RunRecorder(Recorder):
             pass
         if unsaved and fault is not None:
             fault = type(fault)(f"{fault} (not recorded: {'; '.join(unsaved)})")
+        elif unsaved:  # an error that is no named fault keeps its type: what was lost is said beside it
+            print(f"{self.out}: not recorded: {'; '.join(unsaved)}", file=sys.stderr, flush=True)
         return fault or e
+
+    def _written(self, written: Written | None) -> None:
+        """events.log's line for the last checkpoint's completed write, logged where the loop next
+        waits for the writer: its seconds on the writer's thread, beside training (the loop's part
+        is the next iteration row's ``ckpt_s``). That line of the checkpoint a run resumes from
+        came after the checkpoint's log sizes and was cut with the rest: the resumed run logs it
+        at the same place, without the seconds (the process before measured them), so that every
+        checkpoint has its line once."""
+        if written is not None:
+            self.events.event("checkpoint_written", iteration=written.iteration, write_s=round(written.write_s, 3))
+        elif self.resumed_at is not None:
+            self.events.event("checkpoint_written", iteration=self.resumed_at, write_s=None)
+        self.resumed_at = None
+
+    def _stopped_summary(self, status: str) -> dict:
+        """A failed or interrupted run's summary: its MFU over the steps it trained too (a run cut
+        before its target, the GPU check's short conformer run, has no other)."""
+        flops = self.flops.summary(self.run.iterations()) if self.flops is not None else {}
+        return {**self.summary(status), **flops}
 
     def _stop_sampler(self) -> None:
         if self.sampler is not None:

@@ -97,8 +97,8 @@ class Trainer:
         (results/checkpoint.py), which its recorder records around the save (clock, events line, samples)."""
         algo_state = self.algo.state_dict(self.state)
         if self.run is not None:
-            with self.rec.checkpointing():
-                checkpoint.save(self.run, self.prog, {**self.state.state_dict(), **(algo_state or {})})
+            with self.rec.checkpointing() as writer:
+                checkpoint.save(self.run, self.prog, {**self.state.state_dict(), **(algo_state or {})}, writer)
 
 
 def build(cfg: RunConfig, group: distributed.Group, data: Path, plan: str, folder: Path) -> Trainer:

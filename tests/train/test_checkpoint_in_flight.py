@@ -1,0 +1,149 @@
+"""A run killed while its checkpoint is written on the background thread (results/
+checkpoint_writer.py) continues from the previous checkpoint exactly: the rows, evaluation,
+sentences and events.log lines recorded after that one (the in-flight checkpoint's own
+``checkpoint`` line and rows among them) are cut on resume, and the resumed run ends where an
+uninterrupted run ends, bit for bit."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from speechperf.results import ResultsDB
+from speechperf.results.checkpoint import load as load_checkpoint
+from speechperf.results.events import read_events
+
+ARGS = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=1"]
+
+# `speechperf train` whose checkpoint writes go wrong as argv[1] says: "stall" puts half of the
+# first epoch-end checkpoint into its temporary file and stalls there (the marker file, argv[2],
+# says so) while the loop trains on; "fail-6" and "fail-final" fail the write of iteration 6's
+# checkpoint or of the final one (saved before the final evaluation) with an I/O error
+CHILD = r"""
+import errno, io, sys, threading, torch
+import speechperf.atomic as atomic
+
+real, how, marker = atomic.atomic_torch_save, sys.argv[1], sys.argv[2]
+
+def stall(obj, path):
+    def write(f):
+        data = io.BytesIO()
+        torch.save(obj, data)
+        f.write(data.getvalue()[: len(data.getvalue()) // 2])
+        f.flush()
+        with open(marker, "w") as m:
+            m.write(str(obj["progress"]["iteration"]))
+        threading.Event().wait()
+    atomic.atomic_write(path, write)
+
+def injected(obj, path):
+    p = obj["progress"]
+    if how == "stall" and p["epoch"] == 2 and p["start_batch"] == 0:
+        return stall(obj, path)
+    if (how == "fail-6" and p["iteration"] == 6) or (how == "fail-final" and p["status"] is not None):
+        raise OSError(errno.EIO, "Input/output error")
+    return real(obj, path)
+
+atomic.atomic_torch_save = injected
+from speechperf.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _train(*args, child: tuple[str, object] | None = None) -> subprocess.Popen:
+    """``speechperf train --json ARGS``; ``child``: (how, marker) of CHILD's injected writes."""
+    head = [sys.executable, "-c", CHILD, *map(str, child)] if child else [sys.executable, "-m", "speechperf"]
+    return subprocess.Popen([*head, "train", "--json", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _rows(run, sql):
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    with ResultsDB(run / "results.db") as db:
+        return db.query(sql, [run_id])
+
+
+def _sentence_iterations(run) -> list[int]:
+    lines = (run / "sentences.jsonl").read_text().splitlines()
+    return [json.loads(line)["iteration"] for line in lines if line.endswith("}")]
+
+
+def _checkpoint_lines(run) -> list[tuple[str, int]]:
+    return [(e["key"], e["metadata"]["iteration"]) for e in read_events(run / "events.log")
+            if e["key"] in ("checkpoint", "checkpoint_written")]
+
+
+def _kill_once_recorded_past(p, run, marker):
+    """SIGKILL ``p`` once its epoch-end checkpoint's write stalled and the loop has logged a
+    sentence after that checkpoint; returns the stalled checkpoint's iteration."""
+    deadline = time.monotonic() + 240
+    while not (marker.exists() and marker.read_text() and max(_sentence_iterations(run)) > int(marker.read_text())):
+        assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else "slow"
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    return int(marker.read_text())
+
+
+@pytest.mark.timeout(600)
+def test_a_kill_during_a_background_checkpoint_write_resumes_exactly(tiny_features, tmp_path):
+    ref, run, marker = tmp_path / "ref", tmp_path / "run", tmp_path / "stalled"
+    p = _train("--data", tiny_features, "--out", ref, *ARGS)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+
+    stalled = _kill_once_recorded_past(_train("--data", tiny_features, "--out", run, *ARGS, child=("stall", marker)),
+                                       run, marker)
+    before = load_checkpoint(run)["progress"]
+    assert before["epoch"] == 1 and before["iteration"] <= stalled  # the previous checkpoint (inside epoch 1), whole
+    assert ("checkpoint", stalled) in _checkpoint_lines(run)  # recorded before the kill: cut on resume
+    assert _rows(run, "SELECT MAX(iteration) AS i FROM iterations WHERE run_id = ?") == [{"i": stalled}]  # likewise
+    assert _rows(run, "SELECT epoch FROM evals WHERE run_id = ? AND final = 0") == [{"epoch": 1}]
+
+    p = _train("--resume", run)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    sql = "SELECT iteration, loss, batch_size FROM iterations WHERE run_id = ? ORDER BY iteration"
+    assert _rows(run, sql) == _rows(ref, sql)  # every loss, bit for bit
+    sql = "SELECT epoch, split, final, loss, wer, cer FROM evals WHERE run_id = ? ORDER BY final, split, epoch"
+    assert _rows(run, sql) == _rows(ref, sql)
+    a, b = load_checkpoint(ref), load_checkpoint(run)
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+    assert _sentence_iterations(run) == _sentence_iterations(ref)  # none doubled, none lost
+    lines = _checkpoint_lines(ref)
+    assert [i for k, i in lines if k == "checkpoint"] == [i for k, i in lines if k == "checkpoint_written"]
+    assert _checkpoint_lines(run) == lines  # each checkpoint and its completed write once, in the same order
+    (again,) = [e["metadata"] for e in read_events(run / "events.log")
+                if e["key"] == "checkpoint_written" and e["metadata"]["iteration"] == before["iteration"]]
+    assert again["write_s"] is None  # logged anew by the resumed run: the killed process measured it
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("how", ["fail-6", "fail-final"])
+def test_a_failed_background_write_fails_the_run_naming_the_file_and_the_same_command_continues(
+        tiny_features, tmp_path, how):
+    """Iteration 6's write fails: raised at the next checkpoint's wait; the final checkpoint's
+    write fails: raised at the run's end, after the final evaluation. Either way the run is
+    recorded failed (not finished), naming the file, and the same command continues it from
+    the last checkpoint that was written."""
+    run = tmp_path / "run"
+    p = _train("--data", tiny_features, "--out", run, *ARGS, child=(how, tmp_path / "unused"))
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 1, err
+    assert f"writing the checkpoint {run / 'checkpoint.pt'} failed (OSError: [Errno 5] Input/output error)" in err
+    assert "Traceback" not in err
+    summary = json.loads((run / "summary.json").read_text())
+    status = summary["status"]
+    assert status.startswith("failed: ") and f"writing the checkpoint {run / 'checkpoint.pt'}" in status
+    kept = load_checkpoint(run)["progress"]
+    if how == "fail-6":
+        assert kept["iteration"] == 3 and 6 < summary["iterations"] <= 9  # stopped at the next checkpoint's wait
+    else:
+        assert kept["status"] is None and kept["epoch"] == 3  # the last epoch's end: before the failed final one
+    p = _train("--data", tiny_features, "--out", run, *ARGS)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    assert json.loads((run / "summary.json").read_text())["status"] == "success"
+    stops = [e["metadata"]["status"] for e in read_events(run / "events.log") if e["key"] == "run_stop"]
+    assert stops == ["success"]  # the failed end's run_stop was cut back with the rest
