@@ -201,6 +201,7 @@ def test_sigterm_stops_saved_and_recorded_and_the_same_command_continues(tiny_fe
     assert "Traceback" not in err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed: interrupted (SIGTERM)"
+    assert summary["model_flops_steps"] == summary["iterations"] and summary["tflops"] > 0  # its MFU over the steps it trained
     assert _rows(run, "SELECT status FROM runs WHERE run_id = ?") == [{"status": summary["status"]}]
     stopped_at = load_checkpoint(run)["progress"]["iteration"]
     assert stopped_at == summary["iterations"]  # saved where it stopped, not at the last periodic checkpoint
