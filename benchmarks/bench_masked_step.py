@@ -8,7 +8,7 @@ and the operators dispatched per step (torch.profiler's count of aten calls: on 
 kernel launch, so the count says what the path costs there independently of this machine's
 speed). Both paths' parameters are checked equal after the steps.
 
-Usage: python benchmarks/bench_masked_step.py [--preset conformer] [--repeats 5] [--json]
+Usage: python benchmarks/bench_masked_step.py [--preset conformer] [--device cuda] [--repeats 5] [--json]
 """
 from __future__ import annotations
 
@@ -23,13 +23,22 @@ from speechperf.models import build_model
 from speechperf.train.step import copy_back_step, make_optimizer, masked_step
 
 
-def setup(preset: str):
+def setup(preset: str, device: torch.device):
     cfg = load_preset(preset, ["train.optimizer_impl=fused"] if load_preset(preset).train.optimizer != "adadelta" else [])
     torch.manual_seed(0)
-    model = build_model(cfg.model)
+    model = build_model(cfg.model).to(device)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
-    return model, make_optimizer(model, cfg.train, torch.device("cpu"))
+    return model, make_optimizer(model, cfg.train, device)
+
+
+def synced(fn, device: torch.device):
+    """``fn`` timed to its end on the device (a GPU runs it asynchronously)."""
+    def run(*args):
+        fn(*args)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return run
 
 
 def ops_per_step(fn, opt, ok) -> int:
@@ -42,24 +51,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="conformer")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    ok = torch.tensor(True)
+    device = torch.device(a.device)
+    ok = torch.tensor(True, device=device)
     rows, models = {}, {}
     for name, fn in (("copy-back", copy_back_step), ("masked_step", masked_step)):
-        model, opt = setup(a.preset)
-        m = measure(lambda: fn(opt, ok), repeats=a.repeats, warmup=1)
+        model, opt = setup(a.preset, device)
+        step = synced(fn, device)
+        m = measure(lambda: step(opt, ok), repeats=a.repeats, warmup=1)
         rows[name] = {"step_s": m, "ops": ops_per_step(fn, opt, ok),
                       "tensors": sum(1 for _ in model.parameters()), "fused": bool(opt.defaults.get("fused"))}
         models[name] = model
     same = all(torch.equal(x, y) for x, y in zip(models["copy-back"].parameters(), models["masked_step"].parameters()))
-    out = {"preset": a.preset, **rows, "same_parameters": same,
+    out = {"preset": a.preset, "device": str(device), **rows, "same_parameters": same,
            "ops_ratio": rows["copy-back"]["ops"] / rows["masked_step"]["ops"],
            "time_ratio": rows["copy-back"]["step_s"]["median"] / rows["masked_step"]["step_s"]["median"]}
     if a.json:
         print(json.dumps(out, indent=1))
     else:
-        print(f"preset {a.preset}: {rows['masked_step']['tensors']} parameter tensors, fused={rows['masked_step']['fused']}")
+        print(f"preset {a.preset} on {device}: {rows['masked_step']['tensors']} parameter tensors, fused={rows['masked_step']['fused']}")
         for name in rows:
             r = rows[name]
             print(f"  {name:12s} {r['step_s']['median'] * 1e3:8.1f} ms a step (min {r['step_s']['min'] * 1e3:.1f}, "

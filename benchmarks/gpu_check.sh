@@ -38,6 +38,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     FLOOR_ARGS=(--steps 3 --warmup 1 --device cpu); FLOOR_T=60
     CUDA_TESTS=(tests/train/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/train/test_feed.py -k recorded_profile_rows)
     TEST_ARGS=(-n 0); TEST_T=90
+    DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
 else
     DEMO_ARGS=(--minutes 2)  # the gpu preset reached CER 10 in 1.25 min on an H200
     BUDGET=${BUDGET:-510}; DEMO_T=210; CONF_PRESET=conformer
@@ -48,6 +49,7 @@ else
     CONF_FLOOR=(--preset conformer --steps 10 --warmup 5); COMPILE=1
     CUDA_TESTS=(-m cuda tests); GPU_FILES=(tests/studies/test_reproduce.py tests/train/test_cli_e2e.py)
     TEST_ARGS=(-n 6 --timeout 120); TEST_T=90  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
+    DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -123,6 +125,11 @@ fi
 step floor_conformer 40 $PY benchmarks/bench_step_floor.py "$WORK/demo/features" "${CONF_FLOOR[@]}"
 [ "$COMPILE" = 1 ] && step floor_conformer_compile 120 $PY benchmarks/bench_step_floor.py "$WORK/demo/features" \
     "${CONF_FLOOR[@]}" train.compile=true
+
+# if the budget allows: what the loop waits per checkpoint (background writer against a synchronous save) and
+# the undoable optimizer step (fused found_inf against copy-back), on this device
+step checkpoint 40 $PY benchmarks/bench_checkpoint.py --device "$DEVICE" "${CKPT_ARGS[@]}"
+step masked_step 40 $PY benchmarks/bench_masked_step.py --device "$DEVICE" "${MASKED_ARGS[@]}"
 
 # the demo's report and the runs' results, for a closer look: one archive
 tar -czf "$OUT/runs.tar.gz" -C "$WORK" --exclude='*.npz' --exclude='*.flac' --exclude='corpus' --exclude='*.pt' \

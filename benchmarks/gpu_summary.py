@@ -29,7 +29,7 @@ from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "conformer", "conformer_tta", "feed_gpu", "feed_conformer", "feed_tiny",
          "floor_doubled", "floor", "tests_cuda", "tests_gpu_files", "checksum", "floor_conformer",
-         "floor_conformer_compile"]
+         "floor_conformer_compile", "checkpoint", "masked_step"]
 TARGET, EPOCHS = 10.0, 3  # the paper's CER 10 over the median of 3 evaluations: `tta`'s first row
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
@@ -113,6 +113,18 @@ def floor_figures(text: str | None) -> str:
         return "no floor table"
     return (f"floor {floor.group(1)} s/step ({floor.group(2)} utt/s), loop {loop.group(1)} s ({loop.group(2)} utt/s), "
             f"loop/floor {ratio.group(1)}" + (f"; batch {batch.group(1)}" if batch else ""))
+
+
+def bench_figures(name: str, text: str | None) -> str:
+    """The checkpoint step: each preset's row (sync, background seconds per save and their
+    ratio); the masked step: its ratio line."""
+    if not text:
+        return "no output"
+    if name == "checkpoint":
+        got = re.findall(r"^(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x", text, re.M)
+        return "; ".join(f"{p} {mb} MB: sync {s} s, loop waits {b} s ({r}x)" for p, mb, s, b, r in got) or "no table"
+    got = re.search(r"copy-back / masked_step: (.*)", text)
+    return got.group(1).strip() if got else "no ratio line"
 
 
 def pytest_figures(text: str | None) -> str:
@@ -202,10 +214,12 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = run_figures(run) if run else "no --runs"
         elif name.startswith("feed_"):
             figs = feed_figures(json_in(text))
-        elif name.startswith("floor_"):
+        elif name == "floor" or name.startswith("floor_"):
             figs = floor_figures(text)
         elif name.startswith("tests_"):
             figs = pytest_figures(text)
+        elif name in ("checkpoint", "masked_step"):
+            figs = bench_figures(name, text)
         else:
             got = json_in(text)
             figs = f"features_sha256 {got['features_sha256']} ({got['cap']} cap)" if isinstance(got, dict) else "no checksum"

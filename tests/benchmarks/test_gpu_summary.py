@@ -26,6 +26,16 @@ def test_status_reads_the_exit_line_timeouts_and_skips():
     assert gs.status("a log cut before its end") == "no exit line"
 
 
+def test_the_benchmark_lines():
+    assert gs.bench_figures("checkpoint", "preset state\ngpu 294.1 1.840 0.164 11.2x 3.200 0.430 1.85x\n"
+                                          "cpu 21.0 0.157 0.022 7.0x 0.190 0.040 1.1x") == \
+        "gpu 294.1 MB: sync 1.840 s, loop waits 0.164 s (11.2x); cpu 21.0 MB: sync 0.157 s, loop waits 0.022 s (7.0x)"
+    assert gs.bench_figures("checkpoint", "Traceback ...") == "no table"
+    assert gs.bench_figures("masked_step", "x\n  copy-back / masked_step: 5.25x time, 4.4x ops; parameters equal: True") \
+        == "5.25x time, 4.4x ops; parameters equal: True"
+    assert gs.bench_figures("masked_step", None) == "no output"
+
+
 def test_floor_and_pytest_lines():
     text = (FIXTURES / "logs" / "floor_doubled.log").read_text()
     got = gs.floor_figures(text)
@@ -119,6 +129,9 @@ def test_the_table_from_recorded_logs(tmp_path, capsys):
     assert "MFU" in steps["demo_tta"] and "never reached" in steps["demo_tta"]
     assert "(measured, spread" in steps["feed_tiny"]
     assert "features_sha256 " in steps["checksum"]
+    assert "loop/floor" in steps["floor"] and "loop/floor" in steps["floor_doubled"]
+    assert "| checkpoint | ok, 21 s | tiny 0.5 MB: sync 0.010 s, loop waits 0.004 s (2.9x) |" in text
+    assert "| masked_step | ok, 30 s | 739.91x time, 4.0x ops; parameters equal: True |" in text
 
 
 def test_a_missing_folder_is_refused(tmp_path, capsys):
