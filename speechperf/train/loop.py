@@ -9,28 +9,23 @@ validation and test split. As in MLPerf, the TTA clock starts after initializati
 (``init_start``..``init_stop``: every split verified, the model built, the decoder kernels
 compiled, one warm-up step; see train/warmup.py), whose seconds are reported beside the
 TTA; it only runs while this process runs, so a resumed run does not count the time it was
-down. Whether the run folder takes the run (fresh, restart, resume, finished) and its lock are
-results/admission.py's; what one process trains with, rank 0's run among it, is built by
-train/trainer.py; what happened is written down by the recorder (train/recorder.py: progress,
-clock, rows, events, failure), into the run folder that :class:`speechperf.results.run.Run`
-owns; the checkpoint is results/checkpoint.py's. SIGINT and SIGTERM stop the run at the next read
-point, saved and recorded (train/stop.py); the learning rate follows train/schedule.py,
-set before every step.
+down. The run folder's admission and lock: results/admission.py; what a process trains with:
+train/trainer.py; what happened: the recorder (train/recorder.py) into the run folder
+(results/run.py); the checkpoint: results/checkpoint.py. SIGINT and SIGTERM stop the run at the
+next read point, saved and recorded (train/stop.py); the learning rate: train/schedule.py.
 
 Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the algorithm of ``algo.name``
 (speechperf/algorithms) trains: ``sync`` (the default) wraps the model in DDP; bsp, bmuf,
 diloco, asgd and easgd let every rank train its own model and combine them after steps
-(asgd, easgd: through a parameter server) and before evaluations, and put every rank's
-state into the checkpoints; their hooks are one line each below (``algo.``).
-:mod:`speechperf.train.distributed` picks each process's device (``cuda:LOCAL_RANK``) and
-the backend (``train.dist_backend``, gloo on CPU, gloo+NCCL on GPU) and refuses a launch
-that does not fit the GPUs before any work; rank 0 alone writes files, evaluates and
-decides to stop.
+(asgd, easgd: through a parameter server) and before evaluations, and put every rank's state
+into the checkpoints; their hooks are one line each below (``algo.``).
+train/distributed.py picks each process's device (``cuda:LOCAL_RANK``) and backend (gloo on CPU,
+gloo+NCCL on GPU) and refuses a launch that does not fit the GPUs before any work; rank 0 alone
+writes files, evaluates and decides to stop.
 
-Host synchronization: a step leaves its loss and skip flag on the device
-(:mod:`speechperf.train.step`); they are read together every ``train.sync_every`` steps
-and where needed (sentences, checkpoints, epoch end), where the iteration rows, the status
-line, the skip counters and the divergence abort catch up in step order.
+Host synchronization: a step leaves its loss and skip flag on the device (train/step.py), read
+together every ``train.sync_every`` steps and where needed (sentences, checkpoints, epoch end),
+where the rows, status line, skip counters and divergence abort catch up in step order.
 """
 from __future__ import annotations
 
@@ -84,10 +79,7 @@ def train(*args, **fields) -> dict:
             raise SpeechperfError(error)
         if plan == "finished":
             return group.broadcast(admission.summary() if admission is not None else None)
-        t = build(cfg, group, Path(feats), plan, request.out)  # splits, index, algorithm, model: before the clock exists
-        with StopSignals() as stop:
-            start(t, request, stop, init_t0, init_ms)  # rank 0's run and its recorder, initialization; then the clock starts
-            return group.broadcast(_train(t))  # rank 0's summary on every rank (one exit status)
+        return group.broadcast(_train(cfg, group, request, Path(feats), plan, (init_t0, init_ms)))  # rank 0's, on every rank
     except OSError as e:  # before the run exists (a read-only --out, say): named, exit 1
         if isinstance(e, SpeechperfError):
             raise
@@ -98,9 +90,17 @@ def train(*args, **fields) -> dict:
         group.close()
 
 
-def _train(t: Trainer) -> dict:
-    """The epochs, the checkpoint before the final evaluation, the final evaluation; the run's
-    summary row (rank 0's; recorded as failed by whatever stopped it)."""
+def _train(cfg: RunConfig, group: distributed.Group, request: TrainRequest, data: Path, plan: str, init: tuple) -> dict:
+    """The Trainer (built before the clock), trained: in this frame only, as its DDP model holds the process
+    group (its last reference dropped after destroy_process_group joined gloo's thread holding the GIL)."""
+    t = build(cfg, group, data, plan, request.out)  # splits, index, algorithm, model: before the clock exists
+    with StopSignals() as stop:
+        start(t, request, stop, *init)  # rank 0's run and its recorder, initialization; then the clock starts
+        return _trained(t)
+
+
+def _trained(t: Trainer) -> dict:
+    """Epochs, the checkpoint before the final evaluation, that evaluation: the summary row (or failed)."""
     rec, group, stop = t.rec, t.group, t.stop
     try:
         status = _epochs(t)
