@@ -70,7 +70,7 @@ def train(*args, **fields) -> dict:
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     group = distributed.setup(tc.device, tc.dist_backend, denv)  # checks the launch against the GPUs first
-    admission = None
+    admission = t = None
     try:
         check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
         admission = admit(request, cfg, denv.world, check_launch) if denv.rank == 0 else None
@@ -79,28 +79,25 @@ def train(*args, **fields) -> dict:
             raise SpeechperfError(error)
         if plan == "finished":
             return group.broadcast(admission.summary() if admission is not None else None)
-        return group.broadcast(_train(cfg, group, request, Path(feats), plan, (init_t0, init_ms)))  # rank 0's, on every rank
+        t = build(cfg, group, Path(feats), plan, request.out)  # splits, index, algorithm, model: before the clock exists
+        with StopSignals() as stop:
+            start(t, request, stop, init_t0, init_ms)  # rank 0's run and its recorder, initialization; then the clock starts
+            return group.broadcast(_train(t))  # rank 0's summary on every rank (one exit status)
     except OSError as e:  # before the run exists (a read-only --out, say): named, exit 1
         if isinstance(e, SpeechperfError):
             raise
         raise as_fault(e, request.out) from e
     finally:
+        t = None  # noqa: F841 (its DDP model holds the group: dropped after destroy_process_group, the
+        # group's destructor joined gloo's thread while holding the GIL that thread waited for: a hang)
         if admission is not None:
             admission.release()
         group.close()
 
 
-def _train(cfg: RunConfig, group: distributed.Group, request: TrainRequest, data: Path, plan: str, init: tuple) -> dict:
-    """The Trainer (built before the clock), trained: in this frame only, as its DDP model holds the process
-    group (its last reference dropped after destroy_process_group joined gloo's thread holding the GIL)."""
-    t = build(cfg, group, data, plan, request.out)  # splits, index, algorithm, model: before the clock exists
-    with StopSignals() as stop:
-        start(t, request, stop, *init)  # rank 0's run and its recorder, initialization; then the clock starts
-        return _trained(t)
-
-
-def _trained(t: Trainer) -> dict:
-    """Epochs, the checkpoint before the final evaluation, that evaluation: the summary row (or failed)."""
+def _train(t: Trainer) -> dict:
+    """The epochs, the checkpoint before the final evaluation, the final evaluation; the run's
+    summary row (rank 0's; recorded as failed by whatever stopped it)."""
     rec, group, stop = t.rec, t.group, t.stop
     try:
         status = _epochs(t)
