@@ -30,7 +30,6 @@ from speechperf.studies.tta import time_columns
 STEPS = ["demo", "demo_tta", "conformer", "conformer_tta", "feed_gpu", "feed_conformer", "feed_tiny",
          "floor_doubled", "floor", "tests_cuda", "tests_gpu_files", "checksum", "floor_conformer",
          "floor_conformer_compile", "checkpoint", "masked_step"]
-TARGET, EPOCHS = 10.0, 3  # the paper's CER 10 over the median of 3 evaluations: `tta`'s first row
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -147,7 +146,7 @@ def run_figures(run: Path) -> str:
         return f"unreadable run: {e}"
     try:
         iterations, evals, samples, env = r.iterations(), r.evals(), r.samples(), r.env
-        summary, precision = r.summary() or {}, r.config.get("train", {}).get("precision", "fp32")
+        summary, tc = r.summary() or {}, r.config.get("train", {})
     finally:
         r.close()
     parts = [f"{len(iterations)} steps of {fmt(mean(iterations, 'batch_size'))} utt, {fmt(mean(iterations, 'step_s'))} s/step"]
@@ -155,10 +154,11 @@ def run_figures(run: Path) -> str:
     ev = sum(e["eval_s"] for e in evals) if evals else None
     if ev is not None and clock:
         parts.append(f"per-epoch evaluation {fmt(ev)} s of the {fmt(clock)} s clock ({100 * ev / clock:.0f} %)")
-    minutes = tta_minutes([(e["clock_s"], e[DEFAULT_TARGET]) for e in evals], TARGET, EPOCHS)
+    metric = tc.get("target_metric", DEFAULT_TARGET)  # the run's own target rule (config.json), as `tta` reads it
+    minutes = tta_minutes([(e["clock_s"], e[metric]) for e in evals], tc.get("target", 10.0), tc.get("target_epochs", 3))
     shown = time_columns(iterations, evals, minutes, samples, env.get("device"))["busy"]
     parts.append(busy_figures(shown, minutes is not None))
-    parts.append(mfu_figures(iterations, recorded_peak(summary, env, precision)))
+    parts.append(mfu_figures(iterations, recorded_peak(summary, env, tc.get("precision", "fp32"))))
     return "; ".join(parts)
 
 
