@@ -11,6 +11,11 @@ submission order, so the output equals a one-thread decode's text for text (test
 A decoder that is not safe to call from several threads at once (``thread_safe = False``:
 flashlight's decoder keeps per-search state) is called under a lock; a decoder that decodes a
 whole batch at once (``batched = True``: greedy's vectorized argmax) gets one task per batch.
+
+A batch may be submitted before its values exist (:class:`Pending`: a host buffer that a
+device-to-host copy is still filling, and the event recorded after that copy): the decode
+threads wait on the event, so the caller launches the next forward pass without waiting for
+the device.
 """
 from __future__ import annotations
 
@@ -38,6 +43,25 @@ def auto_threads(reserved: int = 0) -> int:
     return max(1, usable_cpus() - max(0, reserved))
 
 
+class Pending:
+    """A (T, B, C) batch whose values are still arriving: ``array`` (its final shape and
+    memory) may be read once ``ready.synchronize()`` has returned (a CUDA event recorded after
+    the copy into ``array``; torch's ``Event.synchronize`` releases the GIL while it waits)."""
+
+    def __init__(self, array: np.ndarray, ready):
+        self.array, self.ready = array, ready
+        self.shape = array.shape
+
+    def get(self) -> np.ndarray:
+        """The array, once its copy has finished (every caller waits on the same event)."""
+        self.ready.synchronize()
+        return self.array
+
+
+def _arrived(log_probs: np.ndarray | Pending) -> np.ndarray:
+    return log_probs.get() if isinstance(log_probs, Pending) else log_probs
+
+
 class DecodePool:
     """Batches of log-probabilities in, texts out in submission order; ``threads`` decode."""
 
@@ -51,22 +75,27 @@ class DecodePool:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []  # one per utterance, or per batch for a batched decoder
 
-    def submit(self, log_probs: np.ndarray, lens) -> None:
-        """Start decoding a (T, B, C) batch with valid lengths (B,); returns at once. The
-        array must not be written to afterwards (its utterances are read by the threads)."""
-        if log_probs.ndim != 3 or len(lens) != log_probs.shape[1]:
+    def submit(self, log_probs: np.ndarray | Pending, lens) -> None:
+        """Start decoding a (T, B, C) batch with valid lengths (B,); returns at once, without
+        waiting for a :class:`Pending` batch (its threads do). The array must not be written to
+        afterwards (its utterances are read by the threads)."""
+        if len(log_probs.shape) != 3 or len(lens) != log_probs.shape[1]:
             raise DecodeError(f"expected (T, B, C) log-probs with B lengths, got {log_probs.shape} and {len(lens)}")
         lens = [int(n) for n in lens]
         self.frames += sum(lens)
         if self._executor is None:  # started on first use: after the loader has forked its readers
             self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="speechperf-decode")
         if getattr(self.decoder, "batched", False):
-            self._pending.append(self._executor.submit(self.decoder.decode_batch, log_probs, lens))
+            self._pending.append(self._executor.submit(self._batch, log_probs, lens))
             return
         for b, n in enumerate(lens):
-            self._pending.append(self._executor.submit(self._one, log_probs[:n, b]))  # (T_b, C) view
+            self._pending.append(self._executor.submit(self._one, log_probs, b, n))
 
-    def _one(self, lp: np.ndarray) -> list[str]:
+    def _batch(self, log_probs: np.ndarray | Pending, lens: list[int]) -> list[str]:
+        return self.decoder.decode_batch(_arrived(log_probs), lens)
+
+    def _one(self, log_probs: np.ndarray | Pending, b: int, n: int) -> list[str]:
+        lp = _arrived(log_probs)[:n, b]  # (T_b, C) view
         if self._lock is None:
             return [self.decoder.decode(lp)]
         with self._lock:

@@ -112,3 +112,66 @@ def test_auto_threads_are_the_usable_cpus_less_the_readers(monkeypatch):
     assert auto_threads(2) == 4
     assert auto_threads(0) == 6
     assert auto_threads(9) == 1  # never none
+
+
+# ---- batches still arriving from the device ---------------------------------------------------
+
+
+class _Gate:
+    """A fake CUDA event on the CPU: ``synchronize`` blocks until the test opens the gate (the
+    device-to-host copy finished), counting the threads that waited."""
+
+    def __init__(self):
+        self.opened, self.guard, self.waited = threading.Event(), threading.Lock(), 0
+
+    def synchronize(self):
+        with self.guard:
+            self.waited += 1
+        assert self.opened.wait(timeout=30), "the gate was never opened"
+
+
+class _Counting:
+    """``dec`` with its calls counted: a decode started before the gate opened would show."""
+
+    def __init__(self, dec):
+        self.dec, self.calls = dec, 0
+        self.name, self.batched = dec.name, getattr(dec, "batched", False)
+
+    def decode(self, lp):
+        self.calls += 1
+        return self.dec.decode(lp)
+
+    def decode_batch(self, lp, lens):
+        self.calls += 1
+        return self.dec.decode_batch(lp, lens)
+
+
+@pytest.mark.parametrize("name", ["greedy", "beam"])  # one task per batch; one per utterance
+def test_a_pending_batch_is_decoded_after_its_event_and_gives_the_synchronous_text(name):
+    dec, data = _Counting(get_decoder(name, beam=8)), batches()
+    serial = [dec.dec.decode(np.ascontiguousarray(x[:n, b])) for x, lens in data for b, n in enumerate(lens)]
+    arriving = [np.full(x.shape, np.nan, np.float32) for x, _ in data]  # the copies' pinned buffers, not filled yet
+    gates = [_Gate() for _ in data]
+    with DecodePool(dec, 3) as pool:
+        t = time.perf_counter()
+        for buf, gate, (_, lens) in zip(arriving, gates, data):
+            pool.submit(batch_mod.Pending(buf, gate), lens)
+        assert time.perf_counter() - t < 1.0  # submit returned without waiting for the gates
+        time.sleep(0.2)
+        assert dec.calls == 0 and gates[0].waited >= 1  # the threads wait on the event, decoding nothing
+        for buf, gate, (x, _) in zip(arriving, gates, data):
+            buf[...] = x  # the copy lands, then its event fires
+            gate.opened.set()
+        assert pool.results() == serial
+    per_batch = 1 if dec.batched else 4
+    assert [g.waited for g in gates] == [per_batch] * len(data)  # every task waited on its own batch's event
+
+
+def test_a_pending_batch_of_the_wrong_shape_is_refused_at_submit():
+    gate = _Gate()
+    with DecodePool(get_decoder("beam", beam=4), 2) as pool:
+        with pytest.raises(DecodeError, match=r"\(T, B, C\)"):
+            pool.submit(batch_mod.Pending(np.zeros((5, 30), np.float32), gate), [5])
+        with pytest.raises(DecodeError, match="B lengths"):
+            pool.submit(batch_mod.Pending(np.zeros((5, 2, 30), np.float32), gate), [5])
+    assert gate.waited == 0
