@@ -79,9 +79,18 @@ def planned_forward(model: nn.Module, x: torch.Tensor, lengths: torch.Tensor,
     lengths_cpu = lengths.cpu()
     out_lens, kw = core.plan(lengths_cpu, x.shape[1])
     device = device or x.device
-    kw = {k: v.to(device, non_blocking=True) for k, v in kw.items()}
-    log_probs, _ = model(x.to(device, non_blocking=True), lengths_cpu.to(device, non_blocking=True), **kw)
+    kw = {k: to_device(v, device) for k, v in kw.items()}
+    log_probs, _ = model(to_device(x, device), to_device(lengths_cpu, device), **kw)
     return log_probs, out_lens
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``, the host never waiting for the device: a CPU tensor bound for a
+    CUDA device is pinned first (a copy from pageable memory goes through the driver's
+    staging buffer and may wait for the work queued before it); the same values."""
+    if torch.device(device).type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def unwrap(model: nn.Module) -> AcousticModel:
