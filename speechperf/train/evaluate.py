@@ -22,7 +22,7 @@ from speechperf.models.contract import autocast, planned_forward
 from speechperf.data.index import Index
 from speechperf.data.loader import Batch, load_index, make_loader
 from speechperf.decode import get_decoder
-from speechperf.decode.batch import DecodePool, auto_threads
+from speechperf.decode.batch import DecodePool, Pending, auto_threads
 from speechperf.decode.lm import LM_NAME
 
 
@@ -75,7 +75,9 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     them off the TTA clock).
 
     ``workers``: decode threads (0: :func:`decode_threads`); each batch's decode runs on them
-    while the next batches' forward passes run. Seconds: ``eval_forward_s`` (the pass over the
+    while the next batches' forward passes run. The batch loop reads no device value: on a GPU
+    it queues forward passes and log-prob copies (:func:`host_copy`) without waiting, and the
+    losses are computed and read after it (:func:`mean_loss`). Seconds: ``eval_forward_s`` (the pass over the
     batches: loading, forward, loss), ``eval_decode_s`` (waiting for the decodes after the
     last forward), ``eval_score_s`` (scoring); they sum to ``eval_s``. The batches are the split's
     resident ones where :func:`keep_resident` kept them for this device (``eval_data``: where they
@@ -89,19 +91,17 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     kept = _RESIDENT.get(_resident_key(feats, split, index, loader_cfg, device))
     batches = kept.batches if kept is not None else eval_batches(feats, split, loader_cfg, index)
     refs: list[str] = []
-    loss_sum, n_loss = 0.0, 0
+    outputs: list[tuple] = []  # per batch: what its loss needs, read after the loop
     with DecodePool(dec, workers or decode_threads(loader_cfg)) as pool:
-        for batch in batches:
+        for batch in batches:  # launches only: no read of a device value in here
             with autocast(device, precision):
                 log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
             log_probs = log_probs.float()  # (T', B, C)
-            losses = F.ctc_loss(log_probs, batch.labels.to(device, non_blocking=True), out_lens, batch.label_lens,
-                                blank=0, reduction="none", zero_infinity=False)
-            finite = torch.isfinite(losses)
-            loss_sum += float(losses[finite].sum())
-            n_loss += int(finite.sum())
-            pool.submit(log_probs.cpu().numpy(), out_lens.numpy())  # decodes beside the next forward passes
+            pool.submit(host_copy(log_probs), out_lens.numpy())  # decodes beside the next forward passes
+            outputs.append((log_probs, batch.labels, out_lens, batch.label_lens))
             refs += list(batch.transcripts)
+        loss = mean_loss(outputs, device)
+        del outputs  # the device's log-probs: the decodes read their host copies
         forward_end = time.perf_counter()
         hyps = pool.results()
         frames, threads = pool.frames, pool.threads
@@ -112,11 +112,39 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     end = time.perf_counter()
     return {
         "split": split, "decoder": decoder_label(decoder, mode), "beam": beam,
-        "loss": loss_sum / max(n_loss, 1), **scores, "eval_s": end - start,
+        "loss": loss, **scores, "eval_s": end - start,
         "eval_forward_s": forward_end - start, "eval_decode_s": decoded - forward_end, "eval_score_s": end - decoded,
         "decode_threads": threads, "decode_frames": frames, "eval_data": kept.where if kept is not None else "stream",
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
     }
+
+
+def host_copy(log_probs: torch.Tensor) -> np.ndarray | Pending:
+    """(T', B, C) log-probs as the decode threads read them: on the CPU the tensor's own array;
+    from a CUDA device a :class:`Pending` pinned buffer that a non-blocking copy fills, ready
+    when the event recorded after it fires (the decode thread waits on it, not the caller)."""
+    if log_probs.device.type == "cpu":
+        return log_probs.numpy()
+    buf = torch.empty(log_probs.shape, dtype=log_probs.dtype, pin_memory=True)
+    buf.copy_(log_probs, non_blocking=True)
+    copied = torch.cuda.Event(blocking=True)  # a waiting decode thread sleeps instead of spinning
+    copied.record()
+    return Pending(buf.numpy(), copied)  # the array keeps the pinned tensor alive
+
+
+def mean_loss(outputs: list[tuple], device: torch.device) -> float:
+    """The CTC loss averaged over the utterances where it is finite, from each batch's
+    ``(log_probs, labels, out_lens, label_lens)`` in order: the evaluation's only device reads,
+    all after its batch loop. CUDA's CTC copies its length lists with blocking copies (a wait
+    for the stream), so the losses are computed here too, after every forward pass is queued."""
+    loss_sum, n_loss = 0.0, 0
+    for log_probs, labels, out_lens, label_lens in outputs:
+        losses = F.ctc_loss(log_probs, labels.to(device, non_blocking=True), out_lens, label_lens,
+                            blank=0, reduction="none", zero_infinity=False)  # (B,)
+        finite = torch.isfinite(losses)
+        loss_sum += float(losses[finite].sum())
+        n_loss += int(finite.sum())
+    return loss_sum / max(n_loss, 1)
 
 
 def eval_batches(feats: Path, split: str, loader_cfg: LoaderConfig, index: Index | None = None):
