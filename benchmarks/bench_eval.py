@@ -14,6 +14,15 @@ from the shards at every evaluation (``stream``, the reference: readers started,
 decompressed, batches padded) against the same path on the batches kept resident since the
 run's initialization (:func:`speechperf.train.evaluate.keep_resident`); the results must be equal.
 
+Batch loop (``--part sync``): the loop that read every batch's loss (a boolean-mask index and two
+host reads) and copied its log-probs back (``.cpu()``) right after its forward pass, four waits for
+the device per batch (``synced_evaluate``, the reference, kept here), against
+:func:`speechperf.train.evaluate.evaluate`, whose loop reads nothing back (pending pinned copies
+for the decode threads, the losses computed and read after the loop). Both on the resident
+batches, interleaved; the losses and texts must be equal (bit for bit on the CPU). On a CPU
+expect about 1.00x: the host is the device, there is no queue to keep full; the gain is on a
+GPU (``--device cuda``), where the old loop drained the queue after every batch.
+
 Also the decode alone on log-probs computed once: frames per second per thread with 1 and N
 threads (N threads sharing cores with each other and the machine's other work), and the
 evaluation's share of a TTA whose evaluation share was ``--share`` under the old path.
@@ -21,7 +30,7 @@ evaluation's share of a TTA whose evaluation share was ``--share`` under the old
 Model: ``--run DIR`` (a run folder's latest checkpoint: realistic beam behaviour) or, without
 it, a randomly initialized model of ``--preset`` (says so). Usage:
   python benchmarks/bench_eval.py --feats /work/data/feats [--run RUN] [--threads N] [--repeats 2]
-  [--torch-threads 1] [--part all|pool|resident]
+  [--torch-threads 1] [--part all|pool|resident|sync] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -37,7 +46,7 @@ from speechperf.data.loader import load_index, make_loader
 from speechperf.decode import get_decoder
 from speechperf.decode.batch import DecodePool, usable_cpus
 from speechperf.models import build_model
-from speechperf.models.contract import planned_forward
+from speechperf.models.contract import autocast, planned_forward, unwrap
 from speechperf.results import checkpoint
 from speechperf.results.run import Run
 from speechperf.train import evaluate as ev
@@ -137,6 +146,77 @@ def resident_vs_stream(model, feats: Path, split: str, cfg: RunConfig, threads: 
     return 0
 
 
+def old_planned_forward(model, x, lengths, device):
+    """The reference's forward: CPU tensors moved from pageable memory (may wait for the queue)."""
+    out_lens, kw = unwrap(model).plan(lengths, x.shape[1])
+    kw = {k: v.to(device, non_blocking=True) for k, v in kw.items()}
+    log_probs, _ = model(x.to(device, non_blocking=True), lengths.to(device, non_blocking=True), **kw)
+    return log_probs, out_lens
+
+
+@torch.no_grad()
+def synced_evaluate(model, feats: Path, split: str, cfg: RunConfig, device, threads: int) -> dict:
+    """The reference of ``--part sync``: evaluate's path (decoder, pool, resident batches,
+    scoring without intervals) with the batch loop that waited for the device after every batch."""
+    tc, start = cfg.train, time.perf_counter()
+    model.eval()
+    dec = ev.make_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode)
+    index = load_index(feats, [split])
+    kept = ev._RESIDENT.get(ev._resident_key(feats, split, index, cfg.loader, device))
+    batches = kept.batches if kept is not None else ev.eval_batches(feats, split, cfg.loader, index)
+    refs, loss_sum, n_loss = [], 0.0, 0
+    with DecodePool(dec, threads) as pool:
+        for batch in batches:
+            with autocast(device, tc.precision):
+                log_probs, out_lens = old_planned_forward(model, batch.feats, batch.feat_lens, device)
+            log_probs = log_probs.float()  # (T', B, C)
+            losses = torch.nn.functional.ctc_loss(log_probs, batch.labels.to(device, non_blocking=True), out_lens,
+                                                  batch.label_lens, blank=0, reduction="none", zero_infinity=False)
+            finite = torch.isfinite(losses)
+            loss_sum += float(losses[finite].sum())  # waits for this batch's forward pass and loss
+            n_loss += int(finite.sum())
+            pool.submit(log_probs.cpu().numpy(), out_lens.numpy())
+            refs += list(batch.transcripts)
+        forward = time.perf_counter() - start
+        hyps = pool.results()
+    ev.score(refs, hyps, intervals=False)
+    return {"eval_s": time.perf_counter() - start, "eval_forward_s": forward, "loss": loss_sum / max(n_loss, 1),
+            "hyps": hyps}
+
+
+def loop_vs_synced(model, feats: Path, split: str, cfg: RunConfig, device, threads: int, repeats: int) -> int:
+    """Per-evaluation seconds of the synced loop (the reference) and evaluate's, interleaved on
+    the resident batches; 1 if their losses or texts differ."""
+    tc = cfg.train
+    model.to(device)
+    kept = ev.keep_resident(feats, split, cfg.loader, device, tc.eval_resident_mb)
+    runs: dict[str, list[dict]] = {"synced": [], "evaluate": []}
+    for i in range(repeats + 1):  # the first round warms both up (cuDNN, the pinned pool) and is not kept
+        synced = synced_evaluate(model, feats, split, cfg, device, threads)
+        r = ev.evaluate(model, feats, split, cfg.loader, device, decoder=tc.eval_decoder, beam=tc.eval_beam,
+                        workers=threads, precision=tc.precision, mode=tc.eval_mode, keep_pairs=1_000_000,
+                        intervals=False)
+        if i:
+            runs["synced"].append(synced)
+            runs["evaluate"].append({**r, "hyps": [q["hyp"] for q in r["pairs"]]})
+    ref = min(runs["synced"], key=lambda r: r["eval_s"])
+    print(f"\nbatch loop on {device} ({kept.where if kept else 'stream'} batches), {threads} decode threads, "
+          f"{tc.precision}; per-evaluation seconds (min of {len(runs['synced'])}), {len(ref['hyps'])} utterances:")
+    for name, rs in runs.items():
+        r = min(rs, key=lambda r: r["eval_s"])
+        print(f"  {name}: {r['eval_s']:.3f} s ({ref['eval_s'] / r['eval_s']:.2f}x), forward {r['eval_forward_s']:.3f} s "
+              f"({ref['eval_forward_s'] / r['eval_forward_s']:.2f}x)")
+    a, b = runs["synced"][0], runs["evaluate"][0]
+    exact = torch.device(device).type == "cpu"
+    same_loss = a["loss"] == b["loss"] if exact else abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"])
+    if not (same_loss and a["hyps"] == b["hyps"]):
+        print(f"FAILED: the loops differ: loss {a['loss']!r} vs {b['loss']!r}, texts equal: {a['hyps'] == b['hyps']}",
+              file=sys.stderr)
+        return 1
+    print(f"results equal: loss ({'bit for bit' if exact else 'to 1e-6'}) {b['loss']:.6f}, every decoded text")
+    return 0
+
+
 def load_model(args) -> tuple[torch.nn.Module, RunConfig, str]:
     if args.run:
         run = Run.open(Path(args.run), data=Path(args.feats))
@@ -163,9 +243,13 @@ def main(argv=None) -> int:
     p.add_argument("--torch-threads", type=int, default=0,
                    help="torch intra-op threads of the forward pass (0: torch's default; 1 on a loaded machine, "
                         "where two spinning OpenMP threads cost more than they give)")
-    p.add_argument("--part", choices=("all", "pool", "resident"), default="all",
-                   help="pool: the decode pool against the one-core path; resident: kept batches against streamed ones")
+    p.add_argument("--part", choices=("all", "pool", "resident", "sync"), default="all",
+                   help="pool: the decode pool against the one-core path; resident: kept batches against streamed "
+                        "ones; sync: evaluate's batch loop against the one that waited for the device every batch")
+    p.add_argument("--device", default="cpu", help="the device of --part sync (cuda: where its gain is)")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     feats = Path(args.feats)
@@ -181,6 +265,8 @@ def main(argv=None) -> int:
     print(f"decoder + LM tables rebuilt (what every old evaluation paid): {time.perf_counter() - t:.3f} s")
     if args.part == "resident":
         return resident_vs_stream(model, feats, args.split, cfg, args.threads, args.repeats)
+    if args.part == "sync":
+        return loop_vs_synced(model, feats, args.split, cfg, torch.device(args.device), args.threads, args.repeats)
 
     old, new1, newN, texts = [], [], [], {}
     for _ in range(args.repeats):  # interleaved: the machine's other load hits every path alike
@@ -216,7 +302,9 @@ def main(argv=None) -> int:
     many = decode_rate(dec, batches, args.threads)
     print(f"  {args.threads} threads: {many[0]:.2f} s, {many[1]:,.0f} frames/s per thread "
           f"({one[0] / many[0]:.2f}x the 1-thread wall)")
-    return resident_vs_stream(model, feats, args.split, cfg, args.threads, args.repeats) if args.part == "all" else 0
+    if args.part == "all" and resident_vs_stream(model, feats, args.split, cfg, args.threads, args.repeats):
+        return 1
+    return loop_vs_synced(model, feats, args.split, cfg, CPU, args.threads, args.repeats) if args.part == "all" else 0
 
 
 if __name__ == "__main__":
