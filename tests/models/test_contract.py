@@ -70,3 +70,30 @@ def test_a_name_registered_twice_is_refused():
 
     with pytest.raises(ValueError, match="model 'dnn' registered twice"):
         register_model("dnn", DNNConfig)(lambda cfg: None)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", MODELS.names())
+def test_a_planned_forward_on_cuda_from_cpu_tensors_does_not_wait_for_the_device(name):
+    import warnings
+
+    from speechperf.models.contract import to_device
+
+    dev = torch.device("cuda", 0)
+    model = small(name).eval().to(dev)
+    lens, x = torch.tensor([80, 57, 31]), torch.randn(3, 80, 93)  # pageable CPU tensors, as a streamed batch's
+    pinned = to_device(lens, dev)
+    assert pinned.device == dev and torch.equal(pinned.cpu(), lens)
+    with torch.no_grad():
+        planned_forward(model, x, lens, dev)  # warm-up: cuDNN handles, the pinned host pool
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                log_probs, _ = planned_forward(model, x, lens, dev)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    assert not [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    with torch.no_grad():
+        assert torch.allclose(log_probs.cpu(), planned_forward(model.cpu(), x, lens)[0], atol=1e-2)  # TF32 convolutions
