@@ -77,11 +77,12 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     ``workers``: decode threads (0: :func:`decode_threads`); each batch's decode runs on them
     while the next batches' forward passes run. The batch loop reads no device value: on a GPU
     it queues forward passes and log-prob copies (:func:`host_copy`) without waiting, and the
-    losses are computed and read after it (:func:`mean_loss`). Seconds: ``eval_forward_s`` (the pass over the
-    batches: loading, forward, loss), ``eval_decode_s`` (waiting for the decodes after the
-    last forward), ``eval_score_s`` (scoring); they sum to ``eval_s``. The batches are the split's
-    resident ones where :func:`keep_resident` kept them for this device (``eval_data``: where they
-    were), else read from the shards now (``stream``): the same batches in the same order."""
+    losses are computed and read after it (:func:`mean_loss`). Seconds: ``eval_forward_s`` (the
+    pass over the batches: loading, forward, loss, up to the losses read back), ``eval_decode_s``
+    (waiting for the decodes after that), ``eval_score_s`` (scoring); they sum to ``eval_s``. The
+    batches are the split's resident ones where :func:`keep_resident` kept them for this device
+    (``eval_data``: where they were), else read from the shards now (``stream``): the same
+    batches in the same order."""
     start = time.perf_counter()
     beam = 1 if decoder == "greedy" else beam
     was_training = model.training
@@ -101,7 +102,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
             outputs.append((log_probs, batch.labels, out_lens, batch.label_lens))
             refs += list(batch.transcripts)
         loss = mean_loss(outputs, device)
-        del outputs  # the device's log-probs: the decodes read their host copies
+        del outputs  # frees the device's log-probs now: the decodes read their host copies
         forward_end = time.perf_counter()
         hyps = pool.results()
         frames, threads = pool.frames, pool.threads
@@ -122,9 +123,10 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
 def host_copy(log_probs: torch.Tensor) -> np.ndarray | Pending:
     """(T', B, C) log-probs as the decode threads read them: on the CPU the tensor's own array;
     from a CUDA device a :class:`Pending` pinned buffer that a non-blocking copy fills, ready
-    when the event recorded after it fires (the decode thread waits on it, not the caller)."""
-    if log_probs.device.type == "cpu":
-        return log_probs.numpy()
+    when the event recorded after it fires (the decode thread waits on it, not the caller); from
+    any other device a synchronous copy."""
+    if log_probs.device.type != "cuda":
+        return log_probs.cpu().numpy()
     buf = torch.empty(log_probs.shape, dtype=log_probs.dtype, pin_memory=True)
     buf.copy_(log_probs, non_blocking=True)
     copied = torch.cuda.Event(blocking=True)  # a waiting decode thread sleeps instead of spinning
