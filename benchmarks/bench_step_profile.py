@@ -171,8 +171,9 @@ def show(result: dict) -> None:
             print(f"-- {k}: {title} ({per})")
             if p[key]:
                 emit(p[key], False)
-            else:
-                print("none")
+            else:  # the debug mode covers some synchronizing calls only (torch.cuda.set_sync_debug_mode)
+                print("none" if key != "sync warnings" else "none: the debug mode warned of no call (it covers "
+                      "some synchronizing calls only; the host syncs above are the profiler's count)")
     sys.stdout.flush()
 
 

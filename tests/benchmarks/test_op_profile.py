@@ -91,10 +91,11 @@ def test_a_sync_outside_every_aten_op_and_a_cpu_trace():
                                                                  "launches", "syncs", "top sync site"]
 
 
-def test_the_benchmark_on_this_cpu(tiny_features, capsys):
+def test_the_benchmark_on_this_cpu(tiny_features, tmp_path, capsys):
     bench = importlib.import_module("bench_step_profile")
     assert bench.main([str(tiny_features), "--preset", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "1",
-                       "--json", "train.threads=1"]) == 0
+                       "--json", "--trace", str(tmp_path / "t"), "train.threads=1"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t-tiny-evaluation.json", "t-tiny-train_step.json"]
     got = json.loads(capsys.readouterr().out)
     assert got["preset"] == "tiny" and got["head"].startswith("preset tiny: cpu (CPU), fp32, ")
     train, ev_ = got["phases"]["train step"], got["phases"]["evaluation"]
@@ -114,3 +115,28 @@ def test_bad_input_exits_2_naming_it(tmp_path, tiny_features, args, says, capsys
     assert says in capsys.readouterr().err
     assert bench.main([str(tiny_features), "--preset", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_the_printed_tables_are_what_the_check_summary_reads(capsys):
+    """A GPU-form result (the two-step trace as both phases) printed as the check's log holds it, and
+    read back by benchmarks/gpu_summary.py's profile row."""
+    bench = importlib.import_module("bench_step_profile")
+    gs_spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu_summary.py")
+    gs = importlib.util.module_from_spec(gs_spec)
+    gs_spec.loader.exec_module(gs)
+    train = op.phase_tables("train step", trace(), steps=2, wall_s=0.0012, ref_s=0.001, cuda=True)
+    train["sync warnings"] = [{"python line": "speechperf/train/step.py:81", "per step": 1.0}]
+    ev_ = {**op.phase_tables("evaluation", trace(), steps=2, wall_s=0.0012, ref_s=0.001, cuda=True),
+           "sync warnings": []}
+    ev_["row"]["phase"] = "evaluation"
+    bench.show({"preset": "gpu", "head": "preset gpu: cuda:0 (H200)", "phases": {"train step": train,
+                                                                                 "evaluation": ev_}})
+    text = capsys.readouterr().out
+    assert "-- train step: sync debug mode warnings by Python line (per step)" in text
+    assert "speechperf/train/step.py:81" in text and "none: the debug mode warned of no call" in text
+    assert "-- evaluation: top 8 kernels by device time (per pass)" in text
+    assert gs.profile_figures(text) == (
+        "gpu: train step: 2 syncs a step (top aten::ctc_loss > aten::copy_ (cudaStreamSynchronize)), GPU busy 35 %, "
+        "1.5 kernels; 1 ms a step (1.2 profiled, 0.105 of it in host aten ops); evaluation: 2 syncs a pass (top "
+        "aten::ctc_loss > aten::copy_ (cudaStreamSynchronize)), GPU busy 35 %, 1.5 kernels; 1 ms a pass (1.2 "
+        "profiled, 0.105 of it in host aten ops)")
