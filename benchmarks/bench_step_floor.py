@@ -64,6 +64,50 @@ def resident(batch, device: torch.device):
                            feat_lens=batch.feat_lens, label_lens=batch.label_lens)
 
 
+def load(preset: str, device: str, precision: str | None, overrides: list[str], who: str):
+    """The preset's config on ``device`` (``auto``: a GPU where torch sees one), the device, and the
+    precision note (None where native); a precision this device cannot run is refused, naming why."""
+    over = [*overrides, f"train.device={device}"] + ([f"train.precision={precision}"] if precision else [])
+    cfg = load_preset(preset, over)
+    configure_determinism(cfg.train.deterministic)
+    dev = pick_device(cfg.train.device, DistEnv())
+    try:
+        note = check_precision(cfg, dev)
+    except SpeechperfError as e:
+        raise SystemExit(f"{who}: {e}") from None
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    return cfg, dev, note
+
+
+def setup(cfg, device: torch.device):
+    """A fresh model (the run's seed; compiled with ``train.compile``), its optimizer and scaler."""
+    tc = cfg.train
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model).to(device).train()
+    if tc.compile:
+        model = torch.compile(model)
+    return (model, make_optimizer(model, tc, device),
+            torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
+
+
+def first_batches(feats: Path, cfg, total: int):
+    """The loader's first ``total`` training batches of epoch 1 (the run's seed), as the loop reads them."""
+    it = make_loader(feats, splits(feats), cfg.loader, epoch=1, seed=cfg.train.seed)
+    return (b for _, b in zip(range(total), it))
+
+
+def cached_batches(feats: Path, cfg, device: torch.device, total: int) -> list:
+    """:func:`first_batches` resident on ``device``; refused when the split holds fewer."""
+    cached = [resident(b, device) for b in first_batches(feats, cfg, total)]
+    if len(cached) < total:
+        raise SystemExit(f"{feats} gives {len(cached)} batches of {cfg.loader.batch_size}; "
+                         f"need {total} (fewer --steps or a smaller batch_size=)")
+    return cached
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("feats", type=Path)
@@ -74,39 +118,12 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("overrides", nargs="*")
     a = p.parse_intermixed_args(argv)
-    over = [*a.overrides, f"train.device={a.device}"] + ([f"train.precision={a.precision}"] if a.precision else [])
-    cfg = load_preset(a.preset, over)
+    cfg, device, note = load(a.preset, a.device, a.precision, a.overrides, "bench_step_floor")
     tc = cfg.train
-    configure_determinism(tc.deterministic)
-    device = pick_device(tc.device, DistEnv())
-    try:
-        note = check_precision(cfg, device)  # a precision this device cannot run: refused, naming why
-    except SpeechperfError as e:
-        raise SystemExit(f"bench_step_floor: {e}") from None
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if tc.threads > 0:
-        torch.set_num_threads(tc.threads)
     total = a.warmup + a.steps
-
-    def setup():
-        torch.manual_seed(tc.seed)
-        model = build_model(cfg.model).to(device).train()
-        if tc.compile:
-            model = torch.compile(model)
-        return (model, make_optimizer(model, tc, device),
-                torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
-
-    def loader():
-        it = make_loader(a.feats, splits(a.feats), cfg.loader, epoch=1, seed=tc.seed)
-        return (b for _, b in zip(range(total), it))
-
-    cached = [resident(b, device) for b in loader()]
-    if len(cached) < total:
-        raise SystemExit(f"{a.feats} gives {len(cached)} batches of {cfg.loader.batch_size}; "
-                         f"need {total} (fewer --steps or a smaller batch_size=)")
-    floor, n = run_steps(cached, *setup(), device, tc, a.warmup)
-    loop, _ = run_steps(loader(), *setup(), device, tc, a.warmup)
+    cached = cached_batches(a.feats, cfg, device, total)
+    floor, n = run_steps(cached, *setup(cfg, device), device, tc, a.warmup)
+    loop, _ = run_steps(first_batches(a.feats, cfg, total), *setup(cfg, device), device, tc, a.warmup)
     utts = sum(len(b.feat_lens) for b in cached[a.warmup:]) / n
     print(f"preset {a.preset}, {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
           f"{tc.precision}, batch {cfg.loader.batch_size} ({cfg.loader.mode}), readers {cfg.loader.readers}, "

@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
 # One GPU check in one go (at most ~9 minutes on a bare H100/H200 machine), most important
 # step first, each under `timeout` and inside a whole-run budget, so that a cut loses the
-# least: the GPU demo (TTA, evaluation share, breakdown, energy, GPU busy) -> a short
-# conformer run (bf16, MFU) -> `bench feed` for gpu and conformer -> the step floor (the gpu
-# preset's batch sizing and twice it) -> the cuda-marked tests and the GPU-sensitive files
-# (with the tiny corpus's features checksum under the AVX2 cap beside them) -> one summary
-# table (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last.
+# least: the GPU demo (TTA, evaluation share, breakdown, energy, GPU busy; no beam sweep, the
+# final evaluation on dev-clean only) -> the profile of the gpu and conformer presets' training
+# step and evaluation (benchmarks/bench_step_profile.py: host syncs and their sites, kernels,
+# device busy share) -> the cuda-marked tests and the GPU-sensitive files (with the tiny
+# corpus's features checksum under the AVX2 cap beside them) -> a short conformer run (bf16,
+# MFU) -> `bench feed` for gpu and conformer and the gpu preset's step floor -> then, only
+# with the budget left: the conformer's step floor, the checkpoint and masked-step benchmarks,
+# the floor at twice the batch, and last the conformer floor under torch.compile (given what
+# is left: its summary row says when compilation did not finish) -> one summary table
+# (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last.
+#
+# Budget (seconds, the H200 check of 2026-11-26 on 09e2dba, its steps' logs): env 6, demo ~150
+# (corpus and features 47, initialization 22, training to the TTA 75, final dev-clean 1, report),
+# demo_tta 6, profile ~35 (estimated; 45 at most), tests_cuda ~60, tests_gpu_files 90-120, conformer 47,
+# conformer_tta 5, feed_gpu 27, floor 16, feed_conformer 26: ~480 of BUDGET=500. The steps
+# after them (floor_conformer 27, checkpoint 16, masked_step 11, floor_doubled 17, the compile
+# > 120) run only as far as the budget goes.
 #
 # Usage (repository root; speechperf's dependencies on PYTHONPATH, see docs/gpu.md):
 #   OUT=/some/dir bash benchmarks/gpu_check.sh           # on the GPU machine
-#   OUT=/tmp/check bash benchmarks/gpu_check.sh --cpu    # the whole flow on a tiny corpus, CPU, 1-3 min
-# GPU_CHECK_DRY=1 is the same as --cpu; BUDGET=seconds (default 510; --cpu 900) bounds the whole run;
+#   OUT=/tmp/check bash benchmarks/gpu_check.sh --cpu    # the whole flow on a tiny corpus, CPU, minutes
+# GPU_CHECK_DRY=1 is the same as --cpu; BUDGET=seconds (default 500; --cpu 900) bounds the whole run;
 # ONLY="tests_cuda tests_gpu_files checksum" runs only the steps named (a second, short call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,26 +41,31 @@ PY=${PYTHON:-python3}
 LOGS="$WORK/logs"  # at most 8 files come back from $OUT: the logs travel as one archive
 
 if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CPU
-    DEMO_ARGS=(--preset tiny --hours 0.05 --minutes 0.3)
+    DEMO_ARGS=(--preset tiny --hours 0.05 --minutes 0.3 --no-sweep train.final_splits=dev-clean)
     BUDGET=${BUDGET:-900}; DEMO_T=300; CONF_PRESET=conformer-cpu; CONF_ARGS=(model.layers=1 model.d_model=32 model.heads=2 model.subsampling_channels=16
         loader.max_duration=60 train.max_epochs=1 train.eval_decoder=greedy train.final_splits=none)
     CONF_T=120; CONF_FLOOR=(--preset conformer-cpu --device cpu --steps 2 --warmup 1 model.layers=1 model.d_model=32
         model.heads=2 model.subsampling_channels=16 loader.max_duration=60); COMPILE=0; FEED_PRESETS=(tiny); FEED_ARGS=(--device cpu --windows 2 --steps 1 --warmup 1 --batches 2 loader.batch_size=4)
     FEED_T=60; FLOOR_PRESET=tiny; FLOOR_DOUBLED=(loader.max_duration=120); FLOOR_PRESET_ARGS=(loader.max_duration=60)
     FLOOR_ARGS=(--steps 2 --warmup 1 --device cpu); FLOOR_T=60  # the doubled batch leaves 3 batches of the tiny demo
+    PROFILE_ARGS=(--preset tiny --device cpu --steps 2 --warmup 1); PROFILE_T=150
     CUDA_TESTS=(tests/train/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/train/test_feed.py -k recorded_profile_rows)
-    TEST_ARGS=(-n 0); TEST_T=90
+    TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
     DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
 else
-    DEMO_ARGS=(--minutes 2)  # the gpu preset reached CER 10 in 1.25 min on an H200
-    BUDGET=${BUDGET:-510}; DEMO_T=210; CONF_PRESET=conformer
+    # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
+    DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
+    BUDGET=${BUDGET:-500}; DEMO_T=180; CONF_PRESET=conformer
     CONF_ARGS=(train.time_cap_minutes=1 train.max_epochs=3 train.eval_decoder=greedy train.final_splits=none)
     CONF_T=55; FEED_PRESETS=(gpu conformer); FEED_ARGS=(--readers 2 --windows 3 --steps 4 --warmup 3 --batches 2)
     FEED_T=30; FLOOR_PRESET=gpu; FLOOR_DOUBLED=(loader.max_duration=1440); FLOOR_PRESET_ARGS=()
     FLOOR_ARGS=(--steps 20 --warmup 5); FLOOR_T=30
+    PROFILE_ARGS=(--preset gpu --preset conformer --steps 3 --warmup 3); PROFILE_T=45
     CONF_FLOOR=(--preset conformer --steps 10 --warmup 5); COMPILE=1
-    CUDA_TESTS=(-m cuda tests); GPU_FILES=(tests/studies/test_reproduce.py tests/train/test_cli_e2e.py)
-    TEST_ARGS=(-n 6 --timeout 120); TEST_T=90  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
+    # the files holding cuda-marked tests only (collecting the whole suite costs ~10 s)
+    CUDA_TESTS=(-m cuda $(grep -rlE "mark\.cuda" tests --include='test_*.py' | sort))
+    GPU_FILES=(tests/studies/test_reproduce.py tests/train/test_cli_e2e.py)
+    TEST_ARGS=(-n 6 --timeout 120); CUDA_T=80; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
     DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
 fi
 
@@ -98,8 +115,17 @@ step env 40 bash -c env_info
 step demo "$DEMO_T" $PY -m speechperf demo --out "$WORK/demo" "${DEMO_ARGS[@]}"
 step demo_tta 30 $PY -m speechperf tta --json "$WORK/demo/run"
 if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" checksum "* ]]; then
-    features_checksum > "$LOGS/checksum.log" 2>&1 &  # beside the conformer run and the tests: not timed
+    features_checksum > "$LOGS/checksum.log" 2>&1 &  # beside the profile and the tests: not timed
     CHECKSUM=$!
+fi
+step profile "$PROFILE_T" $PY benchmarks/bench_step_profile.py "$WORK/demo/features" "${PROFILE_ARGS[@]}"
+step tests_cuda "$CUDA_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${CUDA_TESTS[@]}"
+step tests_gpu_files "$FILES_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${GPU_FILES[@]}"
+if [ -n "${CHECKSUM:-}" ]; then  # given until 10 s before the budget ends
+    ( w=$(( $(left) - 10 )); sleep $(( w > 1 ? w : 1 )); kill "$CHECKSUM" 2>/dev/null ) &
+    KILLER=$!
+    wait "$CHECKSUM"; echo "exit $?" >> "$LOGS/checksum.log"
+    kill "$KILLER" 2>/dev/null
 fi
 step conformer "$CONF_T" $PY -m speechperf train --preset "$CONF_PRESET" --data "$WORK/demo/features" \
     --out "$WORK/conformer" "${CONF_ARGS[@]}"
@@ -110,26 +136,18 @@ step floor "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" -
 for p in "${FEED_PRESETS[@]:1}"; do
     step "feed_$p" "$FEED_T" $PY -m speechperf bench feed --preset "$p" --json "${FEED_ARGS[@]}"
 done
-step floor_doubled "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
-    "${FLOOR_ARGS[@]}" "${FLOOR_DOUBLED[@]}"
-step tests_cuda "$TEST_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${CUDA_TESTS[@]}"
-step tests_gpu_files "$TEST_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${GPU_FILES[@]}"
-if [ -n "${CHECKSUM:-}" ]; then  # given until 10 s before the budget ends
-    ( w=$(( $(left) - 10 )); sleep $(( w > 1 ? w : 1 )); kill "$CHECKSUM" 2>/dev/null ) &
-    KILLER=$!
-    wait "$CHECKSUM"; echo "exit $?" >> "$LOGS/checksum.log"
-    kill "$KILLER" 2>/dev/null
-fi
 
-# if the budget allows: the conformer's step eager and under torch.compile (compilation in the warm-up)
+# only with the budget left: the conformer's step floor; what the loop waits per checkpoint (background
+# writer against a synchronous save) and the undoable optimizer step (fused found_inf against copy-back);
+# the gpu preset's floor at twice the batch; last, the conformer's floor under torch.compile (compilation
+# in the warm-up), given whatever is left
 step floor_conformer 40 $PY benchmarks/bench_step_floor.py "$WORK/demo/features" "${CONF_FLOOR[@]}"
-[ "$COMPILE" = 1 ] && step floor_conformer_compile 120 $PY benchmarks/bench_step_floor.py "$WORK/demo/features" \
-    "${CONF_FLOOR[@]}" train.compile=true
-
-# if the budget allows: what the loop waits per checkpoint (background writer against a synchronous save) and
-# the undoable optimizer step (fused found_inf against copy-back), on this device
 step checkpoint 40 $PY benchmarks/bench_checkpoint.py --device "$DEVICE" "${CKPT_ARGS[@]}"
 step masked_step 40 $PY benchmarks/bench_masked_step.py --device "$DEVICE" "${MASKED_ARGS[@]}"
+step floor_doubled "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
+    "${FLOOR_ARGS[@]}" "${FLOOR_DOUBLED[@]}"
+[ "$COMPILE" = 1 ] && step floor_conformer_compile "$BUDGET" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" \
+    "${CONF_FLOOR[@]}" train.compile=true
 
 # the demo's report and the runs' results, for a closer look: one archive
 tar -czf "$OUT/runs.tar.gz" -C "$WORK" --exclude='*.npz' --exclude='*.flac' --exclude='corpus' --exclude='*.pt' \

@@ -2,8 +2,10 @@
 
 Reads LOGS/NAME.log as gpu_check.sh writes them (each ends in "exit RC after Ns (timeout
 Ts)" or says "skipped"): env (torch, GPU, commit), demo_tta and conformer_tta (`tta --json`
-rows), feed_* (`bench feed --json`), floor_* (bench_step_floor.py), tests_* (pytest's last
-line), checksum (the tiny corpus's features checksum); and, with --runs, the demo's and the
+rows), profile (bench_step_profile.py's phase table per preset: host syncs, device busy share,
+kernels, the top sync site), feed_* (`bench feed --json`), floor_* (bench_step_floor.py; the
+compiled one's timeout reads as compilation that did not finish), tests_* (pytest's last line),
+checksum (the tiny corpus's features checksum); and, with --runs, the demo's and the
 conformer's run folders (steps: utterances and seconds per step; evaluation seconds against
 the training clock; how busy the GPU was over the TTA window, inside training phases and
 inside evaluations; the step MFU from the iteration rows, for a run cut before its summary
@@ -27,9 +29,9 @@ from speechperf.results.run import Run
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
-STEPS = ["demo", "demo_tta", "conformer", "conformer_tta", "feed_gpu", "feed_conformer", "feed_tiny",
-         "floor_doubled", "floor", "tests_cuda", "tests_gpu_files", "checksum", "floor_conformer",
-         "floor_conformer_compile", "checkpoint", "masked_step"]
+STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "tests_gpu_files", "checksum", "conformer", "conformer_tta",
+         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "floor_conformer", "checkpoint", "masked_step",
+         "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -112,6 +114,54 @@ def floor_figures(text: str | None) -> str:
         return "no floor table"
     return (f"floor {floor.group(1)} s/step ({floor.group(2)} utt/s), loop {loop.group(1)} s ({loop.group(2)} utt/s), "
             f"loop/floor {ratio.group(1)}" + (f"; batch {batch.group(1)}" if batch else ""))
+
+
+def compile_figures(text: str | None) -> str:
+    """The compiled floor's table, or how long compilation ran before the step's timeout cut it."""
+    cut = re.search(r"exit (?:124|137) after (\d+)s", text or "")
+    return f"compile did not finish in {cut.group(1)} s" if cut else floor_figures(text)
+
+
+PRESET = re.compile(r"^== preset (\S+?): ", re.M)
+
+
+def profile_figures(text: str | None) -> str:
+    """Per preset and phase of bench_step_profile.py's output: host syncs, the device's busy share,
+    kernels, the top sync site and the wall against the host's time in aten ops (per training step,
+    per evaluation pass)."""
+    starts = list(PRESET.finditer(text or ""))
+    parts = []
+    for m, nxt in zip(starts, [*starts[1:], None]):
+        rows = phase_rows(text[m.end():nxt.start() if nxt else len(text)])
+        if rows:
+            parts.append(f"{m.group(1)}: " + "; ".join(phase_figures(r) for r in rows))
+    return " // ".join(parts) or "no profile table"
+
+
+def phase_rows(section: str) -> list[dict]:
+    """The phase table's rows (columns: at least two spaces apart, as speechperf.tables aligns them)."""
+    lines = section.splitlines()
+    head = next((i for i, ln in enumerate(lines) if ln.strip().startswith("phase ")), None)
+    if head is None:
+        return []
+    cols = re.split(r"\s{2,}", lines[head].strip())
+    out = []
+    for ln in lines[head + 2:]:
+        cells = re.split(r"\s{2,}", ln.strip())
+        if len(cells) != len(cols):
+            break
+        out.append(dict(zip(cols, cells)))
+    return out
+
+
+def phase_figures(r: dict) -> str:
+    per = "step" if r["phase"] == "train step" else "pass"
+    wall = (f"{r['unprofiled ms']} ms a {per} ({r['profiled ms']} profiled, {r['host ops ms']} of it in host "
+            f"aten ops)")
+    if r.get("syncs", "n/a") == "n/a":
+        return f"{r['phase']}: {wall} (device columns n/a)"
+    return (f"{r['phase']}: {r['syncs']} syncs a {per} (top {r['top sync site']}), GPU busy {r['busy %']} %, "
+            f"{r['kernels']} kernels; {wall}")
 
 
 def bench_figures(name: str, text: str | None) -> str:
@@ -214,6 +264,10 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = run_figures(run) if run else "no --runs"
         elif name.startswith("feed_"):
             figs = feed_figures(json_in(text))
+        elif name == "profile":
+            figs = profile_figures(text)
+        elif name == "floor_conformer_compile":
+            figs = compile_figures(text)
         elif name == "floor" or name.startswith("floor_"):
             figs = floor_figures(text)
         elif name.startswith("tests_"):

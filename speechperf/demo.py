@@ -54,14 +54,15 @@ def pick_preset(cuda: bool | None = None) -> tuple[str, str]:
 
 
 def run_demo(out: Path, hours: float | None = None, minutes: float | None = None, preset: str | None = None,
-             overrides=(), quiet: bool = False, seeds=None, parallel: int = 1) -> list[dict]:
+             overrides=(), quiet: bool = False, seeds=None, parallel: int = 1, sweep: bool = True) -> list[dict]:
     """Run (or continue) the demo under ``out``; returns the TTA rows (CER then WER, the paper's
     targets; a row per seed's run), each naming the workload (model, parameters).
 
     ``preset`` None: the machine's (:func:`pick_preset`); any preset (or TOML file) runs, its
     audio hours from PRESET_HOURS, else DEFAULT_HOURS. ``seeds``: None, one run in ``DIR/run``
     with the preset's seed; else those seeds (:func:`demo_folder`),
-    ``parallel`` at a time (studies/seed_slots.py: one GPU each, or the CPUs shared)."""
+    ``parallel`` at a time (studies/seed_slots.py: one GPU each, or the CPUs shared). ``sweep``
+    False: no beam sweep after training (a short check that needs the TTA and the report only)."""
     from speechperf.corpus.synth import synthesize
     from speechperf.features.prepare import prepare
     from speechperf.studies.study import run_check
@@ -108,7 +109,8 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
         train_seeds_parallel(seeds, parallel, request, folder=demo_folder, say=say)
     else:  # finished seeds are only read again; the first seed that fails stops the demo (exit 1)
         train_seeds(seeds, request, folder=demo_folder)
-    _beam_sweep(runs[0], say)  # Table 3 is the decoder's trade-off of one model: the first seed's
+    if sweep:
+        _beam_sweep(runs[0], say)  # Table 3 is the decoder's trade-off of one model: the first seed's
     _report(runs, out / "report", say)
     _say_reproduction(runs, say)
     if len(runs) == 1:

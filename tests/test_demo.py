@@ -91,7 +91,17 @@ def test_demo_seeds_layout_and_one_seed_line(tiny_features, monkeypatch, tmp_pat
     assert demo.ONE_SEED not in capsys.readouterr().out
 
     mtime = (out / "run" / "results.db").stat().st_mtime_ns
-    rows = demo.run_demo(out, **args)
+    rows = demo.run_demo(out, sweep=False, **args)  # `demo --no-sweep`: the report, no beam sweep
     text = capsys.readouterr().out
     assert "already finished" in text and demo.ONE_SEED in text and "--seeds 5" in demo.ONE_SEED
     assert len({r["run"] for r in rows}) == 1 and (out / "run" / "results.db").stat().st_mtime_ns == mtime
+    assert swept == [out / "run"] and "report: " in text
+
+
+def test_no_sweep_option_reaches_the_demo(monkeypatch):
+    from speechperf.cli import main
+
+    got = {}
+    monkeypatch.setattr(demo, "run_demo", lambda out, **kw: got.update(kw) or [])
+    assert main(["demo", "--out", "x", "--no-sweep", "--json"]) == 0 and got["sweep"] is False
+    assert main(["demo", "--out", "x", "--json"]) == 0 and got["sweep"] is True

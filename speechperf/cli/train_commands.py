@@ -172,6 +172,9 @@ def _demo_args(sp) -> None:
                          "(DIR/run), and the demo says what one seed cannot tell")
     sp.add_argument("--parallel", type=int, default=1, metavar="K",
                     help="with --seeds: K seeds at once, one GPU each (or the CPUs shared), as train --parallel")
+    sp.add_argument("--no-sweep", action="store_true",
+                    help="skip the beam sweep on dev-clean after training (evaluation time and error rates per beam "
+                         "width, Table 3 form): the TTA, the final splits and the report without it")
     sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
 
 
@@ -181,7 +184,7 @@ def cmd_demo(a) -> int:
     _isa_cap(a)
 
     rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json,
-                    seeds=a.seeds, parallel=a.parallel)
+                    seeds=a.seeds, parallel=a.parallel, sweep=not a.no_sweep)
     if not a.json:
         error_column(rows)
     emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative",

@@ -44,6 +44,37 @@ def test_floor_and_pytest_lines():
     assert gs.pytest_figures("x\n= 3 passed, 1 failed in 12.0s =\nexit 1 after 13s") == "3 passed, 1 failed in 12.0s"
 
 
+def test_the_profile_row_per_preset_and_phase():
+    """bench_step_profile.py's phase table as speechperf.tables prints it on a GPU (two presets, the
+    second cut before its table) and on this CPU (the recorded log of a `gpu_check.sh --cpu` run)."""
+    from speechperf.tables import format_table
+
+    cols = ["phase", "unprofiled ms", "profiled ms", "host ops ms", "sync wait ms", "kernel ms", "busy %", "kernels",
+            "launches", "syncs", "top sync site"]
+    rows = [["train step", 97.1, 120.4, 80.2, 5.1, 44.6, 45.9, 1234.0, 1250.0, 6.0,
+             "aten::ctc_loss > aten::copy_ (cudaStreamSynchronize)"],
+            ["evaluation", 1300.0, 1650.0, 1100.0, 20.0, 351.0, 27.0, 5000.0, 5100.0, 42.0,
+             "aten::item (cudaStreamSynchronize)"]]
+    table = format_table([dict(zip(cols, r)) for r in rows], cols)
+    text = ("== preset gpu: cuda:0 (NVIDIA H200), bf16, ...\n" + table
+            + "\nprofiled / unprofiled wall: train step 1.24\n-- train step: host syncs by site (per step)\n"
+            "== preset conformer: cuda:0 (NVIDIA H200), bf16, ...\nexit 124 after 45s (timeout 45s)\n")
+    assert gs.profile_figures(text) == (  # the numbers as the table prints them (4 significant digits)
+        "gpu: train step: 6 syncs a step (top aten::ctc_loss > aten::copy_ (cudaStreamSynchronize)), GPU busy "
+        "45.9 %, 1234 kernels; 97.1 ms a step (120.4 profiled, 80.2 of it in host aten ops); evaluation: 42 syncs a "
+        "pass (top aten::item (cudaStreamSynchronize)), GPU busy 27 %, 5000 kernels; 1300 ms a pass (1650 profiled, "
+        "1100 of it in host aten ops)")
+    cpu = gs.profile_figures((FIXTURES / "logs" / "profile.log").read_text())
+    assert cpu.startswith("tiny: train step: ")
+    assert " of it in host aten ops) (device columns n/a); evaluation: " in cpu
+    assert gs.profile_figures("Traceback ...") == "no profile table"
+
+
+def test_a_compile_cut_by_its_timeout_says_so():
+    assert gs.compile_figures("...\nexit 124 after 96s (timeout 96s)\n") == "compile did not finish in 96 s"
+    assert gs.compile_figures((FIXTURES / "logs" / "floor.log").read_text()).startswith("floor ")
+
+
 def test_feed_row_says_whether_the_appetite_was_recorded():
     rows = [{"appetite audio s/s": 13800.0, "appetite spread %": None, "supply audio s/s per reader": 11436.8,
              "readers per GPU": 2, "host cores": 16, "GPUs this host feeds": 5.33,
@@ -123,6 +154,7 @@ def test_the_table_from_recorded_logs(tmp_path, capsys):
     steps = {line.split(" | ")[0].lstrip("| "): line for line in body}
     # every step but those of the GPU flow only; a step without a log reads "missing"
     assert list(steps) == [s for s in gs.STEPS if s not in ("feed_gpu", "feed_conformer", "floor_conformer_compile")]
+    assert steps["profile"].startswith("| profile | ok, ") and "tiny: train step: " in steps["profile"]
     assert "| floor_conformer | missing | no output |" in text
     assert "| tests_cuda | exit 5, 48 s | 7 deselected in 14.96s |" in text
     assert "| demo | timed out, 300 s | no --runs |" in text

@@ -1,0 +1,223 @@
+"""Where the training step's and the evaluation's time goes: torch.profiler over the preset's real ones.
+
+The step is the loop's (``speechperf.train.step.train_step`` with the preset's SpecAugment) on
+batches already on the device (bench_step_floor.py's: the loader's first batches of epoch 1, so
+no loader or host-to-device copy of the features is in it; the loop's loss reads, one per
+``train.sync_every`` steps, are not either). The evaluation is one per-epoch pass
+(``speechperf.train.evaluate.evaluate`` on ``train.eval_split`` with the preset's decoder, beam,
+mode and threads, as the loop calls it) after the run's initialization (train/warmup.py: decoders
+built, the split's batches kept resident).
+
+Per step (training) and per pass (evaluation): the wall time unprofiled (the reference, measured
+in the same process on the same batches) and under the profiler, the host time inside top-level
+aten ops and blocked in host syncs, the kernels' device time and the device's busy share (kernel
+time / the unprofiled wall), kernels, kernel launches, host syncs and where they sit (benchmarks/
+_op_profile.py); then the host syncs by site, the top 12 host ops by self CPU time and the top 8
+kernels by device time. On a GPU the steps run once more under
+``torch.cuda.set_sync_debug_mode("warn")`` (the evaluation too with --debug-eval): the warnings it
+gives, counted by the Python line that made the synchronizing call. On a CPU the device columns
+read n/a.
+
+Usage: python benchmarks/bench_step_profile.py FEATS --preset P [--preset Q ...] [--device auto]
+           [--steps 3] [--warmup 3] [--trace PATH] [--debug-eval] [--json] [key=value ...]
+--json prints one JSON object per preset as its profile ends (so a cut run keeps the presets done);
+--trace PATH writes each phase's chrome trace to PATH-PRESET-PHASE.json (tens of MB on a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _op_profile import MARK, device_events, phase_tables  # noqa: E402
+from bench_step_floor import cached_batches, load, setup, sync  # noqa: E402
+from speechperf.errors import SpeechperfError  # noqa: E402
+from speechperf.tables import emit, emit_json  # noqa: E402
+from speechperf.train.evaluate import evaluate, release_resident  # noqa: E402
+from speechperf.train.step import train_step  # noqa: E402
+from speechperf.train.warmup import initialize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SYNC_WARNING = "synchronizing CUDA operation"  # torch's message under set_sync_debug_mode("warn")
+COLUMNS = ["phase", "unprofiled ms", "profiled ms", "host ops ms", "sync wait ms", "kernel ms", "busy %", "kernels",
+           "launches", "syncs", "top sync site"]
+
+
+def timed(fn, device: torch.device) -> float:
+    """Seconds of ``fn``, from a synchronized device to a synchronized device."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def traced(fn, cuda: bool):
+    """``fn``'s result and its profile (host ops, and the CUDA runtime and kernels on a GPU)."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        out = fn()
+    return out, prof
+
+
+def sync_warnings(fn, count: int) -> list[dict]:
+    """``fn`` (``count`` steps or passes) under ``set_sync_debug_mode("warn")``: its warnings per
+    step by the Python line that made the synchronizing call."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    where = Counter(f"{_short(w.filename)}:{w.lineno}" for w in got if SYNC_WARNING in str(w.message))
+    return [{"python line": k, "per step": round(n / count, 2)} for k, n in where.most_common()]
+
+
+def _short(filename: str) -> str:
+    path = Path(filename)
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else "/".join(path.parts[-3:])
+
+
+def phase(name: str, fn, count: int, device: torch.device, trace: str | None, debug: bool) -> dict:
+    """``fn`` (``count`` steps or passes, each inside a ``MARK`` range) once unprofiled (the
+    reference), once profiled, and with ``debug`` on a GPU once under the sync debug mode: its
+    tables. A GPU trace without device activity (CUPTI unavailable) is said so, its device
+    columns n/a, never zeros."""
+    cuda = device.type == "cuda"
+    ref = timed(fn, device) / count
+    wall, prof = traced(lambda: timed(fn, device) / count, cuda)
+    if trace:
+        prof.export_chrome_trace(f"{trace}-{name.replace(' ', '_')}.json")
+    events = prof.events()
+    if cuda and not device_events(events):
+        print(f"bench_step_profile: {name}: the profiler recorded no CUDA activity (CUPTI unavailable?): "
+              "device columns n/a", file=sys.stderr)
+        cuda = False
+    out = phase_tables(name, events, count, wall, ref, cuda)
+    out["sync warnings"] = sync_warnings(fn, count) if cuda and debug else None
+    return out
+
+
+def train_phase(a, cfg, device: torch.device):
+    """The preset's model after ``--warmup`` steps and one untimed pass over the ``--steps`` batches,
+    and the profile of those batches' steps."""
+    model, opt, scaler = setup(cfg, device)
+    batches = cached_batches(a.feats, cfg, device, a.warmup + a.steps)
+
+    def steps(which):
+        for b in which:
+            with record_function(MARK + "train_step"):
+                train_step(model, b, opt, scaler, device, cfg.train, cfg.augment)
+
+    timed(lambda: steps(batches[:a.warmup]), device)
+    # the profiled batches once more, untimed: the one-time costs of their shapes (cuDNN's and oneDNN's
+    # plans) stay out of the reference, as the warm pass keeps them out of the evaluation's
+    timed(lambda: steps(batches[a.warmup:]), device)
+    utts = sum(len(b.feat_lens) for b in batches[a.warmup:]) / a.steps
+    return model, utts, phase("train step", lambda: steps(batches[a.warmup:]), a.steps, device, a.trace_prefix,
+                               debug=True)
+
+
+def eval_phase(a, cfg, model, device: torch.device) -> tuple[dict, dict]:
+    """The run's initialization, one warm evaluation pass, then the profiled phase."""
+    tc = cfg.train
+    initialize(model, cfg, a.feats, device)
+
+    def one():
+        with record_function(MARK + "evaluate"):
+            return evaluate(model, a.feats, tc.eval_split, cfg.loader, device, decoder=tc.eval_decoder,
+                            beam=tc.eval_beam, precision=tc.precision, mode=tc.eval_mode, workers=tc.eval_threads,
+                            keep_pairs=3, intervals=False)  # as the loop's per-epoch evaluation
+
+    first = one()
+    return first, phase("evaluation", one, 1, device, a.trace_prefix, debug=a.debug_eval)
+
+
+def profile_preset(a, preset: str) -> dict:
+    cfg, device, note = load(preset, a.device, None, a.overrides, "bench_step_profile")
+    a.trace_prefix = f"{a.trace}-{preset}" if a.trace else None
+    model, utts, train = train_phase(a, cfg, device)
+    first, ev = eval_phase(a, cfg, model, device)
+    tc, name = cfg.train, torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    head = (f"preset {preset}: {device} ({name}), {tc.precision}, {utts:.0f} utt per batch ({cfg.loader.mode}), "
+            f"{a.steps} profiled steps after {a.warmup} warm-up; evaluation of {tc.eval_split} "
+            f"({first['n_utts']} utt): {first['decoder']} beam {first['beam']}, "
+            f"{first['decode_threads']} decode threads, batches {first['eval_data']}" + (f"; {note}" if note else ""))
+    del model
+    release_resident()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"preset": preset, "head": head, "phases": {"train step": train, "evaluation": ev}}
+
+
+def show(result: dict) -> None:
+    """The preset's tables as text (n/a: a device column on a CPU)."""
+    print(f"== {result['head']}")
+    phases = result["phases"]
+    emit([_na(p["row"]) for p in phases.values()], False, COLUMNS)
+    print("profiled / unprofiled wall: " + ", ".join(
+        f"{k} {p['row']['profiled ms'] / p['row']['unprofiled ms']:.2f}" for k, p in phases.items()))
+    for k, p in phases.items():
+        per = "per step" if k == "train step" else "per pass"
+        for title, key in (("host syncs by site", "syncs"), ("top 12 host ops by self CPU time", "host ops"),
+                           ("top 8 kernels by device time", "kernels"),
+                           ("sync debug mode warnings by Python line", "sync warnings")):
+            if p[key] is None:
+                continue
+            print(f"-- {k}: {title} ({per})")
+            if p[key]:
+                emit(p[key], False)
+            else:  # the debug mode covers some synchronizing calls only (torch.cuda.set_sync_debug_mode)
+                print("none" if key != "sync warnings" else "none: the debug mode warned of no call (it covers "
+                      "some synchronizing calls only; the host syncs above are the profiler's count)")
+    sys.stdout.flush()
+
+
+def _na(row: dict) -> dict:
+    return {k: "n/a" if v is None else v for k, v in row.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("feats", type=Path)
+    p.add_argument("--preset", action="append", required=True, help="repeat for several; profiled in order")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--steps", type=int, default=3, help="profiled training steps")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--trace", default=None, metavar="PATH", help="chrome traces at PATH-PRESET-PHASE.json")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--debug-eval", action="store_true",
+                   help="on a GPU, one more evaluation pass under the sync debug mode (the steps always get one)")
+    p.add_argument("overrides", nargs="*")
+    a = p.parse_intermixed_args(argv)
+    if not (a.feats / "features.json").is_file():
+        print(f"bench_step_profile: {a.feats} is not a prepared features folder (no features.json)", file=sys.stderr)
+        return 2
+    if a.steps < 1 or a.warmup < 0:
+        print(f"bench_step_profile: --steps {a.steps} --warmup {a.warmup}: need steps >= 1, warmup >= 0",
+              file=sys.stderr)
+        return 2
+    for preset in a.preset:
+        try:
+            result = profile_preset(a, preset)
+        except SpeechperfError as e:  # a bad preset or override, a missing split: named, exit 2
+            print(f"bench_step_profile: {e}", file=sys.stderr)
+            return e.exit_code
+        if a.json:
+            emit_json(result)
+        else:
+            show(result)
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
