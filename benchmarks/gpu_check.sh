@@ -141,6 +141,9 @@ done
 # writer against a synchronous save) and the undoable optimizer step (fused found_inf against copy-back);
 # the gpu preset's floor at twice the batch; last, the conformer's floor under torch.compile (compilation
 # in the warm-up), given whatever is left
+# the evaluation's batch loop against the loop that waited for the device every batch, on the demo's trained model
+step eval_sync 50 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part sync \
+    --device "$DEVICE" --repeats 2
 step floor_conformer 40 $PY benchmarks/bench_step_floor.py "$WORK/demo/features" "${CONF_FLOOR[@]}"
 step checkpoint 40 $PY benchmarks/bench_checkpoint.py --device "$DEVICE" "${CKPT_ARGS[@]}"
 step masked_step 40 $PY benchmarks/bench_masked_step.py --device "$DEVICE" "${MASKED_ARGS[@]}"

@@ -30,7 +30,7 @@ from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "tests_gpu_files", "checksum", "conformer", "conformer_tta",
-         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "floor_conformer", "checkpoint", "masked_step",
+         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "eval_sync", "floor_conformer", "checkpoint", "masked_step",
          "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
@@ -166,9 +166,18 @@ def phase_figures(r: dict) -> str:
 
 def bench_figures(name: str, text: str | None) -> str:
     """The checkpoint step: each preset's row (sync, background seconds per save and their
-    ratio); the masked step: its ratio line."""
+    ratio); the masked step: its ratio line; the evaluation's batch loop (bench_eval.py --part
+    sync): the reference loop's and the package's seconds, their ratio and the equality line."""
     if not text:
         return "no output"
+    if name == "eval_sync":
+        ref = re.search(r"^\s*synced: ([\d.]+) s", text, re.M)
+        new = re.search(r"^\s*evaluate: ([\d.]+) s \(([\d.]+)x\)", text, re.M)
+        same = re.search(r"^results (.*)", text, re.M)
+        if not (ref and new):
+            return "no timing lines"
+        return (f"evaluation {new.group(1)} s against {ref.group(1)} s for the loop that waited every batch "
+                f"({new.group(2)}x); results {same.group(1) if same else 'not compared'}")
     if name == "checkpoint":
         got = re.findall(r"^(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x", text, re.M)
         return "; ".join(f"{p} {mb} MB: sync {s} s, loop waits {b} s ({r}x)" for p, mb, s, b, r in got) or "no table"
@@ -272,7 +281,7 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = floor_figures(text)
         elif name.startswith("tests_"):
             figs = pytest_figures(text)
-        elif name in ("checkpoint", "masked_step"):
+        elif name in ("checkpoint", "masked_step", "eval_sync"):
             figs = bench_figures(name, text)
         else:
             got = json_in(text)

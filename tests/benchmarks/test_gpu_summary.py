@@ -34,6 +34,10 @@ def test_the_benchmark_lines():
     assert gs.bench_figures("masked_step", "x\n  copy-back / masked_step: 5.25x time, 4.4x ops; parameters equal: True") \
         == "5.25x time, 4.4x ops; parameters equal: True"
     assert gs.bench_figures("masked_step", None) == "no output"
+    text = (FIXTURES / "logs" / "eval_sync.log").read_text()  # bench_eval.py --part sync, on this CPU
+    assert gs.bench_figures("eval_sync", text) == ("evaluation 17.703 s against 36.247 s for the loop that waited every "
+                                                    "batch (2.05x); results equal: loss (bit for bit) 535.385788, every decoded text")
+    assert gs.bench_figures("eval_sync", "Traceback ...") == "no timing lines"
 
 
 def test_floor_and_pytest_lines():
