@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,14 @@ class Batch:
     transcripts: list[str]
     audio_seconds: float  # total audio in the batch
     reads: tuple = ()  # (shard key, bytes decompressed) of each shard its reader decompressed for it
+
+    def pin_memory(self) -> "Batch":
+        """The batch with its tensors in page-locked memory (the DataLoader's pin thread calls
+        this): a copy to a CUDA device from pageable memory is staged by the driver and, for
+        batches larger than its staging buffer, waits for the stream's queued work, so the step
+        that sends it would wait for the previous step; from pinned memory it is queued."""
+        return replace(self, feats=self.feats.pin_memory(), feat_lens=self.feat_lens.pin_memory(),
+                       labels=self.labels.pin_memory(), label_lens=self.label_lens.pin_memory())
 
 
 def load_index(feats: Path, splits: list[str]) -> Index:
@@ -147,8 +155,10 @@ class Loader:
     """An iterable of Batch for one rank's part of one epoch, in planned order; counts the
     shards its readers decompressed (``shard_reads``: key -> times, ``bytes_read``)."""
 
-    def __init__(self, plan: Plan, reader: _Reader, cfg: LoaderConfig, generator: torch.Generator):
+    def __init__(self, plan: Plan, reader: _Reader, cfg: LoaderConfig, generator: torch.Generator,
+                 pin_memory: bool = False):
         self.plan, self.reader, self.cfg, self.generator = plan, reader, cfg, generator
+        self.pin_memory = pin_memory  # batches in page-locked memory (for a CUDA device), pinned off the main thread
         self.shard_reads: Counter[str] = Counter()
         self.shard_bytes: dict[str, int] = {}  # key -> bytes one decompression of it yields
         self.bytes_read = 0
@@ -186,7 +196,8 @@ class Loader:
     def _ordered(self):
         if self.cfg.readers == 0:
             for utts in self.plan.batches:
-                yield self.reader.batch(utts)
+                batch = self.reader.batch(utts)
+                yield batch.pin_memory() if self.pin_memory else batch
             return
         items, self._items = self._items if self._items is not None else iter(self._dataloader()), None
         pending, want = {}, 0  # readers' batches that arrived before their turn
@@ -202,20 +213,22 @@ class Loader:
         readers = min(self.cfg.readers, max(1, int(owners(self.plan, self.cfg.readers).max(initial=0)) + 1))
         prefetch = max(1, -(-self.cfg.prefetch_batches // readers))  # per reader, rounded up
         return DataLoader(_Readers(self.plan, self.reader, readers), batch_size=None, num_workers=readers,
-                          prefetch_factor=prefetch, generator=self.generator,
-                          worker_init_fn=_reader_ignores_stop_signals)
+                          prefetch_factor=prefetch, generator=self.generator, pin_memory=self.pin_memory,
+                          worker_init_fn=_reader_ignores_stop_signals)  # pin_memory: its thread calls Batch.pin_memory
 
 
 def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: int, seed: int,
-                start_batch: int = 0, rank: int = 0, world: int = 1, index: Index | None = None) -> Loader:
+                start_batch: int = 0, rank: int = 0, world: int = 1, index: Index | None = None,
+                pin_memory: bool = False) -> Loader:
     """An iterable of Batch for this rank's part of ``epoch``, from batch ``start_batch`` on
-    (``index``: the splits' compact index when the caller holds it already)."""
+    (``index``: the splits' compact index when the caller holds it already; ``pin_memory``:
+    batches in page-locked memory, for a CUDA device)."""
     feats = Path(feats)
     splits = [splits] if isinstance(splits, str) else list(splits)
     index = index if index is not None else load_index(feats, splits)
     plan = plan_epoch(index, cfg, epoch, seed, rank, world).sliced(start_batch)
     stats = _stats(feats) if cfg.normalize else None
-    return Loader(plan, _Reader(index, feats, cfg, stats), cfg, _readers_generator(seed, epoch, rank))
+    return Loader(plan, _Reader(index, feats, cfg, stats), cfg, _readers_generator(seed, epoch, rank), pin_memory)
 
 
 def _reader_ignores_stop_signals(_worker_id: int) -> None:

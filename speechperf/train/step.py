@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from speechperf.data import specaugment
 from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.errors import RunFailed
-from speechperf.models.contract import autocast, planned_forward
+from speechperf.models.contract import autocast, planned_forward, to_device
 
 
 class TrainingDiverged(RunFailed):
@@ -51,7 +51,7 @@ def train_step(model, batch, optimizer, scaler, device: torch.device, tc,
                augment: SpecAugmentConfig | None = None) -> StepOut:
     """SpecAugment (``augment``, training batches only), forward, CTC, backward, clip, step;
     a non-finite step is undone on the device."""
-    feats = batch.feats.to(device, non_blocking=True)
+    feats = to_device(batch.feats, device)  # queued, from pinned memory (the loader pins for a CUDA device)
     if augment is not None:
         feats = specaugment.apply(feats, batch.feat_lens, augment)  # masks drawn from the run's CPU RNG
     with autocast(device, tc.precision):
@@ -68,7 +68,7 @@ def train_step(model, batch, optimizer, scaler, device: torch.device, tc,
                             zero_infinity=True)
         loss = (losses.sum() / valid).to(device)
     else:
-        labels = batch.labels.to(device, non_blocking=True)
+        labels = to_device(batch.labels, device)
         # lengths stay on the CPU: F.ctc_loss wants them there, a device copy would be read back
         losses = F.ctc_loss(log_probs, labels, out_lens, batch.label_lens, blank=0, reduction="none",
                             zero_infinity=True)

@@ -90,7 +90,8 @@ class Trainer:
 
     def _make_loader(self, epoch: int, start_batch: int) -> Loader:
         return make_loader(self.data, self.splits["train"], self.cfg.loader, epoch=epoch, seed=self.cfg.train.seed,
-                           start_batch=start_batch, rank=self.group.env.rank, world=self.group.world, index=self.index)
+                           start_batch=start_batch, rank=self.group.env.rank, world=self.group.world, index=self.index,
+                           pin_memory=self.group.device.type == "cuda")
 
     def checkpoint(self) -> None:
         """Every rank: the algorithm's state (a collective); then rank 0 saves its run's checkpoint
