@@ -78,6 +78,7 @@ def _peak_cache(tmp_path_factory):
 
 
 TINY_HOURS = 0.03  # about a hundred short train utterances: seconds to synthesize and prepare
+TINY_SEED = 3  # the tiny corpus's voices and sentences (tests/corpus/test_synth.py synthesizes it again)
 
 
 def _shared(tmp_path_factory, name: str, build):
@@ -107,7 +108,7 @@ def tiny_corpus(tmp_path_factory):
     from speechperf.corpus.synth import synthesize
 
     return _shared(tmp_path_factory, "corpus",
-                   lambda root: synthesize(root, hours=TINY_HOURS, seed=3, progress=False))
+                   lambda root: synthesize(root, hours=TINY_HOURS, seed=TINY_SEED, progress=False))
 
 
 @pytest.fixture(scope="session")
