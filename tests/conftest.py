@@ -78,9 +78,10 @@ def _peak_cache(tmp_path_factory):
 
 
 TINY_HOURS = 0.03  # about a hundred short train utterances: seconds to synthesize and prepare
+TINY_SEED = 3  # the tiny corpus's voices and sentences (tests/corpus/test_synth.py synthesizes it again)
 
 
-def _shared(tmp_path_factory, name: str, build):
+def shared_folder(tmp_path_factory, name: str, build):
     """A session folder built once per test run: under pytest-xdist every worker would build its
     own (a tiny corpus costs ~35 s); the first worker builds it under a file lock in the run's
     common temporary folder, the others wait and read it. Tests only read these folders."""
@@ -106,15 +107,15 @@ def _shared(tmp_path_factory, name: str, build):
 def tiny_corpus(tmp_path_factory):
     from speechperf.corpus.synth import synthesize
 
-    return _shared(tmp_path_factory, "corpus",
-                   lambda root: synthesize(root, hours=TINY_HOURS, seed=3, progress=False))
+    return shared_folder(tmp_path_factory, "corpus",
+                   lambda root: synthesize(root, hours=TINY_HOURS, seed=TINY_SEED, progress=False))
 
 
 @pytest.fixture(scope="session")
 def tiny_features(tiny_corpus, tmp_path_factory):
     from speechperf.features.prepare import prepare
 
-    return _shared(tmp_path_factory, "features",
+    return shared_folder(tmp_path_factory, "features",
                    lambda out: prepare(tiny_corpus, out, progress=False, workers=1))
 
 
@@ -147,7 +148,7 @@ def tiny_run(tiny_features, tmp_path_factory):
         p = cli("train", "--data", tiny_features, "--out", folder / "run", *TINY_RUN, "--json", timeout=600)
         assert p.returncode == 0, p.stderr
 
-    return _shared(tmp_path_factory, "run", build) / "run"
+    return shared_folder(tmp_path_factory, "run", build) / "run"
 
 
 def tone(seconds, rate=16000, f=440.0):

@@ -1,4 +1,5 @@
 import re
+import shutil
 
 import numpy as np
 import soundfile as sf
@@ -6,6 +7,7 @@ import soundfile as sf
 from speechperf.corpus.sentences import SentenceGenerator, vocabulary
 from speechperf.corpus.synth import SPLITS, speakers, synthesize
 from speechperf.corpus.alphabet import normalize
+from tests.conftest import TINY_HOURS, TINY_SEED
 
 
 def test_vocabulary_and_sentences():
@@ -45,32 +47,32 @@ def test_layout_and_transcripts(tiny_corpus):
                 assert rate == 16000 and 1.0 <= len(audio) / rate <= 15.0
 
 
-def test_deterministic_for_a_seed_whatever_the_worker_count(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    for root, workers in ((a, 1), (b, 0)):  # 0: every core
-        synthesize(root, hours=0.01, seed=11, progress=False, workers=workers)
+def test_deterministic_for_a_seed_whatever_the_worker_count(tiny_corpus, tmp_path):
+    a, b = tmp_path / "a", tiny_corpus  # the session's corpus: synthesized with workers=0, every core
+    synthesize(a, hours=TINY_HOURS, seed=TINY_SEED, progress=False, workers=1)
     files_a = sorted(p.relative_to(a) for p in a.rglob("*.flac"))
+    assert files_a
     assert files_a == sorted(p.relative_to(b) for p in b.rglob("*.flac"))
     for rel in files_a:
         assert np.array_equal(sf.read(a / rel)[0], sf.read(b / rel)[0]), rel
     # another seed draws other voices and other sentences (checked on the draws, not a third corpus)
-    assert speakers(12) != speakers(11)
-    first = [SentenceGenerator(seed=s * 100_003 + 1000).sentence() for s in (11, 12)]
+    assert speakers(TINY_SEED + 1) != speakers(TINY_SEED)
+    first = [SentenceGenerator(seed=s * 100_003 + 1000).sentence() for s in (TINY_SEED, TINY_SEED + 1)]
     assert first[0] != first[1]
 
 
-def test_rerun_is_a_noop_and_partial_runs_complete(tmp_path):
+def test_rerun_is_a_noop_and_partial_runs_complete(tiny_corpus, tmp_path):
     root = tmp_path / "c"
-    synthesize(root, hours=0.01, seed=4, progress=False)
+    shutil.copytree(tiny_corpus, root)  # a finished corpus (the session's is only read)
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*.flac")}
     # simulate an interruption: one speaker unfinished, the completion marker gone
     (root / "SYNTH.json").unlink()
     victim = next((root / "dev-clean").glob("*/.done"))
     victim.unlink()
-    synthesize(root, hours=0.01, seed=4, progress=False)
+    synthesize(root, hours=TINY_HOURS, seed=TINY_SEED, progress=False)
     after = {p: p.stat().st_mtime_ns for p in root.rglob("*.flac")}
     assert set(after) == set(before)
     changed = {p for p in after if after[p] != before[p]}
     assert changed and all(victim.parent in p.parents for p in changed)
-    synthesize(root, hours=0.01, seed=4, progress=False)
+    synthesize(root, hours=TINY_HOURS, seed=TINY_SEED, progress=False)
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*.flac")} == after

@@ -46,7 +46,7 @@ def test_sigkill_after_k_shards_with_two_workers_then_rerun_is_byte_identical(ti
     cmd = [sys.executable, "-m", "speechperf", "prepare", str(tiny_corpus), str(out), "--workers", "2", "--json"]
     total = len(list(tiny_features.glob("*/shard-*.json")))
     assert total >= 4
-    for k in (1, total // 2, total - 1):  # in the first split, mid-way, with one shard left
+    for k in (1, total - 1):  # in the first split, then in a later one with one shard left
         workers = _kill_after(cmd, out, k)
         assert workers, "the pool never started"
         gone, alive = psutil.wait_procs(workers, timeout=10)

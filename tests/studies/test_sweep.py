@@ -28,10 +28,10 @@ def test_a_sweep_trains_each_algorithm_through_train_and_tabulates_it(tiny_featu
     config = json.loads((tmp_path / "sw" / "diloco-n2-h3" / "config.json").read_text())
     assert (config["algo"]["name"], config["algo"]["sync_every"], config["train"]["max_epochs"]) == ("diloco", 3, 1)
     checkpoints = {r["run"]: (tmp_path / "sw" / r["run"] / "checkpoint.pt").stat().st_mtime_ns for r in rows}
-    assert sweep.run_sweep(argv) == rows  # again: every run finished, none is trained (or recorded) twice
-    assert {r: (tmp_path / "sw" / r / "checkpoint.pt").stat().st_mtime_ns for r in checkpoints} == checkpoints
+    # again, through the command: every run finished, none is trained (or recorded) twice, the same table
     assert main(["parallel", "sweep", *argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(rows))
+    assert {r: (tmp_path / "sw" / r / "checkpoint.pt").stat().st_mtime_ns for r in checkpoints} == checkpoints
     folders = [str(tmp_path / "sw" / r["run"]) for r in rows]  # the report shows the same table beside the runs
     assert main(["report", *folders, "--out", str(tmp_path / "rep")]) == 0
     table = list(csv.DictReader((tmp_path / "rep" / "algorithms.csv").open()))

@@ -18,7 +18,8 @@ from speechperf.results.checkpoint import CheckpointError, load as load_checkpoi
 SIZES = {
     "ds2": [],  # the tiny preset's own
     "dnn": ["model.hidden=32", "model.layers=2"],
-    "cldnn": ["model.conv_maps=4", "model.lstm_cells=16", "model.lstm_proj=8", "model.dnn_hidden=16"],
+    "cldnn": ["model.conv_maps=4", "model.lstm_layers=1", "model.lstm_cells=16", "model.lstm_proj=8",
+              "model.dnn_layers=1", "model.dnn_hidden=16"],  # one of each: its LSTMP runs unsubsampled frames
     "conformer": ["model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
                   "model.subsampling_channels=4"],
 }

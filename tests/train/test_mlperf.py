@@ -19,11 +19,10 @@ def _train(feats, out, overrides=TINY, **kw):
     return loop.train("tiny", feats, out, overrides, quiet=True, **kw)
 
 
-def test_run_log_passes_the_compliance_checker(tiny_features, tmp_path):
-    _train(tiny_features, tmp_path / "run")
-    result = check_log(tmp_path / "run" / "events.log")
+def test_run_log_passes_the_compliance_checker(tiny_run):
+    result = check_log(tiny_run / "events.log")
     assert result["ok"], result["output"]
-    keys = [e["key"] for e in read_events(tmp_path / "run" / "events.log")]
+    keys = [e["key"] for e in read_events(tiny_run / "events.log")]
     # initialization comes first and ends before the clock starts
     assert keys.index("init_start") == 0 and keys.index("init_stop") < keys.index("run_start")
     for key in ("submission_org", "submission_platform", "submission_division", "submission_benchmark",
@@ -31,9 +30,8 @@ def test_run_log_passes_the_compliance_checker(tiny_features, tmp_path):
         assert keys.count(key) == 1, key
 
 
-def test_checker_fails_a_log_without_init_stop(tiny_features, tmp_path):
-    _train(tiny_features, tmp_path / "run")
-    lines = (tmp_path / "run" / "events.log").read_text().splitlines()
+def test_checker_fails_a_log_without_init_stop(tiny_run, tmp_path):
+    lines = (tiny_run / "events.log").read_text().splitlines()
     broken = tmp_path / "broken.log"
     broken.write_text("\n".join(line for line in lines if '"init_stop"' not in line) + "\n")
     result = check_log(broken)
@@ -42,14 +40,13 @@ def test_checker_fails_a_log_without_init_stop(tiny_features, tmp_path):
                        capture_output=True, text=True, timeout=300)
     row = json.loads(p.stdout)[0]
     assert p.returncode == 1 and not row["compliant"] and "init_stop" in row["first_finding"]
-    ok = subprocess.run([sys.executable, "-m", "speechperf", "check-log", str(tmp_path / "run")],
+    ok = subprocess.run([sys.executable, "-m", "speechperf", "check-log", str(tiny_run)],
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0 and "True" in ok.stdout
 
 
-def test_samples_counted_from_the_indexes(tiny_features, tmp_path):
-    _train(tiny_features, tmp_path / "run")
-    events = {e["key"]: e for e in read_events(tmp_path / "run" / "events.log")}
+def test_samples_counted_from_the_indexes(tiny_features, tiny_run):
+    events = {e["key"]: e for e in read_events(tiny_run / "events.log")}
     train_utts = sum(len(json.loads((tiny_features / s / "index.json").read_text())["utterances"])
                      for s in events["train_samples"]["metadata"]["splits"])
     dev_utts = len(json.loads((tiny_features / "dev-clean" / "index.json").read_text())["utterances"])

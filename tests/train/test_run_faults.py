@@ -13,7 +13,7 @@ import pytest
 
 from speechperf.results.checkpoint import load as load_checkpoint
 from speechperf.results.events import read_events
-from tests.conftest import cli
+from tests.conftest import TINY_RUN, cli
 
 TINY = ["--preset", "tiny", "max_epochs=3", "threads=1", "checkpoint_every=2"]
 
@@ -35,13 +35,13 @@ def test_a_diverging_run_ends_diverged_and_stays_so(tiny_features, tmp_path):
     assert (run / "events.log").read_bytes() == log
 
 
-def test_a_corrupt_results_database_is_named_with_exit_2(tiny_features, tmp_path):
+def test_a_corrupt_results_database_is_named_with_exit_2(tiny_features, tiny_run, tmp_path):
     run = tmp_path / "run"
-    assert cli("train", "--data", tiny_features, "--out", run, *TINY, "max_epochs=1").returncode == 0
+    shutil.copytree(tiny_run, run)  # a finished run (the session's is only read)
     (run / "results.db").write_bytes(b"this is not a database" * 100)
     (run / "summary.json").unlink()  # as if killed after its last checkpoint: the same command resumes it
     for args in (("tta", run), ("report", run, "--out", tmp_path / "rep"),
-                 ("train", "--data", tiny_features, "--out", run, *TINY, "max_epochs=1")):
+                 ("train", "--data", tiny_features, "--out", run, *TINY_RUN)):
         p = cli(*args)
         assert p.returncode == 2, (args, p.stderr)
         assert str(run / "results.db") in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
