@@ -88,3 +88,15 @@ def test_a_group_whose_machine_changed_speed_between_seeds_is_flagged():
     assert "varied 1.25x" in line and line.startswith(g["group"])
     _, (one,), _ = rows(steady[:1])
     assert one["min/epoch max/min"] is None and speed_notes([one]) == []
+
+
+def test_under_three_runs_no_score_as_the_summarizer_says_without_asking_it():
+    """The early answer for fewer than MIN_RUNS runs (no pandas import in a one-run ``tta``)
+    is the result summarizer's own."""
+    from speechperf.scoring.olympic import MAX_DROPPED, MIN_RUNS, _olympic, olympic_mean
+    for reached, failed in (([], 0), ([5.0], 0), ([5.0, 6.0], 0), ([5.0], 1)):
+        assert len(reached) + failed < MIN_RUNS
+        assert _olympic()(sorted(reached), failed, MAX_DROPPED) is None
+        score, why = olympic_mean(reached, failed)
+        assert score is None and f"needs {MIN_RUNS}" in why
+    assert _olympic()([5.0, 6.0, 7.0], 0, MAX_DROPPED) == olympic_mean([5.0, 6.0, 7.0], 0)[0] == 6.0
