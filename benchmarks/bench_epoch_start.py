@@ -16,12 +16,13 @@ than readers (bucket_window 128 on a small corpus: one window) one reader did it
 The evaluation is stood in for by a sleep of ``--eval-s`` seconds (the conformer preset's
 evaluation on an H200 took 0.6-0.9 s) during which the ahead readers start and fill their
 prefetch buffer; what is timed is the training loop's wait from asking for the epoch's first
-batch to having it. Each epoch's batches are then read to the end (every mode reads the same
-batches, checked by their ids). Median and spread over ``--repeats`` epochs per mode, the modes
-interleaved so that the machine's other load falls on all alike; the load average is printed.
+batch to having it. Each epoch's batches are then read to the end, or its first ``--batches``
+(every mode reads the same batches, checked by their ids). Median and spread over ``--repeats``
+epochs per mode, the modes interleaved so that the machine's other load falls on all alike; the
+load average is printed.
 
 Usage: python benchmarks/bench_epoch_start.py FEATS [--preset conformer] [--set loader.readers=2 ...]
-       [--eval-s 0.8] [--repeats 3] [--json]
+       [--eval-s 0.8] [--repeats 3] [--batches 0] [--json]
 """
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ def train_splits(feats: Path) -> list[str]:
     return sorted(p.name for p in feats.iterdir() if p.name.startswith("train") and (p / "index.json").exists())
 
 
-def first_batch_wait(feats: Path, splits, cfg, index, epoch: int, ahead: bool, threads, eval_s: float):
-    """(seconds from asking for the epoch's first batch to having it, the epoch's batch ids)."""
+def first_batch_wait(feats: Path, splits, cfg, index, epoch: int, ahead: bool, threads, eval_s: float, batches: int):
+    """(seconds from asking for the epoch's first batch to having it, the ids of the epoch's first
+    ``batches`` batches, 0: all; the readers of the rest stopped)."""
     loader = make_loader(feats, splits, cfg, epoch=epoch, seed=1, index=index, threads=threads)
     if ahead:
         loader.start()
@@ -55,7 +57,9 @@ def first_batch_wait(feats: Path, splits, cfg, index, epoch: int, ahead: bool, t
     t0 = time.perf_counter()
     first = next(it)
     wait = time.perf_counter() - t0
-    return wait, [first.ids] + [b.ids for b in it]
+    ids = [first.ids] + [b.ids for _, b in zip(range(batches - 1 if batches else len(loader)), it)]
+    it.close()  # the readers of the batches not read stop with it
+    return wait, ids
 
 
 def window_facts(feats: Path, splits, cfg, index) -> dict:
@@ -73,7 +77,7 @@ def measure(a, cfg, splits, index) -> dict:
     for r in range(a.repeats):
         ids = {}
         for mode, (ahead, threads) in MODES.items():
-            wait, ids[mode] = first_batch_wait(a.feats, splits, cfg, index, 2 + r, ahead, threads, a.eval_s)
+            wait, ids[mode] = first_batch_wait(a.feats, splits, cfg, index, 2 + r, ahead, threads, a.eval_s, a.batches)
             waits[mode].append(wait)
         if len({tuple(map(tuple, v)) for v in ids.values()}) != 1:
             raise SystemExit(f"epoch {2 + r}: the modes' batches differ ({', '.join(MODES)})")
@@ -87,6 +91,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a preset override (repeatable)")
     p.add_argument("--eval-s", type=float, default=0.8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batches", type=int, default=0, help="batches read (and compared) per epoch; 0: all")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     try:
@@ -102,7 +107,8 @@ def main() -> None:
     row = measure(a, cfg, splits, index)
     ref = row[REFERENCE]["median_s"]
     row.update(preset=a.preset, overrides=a.set, readers=cfg.readers, max_duration=cfg.max_duration,
-               bucket_window=cfg.bucket_window, eval_s=a.eval_s, repeats=a.repeats, reference=REFERENCE,
+               bucket_window=cfg.bucket_window, eval_s=a.eval_s, repeats=a.repeats, batches_read=a.batches,
+               reference=REFERENCE,
                load_1min=[load_before, os.getloadavg()[0]], cores=os.cpu_count(),
                **window_facts(a.feats, splits, cfg, index),
                ratio_reference_over_ahead=ref / max(row["ahead"]["median_s"], 1e-9),
