@@ -4,21 +4,25 @@ Each epoch's batches are planned up front from the compact index (data/index.py)
 function of (seed, epoch) (data/plan.py): resuming at batch k of an epoch plans the same
 list and starts at k without reading the skipped batches.
 
-Readers are torch DataLoader worker processes, each owning whole windows: the planned
-batches come in runs cut from one bucketing window, and run j (counted from the batch the
-loader starts at) is read by reader j mod R, which decompresses each of the window's shards
-once and builds its batches in order. The DataLoader hands readers' items over round robin;
-the loader puts them back in planned order (holding at most a few runs of batches), so the
-training loop sees exactly the planned order whatever R is. ``prefetch_batches`` whole
-batches are buffered ahead of the training loop. :meth:`Loader.start` starts the readers
-before the first batch is asked for: the training loop starts the next epoch's during the
-evaluation, so the readers' start and first windows overlap it instead of the next step. Every batch carries the shards decompressed
-to build it (``Batch.reads``); the loader counts them (``Loader.shard_reads``).
+Readers are torch DataLoader worker processes, each owning whole windows: the planned batches
+come in runs cut from one bucketing window, and run j (counted from the batch the loader starts
+at) is read by reader j mod R, which decompresses each of the window's shards once and builds
+its batches in order, decompressing the shards a batch needs with several threads where the
+plan leaves configured readers idle (:func:`reader_threads`). The DataLoader hands readers'
+items over round robin; the loader puts them back in planned order (holding at most a few runs
+of batches), so the training loop sees exactly the planned order whatever R is.
+``prefetch_batches`` whole batches are buffered ahead of the training loop.
+:meth:`Loader.start` starts the readers before the first batch is asked for: the training loop
+starts the next epoch's during the evaluation, so the readers' start and first windows overlap
+it instead of the next step. Every batch carries the shards decompressed to build it
+(``Batch.reads``); the loader counts them (``Loader.shard_reads``).
 """
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter, OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -73,14 +77,38 @@ class _Reader:
 
     def _shard(self, s: int) -> tuple:
         if s not in self.cache:
-            key = self.index.keys[s]
-            split, name = key.split("/")
-            self.cache[s] = read_rows(self.feats_dir / split / f"{name}.npz", self.index.shas[s])
-            self.reads.append((key, self.cache[s][3]))
-            while len(self.cache) > self.cfg.bucket_window + 2:
-                self.cache.popitem(last=False)
+            self._keep(s, self._read(s))
         self.cache.move_to_end(s)
         return self.cache[s]
+
+    def _read(self, s: int) -> tuple:
+        split, name = self.index.keys[s].split("/")
+        return read_rows(self.feats_dir / split / f"{name}.npz", self.index.shas[s])
+
+    def _keep(self, s: int, rows: tuple) -> None:
+        self.cache[s] = rows
+        self.reads.append((self.index.keys[s], rows[3]))
+        while len(self.cache) > self.cfg.bucket_window + 2:
+            self.cache.popitem(last=False)
+
+    def _prefetch(self, utts: np.ndarray, threads: int) -> None:
+        """Decompress the shards ``utts`` need and the cache lacks, ``threads`` at a time: a
+        batch cut from a length-sorted window holds utterances of nearly every shard of it, so
+        a reader's first batch waits for its whole window (bucket_window 128 holds the 8 h demo
+        corpus: one window, one reader). File reads, SHA-256 and zlib's inflate release the GIL. Shards are
+        kept in the order the batch first needs them (what the serial path reads and reports),
+        the cached ones it needs first moved out of eviction's way; a batch that needs more
+        shards than the cache holds is left to the serial path."""
+        need = list(dict.fromkeys(self.index.shard[utts].tolist()))  # first-need order
+        missing = [s for s in need if s not in self.cache]
+        if threads < 2 or len(missing) < 2 or len(need) > self.cfg.bucket_window + 2:
+            return
+        for s in need:
+            if s in self.cache:
+                self.cache.move_to_end(s)
+        with ThreadPoolExecutor(min(threads, len(missing))) as pool:
+            for s, rows in zip(missing, pool.map(self._read, missing)):
+                self._keep(s, rows)
 
     def _place(self, u: int, out: np.ndarray) -> None:
         """Utterance ``u``'s frames into ``out`` (T, F) float32, normalized as the loader
@@ -102,8 +130,10 @@ class _Reader:
     def _width(self, lens: list[int]) -> int:
         return max(max(lens), self.cfg.pad_frames) if self.cfg.mode == "pad" else max(lens)
 
-    def batch(self, utts: np.ndarray) -> Batch:
+    def batch(self, utts: np.ndarray, threads: int = 1) -> Batch:
+        """The padded batch of ``utts``, its missing shards decompressed ``threads`` at a time."""
         ix = self.index
+        self._prefetch(utts, threads)
         lens = ix.frames[utts].tolist()
         dim = self._shard(int(ix.shard[utts[0]]))[0].shape[1]
         x = _zeros((len(lens), self._width(lens), dim))  # (B, T, F)
@@ -138,26 +168,36 @@ def owners(plan: Plan, readers: int) -> np.ndarray:
     return np.cumsum(new_run) % max(readers, 1)
 
 
-class _Readers(IterableDataset):
-    """What each DataLoader worker yields: (position in the plan, Batch) of the runs it owns, in order."""
+def reader_threads(configured: int, in_use: int) -> int:
+    """Threads each reader decompresses shards with: its share of the configured readers'
+    processes (an epoch of fewer windows than readers leaves the others idle: 8 readers and
+    one window, 8 threads), at most the machine's cores over the readers in use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(configured, cores) // max(in_use, 1))
 
-    def __init__(self, plan: Plan, reader: _Reader, readers: int):
-        self.plan, self.reader, self.owner = plan, reader, owners(plan, readers)
+
+class _Readers(IterableDataset):
+    """What each DataLoader worker yields: (position in the plan, Batch) of the runs it owns, in
+    order, each batch's missing shards decompressed ``threads`` at a time."""
+
+    def __init__(self, plan: Plan, reader: _Reader, readers: int, threads: int):
+        self.plan, self.reader, self.owner, self.threads = plan, reader, owners(plan, readers), threads
 
     def __iter__(self):
         info = get_worker_info()
         me = 0 if info is None else info.id
         for pos in np.flatnonzero(self.owner == me).tolist():
-            yield pos, self.reader.batch(self.plan.batches[pos])
+            yield pos, self.reader.batch(self.plan.batches[pos], self.threads)
 
 
 class Loader:
     """An iterable of Batch for one rank's part of one epoch, in planned order; counts the
-    shards its readers decompressed (``shard_reads``: key -> times, ``bytes_read``)."""
+    shards its readers decompressed (``shard_reads``: key -> times, ``bytes_read``).
+    ``threads``: each reader's decompression threads (None: :func:`reader_threads`; in-process, 1)."""
 
     def __init__(self, plan: Plan, reader: _Reader, cfg: LoaderConfig, generator: torch.Generator,
-                 pin_memory: bool = False):
-        self.plan, self.reader, self.cfg, self.generator = plan, reader, cfg, generator
+                 threads: int | None = None, pin_memory: bool = False):
+        self.plan, self.reader, self.cfg, self.generator, self.threads = plan, reader, cfg, generator, threads
         self.pin_memory = pin_memory  # batches in page-locked memory (for a CUDA device), pinned off the main thread
         self.shard_reads: Counter[str] = Counter()
         self.shard_bytes: dict[str, int] = {}  # key -> bytes one decompression of it yields
@@ -196,7 +236,7 @@ class Loader:
     def _ordered(self):
         if self.cfg.readers == 0:
             for utts in self.plan.batches:
-                batch = self.reader.batch(utts)
+                batch = self.reader.batch(utts, self.threads or 1)
                 yield batch.pin_memory() if self.pin_memory else batch
             return
         items, self._items = self._items if self._items is not None else iter(self._dataloader()), None
@@ -212,23 +252,26 @@ class Loader:
     def _dataloader(self) -> DataLoader:
         readers = min(self.cfg.readers, max(1, int(owners(self.plan, self.cfg.readers).max(initial=0)) + 1))
         prefetch = max(1, -(-self.cfg.prefetch_batches // readers))  # per reader, rounded up
-        return DataLoader(_Readers(self.plan, self.reader, readers), batch_size=None, num_workers=readers,
+        threads = self.threads if self.threads is not None else reader_threads(self.cfg.readers, readers)
+        return DataLoader(_Readers(self.plan, self.reader, readers, threads), batch_size=None, num_workers=readers,
                           prefetch_factor=prefetch, generator=self.generator, pin_memory=self.pin_memory,
                           worker_init_fn=_reader_ignores_stop_signals)  # pin_memory: its thread calls Batch.pin_memory
 
 
 def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: int, seed: int,
                 start_batch: int = 0, rank: int = 0, world: int = 1, index: Index | None = None,
-                pin_memory: bool = False) -> Loader:
+                threads: int | None = None, pin_memory: bool = False) -> Loader:
     """An iterable of Batch for this rank's part of ``epoch``, from batch ``start_batch`` on
-    (``index``: the splits' compact index when the caller holds it already; ``pin_memory``:
-    batches in page-locked memory, for a CUDA device)."""
+    (``index``: the splits' compact index when the caller holds it already; ``threads``: each
+    reader's decompression threads, None: the idle readers' share, :func:`reader_threads`;
+    ``pin_memory``: batches in page-locked memory, for a CUDA device)."""
     feats = Path(feats)
     splits = [splits] if isinstance(splits, str) else list(splits)
     index = index if index is not None else load_index(feats, splits)
     plan = plan_epoch(index, cfg, epoch, seed, rank, world).sliced(start_batch)
     stats = _stats(feats) if cfg.normalize else None
-    return Loader(plan, _Reader(index, feats, cfg, stats), cfg, _readers_generator(seed, epoch, rank), pin_memory)
+    return Loader(plan, _Reader(index, feats, cfg, stats), cfg, _readers_generator(seed, epoch, rank), threads,
+                  pin_memory)
 
 
 def _reader_ignores_stop_signals(_worker_id: int) -> None:

@@ -1,3 +1,4 @@
+import threading
 from collections import Counter
 from dataclasses import replace
 
@@ -6,6 +7,7 @@ import torch
 
 from speechperf.corpus import alphabet
 from speechperf.data.loader_config import LoaderConfig
+from speechperf.data import loader as loader_mod
 from speechperf.data.loader import load_index, make_loader
 from speechperf.data.plan import plan_epoch
 
@@ -132,3 +134,50 @@ def test_a_loader_started_ahead_yields_the_same_batches_and_close_stops_its_read
     unread.close()
     assert not any(w.is_alive() for w in workers)
     unread.close()  # twice: nothing left to stop
+
+
+ALL = ["dev-clean", "dev-other", "test-clean", "test-other", "train-clean", "train-other"]  # 6 shards
+
+
+@pytest.mark.parametrize("cfg", [replace(DURATION, max_duration=40.0),
+                                 replace(DURATION, max_duration=20.0, bucket_window=1, sort_first_epoch=True)],
+                         ids=["windows", "sorted-over-the-cache"])
+def test_threaded_decompression_builds_the_same_batches_and_reads(tiny_features, cfg, monkeypatch):
+    """Each batch's missing shards decompressed by several threads: the same batches, bit for
+    bit, and the same shards decompressed in the same order as one at a time, also where a
+    batch needs more shards than the reader's cache holds (SortaGrad's sorted epoch with a
+    window of 1 keeps 3: those batches are left to the serial path)."""
+    ix = load_index(tiny_features, ALL)
+    spans = [len(set(ix.shard[b].tolist())) for b in plan_epoch(ix, cfg, 1, 2).batches]
+    assert max(spans) > 1 and (max(spans) > cfg.bucket_window + 2) == cfg.sort_first_epoch
+
+    def epoch(threads):
+        loader = make_loader(tiny_features, ALL, cfg, epoch=1, seed=2, threads=threads)
+        return [(b.ids, b.feats, b.reads) for b in loader]
+    serial = epoch(1)
+    pooled = []  # shards read off the main thread: by the pool
+    read = loader_mod._Reader._read
+    monkeypatch.setattr(loader_mod._Reader, "_read", lambda self, s: (
+        pooled.append(s) if threading.current_thread() is not threading.main_thread() else None, read(self, s))[1])
+    threaded = epoch(3)
+    assert [(i, r) for i, _, r in threaded] == [(i, r) for i, _, r in serial]
+    assert all(torch.equal(a, b) for (_, a, _), (_, b, _) in zip(threaded, serial))
+    assert pooled and sum(len(r) for _, _, r in serial) >= len(ix.keys)
+
+
+def test_readers_given_threads_agree_with_the_serial_loader(tiny_features):
+    """Reader processes with decompression threads (the loader's choice and an explicit count)
+    yield the serial in-process loader's batches and read each shard once."""
+    want = [b.ids for b in make_loader(tiny_features, SPLITS, DURATION, epoch=2, seed=1)]
+    for threads in (None, 4):
+        loader = make_loader(tiny_features, SPLITS, replace(DURATION, readers=2, prefetch_batches=4), epoch=2,
+                             seed=1, threads=threads)
+        assert [b.ids for b in loader] == want
+        assert loader.decompression_ratio() == 1.0
+
+
+@pytest.mark.parametrize("configured, in_use, cores, want", [(8, 1, 16, 8), (8, 2, 16, 4), (8, 3, 16, 2), (8, 8, 16, 1),
+                                                              (32, 1, 16, 16), (8, 1, 2, 2), (8, 2, 2, 1), (1, 1, 16, 1)])
+def test_reader_threads_are_the_idle_readers_share_within_the_cores(monkeypatch, configured, in_use, cores, want):
+    monkeypatch.setattr(loader_mod.os, "sched_getaffinity", lambda _pid: set(range(cores)), raising=False)
+    assert loader_mod.reader_threads(configured, in_use) == want
