@@ -144,6 +144,9 @@ done
 # the evaluation's batch loop against the loop that waited for the device every batch, on the demo's trained model
 step eval_sync 50 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part sync \
     --device "$DEVICE" --repeats 2
+# the conformer's epoch start: the first batch's wait behind a 0.8 s evaluation, shards decompressed serially or threaded
+step epoch_start 60 $PY benchmarks/bench_epoch_start.py "$WORK/demo/features" --preset "$CONF_PRESET" --eval-s 0.8 \
+    --repeats 3 --batches 2
 step floor_conformer 40 $PY benchmarks/bench_step_floor.py "$WORK/demo/features" "${CONF_FLOOR[@]}"
 step checkpoint 40 $PY benchmarks/bench_checkpoint.py --device "$DEVICE" "${CKPT_ARGS[@]}"
 step masked_step 40 $PY benchmarks/bench_masked_step.py --device "$DEVICE" "${MASKED_ARGS[@]}"

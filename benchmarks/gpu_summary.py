@@ -30,7 +30,7 @@ from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "tests_gpu_files", "checksum", "conformer", "conformer_tta",
-         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "eval_sync", "floor_conformer", "checkpoint", "masked_step",
+         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "eval_sync", "epoch_start", "floor_conformer", "checkpoint", "masked_step",
          "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
@@ -170,6 +170,14 @@ def bench_figures(name: str, text: str | None) -> str:
     sync): the reference loop's and the package's seconds, their ratio and the equality line."""
     if not text:
         return "no output"
+    if name == "epoch_start":
+        waits = dict(re.findall(r"^\s*(fresh, serial|ahead, serial|fresh|ahead)\s+first-batch wait: median ([\d.]+) s", text, re.M))
+        head = re.search(r"^preset .*?: (\d+ readers \(\d+ in use, \d+ decompression threads each\))", text, re.M)
+        if "ahead" not in waits or "ahead, serial" not in waits:
+            return "no wait lines"
+        return (f"first-batch wait behind the evaluation {waits['ahead']} s threaded, {waits['ahead, serial']} s serial; "
+                f"cold start {waits.get('fresh', '?')} s threaded, {waits.get('fresh, serial', '?')} s serial"
+                + (f"; {head.group(1)}" if head else ""))
     if name == "eval_sync":
         ref = re.search(r"^\s*synced: ([\d.]+) s", text, re.M)
         new = re.search(r"^\s*evaluate: ([\d.]+) s \(([\d.]+)x\)", text, re.M)
@@ -281,7 +289,7 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = floor_figures(text)
         elif name.startswith("tests_"):
             figs = pytest_figures(text)
-        elif name in ("checkpoint", "masked_step", "eval_sync"):
+        elif name in ("checkpoint", "masked_step", "eval_sync", "epoch_start"):
             figs = bench_figures(name, text)
         else:
             got = json_in(text)

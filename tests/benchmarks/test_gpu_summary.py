@@ -38,6 +38,11 @@ def test_the_benchmark_lines():
     assert gs.bench_figures("eval_sync", text) == ("evaluation 17.703 s against 36.247 s for the loop that waited every "
                                                     "batch (2.05x); results equal: loss (bit for bit) 535.385788, every decoded text")
     assert gs.bench_figures("eval_sync", "Traceback ...") == "no timing lines"
+    text = (FIXTURES / "logs" / "epoch_start.log").read_text()  # bench_epoch_start.py, on this loaded CPU
+    assert gs.bench_figures("epoch_start", text) == (
+        "first-batch wait behind the evaluation 1.323 s threaded, 0.422 s serial; cold start 1.014 s threaded, "
+        "1.284 s serial; 2 readers (1 in use, 2 decompression threads each)")
+    assert gs.bench_figures("epoch_start", "Traceback ...") == "no wait lines"
 
 
 def test_floor_and_pytest_lines():
