@@ -93,9 +93,11 @@ def setup(cfg, device: torch.device):
             torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
 
 
-def first_batches(feats: Path, cfg, total: int):
-    """The loader's first ``total`` training batches of epoch 1 (the run's seed), as the loop reads them."""
-    it = make_loader(feats, splits(feats), cfg.loader, epoch=1, seed=cfg.train.seed)
+def first_batches(feats: Path, cfg, total: int, device: torch.device | None = None):
+    """The loader's first ``total`` training batches of epoch 1 (the run's seed), as the loop reads
+    them: pinned for a CUDA ``device``, as the trainer's loader pins them."""
+    it = make_loader(feats, splits(feats), cfg.loader, epoch=1, seed=cfg.train.seed,
+                     pin_memory=device is not None and device.type == "cuda")
     return (b for _, b in zip(range(total), it))
 
 
@@ -123,7 +125,7 @@ def main(argv=None) -> int:
     total = a.warmup + a.steps
     cached = cached_batches(a.feats, cfg, device, total)
     floor, n = run_steps(cached, *setup(cfg, device), device, tc, a.warmup)
-    loop, _ = run_steps(first_batches(a.feats, cfg, total), *setup(cfg, device), device, tc, a.warmup)
+    loop, _ = run_steps(first_batches(a.feats, cfg, total, device), *setup(cfg, device), device, tc, a.warmup)
     utts = sum(len(b.feat_lens) for b in cached[a.warmup:]) / n
     print(f"preset {a.preset}, {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
           f"{tc.precision}, batch {cfg.loader.batch_size} ({cfg.loader.mode}), readers {cfg.loader.readers}, "
