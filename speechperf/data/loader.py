@@ -20,7 +20,6 @@ it instead of the next step. Every batch carries the shards decompressed to buil
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from speechperf.cpus import usable_cpus
 from speechperf.corpus import alphabet
 from speechperf.data import index as index_mod
 from speechperf.data.loader_config import LoaderConfig
@@ -172,8 +172,7 @@ def reader_threads(configured: int, in_use: int) -> int:
     """Threads each reader decompresses shards with: its share of the configured readers'
     processes (an epoch of fewer windows than readers leaves the others idle: 8 readers and
     one window, 8 threads), at most the machine's cores over the readers in use."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(configured, cores) // max(in_use, 1))
+    return max(1, min(configured, usable_cpus()) // max(in_use, 1))
 
 
 class _Readers(IterableDataset):

@@ -19,22 +19,14 @@ the device.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from speechperf.cpus import usable_cpus
 from speechperf.decode import DecodeError
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask: a container's or taskset's share)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity call on this platform (macOS)
-        return os.cpu_count() or 1
 
 
 def auto_threads(reserved: int = 0) -> int:

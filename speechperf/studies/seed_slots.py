@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from speechperf.config import ConfigError, load_preset
+from speechperf.cpus import usable_cpus
 from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.studies.seeds import check_seeds_command, seed_folder
 from speechperf.results.request import TrainRequest
@@ -60,7 +61,7 @@ def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform
             raise ConfigError(f"--parallel {parallel}: {len(cuda_devices)} GPU(s) visible ({','.join(cuda_devices)}); "
                               "one seed per GPU")
         return [({"CUDA_VISIBLE_DEVICES": d}, []) for d in cuda_devices[:parallel]]
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or usable_cpus()
     if tc.threads > 0:
         if tc.threads * parallel > cores:
             raise ConfigError(f"--parallel {parallel} x train.threads={tc.threads} is more than the {cores} CPUs this "

@@ -10,6 +10,7 @@ from speechperf.data.loader_config import LoaderConfig
 from speechperf.data import loader as loader_mod
 from speechperf.data.loader import load_index, make_loader
 from speechperf.data.plan import plan_epoch
+from speechperf import cpus
 
 SPLITS = ["train-clean", "train-other"]
 
@@ -179,5 +180,5 @@ def test_readers_given_threads_agree_with_the_serial_loader(tiny_features):
 @pytest.mark.parametrize("configured, in_use, cores, want", [(8, 1, 16, 8), (8, 2, 16, 4), (8, 3, 16, 2), (8, 8, 16, 1),
                                                               (32, 1, 16, 16), (8, 1, 2, 2), (8, 2, 2, 1), (1, 1, 16, 1)])
 def test_reader_threads_are_the_idle_readers_share_within_the_cores(monkeypatch, configured, in_use, cores, want):
-    monkeypatch.setattr(loader_mod.os, "sched_getaffinity", lambda _pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda _pid: set(range(cores)), raising=False)
     assert loader_mod.reader_threads(configured, in_use) == want

@@ -9,6 +9,7 @@ from speechperf.decode import DecodeError, get_decoder
 from speechperf.decode import batch as batch_mod
 from speechperf.decode.batch import DecodePool, auto_threads, decode_parallel
 from speechperf.decode.wordbeam import MODES, WordBeamDecoder
+from speechperf import cpus
 from tests.decode.test_decoders import TEXTS, lm_of, spell
 
 
@@ -107,7 +108,7 @@ def test_bad_threads_shapes_and_a_failed_decode_are_errors():
 
 
 def test_auto_threads_are_the_usable_cpus_less_the_readers(monkeypatch):
-    monkeypatch.setattr(batch_mod.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
     assert batch_mod.usable_cpus() == 6
     assert auto_threads(2) == 4
     assert auto_threads(0) == 6
