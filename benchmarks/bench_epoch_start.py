@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from speechperf.config import load_preset
-from speechperf.data.loader import load_index, make_loader, owners, reader_threads
+from speechperf.data.loader import load_index, make_loader
 from speechperf.errors import SpeechperfError
 
 # mode -> (readers started ahead, decompression threads per reader: None = the loader's choice)
@@ -66,10 +66,9 @@ def window_facts(feats: Path, splits, cfg, index) -> dict:
     """What the first batch of epoch 2 needs: its shards, the plan's windows and readers in use."""
     loader = make_loader(feats, splits, cfg, epoch=2, seed=1, index=index)
     plan = loader.plan
-    in_use = min(cfg.readers, int(owners(plan, cfg.readers).max(initial=0)) + 1) if cfg.readers else 0
     return {"shards": len(index.keys), "first_batch_shards": len(set(index.shard[plan.batches[0]].tolist())),
             "first_batch_utts": len(plan.batches[0]), "batches": len(plan), "windows": len(set(plan.groups.tolist())),
-            "readers_in_use": in_use, "threads": reader_threads(cfg.readers, in_use) if cfg.readers else 1}
+            "readers_in_use": loader.readers_in_use(), "threads": loader.reader_threads()}
 
 
 def measure(a, cfg, splits, index) -> dict:

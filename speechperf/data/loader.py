@@ -235,7 +235,7 @@ class Loader:
     def _ordered(self):
         if self.cfg.readers == 0:
             for utts in self.plan.batches:
-                batch = self.reader.batch(utts, self.threads or 1)
+                batch = self.reader.batch(utts, self.reader_threads())
                 yield batch.pin_memory() if self.pin_memory else batch
             return
         items, self._items = self._items if self._items is not None else iter(self._dataloader()), None
@@ -248,10 +248,22 @@ class Loader:
         if pending or want != len(self.plan):
             raise RuntimeError(f"the loader's readers delivered {want} of {len(self.plan)} batches in order")
 
+    def readers_in_use(self) -> int:
+        """Reader processes this epoch starts: the configured ones, fewer where the plan has fewer
+        runs to hand out (0: batches built in the caller's process)."""
+        if not self.cfg.readers:
+            return 0
+        return min(self.cfg.readers, max(1, int(owners(self.plan, self.cfg.readers).max(initial=0)) + 1))
+
+    def reader_threads(self) -> int:
+        """Each reader's decompression threads: as given, else :func:`reader_threads`'s share."""
+        if self.threads is not None:
+            return self.threads
+        return reader_threads(self.cfg.readers, self.readers_in_use()) if self.cfg.readers else 1
+
     def _dataloader(self) -> DataLoader:
-        readers = min(self.cfg.readers, max(1, int(owners(self.plan, self.cfg.readers).max(initial=0)) + 1))
+        readers, threads = self.readers_in_use(), self.reader_threads()
         prefetch = max(1, -(-self.cfg.prefetch_batches // readers))  # per reader, rounded up
-        threads = self.threads if self.threads is not None else reader_threads(self.cfg.readers, readers)
         return DataLoader(_Readers(self.plan, self.reader, readers, threads), batch_size=None, num_workers=readers,
                           prefetch_factor=prefetch, generator=self.generator, pin_memory=self.pin_memory,
                           worker_init_fn=_reader_ignores_stop_signals)  # pin_memory: its thread calls Batch.pin_memory
