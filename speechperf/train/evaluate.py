@@ -18,7 +18,7 @@ from speechperf.data.loader_config import LoaderConfig
 from speechperf.scoring.bootstrap import error_intervals
 from speechperf.scoring.error_rates import UtteranceErrors, error_rates, utterance_errors
 from speechperf.metric import METRICS
-from speechperf.models.contract import autocast, planned_forward
+from speechperf.models.contract import autocast, planned_forward, to_device
 from speechperf.data.index import Index
 from speechperf.data.loader import Batch, load_index, make_loader
 from speechperf.decode import get_decoder
@@ -141,7 +141,7 @@ def mean_loss(outputs: list[tuple], device: torch.device) -> float:
     for the stream), so the losses are computed here too, after every forward pass is queued."""
     loss_sum, n_loss = 0.0, 0
     for log_probs, labels, out_lens, label_lens in outputs:
-        losses = F.ctc_loss(log_probs, labels.to(device, non_blocking=True), out_lens, label_lens,
+        losses = F.ctc_loss(log_probs, to_device(labels, device), out_lens, label_lens,
                             blank=0, reduction="none", zero_infinity=False)  # (B,)
         finite = torch.isfinite(losses)
         loss_sum += float(losses[finite].sum())
