@@ -86,22 +86,22 @@ def ms(us: float) -> float:
 def phase_tables(phase: str, events, steps: int, wall_s: float, ref_s: float, cuda: bool) -> dict:
     """``row`` (:func:`phase_row`), ``syncs`` (:func:`sync_sites`; None on a CPU), ``host ops``
     (:func:`top_host_ops`) and ``kernels`` (:func:`top_kernels`; None on a CPU) of one phase's trace."""
-    host = host_events(events, windows(events))
+    host, device = host_events(events, windows(events)), device_events(events)
     syncs = [e for e in host if e.name in SYNCS]
-    return {"row": phase_row(phase, host, device_events(events), syncs, steps, wall_s, ref_s, cuda),
-            "syncs": sync_sites(syncs, steps) if cuda else None, "host ops": top_host_ops(host, steps),
-            "kernels": top_kernels(device_events(events), steps) if cuda else None}
+    sites = sync_sites(syncs, steps)
+    return {"row": phase_row(phase, host, device, syncs, sites, steps, wall_s, ref_s, cuda),
+            "syncs": sites if cuda else None, "host ops": top_host_ops(host, steps),
+            "kernels": top_kernels(device, steps) if cuda else None}
 
 
-def phase_row(phase: str, host: list, device: list, syncs: list, steps: int, wall_s: float, ref_s: float,
-              cuda: bool) -> dict:
+def phase_row(phase: str, host: list, device: list, syncs: list, sites: list[dict], steps: int, wall_s: float,
+              ref_s: float, cuda: bool) -> dict:
     """Per step of ``phase``: the unprofiled and profiled wall time, the host time inside top-level
     aten ops and blocked in syncs, the kernels' device time and its share of the unprofiled wall
     (the profiler lengthens the host's work, not the kernels), kernels, launches, syncs and the
-    commonest sync site. Device columns are None on a CPU."""
+    commonest sync site (``sites``: :func:`sync_sites` of ``syncs``). Device columns are None on a CPU."""
     kernels = [e for e in device if is_kernel(e)]
     kernel_us = sum(e.time_range.elapsed_us() for e in kernels)
-    sites = sync_sites(syncs, steps)
     dev = (lambda v: v) if cuda else (lambda v: None)  # noqa: E731
     return {"phase": phase, "unprofiled ms": round(ref_s * 1000, 3), "profiled ms": round(wall_s * 1000, 3),
             "host ops ms": ms(sum(e.time_range.elapsed_us() for e in top_level_ops(host)) / steps),
