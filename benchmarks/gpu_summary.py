@@ -24,7 +24,7 @@ from pathlib import Path
 from speechperf.bench.measured_peak import recorded_peak
 from speechperf.bench.mfu import steps_achieved
 from speechperf.errors import SpeechperfError
-from speechperf.metric import DEFAULT_TARGET
+from speechperf.config.training import target_rule
 from speechperf.results.run import Run
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
@@ -221,8 +221,8 @@ def run_figures(run: Path) -> str:
     ev = sum(e["eval_s"] for e in evals) if evals else None
     if ev is not None and clock:
         parts.append(f"per-epoch evaluation {fmt(ev)} s of the {fmt(clock)} s clock ({100 * ev / clock:.0f} %)")
-    metric = tc.get("target_metric", DEFAULT_TARGET)  # the run's own target rule (config.json), as `tta` reads it
-    minutes = tta_minutes([(e["clock_s"], e[metric]) for e in evals], tc.get("target", 10.0), tc.get("target_epochs", 3))
+    metric, target, window = target_rule(tc)  # the run's own stop rule (config.json)
+    minutes = tta_minutes([(e["clock_s"], e[metric]) for e in evals], target, window) if target > 0 else None
     shown = time_columns(iterations, evals, minutes, samples, env.get("device"))["busy"]
     parts.append(busy_figures(shown, minutes is not None))
     parts.append(mfu_figures(iterations, recorded_peak(summary, env, tc.get("precision", "fp32"))))

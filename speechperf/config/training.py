@@ -102,3 +102,12 @@ class TrainConfig:
                                       "(no AlgoPerf-faithful workload yet)"),
         ]
         return [msg for ok, msg in checks if not ok]
+
+
+def target_rule(train: dict) -> tuple[str, float, int]:
+    """A recorded run's stop rule from its config.json's ``train`` section: (target metric,
+    target: 0 for none, evaluations whose median must reach it), each field's default where an
+    older run's record lacks it. The readers of finished runs (study, sweep) share it."""
+    d = TrainConfig()
+    return (train.get("target_metric", d.target_metric), train.get("target", d.target),
+            train.get("target_epochs", d.target_epochs))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from speechperf.config.training import target_rule
 from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.studies import rcp
 from speechperf.studies.curve import run_reproduction
@@ -100,7 +101,7 @@ def run_check(config: dict, env: dict, status: str, evals: list[dict], folder: P
     reference says so. Never raises: a damaged reference file is named in the result instead
     (the run itself is over and recorded)."""
     train = config.get("train", {})
-    metric, window = train.get("target_metric", DEFAULT_TARGET), train.get("target_epochs", 3)
+    metric, _, window = target_rule(train)
     try:
         ref = rcp.load_reference(config.get("preset"))
     except rcp.ReferenceError as e:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from speechperf.algorithms import periodic
 from speechperf.errors import SpeechperfError
-from speechperf.metric import DEFAULT_TARGET, per_epoch
+from speechperf.config.training import target_rule
+from speechperf.metric import per_epoch
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.results.layout import DB_FILE
 from speechperf.results.run import Run
@@ -151,10 +152,8 @@ def run_facts(summary: dict, config: dict, env: dict, its: list[dict], evals: li
     comm_s = sum(r.get("comm_s") or 0.0 for r in its)
     comm_bytes = sum(r.get("comm_bytes") or 0 for r in its)
     tc, algo = config.get("train", {}), config.get("algo", {})
-    metric = tc.get("target_metric", DEFAULT_TARGET)
-    tta = None
-    if tc.get("target", 0) > 0:
-        tta = tta_minutes([(e["clock_s"], e[metric]) for e in evals], tc["target"], tc.get("target_epochs", 3))
+    metric, target, window = target_rule(tc)
+    tta = tta_minutes([(e["clock_s"], e[metric]) for e in evals], target, window) if target > 0 else None
     epochs = max(summary.get("epochs") or 0, 1)
     return {"algo": algo.get("name", "sync"), "workers": env.get("world_size") or 1,
             "sync_every": algo.get("sync_every") if periodic(algo.get("name", "sync")) else None,
