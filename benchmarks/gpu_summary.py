@@ -30,8 +30,8 @@ from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "tests_gpu_files", "checksum", "conformer", "conformer_tta",
-         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "eval_sync", "epoch_start", "floor_conformer", "checkpoint", "masked_step",
-         "floor_doubled", "floor_conformer_compile"]
+         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "eval_sync", "epoch_start", "floor_conformer",
+         "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -167,11 +167,13 @@ def phase_figures(r: dict) -> str:
 def bench_figures(name: str, text: str | None) -> str:
     """The checkpoint step: each preset's row (sync, background seconds per save and their
     ratio); the masked step: its ratio line; the evaluation's batch loop (bench_eval.py --part
-    sync): the reference loop's and the package's seconds, their ratio and the equality line."""
+    sync): the reference loop's and the package's seconds, their ratio and the equality line; the
+    epoch start (bench_epoch_start.py): the first-batch waits, threaded and serial."""
     if not text:
         return "no output"
     if name == "epoch_start":
-        waits = dict(re.findall(r"^\s*(fresh, serial|ahead, serial|fresh|ahead)\s+first-batch wait: median ([\d.]+) s", text, re.M))
+        waits = dict(re.findall(r"^\s*(fresh, serial|ahead, serial|fresh|ahead)\s+first-batch wait: median ([\d.]+) s",
+                                text, re.M))
         head = re.search(r"^preset .*?: (\d+ readers \(\d+ in use, \d+ decompression threads each\))", text, re.M)
         if "ahead" not in waits or "ahead, serial" not in waits:
             return "no wait lines"
