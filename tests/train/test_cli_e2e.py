@@ -74,5 +74,8 @@ def test_cli_end_to_end(tmp_path):
     done = cli("train", "--preset", "tiny", "--data", feats, "--out", run, "max_epochs=2", "threads=1", "--json")
     assert json.loads(done.stdout) == [summary]  # finished: reported, nothing changed
     assert (run / "events.log").read_bytes() == events_before
+    refused = cli("train", "--preset", "tiny", "--data", feats, "--out", run, "max_epochs=2", "threads=1",
+                  "--resume", "no", check=False)
+    assert refused.returncode == 2 and "already holds a run" in refused.stderr
     bad = cli("train", "--preset", "tiny", "--data", tmp_path / "nowhere", "--out", tmp_path / "r2", check=False)
     assert bad.returncode == 2 and "nowhere" in bad.stderr
