@@ -50,8 +50,9 @@ def device_events(events) -> list:
 def is_kernel(e) -> bool:
     """A device event that is a kernel: by the profiler's activity type where it names one (not a
     copy, fill, device-side sync or a range's annotation), else by name."""
-    if e.activity_type is not None:
-        return e.activity_type == "kernel"
+    kind = getattr(e, "activity_type", None)  # FunctionEvent of torch 2.11 has none
+    if kind is not None:
+        return kind == "kernel"
     return not e.name.startswith(NOT_KERNELS + (MARK,))
 
 

@@ -140,3 +140,12 @@ def test_the_printed_tables_are_what_the_check_summary_reads(capsys):
         "1.5 kernels; 1 ms a step (1.2 profiled, 0.105 of it in host aten ops); evaluation: 2 syncs a pass (top "
         "aten::ctc_loss > aten::copy_ (cudaStreamSynchronize)), GPU busy 35 %, 1.5 kernels; 1 ms a pass (1.2 "
         "profiled, 0.105 of it in host aten ops)")
+
+
+def test_a_kernel_is_told_by_name_where_the_events_carry_no_activity_type():
+    """torch 2.11's FunctionEvent has no ``activity_type`` (the H200's torch): the name decides."""
+    from types import SimpleNamespace
+    old = lambda name: SimpleNamespace(name=name, device_type=CUDA)  # noqa: E731
+    assert op.is_kernel(old("elementwise_kernel"))
+    assert not op.is_kernel(old("Memcpy DtoH (Device -> Pageable)"))
+    assert not op.is_kernel(old("speechperf::train_step"))

@@ -11,6 +11,7 @@ from speechperf.models import build_model
 from speechperf.results.progress import Progress
 from speechperf.train.loop import TrainingDiverged
 from speechperf.train.step import StepMeter, count_steps, make_optimizer, masked_step, read_point, train_step
+from tests.cuda_syncs import sync_warnings
 
 CPU = torch.device("cpu")
 
@@ -223,7 +224,7 @@ def _sync_warnings(fn) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return len(sync_warnings(caught))
 
 
 @pytest.mark.cuda
