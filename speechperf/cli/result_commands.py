@@ -63,7 +63,7 @@ def cmd_tta(a) -> int:
         emit_json(study)
         return 0
     error_column(study["runs"])
-    emit(study["runs"], False, columns=["run", "workload", "machine", "metric", "target", "epochs", "minutes", "relative",
+    emit(study["runs"], False, columns=["run", "workload", "machine", "metric", "target", "median of", "minutes", "relative",
                                         "error at TTA [95%]", "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
                                         "platform", "cost to accuracy $", "TTA x price ($ min)", "energy to accuracy kWh", "time parts",
                                         "price note"])

@@ -187,7 +187,7 @@ def cmd_demo(a) -> int:
                     seeds=a.seeds, parallel=a.parallel, sweep=not a.no_sweep)
     if not a.json:
         error_column(rows)
-    emit(rows, a.json, columns=["run", "workload", "metric", "target", "epochs", "minutes", "relative",
+    emit(rows, a.json, columns=["run", "workload", "metric", "target", "median of", "epochs to target", "minutes", "relative",
                                 *([] if a.json else ["error at TTA [95%]"]), "init s",
                                 "TFLOPS", "MFU %", "cost to accuracy $", "energy to accuracy kWh", "time parts",
                                 "price note"])

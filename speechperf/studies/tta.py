@@ -85,7 +85,8 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
             if minutes is not None and joules is None:  # no sample measured energy or power: say why
                 price["price note"] = energy.explained(price["price note"], run.env)
             rows.append({"run": label, "workload": name, "machine": machine_name(run.env), "metric": metric,
-                         "target": target, "epochs": epochs, "minutes": minutes, "relative": relative,
+                         "target": target, "median of": epochs, "epochs to target": reached, "minutes": minutes,
+                         "relative": relative,
                          **at_target(rows_of_epochs[reached - 1] if reached else None, metric), "init s": init_s,
                          **mfu_columns(summary), **price,
                          **time_columns(iterations, rows_of_epochs, minutes, samples, run.env.get("device"))})

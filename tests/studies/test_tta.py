@@ -46,9 +46,10 @@ def test_table_relative_to_first_run(tmp_path):
     a = _fake_run(tmp_path, "a", [(600, 12), (1200, 9), (1800, 9), (2400, 7)])
     b = _fake_run(tmp_path, "b", [(300, 9), (600, 9), (900, 9), (1200, 9)])
     rows = tta_table([a, b], metric="cer", targets=[10, 8], epochs=3)
-    assert [(r["run"][-1], r["target"], r["minutes"], r["relative"]) for r in rows] == [
-        ("a", 10, 30.0, 100.0), ("a", 8, None, None), ("b", 10, 15.0, 50.0), ("b", 8, None, None)]
-    assert set(rows[0]) >= {"run", "machine", "metric", "target", "epochs", "minutes", "relative", "init s",
+    assert [(r["run"][-1], r["target"], r["minutes"], r["relative"], r["epochs to target"]) for r in rows] == [
+        ("a", 10, 30.0, 100.0, 3), ("a", 8, None, None, None), ("b", 10, 15.0, 50.0, 3), ("b", 8, None, None, None)]
+    assert rows[0]["median of"] == 3  # the rule's window (epochs), not the epochs trained
+    assert set(rows[0]) >= {"run", "machine", "metric", "target", "minutes", "relative", "init s",
                             "platform", "cost to accuracy $", "TTA x price ($ min)", "price note"}
     assert rows[0]["run"] == "run a" and rows[0]["machine"] == "2-core Test"
     # a CPU that no profile prices: no price, and the row says why

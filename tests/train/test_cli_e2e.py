@@ -48,7 +48,7 @@ def test_cli_end_to_end(tmp_path):
     table = json.loads(cli("tta", run, "--metric", "cer", "--targets", "100,0.001", "--epochs", "1",
                            "--price-per-hour", "6", "--json").stdout)["runs"]
     reached = next((e["clock_s"] / 60 for e in evals if e["cer"] <= 100), None)
-    assert all(set(r) >= {"run", "machine", "metric", "target", "epochs", "minutes", "relative", "init s", "platform",
+    assert all(set(r) >= {"run", "machine", "metric", "target", "median of", "epochs to target", "minutes", "relative", "init s", "platform",
                           "cost to accuracy $", "price note"} for r in table)
     assert table[0]["run"] == info["label"] and table[0]["init s"] > 0
     assert table[0]["cost to accuracy $"] == (None if reached is None else table[0]["minutes"] / 60 * 6)
