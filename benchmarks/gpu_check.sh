@@ -1,28 +1,31 @@
 #!/usr/bin/env bash
-# One GPU check in one go (at most ~9 minutes on a bare H100/H200 machine), most important
+# One GPU check in one go (at most ~9.5 minutes on a bare H100/H200 machine), most important
 # step first, each under `timeout` and inside a whole-run budget, so that a cut loses the
-# least: the GPU demo (TTA, evaluation share, breakdown, energy, GPU busy; no beam sweep, the
-# final evaluation on dev-clean only) -> the profile of the gpu and conformer presets' training
-# step and evaluation (benchmarks/bench_step_profile.py: host syncs and their sites, kernels,
-# device busy share) -> the cuda-marked tests and the GPU-sensitive files (with the tiny
-# corpus's features checksum under the AVX2 cap beside them) -> a short conformer run (bf16,
-# MFU) -> `bench feed` for gpu and conformer and the gpu preset's step floor -> then, only
-# with the budget left: the conformer's step floor, the checkpoint and masked-step benchmarks,
-# the floor at twice the batch, and last the conformer floor under torch.compile (given what
-# is left: its summary row says when compilation did not finish) -> one summary table
-# (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last.
+# least: the environment (with the dtype cuDNN's LSTM runs in under bf16 autocast) -> the GPU
+# demo (TTA, evaluation share, breakdown, energy, GPU busy; no beam sweep, the final evaluation
+# on dev-clean only) -> the profile of the gpu and conformer presets' training step and
+# evaluation (benchmarks/bench_step_profile.py: host syncs and their sites, kernels, device
+# busy share) -> the cuda-marked tests (with the tiny corpus's features checksum under the AVX2
+# cap beside them) -> a short conformer run (bf16, MFU) -> `bench feed` for gpu and conformer
+# and the gpu preset's step floor -> the GPU-sensitive test files -> then, only with the budget
+# left: the evaluation loop against the waiting one, the conformer's epoch start and step
+# floor, the checkpoint and masked-step benchmarks, the floor at twice the batch, and last the
+# conformer floor under torch.compile (given what is left: its summary row says when
+# compilation did not finish) -> one summary table (benchmarks/gpu_summary.py), written to
+# $OUT/summary.md and printed last.
 #
-# Budget (seconds, the H200 check of 2026-11-26 on 09e2dba, its steps' logs): env 6, demo ~150
-# (corpus and features 47, initialization 22, training to the TTA 75, final dev-clean 1, report),
-# demo_tta 6, profile ~35 (estimated; 45 at most), tests_cuda ~60, tests_gpu_files 90-120, conformer 47,
-# conformer_tta 5, feed_gpu 27, floor 16, feed_conformer 26: ~480 of BUDGET=500. The steps
-# after them (floor_conformer 27, checkpoint 16, masked_step 11, floor_doubled 17, the compile
-# > 120) run only as far as the budget goes.
+# Budget (seconds, the H200 check of 2026-11-26 on f9d8828, its steps' logs): env 6, demo 165
+# (corpus and features ~50, initialization 20, training to the TTA 88, final dev-clean, report),
+# demo_tta 5, profile ~55, tests_cuda 80-110, conformer 32, conformer_tta 4, feed_gpu 23,
+# floor 13, feed_conformer 22, tests_gpu_files 89: ~520 of BUDGET=540 (call it with a 590 s
+# limit: the machine's start takes ~30 s more of the session's 900). The steps after them
+# (eval_sync 12, epoch_start ~30, floor_conformer 27, checkpoint 16, masked_step 11,
+# floor_doubled 17, the compile > 120) run only as far as the budget goes.
 #
 # Usage (repository root; speechperf's dependencies on PYTHONPATH, see docs/gpu.md):
 #   OUT=/some/dir bash benchmarks/gpu_check.sh           # on the GPU machine
 #   OUT=/tmp/check bash benchmarks/gpu_check.sh --cpu    # the whole flow on a tiny corpus, CPU, minutes
-# GPU_CHECK_DRY=1 is the same as --cpu; BUDGET=seconds (default 500; --cpu 900) bounds the whole run;
+# GPU_CHECK_DRY=1 is the same as --cpu; BUDGET=seconds (default 540; --cpu 900) bounds the whole run;
 # ONLY="tests_cuda tests_gpu_files checksum" runs only the steps named (a second, short call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,17 +58,17 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
     DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
-    BUDGET=${BUDGET:-500}; DEMO_T=180; CONF_PRESET=conformer
+    BUDGET=${BUDGET:-540}; DEMO_T=180; CONF_PRESET=conformer
     CONF_ARGS=(train.time_cap_minutes=1 train.max_epochs=3 train.eval_decoder=greedy train.final_splits=none)
     CONF_T=55; FEED_PRESETS=(gpu conformer); FEED_ARGS=(--readers 2 --windows 3 --steps 4 --warmup 3 --batches 2)
     FEED_T=30; FLOOR_PRESET=gpu; FLOOR_DOUBLED=(loader.max_duration=1440); FLOOR_PRESET_ARGS=()
     FLOOR_ARGS=(--steps 20 --warmup 5); FLOOR_T=30
-    PROFILE_ARGS=(--preset gpu --preset conformer --steps 3 --warmup 3); PROFILE_T=45
+    PROFILE_ARGS=(--preset gpu --preset conformer --steps 3 --warmup 3); PROFILE_T=70
     CONF_FLOOR=(--preset conformer --steps 10 --warmup 5); COMPILE=1
     # the files holding cuda-marked tests only (collecting the whole suite costs ~10 s)
     CUDA_TESTS=(-m cuda $(grep -rlE "mark\.cuda" tests --include='test_*.py' | sort))
     GPU_FILES=(tests/studies/test_reproduce.py tests/train/test_cli_e2e.py)
-    TEST_ARGS=(-n 6 --timeout 120); CUDA_T=80; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
+    TEST_ARGS=(-n 6 --timeout 120); CUDA_T=110; FILES_T=120  # the cuda files took 80+ s on the H200  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
     DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
 fi
 
@@ -89,10 +92,22 @@ env_info() {
     nvidia-smi || echo "no nvidia-smi"
     $PY -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, 'python', sys.version.split()[0])"
     lscpu | grep -E "Model name|Vendor ID|^CPU\(s\)|Flags"
+    $PY -c "$AUTOCAST_PY" || echo "autocast probe failed"
     echo "date $(date -u '+%F %T UTC')"
     echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+dirty')"
 }
 
+# which dtype cuDNN's LSTM runs in under bf16 autocast (the H200 profile's RNN kernels were __half)
+AUTOCAST_PY='
+import torch
+if torch.cuda.is_available():
+    lstm, x = torch.nn.LSTM(16, 16).cuda(), torch.randn(5, 3, 16, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y, _ = lstm(x)
+        z = torch.nn.functional.linear(x, lstm.weight_ih_l0)
+    y.float().sum().backward()
+    print("autocast bf16: lstm out", y.dtype, "linear out", z.dtype, "lstm weight grad", lstm.weight_hh_l0.grad.dtype)
+'
 CHECKSUM_PY='
 import json, os, subprocess, sys
 from pathlib import Path
@@ -109,7 +124,7 @@ features_checksum() {  # the test suite's tiny corpus (tests/conftest.py), prepa
     $PY -c "$CHECKSUM_PY" "$WORK/tiny"
 }
 
-export PY WORK
+export PY WORK AUTOCAST_PY
 export -f env_info features_checksum  # timeout runs programs: the functions run in a child bash
 step env 40 bash -c env_info
 step demo "$DEMO_T" $PY -m speechperf demo --out "$WORK/demo" "${DEMO_ARGS[@]}"
@@ -120,7 +135,6 @@ if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" checksum "* ]]; then
 fi
 step profile "$PROFILE_T" $PY benchmarks/bench_step_profile.py "$WORK/demo/features" "${PROFILE_ARGS[@]}"
 step tests_cuda "$CUDA_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${CUDA_TESTS[@]}"
-step tests_gpu_files "$FILES_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${GPU_FILES[@]}"
 if [ -n "${CHECKSUM:-}" ]; then  # given until 10 s before the budget ends
     ( w=$(( $(left) - 10 )); sleep $(( w > 1 ? w : 1 )); kill "$CHECKSUM" 2>/dev/null ) &
     KILLER=$!
@@ -136,6 +150,9 @@ step floor "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" -
 for p in "${FEED_PRESETS[@]:1}"; do
     step "feed_$p" "$FEED_T" $PY -m speechperf bench feed --preset "$p" --json "${FEED_ARGS[@]}"
 done
+
+# the GPU-sensitive files: they passed on the H200 (f9d8828), so after the figures above
+step tests_gpu_files "$FILES_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${GPU_FILES[@]}"
 
 # only with the budget left: the conformer's step floor; what the loop waits per checkpoint (background
 # writer against a synchronous save) and the undoable optimizer step (fused found_inf against copy-back);

@@ -29,8 +29,8 @@ from speechperf.results.run import Run
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
-STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "tests_gpu_files", "checksum", "conformer", "conformer_tta",
-         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "eval_sync", "epoch_start", "floor_conformer",
+STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
+         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "tests_gpu_files", "eval_sync", "epoch_start", "floor_conformer",
          "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
@@ -264,7 +264,8 @@ def env_figures(text: str | None) -> dict:
     commit = re.search(r"^commit (\S+)", text, re.M)
     cpu = re.search(r"Model name:\s+(.+)", text)
     date = re.search(r"^date (.+)$", text, re.M)
-    return {"torch": torch.group(1) if torch else "?", "device": torch.group(4) if torch else "?",
+    autocast = re.search(r"^autocast bf16: (.+)$", text, re.M)  # gpu_check.sh's probe: the LSTM's dtype
+    return {"autocast": autocast.group(1) if autocast else None, "torch": torch.group(1) if torch else "?", "device": torch.group(4) if torch else "?",
             "cuda": torch.group(2) if torch else "?", "commit": commit.group(1) if commit else "?",
             "cpu": cpu.group(1).strip() if cpu else "?", "date": date.group(1) if date else "?"}
 
@@ -304,6 +305,8 @@ def table(logs: Path, runs: Path | None, budget: int | None, elapsed: int | None
     env = env_figures(read(logs, "env"))
     head = (f"# GPU check: {env['device']} on {env['cpu']}, torch {env['torch']} (CUDA {env['cuda']}), "
             f"commit {env['commit']}, {env['date']}" + (f"; {elapsed} s of a {budget} s budget" if elapsed is not None else ""))
+    if env["autocast"]:
+        head += f"\n\nUnder bf16 autocast: {env['autocast']}."
     body = ["| step | status | figures |", "| --- | --- | --- |"]
     body += [f"| {n} | {s} | {f.replace('|', '/')} |" for n, s, f in rows(logs, runs)]
     return "\n".join([head, "", *body]) + "\n"

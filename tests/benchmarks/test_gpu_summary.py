@@ -185,3 +185,12 @@ def test_the_table_reads_the_runs_given(capsys):
     steps = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()[4:]}
     assert "GPU busy 37 % of the TTA (581 samples), 44 % in training (439)" in steps["demo"]
     assert "step MFU 0.855 % (8.46 TFLOPS of 989.5; " in steps["conformer"]
+
+
+def test_the_autocast_probe_joins_the_head():
+    text = ("torch 2.11.0+cu130 cuda 13.0 cudnn 91900 gpu NVIDIA H200 python 3.12.3\n"
+            "autocast bf16: lstm out torch.float16 linear out torch.bfloat16 lstm weight grad torch.float32\n")
+    env = gs.env_figures(text)
+    assert env["device"] == "NVIDIA H200"
+    assert env["autocast"] == "lstm out torch.float16 linear out torch.bfloat16 lstm weight grad torch.float32"
+    assert gs.env_figures("torch 2.11.0 cuda 13.0 cudnn 1 gpu X python 3")["autocast"] is None
