@@ -7,17 +7,18 @@
 # device busy share) -> the cuda-marked tests and the GPU-sensitive files (with the tiny
 # corpus's features checksum under the AVX2 cap beside them) -> a short conformer run (bf16,
 # MFU) -> `bench feed` for gpu and conformer and the gpu preset's step floor -> then, only
-# with the budget left: the conformer's step floor, the checkpoint and masked-step benchmarks,
-# the floor at twice the batch, and last the conformer floor under torch.compile (given what
-# is left: its summary row says when compilation did not finish) -> one summary table
+# with the budget left: the conformer's attention padded and not (bench_attention.py), the
+# conformer's step floor, the checkpoint and masked-step benchmarks, the floor at twice the
+# batch, and last the conformer floor under torch.compile (given what is left: its summary
+# row says when compilation did not finish) -> one summary table
 # (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last.
 #
 # Budget (seconds, the H200 check of 2026-11-26 on 09e2dba, its steps' logs): env 6, demo ~150
 # (corpus and features 47, initialization 22, training to the TTA 75, final dev-clean 1, report),
 # demo_tta 6, profile ~35 (estimated; 45 at most), tests_cuda ~60, tests_gpu_files 90-120, conformer 47,
 # conformer_tta 5, feed_gpu 27, floor 16, feed_conformer 26: ~480 of BUDGET=500. The steps
-# after them (floor_conformer 27, checkpoint 16, masked_step 11, floor_doubled 17, the compile
-# > 120) run only as far as the budget goes.
+# after them (attention ~15 estimated, floor_conformer 27, checkpoint 16, masked_step 11,
+# floor_doubled 17, the compile > 120) run only as far as the budget goes.
 #
 # Usage (repository root; speechperf's dependencies on PYTHONPATH, see docs/gpu.md):
 #   OUT=/some/dir bash benchmarks/gpu_check.sh           # on the GPU machine
@@ -52,6 +53,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     CUDA_TESTS=(tests/train/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/train/test_feed.py -k recorded_profile_rows)
     TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
     DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
+    ATTN_ARGS=(--device cpu --seconds 0.4 --batch 2 --repeats 2 --warmup 1)
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
     DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
@@ -67,6 +69,7 @@ else
     GPU_FILES=(tests/studies/test_reproduce.py tests/train/test_cli_e2e.py)
     TEST_ARGS=(-n 6 --timeout 120); CUDA_T=80; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
     DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
+    ATTN_ARGS=(--device cuda --repeats 20)  # the preset's batches of 4 s and 12.4 s utterances
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -141,6 +144,8 @@ done
 # writer against a synchronous save) and the undoable optimizer step (fused found_inf against copy-back);
 # the gpu preset's floor at twice the batch; last, the conformer's floor under torch.compile (compilation
 # in the warm-up), given whatever is left
+# the conformer's attention (Dh 44) as is against zero-padded to 48: time, and the SDPA backend and kernels each ran
+step attention 25 $PY benchmarks/bench_attention.py --json "${ATTN_ARGS[@]}"
 # the evaluation's batch loop against the loop that waited for the device every batch, on the demo's trained model
 step eval_sync 50 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part sync \
     --device "$DEVICE" --repeats 2
