@@ -45,7 +45,7 @@ FEATURE_DIM = 93  # columns of the prepared features (80 log-mel + 13 MFCC)
 # for fp32) and cuDNN (check_cudnn_tensor_shapes: Dh % 8). A (B, 1, 1, T) boolean mask passes
 # memory-efficient's checks (torch turns it into an additive bias, pads its last dim to 8 and
 # broadcasts it); cuDNN also needs dropout in steps of 1/16 (0.1 is not), flash takes no mask.
-# So with Dh 44 (d_model 176, 4 heads) every training step ran the unfused math path.
+# Unpadded, Dh 44 (d_model 176, 4 heads) leaves a training step only the unfused math path.
 FUSED_ALIGN = 8
 
 
