@@ -7,7 +7,8 @@
 # evaluation (benchmarks/bench_step_profile.py: host syncs and their sites, kernels, device
 # busy share) -> the cuda-marked tests (with the tiny corpus's features checksum under the AVX2
 # cap beside them) -> a short conformer run (bf16, MFU) -> `bench feed` for gpu and conformer
-# and the gpu preset's step floor -> the GPU-sensitive test files -> then, only with the budget
+# and the gpu preset's step floor -> the conformer's attention padded and not
+# (bench_attention.py) -> the GPU-sensitive test files -> then, only with the budget
 # left: the evaluation loop against the waiting one, the conformer's epoch start and step
 # floor, the checkpoint and masked-step benchmarks, the floor at twice the batch, and last the
 # conformer floor under torch.compile (given what is left: its summary row says when
@@ -17,8 +18,8 @@
 # Budget (seconds, the H200 check of 2026-11-26 on f9d8828, its steps' logs): env 6, demo 165
 # (corpus and features ~50, initialization 20, training to the TTA 88, final dev-clean, report),
 # demo_tta 5, profile ~55, tests_cuda 80-110, conformer 32, conformer_tta 4, feed_gpu 23,
-# floor 13, feed_conformer 22, tests_gpu_files 89: ~520 of BUDGET=540 (call it with a 590 s
-# limit: the machine's start takes ~30 s more of the session's 900). The steps after them
+# floor 13, feed_conformer 22, attention ~15 (estimated), tests_gpu_files 89: ~535 of
+# BUDGET=540 (call it with a 590 s limit: the machine's start takes ~30 s more of the session's 900). The steps after them
 # (eval_sync 12, epoch_start ~30, floor_conformer 27, checkpoint 16, masked_step 11,
 # floor_doubled 17, the compile > 120) run only as far as the budget goes.
 #
@@ -55,6 +56,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     CUDA_TESTS=(tests/train/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/train/test_feed.py -k recorded_profile_rows)
     TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
     DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
+    ATTN_ARGS=(--device cpu --seconds 0.4 --batch 2 --repeats 2 --warmup 1)
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
     DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
@@ -68,8 +70,9 @@ else
     # the files holding cuda-marked tests only (collecting the whole suite costs ~10 s)
     CUDA_TESTS=(-m cuda $(grep -rlE "mark\.cuda" tests --include='test_*.py' | sort))
     GPU_FILES=(tests/studies/test_reproduce.py tests/train/test_cli_e2e.py)
-    TEST_ARGS=(-n 6 --timeout 120); CUDA_T=110; FILES_T=120  # the cuda files took 80+ s on the H200  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
+    TEST_ARGS=(-n 6 --timeout 120); CUDA_T=110; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py); the cuda files took 80+ s on the H200
     DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
+    ATTN_ARGS=(--device cuda --repeats 20)  # the preset's batches of 4 s and 12.4 s utterances
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -151,10 +154,12 @@ for p in "${FEED_PRESETS[@]:1}"; do
     step "feed_$p" "$FEED_T" $PY -m speechperf bench feed --preset "$p" --json "${FEED_ARGS[@]}"
 done
 
+# the conformer's attention (Dh 44) as is against zero-padded to 48: time, and the SDPA backend and kernels each ran
+step attention 25 $PY benchmarks/bench_attention.py --json "${ATTN_ARGS[@]}"
 # the GPU-sensitive files: they passed on the H200 (f9d8828), so after the figures above
 step tests_gpu_files "$FILES_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${GPU_FILES[@]}"
 
-# only with the budget left: the conformer's step floor; what the loop waits per checkpoint (background
+# only with the budget left: the evaluation loop, the conformer's epoch start and step floor; what the loop waits per checkpoint (background
 # writer against a synchronous save) and the undoable optimizer step (fused found_inf against copy-back);
 # the gpu preset's floor at twice the batch; last, the conformer's floor under torch.compile (compilation
 # in the warm-up), given whatever is left

@@ -3,10 +3,10 @@
 Reads LOGS/NAME.log as gpu_check.sh writes them (each ends in "exit RC after Ns (timeout
 Ts)" or says "skipped"): env (torch, GPU, commit), demo_tta and conformer_tta (`tta --json`
 rows), profile (bench_step_profile.py's phase table per preset: host syncs, device busy share,
-kernels, the top sync site), feed_* (`bench feed --json`), floor_* (bench_step_floor.py; the
-compiled one's timeout reads as compilation that did not finish), tests_* (pytest's last line),
-checksum (the tiny corpus's features checksum); and, with --runs, the demo's and the
-conformer's run folders (steps: utterances and seconds per step; evaluation seconds against
+kernels, the top sync site), feed_* (`bench feed --json`), attention (bench_attention.py
+--json), floor_* (bench_step_floor.py; the compiled one's timeout reads as compilation that
+did not finish), tests_* (pytest's last line), checksum (the tiny corpus's features
+checksum); and, with --runs, the demo's and the conformer's run folders (steps: utterances and seconds per step; evaluation seconds against
 the training clock; how busy the GPU was over the TTA window, inside training phases and
 inside evaluations; the step MFU from the iteration rows, for a run cut before its summary
 too). A step that failed or is missing reads as such in its row, never as a figure.
@@ -30,7 +30,8 @@ from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
-         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "tests_gpu_files", "eval_sync", "epoch_start", "floor_conformer",
+         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "attention", "tests_gpu_files", "eval_sync", "epoch_start",
+         "floor_conformer",
          "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
@@ -101,6 +102,28 @@ def feed_figures(rows) -> str:
     return (f"appetite {fmt(r.get('appetite audio s/s'))} audio s/s ({src}, spread {fmt(r.get('appetite spread %'))} %), "
             f"supply {fmt(r.get('supply audio s/s per reader'))} per reader: {r.get('readers per GPU')} readers per GPU; "
             f"{r.get('host cores')} cores feed {fmt(r.get('GPUs this host feeds'))} GPUs")
+
+
+def attention_figures(out) -> str:
+    """bench_attention.py --json: per utterance length, each path's forward + backward with the SDPA
+    op, the kernel family and the fused backends torch allowed (the last two on CUDA only), the
+    ratio unpadded / padded, the attention's share of a step (times the layers) and each path's
+    error against the wider dtype."""
+    if not isinstance(out, dict) or not out.get("rows"):
+        return "no output"
+    rows = out["rows"]
+
+    def path(r: dict) -> str:
+        seen = [r["sdpa op"]] + [x for x in (r["kernel family"], f"fused allowed: {r['fused allowed']}") if "n/a" not in x]
+        return f"{r['path']} {fmt(r['F+B ms'])} ms ({', '.join(seen)})"
+
+    parts = []
+    for plain, padded in zip(rows[::2], rows[1::2]):
+        layers = next(k for k in plain if k.endswith(" layers ms"))
+        parts.append(f"{fmt(plain['utterance s'])} s, B {plain['B']} T {plain['T']} Dh {plain['Dh']}: {path(plain)}, "
+                     f"{path(padded)}: {fmt(padded['unpadded / padded'])}x; {layers.split()[0].lstrip('x')} layers "
+                     f"{fmt(plain[layers])} -> {fmt(padded[layers])} ms; max err {fmt(plain['max err'])} / {fmt(padded['max err'])}")
+    return f"{out['dtype']}, attention dropout {out['dropout']}: " + " // ".join(parts)
 
 
 def floor_figures(text: str | None) -> str:
@@ -284,6 +307,8 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = run_figures(run) if run else "no --runs"
         elif name.startswith("feed_"):
             figs = feed_figures(json_in(text))
+        elif name == "attention":
+            figs = attention_figures(json_in(text))
         elif name == "profile":
             figs = profile_figures(text)
         elif name == "floor_conformer_compile":

@@ -9,8 +9,9 @@ attention layer. They are relative, as NeMo's Transformer-XL positional attentio
 score depends on the distance of two frames, not on where the utterance sits), but they
 are an elementwise rotation of q and k, so attention stays one
 ``scaled_dot_product_attention`` call with a boolean key mask (fused kernels on CPU and
-GPU); a Transformer-XL bias would be a (B, H, T, T) float mask computed per layer, which
-rules out the fused kernels and costs T^2 memory.
+GPU; on CUDA the head dimension is zero-padded to a multiple of 8 for them, ``attend``); a
+Transformer-XL bias would be a (B, H, T, T) float mask computed per layer, which rules out
+the fused kernels and costs T^2 memory.
 
 Padding never changes a sequence's output:
 - the subsampling convolutions and every depthwise convolution see zeros past a
@@ -38,6 +39,14 @@ from speechperf.models.dropout import Dropout
 
 SUBSAMPLING = (2, 4, 8)  # time reduction factors: 1, 2 or 3 stride-2 convolution stages
 FEATURE_DIM = 93  # columns of the prepared features (80 log-mel + 13 MFCC)
+# CUDA's fused attention kernels need a head dimension divisible by 8 for 16-bit inputs (torch's
+# aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, torch 2.11-2.13): memory-efficient
+# (check_head_dim_size_mem_efficient: Dh % minimum_gemm_alignment, 8 for fp16/bf16 on sm80+, 4
+# for fp32) and cuDNN (check_cudnn_tensor_shapes: Dh % 8). A (B, 1, 1, T) boolean mask passes
+# memory-efficient's checks (torch turns it into an additive bias, pads its last dim to 8 and
+# broadcasts it); cuDNN also needs dropout in steps of 1/16 (0.1 is not), flash takes no mask.
+# Unpadded, Dh 44 (d_model 176, 4 heads) leaves a training step only the unfused math path.
+FUSED_ALIGN = 8
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,27 @@ class FeedForward(nn.Module):
         return self.net(x)
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor, dropout_p: float,
+           pad: bool | None = None) -> torch.Tensor:
+    """Scaled dot-product attention of q, k, v (B, H, T, Dh) over the keys ``key_mask`` (B, T) keeps.
+
+    ``pad`` (default: on CUDA where Dh is not a multiple of FUSED_ALIGN) zero-pads the head
+    dimension for a fused kernel: q.k and the output's first Dh columns are unchanged (zero
+    columns add nothing, the scale stays 1/sqrt(Dh)). Not on a CPU: there the padded GEMMs sum
+    in another order (the results would move by rounding) and the fused CPU kernel has no such
+    alignment rule."""
+    dh = q.shape[-1]
+    if pad is None:
+        pad = q.is_cuda and dh % FUSED_ALIGN != 0
+    mask = key_mask[:, None, None, :]  # (B, T) -> (B, 1, 1, T): every query row sees the same keys
+    if not pad:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    extra = -dh % FUSED_ALIGN
+    q, k, v = (F.pad(t, (0, extra)) for t in (q, k, v))  # (B, H, T, Dh) -> (B, H, T, Dh + extra)
+    h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(dh))
+    return h[..., :dh]  # (B, H, T, Dh + extra) -> (B, H, T, Dh): the padded columns are P @ 0 = 0
+
+
 class SelfAttention(nn.Module):
     """LayerNorm -> multi-head self-attention with RoPE and a key padding mask -> dropout."""
 
@@ -157,8 +187,7 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(self.norm(x)).reshape(b, t, 3, self.heads, d // self.heads)  # (B, T, 3, H, Dh)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
         (q, k), v = rotate(qkv[:2], cos, sin), qkv[2]  # q and k rotated in one pass
-        h = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :],  # (B, 1, 1, T)
-                                           dropout_p=self.p if self.training else 0.0)
+        h = attend(q, k, v, key_mask, self.p if self.training else 0.0)
         return self.drop(self.proj(h.transpose(1, 2).reshape(b, t, d)))  # (B, H, T, Dh) -> (B, T, D)
 
 

@@ -45,6 +45,27 @@ def test_the_benchmark_lines():
     assert gs.bench_figures("epoch_start", "Traceback ...") == "no wait lines"
 
 
+def test_the_attention_row():
+    """bench_attention.py --json as gpu_check.sh --cpu recorded it on this CPU; then the same rows as a
+    GPU would fill them (kernel family, the fused backends torch allowed)."""
+    text = (FIXTURES / "logs" / "attention.log").read_text()
+    assert gs.attention_figures(gs.json_in(text)) == (
+        "fp32, attention dropout 0.1: 0.4 s, B 2 T 10 Dh 44: unpadded 0.955 ms (attention_math), padded 0.958 ms "
+        "(attention_math): 0.997x; 16 layers 15.3 -> 15.3 ms; max err 3.47e-07 / 3.47e-07")
+    out = gs.json_in(text)
+    plain, padded = out["rows"]
+    plain.update({"F+B ms": 1.5, "x16 layers ms": 24.0, "kernel family": "math (softmax + GEMMs)", "fused allowed": "none"})
+    padded.update({"F+B ms": 0.5, "x16 layers ms": 8.0, "sdpa op": "efficient_attention", "unpadded / padded": 3.0,
+                   "kernel family": "mem-efficient (cutlass fmha)", "fused allowed": "efficient"})
+    out["rows"] = [plain, padded, {**plain, "utterance s": 12.4}, {**padded, "utterance s": 12.4}]
+    got = gs.attention_figures(out)
+    assert got.startswith("fp32, attention dropout 0.1: 0.4 s, B 2 T 10 Dh 44: unpadded 1.5 ms (attention_math, "
+                          "math (softmax + GEMMs), fused allowed: none), padded 0.5 ms (efficient_attention, "
+                          "mem-efficient (cutlass fmha), fused allowed: efficient): 3x; 16 layers 24 -> 8 ms; ")
+    assert got.count(" // ") == 1 and " // 12.4 s, B 2 T 10" in got
+    assert gs.attention_figures(gs.json_in("Traceback ...")) == gs.attention_figures(None) == "no output"
+
+
 def test_floor_and_pytest_lines():
     text = (FIXTURES / "logs" / "floor_doubled.log").read_text()
     got = gs.floor_figures(text)
@@ -173,6 +194,8 @@ def test_the_table_from_recorded_logs(tmp_path, capsys):
     assert "loop/floor" in steps["floor"] and "loop/floor" in steps["floor_doubled"]
     assert "| checkpoint | ok, 21 s | tiny 0.5 MB: sync 0.010 s, loop waits 0.004 s (2.9x) |" in text
     assert "| masked_step | ok, 30 s | 739.91x time, 4.0x ops; parameters equal: True |" in text
+    assert steps["attention"].startswith("| attention | ok, 5 s | fp32, attention dropout 0.1: 0.4 s, B 2 T 10 Dh 44: ")
+    assert list(steps).index("attention") == list(steps).index("feed_tiny") + 1 == list(steps).index("tests_gpu_files") - 1
 
 
 def test_a_missing_folder_is_refused(tmp_path, capsys):

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from speechperf.config import load_preset
 from speechperf.models import MODELS, build_model, describe
-from speechperf.models.conformer import Conformer, ConformerConfig, rotary, rotate
+from speechperf.models.conformer import FUSED_ALIGN, Conformer, ConformerConfig, SelfAttention, attend, rotary, rotate
 from speechperf.models.contract import TooShortError
 
 SMALL = dict(d_model=32, layers=2, heads=4, conv_kernel=7, subsampling_channels=8, dropout=0.0)
@@ -173,3 +173,71 @@ def test_cpu_preset_is_small_with_narrow_subsampling():
     model = build_model(cfg)
     assert model.output_lengths(torch.tensor([500]))[0] == 125 > 100  # 5 frames per label: 100 labels fit
     assert Conformer(ConformerConfig(subsampling=8, **SMALL)).output_lengths(torch.tensor([500]))[0] == 63
+
+
+def qkv_and_mask(dh: int, dtype: torch.dtype, lengths=(13, 7, 1)):
+    """q, k, v (B, 2, T, dh) needing gradients; the key mask of odd lengths, one of a single frame."""
+    g = torch.Generator().manual_seed(0)
+    t = max(lengths)
+    q, k, v = (torch.randn(len(lengths), 2, t, dh, generator=g, dtype=dtype).requires_grad_() for _ in range(3))
+    return q, k, v, torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("dh", [44, 6])
+def test_head_dim_padding_changes_neither_output_nor_gradients(dtype, tol, dh):
+    q, k, v, mask = qkv_and_mask(dh, dtype)
+    grad_out = torch.randn(q.shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    got = {}
+    for pad in (False, True):
+        h = attend(q, k, v, mask, 0.0, pad=pad)
+        got[pad] = (h, *torch.autograd.grad(h, (q, k, v), grad_out))
+    assert got[True][0].shape == q.shape  # sliced back to dh
+    for plain, padded in zip(got[False], got[True]):
+        torch.testing.assert_close(padded, plain, rtol=tol, atol=tol)
+    assert got[True][2][:, :, 1:].abs().max() > 0 and (got[True][2][1, :, 7:] == 0).all()  # masked keys: no gradient
+
+
+def test_head_dim_padding_with_dropout_draws_the_same_weights():
+    """Dropout on the attention weights (T x T per head) draws the same mask padded or not."""
+    q, k, v, mask = qkv_and_mask(44, torch.float64)
+    outs = []
+    for pad in (False, True):
+        torch.manual_seed(3)
+        outs.append(attend(q, k, v, mask, 0.5, pad=pad))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-12, atol=1e-12)
+    torch.manual_seed(4)
+    assert not torch.allclose(attend(q, k, v, mask, 0.5, pad=True), outs[0])  # the seed does matter
+
+
+def test_attention_on_a_cpu_is_the_unpadded_call_bit_for_bit():
+    """On a CPU nothing is padded: SelfAttention gives what one plain SDPA call with the (B, 1, 1, T)
+    boolean mask gives, bit for bit (the CPU reference curves depend on it; padded, these shapes
+    differ in the last bits)."""
+    cfg = ConformerConfig(**{**SMALL, "d_model": 24, "heads": 2})  # Dh 12: a case the CUDA rule would pad
+    assert (cfg.d_model // cfg.heads) % FUSED_ALIGN != 0
+    torch.manual_seed(0)
+    attn = SelfAttention(cfg).eval()
+    x, mask = torch.randn(3, 11, 24), torch.arange(11)[None, :] < torch.tensor([11, 6, 1])[:, None]
+    cos, sin = rotary(11, 12, torch.device("cpu"))
+    qkv = attn.qkv(attn.norm(x)).reshape(3, 11, 3, 2, 12).permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
+    h = F.scaled_dot_product_attention(rotate(qkv[0], cos, sin), rotate(qkv[1], cos, sin), qkv[2],
+                                       attn_mask=mask[:, None, None, :])
+    want = attn.proj(h.transpose(1, 2).reshape(3, 11, 24))
+    assert torch.equal(attn(x, mask, cos, sin), want)
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_padded_bf16_attention_can_use_a_fused_kernel():
+    """The conformer preset's shapes (Dh 44, dropout 0.1, a (B, 1, 1, T) boolean mask) in bf16: torch's
+    own dispatch checks refuse the memory-efficient kernel unpadded and accept it padded to 48; the
+    padded result matches the unpadded one (math path, fp32) to bf16 rounding."""
+    from torch.backends.cuda import SDPAParams, can_use_efficient_attention
+    q, k, v, mask = (t.cuda() for t in qkv_and_mask(44, torch.float32, lengths=(120, 77, 5)))
+    mask4 = mask[:, None, None, :]
+    low = [t.detach().bfloat16() for t in (q, k, v)]
+    padded = [F.pad(t, (0, 4)) for t in low]
+    assert not can_use_efficient_attention(SDPAParams(*low, mask4, 0.1, False, False))
+    assert can_use_efficient_attention(SDPAParams(*padded, mask4, 0.1, False, False))
+    got = attend(*low, mask, 0.0).float()
+    torch.testing.assert_close(got, attend(q, k, v, mask, 0.0, pad=False).detach(), rtol=3e-2, atol=3e-2)
