@@ -11,7 +11,10 @@ where the flags are not the whole truth, from a tiny cached probe of the kernel 
   oneDNN, whose LSTM has no kernel for them without AVX-512: on an AVX2 CPU it raises "could
   not create a primitive descriptor". An 8-unit LSTM is run once to confirm (cached).
 - on a GPU, from its compute capability: bf16 and tf32 native from 8.0 (Ampere), bf16
-  emulated below it, tf32 absent below it.
+  emulated below it, tf32 absent below it. A model with LSTMs under bf16 autocast runs them in
+  fp16, whatever the autocast dtype: torch's autocast wrapper of cuDNN's RNN casts the input,
+  states and weights to half (aten/src/ATen/cudnn/AutocastRNN.cpp), and no loss scaler guards
+  a bf16 run. The precision is native, with that caveat in the run's note.
 
 Tests force a feature off with the environment variable ``SPEECHPERF_CPU_WITHOUT``
 (comma-separated /proc/cpuinfo flag names, e.g. ``avx512f,avx512_bf16,amx_bf16``) or by
@@ -43,6 +46,7 @@ class Support:
     device: str  # "cpu", "cuda:0"
     level: str  # NATIVE, EMULATED or UNSUPPORTED
     reason: str = ""  # why it is not native (empty when native)
+    caveat: str = ""  # what runs in another precision although the level is native (empty: nothing)
 
     @property
     def runs(self) -> bool:
@@ -54,9 +58,10 @@ class Support:
 
     @property
     def note(self) -> str | None:
-        """The row's or run's flag: None when native, else "emulated: ..." / "unsupported on this CPU: ..."."""
+        """The row's or run's flag: None when native (its caveat where it has one), else
+        "emulated: ..." / "unsupported on this CPU: ..."."""
         if self.level == NATIVE:
-            return None
+            return self.caveat or None
         return f"{'emulated' if self.level == EMULATED else f'unsupported on this {self.where}'}: {self.reason}"
 
 
@@ -151,7 +156,11 @@ def cuda_capability(device: str) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def _cuda(precision: str, device: str) -> Support:
+CUDNN_RNN_FP16 = ("its LSTMs run in fp16 under bf16 autocast (torch's autocast casts cuDNN's RNN to half, "
+                  "aten/src/ATen/cudnn/AutocastRNN.cpp), without a loss scaler")
+
+
+def _cuda(precision: str, device: str, lstm: bool = False) -> Support:
     major, minor = cuda_capability(device)
     cc = f"compute capability {major}.{minor}"
     if precision == "fp32":
@@ -160,7 +169,7 @@ def _cuda(precision: str, device: str) -> Support:
         return (Support(precision, device, NATIVE) if major >= 8 else
                 Support(precision, device, UNSUPPORTED, f"tf32 needs compute capability 8.0 or newer (this GPU: {cc})"))
     if precision == "bf16":
-        return (Support(precision, device, NATIVE) if major >= 8 else
+        return (Support(precision, device, NATIVE, caveat=CUDNN_RNN_FP16 if lstm else "") if major >= 8 else
                 Support(precision, device, EMULATED, f"no native bf16 on this GPU ({cc}; 8.0 or newer has it)"))
     fast_fp16 = major >= 7 or (major, minor) == (6, 0)  # tensor cores; P100 at twice fp32
     return (Support(precision, device, NATIVE) if fast_fp16 else
@@ -168,6 +177,13 @@ def _cuda(precision: str, device: str) -> Support:
 
 
 # ---- the question ------------------------------------------------------------------------
+def has_lstm(model) -> bool:
+    """Whether a module (or any of its children) is an ``nn.LSTM`` (cuDNN's RNN on a GPU)."""
+    import torch
+
+    return any(isinstance(m, torch.nn.LSTM) for m in model.modules())
+
+
 def onednn_lstm(model) -> bool:
     """Whether a module (or any of its children) is an ``nn.LSTM`` that torch runs through
     oneDNN on a CPU: one without a projection (``proj_size`` 0; a projected LSTM, CLDNN's,
@@ -184,7 +200,7 @@ def support(device, precision: str, model=None) -> Support:
         raise ValueError(f"unknown precision {precision!r} (one of {', '.join(KNOWN)})")
     device = str(device)
     if device.startswith("cuda"):
-        return _cuda(precision, device)
+        return _cuda(precision, device, model is not None and has_lstm(model))
     if device.startswith("cpu"):
         return _cpu(precision, model is not None and onednn_lstm(model))
     return Support(precision, device, UNSUPPORTED, f"device {device!r} is neither a CPU nor a CUDA GPU")

@@ -79,6 +79,11 @@ def test_gpu_rules_from_compute_capability(monkeypatch):
     assert cap.support("cuda:0", "fp16").level == "native"
     monkeypatch.setattr(cap, "cuda_capability", lambda device: (9, 0))  # H100
     assert {cap.support("cuda:0", p, torch.nn.LSTM(4, 4)).level for p in cap.KNOWN} == {"native"}
+    # native, but a model's LSTMs run in fp16 under bf16 autocast: the run's note says so
+    lstm_model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LSTM(4, 4))
+    assert cap.support("cuda:0", "bf16", lstm_model).note.startswith("its LSTMs run in fp16 under bf16 autocast")
+    assert cap.support("cuda:0", "bf16", torch.nn.Linear(4, 4)).note is None
+    assert cap.support("cuda:0", "fp16", lstm_model).note is None and cap.support("cuda:0", "bf16").note is None
     with pytest.raises(ValueError, match="unknown precision 'int8'"):
         cap.support("cpu", "int8")
 
@@ -96,3 +101,14 @@ def test_errors_in_words_keep_whole_words():
     long = in_words("word " * 60, limit=22)
     assert long == "word word word word..." and len(long) <= 25
     assert in_words(RuntimeError("")) == "RuntimeError"
+
+
+@pytest.mark.cuda
+def test_the_lstm_note_holds_for_this_torch():
+    """What CUDNN_RNN_FP16 claims, on the GPU: cuDNN's LSTM under bf16 autocast returns fp16 while
+    a linear layer returns bf16 (if torch changes this, the note must go)."""
+    lstm, x = torch.nn.LSTM(16, 16).cuda(), torch.randn(5, 3, 16, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y, _ = lstm(x)
+        z = torch.nn.functional.linear(x, lstm.weight_ih_l0)
+    assert (y.dtype, z.dtype) == (torch.float16, torch.bfloat16)
