@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from speechperf.config import ConfigError, RunConfig, load_preset
-from speechperf.results.run import Run, default_label
+from speechperf.results.labels import default_label
+from speechperf.results.run import Run
 
 RESUME_MODES = ("auto", "yes", "no")
 

@@ -27,11 +27,11 @@ from pathlib import Path
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
 from speechperf.results.db import ResultsDB
+from speechperf.results.labels import default_label
 from speechperf.results.layout import (APPEND_LOGS, CONFIG_FILE, DB_FILE, ENV_FILE, EVENTS_FILE, JSON_FILES, RUN_FILE,
                                        SENTENCES_FILE, SUMMARY_FILE, has_checkpoint)
 from speechperf.results.shapes import check_file
 from speechperf.results.progress import Clock, Progress  # noqa: F401 (the run's readers and writers import them here)
-from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu  # noqa: F401 (labels; tta and tests import them here)
 from speechperf.features.stats import stats_sha256
 from speechperf.results.workload import workload
 
@@ -397,41 +397,3 @@ def read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise RunError(f"{path}: not a JSON object (found {type(data).__name__}); the run folder is damaged")
     return check_file(Path(path).name, data, str(path))  # valid JSON of the wrong shape: refused by field
-
-
-
-
-# ---- labels ------------------------------------------------------------------------------
-def default_label(env: dict, config: dict) -> str:
-    """"H100x1 paper bf16", "2-core Xeon cpu fp32", "2-core Xeon tiny fp32 bmuf/20 x2": machine,
-    preset, precision and, for several processes or another algorithm than sync, the
-    data-parallel algorithm (its sync_every for local SGD) and the process count."""
-    train, algo = config.get("train", {}), config.get("algo")
-    parts = [machine_name(env), config.get("preset"), train.get("precision") or config.get("model"),
-             _algorithm_part(algo, env.get("world_size") or 1)]
-    return " ".join(str(p) for p in parts if p)
-
-
-def _algorithm_part(algo, world: int) -> str | None:
-    """"bmuf/20 x2", "sync x4"; None for one process of sync or single."""
-    if not isinstance(algo, dict):
-        return None
-    name = algo.get("name", "sync")
-    if name in ("sync", "single") and world == 1:
-        return None
-    every = f"/{algo.get('sync_every', 1)}" if name not in ("sync", "single") else ""
-    return f"{name}{every} x{world}"
-
-
-def unique_labels(runs: list[Run]) -> list[str]:
-    """The runs' labels, colliding ones told apart by their folder's name (then a number)."""
-    labels = [r.label for r in runs]
-    out = []
-    for r, label in zip(runs, labels):
-        out.append(f"{label} [{r.folder.name}]" if labels.count(label) > 1 else label)
-    seen: dict[str, int] = {}
-    for i, label in enumerate(out):
-        if out.count(label) > 1:
-            seen[label] = seen.get(label, 0) + 1
-            out[i] = f"{label} #{seen[label]}"
-    return out

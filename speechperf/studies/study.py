@@ -13,7 +13,8 @@ from speechperf.studies.aggregate import SeedRun, aggregate, outcome, speed_note
 from speechperf.scoring.targets import METRICS, parse_targets
 from speechperf.studies.tta import evaluations, notes, tta_table
 from speechperf.results.layout import CONFIG_FILE, ENV_FILE, EVENTS_FILE
-from speechperf.results.run import Run, unique_labels
+from speechperf.results.labels import unique_labels
+from speechperf.results.run import Run
 from speechperf.results.workload import workload, workload_label
 from speechperf.telemetry.machine import machine_name
 

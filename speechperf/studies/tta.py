@@ -11,7 +11,9 @@ from speechperf.studies.busy import busy, busy_text
 from speechperf.studies.time_parts import shares, time_parts
 from speechperf.scoring.target_rule import epochs_to_target, tta_minutes
 from speechperf.scoring.targets import parse_targets
-from speechperf.results.run import Run, machine_name, unique_labels
+from speechperf.results.labels import unique_labels
+from speechperf.results.run import Run
+from speechperf.telemetry.machine import machine_name
 from speechperf.results.workload import by_workload
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from speechperf.errors import SpeechperfError
 from speechperf.results import ResultsDB
-from speechperf.results.run import (FORMAT, Progress, Run, default_label, machine_name, short_cpu, short_gpu,
-                                    unique_labels)
+from speechperf.results.labels import default_label, unique_labels
+from speechperf.results.run import FORMAT, Progress, Run
+from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu
 
 CPU_ENV = {"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_cores_logical": 2, "device": "cpu", "gpus": [],
            "hostname": "box-a"}

@@ -26,15 +26,15 @@ def test_gpu_counts_and_names(env, used, paid, name, words):
 
 
 def test_every_reader_uses_the_one_rule():
-    from speechperf.results import run
+    from speechperf.results import labels
     from speechperf.telemetry import platforms
 
-    assert run.machine_name is M.machine_name and platforms.hardware is M.hardware and platforms.gpu_count is M.gpu_count
+    assert labels.machine_name is M.machine_name and platforms.hardware is M.hardware and platforms.gpu_count is M.gpu_count
     env = {**EPYC, "device": "cuda:0", "world_size": 1, "gpus": [H100] * 2}
     p = platforms.describe(env)
     assert (p.name, p.gpus) == ("2x NVIDIA H100 80GB HBM3 / AMD EPYC 9454 48-Core Processor", 2)
     assert p.devices == "2x NVIDIA H100 80GB HBM3, AMD EPYC 9454 48-Core Processor (96 logical cores), 755.5 GB"
-    assert run.default_label(env, {"preset": "paper", "train": {"precision": "bf16"}}) == "H100x1 paper bf16"
+    assert labels.default_label(env, {"preset": "paper", "train": {"precision": "bf16"}}) == "H100x1 paper bf16"
 
 
 def test_instance_type_only_from_ec2():

@@ -20,7 +20,8 @@ from speechperf.results import ResultsDB
 from speechperf.tables import _fmt, write_csv
 from speechperf.telemetry.platforms import with_price_overrides
 from speechperf.scoring.targets import parse_targets
-from speechperf.results.run import Run, unique_labels
+from speechperf.results.labels import unique_labels
+from speechperf.results.run import Run
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
