@@ -52,6 +52,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     CUDA_TESTS=(tests/train/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/train/test_feed.py -k recorded_profile_rows)
     TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
     DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
+    EVAL_BATCHES_ARGS=(--eval-max-duration 60 --repeats 1)  # tiny keeps training-sized evaluation batches
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
     DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
@@ -67,6 +68,7 @@ else
     GPU_FILES=(tests/studies/test_reproduce.py tests/train/test_cli_e2e.py)
     TEST_ARGS=(-n 6 --timeout 120); CUDA_T=80; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py)
     DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
+    EVAL_BATCHES_ARGS=(--repeats 2)
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -144,6 +146,9 @@ done
 # the evaluation's batch loop against the loop that waited for the device every batch, on the demo's trained model
 step eval_sync 50 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part sync \
     --device "$DEVICE" --repeats 2
+# the evaluation on evaluation-sized batches (the preset's loader.eval_max_duration) against training-sized ones
+step eval_batches 45 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part batches \
+    --device "$DEVICE" "${EVAL_BATCHES_ARGS[@]}"
 # the conformer's epoch start: the first batch's wait behind a 0.8 s evaluation, shards decompressed serially or threaded
 step epoch_start 60 $PY benchmarks/bench_epoch_start.py "$WORK/demo/features" --preset "$CONF_PRESET" --eval-s 0.8 \
     --repeats 3 --batches 2
