@@ -21,10 +21,8 @@ class LoaderConfig:
     shuffle: bool = True  # shuffle shard and batch order each epoch (seeded)
     normalize: bool = True  # per-feature mean/variance normalization with train-set statistics
     sort_first_epoch: bool = False  # SortaGrad: first epoch in ascending length order
-    # > 0: evaluation batches of at most this many padded seconds (no backward pass: a GPU holds
-    # several training batches' worth, and a launch-bound forward pass costs per batch, not per
-    # utterance); 0: the training batches' size (max_duration or batch_size)
-    eval_max_duration: float = 0.0
+    eval_max_duration: float = 0.0  # > 0: evaluation batches of at most this many padded seconds; 0: the training ones
+    # (no backward pass: a GPU holds several training batches, and a launch-bound forward pass costs per batch)
 
     def problems(self) -> list[str]:
         """One message per invalid value, naming ``loader.FIELD=value``."""
