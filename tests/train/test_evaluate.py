@@ -25,6 +25,7 @@ def test_every_reader_gets_a_share_of_a_dev_split_and_one_reader_keeps_the_train
         train = replace(load_preset(preset).loader, eval_max_duration=0.0)  # training-sized batches
         cfg = eval_loader(train, dev)
         assert not cfg.shuffle and cfg.mode == "bucket" and not cfg.sort_first_epoch
+        assert (cfg.max_duration, cfg.batch_size) == (train.max_duration, train.batch_size)  # the training batches
         plan = plan_epoch(dev, cfg, 0, 0)
         assert set(owners(plan, cfg.readers).tolist()) == set(range(cfg.readers)), preset  # none idle
         assert sorted(np.concatenate(plan.batches).tolist()) == list(range(len(dev.frames)))  # every utterance once
