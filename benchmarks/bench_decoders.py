@@ -106,19 +106,17 @@ def model_emissions(run: Path, splits=("dev-clean", "dev-other")) -> dict[str, t
     """Log-probs of a trained run's checkpoint (e.g. the demo's) on its validation splits:
     {split: (list of (T_i, 30) arrays, transcripts)}, T_i the model's output lengths."""
     import torch
-    from dataclasses import replace
 
-    from speechperf.data.loader import make_loader
     from speechperf.studies.evaluate_run import load_run_model
+    from speechperf.train.evaluate import eval_batches
 
     model, cfg, feats, _ = load_run_model(run)
     model.eval()
     out = {}
     for split in splits:
         mats, refs = [], []
-        loader_cfg = replace(cfg.loader, shuffle=False, mode="bucket", sort_first_epoch=False)
         with torch.no_grad():
-            for b in make_loader(feats, split, loader_cfg, epoch=0, seed=0):
+            for b in eval_batches(feats, split, cfg.loader):  # the evaluation's batches
                 lp, lens = model(b.feats, b.feat_lens)  # (T', B, 30), (B,)
                 lp = lp.float().numpy().astype(np.float64)
                 mats += [np.ascontiguousarray(lp[: int(lens[i]), i]) for i in range(lp.shape[1])]

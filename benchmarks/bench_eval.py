@@ -23,6 +23,15 @@ batches, interleaved; the losses and texts must be equal (bit for bit on the CPU
 expect about 1.00x: the host is the device, there is no queue to keep full; the gain is on a
 GPU (``--device cuda``), where the old loop drained the queue after every batch.
 
+Evaluation batches (``--part batches``): the pass on training-sized batches (the reference:
+``loader.eval_max_duration`` 0) against evaluation-sized ones (the preset's or run's
+``eval_max_duration``, or ``--eval-max-duration``), both kept resident as a run keeps them:
+batches, padded / valid frames, the batches' longest output x the model's layers (a cuDNN LSTM
+launches kernels per time step per layer: on a GPU, where the pass is launch-bound, the
+launches scale with it; an estimate, not a count) and the forward seconds. The results must
+agree (``same_results``: fp32 on a CPU exactly but the loss's summation order; bf16 or a GPU to
+its numerics). On a CPU expect little: its forward pass is compute-bound.
+
 Also the decode alone on log-probs computed once: frames per second per thread with 1 and N
 threads (N threads sharing cores with each other and the machine's other work), and the
 evaluation's share of a TTA whose evaluation share was ``--share`` under the old path.
@@ -30,19 +39,21 @@ evaluation's share of a TTA whose evaluation share was ``--share`` under the old
 Model: ``--run DIR`` (a run folder's latest checkpoint: realistic beam behaviour) or, without
 it, a randomly initialized model of ``--preset`` (says so). Usage:
   python benchmarks/bench_eval.py --feats /work/data/feats [--run RUN] [--threads N] [--repeats 2]
-  [--torch-threads 1] [--part all|pool|resident|sync] [--device cpu|cuda]
+  [--torch-threads 1] [--part all|pool|resident|sync|batches] [--device cpu|cuda] [--eval-max-duration S]
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from speechperf.config import RunConfig, load_preset
-from speechperf.data.loader import load_index, make_loader
+from speechperf.data.loader import load_index
 from speechperf.decode import get_decoder
 from speechperf.decode.batch import DecodePool, usable_cpus
 from speechperf.models import build_model
@@ -65,7 +76,7 @@ def old_evaluate(model, feats: Path, split: str, cfg: RunConfig) -> tuple[float,
                       mode=tc.eval_mode if tc.eval_decoder == "wordbeam" else None)  # rebuilt every epoch
     index = load_index(feats, [split])
     refs, hyps = [], []
-    for batch in make_loader(feats, split, ev.eval_loader(cfg.loader, len(index.keys)), epoch=0, seed=0, index=index):
+    for batch in ev.eval_batches(feats, split, cfg.loader, index):
         log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, CPU)
         log_probs = log_probs.float()  # (T', B, C)
         torch.nn.functional.ctc_loss(log_probs, batch.labels, out_lens, batch.label_lens, blank=0, reduction="none")
@@ -90,7 +101,7 @@ def emissions(model, feats: Path, split: str, cfg: RunConfig) -> list[tuple]:
     """Every batch's (T', B, C) log-probs and lengths, computed once."""
     index = load_index(feats, [split])
     out = []
-    for batch in make_loader(feats, split, ev.eval_loader(cfg.loader, len(index.keys)), epoch=0, seed=0, index=index):
+    for batch in ev.eval_batches(feats, split, cfg.loader, index):
         log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, CPU)
         out.append((log_probs.float().numpy(), out_lens.numpy()))
     return out
@@ -217,6 +228,72 @@ def loop_vs_synced(model, feats: Path, split: str, cfg: RunConfig, device, threa
     return 0
 
 
+def batch_shapes(model, feats: Path, split: str, loader) -> dict:
+    """The evaluation's batches of ``split`` under ``loader``: their count, padded / valid frames
+    and the sum over batches of the longest output length (the model's time steps per layer)."""
+    index = load_index(feats, [split])
+    plan = ev.eval_batches(feats, split, loader, index).plan
+    longest = [int(index.frames[b].max()) for b in plan.batches]
+    steps = unwrap(model).output_lengths(torch.tensor(longest)).sum()
+    padded = sum(len(b) * m for b, m in zip(plan.batches, longest))
+    return {"batches": len(plan), "padded": padded / float(index.frames.sum()), "steps": int(steps)}
+
+
+def eval_vs_train_sized(model, feats: Path, split: str, cfg: RunConfig, device, threads: int, repeats: int) -> int:
+    """Per-evaluation forward seconds on training-sized batches (the reference) and on the
+    evaluation-sized ones (``loader.eval_max_duration``), each kept resident as the run keeps
+    them, interleaved; 1 if the losses, metrics or texts differ."""
+    tc, model = cfg.train, model.to(device)
+    sized = {"training-sized": replace(cfg.loader, eval_max_duration=0.0), "eval-sized": cfg.loader}
+    layers = getattr(unwrap(model).cfg, "lstm_layers", None) or getattr(unwrap(model).cfg, "layers", 1)
+    print(f"\nevaluation batches of {split} (loader.max_duration={cfg.loader.max_duration:g}, "
+          f"eval_max_duration={cfg.loader.eval_max_duration:g}) on {device}, {tc.precision}, {threads} decode threads:")
+    runs: dict[str, list[dict]] = {name: [] for name in sized}
+    for i in range(repeats + 1):  # the first round warms both up (shapes' plans, the pinned pool) and is not kept
+        for name, loader in sized.items():
+            ev.keep_resident(feats, split, loader, device, max(tc.eval_resident_mb, 1))  # built outside the timing
+            r = ev.evaluate(model, feats, split, loader, device, decoder=tc.eval_decoder, beam=tc.eval_beam,
+                            workers=threads, precision=tc.precision, mode=tc.eval_mode, keep_pairs=1_000_000,
+                            intervals=False)
+            if i:
+                runs[name].append(r)
+    ev.release_resident()
+    ref = None
+    for name, loader in sized.items():
+        shape, best = batch_shapes(model, feats, split, loader), min(runs[name], key=lambda r: r["eval_forward_s"])
+        ref = ref or (shape, best)
+        print(f"  {name}: {shape['batches']} batches, padded / valid frames {shape['padded']:.3f}, "
+              f"batches' longest output x layers {shape['steps']} x {layers} = {shape['steps'] * layers} "
+              f"({ref[0]['steps'] / shape['steps']:.2f}x fewer); forward {best['eval_forward_s']:.3f} s "
+              f"({ref[1]['eval_forward_s'] / best['eval_forward_s']:.2f}x), {best['eval_data']} batches "
+              f"(min of {repeats})")
+    print("  (estimate: a cuDNN LSTM launches its kernels per time step per layer, so a GPU's launches scale "
+          "with the longest output x layers; a CPU's forward pass is compute-bound)")
+    exact = torch.device(device).type == "cpu" and tc.precision == "fp32"
+    return same_results(*(runs[name][0] for name in sized), exact)
+
+
+def same_results(a: dict, b: dict, exact: bool) -> int:
+    """0 where two evaluations of one split in other batches agree, else 1 saying what differs.
+    The (reference, text) pairs as a multiset (their order is the batches'; so are the
+    bootstrap intervals', not compared) and every point metric: equal where ``exact`` (fp32 on
+    a CPU), the loss to 1e-6 (sums in another order); elsewhere (bf16, a GPU's kernels chosen
+    per shape) the loss to 1e-3 and at most 1% of the texts may differ."""
+    pairs = [Counter((p["ref"], p["hyp"]) for p in r["pairs"]) for r in (a, b)]
+    texts = sum((pairs[0] - pairs[1]).values())
+    skip = TIMES + ("loss", "errors", "pairs")
+    points = [{k: v for k, v in r.items() if k not in skip and not k.endswith(("_lo", "_hi"))} for r in (a, b)]
+    loss = abs(a["loss"] - b["loss"]) / abs(a["loss"])
+    ok = loss <= 1e-6 and texts == 0 and points[0] == points[1] if exact else \
+        loss <= 1e-3 and texts <= 0.01 * len(a["pairs"])
+    print(f"  results {'equal' if ok else 'DIFFER'}: loss {a['loss']:.6f} vs {b['loss']:.6f} (relative {loss:.1e}), "
+          f"{texts} of {len(a['pairs'])} texts differ, cer {a.get('cer')} vs {b.get('cer')}"
+          + ("" if exact else " (bf16 or GPU: numerics per batch shape, tolerances 1e-3 and 1%)"))
+    if not ok:
+        print("FAILED: the evaluation-sized batches' result differs from the training-sized batches'", file=sys.stderr)
+    return 0 if ok else 1
+
+
 def load_model(args) -> tuple[torch.nn.Module, RunConfig, str]:
     if args.run:
         run = Run.open(Path(args.run), data=Path(args.feats))
@@ -243,13 +320,18 @@ def main(argv=None) -> int:
     p.add_argument("--torch-threads", type=int, default=0,
                    help="torch intra-op threads of the forward pass (0: torch's default; 1 on a loaded machine, "
                         "where two spinning OpenMP threads cost more than they give)")
-    p.add_argument("--part", choices=("all", "pool", "resident", "sync"), default="all",
+    p.add_argument("--part", choices=("all", "pool", "resident", "sync", "batches"), default="all",
                    help="pool: the decode pool against the one-core path; resident: kept batches against streamed "
-                        "ones; sync: evaluate's batch loop against the one that waited for the device every batch")
-    p.add_argument("--device", default="cpu", help="the device of --part sync (cuda: where its gain is)")
+                        "ones; sync: evaluate's batch loop against the one that waited for the device every batch; "
+                        "batches: evaluation-sized batches against training-sized ones")
+    p.add_argument("--device", default="cpu", help="the device of --part sync and batches (cuda: where their gain is)")
+    p.add_argument("--eval-max-duration", type=float, default=None,
+                   help="--part batches: loader.eval_max_duration to compare (default: the preset's or run's)")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.eval_max_duration is not None and args.eval_max_duration <= 0:
+        p.error(f"--eval-max-duration must be > 0 (padded seconds per evaluation batch), got {args.eval_max_duration}")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     feats = Path(args.feats)
@@ -265,6 +347,13 @@ def main(argv=None) -> int:
     print(f"decoder + LM tables rebuilt (what every old evaluation paid): {time.perf_counter() - t:.3f} s")
     if args.part == "resident":
         return resident_vs_stream(model, feats, args.split, cfg, args.threads, args.repeats)
+    if args.part == "batches":
+        if args.eval_max_duration is not None:
+            cfg = replace(cfg, loader=replace(cfg.loader, eval_max_duration=args.eval_max_duration))
+        if cfg.loader.eval_max_duration <= 0:
+            p.error(f"--part batches: {what} has loader.eval_max_duration=0 (training-sized evaluation batches): "
+                    "name one with --eval-max-duration")
+        return eval_vs_train_sized(model, feats, args.split, cfg, torch.device(args.device), args.threads, args.repeats)
     if args.part == "sync":
         return loop_vs_synced(model, feats, args.split, cfg, torch.device(args.device), args.threads, args.repeats)
 

@@ -57,6 +57,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
     DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
     ATTN_ARGS=(--device cpu --seconds 0.4 --batch 2 --repeats 2 --warmup 1)
+    EVAL_BATCHES_ARGS=(--eval-max-duration 60 --repeats 1)  # tiny keeps training-sized evaluation batches
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
     DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
@@ -73,6 +74,7 @@ else
     TEST_ARGS=(-n 6 --timeout 120); CUDA_T=110; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py); the cuda files took 80+ s on the H200
     DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
     ATTN_ARGS=(--device cuda --repeats 20)  # the preset's batches of 4 s and 12.4 s utterances
+    EVAL_BATCHES_ARGS=(--repeats 2)
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -166,6 +168,9 @@ step tests_gpu_files "$FILES_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARG
 # the evaluation's batch loop against the loop that waited for the device every batch, on the demo's trained model
 step eval_sync 50 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part sync \
     --device "$DEVICE" --repeats 2
+# the evaluation on evaluation-sized batches (the preset's loader.eval_max_duration) against training-sized ones
+step eval_batches 45 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part batches \
+    --device "$DEVICE" "${EVAL_BATCHES_ARGS[@]}"
 # the conformer's epoch start: the first batch's wait behind a 0.8 s evaluation, shards decompressed serially or threaded
 step epoch_start 60 $PY benchmarks/bench_epoch_start.py "$WORK/demo/features" --preset "$CONF_PRESET" --eval-s 0.8 \
     --repeats 3 --batches 2

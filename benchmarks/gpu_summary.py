@@ -30,9 +30,8 @@ from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
-         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "attention", "tests_gpu_files", "eval_sync", "epoch_start",
-         "floor_conformer",
-         "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
+         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "attention", "tests_gpu_files", "eval_sync", "eval_batches",
+         "epoch_start", "floor_conformer", "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -190,7 +189,9 @@ def phase_figures(r: dict) -> str:
 def bench_figures(name: str, text: str | None) -> str:
     """The checkpoint step: each preset's row (sync, background seconds per save and their
     ratio); the masked step: its ratio line; the evaluation's batch loop (bench_eval.py --part
-    sync): the reference loop's and the package's seconds, their ratio and the equality line; the
+    sync): the reference loop's and the package's seconds, their ratio and the equality line; its
+    batches (--part batches): the counts, forward seconds and ratios, training-sized against
+    evaluation-sized, and the agreement line; the
     epoch start (bench_epoch_start.py): the first-batch waits, threaded and serial."""
     if not text:
         return "no output"
@@ -211,6 +212,17 @@ def bench_figures(name: str, text: str | None) -> str:
             return "no timing lines"
         return (f"evaluation {new.group(1)} s against {ref.group(1)} s for the loop that waited every batch "
                 f"({new.group(2)}x); results {same.group(1) if same else 'not compared'}")
+    if name == "eval_batches":
+        rows = {k: rest for k, *rest in re.findall(
+            r"^\s*(training-sized|eval-sized): (\d+) batches.*\(([\d.]+)x fewer\); forward ([\d.]+) s \(([\d.]+)x\)",
+            text, re.M)}
+        same = re.search(r"^\s*results (\w+)", text, re.M)
+        if len(rows) < 2:
+            return "no timing lines"
+        (n0, _, f0, _), (n1, fewer, f1, x) = rows["training-sized"], rows["eval-sized"]
+        return (f"{n1} evaluation batches against {n0} training-sized ({fewer}x fewer longest steps x layers: "
+                f"the launches, estimated); "
+                f"forward {f1} s against {f0} s ({x}x); results {same.group(1) if same else 'not compared'}")
     if name == "checkpoint":
         got = re.findall(r"^(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x", text, re.M)
         return "; ".join(f"{p} {mb} MB: sync {s} s, loop waits {b} s ({r}x)" for p, mb, s, b, r in got) or "no table"
@@ -317,7 +329,7 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = floor_figures(text)
         elif name.startswith("tests_"):
             figs = pytest_figures(text)
-        elif name in ("checkpoint", "masked_step", "eval_sync", "epoch_start"):
+        elif name in ("checkpoint", "masked_step", "eval_sync", "eval_batches", "epoch_start"):
             figs = bench_figures(name, text)
         else:
             got = json_in(text)

@@ -21,12 +21,16 @@ class LoaderConfig:
     shuffle: bool = True  # shuffle shard and batch order each epoch (seeded)
     normalize: bool = True  # per-feature mean/variance normalization with train-set statistics
     sort_first_epoch: bool = False  # SortaGrad: first epoch in ascending length order
+    eval_max_duration: float = 0.0  # > 0: evaluation batches of at most this many padded seconds; 0: the training ones
+    # (no backward pass: a GPU holds several training batches, and a launch-bound forward pass costs per batch)
 
     def problems(self) -> list[str]:
         """One message per invalid value, naming ``loader.FIELD=value``."""
         checks = [
             (self.batch_size >= 1, f"loader.batch_size={self.batch_size} must be >= 1"),
             (self.max_duration >= 0, f"loader.max_duration={self.max_duration} must be >= 0 (0: fixed batch_size)"),
+            (self.eval_max_duration >= 0,
+             f"loader.eval_max_duration={self.eval_max_duration} must be >= 0 (0: the training batches' size)"),
             (self.quadratic_duration >= 0,
              f"loader.quadratic_duration={self.quadratic_duration} must be >= 0 (0: off)"),
             (self.readers >= 0, f"loader.readers={self.readers} must be >= 0"),

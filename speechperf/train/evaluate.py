@@ -152,7 +152,7 @@ def mean_loss(outputs: list[tuple], device: torch.device) -> float:
 def eval_batches(feats: Path, split: str, loader_cfg: LoaderConfig, index: Index | None = None):
     """The evaluation's batches of ``split``, read from its shards: in order, the same every time."""
     index = index if index is not None else load_index(feats, [split])
-    return make_loader(feats, split, eval_loader(loader_cfg, len(index.keys)), epoch=0, seed=0, index=index)
+    return make_loader(feats, split, eval_loader(loader_cfg, index), epoch=0, seed=0, index=index)
 
 
 # The evaluation split's batches, kept between evaluations: one entry, keyed by (features folder,
@@ -274,11 +274,27 @@ def with_intervals(r: dict) -> dict:
     return {**rest, **{k: v for k, v in found.items() if k.endswith(("_lo", "_hi")) or k not in rest}}
 
 
-def eval_loader(cfg: LoaderConfig, shards: int) -> LoaderConfig:
-    """The training loader's settings for a pass over a split of ``shards`` shards: in order
-    (no shuffle, SortaGrad or paper padding), and with several readers, windows small enough
-    that every reader gets some where the split has a shard per reader (readers own whole
-    windows: a dev split of 43 shards inside one 128-shard window was one reader's work).
-    One reader: the training windows, unchanged."""
-    window = cfg.bucket_window if cfg.readers <= 1 else min(cfg.bucket_window, max(1, shards // cfg.readers))
-    return replace(cfg, shuffle=False, mode="bucket", sort_first_epoch=False, bucket_window=window)
+# A streamed evaluation's windows (readers own whole windows; a batch never spans two) each hold
+# at least this many evaluation batches of audio, where the batches are sized for evaluation: a
+# window's last batch is cut short, so smaller windows would multiply the batches again
+EVAL_WINDOW_BATCHES = 4
+
+
+def eval_loader(cfg: LoaderConfig, index: Index) -> LoaderConfig:
+    """The loader settings of a pass over a split (its compact ``index``): in order (no shuffle,
+    SortaGrad or paper padding). Training-sized batches (``eval_max_duration`` 0): the training
+    loader's, and with several readers windows small enough that every reader gets some where
+    the split has a shard per reader (a dev split of 43 shards inside one 128-shard window was
+    one reader's work); one reader: the training windows, unchanged. Evaluation-sized batches:
+    at most ``eval_max_duration`` padded seconds each, in one window per reader only where each
+    window still holds ``EVAL_WINDOW_BATCHES`` of them, else fewer windows, down to the whole
+    split sorted as one (the fewest batches; its reader decompresses with every configured
+    reader's threads)."""
+    shards = len(index.keys)
+    cfg = replace(cfg, shuffle=False, mode="bucket", sort_first_epoch=False)
+    if cfg.eval_max_duration <= 0:
+        window = cfg.bucket_window if cfg.readers <= 1 else min(cfg.bucket_window, max(1, shards // cfg.readers))
+        return replace(cfg, bucket_window=window)
+    room = int(float(index.duration.sum()) // (EVAL_WINDOW_BATCHES * cfg.eval_max_duration))
+    windows = max(1, min(cfg.readers, shards, room))
+    return replace(cfg, max_duration=cfg.eval_max_duration, bucket_window=-(-shards // windows))

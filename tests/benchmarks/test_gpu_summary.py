@@ -38,6 +38,12 @@ def test_the_benchmark_lines():
     assert gs.bench_figures("eval_sync", text) == ("evaluation 17.703 s against 36.247 s for the loop that waited every "
                                                     "batch (2.05x); results equal: loss (bit for bit) 535.385788, every decoded text")
     assert gs.bench_figures("eval_sync", "Traceback ...") == "no timing lines"
+    text = (FIXTURES / "logs" / "eval_batches.log").read_text()  # bench_eval.py --part batches, on this CPU
+    assert gs.bench_figures("eval_batches", text) == (
+        "13 evaluation batches against 77 training-sized (4.45x fewer longest steps x layers: the launches, estimated); "
+        "forward 6.159 s against 13.636 s (2.21x); results equal")
+    assert gs.bench_figures("eval_batches", text.replace("results equal", "results DIFFER")).endswith("results DIFFER")
+    assert gs.bench_figures("eval_batches", "Traceback ...") == "no timing lines"
     text = (FIXTURES / "logs" / "epoch_start.log").read_text()  # bench_epoch_start.py, on this loaded CPU
     assert gs.bench_figures("epoch_start", text) == (
         "first-batch wait behind the evaluation 1.323 s threaded, 0.422 s serial; cold start 1.014 s threaded, "
@@ -196,6 +202,7 @@ def test_the_table_from_recorded_logs(tmp_path, capsys):
     assert "| masked_step | ok, 30 s | 739.91x time, 4.0x ops; parameters equal: True |" in text
     assert steps["attention"].startswith("| attention | ok, 5 s | fp32, attention dropout 0.1: 0.4 s, B 2 T 10 Dh 44: ")
     assert list(steps).index("attention") == list(steps).index("feed_tiny") + 1 == list(steps).index("tests_gpu_files") - 1
+    assert steps["eval_batches"].startswith("| eval_batches | ok, 61 s | 13 evaluation batches against 77 ")
 
 
 def test_a_missing_folder_is_refused(tmp_path, capsys):

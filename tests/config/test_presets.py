@@ -130,3 +130,28 @@ def test_a_toml_infinity_is_refused_too(tmp_path):
     bad.write_text("[train]\nlr = inf\n")
     with pytest.raises(ConfigError, match=r"train\.lr=inf must be a finite number"):
         load_preset(str(bad))
+
+
+def test_the_gpu_presets_size_their_evaluation_batches_and_the_cpu_presets_keep_the_training_ones():
+    for name in ("gpu", "conformer"):  # launch-bound forward passes: fewer, larger evaluation batches
+        loader = load_preset(name).loader
+        assert loader.eval_max_duration >= 4 * loader.max_duration > 0, name
+    for name in ("cpu", "conformer-cpu", "tiny", "paper", "modern"):  # the references' evaluation batches
+        assert load_preset(name).loader.eval_max_duration == 0.0, name
+    with pytest.raises(ConfigError, match=r"loader\.eval_max_duration=-1\.0 must be >= 0"):
+        load_preset("gpu", ["eval_max_duration=-1"])
+    with pytest.raises(ConfigError, match=r"loader\.eval_max_duration=inf must be a finite number"):
+        load_preset("gpu", ["eval_max_duration=inf"])
+
+
+def test_a_run_recorded_before_evaluation_batch_sizes_loads_with_training_sized_ones():
+    from pathlib import Path
+
+    from speechperf.results.run import Run
+
+    folder = Path(__file__).parents[1] / "benchmarks" / "fixtures" / "gpu_check" / "runs" / "demo" / "run"
+    recorded = Run.open(folder).config  # a gpu run's config.json, written without the field
+    assert "eval_max_duration" not in recorded["loader"]
+    cfg = RunConfig.from_dict(recorded)
+    assert (cfg.preset, cfg.loader.max_duration, cfg.loader.eval_max_duration) == ("gpu", 1440.0, 0.0)
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg

@@ -22,9 +22,10 @@ def test_every_reader_gets_a_share_of_a_dev_split_and_one_reader_keeps_the_train
     dev = librispeech_like(0, splits=(2_703,))  # dev-clean's size: 43 shards of 64
     shards = len(dev.keys)
     for preset in ("gpu", "modern", "conformer", "conformer-algoperf-sizes", "paper"):
-        train = load_preset(preset).loader
-        cfg = eval_loader(train, shards)
+        train = replace(load_preset(preset).loader, eval_max_duration=0.0)  # training-sized batches
+        cfg = eval_loader(train, dev)
         assert not cfg.shuffle and cfg.mode == "bucket" and not cfg.sort_first_epoch
+        assert (cfg.max_duration, cfg.batch_size) == (train.max_duration, train.batch_size)  # the training batches
         plan = plan_epoch(dev, cfg, 0, 0)
         assert set(owners(plan, cfg.readers).tolist()) == set(range(cfg.readers)), preset  # none idle
         assert sorted(np.concatenate(plan.batches).tolist()) == list(range(len(dev.frames)))  # every utterance once
@@ -33,7 +34,28 @@ def test_every_reader_gets_a_share_of_a_dev_split_and_one_reader_keeps_the_train
             assert set(owners(whole, cfg.readers).tolist()) == {0}
     for preset in ("cpu", "conformer-cpu", "tiny"):  # one reader (or none): the windows the references used
         train = load_preset(preset).loader
-        assert eval_loader(train, shards).bucket_window == train.bucket_window
+        assert eval_loader(train, dev).bucket_window == train.bucket_window
+
+
+def windows(cfg, index) -> int:
+    return len(set(plan_epoch(index, cfg, 0, 0).groups.tolist()))
+
+
+def test_evaluation_sized_batches_fill_windows_that_hold_them():
+    dev = librispeech_like(0, splits=(2_703,))  # 43 shards, ~33,000 s of audio
+    train = load_preset("gpu").loader
+    for size, want in ((4000.0, 2), (1000.0, 8), (40_000.0, 1)):  # 2 windows of 4 batches' audio; a reader each; one
+        cfg = eval_loader(replace(train, eval_max_duration=size), dev)
+        plan = plan_epoch(dev, cfg, 0, 0)
+        assert (cfg.max_duration, windows(cfg, dev)) == (size, want), size
+        assert max(len(b) * dev.duration[b].max() for b in plan.batches) <= size  # padded seconds, as asked
+        assert sorted(np.concatenate(plan.batches).tolist()) == list(range(len(dev.frames)))
+        assert not cfg.shuffle and cfg.mode == "bucket" and not cfg.sort_first_epoch
+    one = eval_loader(replace(train, eval_max_duration=4000.0, readers=0), dev)  # in-process: one sorted window
+    assert windows(one, dev) == 1
+    sized = plan_epoch(dev, eval_loader(replace(train, eval_max_duration=4 * train.max_duration), dev), 0, 0)
+    training_sized = plan_epoch(dev, eval_loader(replace(train, eval_max_duration=0.0), dev), 0, 0)
+    assert 3 * len(sized) < len(training_sized)  # 4x the audio a batch: more than 3x fewer batches
 
 
 # ---- the evaluation's decode pool, decoder reuse, intervals off the clock ----------------------
@@ -191,3 +213,38 @@ def test_initialization_keeps_the_eval_split_within_the_configured_bound(tiny_fe
         parts = initialize(model, cfg, tiny_features, CPU)
         assert (parts["eval_data_mb"] > 0) == (bound > 0)
         assert run_eval(tiny_features)["eval_data"] == where
+
+
+# ---- evaluation-sized batches give the training-sized batches' result ------------------------
+
+
+@pytest.mark.parametrize("preset,overrides", [
+    ("tiny", ["threads=1"]),  # DS2: unidirectional LSTMs, batch norm on running statistics
+    ("conformer-cpu", ["threads=1", "batch_size=3", "model.layers=1", "model.d_model=32", "model.heads=2"]),  # masked
+])
+def test_evaluation_sized_batches_give_the_same_loss_metrics_and_texts(tiny_features, released, preset, overrides):
+    from speechperf.data.loader import load_index
+
+    cfg = load_preset(preset, overrides)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    index = load_index(tiny_features, ["dev-clean"])
+    whole = len(index) * float(index.duration.max())  # the whole split padded to its longest: one batch
+    sized = replace(cfg.loader, eval_max_duration=whole)
+    train_plan = ev.eval_batches(tiny_features, "dev-clean", cfg.loader, index).plan
+    assert len(ev.eval_batches(tiny_features, "dev-clean", sized, index).plan) == 1 < len(train_plan)
+
+    def run(loader):
+        return ev.evaluate(model, tiny_features, "dev-clean", loader, CPU, decoder="beam", beam=8, workers=1,
+                           keep_pairs=100_000)
+
+    small, large = run(cfg.loader), run(sized)
+    assert len({p["hyp"] for p in small["pairs"]}) > 1  # distinct texts: a mix-up of utterances would show
+    by_ref = lambda r: sorted((p["ref"], p["hyp"]) for p in r["pairs"])  # noqa: E731 (the batches' order differs)
+    assert by_ref(large) == by_ref(small)
+    assert large["loss"] == pytest.approx(small["loss"], rel=1e-6)  # sums in another order, no more
+    # every metric exactly; not the intervals: the bootstrap draws utterances by their position in
+    # the evaluation's order, which other batches may change (here one shard: the same order)
+    rest = TIMINGS + ("loss", "pairs", "eval_data")
+    points = lambda r: {k: v for k, v in without(r, rest).items() if not k.endswith(("_lo", "_hi"))}  # noqa: E731
+    assert points(large) == points(small) and "cer" in points(small)
