@@ -107,7 +107,7 @@ step() {
 env_info() {
     nvidia-smi || echo "no nvidia-smi"
     $PY -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, 'python', sys.version.split()[0])"
-    lscpu | grep -E "Model name|Vendor ID|^CPU\(s\)|Flags"
+    lscpu | grep -E "Model name|Vendor ID|^CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|Flags"
     $PY -c "$AUTOCAST_PY" || echo "autocast probe failed"
     echo "date $(date -u '+%F %T UTC')"
     echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+dirty')"
