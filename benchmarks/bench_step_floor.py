@@ -93,6 +93,13 @@ def setup(cfg, device: torch.device):
             torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
 
 
+def batching(lc) -> str:
+    """How the loader cut the batches: the mode and the bound that sized them (``max_duration``
+    padded seconds, else ``batch_size`` utterances), for the header beside the mean it gave."""
+    bound = f"max_duration {lc.max_duration:g} s" if lc.max_duration > 0 else f"batch_size {lc.batch_size}"
+    return f"{lc.mode}, {bound}"
+
+
 def first_batches(feats: Path, cfg, total: int, device: torch.device | None = None):
     """The loader's first ``total`` training batches of epoch 1 (the run's seed), as the loop reads
     them: pinned for a CUDA ``device``, as the trainer's loader pins them."""
@@ -128,7 +135,7 @@ def main(argv=None) -> int:
     loop, _ = run_steps(first_batches(a.feats, cfg, total, device), *setup(cfg, device), device, tc, a.warmup)
     utts = sum(len(b.feat_lens) for b in cached[a.warmup:]) / n
     print(f"preset {a.preset}, {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
-          f"{tc.precision}, batch {cfg.loader.batch_size} ({cfg.loader.mode}), readers {cfg.loader.readers}, "
+          f"{tc.precision}, batch {utts:.0f} utt ({batching(cfg.loader)}), readers {cfg.loader.readers}, "
           f"sync_every {tc.sync_every}, {n} steps after {a.warmup} warm-up" + (f"; {note}" if note else ""))
     print(f"{'':<34}{'s/step':>9}{'utt/s':>9}")
     print(f"{'floor (batches on the device)':<34}{floor:>9.4f}{utts / floor:>9.1f}")

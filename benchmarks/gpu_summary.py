@@ -131,7 +131,7 @@ def floor_figures(text: str | None) -> str:
     floor = re.search(r"floor \(batches on the device\)\s+([\d.]+)\s+([\d.]+)", text)
     loop = re.search(r"loop \(loader, copies, reads\)\s+([\d.]+)\s+([\d.]+)", text)
     ratio = re.search(r"loop / floor = ([\d.]+)", text)
-    batch = re.search(r"batch (\d+ \(\w+\))", text)
+    batch = re.search(r"batch (\d+ utt \([^)]*\)|\d+ \(\w+\))", text)  # the mean utterances and the bound; older logs: batch_size
     if not (floor and loop and ratio):
         return "no floor table"
     return (f"floor {floor.group(1)} s/step ({floor.group(2)} utt/s), loop {loop.group(1)} s ({loop.group(2)} utt/s), "

@@ -76,6 +76,8 @@ def test_floor_and_pytest_lines():
     text = (FIXTURES / "logs" / "floor_doubled.log").read_text()
     got = gs.floor_figures(text)
     assert got.startswith("floor ") and "loop/floor" in got and "; batch 4 (bucket)" in got
+    now = text.replace("batch 4 (bucket)", "batch 130 utt (bucket, max_duration 720 s)")  # the header's form now
+    assert gs.floor_figures(now).endswith("; batch 130 utt (bucket, max_duration 720 s)")
     assert gs.floor_figures("Traceback ...") == "no floor table"
     assert gs.pytest_figures("x\n= 3 passed, 1 failed in 12.0s =\nexit 1 after 13s") == "3 passed, 1 failed in 12.0s"
 
