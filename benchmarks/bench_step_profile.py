@@ -3,7 +3,12 @@
 The step is the loop's (``speechperf.train.step.train_step`` with the preset's SpecAugment) on
 batches already on the device (bench_step_floor.py's: the loader's first batches of epoch 1, so
 no loader or host-to-device copy of the features is in it; the loop's loss reads, one per
-``train.sync_every`` steps, are not either). The evaluation is one per-epoch pass
+``train.sync_every`` steps, are not either). The loop step is the same step as the training loop
+takes it: from a running loader of epoch 1 (its readers still producing, batches pinned on a
+CUDA device, copies to the device, a loss read every ``train.sync_every`` steps), after
+``--warmup`` of its batches; each measurement takes the loader's next ``--steps`` batches, so
+its figures against the train step's say what the loader's work beside the step costs it. The
+evaluation is one per-epoch pass
 (``speechperf.train.evaluate.evaluate`` on ``train.eval_split`` with the preset's decoder, beam,
 mode and threads, as the loop calls it) after the run's initialization (train/warmup.py: decoders
 built, the split's batches kept resident).
@@ -37,11 +42,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _op_profile import MARK, device_events, phase_tables  # noqa: E402
-from bench_step_floor import cached_batches, load, setup, sync  # noqa: E402
+from bench_step_floor import cached_batches, first_batches, load, setup, sync  # noqa: E402
 from speechperf.errors import SpeechperfError  # noqa: E402
 from speechperf.tables import emit, emit_json  # noqa: E402
 from speechperf.train.evaluate import evaluate, release_resident  # noqa: E402
-from speechperf.train.step import train_step  # noqa: E402
+from speechperf.train.step import StepMeter, read_point, train_step  # noqa: E402
 from speechperf.train.warmup import initialize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,6 +131,35 @@ def train_phase(a, cfg, device: torch.device):
                                debug=True)
 
 
+def loop_phase(a, cfg, device: torch.device) -> dict:
+    """The step inside the loop's surroundings (a running loader, pinned copies, the reads):
+    ``--warmup`` batches, then a take of ``--steps`` batches each for the reference, the profile
+    and (on a GPU) the sync debug mode, all from one loader."""
+    model, opt, scaler = setup(cfg, device)
+    tc, meter = cfg.train, StepMeter()
+    need = a.warmup + (3 if device.type == "cuda" else 2) * a.steps  # the debug take runs on a GPU only
+    batches = first_batches(a.feats, cfg, need, device)
+    done = [0]
+
+    def steps(n: int) -> None:
+        for k in range(n):
+            b = next(batches, None)
+            if b is None:
+                raise SystemExit(f"bench_step_profile: {a.feats} gives {done[0]} batches with these settings; the "
+                                 f"loop step needs {need} (fewer --steps or --warmup)")
+            done[0] += 1
+            with record_function(MARK + "train_step"):
+                meter.add(done[0], train_step(model, b, opt, scaler, device, tc, cfg.augment))
+            if read_point(done[0], tc):
+                meter.read()
+        meter.read()
+
+    timed(lambda: steps(a.warmup), device)
+    out = phase("loop step", lambda: steps(a.steps), a.steps, device, a.trace_prefix, debug=True)
+    batches.close()  # its readers stop
+    return out
+
+
 def eval_phase(a, cfg, model, device: torch.device) -> tuple[dict, dict]:
     """The run's initialization, one warm evaluation pass, then the profiled phase."""
     tc = cfg.train
@@ -145,6 +179,7 @@ def profile_preset(a, preset: str) -> dict:
     cfg, device, note = load(preset, a.device, None, a.overrides, "bench_step_profile")
     a.trace_prefix = f"{a.trace}-{preset}" if a.trace else None
     model, utts, train = train_phase(a, cfg, device)
+    loop = loop_phase(a, cfg, device)
     first, ev = eval_phase(a, cfg, model, device)
     tc, name = cfg.train, torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     head = (f"preset {preset}: {device} ({name}), {tc.precision}, {utts:.0f} utt per batch ({cfg.loader.mode}), "
@@ -155,7 +190,7 @@ def profile_preset(a, preset: str) -> dict:
     release_resident()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"preset": preset, "head": head, "phases": {"train step": train, "evaluation": ev}}
+    return {"preset": preset, "head": head, "phases": {"train step": train, "loop step": loop, "evaluation": ev}}
 
 
 def show(result: dict) -> None:
@@ -166,7 +201,7 @@ def show(result: dict) -> None:
     print("profiled / unprofiled wall: " + ", ".join(
         f"{k} {p['row']['profiled ms'] / p['row']['unprofiled ms']:.2f}" for k, p in phases.items()))
     for k, p in phases.items():
-        per = "per step" if k == "train step" else "per pass"
+        per = "per step" if k.endswith("step") else "per pass"
         for title, key in (("host syncs by site", "syncs"), ("top 12 host ops by self CPU time", "host ops"),
                            ("top 8 kernels by device time", "kernels"),
                            ("sync debug mode warnings by Python line", "sync warnings")):

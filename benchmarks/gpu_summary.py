@@ -177,7 +177,7 @@ def phase_rows(section: str) -> list[dict]:
 
 
 def phase_figures(r: dict) -> str:
-    per = "step" if r["phase"] == "train step" else "pass"
+    per = "step" if r["phase"].endswith("step") else "pass"
     wall = (f"{r['unprofiled ms']} ms a {per} ({r['profiled ms']} profiled, {r['host ops ms']} of it in host "
             f"aten ops)")
     if r.get("syncs", "n/a") == "n/a":

@@ -95,7 +95,8 @@ def test_the_benchmark_on_this_cpu(tiny_features, tmp_path, capsys):
     bench = importlib.import_module("bench_step_profile")
     assert bench.main([str(tiny_features), "--preset", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "1",
                        "--json", "--trace", str(tmp_path / "t"), "train.threads=1"]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t-tiny-evaluation.json", "t-tiny-train_step.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t-tiny-evaluation.json", "t-tiny-loop_step.json",
+                                                          "t-tiny-train_step.json"]
     got = json.loads(capsys.readouterr().out)
     assert got["preset"] == "tiny" and got["head"].startswith("preset tiny: cpu (CPU), fp32, ")
     train, ev_ = got["phases"]["train step"], got["phases"]["evaluation"]
@@ -104,6 +105,16 @@ def test_the_benchmark_on_this_cpu(tiny_features, tmp_path, capsys):
     names = [r["op"] for r in train["host ops"]]
     assert len(names) == 12 and "aten::_ctc_loss" in names  # the step's real ops, the marks left out
     assert not any(n.startswith(op.MARK) for n in names) and ev_["row"]["host ops ms"] > 0
+    loop = got["phases"]["loop step"]  # the same step from a running loader: its ops, the reads between
+    assert loop["row"]["unprofiled ms"] > 0 and "aten::_ctc_loss" in [r["op"] for r in loop["host ops"]]
+
+
+def test_a_loop_step_that_runs_out_of_batches_says_how_many_it_needs(tiny_features, capsys):
+    bench = importlib.import_module("bench_step_profile")
+    # 10 batches of 4: enough for the train step's 3 + 4, not for the loop's 3 + 2 takes of 4 (a CPU's)
+    with pytest.raises(SystemExit, match=r"gives 10 batches with these settings; the loop step needs 11 "):
+        bench.main([str(tiny_features), "--preset", "tiny", "--device", "cpu", "--steps", "4", "--warmup", "3",
+                    "train.threads=1"])
 
 
 @pytest.mark.parametrize("args,says", [(["--preset", "tiny"], "is not a prepared features folder"),
