@@ -55,7 +55,8 @@ import torch
 from speechperf.config import RunConfig, load_preset
 from speechperf.data.loader import load_index
 from speechperf.decode import get_decoder
-from speechperf.decode.batch import DecodePool, usable_cpus
+from speechperf.cpus import usable_cpus
+from speechperf.decode.batch import DecodePool
 from speechperf.models import build_model
 from speechperf.models.contract import autocast, planned_forward, unwrap
 from speechperf.results import checkpoint

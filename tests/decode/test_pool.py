@@ -109,7 +109,7 @@ def test_bad_threads_shapes_and_a_failed_decode_are_errors():
 
 def test_auto_threads_are_the_usable_cpus_less_the_readers(monkeypatch):
     monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
-    assert batch_mod.usable_cpus() == 6
+    assert cpus.usable_cpus() == 6
     assert auto_threads(2) == 4
     assert auto_threads(0) == 6
     assert auto_threads(9) == 1  # never none
