@@ -40,15 +40,16 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_steps(batches, model, opt, scaler, device, tc, warmup: int) -> tuple[float, int]:
-    """Seconds per step after ``warmup`` steps, the loop's reads included; steps timed."""
+def run_steps(batches, model, opt, scaler, device, tc, warmup: int, augment=None) -> tuple[float, int]:
+    """Seconds per step after ``warmup`` steps, the loop's reads included; steps timed.
+    ``augment``: the preset's SpecAugment, which the loop's step applies (train/step.py)."""
     meter, t0, n = StepMeter(), None, 0
     for i, batch in enumerate(batches, 1):
         if i == warmup + 1:
             meter.read()
             sync(device)
             t0 = time.perf_counter()
-        meter.add(i, train_step(model, batch, opt, scaler, device, tc))
+        meter.add(i, train_step(model, batch, opt, scaler, device, tc, augment))
         if read_point(i, tc):
             meter.read()
         n = i
@@ -131,8 +132,9 @@ def main(argv=None) -> int:
     tc = cfg.train
     total = a.warmup + a.steps
     cached = cached_batches(a.feats, cfg, device, total)
-    floor, n = run_steps(cached, *setup(cfg, device), device, tc, a.warmup)
-    loop, _ = run_steps(first_batches(a.feats, cfg, total, device), *setup(cfg, device), device, tc, a.warmup)
+    floor, n = run_steps(cached, *setup(cfg, device), device, tc, a.warmup, cfg.augment)
+    loop, _ = run_steps(first_batches(a.feats, cfg, total, device), *setup(cfg, device), device, tc, a.warmup,
+                        cfg.augment)
     utts = sum(len(b.feat_lens) for b in cached[a.warmup:]) / n
     print(f"preset {a.preset}, {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
           f"{tc.precision}, batch {utts:.0f} utt ({batching(cfg.loader)}), readers {cfg.loader.readers}, "
