@@ -70,7 +70,8 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     """Loss, every declared metric (speechperf/metric.py: WER, CER standard and paper, ...) and seconds
     of one pass over ``split``; ``NAME_lo``, ``NAME_hi``: the 95% bootstrap interval of each
     counted metric over the split's utterances (scoring/bootstrap.py), the resolution this split
-    gives them. ``intervals`` False: the point values only, and ``errors``, the per-utterance
+    gives them; scored, and the first ``keep_pairs`` pairs kept, in utterance-id order
+    (:func:`by_id`). ``intervals`` False: the point values only, and ``errors``, the per-utterance
     counts :func:`with_intervals` turns into the intervals later (the training loop computes
     them off the TTA clock).
 
@@ -92,6 +93,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     kept = _RESIDENT.get(_resident_key(feats, split, index, loader_cfg, device))
     batches = kept.batches if kept is not None else eval_batches(feats, split, loader_cfg, index)
     refs: list[str] = []
+    ids: list[str] = []
     outputs: list[tuple] = []  # per batch: what its loss needs, read after the loop
     with DecodePool(dec, workers or decode_threads(loader_cfg)) as pool:
         for batch in batches:  # launches only: no read of a device value in here
@@ -101,6 +103,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
             pool.submit(host_copy(log_probs), out_lens.numpy())  # decodes beside the next forward passes
             outputs.append((log_probs, batch.labels, out_lens, batch.label_lens))
             refs += list(batch.transcripts)
+            ids += list(batch.ids)
         loss = mean_loss(outputs, device)
         del outputs  # frees the device's log-probs now: the decodes read their host copies
         forward_end = time.perf_counter()
@@ -109,6 +112,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     if was_training:
         model.train()
     decoded = time.perf_counter()
+    refs, hyps = by_id(ids, refs, hyps)
     scores = score(refs, hyps, intervals)
     end = time.perf_counter()
     return {
@@ -118,6 +122,14 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
         "decode_threads": threads, "decode_frames": frames, "eval_data": kept.where if kept is not None else "stream",
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
     }
+
+
+def by_id(ids: list[str], refs: list[str], hyps: list[str]) -> tuple[list[str], list[str]]:
+    """The (reference, hypothesis) pairs in the split's utterance-id order: the bootstrap draws
+    utterances by position and the kept pairs are the first ones, so scoring in this order makes
+    both a function of the split and the model alone, whatever the batches' size and order."""
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    return [refs[i] for i in order], [hyps[i] for i in order]
 
 
 def host_copy(log_probs: torch.Tensor) -> np.ndarray | Pending:

@@ -30,9 +30,10 @@ def tiny_model(device=CPU):
 @torch.no_grad()
 def old_loop(model, feats, loader_cfg, device, dec) -> tuple[float, list[str], list[str]]:
     """The reference: the batch loop as it was, reading each batch's loss and log-probs back
-    right after its forward pass and decoding in the calling thread: (loss, refs, hyps)."""
+    right after its forward pass and decoding in the calling thread: (loss, refs, hyps), the
+    pairs in utterance-id order, as the evaluation scores them."""
     model.eval()
-    loss_sum, n_loss, refs, hyps = 0.0, 0, [], []
+    loss_sum, n_loss, refs, hyps, ids = 0.0, 0, [], [], []
     for batch in ev.eval_batches(feats, SPLIT, loader_cfg, load_index(feats, [SPLIT])):
         log_probs, out_lens = ev.planned_forward(model, batch.feats, batch.feat_lens, device)
         log_probs = log_probs.float()  # (T', B, C)
@@ -44,7 +45,9 @@ def old_loop(model, feats, loader_cfg, device, dec) -> tuple[float, list[str], l
         lp = log_probs.cpu().numpy()
         hyps += [dec.decode(np.ascontiguousarray(lp[:n, b])) for b, n in enumerate(out_lens.tolist())]
         refs += list(batch.transcripts)
-    return loss_sum / max(n_loss, 1), refs, hyps
+        ids += list(batch.ids)
+    order = np.argsort(np.array(ids), kind="stable")
+    return loss_sum / max(n_loss, 1), [refs[i] for i in order], [hyps[i] for i in order]
 
 
 def run_eval(model, feats, cfg, device=CPU, workers=2):
