@@ -15,26 +15,29 @@
 # compilation did not finish) -> one summary table (benchmarks/gpu_summary.py), written to
 # $OUT/summary.md and printed last.
 #
-# Budget (seconds, the H200 check of 2026-11-26 on f9d8828, its steps' logs): env 6, demo 165
-# (corpus and features ~50, initialization 20, training to the TTA 88, final dev-clean, report),
-# demo_tta 5, profile ~55, tests_cuda 80-110, conformer 32, conformer_tta 4, feed_gpu 23,
-# floor 13, feed_conformer 22, attention ~15 (estimated), tests_gpu_files 89: ~535 of
-# BUDGET=540 (call it with a 590 s limit: the machine's start takes ~30 s more of the session's 900). The steps after them
-# (eval_sync 12, epoch_start ~30, floor_conformer 27, checkpoint 16, masked_step 11,
-# floor_doubled 17, the compile > 120) run only as far as the budget goes.
+# Budget (seconds, the H200 checks of 2026-11-26 on f9d8828 and 214e88f, their steps' logs): env
+# 6-11, demo 150-165 (corpus and features ~50, initialization 20, training to the TTA 67-88,
+# final dev-clean, report), demo_tta 5, profile > 70 (the gpu preset's three phases took the
+# whole of a 70 s cap on 214e88f's slower host), tests_cuda 80-110, conformer 32, conformer_tta 4,
+# feed_gpu 23, floor 18, feed_conformer 22, attention 17, tests_gpu_files 89-118: more than
+# BUDGET=540 (call it with a 590 s limit: the machine's start takes ~30 s more of the session's
+# 900). The steps after them (eval_sync 12, eval_batches 20, epoch_start ~30, floor_conformer 25,
+# checkpoint 16, masked_step 11, floor_doubled 17, the compile > 120) run only as far as the
+# budget goes.
 #
 # Usage (repository root; speechperf's dependencies on PYTHONPATH, see docs/gpu.md):
 #   OUT=/some/dir bash benchmarks/gpu_check.sh           # on the GPU machine
 #   OUT=/tmp/check bash benchmarks/gpu_check.sh --cpu    # the whole flow on a tiny corpus, CPU, minutes
 # GPU_CHECK_DRY=1 is the same as --cpu; BUDGET=seconds (default 540; --cpu 900) bounds the whole run;
 # ONLY="tests_cuda tests_gpu_files checksum" runs only the steps named (a second, short call).
-# CONF_MINUTES=M (GPU only, default 1) trains the conformer step for M minutes with the preset's
-# own evaluation (word beam search) instead of the 1-minute greedy run: the conformer end to end.
-# A call is at most 600 s, so that is a second call on the warm machine, in the first's WORK:
-#   WORK=/tmp/gc ONLY="env demo demo_tta profile tests_cuda attention eval_sync eval_batches" BUDGET=380 ...
-#   WORK=/tmp/gc ONLY="conformer conformer_tta" CONF_MINUTES=5 BUDGET=400 ...
-# (with the machine's start, ~820 s of a session's 900: the conformer's ~6 s epochs on an H200 give
-# it ~50 epochs, past its 1000-step warm-up, which ends in epoch 37 at 27 steps an epoch)
+# CONF_MINUTES=M (GPU only, default 1) trains the conformer step for up to M minutes with the
+# preset's own evaluation (word beam search) instead of the 1-minute greedy run: the conformer end
+# to end (CER 10 at epoch 17, 2.44 min, on the H200 of 214e88f). A call is at most 600 s and the
+# machine goes back 30 s after one ends, so these are calls made back to back, in the first's WORK:
+#   WORK=/tmp/gc ONLY="env demo demo_tta profile tests_cuda attention eval_sync eval_batches" BUDGET=420 (limit 450)
+#   WORK=/tmp/gc ONLY="conformer conformer_tta" CONF_MINUTES=5 BUDGET=400 (limit 445; 179 s on 214e88f)
+#   WORK=/tmp/gc ONLY="floor eval_batches floor_conformer tests_gpu_files" BUDGET=235 (limit 255; 186 s)
+# (with the machine's start, ~830 s of a session's 900 on 214e88f's pattern: 373 + 179 + 186 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=${GPU_CHECK_DRY:-0}
@@ -77,7 +80,7 @@ else
     FEED_PRESETS=(gpu conformer); FEED_ARGS=(--readers 2 --windows 3 --steps 4 --warmup 3 --batches 2)
     FEED_T=30; FLOOR_PRESET=gpu; FLOOR_DOUBLED=(loader.max_duration=1440); FLOOR_PRESET_ARGS=()
     FLOOR_ARGS=(--steps 20 --warmup 5); FLOOR_T=30
-    PROFILE_ARGS=(--preset gpu --preset conformer --steps 3 --warmup 3); PROFILE_T=70
+    PROFILE_ARGS=(--preset gpu --preset conformer --steps 3 --warmup 3); PROFILE_T=110
     CONF_FLOOR=(--preset conformer --steps 10 --warmup 5); COMPILE=1
     # the files holding cuda-marked tests only (collecting the whole suite costs ~10 s)
     CUDA_TESTS=(-m cuda $(grep -rlE "mark\.cuda" tests --include='test_*.py' | sort))
