@@ -76,13 +76,15 @@ def old_evaluate(model, feats: Path, split: str, cfg: RunConfig) -> tuple[float,
     dec = get_decoder(tc.eval_decoder, beam=tc.eval_beam, features=feats,
                       mode=tc.eval_mode if tc.eval_decoder == "wordbeam" else None)  # rebuilt every epoch
     index = load_index(feats, [split])
-    refs, hyps = [], []
+    refs, hyps, ids = [], [], []
     for batch in ev.eval_batches(feats, split, cfg.loader, index):
         log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, CPU)
         log_probs = log_probs.float()  # (T', B, C)
         torch.nn.functional.ctc_loss(log_probs, batch.labels, out_lens, batch.label_lens, blank=0, reduction="none")
         hyps += dec.decode_batch(log_probs.numpy(), out_lens.numpy(), workers=0)
         refs += list(batch.transcripts)
+        ids += list(batch.ids)
+    refs, hyps = ev.by_id(ids, refs, hyps)  # scored in id order, as the evaluation scores
     ev.score(refs, hyps, intervals=True)
     return time.perf_counter() - start, hyps
 
@@ -176,7 +178,7 @@ def synced_evaluate(model, feats: Path, split: str, cfg: RunConfig, device, thre
     index = load_index(feats, [split])
     kept = ev._RESIDENT.get(ev._resident_key(feats, split, index, cfg.loader, device))
     batches = kept.batches if kept is not None else ev.eval_batches(feats, split, cfg.loader, index)
-    refs, loss_sum, n_loss = [], 0.0, 0
+    refs, ids, loss_sum, n_loss = [], [], 0.0, 0
     with DecodePool(dec, threads) as pool:
         for batch in batches:
             with autocast(device, tc.precision):
@@ -189,8 +191,10 @@ def synced_evaluate(model, feats: Path, split: str, cfg: RunConfig, device, thre
             n_loss += int(finite.sum())
             pool.submit(log_probs.cpu().numpy(), out_lens.numpy())
             refs += list(batch.transcripts)
+            ids += list(batch.ids)
         forward = time.perf_counter() - start
         hyps = pool.results()
+    refs, hyps = ev.by_id(ids, refs, hyps)  # scored in id order, as the evaluation scores
     ev.score(refs, hyps, intervals=False)
     return {"eval_s": time.perf_counter() - start, "eval_forward_s": forward, "loss": loss_sum / max(n_loss, 1),
             "hyps": hyps}
@@ -276,9 +280,9 @@ def eval_vs_train_sized(model, feats: Path, split: str, cfg: RunConfig, device, 
 
 def same_results(a: dict, b: dict, exact: bool) -> int:
     """0 where two evaluations of one split in other batches agree, else 1 saying what differs.
-    The (reference, text) pairs as a multiset (their order is the batches'; so are the
-    bootstrap intervals', not compared) and every point metric: equal where ``exact`` (fp32 on
-    a CPU), the loss to 1e-6 (sums in another order); elsewhere (bf16, a GPU's kernels chosen
+    The (reference, text) pairs as a multiset (both in utterance-id order; the intervals are
+    not compared: bf16 or a GPU may change a text) and every point metric: equal where
+    ``exact`` (fp32 on a CPU), the loss to 1e-6 (sums in another order); elsewhere (bf16, a GPU's kernels chosen
     per shape) the loss to 1e-3 and at most 1% of the texts may differ."""
     pairs = [Counter((p["ref"], p["hyp"]) for p in r["pairs"]) for r in (a, b)]
     texts = sum((pairs[0] - pairs[1]).values())

@@ -36,8 +36,9 @@
 # machine goes back 30 s after one ends, so these are calls made back to back, in the first's WORK:
 #   WORK=/tmp/gc ONLY="env demo demo_tta profile tests_cuda attention eval_sync eval_batches" BUDGET=420 (limit 450)
 #   WORK=/tmp/gc ONLY="conformer conformer_tta" CONF_MINUTES=5 BUDGET=400 (limit 445; 179 s on 214e88f)
-#   WORK=/tmp/gc ONLY="floor eval_batches floor_conformer tests_gpu_files" BUDGET=235 (limit 255; 186 s)
-# (with the machine's start, ~830 s of a session's 900 on 214e88f's pattern: 373 + 179 + 186 s)
+#   WORK=/tmp/gc ONLY="floor eval_batches readers readers_tta" BUDGET=235 (limit 255; ~210 s)
+# (with the machine's start, ~850 s of a session's 900 on 214e88f's pattern: 373 + 179 + ~210 s;
+# floor_conformer and tests_gpu_files, 25 and 118 s there, are the ones left out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=${GPU_CHECK_DRY:-0}
@@ -68,6 +69,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
     ATTN_ARGS=(--device cpu --seconds 0.4 --batch 2 --repeats 2 --warmup 1)
     EVAL_BATCHES_ARGS=(--eval-max-duration 60 --repeats 1)  # tiny keeps training-sized evaluation batches
+    READERS_ARGS=(--preset tiny loader.readers=2 train.max_epochs=1 train.final_splits=none); READERS_T=120
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
     DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
@@ -89,6 +91,9 @@ else
     DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
     ATTN_ARGS=(--device cuda --repeats 20)  # the preset's batches of 4 s and 12.4 s utterances
     EVAL_BATCHES_ARGS=(--repeats 2)
+    # the demo's training with the 2 readers `bench feed` says feed the gpu preset, not its 8: 6 more
+    # decode threads in each evaluation, 6 fewer processes beside the thread that launches the kernels
+    READERS_ARGS=(--preset gpu loader.readers=2 train.time_cap_minutes=2 train.final_splits=none); READERS_T=170
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -185,6 +190,9 @@ step eval_sync 50 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --r
 # the evaluation on evaluation-sized batches (the preset's loader.eval_max_duration) against training-sized ones
 step eval_batches 45 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part batches \
     --device "$DEVICE" "${EVAL_BATCHES_ARGS[@]}"
+# the gpu preset on the demo's features with 2 readers (its TTA, evaluation parts and GPU busy against the demo's 8)
+step readers "$READERS_T" $PY -m speechperf train --data "$WORK/demo/features" --out "$WORK/readers" "${READERS_ARGS[@]}"
+step readers_tta 30 $PY -m speechperf tta --json "$WORK/readers"
 # the conformer's epoch start: the first batch's wait behind a 0.8 s evaluation, shards decompressed serially or threaded
 step epoch_start 60 $PY benchmarks/bench_epoch_start.py "$WORK/demo/features" --preset "$CONF_PRESET" --eval-s 0.8 \
     --repeats 3 --batches 2
@@ -198,7 +206,7 @@ step floor_doubled "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/fea
 
 # the demo's report and the runs' results, for a closer look: one archive
 tar -czf "$OUT/runs.tar.gz" -C "$WORK" --exclude='*.npz' --exclude='*.flac' --exclude='corpus' --exclude='*.pt' \
-    demo/report demo/run conformer 2>/dev/null
+    demo/report demo/run conformer readers 2>/dev/null
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs
 $PY benchmarks/gpu_summary.py "$LOGS" --runs "$WORK" --out "$OUT/summary.md" --budget "$BUDGET" \
     --elapsed "$(( $(date +%s) - START ))"

@@ -1,12 +1,13 @@
 """The GPU check's one table (benchmarks/gpu_check.sh): figures per step from its logs and runs.
 
 Reads LOGS/NAME.log as gpu_check.sh writes them (each ends in "exit RC after Ns (timeout
-Ts)" or says "skipped"): env (torch, GPU, commit), demo_tta and conformer_tta (`tta --json`
-rows), profile (bench_step_profile.py's phase table per preset: host syncs, device busy share,
+Ts)" or says "skipped"): env (torch, GPU, commit), demo_tta, conformer_tta and readers_tta
+(`tta --json` rows), profile (bench_step_profile.py's phase table per preset: host syncs, device busy share,
 kernels, the top sync site), feed_* (`bench feed --json`), attention (bench_attention.py
 --json), floor_* (bench_step_floor.py; the compiled one's timeout reads as compilation that
 did not finish), tests_* (pytest's last line), checksum (the tiny corpus's features
-checksum); and, with --runs, the demo's and the conformer's run folders (steps: utterances and seconds per step; evaluation seconds against
+checksum); and, with --runs, the run folders of the demo, the conformer and the gpu preset
+with 2 readers (steps: utterances and seconds per step; evaluation seconds against
 the training clock; how busy the GPU was over the TTA window, inside training phases and
 inside evaluations; the step MFU from the iteration rows, for a run cut before its summary
 too). A step that failed or is missing reads as such in its row, never as a figure.
@@ -31,7 +32,7 @@ from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
          "feed_gpu", "floor", "feed_conformer", "feed_tiny", "attention", "tests_gpu_files", "eval_sync", "eval_batches",
-         "epoch_start", "floor_conformer", "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
+         "readers", "readers_tta", "epoch_start", "floor_conformer", "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -312,10 +313,10 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
         text = read(logs, name)
         if text is None and name in ("feed_tiny", "feed_gpu", "feed_conformer", "floor_conformer_compile"):
             continue  # steps that only one of the GPU and the --cpu flows runs
-        if name in ("demo_tta", "conformer_tta"):
+        if name in ("demo_tta", "conformer_tta", "readers_tta"):
             figs = tta_figures(json_in(text))
-        elif name in ("demo", "conformer"):
-            run = runs / ("demo/run" if name == "demo" else "conformer") if runs else None
+        elif name in ("demo", "conformer", "readers"):
+            run = runs / ("demo/run" if name == "demo" else name) if runs else None
             figs = run_figures(run) if run else "no --runs"
         elif name.startswith("feed_"):
             figs = feed_figures(json_in(text))
