@@ -240,7 +240,8 @@ def run_figures(run: Path) -> str:
     """From a run folder's records: steps (mean utterances, seconds), evaluation seconds against
     the training clock, how busy the GPU was over the TTA window (to CER 10, or to the last
     evaluation where the run never reached it), inside its training phases and inside its
-    evaluations (studies/busy.py, as `tta --json` shows it), and the step MFU over its iteration
+    evaluations (studies/busy.py, as `tta --json` shows it), how its evaluations decoded where
+    the run recorded it (threads, rate, the share of a core they had), and the step MFU over its iteration
     rows (bench/mfu.py, against the peak its summary holds or, for a run stopped before it wrote
     one, the recorded GPU's)."""
     if not (run / "results.db").is_file():
@@ -261,10 +262,18 @@ def run_figures(run: Path) -> str:
         parts.append(f"per-epoch evaluation {fmt(ev)} s of the {fmt(clock)} s clock ({100 * ev / clock:.0f} %)")
     metric, target, window = target_rule(tc)  # the run's own stop rule (config.json)
     minutes = tta_minutes([(e["clock_s"], e[metric]) for e in evals], target, window) if target > 0 else None
-    shown = time_columns(iterations, evals, minutes, samples, env.get("device"))["busy"]
-    parts.append(busy_figures(shown, minutes is not None))
+    columns = time_columns(iterations, evals, minutes, samples, env.get("device"))
+    parts.append(busy_figures(columns["busy"], minutes is not None))
+    if columns["decode"]:
+        parts.append(decode_figures(columns["decode"]))
     parts.append(mfu_figures(iterations, recorded_peak(summary, env, tc.get("precision", "fp32"))))
     return "; ".join(parts)
+
+
+def decode_figures(d: dict) -> str:
+    """The evaluations' decodes (studies/time_parts.py's ``decoding``): threads, rate, core share."""
+    return (f"decode {d['threads']} threads, {fmt(d['frames per thread-s'])} frames/s per thread-second, "
+            f"{fmt(d['core share %'])} % of a core each")
 
 
 def mean(rows: list[dict], key: str) -> float | None:

@@ -63,6 +63,9 @@ class DecodePool:
         self.decoder, self.threads = decoder, int(threads)
         self.frames = 0  # valid frames submitted (the decode rate's numerator)
         self.wait_s = 0.0  # wall seconds :meth:`results` waited for decodes still running
+        self.busy_s = 0.0  # thread-seconds inside the decoder's calls (a wait for a pending copy or the lock excluded)
+        self.cpu_s = 0.0  # CPU seconds of those calls (their threads' time.thread_time): below busy_s where a
+        # thread waited for a core or the GIL, so cpu_s / busy_s is how much of a core each decode had
         self._lock = None if getattr(decoder, "thread_safe", True) else threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []  # one per utterance, or per batch for a batched decoder
@@ -83,26 +86,29 @@ class DecodePool:
         for b, n in enumerate(lens):
             self._pending.append(self._executor.submit(self._one, log_probs, b, n))
 
-    def _batch(self, log_probs: np.ndarray | Pending, lens: list[int]) -> list[str]:
-        return self.decoder.decode_batch(_arrived(log_probs), lens)
+    def _batch(self, log_probs: np.ndarray | Pending, lens: list[int]) -> tuple[list[str], float, float]:
+        arrived = _arrived(log_probs)
+        return _timed(lambda: self.decoder.decode_batch(arrived, lens))
 
-    def _one(self, log_probs: np.ndarray | Pending, b: int, n: int) -> list[str]:
+    def _one(self, log_probs: np.ndarray | Pending, b: int, n: int) -> tuple[list[str], float, float]:
         lp = _arrived(log_probs)[:n, b]  # (T_b, C) view
         if self._lock is None:
-            return [self.decoder.decode(lp)]
+            return _timed(lambda: [self.decoder.decode(lp)])
         with self._lock:
-            return [self.decoder.decode(lp)]
+            return _timed(lambda: [self.decoder.decode(lp)])
 
     def results(self) -> list[str]:
         """Every submitted utterance's text, in submission order, waiting for those still
         decoding (a decode's error is raised here); the pool can take new batches after."""
         t = time.perf_counter()
         try:
-            texts = [text for f in self._pending for text in f.result()]
+            done = [f.result() for f in self._pending]
         finally:
             self.wait_s += time.perf_counter() - t
             self._pending = []
-        return texts
+        self.busy_s += sum(wall for _, wall, _ in done)
+        self.cpu_s += sum(cpu for _, _, cpu in done)
+        return [text for texts, _, _ in done for text in texts]
 
     def close(self) -> None:
         """Stop the threads (decodes not yet started are cancelled)."""
@@ -116,6 +122,13 @@ class DecodePool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _timed(decode) -> tuple[list[str], float, float]:
+    """``decode()``'s texts, its wall seconds and its thread's CPU seconds."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    texts = decode()
+    return texts, time.perf_counter() - wall, time.thread_time() - cpu
 
 
 def decode_parallel(decoder, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:

@@ -23,7 +23,7 @@ BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transactio
 # Columns added after the first release: a database written by it gets them when opened for writing.
 # evals, beam_sweep: every declared metric's columns (speechperf/metric.py); those a database has are skipped.
 ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops", "comm_s", "comm_bytes", "data_s", "ckpt_s"),
-                 "evals": schema.EVALS_PARTS + tuple(schema.EVALS_METRICS), "samples": ("segment",),
+                 "evals": schema.EVALS_PARTS + tuple(schema.EVALS_DECODE) + tuple(schema.EVALS_METRICS), "samples": ("segment",),
                  "beam_sweep": tuple(schema.EVALS_METRICS)}
 # The runs table of the first release: every database speechperf ever wrote has it (a writer
 # creates every table), so a file with tables but not these is another program's.

@@ -49,12 +49,16 @@ EVALS_METRICS = metric.columns()
 # An evaluation's seconds by part (train/evaluate.py): the pass over the batches (loading, forward,
 # loss; the decodes run beside it), the wait for the decodes after it, the scoring. Sum: eval_s.
 EVALS_PARTS = ("eval_forward_s", "eval_decode_s", "eval_score_s")
+# How its decodes ran (decode/batch.py's DecodePool): threads, valid frames, thread-seconds inside the
+# decoder and their CPU seconds (below the thread-seconds where the threads waited for a core or the GIL)
+EVALS_DECODE = {"decode_threads": "INTEGER", "decode_frames": "INTEGER", "decode_busy_s": "REAL", "decode_cpu_s": "REAL"}
 EVALS = f"""
 CREATE TABLE IF NOT EXISTS evals (
     run_id TEXT, epoch INTEGER, split TEXT, decoder TEXT, beam INTEGER,
     clock_s REAL,                 -- TTA clock when the evaluation finished
     eval_s REAL,                  -- seconds the evaluation took (not training time)
     {", ".join(f"{c} REAL" for c in EVALS_PARTS)},  -- its parts (EVALS_PARTS)
+    {", ".join(f"{c} {t}" for c, t in EVALS_DECODE.items())},  -- its decodes (EVALS_DECODE; NULL: older runs)
     loss REAL, n_utts INTEGER,
     final INTEGER DEFAULT 0,      -- 1 for the final evaluation after training
     {", ".join(f"{c} REAL" for c in EVALS_METRICS)},

@@ -58,6 +58,22 @@ def time_parts(iterations: list[dict], evals: list[dict], until_s: float) -> dic
             "total s": total, "until s": until_s, "note": "; ".join(notes) or None}
 
 
+def decoding(evals: list[dict], until_s: float) -> dict | None:
+    """How the evaluations up to ``until_s`` decoded (results/schema.py's EVALS_DECODE, summed):
+    ``threads`` (the most any used), ``frames per thread-s`` (valid frames per second inside the
+    decoder: the decode's rate, to set against an idle host's) and ``core share %`` (CPU seconds
+    over thread-seconds: under 100 the decode threads waited for cores or the GIL, the host's
+    other work beside them). None where a row lacks them (rows of an older release)."""
+    evs = [e for e in evals if e["clock_s"] <= until_s + 1e-6]
+    if not evs or any(e.get("decode_busy_s") is None or e.get("decode_cpu_s") is None for e in evs):
+        return None
+    busy, cpu = sum(e["decode_busy_s"] for e in evs), sum(e["decode_cpu_s"] for e in evs)
+    frames = sum(e["decode_frames"] or 0 for e in evs)
+    return {"threads": max(e["decode_threads"] or 0 for e in evs), "frames": frames, "busy s": busy, "cpu s": cpu,
+            "frames per thread-s": frames / busy if busy > 0 else None,
+            "core share %": 100.0 * cpu / busy if busy > 0 else None}
+
+
 def gaps(windows: list[tuple[float, float]], until_s: float) -> float:
     """Seconds of ``[0, until_s]`` outside every (start, end) window: the clock between the rows."""
     out, end = 0.0, 0.0

@@ -8,7 +8,7 @@ from typing import Sequence
 from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET, measured, metric as metric_of, per_epoch
 from speechperf.studies.busy import busy, busy_text
-from speechperf.studies.time_parts import shares, time_parts
+from speechperf.studies.time_parts import decoding, shares, time_parts
 from speechperf.scoring.target_rule import epochs_to_target, tta_minutes
 from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
@@ -99,16 +99,17 @@ def time_columns(iterations: list[dict], evals: list[dict], minutes: float | Non
                  device: str | None) -> dict:
     """Where the time went (studies/time_parts.py) up to the TTA, or up to the run's last
     evaluation when the target was not reached; how busy the accelerator was in it
-    (studies/busy.py: ``busy``, its short form at the end of ``time parts``); and the step
+    (studies/busy.py: ``busy``, its short form at the end of ``time parts``); how its
+    evaluations decoded (``decode``: threads, rate, the share of a core they had); and the step
     against its floor. ``device``: the run's recorded one (env.json)."""
     until = until_s(evals, minutes)
     if until is None:
-        return {"time parts": None, "time parts s": None, "busy": None, "step vs floor": STEP_FLOOR_NOTE}
+        return {"time parts": None, "time parts s": None, "busy": None, "decode": None, "step vs floor": STEP_FLOOR_NOTE}
     parts = time_parts(iterations, evals, until)
     shown = busy(samples, iterations, evals, until, device)
     text = shares(parts) + ("" if minutes is not None else " (to the last evaluation: target not reached)")
     return {"time parts": text + (f"; {parts['note']}" if parts["note"] else "") + f"; {busy_text(shown)}",
-            "time parts s": parts, "busy": shown, "step vs floor": STEP_FLOOR_NOTE}
+            "time parts s": parts, "busy": shown, "decode": decoding(evals, until), "step vs floor": STEP_FLOOR_NOTE}
 
 
 def until_s(evals: list[dict], minutes: float | None) -> float | None:

@@ -80,7 +80,10 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     it queues forward passes and log-prob copies (:func:`host_copy`) without waiting, and the
     losses are computed and read after it (:func:`mean_loss`). Seconds: ``eval_forward_s`` (the
     pass over the batches: loading, forward, loss, up to the losses read back), ``eval_decode_s``
-    (waiting for the decodes after that), ``eval_score_s`` (scoring); they sum to ``eval_s``. The
+    (waiting for the decodes after that), ``eval_score_s`` (scoring); they sum to ``eval_s``.
+    How the decodes ran (:data:`speechperf.results.schema.EVALS_DECODE`): ``decode_threads``,
+    ``decode_frames`` (valid frames), ``decode_busy_s`` (thread-seconds inside the decoder) and
+    ``decode_cpu_s`` (their CPU seconds: less where the threads waited for a core or the GIL). The
     batches are the split's resident ones where :func:`keep_resident` kept them for this device
     (``eval_data``: where they were), else read from the shards now (``stream``): the same
     batches in the same order."""
@@ -108,7 +111,8 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
         del outputs  # frees the device's log-probs now: the decodes read their host copies
         forward_end = time.perf_counter()
         hyps = pool.results()
-        frames, threads = pool.frames, pool.threads
+        decoding = {"decode_threads": pool.threads, "decode_frames": pool.frames, "decode_busy_s": pool.busy_s,
+                    "decode_cpu_s": pool.cpu_s}
     if was_training:
         model.train()
     decoded = time.perf_counter()
@@ -119,7 +123,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
         "split": split, "decoder": decoder_label(decoder, mode), "beam": beam,
         "loss": loss, **scores, "eval_s": end - start,
         "eval_forward_s": forward_end - start, "eval_decode_s": decoded - forward_end, "eval_score_s": end - decoded,
-        "decode_threads": threads, "decode_frames": frames, "eval_data": kept.where if kept is not None else "stream",
+        **decoding, "eval_data": kept.where if kept is not None else "stream",
         "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
     }
 

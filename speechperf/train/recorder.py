@@ -31,7 +31,7 @@ from speechperf.results.events import C
 from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
 from speechperf.results.progress import Clock, Progress
-from speechperf.results.schema import EVALS_PARTS
+from speechperf.results.schema import EVALS_DECODE, EVALS_PARTS
 from speechperf.train.warmup import warn_if_slow
 from speechperf.bench.mfu import RunFlops
 from speechperf.telemetry.sampler import Sampler
@@ -238,7 +238,7 @@ class RunRecorder(Recorder):
         epoch = prog.epoch - 1 if final else prog.epoch
         self.run.upsert("evals", {"run_id": self.run_id, "epoch": epoch, "split": r["split"], "decoder": r["decoder"],
                                   "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"],
-                                  **{k: r.get(k) for k in EVALS_PARTS},
+                                  **{k: r.get(k) for k in (*EVALS_PARTS, *EVALS_DECODE)},
                                   "n_utts": r["n_utts"], "final": int(final),
                                   **{k: r.get(k) for k in metric.columns()}})  # every declared metric's columns
         if final:

@@ -226,3 +226,8 @@ def test_the_autocast_probe_joins_the_head():
     assert env["device"] == "NVIDIA H200"
     assert env["autocast"] == "lstm out torch.float16 linear out torch.bfloat16 lstm weight grad torch.float32"
     assert gs.env_figures("torch 2.11.0 cuda 13.0 cudnn 1 gpu X python 3")["autocast"] is None
+
+
+def test_a_run_s_decodes_read_as_threads_rate_and_core_share():
+    assert gs.decode_figures({"threads": 8, "frames per thread-s": 12345.6, "core share %": 41.26}) == \
+        "decode 8 threads, 12,346 frames/s per thread-second, 41.3 % of a core each"

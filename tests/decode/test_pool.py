@@ -176,3 +176,35 @@ def test_a_pending_batch_of_the_wrong_shape_is_refused_at_submit():
         with pytest.raises(DecodeError, match="B lengths"):
             pool.submit(batch_mod.Pending(np.zeros((5, 2, 30), np.float32), gate), [5])
     assert gate.waited == 0
+
+
+class _Timed:
+    """A decoder whose every call sleeps ``sleep`` wall seconds (off the CPU), then spins ``spin``
+    CPU seconds."""
+
+    name = "timed"
+
+    def __init__(self, sleep: float, spin: float):
+        self.sleep, self.spin = sleep, spin
+
+    def decode(self, lp):
+        time.sleep(self.sleep)
+        end = time.thread_time() + self.spin
+        while time.thread_time() < end:
+            pass
+        return "x"
+
+
+@pytest.mark.parametrize("sleep,spin", [(0.03, 0.0), (0.0, 0.03)])
+def test_the_pool_counts_thread_seconds_inside_the_decoder_and_their_cpu_seconds(sleep, spin):
+    data, gate = batches()[:2], _Gate()  # 8 utterances
+    with DecodePool(_Timed(sleep, spin), 2) as pool:
+        pool.submit(batch_mod.Pending(data[0][0], gate), data[0][1])
+        pool.submit(*data[1])
+        time.sleep(0.3)  # both threads wait on the first batch's event: no decoder time
+        gate.opened.set()
+        assert pool.results() == ["x"] * 8
+    each = sleep + spin
+    assert pool.cpu_s >= 8 * spin * 0.99 and pool.busy_s >= pool.cpu_s
+    if spin == 0:  # a sleeping decode is wall time off the CPU, and the 2 x 0.3 s of waiting is not counted
+        assert 8 * each <= pool.busy_s < 8 * each + 0.25 and pool.cpu_s < 0.05

@@ -2,7 +2,7 @@
 rows, the gaps between them measured (studies/time_parts.py)."""
 import pytest
 
-from speechperf.studies.time_parts import gaps, shares, time_parts
+from speechperf.studies.time_parts import decoding, gaps, shares, time_parts
 
 
 def _it(iteration, epoch, clock_s, step_s, data_s, ckpt_s=0.0):
@@ -53,3 +53,14 @@ def test_gaps():
     assert gaps([(1.0, 3.0), (3.0, 6.0), (7.0, 10.0)], 10.0) == pytest.approx(2.0)
     assert gaps([], 4.0) == 4.0
     assert shares({"total s": 0.0}) == "no time recorded"
+
+
+def test_the_decodes_summed_to_the_tta_and_older_rows_give_none():
+    rows = [{"clock_s": 10.0, "decode_threads": 8, "decode_frames": 40_000, "decode_busy_s": 4.0, "decode_cpu_s": 2.0},
+            {"clock_s": 18.0, "decode_threads": 6, "decode_frames": 20_000, "decode_busy_s": 1.0, "decode_cpu_s": 1.0},
+            {"clock_s": 30.0, "decode_threads": 16, "decode_frames": 1, "decode_busy_s": 9.0, "decode_cpu_s": 9.0}]
+    assert decoding(rows, 18.0) == {"threads": 8, "frames": 60_000, "busy s": 5.0, "cpu s": 3.0,
+                                    "frames per thread-s": 12_000.0, "core share %": 60.0}
+    assert decoding(rows[:1] + [{**rows[1], "decode_busy_s": None}], 18.0) is None  # a row of an older release
+    assert decoding(rows, 5.0) is None  # no evaluation yet
+    assert decoding([{**rows[0], "decode_busy_s": 0.0, "decode_cpu_s": 0.0}], 10.0)["core share %"] is None

@@ -36,6 +36,10 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(tiny_run):
     (row,) = json.loads(p.stdout)["runs"]
     assert row["time parts s"]["total s"] == pytest.approx(row["minutes"] * 60, rel=0.01)
     assert row["time parts"].startswith("steps ") and row["step vs floor"].startswith("not measured")
+    # its evaluations' decodes, as the run recorded them: threads, frames, thread-seconds and their CPU share
+    dec, first = row["decode"], evals[0]
+    assert dec["threads"] == first["decode_threads"] >= 1 and dec["frames"] == first["decode_frames"] > 0
+    assert 0 < first["decode_cpu_s"] <= first["decode_busy_s"] * 1.05 and 0 < dec["core share %"] <= 105
     # a CPU run: its recorded CPU utilization is its busy share, in the training phases and evaluations too
     busy = row["busy"]
     assert (busy["device"], busy["metric"], busy["sources"]) == ("CPU", "util_machine_pct", ["cpu"])
