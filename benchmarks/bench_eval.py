@@ -28,7 +28,8 @@ Evaluation batches (``--part batches``): the pass on training-sized batches (the
 ``eval_max_duration``, or ``--eval-max-duration``), both kept resident as a run keeps them:
 batches, padded / valid frames, the batches' longest output x the model's layers (a cuDNN LSTM
 launches kernels per time step per layer: on a GPU, where the pass is launch-bound, the
-launches scale with it; an estimate, not a count) and the forward seconds. The results must
+launches scale with it; an estimate, not a count), the forward seconds and the evaluation's
+(with the decode wait after the forward passes and the decode threads' share of a core). The results must
 agree (``same_results``: fp32 on a CPU exactly but the loss's summation order; bf16 or a GPU to
 its numerics). On a CPU expect little: its forward pass is compute-bound.
 
@@ -122,7 +123,7 @@ def decode_rate(dec, batches: list, threads: int) -> tuple[float, float]:
     return wall, frames / wall / threads
 
 
-TIMES = ("eval_s", "eval_forward_s", "eval_decode_s", "eval_score_s", "eval_data")
+TIMES = ("eval_s", "eval_forward_s", "eval_decode_s", "eval_score_s", "eval_data", "decode_busy_s", "decode_cpu_s")
 
 
 def resident_vs_stream(model, feats: Path, split: str, cfg: RunConfig, threads: int, repeats: int) -> int:
@@ -245,9 +246,12 @@ def batch_shapes(model, feats: Path, split: str, loader) -> dict:
 
 
 def eval_vs_train_sized(model, feats: Path, split: str, cfg: RunConfig, device, threads: int, repeats: int) -> int:
-    """Per-evaluation forward seconds on training-sized batches (the reference) and on the
-    evaluation-sized ones (``loader.eval_max_duration``), each kept resident as the run keeps
-    them, interleaved; 1 if the losses, metrics or texts differ."""
+    """Per-evaluation seconds (the forward pass, the decode wait after it, the scoring) on
+    training-sized batches (the reference) and on the evaluation-sized ones
+    (``loader.eval_max_duration``), each kept resident as the run keeps them, interleaved; 1 if
+    the losses, metrics or texts differ. Fewer batches cut a launch-bound forward pass, but the
+    last batch's decode starts only when the forward passes end: the evaluation's seconds say
+    which wins."""
     tc, model = cfg.train, model.to(device)
     sized = {"training-sized": replace(cfg.loader, eval_max_duration=0.0), "eval-sized": cfg.loader}
     layers = getattr(unwrap(model).cfg, "lstm_layers", None) or getattr(unwrap(model).cfg, "layers", 1)
@@ -265,13 +269,16 @@ def eval_vs_train_sized(model, feats: Path, split: str, cfg: RunConfig, device, 
     ev.release_resident()
     ref = None
     for name, loader in sized.items():
-        shape, best = batch_shapes(model, feats, split, loader), min(runs[name], key=lambda r: r["eval_forward_s"])
+        shape, best = batch_shapes(model, feats, split, loader), min(runs[name], key=lambda r: r["eval_s"])
         ref = ref or (shape, best)
+        share = 100 * best["decode_cpu_s"] / best["decode_busy_s"] if best["decode_busy_s"] > 0 else float("nan")
         print(f"  {name}: {shape['batches']} batches, padded / valid frames {shape['padded']:.3f}, "
               f"batches' longest output x layers {shape['steps']} x {layers} = {shape['steps'] * layers} "
               f"({ref[0]['steps'] / shape['steps']:.2f}x fewer); forward {best['eval_forward_s']:.3f} s "
-              f"({ref[1]['eval_forward_s'] / best['eval_forward_s']:.2f}x), {best['eval_data']} batches "
-              f"(min of {repeats})")
+              f"({ref[1]['eval_forward_s'] / best['eval_forward_s']:.2f}x), evaluation {best['eval_s']:.3f} s "
+              f"({ref[1]['eval_s'] / best['eval_s']:.2f}x: decode wait {best['eval_decode_s']:.3f} s, score "
+              f"{best['eval_score_s']:.3f} s; decode threads {share:.0f}% of a core), {best['eval_data']} batches "
+              f"(the fastest evaluation of {repeats})")
     print("  (estimate: a cuDNN LSTM launches its kernels per time step per layer, so a GPU's launches scale "
           "with the longest output x layers; a CPU's forward pass is compute-bound)")
     exact = torch.device(device).type == "cpu" and tc.precision == "fp32"

@@ -36,8 +36,8 @@
 # machine goes back 30 s after one ends, so these are calls made back to back, in the first's WORK:
 #   WORK=/tmp/gc ONLY="env demo demo_tta profile tests_cuda attention eval_sync eval_batches" BUDGET=420 (limit 450)
 #   WORK=/tmp/gc ONLY="conformer conformer_tta" CONF_MINUTES=5 BUDGET=400 (limit 445; 179 s on 214e88f)
-#   WORK=/tmp/gc ONLY="floor eval_batches readers readers_tta" BUDGET=235 (limit 255; ~210 s)
-# (with the machine's start, ~850 s of a session's 900 on 214e88f's pattern: 373 + 179 + ~210 s;
+#   WORK=/tmp/gc ONLY="floor eval_batches_conformer readers readers_tta" BUDGET=235 (limit 255; ~220 s)
+# (with the machine's start, ~860 s of a session's 900 on 214e88f's pattern: 373 + 179 + ~220 s;
 # floor_conformer and tests_gpu_files, 25 and 118 s there, are the ones left out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -190,6 +190,10 @@ step eval_sync 50 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --r
 # the evaluation on evaluation-sized batches (the preset's loader.eval_max_duration) against training-sized ones
 step eval_batches 45 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part batches \
     --device "$DEVICE" "${EVAL_BATCHES_ARGS[@]}"
+# the same for the conformer's trained model (its forward pass launches per block, not per time step, and
+# its 6400 s batches leave dev-clean 2 batches: the H200's decode wait was 8% of its TTA, the forward 6%)
+step eval_batches_conformer 60 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/conformer" \
+    --part batches --device "$DEVICE" "${EVAL_BATCHES_ARGS[@]}"
 # the gpu preset on the demo's features with 2 readers (its TTA, evaluation parts and GPU busy against the demo's 8)
 step readers "$READERS_T" $PY -m speechperf train --data "$WORK/demo/features" --out "$WORK/readers" "${READERS_ARGS[@]}"
 step readers_tta 30 $PY -m speechperf tta --json "$WORK/readers"

@@ -32,7 +32,7 @@ from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
          "feed_gpu", "floor", "feed_conformer", "feed_tiny", "attention", "tests_gpu_files", "eval_sync", "eval_batches",
-         "readers", "readers_tta", "epoch_start", "floor_conformer", "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
+         "eval_batches_conformer", "readers", "readers_tta", "epoch_start", "floor_conformer", "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -213,17 +213,18 @@ def bench_figures(name: str, text: str | None) -> str:
             return "no timing lines"
         return (f"evaluation {new.group(1)} s against {ref.group(1)} s for the loop that waited every batch "
                 f"({new.group(2)}x); results {same.group(1) if same else 'not compared'}")
-    if name == "eval_batches":
+    if name.startswith("eval_batches"):
         rows = {k: rest for k, *rest in re.findall(
-            r"^\s*(training-sized|eval-sized): (\d+) batches.*\(([\d.]+)x fewer\); forward ([\d.]+) s \(([\d.]+)x\)",
-            text, re.M)}
+            r"^\s*(training-sized|eval-sized): (\d+) batches.*\(([\d.]+)x fewer\); forward ([\d.]+) s \(([\d.]+)x\)"
+            r"(?:, evaluation ([\d.]+) s \(([\d.]+)x: decode wait ([\d.]+) s)?", text, re.M)}
         same = re.search(r"^\s*results (\w+)", text, re.M)
         if len(rows) < 2:
             return "no timing lines"
-        (n0, _, f0, _), (n1, fewer, f1, x) = rows["training-sized"], rows["eval-sized"]
+        (n0, _, f0, _, e0, _, d0), (n1, fewer, f1, x, e1, ex, d1) = rows["training-sized"], rows["eval-sized"]
+        whole = f"; evaluation {e1} s against {e0} s ({ex}x; decode wait {d1} s against {d0} s)" if e1 and e0 else ""
         return (f"{n1} evaluation batches against {n0} training-sized ({fewer}x fewer longest steps x layers: "
                 f"the launches, estimated); "
-                f"forward {f1} s against {f0} s ({x}x); results {same.group(1) if same else 'not compared'}")
+                f"forward {f1} s against {f0} s ({x}x){whole}; results {same.group(1) if same else 'not compared'}")
     if name == "checkpoint":
         got = re.findall(r"^(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x", text, re.M)
         return "; ".join(f"{p} {mb} MB: sync {s} s, loop waits {b} s ({r}x)" for p, mb, s, b, r in got) or "no table"
@@ -339,7 +340,7 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = floor_figures(text)
         elif name.startswith("tests_"):
             figs = pytest_figures(text)
-        elif name in ("checkpoint", "masked_step", "eval_sync", "eval_batches", "epoch_start"):
+        elif name in ("checkpoint", "masked_step", "eval_sync", "eval_batches", "eval_batches_conformer", "epoch_start"):
             figs = bench_figures(name, text)
         else:
             got = json_in(text)

@@ -231,3 +231,18 @@ def test_the_autocast_probe_joins_the_head():
 def test_a_run_s_decodes_read_as_threads_rate_and_core_share():
     assert gs.decode_figures({"threads": 8, "frames per thread-s": 12345.6, "core share %": 41.26}) == \
         "decode 8 threads, 12,346 frames/s per thread-second, 41.3 % of a core each"
+
+
+def test_the_evaluation_batches_row_reads_the_whole_evaluation_where_the_log_has_it():
+    text = (  # bench_eval.py --part batches with the evaluation's seconds (the dry check on this CPU)
+        "  training-sized: 3 batches, padded / valid frames 1.166, batches' longest output x layers 734 x 1 = 734 "
+        "(1.00x fewer); forward 0.030 s (1.00x), evaluation 0.031 s (1.00x: decode wait 0.000 s, score 0.001 s; "
+        "decode threads 35% of a core), host batches (the fastest evaluation of 1)\n"
+        "  eval-sized: 2 batches, padded / valid frames 1.323, batches' longest output x layers 576 x 1 = 576 "
+        "(1.27x fewer); forward 0.028 s (1.06x), evaluation 0.029 s (1.05x: decode wait 0.002 s, score 0.001 s; "
+        "decode threads 28% of a core), host batches (the fastest evaluation of 1)\n"
+        "  results equal: loss 273.388750 vs 273.388750 (relative 0.0e+00), 0 of 11 texts differ\n")
+    assert gs.bench_figures("eval_batches_conformer", text) == (
+        "2 evaluation batches against 3 training-sized (1.27x fewer longest steps x layers: the launches, estimated); "
+        "forward 0.028 s against 0.030 s (1.06x); evaluation 0.029 s against 0.031 s (1.05x; decode wait 0.002 s "
+        "against 0.000 s); results equal")

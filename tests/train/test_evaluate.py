@@ -63,7 +63,7 @@ def test_evaluation_sized_batches_fill_windows_that_hold_them():
 
 
 CPU = torch.device("cpu")
-TIMINGS = ("eval_s", "eval_forward_s", "eval_decode_s", "eval_score_s")
+TIMINGS = ("eval_s", "eval_forward_s", "eval_decode_s", "eval_score_s", "decode_busy_s", "decode_cpu_s")
 
 
 def tiny_model():
