@@ -7,7 +7,7 @@ import statistics
 
 from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.studies.busy import busy, busy_text
-from speechperf.studies.time_parts import shares, time_parts
+from speechperf.studies.time_parts import decoding, shares, time_parts
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.scoring.targets import METRICS, Targets
 from speechperf.telemetry import energy
@@ -35,13 +35,15 @@ def energy_until(run: dict, seconds: float | None) -> float | None:
 
 
 BUSY_COLUMNS = ("device", "tta %", "tta samples", "training %", "training samples", "eval %", "eval samples")
+DECODE_COLUMNS = ("threads", "frames per thread-s", "core share %")  # studies/time_parts.py's decoding
 
 
 def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
     """Where each run's time to CER ``target`` went (studies/time_parts.py), or its time to its
     last evaluation where it never reached the target; seconds and the parts' shares; and how
     busy its accelerator was over that time, in its training phases and its evaluations
-    (studies/busy.py: ``busy`` in short, ``busy ...`` each figure)."""
+    (studies/busy.py: ``busy`` in short, ``busy ...`` each figure); how its evaluations decoded
+    (``decode ...``: threads, rate, the share of a core they had; empty for rows of older runs)."""
     rows = []
     for r in runs:
         tta = run_tta(r, target)
@@ -53,7 +55,8 @@ def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
         rows.append({**who(r), "to": f"CER {target:g}" if tta is not None else "last evaluation (target not reached)",
                      **{k: v for k, v in parts.items() if k != "note"}, "shares": shares(parts), "note": parts["note"],
                      "busy": busy_text(shown), **{f"busy {k}": shown[k] for k in BUSY_COLUMNS},
-                     "busy note": shown["note"]})
+                     "busy note": shown["note"],
+                     **{f"decode {k}": (decoding(r["evals"], until) or {}).get(k) for k in DECODE_COLUMNS}})
     return rows
 
 

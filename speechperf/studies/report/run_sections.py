@@ -141,7 +141,9 @@ def time_parts_section(ctx: Context) -> Section:
              "accelerator was (studies/busy.py): the mean of its recorded utilization samples over that time, inside "
              "its training phases (an epoch's first step to its evaluation) and inside its evaluations, with the "
              "sample count; a GPU's is NVML's utilization (a kernel running), a CPU run's the CPU seconds of its "
-             "processes in % of the machine's cores."),
+             "processes in % of the machine's cores. The table's 'decode' columns: the evaluations' decode "
+             "threads, their rate (valid frames per thread-second inside the decoder) and the share of a core each "
+             "had (under 100%: they waited for cores or the GIL; empty for runs that did not record it)."),
         Figure("time_parts.png", path, why, "A stacked bar per run: the parts of its time to accuracy, in seconds, "
                "and the accelerator's busy share in its label."),
         Table("time_parts.csv", rows, "no run has evaluations to break its time down to")])

@@ -46,12 +46,15 @@ def _training_run(root, name: str, seed: int):
                               "eval_score_s": 0.5, "loss": 1.0, "wer": 30.0 - 4 * e, "cer": 12.0 - e,
                               "cer_paper": 11.0 - e, "n_utts": 10, "final": 0, "cer_lo": 10.5 - e, "cer_hi": 13.5 - e,
                               "wer_lo": 27.0 - 4 * e, "wer_hi": 33.0 - 4 * e, "ser": 90.0 - 10 * e,
-                              "ser_lo": 80.0 - 10 * e, "ser_hi": 100.0 - 10 * e} for e in range(1, EPOCHS + 1)]
+                              "ser_lo": 80.0 - 10 * e, "ser_hi": 100.0 - 10 * e, "decode_threads": 4,
+                              "decode_frames": 8000, "decode_busy_s": 2.0, "decode_cpu_s": 1.5}
+                             for e in range(1, EPOCHS + 1)]
                    + [{"run_id": run.run_id, "epoch": EPOCHS, "split": split, "decoder": "wordbeam", "beam": 256,
                        "clock_s": EPOCHS * EPOCH_S, "eval_s": 5.0, "eval_forward_s": 2.0, "eval_decode_s": 2.5,
                        "eval_score_s": 0.5, "loss": 1.0, "wer": 15.0, "cer": 7.0,
                        "cer_paper": 6.5, "n_utts": 10, "final": 1, "cer_lo": 6.0, "cer_hi": 8.0, "wer_lo": 13.0,
-                       "wer_hi": 17.0, "ser": 40.0, "ser_lo": 30.0, "ser_hi": 50.0}
+                       "wer_hi": 17.0, "ser": 40.0, "ser_lo": 30.0, "ser_hi": 50.0,
+                       **dict.fromkeys(("decode_threads", "decode_frames", "decode_busy_s", "decode_cpu_s"))}
                       for split in ("dev-clean", "test-clean")])
         run.insert("samples", [{"run_id": run.run_id, "t": k * 0.5, "source": source, "metric": metric,
                                 "value": _value(metric, k * 0.5)}
@@ -121,6 +124,8 @@ def test_cells_the_runs_hold_are_filled(full_page):
                         "eval samples": "60"}, r
         assert r["busy"] == "GPU busy 80% (training 80% eval 80%; 720 samples)"
         assert r["busy note"] == "averaged over gpu0, gpu1: every GPU the sampler saw"
+        # the per-epoch evaluations' decodes (the final ones recorded none): 3 x 8000 frames in 3 x 2 thread-seconds
+        assert (r["decode threads"], r["decode frames per thread-s"], r["decode core share %"]) == ("4", "4000.0", "75.0")
     energy = {(r["run"].split()[0], r["source"]): r["method"] for r in _csv(full_page, "energy.csv")}
     assert energy == {(f"seed{s}", src): how for s in (1, 2) for src, how in
                       (("gpu0", "counter"), ("gpu1", "integrated-power"), ("rapl:intel-rapl:0", "counter"))}
