@@ -244,7 +244,7 @@ def run_figures(run: Path) -> str:
     evaluations (studies/busy.py, as `tta --json` shows it), how its evaluations decoded where
     the run recorded it (threads, rate, the share of a core they had), and the step MFU over its iteration
     rows (bench/mfu.py, against the peak its summary holds or, for a run stopped before it wrote
-    one, the recorded GPU's)."""
+    one, the recorded GPU's); and the garbage collector's pauses where its summary holds them."""
     if not (run / "results.db").is_file():
         return f"no {run / 'results.db'}"
     try:
@@ -268,6 +268,10 @@ def run_figures(run: Path) -> str:
     if columns["decode"]:
         parts.append(decode_figures(columns["decode"]))
     parts.append(mfu_figures(iterations, recorded_peak(summary, env, tc.get("precision", "fp32"))))
+    if summary.get("gc"):  # the interpreter's collection pauses while it trained (telemetry/gc_pauses.py)
+        g = summary["gc"]
+        parts.append(f"garbage collections {g['collections']} ({fmt(g['seconds'])} s), {g['full collections']} full "
+                     f"({fmt(g['full seconds'])} s, longest {fmt(g['longest full s'])} s)")
     return "; ".join(parts)
 
 

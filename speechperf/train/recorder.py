@@ -34,6 +34,7 @@ from speechperf.results.progress import Clock, Progress
 from speechperf.results.schema import EVALS_DECODE, EVALS_PARTS
 from speechperf.train.warmup import warn_if_slow
 from speechperf.bench.mfu import RunFlops
+from speechperf.telemetry.gc_pauses import GcPauses
 from speechperf.telemetry.sampler import Sampler
 from speechperf.telemetry.status import StatusLine
 
@@ -128,6 +129,7 @@ class RunRecorder(Recorder):
         self.segment: float | None = None  # unix time this process's sampler started: its samples' segment
         self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
+        self.gc_pauses = GcPauses()  # this process's garbage collections from the clock's start (summary "gc")
 
     @classmethod
     def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
@@ -176,6 +178,7 @@ class RunRecorder(Recorder):
 
         self.segment = time.time()  # one per process: its counters are differenced only among its samples
         self.sampler = Sampler(os.getpid()).start()
+        self.gc_pauses.start()
         self.sampler_p0 = time.perf_counter()  # a sample's t from here (the sampler's start, to a few ms)
         # a sample's t is seconds since the sampler started: put it on the run's clock, which a
         # resumed run continues (else every process's samples would pile up from t = 0)
@@ -281,6 +284,7 @@ class RunRecorder(Recorder):
         self._stop_sampler()
         summary = self.summary(status)
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
+        summary["gc"] = self.gc_pauses.figures()  # the interpreter's collection pauses while this process trained
         summary.update(self.flops.summary(self.run.iterations()))  # TFLOPS and MFU over every training step
         summary["convergence"] = (self.check(self.run.config, self.run.env, status, self.run.evals(), self.run.folder)
                                    if self.check is not None else None)  # against the preset's RCPs
@@ -336,9 +340,10 @@ class RunRecorder(Recorder):
         """A failed or interrupted run's summary: its MFU over the steps it trained too (a run cut
         before its target, the GPU check's short conformer run, has no other)."""
         flops = self.flops.summary(self.run.iterations()) if self.flops is not None else {}
-        return {**self.summary(status), **flops}
+        return {**self.summary(status), **flops, "gc": self.gc_pauses.figures()}
 
     def _stop_sampler(self) -> None:
+        self.gc_pauses.stop()
         if self.sampler is not None:
             self.sampler.stop()
             self._store_samples(len(self.sampler.samples))

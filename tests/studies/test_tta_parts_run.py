@@ -22,7 +22,10 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(tiny_run):
     assert all(i["data_s"] is not None and i["data_s"] >= 0 for i in iterations)
     segments = {s["segment"] for s in samples}  # one process; a new stretch after each evaluation's intervals
     assert samples and len(segments) >= 2 and None not in segments
-    clock_s = 60 * json.loads((tiny_run / "summary.json").read_text())["clock_min"]
+    summary = json.loads((tiny_run / "summary.json").read_text())
+    clock_s = 60 * summary["clock_min"]
+    gc = summary["gc"]  # the interpreter's collections while the run trained (telemetry/gc_pauses.py)
+    assert gc["collections"] >= gc["full collections"] >= 0 and gc["seconds"] >= gc["full seconds"] >= 0
     assert max(s["t"] for s in samples) <= clock_s + 0.5  # on the TTA clock, not the wall's
     assert sum(i["ckpt_s"] for i in iterations) > 0  # every 3 steps and at the epoch's end
     for e in evals:
