@@ -31,8 +31,8 @@ from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
-         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "attention", "tests_gpu_files", "eval_sync", "eval_batches",
-         "eval_batches_conformer", "readers", "readers_tta", "epoch_start", "floor_conformer", "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
+         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "attention", "tests_gpu_files", "eval_sync",
+         "eval_batches", "eval_batches_conformer", "readers", "readers_tta", "epoch_start", "floor_conformer", "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -344,7 +344,7 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = floor_figures(text)
         elif name.startswith("tests_"):
             figs = pytest_figures(text)
-        elif name in ("checkpoint", "masked_step", "eval_sync", "eval_batches", "eval_batches_conformer", "epoch_start"):
+        elif name in ("checkpoint", "masked_step", "eval_sync", "epoch_start") or name.startswith("eval_batches"):
             figs = bench_figures(name, text)
         else:
             got = json_in(text)

@@ -23,8 +23,8 @@ BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transactio
 # Columns added after the first release: a database written by it gets them when opened for writing.
 # evals, beam_sweep: every declared metric's columns (speechperf/metric.py); those a database has are skipped.
 ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops", "comm_s", "comm_bytes", "data_s", "ckpt_s"),
-                 "evals": schema.EVALS_PARTS + tuple(schema.EVALS_DECODE) + tuple(schema.EVALS_METRICS), "samples": ("segment",),
-                 "beam_sweep": tuple(schema.EVALS_METRICS)}
+                 "evals": schema.EVALS_PARTS + tuple(schema.EVALS_DECODE) + tuple(schema.EVALS_METRICS),
+                 "samples": ("segment",), "beam_sweep": tuple(schema.EVALS_METRICS)}
 # The runs table of the first release: every database speechperf ever wrote has it (a writer
 # creates every table), so a file with tables but not these is another program's.
 FIRST_RUNS_COLUMNS = frozenset({"run_id", "kind", "preset", "seed", "platform", "out_dir", "config_json", "env_json",

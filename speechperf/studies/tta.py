@@ -104,7 +104,8 @@ def time_columns(iterations: list[dict], evals: list[dict], minutes: float | Non
     against its floor. ``device``: the run's recorded one (env.json)."""
     until = until_s(evals, minutes)
     if until is None:
-        return {"time parts": None, "time parts s": None, "busy": None, "decode": None, "step vs floor": STEP_FLOOR_NOTE}
+        return {"time parts": None, "time parts s": None, "busy": None, "decode": None,
+                "step vs floor": STEP_FLOOR_NOTE}
     parts = time_parts(iterations, evals, until)
     shown = busy(samples, iterations, evals, until, device)
     text = shares(parts) + ("" if minutes is not None else " (to the last evaluation: target not reached)")
