@@ -114,7 +114,8 @@ def _eval_args(sp) -> None:
     _decoding_args(sp)
     sp.add_argument("--beam", type=int, default=256, help="beam width")
     sp.add_argument("--workers", type=int, default=0,
-                    help="decoding threads (0: one per CPU this process may use, less the loader's readers)")
+                    help="decoding threads (0: one per CPU this process may use, less the loader's readers, "
+                         "at least half of them)")
     sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
 
 
@@ -133,7 +134,8 @@ def _beam_sweep_args(sp) -> None:
     sp.add_argument("--split", default="dev-clean", help="prepared split to evaluate")
     _decoding_args(sp)
     sp.add_argument("--workers", type=int, default=0,
-                    help="decoding threads (0: one per CPU this process may use, less the loader's readers)")
+                    help="decoding threads (0: one per CPU this process may use, less the loader's readers, "
+                         "at least half of them)")
     sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
     sp.add_argument("--db", help="a shared results database that also receives the rows")
 

@@ -41,7 +41,7 @@ class TrainConfig:
     eval_decoder: str = "greedy"  # decoder registry key for per-epoch evaluation
     eval_beam: int = 256  # beam width for per-epoch evaluation (paper 256)
     eval_mode: str = "ngrams"  # word beam search mode (wordbeam only): words, ngrams, ngrams_forecast, ngrams_forecast_sample
-    eval_threads: int = 0  # threads decoding the evaluations (beside the forward pass); 0 = auto: the CPUs this process may use, less the loader's readers
+    eval_threads: int = 0  # threads decoding the evaluations (beside the forward pass); 0 = auto: the CPUs this process may use, less the loader's readers (at least half)
     # 4 GiB holds LibriSpeech's dev-clean (5.4 h: ~0.75 GiB padded float32) with room for dev-other-sized splits
     eval_resident_mb: int = 4096  # MiB the eval split's padded batches may take to be built once before the clock and kept (GPU, else pinned host memory); larger: read from the shards every evaluation; 0 = always read
     final_beam: int = 512  # beam width for the final evaluation (paper 512)

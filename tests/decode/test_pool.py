@@ -107,12 +107,16 @@ def test_bad_threads_shapes_and_a_failed_decode_are_errors():
             pool.results()
 
 
-def test_auto_threads_are_the_usable_cpus_less_the_readers(monkeypatch):
+def test_auto_threads_are_the_usable_cpus_less_the_readers_but_at_least_half(monkeypatch):
     monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
     assert cpus.usable_cpus() == 6
     assert auto_threads(2) == 4
     assert auto_threads(0) == 6
-    assert auto_threads(9) == 1  # never none
+    assert auto_threads(4) == auto_threads(9) == 3  # readers beyond half the cores take no more from the decode
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert auto_threads(8) == 8  # a 16-core GPU host with a GPU preset's 8 readers: as before
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert auto_threads(1) == 1  # never none
 
 
 # ---- batches still arriving from the device ---------------------------------------------------
