@@ -191,7 +191,8 @@ step eval_sync 50 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --r
 step eval_batches 45 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part batches \
     --device "$DEVICE" "${EVAL_BATCHES_ARGS[@]}"
 # the same for the conformer's trained model (its forward pass launches per block, not per time step, and
-# its 6400 s batches leave dev-clean 2 batches: the H200's decode wait was 8% of its TTA, the forward 6%)
+# its 6400 s batches leave dev-clean about 2 batches, estimated from the corpus's lengths: the H200's
+# decode wait was 8% of its TTA, the forward 6%)
 step eval_batches_conformer 60 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/conformer" \
     --part batches --device "$DEVICE" "${EVAL_BATCHES_ARGS[@]}"
 # the gpu preset on the demo's features with 2 readers (its TTA, evaluation parts and GPU busy against the demo's 8)
