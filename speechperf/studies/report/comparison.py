@@ -52,11 +52,12 @@ def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
             continue
         parts = time_parts(r["iterations"], r["evals"], until)
         shown = busy(r["samples"], r["iterations"], r["evals"], until, r["env"].get("device"))
+        decoded = decoding(r["evals"], until) or {}
         rows.append({**who(r), "to": f"CER {target:g}" if tta is not None else "last evaluation (target not reached)",
                      **{k: v for k, v in parts.items() if k != "note"}, "shares": shares(parts), "note": parts["note"],
                      "busy": busy_text(shown), **{f"busy {k}": shown[k] for k in BUSY_COLUMNS},
                      "busy note": shown["note"],
-                     **{f"decode {k}": (decoding(r["evals"], until) or {}).get(k) for k in DECODE_COLUMNS}})
+                     **{f"decode {k}": decoded.get(k) for k in DECODE_COLUMNS}})
     return rows
 
 
