@@ -5,7 +5,9 @@ every ``train.sync_every`` steps) within 5% of the floor (the same batches, in t
 order, resident on the device before timing; the same step function, the same reads). The
 reference is measured in the same process, on the same model and optimizer, both after one
 untimed pass over the same batches (so neither pays first-use allocations the other does not). Works on the
-CPU too (there the copies are no-ops and the ratio measures the loader's share).
+CPU too (there the copies are no-ops and the ratio measures the loader's share). A run measures
+its own (train.floor_steps: train/floor.py, after training, against its rows); this bench measures
+a preset apart, before any run.
 
 Usage: python benchmarks/bench_step_floor.py FEATS [--preset cpu] [--device auto]
            [--precision fp32|bf16|fp16] [--steps 30] [--warmup 5] [key=value ...]
@@ -16,7 +18,6 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -26,6 +27,7 @@ from speechperf.data.loader import make_loader  # noqa: E402
 from speechperf.errors import SpeechperfError  # noqa: E402
 from speechperf.models import build_model  # noqa: E402
 from speechperf.train.distributed import DistEnv, configure_determinism, pick_device  # noqa: E402
+from speechperf.train.floor import resident  # noqa: E402
 from speechperf.train.step import StepMeter, make_optimizer, read_point, train_step  # noqa: E402
 from speechperf.train.warmup import check_precision  # noqa: E402
 
@@ -57,13 +59,6 @@ def run_steps(batches, model, opt, scaler, device, tc, warmup: int, augment=None
     meter.read()
     sync(device)
     return (time.perf_counter() - t0) / (n - warmup), n - warmup
-
-
-def resident(batch, device: torch.device):
-    """The batch with its big tensors on the device (lengths stay on the host, as the
-    step plans with them there)."""
-    return SimpleNamespace(feats=batch.feats.to(device), labels=batch.labels.to(device),
-                           feat_lens=batch.feat_lens, label_lens=batch.label_lens)
 
 
 def load(preset: str, device: str, precision: str | None, overrides: list[str], who: str):

@@ -56,7 +56,7 @@ PY=${PYTHON:-python3}
 LOGS="$WORK/logs"  # at most 8 files come back from $OUT: the logs travel as one archive
 
 if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CPU
-    DEMO_ARGS=(--preset tiny --hours 0.05 --minutes 0.3 --no-sweep train.final_splits=dev-clean)
+    DEMO_ARGS=(--preset tiny --hours 0.05 --minutes 0.3 --no-sweep train.final_splits=dev-clean train.floor_steps=3)
     BUDGET=${BUDGET:-900}; DEMO_T=300; CONF_PRESET=conformer-cpu; CONF_ARGS=(model.layers=1 model.d_model=32 model.heads=2 model.subsampling_channels=16
         loader.max_duration=60 train.max_epochs=1 train.eval_decoder=greedy train.final_splits=none)
     CONF_T=120; CONF_FLOOR=(--preset conformer-cpu --device cpu --steps 2 --warmup 1 model.layers=1 model.d_model=32

@@ -88,7 +88,7 @@ def tta_figures(rows) -> str:
              f"({r.get('state', '?')}), epoch {fmt(r.get('epochs to target'))}",
              f"MFU {fmt(r.get('MFU %'))} %, {fmt(r.get('TFLOPS'))} TFLOPS",
              f"energy to accuracy {fmt(r.get('energy to accuracy kWh'))} kWh"]
-    parts += [f"{k} {fmt(v)}" for k, v in r.items() if k != "energy to accuracy kWh"
+    parts += [f"{k} {fmt(v)}" for k, v in r.items() if k not in ("energy to accuracy kWh", "step floor")
               and re.search(r"energy|eval|breakdown|wait|share|floor", k, re.I)
               and v is not None]
     return "; ".join(parts)

@@ -136,7 +136,7 @@ def cli(*args, timeout: float = 300, check: bool = False, **kwargs) -> subproces
 # The session's tiny run: two epochs (two evaluations), a checkpoint every 3 steps (their seconds
 # show among the time parts), greedy evaluation (seconds); a command continuing it repeats them.
 TINY_RUN = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=50",
-            "eval_decoder=greedy"]
+            "eval_decoder=greedy", "floor_steps=3"]
 
 
 @pytest.fixture(scope="session")

@@ -54,6 +54,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels (cuDNN, cuBLAS workspace, CTC on the CPU): a resumed GPU run equals the uninterrupted one, slower
     sync_every: int = 1  # read losses and skip flags from the device every N steps (and at sentences, checkpoints, epoch end; the time cap is checked there): one host sync per N steps
     optimizer_impl: str = "default"  # "default", "foreach" or "fused" (AdamW; fewer, larger kernels on a GPU)
+    floor_steps: int = 0  # after training, outside the clock: replay this many steps of an epoch on batches already on the device and set the loop's rows against them (train/floor.py; the summary's "floor"); 0 = off
     compile: bool = False  # torch.compile the model (off unless measured faster; the first steps compile)
     threads: int = 0  # torch intra-op threads; 0 = torch default
     max_bad_losses: int = 100  # abort after this many consecutive NaN/inf losses
@@ -81,6 +82,7 @@ class TrainConfig:
              f"train.eval_beam={self.eval_beam} and train.final_beam={self.final_beam} must be >= 1"),
             (self.eval_resident_mb >= 0, f"train.eval_resident_mb={self.eval_resident_mb} must be >= 0 (0 = always read)"),
             (self.eval_threads >= 0, f"train.eval_threads={self.eval_threads} must be >= 0 (0 = auto)"),
+            (self.floor_steps >= 0, f"train.floor_steps={self.floor_steps} must be >= 0 (0 = off)"),
             (self.threads >= 0, f"train.threads={self.threads} must be >= 0 (0 = torch default)"),
             (self.max_bad_losses >= 0, f"train.max_bad_losses={self.max_bad_losses} must be >= 0"),
             (0 < self.max_skipped_fraction <= 1,

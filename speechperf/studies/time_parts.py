@@ -94,3 +94,25 @@ def shares(parts: dict) -> str:
     if inner:
         text[2] += f" ({' '.join(inner)})"
     return " ".join(text)
+
+
+FLOOR_OFF = "not measured (train.floor_steps=0; benchmarks/bench_step_floor.py measures a preset apart)"
+
+
+def step_vs_floor(summary: dict | None) -> str:
+    """The run's step against its floor (train/floor.py: the summary's ``floor``) in words:
+    ``loop/floor 1.08 (0.1030 s against 0.0954 s a step, 25 steps of epoch 2)``, the reason
+    where it was not measured or compared."""
+    floor = (summary or {}).get("floor")
+    if floor is None:
+        return FLOOR_OFF if summary else "not measured (the run has not finished)"
+    if floor.get("loop_over_floor") is None:
+        return floor.get("note") or "not measured"
+    return (f"loop/floor {floor['loop_over_floor']:.2f} ({floor['loop_s']:.4f} s against {floor['floor_s']:.4f} s "
+            f"a step, {floor['steps']} steps of epoch {floor['epoch']})")
+
+
+def floor_short(summary: dict | None) -> str:
+    """``; loop/floor 1.08`` for the TTA table's time parts cell where the run measured it, else ``""``."""
+    ratio = ((summary or {}).get("floor") or {}).get("loop_over_floor")
+    return f"; loop/floor {ratio:.2f}" if ratio is not None else ""

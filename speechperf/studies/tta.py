@@ -8,18 +8,13 @@ from typing import Sequence
 from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET, measured, metric as metric_of, per_epoch
 from speechperf.studies.busy import busy, busy_text
-from speechperf.studies.time_parts import decoding, shares, time_parts
+from speechperf.studies.time_parts import decoding, floor_short, shares, step_vs_floor, time_parts
 from speechperf.scoring.target_rule import epochs_to_target, tta_minutes
 from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
 from speechperf.results.run import Run
 from speechperf.telemetry.machine import machine_name
 from speechperf.results.workload import by_workload
-
-
-# No run measures its step's floor (the same step on batches already on the device): benchmarks/bench_step_floor.py
-# measures it apart, for a preset on a machine.
-STEP_FLOOR_NOTE = "not measured (benchmarks/bench_step_floor.py measures it apart)"
 
 
 def epoch_rows(run) -> list[dict]:
@@ -91,26 +86,28 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
                          "relative": relative,
                          **at_target(rows_of_epochs[reached - 1] if reached else None, metric), "init s": init_s,
                          **mfu_columns(summary), **price,
-                         **time_columns(iterations, rows_of_epochs, minutes, samples, run.env.get("device"))})
+                         **time_columns(iterations, rows_of_epochs, minutes, samples, run.env.get("device"), summary)})
     return rows
 
 
 def time_columns(iterations: list[dict], evals: list[dict], minutes: float | None, samples: list[dict],
-                 device: str | None) -> dict:
+                 device: str | None, summary: dict | None = None) -> dict:
     """Where the time went (studies/time_parts.py) up to the TTA, or up to the run's last
     evaluation when the target was not reached; how busy the accelerator was in it
     (studies/busy.py: ``busy``, its short form at the end of ``time parts``); how its
     evaluations decoded (``decode``: threads, rate, the share of a core they had); and the step
-    against its floor. ``device``: the run's recorded one (env.json)."""
+    against its floor where the run measured it after training (``step vs floor`` in words, ``step
+    floor`` its figures: train/floor.py; the ratio also ends ``time parts``). ``device``: the run's
+    recorded one (env.json); ``summary``: its summary.json ({} or None: unfinished)."""
     until = until_s(evals, minutes)
+    floor = {"step vs floor": step_vs_floor(summary), "step floor": (summary or {}).get("floor")}
     if until is None:
-        return {"time parts": None, "time parts s": None, "busy": None, "decode": None,
-                "step vs floor": STEP_FLOOR_NOTE}
+        return {"time parts": None, "time parts s": None, "busy": None, "decode": None, **floor}
     parts = time_parts(iterations, evals, until)
     shown = busy(samples, iterations, evals, until, device)
     text = shares(parts) + ("" if minutes is not None else " (to the last evaluation: target not reached)")
-    return {"time parts": text + (f"; {parts['note']}" if parts["note"] else "") + f"; {busy_text(shown)}",
-            "time parts s": parts, "busy": shown, "decode": decoding(evals, until), "step vs floor": STEP_FLOOR_NOTE}
+    return {"time parts": text + (f"; {parts['note']}" if parts["note"] else "") + f"; {busy_text(shown)}"
+            + floor_short(summary), "time parts s": parts, "busy": shown, "decode": decoding(evals, until), **floor}
 
 
 def until_s(evals: list[dict], minutes: float | None) -> float | None:

@@ -39,7 +39,7 @@ from speechperf.errors import SpeechperfError
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.results.admission import admit
 from speechperf.results.request import RESUME_MODES, TrainRequest
-from speechperf.train import distributed
+from speechperf.train import distributed, floor
 from speechperf.algorithms import check_launch
 from speechperf.train.evaluate import evaluate, release_resident, with_intervals
 from speechperf.train.faults import as_fault, check_trained
@@ -107,6 +107,7 @@ def _train(t: Trainer) -> dict:
         t.checkpoint()
         if group.env.rank == 0:
             _final_eval(evaluated, t.data, t.splits["final"], t.cfg, group.device, rec, stop)
+            _floor(t)
         asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
         if asked:  # stops it (saved: the same command evaluates again), never ends as a success
             raise interrupted(asked, f"in {rec.out} during the final evaluation")
@@ -208,6 +209,18 @@ def _time_cap_passed(t: Trainer) -> bool:
             t.checkpoint()
         raise interrupted(asked, f"in {t.rec.out} at iteration {prog.iteration} (epoch {prog.epoch})")
     return bool(asked)
+
+
+def _floor(t: Trainer) -> None:
+    """Rank 0, after training: the step against its floor (train/floor.py) into the summary, where
+    ``train.floor_steps`` asks; a data-parallel run's steps need every rank, so it says not measured."""
+    steps = t.cfg.train.floor_steps
+    if not steps or t.stop.requested:
+        return
+    if t.group.world > 1:
+        t.rec.floor = {"steps": steps, "note": f"not measured: a data-parallel run ({t.group.world} processes)"}
+        return
+    t.rec.floor = floor.measure(t, t.run.iterations())
 
 
 # ---- evaluation ------------------------------------------------------------------------

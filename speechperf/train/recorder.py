@@ -129,6 +129,7 @@ class RunRecorder(Recorder):
         self.segment: float | None = None  # unix time this process's sampler started: its samples' segment
         self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
+        self.floor: dict | None = None  # the step against its floor (train/floor.py), measured after training
         self.gc_pauses = GcPauses()  # this process's garbage collections from the clock's start (summary "gc")
 
     @classmethod
@@ -285,6 +286,7 @@ class RunRecorder(Recorder):
         summary = self.summary(status)
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
         summary["gc"] = self.gc_pauses.figures()  # the interpreter's collection pauses while this process trained
+        summary["floor"] = self.floor  # the step against its floor, where the run measured it (train/floor.py)
         summary.update(self.flops.summary(self.run.iterations()))  # TFLOPS and MFU over every training step
         summary["convergence"] = (self.check(self.run.config, self.run.env, status, self.run.evals(), self.run.folder)
                                    if self.check is not None else None)  # against the preset's RCPs

@@ -74,13 +74,13 @@ class Trainer:
             return ahead
         if ahead is not None:
             ahead.close()
-        return self._make_loader(prog.epoch, prog.start_batch)
+        return self.epoch_loader(prog.epoch, prog.start_batch)
 
     def start_ahead(self, epoch: int) -> None:
         """Start ``epoch``'s readers now, before the evaluation: on a GPU their start and first
         windows (seconds with 8 readers) would otherwise be the next epoch's wait for data."""
         self.close_ahead()
-        self.ahead = (epoch, self._make_loader(epoch, 0).start())
+        self.ahead = (epoch, self.epoch_loader(epoch, 0).start())
 
     def close_ahead(self) -> None:
         """The readers started ahead stopped: training ended before their epoch."""
@@ -88,7 +88,8 @@ class Trainer:
             self.ahead[1].close()
             self.ahead = None
 
-    def _make_loader(self, epoch: int, start_batch: int) -> Loader:
+    def epoch_loader(self, epoch: int, start_batch: int = 0) -> Loader:
+        """``epoch``'s batches from ``start_batch`` on (the seed's plan: the same batches whenever made)."""
         return make_loader(self.data, self.splits["train"], self.cfg.loader, epoch=epoch, seed=self.cfg.train.seed,
                            start_batch=start_batch, rank=self.group.env.rank, world=self.group.world, index=self.index,
                            pin_memory=self.group.device.type == "cuda")

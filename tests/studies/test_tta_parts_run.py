@@ -38,7 +38,13 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(tiny_run):
     assert p.returncode == 0, p.stderr
     (row,) = json.loads(p.stdout)["runs"]
     assert row["time parts s"]["total s"] == pytest.approx(row["minutes"] * 60, rel=0.01)
-    assert row["time parts"].startswith("steps ") and row["step vs floor"].startswith("not measured")
+    # the step against its floor, measured after training (train/floor.py): epoch 2's rows 2..4
+    floor, rows = summary["floor"], [i for i in iterations if i["epoch"] == 2][1:4]
+    assert floor["note"] is None and floor["epoch"] == 2 and floor["first_iteration"] == rows[0]["iteration"]
+    assert floor["loop_s"] == pytest.approx(sum(r["step_s"] - r["data_s"] - r["ckpt_s"] for r in rows) / 3)
+    assert row["step floor"] == floor and row["step vs floor"].startswith("loop/floor ")
+    assert row["time parts"].endswith(f"; loop/floor {floor['loop_over_floor']:.2f}")
+    assert row["time parts"].startswith("steps ")
     # its evaluations' decodes, as the run recorded them: threads, frames, thread-seconds and their CPU share
     dec, first = row["decode"], evals[0]
     assert dec["threads"] == first["decode_threads"] >= 1 and dec["frames"] == first["decode_frames"] > 0
@@ -49,7 +55,8 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(tiny_run):
     assert busy["tta samples"] > busy["training samples"] > 0 and busy["eval samples"] > 0
     assert all(0 < busy[f"{p} %"] <= 100 for p in ("tta", "training", "eval"))
     assert row["time parts"].endswith(f"CPU busy {busy['tta %']:.0f}% (training {busy['training %']:.0f}% eval "
-                                      f"{busy['eval %']:.0f}%; {busy['tta samples']} samples)")
+                                      f"{busy['eval %']:.0f}%; {busy['tta samples']} samples); loop/floor "
+                                      f"{floor['loop_over_floor']:.2f}")
     # no power source on this machine: no energy, and the note says why
     assert row["energy to accuracy kWh"] is None and "no energy counter or power samples (" in row["price note"]
 

@@ -7,7 +7,7 @@ import statistics
 
 from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.studies.busy import busy, busy_text
-from speechperf.studies.time_parts import decoding, shares, time_parts
+from speechperf.studies.time_parts import decoding, shares, step_vs_floor, time_parts
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.scoring.targets import METRICS, Targets
 from speechperf.telemetry import energy
@@ -43,7 +43,8 @@ def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
     last evaluation where it never reached the target; seconds and the parts' shares; and how
     busy its accelerator was over that time, in its training phases and its evaluations
     (studies/busy.py: ``busy`` in short, ``busy ...`` each figure); how its evaluations decoded
-    (``decode ...``: threads, rate, the share of a core they had; empty for rows of older runs)."""
+    (``decode ...``: threads, rate, the share of a core they had; empty for rows of older runs); and
+    its step against its floor where it measured one after training (train/floor.py)."""
     rows = []
     for r in runs:
         tta = run_tta(r, target)
@@ -57,7 +58,9 @@ def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
                      **{k: v for k, v in parts.items() if k != "note"}, "shares": shares(parts), "note": parts["note"],
                      "busy": busy_text(shown), **{f"busy {k}": shown[k] for k in BUSY_COLUMNS},
                      "busy note": shown["note"],
-                     **{f"decode {k}": decoded.get(k) for k in DECODE_COLUMNS}})
+                     **{f"decode {k}": decoded.get(k) for k in DECODE_COLUMNS},
+                     "loop/floor": ((r.get("summary") or {}).get("floor") or {}).get("loop_over_floor"),
+                     "step vs floor": step_vs_floor(r.get("summary"))})
     return rows
 
 
