@@ -7,7 +7,7 @@ import socket
 from importlib import metadata
 from speechperf.telemetry.sampler import availability
 
-LIBRARIES = ("torch", "numpy", "scipy", "soundfile", "jiwer", "psutil", "nvidia-ml-py", "mlperf-logging",
+LIBRARIES = ("torch", "numpy", "scipy", "soundfile", "rapidfuzz", "psutil", "nvidia-ml-py", "mlperf-logging",
              "matplotlib", "espeakng-loader", "speechperf")
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.scoring.bootstrap import error_intervals
-from speechperf.scoring.error_rates import UtteranceErrors, error_rates, utterance_errors
+from speechperf.scoring.error_rates import UtteranceErrors, scored
 from speechperf.metric import METRICS
 from speechperf.models.contract import autocast, planned_forward, to_device
 from speechperf.data.index import Index
@@ -259,11 +259,11 @@ def decode_threads(loader_cfg: LoaderConfig) -> int:
 
 
 def score(refs: list[str], hyps: list[str], intervals: bool = True) -> dict:
-    """jiwer's WER and the CERs, the counted metrics' values (speechperf/metric.py) and, with
-    ``intervals``, their 95% bootstrap intervals; without, ``errors``: the per-utterance counts
-    :func:`with_intervals` reads."""
-    rates = error_rates(refs, hyps).to_dict()
-    errors = utterance_errors(refs, hyps)
+    """The WER (jiwer's, summed from the per-utterance counts) and the CERs, the counted metrics'
+    values (speechperf/metric.py) and, with ``intervals``, their 95% bootstrap intervals; without,
+    ``errors``: the per-utterance counts :func:`with_intervals` reads."""
+    found, errors = scored(refs, hyps)  # one pass of edit distances: the rates are the counts' sums
+    rates = found.to_dict()
     if intervals:
         return {**rates, **{k: v for k, v in error_intervals(errors).items() if k not in rates}}
     return {**rates, **{k: v for k, v in point_values(errors).items() if k not in rates}, "errors": errors}

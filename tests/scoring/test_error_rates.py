@@ -28,6 +28,29 @@ def test_wer_equals_jiwer_on_random_pairs():
     assert r.cer_paper <= r.cer
 
 
+def test_the_counts_give_jiwers_rates_on_decoder_like_text():
+    """The rates are sums of per-utterance rapidfuzz distances (no jiwer at run time): the same
+    WER and CER as jiwer's corpus-level ones on text as the decoders write it (the alphabet's
+    letters, apostrophes, runs of separators, leading and trailing spaces, empty hypotheses). The
+    CER counts every character as written, jiwer's after collapsing spaces: equal on the
+    normalized text the decoders return."""
+    rng = random.Random(11)
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ'"
+    word = lambda: "".join(rng.choices(letters, k=rng.randint(1, 9)))  # noqa: E731
+    refs = [" ".join(word() for _ in range(rng.randint(1, 20))) for _ in range(400)]
+    hyps = []
+    for r in refs:
+        kept = [w if rng.random() > 0.2 else word() for w in r.split() if rng.random() > 0.1]
+        hyps.append(rng.choice(["", " "]) + rng.choice([" ", "  "]).join(kept) + rng.choice(["", " "]))
+    hyps[::37] = [""] * len(hyps[::37])
+    r = error_rates(refs, hyps)
+    assert r.wer == pytest.approx(100.0 * jiwer.wer(refs, hyps), rel=1e-12)
+    normalized = [" ".join(h.split()) for h in hyps]
+    assert error_rates(refs, normalized).cer == pytest.approx(100.0 * jiwer.cer(refs, normalized), rel=1e-12)
+    out = jiwer.process_words(refs, hyps)
+    assert r.ref_words == sum(len(x) for x in out.references)
+
+
 def test_bad_inputs():
     with pytest.raises(SpeechperfError, match="2 references but 1"):
         error_rates(["a", "b"], ["a"])
