@@ -41,6 +41,14 @@ def emit(rows: Sequence[dict], as_json: bool, columns: Sequence[str] | None = No
         out.write(format_table(rows, columns) + "\n")
 
 
+def notes(rows: Sequence[dict], column: str, out=None) -> None:
+    """Below a text table: each run's ``column`` (a long note, e.g. why its MFU is not shown)
+    once, as ``note: RUN: TEXT``; nothing where no row has one."""
+    out = out or sys.stdout
+    for run, text in dict.fromkeys((r.get("run"), r[column]) for r in rows if r.get(column)):
+        out.write(f"note: {run}: {text}\n")
+
+
 def write_csv(path: Path, rows: Sequence[dict]) -> Path:
     """Atomic CSV of ``rows`` (columns: the union of their keys, in first-seen order)."""
     buf = io.StringIO()

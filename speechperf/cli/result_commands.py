@@ -8,7 +8,7 @@ from pathlib import Path
 from speechperf import metric
 from speechperf.cli.parsing import Command, Registry, csv_list
 from speechperf.decode import WORDBEAM_MODES
-from speechperf.tables import emit, emit_json
+from speechperf.tables import emit, emit_json, notes
 
 
 def _decoders():
@@ -67,6 +67,7 @@ def cmd_tta(a) -> int:
                                         "error at TTA [95%]", "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
                                         "platform", "cost to accuracy $", "TTA x price ($ min)", "energy to accuracy kWh", "time parts",
                                         "price note"])
+    notes(study["runs"], "MFU note")
     print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
     emit(study["groups"], False, columns=["group", "target", "runs", "reached", "never reached", "unfinished",
                                           "median TTA min", "olympic TTA min", "min TTA min", "max TTA min",

@@ -10,7 +10,7 @@ from speechperf import metric
 from speechperf.cli.parsing import PRESETS, Command, preset
 from speechperf.cli.result_commands import error_column
 from speechperf.errors import SpeechperfError
-from speechperf.tables import emit, emit_json
+from speechperf.tables import emit, emit_json, notes
 
 
 def _seeds(text: str):
@@ -191,6 +191,8 @@ def cmd_demo(a) -> int:
                                 *([] if a.json else ["error at TTA [95%]"]), "init s",
                                 "TFLOPS", "MFU %", "cost to accuracy $", "energy to accuracy kWh", "time parts",
                                 "price note"])
+    if not a.json:
+        notes(rows, "MFU note")
     return 0
 
 

@@ -1,5 +1,6 @@
 """MFU's FLOP counts against hand arithmetic, the exact quadratic fit, the LSTM formula
 against the DS2 model's analytic count, and the summary of rows with and without FLOPs."""
+import json
 import sqlite3
 
 import pytest
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 
 from speechperf.config import load_preset
 from speechperf.bench.mfu import (FlopModel, RunFlops, achieved, count_step_flops, counter, exact_quadratic,
-                                    fit_flop_model, fit_lengths)
+                                    fit_flop_model, fit_lengths, mfu_columns)
 from speechperf.models import build_model
 from speechperf.models.ds2 import flops_per_frame
 from speechperf.results import ResultsDB
@@ -145,7 +146,7 @@ def test_summary_of_rows_and_rows_of_an_older_release(tmp_path):
     s = rf.summary(rows)
     assert s["model_flops_per_step"] == 3e11 and s["model_flops_steps"] == 2
     assert s["tflops"] == pytest.approx(0.3) and s["mfu_pct"] == pytest.approx(30.0) and s["peak_source"] == "test peak"
-    assert achieved(1e12, 1.0, None) == {"tflops": 1.0, "mfu_pct": None}  # no peak: no MFU, never a made-up one
+    assert achieved(1e12, 1.0, None) == {"tflops": 1.0, "mfu_pct": None, "mfu_note": None}  # no peak: no MFU, never a made-up one
     # a database written before the column existed reads, and gets the column when opened for writing
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as c:
@@ -170,3 +171,27 @@ def test_conformer_fit_is_quadratic_and_exact_at_another_length():
     assert fm.c > 0  # self-attention over the subsampled frames
     n = fm.fit_lengths[-1] + 10 * 16  # a length of the fitted class the fit never saw
     assert count_step_flops(model, [n], 93) == pytest.approx(fm.utterance(n), rel=1e-12)
+
+
+def test_steps_above_their_peak_get_no_mfu_and_drop_a_cpu_peak(tmp_path, monkeypatch):
+    """A demo on a 2-core EPYC read MFU 204%: its CPU peak was cached from a busy machine.
+    Above 100% the MFU is refused, said so, and the cached peak is dropped for the next run."""
+    from speechperf.bench import measured_peak as mp
+
+    over = achieved(2e12, 1.0, 1.0)
+    assert over["mfu_pct"] is None and over["mfu_note"] == (
+        "no MFU: the steps achieved 2 TFLOPS, above the peak of 1 they are measured against (200%): that peak is wrong")
+    assert achieved(1e12, 1.0, 1.0) == {"tflops": 1.0, "mfu_pct": 100.0, "mfu_note": None}
+    monkeypatch.setenv("SPEECHPERF_CACHE", str(tmp_path))
+    (tmp_path / mp.CACHE_FILE).write_text(json.dumps({mp.cache_key(1, "fp32"): {"tflops": 0.1}}))
+    rf = RunFlops(FlopModel("ds2", 0.0, 10.0, 0.0, (32, 96, 160)), 0.1, "measured", 0.0, cpu_peak=(1, "fp32"))
+    s = rf.summary([{"model_flops": 4e11, "step_s": 1.0}])
+    assert s["mfu_pct"] is None and s["mfu_note"].endswith("(measured low; its cached entry is dropped: the next "
+                                                           "run measures it again)")
+    assert json.loads((tmp_path / mp.CACHE_FILE).read_text()) == {}
+    gpu = RunFlops(FlopModel("ds2", 0.0, 10.0, 0.0, (32, 96, 160)), 0.1, "a sheet", 0.0)
+    assert gpu.summary([{"model_flops": 4e11, "step_s": 1.0}])["mfu_note"].endswith("that peak is wrong")
+    # a summary written before the check reads the same
+    cols = mfu_columns({"tflops": 0.0415, "mfu_pct": 204.2, "peak_tflops": 0.0203, "peak_source": "measured"})
+    assert cols["MFU %"] is None and cols["MFU note"].startswith("no MFU: the steps achieved 0.0415 TFLOPS")
+    assert mfu_columns({"tflops": 0.01, "mfu_pct": 50.0})["MFU note"] is None

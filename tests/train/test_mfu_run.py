@@ -34,3 +34,21 @@ def test_run_summary_and_tta_row_hold_mfu(tiny_features, tmp_path, capsys):
     assert row["peak source"] == summary["peak_source"]
     assert main(["tta", str(run), "--targets", "100", "--epochs", "1"]) == 0
     assert "MFU %" in capsys.readouterr().out
+
+
+def test_a_summary_above_its_peak_shows_no_mfu_and_says_why(tiny_run, tmp_path, capsys):
+    """A run written before the check, whose CPU peak was measured on a busy machine (a demo read
+    MFU 204%): the table shows no MFU and a note under it names the run and why."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(tflops=0.0415, mfu_pct=204.2, peak_tflops=0.0203)
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["tta", str(run), "--targets", "100", "--epochs", "1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["runs"][0]
+    assert row["MFU %"] is None and row["MFU note"].startswith("no MFU: the steps achieved 0.0415 TFLOPS, above")
+    assert main(["tta", str(run), "--targets", "100", "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {row['run']}: no MFU: the steps achieved 0.0415 TFLOPS" in out and out.count("note: ") == 1
