@@ -220,7 +220,8 @@ def _floor(t: Trainer) -> None:
     if t.group.world > 1:
         t.rec.floor = {"steps": steps, "note": f"not measured: a data-parallel run ({t.group.world} processes)"}
         return
-    t.rec.floor = floor.measure(t, t.run.iterations())
+    with t.rec.off_clock():  # no part of the run's clock, nor its samples
+        t.rec.floor = floor.measure(t, t.run.iterations())
 
 
 # ---- evaluation ------------------------------------------------------------------------
