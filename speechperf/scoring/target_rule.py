@@ -31,3 +31,9 @@ def epochs_to_target(evals: Sequence[tuple[float, float]], target: float, epochs
         if statistics.median(window) <= target:
             return i + 1
     return None
+
+
+def relative_pct(minutes: float | None, reference: float | None) -> float | None:
+    """``minutes`` in % of the ``reference`` run's TTA: exactly 100 for the reference itself
+    (100 x minutes / reference rounds 12.8338... min against itself to 99.99999999999999)."""
+    return 100.0 * (minutes / reference) if minutes is not None and reference else None

@@ -9,7 +9,7 @@ from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET, measured, metric as metric_of, per_epoch
 from speechperf.studies.busy import busy, busy_text
 from speechperf.studies.time_parts import decoding, floor_short, shares, step_vs_floor, time_parts
-from speechperf.scoring.target_rule import epochs_to_target, tta_minutes
+from speechperf.scoring.target_rule import epochs_to_target, relative_pct, tta_minutes
 from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
 from speechperf.results.run import Run
@@ -76,7 +76,7 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
             minutes = tta_minutes(evals, target, epochs)
             reached = epochs_to_target(evals, target, epochs)
             ref = first.setdefault(target, minutes)
-            relative = 100.0 * (minutes / ref) if minutes is not None and ref else None  # the reference: exactly 100
+            relative = relative_pct(minutes, ref)
             joules = energy.to_accuracy(samples, None if minutes is None else minutes * 60, label)
             price = price_columns(env, minutes, joules)
             if minutes is not None and joules is None:  # no sample measured energy or power: say why

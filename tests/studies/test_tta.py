@@ -72,3 +72,13 @@ def test_table_prices_each_run_from_its_environment_and_overrides(tmp_path, caps
     assert main(["tta", str(h100), str(odd), "--targets", "10", "--price-per-hour", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)["runs"]
     assert [r["cost to accuracy $"] for r in out] == [2.0, 2.0]
+
+
+def test_the_reference_is_exactly_100_percent_of_itself():
+    """The CPU demo's report read 99.99999999999999 % for its own reference run (12.8338... min):
+    100 x m / m rounds; 100 x (m / m) does not."""
+    from speechperf.scoring.target_rule import relative_pct
+
+    m = 12.833805918266929
+    assert 100 * m / m != 100.0 and relative_pct(m, m) == 100.0
+    assert relative_pct(None, m) is None and relative_pct(m, None) is None and relative_pct(3.0, 2.0) == 150.0

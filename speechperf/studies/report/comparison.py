@@ -8,7 +8,7 @@ import statistics
 from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.studies.busy import busy, busy_text
 from speechperf.studies.time_parts import decoding, shares, step_vs_floor, time_parts
-from speechperf.scoring.target_rule import tta_minutes
+from speechperf.scoring.target_rule import relative_pct, tta_minutes
 from speechperf.scoring.targets import METRICS, Targets
 from speechperf.telemetry import energy
 from speechperf.studies.report.runs import who
@@ -84,7 +84,7 @@ def tta_rows(runs: list[dict], targets: Targets = Targets()) -> list[dict]:
             for r, m in mins:
                 rows.append({**who(r), "platform": of_run(r["env"]).name, "metric": metric.upper(),
                              "target %": target, "TTA minutes": m,
-                             "relative %": 100 * m / ref[1] if m is not None and ref[1] else None,
+                             "relative %": relative_pct(m, ref[1]),
                              "reference": ref[0]["label"] if ref[0] else None})
     return rows
 
