@@ -106,8 +106,15 @@ def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, s
     c_id = np.empty(beam * C, np.int32)
     c_pb = np.empty(beam * C)
     c_pnb = np.empty(beam * C)
+    score, inside = np.empty(beam * C), np.empty(beam * C)  # _select's scratch, reused every frame
+    act = np.empty(C, np.int32)  # this frame's symbols above log_thresh, in symbol order
     for t in range(T):
         f = lp[t]
+        n_act = 0
+        for c in range(1, C):
+            if f[c] >= log_thresh:
+                act[n_act] = c
+                n_act += 1
         nc = 0
         for i in range(nb):
             p, pb, pnb = b_id[i], b_pb[i], b_pnb[i]
@@ -122,9 +129,8 @@ def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, s
             if last >= 0:
                 c_pnb[k] = _lse(c_pnb[k], pnb + f[last])
             nd = node[p]
-            for c in range(1, C):
-                if f[c] < log_thresh:
-                    continue
+            for j in range(n_act):
+                c = act[j]
                 if c == space and (p == 0 or last == space):
                     # ending in space either way; after a space label the repeat is counted above
                     c_pnb[k] = _lse(c_pnb[k], (pb if last == space else tot) + f[c])
@@ -164,23 +170,32 @@ def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, s
                     nc += 1
                 k = pos[q]
                 c_pnb[k] = _lse(c_pnb[k], (pb if c == last else tot) + f[c])
-        nb = _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b_id, b_pb, b_pnb)
+        nb = _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b_id, b_pb, b_pnb, score, inside)
     return _best(b_id, b_pb, b_pnb, nb, constrained, mode, lm_weight, parent, label, node, hist, done, lm_base,
                  lm_fc, node_word, uni, row_start, row_word, row_disc, backoff)
 
 
 @njit(cache=True, nogil=True)
-def _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b_id, b_pb, b_pnb):
-    """Copy the ``beam`` best candidates (CTC + weighted LM score) into the beam arrays."""
-    score = np.empty(nc)
+def _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b_id, b_pb, b_pnb, score, inside):
+    """Copy the ``beam`` best candidates (CTC + weighted LM score) into the beam arrays.
+
+    The cut is the larger of the beam-th best score and the frame's best less ``score_gap``.
+    The beam-th best is looked for among the scores within the gap only (``inside``): where
+    fewer than ``beam`` are, it lies below the gap and the gap's bound is the cut; otherwise it
+    is theirs. ``score`` and ``inside``: scratch of at least ``nc`` (the caller's, reused)."""
     top = NEG_INF
     for k in range(nc):
         q = c_id[k]
         score[k] = _lse(c_pb[k], c_pnb[k]) + lm_weight * (lm_base[q] + lm_fc[q])
         top = max(top, score[k])
-    cut = NEG_INF if nc <= beam else np.partition(score, nc - beam)[nc - beam]
-    if top - score_gap > cut:
-        cut = top - score_gap
+    cut = top - score_gap
+    n_in = 0
+    for k in range(nc):
+        if score[k] >= cut:
+            inside[n_in] = score[k]
+            n_in += 1
+    if n_in >= beam:  # the beam-th best of all is the beam-th best of these, at or above the gap's bound
+        cut = np.partition(inside[:n_in], n_in - beam)[n_in - beam]
     nb = 0
     for strict in (True, False):  # above the cut first, then ties up to the width
         for k in range(nc):
