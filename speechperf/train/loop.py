@@ -213,15 +213,22 @@ def _time_cap_passed(t: Trainer) -> bool:
 
 def _floor(t: Trainer) -> None:
     """Rank 0, after training: the step against its floor (train/floor.py) into the summary, where
-    ``train.floor_steps`` asks; a data-parallel run's steps need every rank, so it says not measured."""
+    ``train.floor_steps`` asks; a data-parallel run's steps need every rank, so it says not measured.
+    The run has trained and been evaluated by then: a replay that fails (its batches held on a full
+    device, a reader's error) is said in the summary's floor, naming the error; the run stands."""
     steps = t.cfg.train.floor_steps
     if not steps or t.stop.requested:
         return
     if t.group.world > 1:
         t.rec.floor = {"steps": steps, "note": f"not measured: a data-parallel run ({t.group.world} processes)"}
         return
-    with t.rec.off_clock():  # no part of the run's clock, nor its samples
-        t.rec.floor = floor.measure(t, t.run.iterations())
+    try:
+        with t.rec.off_clock():  # no part of the run's clock, nor its samples
+            t.rec.floor = floor.measure(t, t.run.iterations())
+    except (RuntimeError, OSError, MemoryError, SpeechperfError) as e:  # torch's out of memory is a RuntimeError
+        t.rec.floor = {"steps": steps, "note": f"not measured: the replay failed: {type(e).__name__}: {e}"[:400]}
+        if t.group.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 # ---- evaluation ------------------------------------------------------------------------

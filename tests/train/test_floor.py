@@ -152,3 +152,23 @@ def test_the_floor_in_words():
                          "loop_over_floor": 0.103 / 0.0954, "utterances": 126.0, "note": None}}
     assert step_vs_floor(summary) == "loop/floor 1.08 (0.1030 s against 0.0954 s a step, 25 steps of epoch 2)"
     assert floor_short(summary) == "; loop/floor 1.08"
+
+
+def test_a_replay_that_fails_is_said_and_the_run_stands(monkeypatch):
+    class Rec:
+        floor = None
+
+        def off_clock(self):
+            import contextlib
+            return contextlib.nullcontext()
+
+    def out_of_memory(t, rows):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 1.30 GiB")
+
+    monkeypatch.setattr(floor, "measure", out_of_memory)
+    t = SimpleNamespace(cfg=load_preset("tiny", ["train.floor_steps=5"]), stop=SimpleNamespace(requested=None),
+                        group=SimpleNamespace(world=1, device=CPU), rec=Rec(), run=SimpleNamespace(iterations=list))
+    loop._floor(t)
+    assert t.rec.floor == {"steps": 5, "note": "not measured: the replay failed: RuntimeError: CUDA out of memory. "
+                                               "Tried to allocate 1.30 GiB"}
+    assert step_vs_floor({"floor": t.rec.floor}).startswith("not measured: the replay failed: RuntimeError")
