@@ -17,7 +17,8 @@
 #
 # Budget (seconds, the H200 checks of 2026-11-26 on f9d8828 and 214e88f, their steps' logs): env
 # 6-11, demo 150-165 (corpus and features ~50, initialization 20, training to the TTA 67-88,
-# final dev-clean, report), demo_tta 5, profile > 70 (the gpu preset's three phases took the
+# final dev-clean, then the run's step floor, ~5 more: an estimate, 26 batches read and 25 steps of
+# ~0.1 s; report), demo_tta 5, profile > 70 (the gpu preset's three phases took the
 # whole of a 70 s cap on 214e88f's slower host), tests_cuda 80-110, conformer 32, conformer_tta 4,
 # feed_gpu 23, floor 18, feed_conformer 22, attention 17, tests_gpu_files 89-118: more than
 # BUDGET=540 (call it with a 590 s limit: the machine's start takes ~30 s more of the session's
