@@ -172,3 +172,15 @@ def test_a_replay_that_fails_is_said_and_the_run_stands(monkeypatch):
     assert t.rec.floor == {"steps": 5, "note": "not measured: the replay failed: RuntimeError: CUDA out of memory. "
                                                "Tried to allocate 1.30 GiB"}
     assert step_vs_floor({"floor": t.rec.floor}).startswith("not measured: the replay failed: RuntimeError")
+
+
+def test_the_second_of_two_passes_is_the_floor(monkeypatch):
+    passes = []
+
+    def fake(batches, first_iteration, model, state, device, cfg):
+        passes.append(first_iteration)
+        return [9.0] * len(batches) if len(passes) == 1 else [1.0, 0.1, 0.1, 0.1]  # a slow first pass
+
+    monkeypatch.setattr(floor, "replay", fake)
+    got = floor.measure(_trainer(3, BATCHES), _rows_of(BATCHES, 7))
+    assert passes == [7, 7] and got["floor_s"] == pytest.approx(0.1)
