@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
-import time
+from pathlib import Path
 
 from rapidfuzz.distance import Levenshtein
 
-from speechperf.corpus.sentences import SentenceGenerator
-from speechperf.scoring.error_rates import utterance_errors
-from speechperf.train.evaluate import score
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import measure  # noqa: E402
+
+from speechperf.corpus.sentences import SentenceGenerator  # noqa: E402
+from speechperf.scoring.error_rates import utterance_errors  # noqa: E402
+from speechperf.train.evaluate import score  # noqa: E402
 
 
 def pairs(n: int, cer: float, seed: int = 0) -> tuple[list[str], list[str]]:
@@ -59,16 +61,6 @@ def reference_score(refs: list[str], hyps: list[str]) -> dict:
     return {**rates, "errors": utterance_errors(refs, hyps)}
 
 
-def timed(fn, repeats: int) -> tuple[float, float, float, dict]:
-    out = fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), min(times), max(times), out
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--utts", type=int, default=1627)
@@ -79,14 +71,15 @@ def main(argv=None) -> int:
     print(f"{'CER %':>6}{'score (ms)':>24}{'reference (ms)':>24}{'reference / score':>20}")
     for cer in (float(c) for c in a.cer.split(",")):
         refs, hyps = pairs(a.utts, cer)
-        ours = timed(lambda: score(refs, hyps, intervals=False), a.repeats)
-        ref = timed(lambda: reference_score(refs, hyps), a.repeats)
+        got, expected = score(refs, hyps, intervals=False), reference_score(refs, hyps)
         for k in ("wer", "cer", "cer_paper"):
-            if abs(ours[3][k] - ref[3][k]) > 1e-9:
-                print(f"{k} differs: {ours[3][k]!r} against the reference's {ref[3][k]!r}", file=sys.stderr)
+            if abs(got[k] - expected[k]) > 1e-9:
+                print(f"{k} differs: {got[k]!r} against the reference's {expected[k]!r}", file=sys.stderr)
                 return 1
-        cell = lambda t: f"{1e3 * t[0]:.1f} ({1e3 * t[1]:.1f}-{1e3 * t[2]:.1f})"  # noqa: E731
-        print(f"{ours[3]['cer']:>6.1f}{cell(ours):>24}{cell(ref):>24}{ref[0] / ours[0]:>19.2f}x")
+        ours = measure(lambda: score(refs, hyps, intervals=False), a.repeats)
+        ref = measure(lambda: reference_score(refs, hyps), a.repeats)
+        cell = lambda m: f"{1e3 * m['median']:.1f} ({1e3 * m['min']:.1f}-{1e3 * m['max']:.1f})"  # noqa: E731
+        print(f"{got['cer']:>6.1f}{cell(ours):>24}{cell(ref):>24}{ref['median'] / ours['median']:>19.2f}x")
     return 0
 
 

@@ -16,7 +16,8 @@ the allocator's blocks; a CPU demo's one pass read the floor 7% slower than the 
 against 0.909 s a step). The first replayed step is untimed on both sides (an epoch's first row
 also holds its start).
 The run's model, optimizer and scaler train the replay (the run's compiled graphs, warm allocator)
-and are put back afterwards, under a forked RNG: what the run saved and evaluated is unchanged.
+and are put back afterwards as a checkpoint restores them, RNG streams included: what the run saved
+and evaluated is unchanged.
 A replayed batch that differs from its row (size or frames) is not compared: the result says so.
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ from types import SimpleNamespace
 
 import torch
 
+from speechperf.results.checkpoint import RNG
+from speechperf.rng import rng_state
 from speechperf.train.step import StepMeter, read_point, train_step
 
 PREFERRED_EPOCH = 2  # epoch 1's first steps pay first-use costs in the loop (shapes seen the first time)
@@ -116,18 +119,14 @@ def _batches(t, epoch: int, count: int) -> list:
 
 
 def _replayed(t, batches: list, first_iteration: int) -> list[float]:
-    """The second of two :func:`replay` passes on the run's own model and optimizer, both put back
-    afterwards (and the RNG)."""
+    """The second of two :func:`replay` passes on the run's own model and optimizer, put back
+    afterwards as a checkpoint restores them (results/checkpoint.py's TrainState), RNG streams included."""
     state, device, training = t.state, t.group.device, t.model.training
-    saved = copy.deepcopy({"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
-                           "scaler": state.scaler.state_dict()})
+    saved = {**copy.deepcopy(state.state_dict()), RNG: rng_state()}
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            t.model.train()
-            replay(batches, first_iteration, t.model, state, device, t.cfg)  # warm: untimed
-            return replay(batches, first_iteration, t.model, state, device, t.cfg)
+        t.model.train()
+        replay(batches, first_iteration, t.model, state, device, t.cfg)  # warm: untimed
+        return replay(batches, first_iteration, t.model, state, device, t.cfg)
     finally:
         t.model.train(training)
-        state.model.load_state_dict(saved["model"])
-        state.optimizer.load_state_dict(saved["optimizer"])
-        state.scaler.load_state_dict(saved["scaler"])
+        state.load(saved)

@@ -2,11 +2,13 @@
 that the run's model, optimizer, scaler and RNG are as before it."""
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from speechperf.config import load_preset
 from speechperf.models import build_model
+from speechperf.results.checkpoint import TrainState
 from speechperf.studies.time_parts import FLOOR_OFF, floor_short, step_vs_floor
 from speechperf.train import floor, loop
 from speechperf.train.step import StepMeter, make_optimizer, read_point, train_step
@@ -66,8 +68,9 @@ def _trainer(steps: int, batches: list, *over):
     cfg = load_preset("tiny", [f"train.floor_steps={steps}", *over])
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    state = SimpleNamespace(model=model, optimizer=make_optimizer(model, cfg.train, CPU),
-                            scaler=torch.amp.GradScaler("cuda", enabled=False))
+    optimizer = make_optimizer(model, cfg.train, CPU)
+    state = TrainState(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
+                       torch.amp.GradScaler("cuda", enabled=False))
     loaders = []
 
     def epoch_loader(epoch):
@@ -116,13 +119,14 @@ def test_the_run_is_as_before_the_replay():
     t.model.eval()
     after_step = {k: v.clone() for k, v in t.state.model.state_dict().items()}
     moments = [s["exp_avg"].clone() for s in optimizer.state.values()]
-    rng = torch.get_rng_state()
+    rng, np_rng = torch.get_rng_state(), np.random.get_state()[1].copy()
     got = floor.measure(t, _rows_of(BATCHES, 7))
     assert got["note"] is None
     assert all(torch.equal(v, after_step[k]) for k, v in t.state.model.state_dict().items())
     assert any(not torch.equal(after_step[k], before[k]) for k in before)  # the test's own step moved them
     assert all(torch.equal(s["exp_avg"], m) for s, m in zip(optimizer.state.values(), moments))
     assert torch.equal(torch.get_rng_state(), rng) and not t.model.training  # SpecAugment's draws, eval mode kept
+    assert np.array_equal(np.random.get_state()[1], np_rng)
 
 
 def test_the_replay_reads_where_the_loop_reads(monkeypatch):
