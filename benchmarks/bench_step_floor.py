@@ -29,6 +29,8 @@ from speechperf.models import build_model  # noqa: E402
 from speechperf.train.distributed import DistEnv, configure_determinism, pick_device  # noqa: E402
 from speechperf.train.floor import resident  # noqa: E402
 from speechperf.train.step import StepMeter, make_optimizer, read_point, train_step  # noqa: E402
+from speechperf.train.graphs import graphed  # noqa: E402
+from speechperf.train.warmup import FEATURE_DIM  # noqa: E402
 from speechperf.train.warmup import check_precision  # noqa: E402
 
 GOAL = 1.05  # loop / floor
@@ -79,14 +81,19 @@ def load(preset: str, device: str, precision: str | None, overrides: list[str], 
     return cfg, dev, note
 
 
-def setup(cfg, device: torch.device):
-    """A fresh model (the run's seed; compiled with ``train.compile``), its optimizer and scaler."""
+def setup(cfg, device: torch.device, batches=()):
+    """A fresh model (the run's seed; compiled with ``train.compile``; with ``train.cuda_graphs``,
+    trained from CUDA graphs, every shape of ``batches`` captured now, as a run captures its
+    planned shapes before its clock), its optimizer and scaler."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model).to(device).train()
+    core = model = build_model(cfg.model).to(device).train()
     if tc.compile:
         model = torch.compile(model)
-    return (model, make_optimizer(model, tc, device),
+    if tc.cuda_graphs:
+        model = graphed(core, tc, device)
+        model.prepare({model.shape(*b.feats.shape[:2]) for b in batches}, FEATURE_DIM, device)
+    return (model, make_optimizer(core, tc, device),
             torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
 
 
@@ -132,14 +139,15 @@ def main(argv=None) -> int:
     # first-use costs a second does not (the caching allocator's cudaMallocs while epoch 1's
     # batches grow); the H200 check timed a floor run first 8% slower than the loop run after it
     # (0.1037 against 0.0961 s; the conformer's 0.303 against 0.181)
-    run_steps(cached, *setup(cfg, device), device, tc, a.warmup, cfg.augment)
-    floor, n = run_steps(cached, *setup(cfg, device), device, tc, a.warmup, cfg.augment)
-    loop, _ = run_steps(first_batches(a.feats, cfg, total, device), *setup(cfg, device), device, tc, a.warmup,
+    run_steps(cached, *setup(cfg, device, cached), device, tc, a.warmup, cfg.augment)
+    floor, n = run_steps(cached, *setup(cfg, device, cached), device, tc, a.warmup, cfg.augment)
+    loop, _ = run_steps(first_batches(a.feats, cfg, total, device), *setup(cfg, device, cached), device, tc, a.warmup,
                         cfg.augment)
     utts = sum(len(b.feat_lens) for b in cached[a.warmup:]) / n
     print(f"preset {a.preset}, {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
           f"{tc.precision}, batch {utts:.0f} utt ({batching(cfg.loader)}), readers {cfg.loader.readers}, "
-          f"sync_every {tc.sync_every}, {n} steps after {a.warmup} warm-up" + (f"; {note}" if note else ""))
+          f"sync_every {tc.sync_every}, {n} steps after {a.warmup} warm-up" + (f"; {note}" if note else "")
+          + ("; CUDA graphs" if tc.cuda_graphs else ""))
     print(f"{'':<34}{'s/step':>9}{'utt/s':>9}")
     print(f"{'floor (batches on the device)':<34}{floor:>9.4f}{utts / floor:>9.1f}")
     print(f"{'loop (loader, copies, reads)':<34}{loop:>9.4f}{utts / loop:>9.1f}")

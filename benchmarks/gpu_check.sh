@@ -34,12 +34,14 @@
 # CONF_MINUTES=M (GPU only, default 1) trains the conformer step for up to M minutes with the
 # preset's own evaluation (word beam search) instead of the 1-minute greedy run: the conformer end
 # to end (CER 10 at epoch 17, 2.44 min, on the H200 of 214e88f). A call is at most 600 s and the
-# machine goes back 30 s after one ends, so these are calls made back to back, in the first's WORK:
-#   WORK=/tmp/gc ONLY="env demo demo_tta profile tests_cuda attention eval_sync eval_batches" BUDGET=420 (limit 450)
+# machine goes back 30 s after one ends, so these are calls made back to back, in the first's WORK.
+# The next check (CUDA graphs first: the demo, then the same step and training from graphs):
+#   WORK=/tmp/gc ONLY="env demo demo_tta floor floor_graphs graphs graphs_tta" BUDGET=430 (limit 460;
+#     ~10 + 165 + 5 + 30 + 75 + 140 + 5 s, the graphs run's ~20 s of captures an estimate)
+#   WORK=/tmp/gc ONLY="profile tests_cuda lstm attention eval_sync" BUDGET=300 (limit 330)
+# (with the machine's start, ~850 s of a session's 900.) The conformer end to end, then:
 #   WORK=/tmp/gc ONLY="conformer conformer_tta" CONF_MINUTES=5 BUDGET=400 (limit 445; 179 s on 214e88f)
-#   WORK=/tmp/gc ONLY="floor eval_batches_conformer readers readers_tta" BUDGET=235 (limit 255; ~220 s)
-# (with the machine's start, ~860 s of a session's 900 on 214e88f's pattern: 373 + 179 + ~220 s;
-# floor_conformer and tests_gpu_files, 25 and 118 s there, are the ones left out)
+#   WORK=/tmp/gc ONLY="eval_batches eval_batches_conformer readers readers_tta" BUDGET=235 (limit 255)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=${GPU_CHECK_DRY:-0}
@@ -69,8 +71,10 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
     DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
     ATTN_ARGS=(--device cpu --seconds 0.4 --batch 2 --repeats 2 --warmup 1)
+    LSTM_ARGS=(--device cpu --scale 8 --frames 20 --batches 8 --repeats 1)
     EVAL_BATCHES_ARGS=(--eval-max-duration 60 --repeats 1)  # tiny keeps training-sized evaluation batches
     READERS_ARGS=(--preset tiny loader.readers=2 train.max_epochs=1 train.final_splits=none); READERS_T=120
+    GRAPHS=0  # a run refuses train.cuda_graphs without a CUDA device; floor_graphs runs the padded step eagerly
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
     DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
@@ -91,10 +95,12 @@ else
     TEST_ARGS=(-n 6 --timeout 120); CUDA_T=110; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py); the cuda files took 80+ s on the H200
     DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
     ATTN_ARGS=(--device cuda --repeats 20)  # the preset's batches of 4 s and 12.4 s utterances
+    LSTM_ARGS=(--device cuda --repeats 10)  # 150 steps (3 s utterances), batches 120 128 136 256
     EVAL_BATCHES_ARGS=(--repeats 2)
     # the demo's training with the 2 readers `bench feed` says feed the gpu preset, not its 8: 6 more
     # decode threads in each evaluation, 6 fewer processes beside the thread that launches the kernels
     READERS_ARGS=(--preset gpu loader.readers=2 train.time_cap_minutes=2 train.final_splits=none); READERS_T=170
+    GRAPHS=1  # the gpu preset trained from CUDA graphs (train/graphs.py) on the demo's features
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -172,12 +178,25 @@ step conformer_tta 30 $PY -m speechperf tta --json "$WORK/conformer"
 step "feed_${FEED_PRESETS[0]}" "$FEED_T" $PY -m speechperf bench feed --preset "${FEED_PRESETS[0]}" --json "${FEED_ARGS[@]}"
 step floor "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
     "${FLOOR_ARGS[@]}" "${FLOOR_PRESET_ARGS[@]}"
+# the same floor with the step's forward and backward replayed from CUDA graphs (batches padded to a grid
+# of shapes): the launch-bound LSTM's host launches gone, what is left of the step
+step floor_graphs "$(( FLOOR_T * 5 / 2 ))" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
+    "${FLOOR_ARGS[@]}" "${FLOOR_PRESET_ARGS[@]}" train.cuda_graphs=true
+# the demo's training from CUDA graphs: its TTA, GPU busy and step against the demo's (2 minutes at most)
+if [ "$GRAPHS" = 1 ]; then
+    step graphs 190 $PY -m speechperf train --preset gpu --data "$WORK/demo/features" --out "$WORK/graphs" \
+        train.cuda_graphs=true train.time_cap_minutes=2 train.final_splits=none
+    step graphs_tta 30 $PY -m speechperf tta --json "$WORK/graphs"
+fi
 for p in "${FEED_PRESETS[@]:1}"; do
     step "feed_$p" "$FEED_T" $PY -m speechperf bench feed --preset "$p" --json "${FEED_ARGS[@]}"
 done
 
 # the conformer's attention (Dh 44) as is against zero-padded to 48: time, and the SDPA backend and kernels each ran
 step attention 25 $PY benchmarks/bench_attention.py --json "${ATTN_ARGS[@]}"
+# one LSTM layer at the gpu preset's widths against multiples of 128, which cuDNN may run persistently
+# (one kernel a layer instead of kernels per time step) at batches up to 128
+step lstm 40 $PY benchmarks/bench_lstm.py --json "${LSTM_ARGS[@]}"
 # the GPU-sensitive files: they passed on the H200 (f9d8828), so after the figures above
 step tests_gpu_files "$FILES_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${GPU_FILES[@]}"
 
@@ -212,7 +231,7 @@ step floor_doubled "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/fea
 
 # the demo's report and the runs' results, for a closer look: one archive
 tar -czf "$OUT/runs.tar.gz" -C "$WORK" --exclude='*.npz' --exclude='*.flac' --exclude='corpus' --exclude='*.pt' \
-    demo/report demo/run conformer readers 2>/dev/null
+    demo/report demo/run conformer readers graphs 2>/dev/null
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs
 $PY benchmarks/gpu_summary.py "$LOGS" --runs "$WORK" --out "$OUT/summary.md" --budget "$BUDGET" \
     --elapsed "$(( $(date +%s) - START ))"

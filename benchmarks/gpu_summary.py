@@ -31,7 +31,7 @@ from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
-         "feed_gpu", "floor", "feed_conformer", "feed_tiny", "attention", "tests_gpu_files", "eval_sync",
+         "feed_gpu", "floor", "floor_graphs", "graphs", "graphs_tta", "feed_conformer", "feed_tiny", "attention", "lstm", "tests_gpu_files", "eval_sync",
          "eval_batches", "eval_batches_conformer", "readers", "readers_tta", "epoch_start", "floor_conformer", "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
@@ -102,6 +102,19 @@ def feed_figures(rows) -> str:
     return (f"appetite {fmt(r.get('appetite audio s/s'))} audio s/s ({src}, spread {fmt(r.get('appetite spread %'))} %), "
             f"supply {fmt(r.get('supply audio s/s per reader'))} per reader: {r.get('readers per GPU')} readers per GPU; "
             f"{r.get('host cores')} cores feed {fmt(r.get('GPUs this host feeds'))} GPUs")
+
+
+def lstm_figures(out) -> str:
+    """bench_lstm.py --json: per batch, each width's forward + backward ms, kernels and whether cuDNN's
+    persistent algorithm may run it, against the preset's layer of its kind."""
+    if not isinstance(out, dict) or not out.get("rows"):
+        return "no output"
+    parts = []
+    for r in out["rows"]:
+        k = "" if r["kernels"] is None else f", {r['kernels']} kernels"
+        parts.append(f"{r['input']}->{r['hidden']} B {r['batch']}: {fmt(r['ms'])} ms{k}"
+                     + (" (persistent eligible)" if r["persistent eligible"] else "") + f", x{fmt(r['vs preset'])}")
+    return f"{out['head']}: " + "; ".join(parts)
 
 
 def attention_figures(out) -> str:
@@ -268,6 +281,10 @@ def run_figures(run: Path) -> str:
     if columns["decode"]:
         parts.append(decode_figures(columns["decode"]))
     parts.append(mfu_figures(iterations, recorded_peak(summary, env, tc.get("precision", "fp32"))))
+    if summary.get("cuda_graphs"):  # train.cuda_graphs: the shapes captured, their seconds, any inside the clock
+        g = summary["cuda_graphs"]
+        parts.append(f"CUDA graphs: {g['shapes']} shapes captured in {fmt(g['capture s'])} s, "
+                     f"{g['captures in clock']} inside the clock")
     if summary.get("gc"):  # the interpreter's collection pauses while it trained (telemetry/gc_pauses.py)
         g = summary["gc"]
         parts.append(f"garbage collections {g['collections']} ({fmt(g['seconds'])} s), {g['full collections']} full "
@@ -325,17 +342,19 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
     out = []
     for name in STEPS:
         text = read(logs, name)
-        if text is None and name in ("feed_tiny", "feed_gpu", "feed_conformer", "floor_conformer_compile"):
+        if text is None and name in ("feed_tiny", "feed_gpu", "feed_conformer", "floor_conformer_compile", "graphs", "graphs_tta"):
             continue  # steps that only one of the GPU and the --cpu flows runs
-        if name in ("demo_tta", "conformer_tta", "readers_tta"):
+        if name in ("demo_tta", "conformer_tta", "readers_tta", "graphs_tta"):
             figs = tta_figures(json_in(text))
-        elif name in ("demo", "conformer", "readers"):
+        elif name in ("demo", "conformer", "readers", "graphs"):
             run = runs / ("demo/run" if name == "demo" else name) if runs else None
             figs = run_figures(run) if run else "no --runs"
         elif name.startswith("feed_"):
             figs = feed_figures(json_in(text))
         elif name == "attention":
             figs = attention_figures(json_in(text))
+        elif name == "lstm":
+            figs = lstm_figures(json_in(text))
         elif name == "profile":
             figs = profile_figures(text)
         elif name == "floor_conformer_compile":

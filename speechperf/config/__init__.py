@@ -170,3 +170,6 @@ def validate(cfg: RunConfig) -> None:
     for section in (cfg.model, cfg.augment, cfg.loader, cfg.train, cfg.algo):
         for problem in section.problems():
             raise ConfigError(problem)
+    if cfg.train.cuda_graphs and cfg.model.name != "ds2":
+        raise ConfigError(f"train.cuda_graphs=true needs model ds2 (a forward pass of static shapes, "
+                          f"DeepSpeech2.masked), not model {cfg.model.name!r}")

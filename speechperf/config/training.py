@@ -56,6 +56,9 @@ class TrainConfig:
     optimizer_impl: str = "default"  # "default", "foreach" or "fused" (AdamW; fewer, larger kernels on a GPU)
     floor_steps: int = 0  # after training, outside the clock: replay this many steps of an epoch on batches already on the device and set the loop's rows against them (train/floor.py; the summary's "floor"); 0 = off
     compile: bool = False  # torch.compile the model (off unless measured faster; the first steps compile)
+    cuda_graphs: bool = False  # replay the training step's forward and backward from CUDA graphs, batches padded to a grid of shapes (train/graphs.py; model ds2, one CUDA device)
+    graph_frames: int = 16  # cuda_graphs: a batch's frames padded up to a multiple of this
+    graph_batch: int = 8  # cuda_graphs: a batch's utterances padded up to a multiple of this (padding rows have no valid frame)
     threads: int = 0  # torch intra-op threads; 0 = torch default
     max_bad_losses: int = 100  # abort after this many consecutive NaN/inf losses
     max_skipped_fraction: float = 0.5  # diverged when more than this share of the steps so far were skipped
@@ -83,6 +86,9 @@ class TrainConfig:
             (self.eval_resident_mb >= 0, f"train.eval_resident_mb={self.eval_resident_mb} must be >= 0 (0 = always read)"),
             (self.eval_threads >= 0, f"train.eval_threads={self.eval_threads} must be >= 0 (0 = auto)"),
             (self.floor_steps >= 0, f"train.floor_steps={self.floor_steps} must be >= 0 (0 = off)"),
+            (self.graph_frames >= 1 and self.graph_batch >= 1,
+             f"train.graph_frames={self.graph_frames} and train.graph_batch={self.graph_batch} must be >= 1"),
+            (not (self.cuda_graphs and self.compile), "train.cuda_graphs and train.compile cannot both be on: pick one"),
             (self.threads >= 0, f"train.threads={self.threads} must be >= 0 (0 = torch default)"),
             (self.max_bad_losses >= 0, f"train.max_bad_losses={self.max_bad_losses} must be >= 0"),
             (0 < self.max_skipped_fraction <= 1,

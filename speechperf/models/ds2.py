@@ -9,7 +9,9 @@ after them and no packing is needed.
 Host synchronization: the valid frames are gathered by an index of known length (never a
 boolean mask, whose result size needs the device's answer), so with the index planned on
 the CPU (:meth:`DeepSpeech2.plan`, from the loader's CPU lengths) a forward pass on a GPU
-never waits for it.
+never waits for it. :meth:`DeepSpeech2.masked` takes the valid frames as a ``(T', B)`` mask
+instead: every shape in it is the input's, as a CUDA graph needs (train/graphs.py); its
+batch norms reduce over the mask, the same statistics summed in another order.
 """
 from __future__ import annotations
 
@@ -56,12 +58,39 @@ class MaskedBatchNorm(nn.Module):
         super().__init__()
         self.bn = nn.BatchNorm1d(channels)
 
-    def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, index: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalized valid frames, padding zero: over ``index`` (flat valid positions) or,
+        without it, over ``mask`` ((T, B) bool: valid frames)."""
+        if index is None:
+            return self.masked(x, mask)
         # x: (T, B, C); index: flat (T*B) positions of the valid frames in row-major order,
         # the order of x[mask]: (N, C) -> BN -> back in place, padding zero.
         t, b, c = x.shape
         y = self.bn(x.reshape(t * b, c).index_select(0, index))
         return y.new_zeros(t * b, c).index_copy(0, index, y).reshape(t, b, c)  # BN's dtype under autocast
+
+    def masked(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """BatchNorm1d's training-mode function over the frames of ``mask``, with every shape
+        static: statistics in fp32 (as BN computes them under autocast), the biased variance
+        normalizes, the unbiased one enters the running estimate (torch's rule); eval mode
+        uses the running estimates. Padding comes out zero (``where``, so that whatever the
+        padded frames hold, even inf, never reaches the sums)."""
+        bn, m = self.bn, mask.unsqueeze(-1)  # (T, B, 1)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        xf = torch.where(m, x.to(wide), 0.0)  # (T, B, C) fp32 (fp64 stays), padding zero
+        if bn.training:
+            n = m.sum(dtype=wide)  # valid frames, a 0-dim device tensor: no host read
+            mean = xf.sum((0, 1)) / n  # (C,)
+            var = torch.where(m, xf - mean, 0.0).square().sum((0, 1)) / n  # biased
+            with torch.no_grad():
+                bn.num_batches_tracked.add_(1)
+                bn.running_mean.lerp_(mean.detach().to(bn.running_mean.dtype), bn.momentum)
+                bn.running_var.lerp_((var.detach() * n / (n - 1).clamp_min(1)).to(bn.running_var.dtype), bn.momentum)
+        else:
+            mean, var = bn.running_mean, bn.running_var
+        y = (xf - mean) * torch.rsqrt(var + bn.eps) * bn.weight + bn.bias
+        return torch.where(m, y, 0.0).to(x.dtype)
 
 
 def output_lengths(lengths: torch.Tensor, kernel: int, stride: int) -> torch.Tensor:
@@ -123,20 +152,34 @@ class DeepSpeech2(AcousticModel):
         else:  # checked on the device: a failed check stops the run without a host sync here
             torch._assert_async(lengths.min() >= k, f"an input has fewer frames than the conv's {k}")
         out_lens = self.output_lengths(lengths)
-        h = self.conv(x[:, :, : self.cfg.input_dim].transpose(1, 2))  # (B, F, T) -> (B, C, T')
-        h = h.permute(2, 0, 1)  # (T', B, C)
+        h = self._conv(x)
         if index is None and (self.conv_bn is not None or self.bns is not None):
             index = valid_index(out_lens, h.shape[0]).to(h.device, non_blocking=True)
+        return self._layers(h, index=index), out_lens
+
+    def masked(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, F) features, mask: (T', B) bool, the valid output frames -> log-probs
+        (T', B, C). :meth:`forward`'s function with every shape fixed by the input's and no
+        host read: what a CUDA graph captures. A row of the batch with no valid frame (a
+        graph's padding row) adds nothing to the batch norms' statistics."""
+        return self._layers(self._conv(x), mask=mask)
+
+    def _conv(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x[:, :, : self.cfg.input_dim].transpose(1, 2))  # (B, F, T) -> (B, C, T')
+        return h.permute(2, 0, 1)  # (T', B, C)
+
+    def _layers(self, h: torch.Tensor, index: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(T', B, C) conv output -> log-probs (T', B, classes); batch norms over ``index`` or ``mask``."""
         if self.conv_bn is not None:
-            h = self.conv_bn(h, index)
+            h = self.conv_bn(h, index, mask)
         h = self.dropout(torch.clamp(h, 0.0, 20.0))  # clipped ReLU as in DS2
         for i, lstm in enumerate(self.lstms):
             h, _ = lstm(h)  # (T', B, H)
             if self.bns is not None:
-                h = self.bns[i](h, index)
+                h = self.bns[i](h, index, mask)
             h = self.dropout(h)
-        logits = self.fc(h)  # (T', B, C)
-        return logits.log_softmax(-1), out_lens
+        return self.fc(h).log_softmax(-1)  # (T', B, C)
 
 
 def parameter_count(cfg: DS2Config) -> int:

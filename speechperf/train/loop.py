@@ -43,6 +43,7 @@ from speechperf.train import distributed, floor
 from speechperf.algorithms import check_launch
 from speechperf.train.evaluate import evaluate, release_resident, with_intervals
 from speechperf.train.faults import as_fault, check_trained
+from speechperf.train.graphs import graph_figures
 from speechperf.train.recorder import Recorder
 from speechperf.train.schedule import schedule_ended
 from speechperf.train.step import TrainingDiverged, count_steps, read_point, train_step
@@ -108,6 +109,7 @@ def _train(t: Trainer) -> dict:
         if group.env.rank == 0:
             _final_eval(evaluated, t.data, t.splits["final"], t.cfg, group.device, rec, stop)
             _floor(t)
+            rec.graphs = graph_figures(t.local)
         asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
         if asked:  # stops it (saved: the same command evaluates again), never ends as a success
             raise interrupted(asked, f"in {rec.out} during the final evaluation")

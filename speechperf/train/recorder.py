@@ -130,6 +130,7 @@ class RunRecorder(Recorder):
         self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
         self.floor: dict | None = None  # the step against its floor (train/floor.py), measured after training
+        self.graphs: dict | None = None  # train.cuda_graphs: shapes captured, seconds, captures inside the clock (train/graphs.py)
         self.gc_pauses = GcPauses()  # this process's garbage collections from the clock's start (summary "gc")
 
     @classmethod
@@ -287,6 +288,7 @@ class RunRecorder(Recorder):
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
         summary["gc"] = self.gc_pauses.figures()  # the interpreter's collection pauses while this process trained
         summary["floor"] = self.floor  # the step against its floor, where the run measured it (train/floor.py)
+        summary["cuda_graphs"] = self.graphs  # None: the steps ran without CUDA graphs
         summary.update(self.flops.summary(self.run.iterations()))  # TFLOPS and MFU over every training step
         summary["convergence"] = (self.check(self.run.config, self.run.env, status, self.run.evals(), self.run.folder)
                                    if self.check is not None else None)  # against the preset's RCPs

@@ -29,14 +29,16 @@ from speechperf.results.progress import Progress
 from speechperf.results.request import TrainRequest
 from speechperf.results.run import Run
 from speechperf.telemetry.environment import capture_env
+from speechperf.errors import ConfigError
 from speechperf.train import distributed
+from speechperf.train.graphs import GraphedModel, graphed, planned_shapes
 from speechperf.algorithms import make_algorithm
 from speechperf.algorithms.base import Algorithm
 from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
 from speechperf.train.schedule import make_scheduler
 from speechperf.train.step import StepMeter, make_optimizer
 from speechperf.train.stop import StopSignals
-from speechperf.train.warmup import check_precision, initialize, warm_model
+from speechperf.train.warmup import FEATURE_DIM, check_precision, initialize, warm_model
 
 
 @dataclass
@@ -148,6 +150,10 @@ def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Pro
     if ckpt is not None:
         state.load(ckpt)
     local = torch.compile(core) if tc.compile else core
+    if tc.cuda_graphs:
+        if device.type != "cuda" or world > 1:
+            raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {world} process(es) on {device}")
+        local = graphed(core, tc, device)
     model = algo.wrap(local)  # sync: DDP (several processes); the others: the model, from rank 0's weights
     if ckpt is not None:
         algo.load_state_dict(ckpt, state)  # bsp...easgd: this rank's own model, optimizer, RNG; the global state
@@ -173,6 +179,10 @@ def _initialize(t: Trainer, init_t0: float) -> None:
             else:
                 init_parts = warm_model(t.local, t.cfg, device) or {}
             init_parts.update(t.rec.count_flops(t.cfg, device))
+            if isinstance(t.local, GraphedModel):  # every planned shape captured before the clock
+                tc = t.cfg.train
+                shapes = planned_shapes(t.local, t.index, t.cfg.loader, tc.seed, tc.max_epochs)
+                init_parts.update(t.local.prepare(shapes, FEATURE_DIM, device))
     except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
         raise_as(e, t.rec.fail(e))
     t.rec.initialized(t.plan, time.perf_counter() - init_t0, init_parts)

@@ -166,6 +166,25 @@ def test_run_figures_of_a_run_cut_before_its_summary_held_an_mfu(tmp_path):
     assert gs.run_figures(cpu).startswith("unreadable run: ")
 
 
+def test_a_run_trained_from_cuda_graphs_says_its_captures(tmp_path):
+    graphs = {"shapes": 26, "capture s": 9.5, "captures in clock": 1, "grid": [8, 16]}
+    run = _run(tmp_path / "g", H100, {"status": "success", "peak_tflops": 1000.0, "peak_source": "a sheet",
+                                       "cuda_graphs": graphs})
+    assert "; CUDA graphs: 26 shapes captured in 9.5 s, 1 inside the clock" in gs.run_figures(run)
+
+
+def test_the_lstm_row():
+    out = {"head": "one LSTM layer, forward + backward, 150 steps, bf16 autocast, NVIDIA H200, torch 2.11",
+           "rows": [{"input": 600, "hidden": 800, "batch": 128, "ms": 4.0, "kernels": 1200, "persistent eligible": False,
+                     "vs preset": 1.0},
+                    {"input": 640, "hidden": 768, "batch": 128, "ms": 1.0, "kernels": 12, "persistent eligible": True,
+                     "vs preset": 4.0}]}
+    assert gs.lstm_figures(out) == ("one LSTM layer, forward + backward, 150 steps, bf16 autocast, NVIDIA H200, torch 2.11: "
+                                    "600->800 B 128: 4 ms, 1200 kernels, x1; 640->768 B 128: 1 ms, 12 kernels "
+                                    "(persistent eligible), x4")
+    assert gs.lstm_figures(None) == "no output"
+
+
 def test_run_figures_of_the_recorded_h200_runs():
     """The demo (CER 10 in 1.93 min) and the 55 s conformer run of one H200 check (commit 9e0dabc's tree),
     their records trimmed to the rows read here."""
@@ -191,7 +210,8 @@ def test_the_table_from_recorded_logs(tmp_path, capsys):
     assert header == "| step | status | figures |"
     steps = {line.split(" | ")[0].lstrip("| "): line for line in body}
     # every step but those of the GPU flow only; a step without a log reads "missing"
-    assert list(steps) == [s for s in gs.STEPS if s not in ("feed_gpu", "feed_conformer", "floor_conformer_compile")]
+    assert list(steps) == [s for s in gs.STEPS if s not in ("feed_gpu", "feed_conformer", "floor_conformer_compile",
+                                                           "graphs", "graphs_tta")]
     assert steps["profile"].startswith("| profile | ok, ") and "tiny: train step: " in steps["profile"]
     assert "| floor_conformer | missing | no output |" in text
     assert "| tests_cuda | exit 5, 48 s | 7 deselected in 14.96s |" in text
@@ -203,7 +223,8 @@ def test_the_table_from_recorded_logs(tmp_path, capsys):
     assert "| checkpoint | ok, 21 s | tiny 0.5 MB: sync 0.010 s, loop waits 0.004 s (2.9x) |" in text
     assert "| masked_step | ok, 30 s | 739.91x time, 4.0x ops; parameters equal: True |" in text
     assert steps["attention"].startswith("| attention | ok, 5 s | fp32, attention dropout 0.1: 0.4 s, B 2 T 10 Dh 44: ")
-    assert list(steps).index("attention") == list(steps).index("feed_tiny") + 1 == list(steps).index("tests_gpu_files") - 1
+    assert list(steps).index("attention") == list(steps).index("feed_tiny") + 1 == list(steps).index("lstm") - 1
+    assert "| lstm | missing | no output |" in text and "| floor_graphs | missing | no output |" in text
     assert steps["eval_batches"].startswith("| eval_batches | ok, 61 s | 13 evaluation batches against 77 ")
 
 

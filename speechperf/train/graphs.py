@@ -1,0 +1,172 @@
+"""The training step's forward and backward passes as CUDA graphs (``train.cuda_graphs``).
+
+Why: the `gpu` preset's step is set by the host's kernel launches, not by the GPU. cuDNN's
+LSTM launches its kernels per time step per layer: 6,304 launches a step, ~38 ms of kernels
+in a 77 ms step on an H200 whose host launches one per 12 us (docs/gpu.md), so the GPU was
+busy 46% of the training phases. A CUDA graph replays a captured pass's kernels with one
+launch from the host.
+
+How: a graph replays fixed shapes, and the loader's length-bucketed batches vary in
+utterances and frames. So each training batch is padded up to a grid (frames to a multiple
+of ``train.graph_frames``, utterances to a multiple of ``train.graph_batch``; a padding row
+has no valid frame), and the model's :meth:`masked` forward pass, which takes the valid
+frames as a mask of the padded shape and reads nothing on the host, is captured once per
+grid shape with its backward pass (``torch.cuda.make_graphed_callables``; one memory pool
+for every shape: they replay one at a time, each step's outputs consumed before the next).
+Every shape the run's epochs plan is captured before the clock starts (:func:`planned_shapes`,
+:meth:`GraphedModel.prepare`); a shape met later is captured when met, its seconds inside
+that step's time and counted (``captures_in_clock``). CTC, clipping and the optimizer step
+stay outside the graphs, as in the plain step (CUDA's CTC reads its lengths on the host).
+
+The padded function is the plain one: padding frames come after an utterance's valid ones
+and the LSTMs are unidirectional, the batch norms reduce over the mask, and the loss reads
+the valid rows and frames only (tested against the unpadded model on a CPU, where the same
+padded pass runs without capture). The evaluation runs the plain model.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from speechperf.data.index import Index
+from speechperf.data.loader_config import LoaderConfig
+from speechperf.data.plan import plan_epoch
+
+WARMUP_FIRST = 3  # warm-up passes before the first capture (cuDNN and cuBLAS set up; torch's advice)
+WARMUP_NEXT = 2  # before each later capture: the new shape's kernels chosen, workspaces sized
+
+
+def round_up(n: int, grid: int) -> int:
+    return -(-n // grid) * grid
+
+
+class _Masked(nn.Module):
+    """One grid shape's capture: ``core.masked`` as a module (the graphed callable replaces
+    this instance's forward; the model's parameters are its own)."""
+
+    def __init__(self, core: nn.Module):
+        super().__init__()
+        self.core = core
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.core.masked(x, mask)
+
+
+class GraphedModel(nn.Module):
+    """The model the step trains, its training passes padded to a grid of shapes and replayed
+    from CUDA graphs; evaluation mode runs the plain model. ``capture=False`` runs the same
+    padded passes eagerly (the CPU's check of the padding)."""
+
+    def __init__(self, core: nn.Module, frames_grid: int, batch_grid: int, precision: str = "fp32",
+                 capture: bool = True):
+        super().__init__()
+        self._orig_mod = core  # where contract.unwrap and the algorithms find the model, as under torch.compile
+        self.frames_grid, self.batch_grid, self.capture = frames_grid, batch_grid, capture
+        self.precision = precision  # the step's autocast, which every capture runs under (without its cache)
+        self.graphs: dict[tuple, nn.Module] = {}  # (utterances, frames, dtype) -> the graphed _Masked
+        self.pool = None  # the graphs' shared memory pool
+        self.prepared = False  # prepare() ran: a capture after it is inside the clock
+        self.captures_in_clock = 0  # shapes captured while training (not planned before the clock)
+        self.capture_s = 0.0  # seconds of every capture so far
+
+    def shape(self, batch: int, frames: int) -> tuple[int, int]:
+        """The grid shape a (utterances, frames) batch is padded to."""
+        return round_up(batch, self.batch_grid), round_up(frames, self.frames_grid)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, **planned) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, F), lengths: (B,) on x's device -> log-probs (T'', B, C) with T'' >= T'
+        (the grid's frames), output lengths (B,). ``planned`` (the plain pass's index) is not used."""
+        core = self._orig_mod
+        if not self.training:
+            return core(x, lengths, **planned)
+        b, t = x.shape[:2]
+        bp, tp = self.shape(b, t)
+        xp = F.pad(x, (0, 0, 0, tp - t, 0, bp - b))  # (B, T, F) -> (B', T', F): zeros after
+        out_lens = core.output_lengths(lengths)  # (B,) on lengths' device, no host read
+        frames = int(core.output_lengths(torch.tensor([tp]))[0])  # the padded shape's output frames
+        valid = F.pad(out_lens, (0, bp - b))  # (B',): a padding row has no valid frame
+        mask = torch.arange(frames, device=x.device)[:, None] < valid.to(x.device)[None, :]  # (T'', B')
+        return self._run(xp, mask)[:, :b], out_lens
+
+    def _run(self, xp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        graphed = self.graphs.get((*xp.shape[:2], xp.dtype))
+        if graphed is None:
+            if not self.capture:
+                return self._orig_mod.masked(xp, mask)
+            graphed = self._capture(xp, mask)
+            self.captures_in_clock += self.prepared
+        return graphed(xp, mask)
+
+    def prepare(self, shapes: set[tuple[int, int]], features: int, device: torch.device) -> dict:
+        """Capture every (utterances, frames) grid shape in ``shapes`` now (before the clock);
+        returns the initialization parts: the shapes and the seconds."""
+        t0 = time.perf_counter()
+        for b, t in sorted(shapes) if self.capture else ():  # without capture (a CPU) the padded passes run eagerly
+            if (b, t, torch.float32) not in self.graphs:
+                x = torch.zeros(b, t, features, device=device)
+                frames = int(self._orig_mod.output_lengths(torch.tensor([t]))[0])
+                self._capture(x, torch.ones(frames, b, dtype=torch.bool, device=device))
+        self.prepared = True
+        return {"graphs": len(self.graphs), "graphs_s": time.perf_counter() - t0}
+
+    def _capture(self, xp: torch.Tensor, mask: torch.Tensor) -> nn.Module:
+        """One shape's forward and backward captured; the model's buffers (batch-norm
+        statistics), which the warm-up and capture passes move, put back."""
+        t0 = time.perf_counter()
+        core = self._orig_mod
+        saved = [b.detach().clone() for b in core.buffers()]
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        step = _Masked(core).train()
+        warmup = WARMUP_NEXT if self.graphs else WARMUP_FIRST
+        with _uncached_autocast(self.precision):
+            graphed = torch.cuda.make_graphed_callables(step, (xp.detach().clone(), mask.clone()),
+                                                        num_warmup_iters=warmup, pool=self.pool)
+        with torch.no_grad():
+            for b, s in zip(core.buffers(), saved):
+                b.copy_(s)
+        for p in core.parameters():  # the warm-up passes take gradients with autograd.grad; be sure
+            p.grad = None
+        self.graphs[(*xp.shape[:2], xp.dtype)] = graphed
+        self.capture_s += time.perf_counter() - t0
+        return graphed
+
+
+def _uncached_autocast(precision: str):
+    """The step's autocast (models/contract.py's: none for fp32) with its weight cache off: a
+    graph cannot keep a cast made outside it (make_graphed_callables refuses the cache). The
+    same whoever asks for the capture: the step, or initialization outside any autocast."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast("cuda", dtype=dtype, enabled=precision != "fp32", cache_enabled=False)
+
+
+def planned_shapes(model: GraphedModel, index: Index, cfg: LoaderConfig, seed: int, epochs: int) -> set[tuple[int, int]]:
+    """The grid shapes of every training batch the run's ``epochs`` epochs plan (one rank):
+    each batch's utterances and its longest utterance's frames, padded to the grid."""
+    shapes = set()
+    for epoch in range(1, epochs + 1):
+        for batch in plan_epoch(index, cfg, epoch, seed).batches:
+            frames = int(np.max(index.frames[batch]))
+            if cfg.mode == "pad":
+                frames = max(frames, cfg.pad_frames)
+            shapes.add(model.shape(len(batch), frames))
+    return shapes
+
+
+def graph_figures(local: nn.Module) -> dict | None:
+    """The summary's ``cuda_graphs``: shapes captured, their seconds (before the clock and inside
+    it), and how many were captured inside the clock; None for a model trained without graphs."""
+    if not isinstance(local, GraphedModel):
+        return None
+    return {"shapes": len(local.graphs), "capture s": round(local.capture_s, 3),
+            "captures in clock": local.captures_in_clock, "grid": [local.batch_grid, local.frames_grid]}
+
+
+def graphed(core: nn.Module, tc, device: torch.device) -> GraphedModel:
+    """``core`` trained from CUDA graphs (``train.cuda_graphs``); the run's configuration
+    was checked before (:func:`speechperf.config.run.RunConfig.problems`)."""
+    return GraphedModel(core, tc.graph_frames, tc.graph_batch, tc.precision, capture=device.type == "cuda")

@@ -1,0 +1,131 @@
+"""train.cuda_graphs (train/graphs.py): the step on batches padded to a grid of shapes trains
+what the plain step trains; every planned batch's shape is captured before the clock; the
+configurations it cannot run are refused by name. The capture itself runs on CUDA only."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from speechperf.config import load_preset
+from speechperf.data.loader import load_index
+from speechperf.data.plan import plan_epoch
+from speechperf.errors import ConfigError
+from speechperf.models import build_model
+from speechperf.models.contract import unwrap
+from speechperf.train.graphs import GraphedModel, graph_figures, planned_shapes
+from speechperf.train.step import make_optimizer, train_step
+from tests.conftest import cli
+
+CPU = torch.device("cpu")
+
+
+def _batch(frames, label_lens, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return SimpleNamespace(feats=torch.randn(len(frames), max(frames), 93, generator=g), feat_lens=torch.tensor(frames),
+                           labels=torch.randint(2, 28, (sum(label_lens),), generator=g), label_lens=torch.tensor(label_lens))
+
+
+def _trained(graphs: bool, batches, device=CPU, precision="fp32"):
+    cfg = load_preset("tiny", [f"precision={precision}", "train.optimizer=sgd", "train.lr=0.1"])
+    torch.manual_seed(0)
+    core = build_model(cfg.model).to(device)
+    model = GraphedModel(core, 16, 8, precision, capture=device.type == "cuda") if graphs else core
+    opt = make_optimizer(core, cfg.train, device)
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    losses = [float(train_step(model, b, opt, scaler, device, cfg.train).loss) for b in batches]
+    return core, model, losses
+
+
+def _optim(core, cfg, device):
+    return make_optimizer(core, cfg.train, device), torch.amp.GradScaler("cuda", enabled=False)
+
+
+BATCHES = [_batch((40, 30, 23), (5, 3, 2), 0), _batch((61, 17), (6, 2), 1), _batch((40, 30, 23), (4, 4, 1), 2)]
+
+
+def test_the_padded_step_trains_what_the_plain_step_trains():
+    """Three steps of two batch shapes (3 x 40 -> 8 x 48 and 2 x 61 -> 8 x 64 on the grid):
+    the same losses, weights and batch-norm statistics, to float32's rounding (sums in another
+    order). Plain SGD: the conv's bias, which the batch norm after it removes, has a gradient
+    of zero but for rounding, which AdamW would turn into full-sized steps of random sign."""
+    plain, _, want = _trained(False, BATCHES)
+    core, model, got = _trained(True, BATCHES)
+    assert got == pytest.approx(want, rel=1e-5)
+    for (name, p), q in zip(plain.state_dict().items(), core.state_dict().values()):
+        assert torch.allclose(p.float(), q.float(), atol=1e-4, rtol=0), name  # fp32 sums in another order
+    assert unwrap(model) is core and model.shape(3, 40) == (8, 48) and model.shape(8, 48) == (8, 48)
+    assert graph_figures(model) == {"shapes": 0, "capture s": 0.0, "captures in clock": 0, "grid": [8, 16]}
+    assert model.prepare({(8, 48)}, 93, CPU)["graphs"] == 0 and model.prepared  # nothing to capture on a CPU
+    assert graph_figures(core) is None
+
+
+def test_evaluation_mode_runs_the_plain_model():
+    core, model, _ = _trained(True, BATCHES[:1])
+    model.eval()
+    b = BATCHES[1]
+    with torch.no_grad():
+        lp, out = model(b.feats, b.feat_lens)
+        want, want_out = core(b.feats, b.feat_lens)
+    assert torch.equal(lp, want) and torch.equal(out, want_out)
+
+
+def test_every_planned_batch_has_its_grid_shape_in_the_set(tiny_features):
+    cfg = load_preset("tiny", ["loader.max_duration=30", "loader.mode=bucket"])
+    index = load_index(tiny_features, ["train-clean"])
+    model = GraphedModel(torch.nn.Identity(), 16, 8, capture=False)
+    shapes = planned_shapes(model, index, cfg.loader, seed=1, epochs=3)
+    seen = set()
+    for epoch in (1, 2, 3):
+        for batch in plan_epoch(index, cfg.loader, epoch, 1).batches:
+            b, t = model.shape(len(batch), int(np.max(index.frames[batch])))
+            assert b % 8 == 0 and t % 16 == 0 and b >= len(batch)
+            seen.add((b, t))
+    assert shapes == seen and len(shapes) >= 2
+
+
+@pytest.mark.parametrize("over, says", [
+    (["model.name=conformer"], "needs model ds2"),
+    (["train.cuda_graphs=true", "train.compile=true"], "cannot both be on"),
+    (["train.graph_frames=0"], "train.graph_frames=0"),
+])
+def test_what_cuda_graphs_cannot_run_is_refused(over, says):
+    with pytest.raises(ConfigError, match=says):
+        load_preset("tiny", ["train.cuda_graphs=true", *over])
+
+
+def test_a_cpu_run_asking_for_cuda_graphs_exits_2_naming_it(tiny_features, tmp_path):
+    p = cli("train", "--data", tiny_features, "--out", tmp_path / "run", "--preset", "tiny", "train.cuda_graphs=true")
+    assert p.returncode == 2 and "train.cuda_graphs=true needs one CUDA device" in p.stderr, p.stderr
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_graphed_steps_train_what_the_eager_padded_steps_train(precision):
+    """On CUDA: the captured passes replayed give the eager padded passes' losses and weights
+    (both padded: the same shapes), each shape captured once, the batch norms' statistics
+    put back after each capture."""
+    dev = torch.device("cuda", 0)
+    batches = [SimpleNamespace(**{k: v for k, v in vars(b).items()}) for b in BATCHES]
+    cfg = load_preset("tiny", [f"precision={precision}", "train.optimizer=sgd", "train.lr=0.1"])
+    results = []
+    for capture in (False, True):
+        torch.manual_seed(0)
+        core = build_model(cfg.model).to(dev)
+        model = GraphedModel(core, 16, 8, precision, capture=capture)
+        opt = make_optimizer(core, cfg.train, dev)
+        scaler = torch.amp.GradScaler("cuda", enabled=False)
+        losses = [float(train_step(model, b, opt, scaler, dev, cfg.train).loss) for b in batches]
+        results.append((core, model, losses))
+    (ce, _, le), (cg, mg, lg) = results
+    assert lg == pytest.approx(le, rel=2e-3 if precision == "bf16" else 1e-5)
+    tol = 2e-2 if precision == "bf16" else 1e-4
+    for (name, p), q in zip(ce.state_dict().items(), cg.state_dict().values()):
+        assert torch.allclose(p.float(), q.float(), atol=tol, rtol=tol), name
+    assert len(mg.graphs) == 2 and mg.captures_in_clock == 0  # captured lazily, but never prepared: no clock yet
+    mg.prepare({(8, 80)}, 93, dev)
+    assert len(mg.graphs) == 3 and mg.prepared
+    train_step(mg, _batch((70, 9), (3, 1)), *_optim(cg, cfg, dev), dev, cfg.train)  # 2 x 70 -> 8 x 80: prepared
+    assert mg.captures_in_clock == 0
+    train_step(mg, _batch((90,), (3,)), *_optim(cg, cfg, dev), dev, cfg.train)  # 1 x 90 -> 8 x 96: met in the clock
+    assert mg.captures_in_clock == 1 and len(mg.graphs) == 4
