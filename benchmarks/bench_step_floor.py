@@ -26,6 +26,7 @@ from speechperf.config import load_preset  # noqa: E402
 from speechperf.data.loader import make_loader  # noqa: E402
 from speechperf.errors import SpeechperfError  # noqa: E402
 from speechperf.models import build_model  # noqa: E402
+from speechperf.models.contract import compiled  # noqa: E402
 from speechperf.train.distributed import DistEnv, configure_determinism, pick_device  # noqa: E402
 from speechperf.train.floor import resident  # noqa: E402
 from speechperf.train.step import StepMeter, make_optimizer, read_point, train_step  # noqa: E402
@@ -89,7 +90,7 @@ def setup(cfg, device: torch.device, batches=()):
     torch.manual_seed(tc.seed)
     core = model = build_model(cfg.model).to(device).train()
     if tc.compile:
-        model = torch.compile(model)
+        model = compiled(model)
     if tc.cuda_graphs:
         model = graphed(core, tc, device)
         model.prepare({model.shape(*b.feats.shape[:2]) for b in batches}, FEATURE_DIM, device)

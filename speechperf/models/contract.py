@@ -93,6 +93,23 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device, non_blocking=True)
 
 
+def compiled(model: nn.Module, backend: str = "inductor") -> nn.Module:
+    """``model`` under torch.compile (``train.compile``). A model of repeated blocks (a ``blocks``
+    ModuleList: the conformer's 16) has each block compiled in place with dynamic shapes: dynamo
+    traces the block's code once and every block reuses it (their parameters are the graph's
+    inputs), and one graph of symbolic shapes serves every batch shape, so compilation costs one
+    block once, not the whole model at each new batch shape (whole-model compilation of the
+    ``conformer`` preset had not finished in 120 s on an H200: docs/gpu.md). The model itself is
+    returned: its parameters keep their names. Other models: torch.compile of the whole model (a
+    wrapper, the model its ``_orig_mod``)."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList) and len(blocks) > 0:
+        for block in blocks:
+            block.compile(backend=backend, dynamic=True)
+        return model
+    return torch.compile(model, backend=backend)
+
+
 def unwrap(model: nn.Module) -> AcousticModel:
     """The model inside DDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
     while True:

@@ -22,6 +22,7 @@ from speechperf.data.loader import Loader, load_index, make_loader
 from speechperf.data.plan import global_batch, steps_per_epoch
 from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model
+from speechperf.models.contract import compiled
 from speechperf.results import checkpoint
 from speechperf.results.admission import verify
 from speechperf.results.checkpoint import TrainState
@@ -149,7 +150,7 @@ def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Pro
                        torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
     if ckpt is not None:
         state.load(ckpt)
-    local = torch.compile(core) if tc.compile else core
+    local = compiled(core) if tc.compile else core
     if tc.cuda_graphs:
         if device.type != "cuda" or world > 1:
             raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {world} process(es) on {device}")

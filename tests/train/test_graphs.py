@@ -1,6 +1,7 @@
 """train.cuda_graphs (train/graphs.py): the step on batches padded to a grid of shapes trains
 what the plain step trains; every planned batch's shape is captured before the clock; the
 configurations it cannot run are refused by name. The capture itself runs on CUDA only."""
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +16,7 @@ from speechperf.models import build_model
 from speechperf.models.contract import unwrap
 from speechperf.train.graphs import GraphedModel, graph_figures, planned_shapes
 from speechperf.train.step import make_optimizer, train_step
-from tests.conftest import cli
+from tests.conftest import TINY_RUN, cli
 
 CPU = torch.device("cpu")
 
@@ -129,3 +130,17 @@ def test_graphed_steps_train_what_the_eager_padded_steps_train(precision):
     assert mg.captures_in_clock == 0
     train_step(mg, _batch((90,), (3,)), *_optim(cg, cfg, dev), dev, cfg.train)  # 1 x 90 -> 8 x 96: met in the clock
     assert mg.captures_in_clock == 1 and len(mg.graphs) == 4
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(300)
+def test_a_gpu_run_trains_from_cuda_graphs_end_to_end(tiny_features, tmp_path):
+    """The real CLI on a GPU: every planned shape captured before the clock, none inside it, and
+    the step's floor replayed through the same graphs after training."""
+    p = cli("train", "--data", tiny_features, "--out", tmp_path / "run", *TINY_RUN, "train.cuda_graphs=true",
+            "train.device=cuda", "train.precision=bf16", "--json", timeout=300)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    graphs = summary["cuda_graphs"]
+    assert graphs["shapes"] >= 2 and graphs["captures in clock"] == 0 and graphs["grid"] == [8, 16]
+    assert summary["floor"]["note"] is None and summary["floor"]["loop_over_floor"] > 0
