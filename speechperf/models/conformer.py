@@ -211,8 +211,17 @@ class ConvModule(nn.Module):
     def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         h = F.glu(self.pw1(self.norm(x)), dim=-1)  # (B, T, 2D) -> (B, T, D)
         h = h.masked_fill(pad[:, :, None], 0.0)  # the depthwise conv sees zeros past the end
-        h = self.dw(h.transpose(1, 2)).transpose(1, 2)  # (B, D, T) -> conv -> (B, T, D)
+        h = depthwise(self.dw, h.transpose(1, 2)).transpose(1, 2)  # (B, D, T) -> conv -> (B, T, D)
         return self.drop(self.pw2(F.silu(self.dw_norm(h))))
+
+
+@torch.compiler.disable
+def depthwise(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
+    """The depthwise convolution, left out of torch.compile's graphs (``train.compile``): inductor's
+    lowering of a convolution's backward fixes the number of frames (torch 2.13: a guard on T in
+    ``convolution_backward_lowering``), so a compiled block would compile again for every batch
+    length; run eagerly, the blocks around it keep one graph for every length (tests/models)."""
+    return conv(h)
 
 
 class ConformerBlock(nn.Module):
