@@ -34,7 +34,7 @@ from speechperf.corpus import alphabet
 from speechperf.data import index as index_mod
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import Index
-from speechperf.data.plan import Plan, method, plan_epoch
+from speechperf.data.plan import Plan, batch_frames, method, plan_epoch
 from speechperf.features.shards import ShardError, read_rows
 from speechperf.features.stats import read_stats
 
@@ -127,16 +127,13 @@ class _Reader:
             np.subtract(rows, self.stats[0], out=out)
             np.divide(out, self.stats[1], out=out)
 
-    def _width(self, lens: list[int]) -> int:
-        return max(max(lens), self.cfg.pad_frames) if self.cfg.mode == "pad" else max(lens)
-
     def batch(self, utts: np.ndarray, threads: int = 1) -> Batch:
         """The padded batch of ``utts``, its missing shards decompressed ``threads`` at a time."""
         ix = self.index
         self._prefetch(utts, threads)
         lens = ix.frames[utts].tolist()
         dim = self._shard(int(ix.shard[utts[0]]))[0].shape[1]
-        x = _zeros((len(lens), self._width(lens), dim))  # (B, T, F)
+        x = _zeros((len(lens), batch_frames(lens, self.cfg), dim))  # (B, T, F)
         xs = x.numpy()
         for b, u in enumerate(utts.tolist()):
             self._place(u, xs[b, : lens[b]])

@@ -144,6 +144,13 @@ def _even_tail(bounds: list[int], widths: np.ndarray, cap: float) -> list[int]:
     return bounds[:-3] + three[1:-2] + [three[-3] + j, b] if len(three) == 4 else bounds[:-3] + three[1:]
 
 
+def batch_frames(frames, cfg: LoaderConfig) -> int:
+    """The frames a batch of utterances of ``frames`` is padded to: its longest utterance's
+    (pad mode: at least pad_frames), as the loader builds it."""
+    longest = int(max(frames))
+    return max(longest, cfg.pad_frames) if cfg.mode == "pad" else longest
+
+
 def width_costs(seconds: np.ndarray, cfg: LoaderConfig) -> np.ndarray:
     """What one utterance of ``seconds`` costs a batch as its longest member: its padded width
     (pad mode: at least pad_frames) with lhotse's quadratic penalty d + d^2 / q."""

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from speechperf.data.index import Index
 from speechperf.data.loader_config import LoaderConfig
-from speechperf.data.plan import plan_epoch
+from speechperf.data.plan import batch_frames, plan_epoch
 
 WARMUP_FIRST = 3  # warm-up passes before the first capture (cuDNN and cuBLAS set up; torch's advice)
 WARMUP_NEXT = 2  # before each later capture: the new shape's kernels chosen, workspaces sized
@@ -87,10 +86,14 @@ class GraphedModel(nn.Module):
         bp, tp = self.shape(b, t)
         xp = F.pad(x, (0, 0, 0, tp - t, 0, bp - b))  # (B, T, F) -> (B', T', F): zeros after
         out_lens = core.output_lengths(lengths)  # (B,) on lengths' device, no host read
-        frames = int(core.output_lengths(torch.tensor([tp]))[0])  # the padded shape's output frames
+        frames = self._out_frames(tp)
         valid = F.pad(out_lens, (0, bp - b))  # (B',): a padding row has no valid frame
         mask = torch.arange(frames, device=x.device)[:, None] < valid.to(x.device)[None, :]  # (T'', B')
         return self._run(xp, mask)[:, :b], out_lens
+
+    def _out_frames(self, frames: int) -> int:
+        """The model's output frames for ``frames`` input frames (a grid shape's)."""
+        return int(self._orig_mod.output_lengths(torch.tensor([frames]))[0])
 
     def _run(self, xp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         graphed = self.graphs.get((*xp.shape[:2], xp.dtype))
@@ -108,8 +111,7 @@ class GraphedModel(nn.Module):
         for b, t in sorted(shapes) if self.capture else ():  # without capture (a CPU) the padded passes run eagerly
             if (b, t, torch.float32) not in self.graphs:
                 x = torch.zeros(b, t, features, device=device)
-                frames = int(self._orig_mod.output_lengths(torch.tensor([t]))[0])
-                self._capture(x, torch.ones(frames, b, dtype=torch.bool, device=device))
+                self._capture(x, torch.ones(self._out_frames(t), b, dtype=torch.bool, device=device))
         self.prepared = True
         return {"graphs": len(self.graphs), "graphs_s": time.perf_counter() - t0}
 
@@ -150,10 +152,7 @@ def planned_shapes(model: GraphedModel, index: Index, cfg: LoaderConfig, seed: i
     shapes = set()
     for epoch in range(1, epochs + 1):
         for batch in plan_epoch(index, cfg, epoch, seed).batches:
-            frames = int(np.max(index.frames[batch]))
-            if cfg.mode == "pad":
-                frames = max(frames, cfg.pad_frames)
-            shapes.add(model.shape(len(batch), frames))
+            shapes.add(model.shape(len(batch), batch_frames(index.frames[batch], cfg)))
     return shapes
 
 
