@@ -14,9 +14,12 @@ frames as a mask of the padded shape and reads nothing on the host, is captured 
 grid shape with its backward pass (``torch.cuda.make_graphed_callables``; one memory pool
 for every shape: they replay one at a time, each step's outputs consumed before the next).
 Every shape the run's epochs plan is captured before the clock starts (:func:`planned_shapes`,
-:meth:`GraphedModel.prepare`); a shape met later is captured when met, its seconds inside
-that step's time and counted (``captures_in_clock``). CTC, clipping and the optimizer step
-stay outside the graphs, as in the plain step (CUDA's CTC reads its lengths on the host).
+:meth:`GraphedModel.prepare`), while no loader runs; a shape met later runs the same padded
+passes eagerly and is counted (``eager_steps``), never captured inside the clock: there the
+loader's pin-memory thread allocates page-locked memory and queries events, and in the default
+(global) capture mode any thread's such call invalidates a capture (torch 2.11's
+``make_graphed_callables`` takes no other mode). CTC, clipping and the optimizer step stay
+outside the graphs, as in the plain step (CUDA's CTC reads its lengths on the host).
 
 The padded function is the plain one: padding frames come after an utterance's valid ones
 and the LSTMs are unidirectional, the batch norms reduce over the mask, and the loss reads
@@ -68,8 +71,8 @@ class GraphedModel(nn.Module):
         self.precision = precision  # the step's autocast, which every capture runs under (without its cache)
         self.graphs: dict[tuple, nn.Module] = {}  # (utterances, frames, dtype) -> the graphed _Masked
         self.pool = None  # the graphs' shared memory pool
-        self.prepared = False  # prepare() ran: a capture after it is inside the clock
-        self.captures_in_clock = 0  # shapes captured while training (not planned before the clock)
+        self.prepared = False  # prepare() ran: the clock may be running, no capture after it
+        self.eager_steps = 0  # steps of a shape not captured before the clock, run eagerly (with capture only)
         self.capture_s = 0.0  # seconds of every capture so far
 
     def shape(self, batch: int, frames: int) -> tuple[int, int]:
@@ -97,11 +100,11 @@ class GraphedModel(nn.Module):
 
     def _run(self, xp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         graphed = self.graphs.get((*xp.shape[:2], xp.dtype))
-        if graphed is None:
-            if not self.capture:
-                return self._orig_mod.masked(xp, mask)
+        if graphed is None and self.capture and not self.prepared:  # no clock yet: captured when met
             graphed = self._capture(xp, mask)
-            self.captures_in_clock += self.prepared
+        if graphed is None:  # a CPU, or a shape met after prepare(): the same padded passes, eagerly
+            self.eager_steps += self.capture
+            return self._orig_mod.masked(xp, mask)
         return graphed(xp, mask)
 
     def prepare(self, shapes: set[tuple[int, int]], features: int, device: torch.device) -> dict:
@@ -157,12 +160,12 @@ def planned_shapes(model: GraphedModel, index: Index, cfg: LoaderConfig, seed: i
 
 
 def graph_figures(local: nn.Module) -> dict | None:
-    """The summary's ``cuda_graphs``: shapes captured, their seconds (before the clock and inside
-    it), and how many were captured inside the clock; None for a model trained without graphs."""
+    """The summary's ``cuda_graphs``: shapes captured and their seconds (all before the clock),
+    steps of a shape met later and run eagerly; None for a model trained without graphs."""
     if not isinstance(local, GraphedModel):
         return None
     return {"shapes": len(local.graphs), "capture s": round(local.capture_s, 3),
-            "captures in clock": local.captures_in_clock, "grid": [local.batch_grid, local.frames_grid]}
+            "eager steps": local.eager_steps, "grid": [local.batch_grid, local.frames_grid]}
 
 
 def graphed(core: nn.Module, tc, device: torch.device) -> GraphedModel:

@@ -130,7 +130,7 @@ class RunRecorder(Recorder):
         self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
         self.floor: dict | None = None  # the step against its floor (train/floor.py), measured after training
-        self.graphs: dict | None = None  # train.cuda_graphs: shapes captured, seconds, captures inside the clock (train/graphs.py)
+        self.graphs: dict | None = None  # train.cuda_graphs: shapes captured, seconds, steps run eagerly (train/graphs.py)
         self.gc_pauses = GcPauses()  # this process's garbage collections from the clock's start (summary "gc")
 
     @classmethod

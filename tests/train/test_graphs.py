@@ -56,7 +56,7 @@ def test_the_padded_step_trains_what_the_plain_step_trains():
     for (name, p), q in zip(plain.state_dict().items(), core.state_dict().values()):
         assert torch.allclose(p.float(), q.float(), atol=1e-4, rtol=0), name  # fp32 sums in another order
     assert unwrap(model) is core and model.shape(3, 40) == (8, 48) and model.shape(8, 48) == (8, 48)
-    assert graph_figures(model) == {"shapes": 0, "capture s": 0.0, "captures in clock": 0, "grid": [8, 16]}
+    assert graph_figures(model) == {"shapes": 0, "capture s": 0.0, "eager steps": 0, "grid": [8, 16]}
     assert model.prepare({(8, 48)}, 93, CPU)["graphs"] == 0 and model.prepared  # nothing to capture on a CPU
     assert graph_figures(core) is None
 
@@ -69,6 +69,33 @@ def test_evaluation_mode_runs_the_plain_model():
         lp, out = model(b.feats, b.feat_lens)
         want, want_out = core(b.feats, b.feat_lens)
     assert torch.equal(lp, want) and torch.equal(out, want_out)
+
+
+def test_after_prepare_a_new_shape_runs_eagerly_and_is_counted_never_captured(monkeypatch):
+    """Captures happen before the clock only (inside it the loader's pin-memory thread could
+    invalidate one): a shape met before prepare() is captured when met, one met after it runs
+    the same padded pass eagerly and counts in ``eager steps``. The capture is faked (a CPU)."""
+    cfg = load_preset("tiny")
+    torch.manual_seed(0)
+    core = build_model(cfg.model)
+    model = GraphedModel(core, 16, 8, capture=True)
+    captured = []
+
+    def fake_capture(xp, mask):
+        captured.append(tuple(xp.shape[:2]))
+        model.graphs[(*xp.shape[:2], xp.dtype)] = core.masked
+        return core.masked
+
+    monkeypatch.setattr(model, "_capture", fake_capture)
+    model.train()
+    first, second = BATCHES[0], BATCHES[1]
+    model(first.feats, first.feat_lens)  # 3 x 40 -> 8 x 48, before prepare: captured
+    assert captured == [(8, 48)] and model.eager_steps == 0
+    model.prepare(set(), 93, CPU)
+    model(first.feats, first.feat_lens)  # replayed
+    out, _ = model(second.feats, second.feat_lens)  # 2 x 61 -> 8 x 64: not planned, after prepare
+    assert captured == [(8, 48)] and model.eager_steps == 1 and len(model.graphs) == 1
+    assert out.shape[1] == 2 and graph_figures(model)["eager steps"] == 1
 
 
 def test_every_planned_batch_has_its_grid_shape_in_the_set(tiny_features):
@@ -122,13 +149,13 @@ def test_graphed_steps_train_what_the_eager_padded_steps_train(precision):
     tol = 2e-2 if precision == "bf16" else 1e-4
     for (name, p), q in zip(ce.state_dict().items(), cg.state_dict().values()):
         assert torch.allclose(p.float(), q.float(), atol=tol, rtol=tol), name
-    assert len(mg.graphs) == 2 and mg.captures_in_clock == 0  # captured lazily, but never prepared: no clock yet
+    assert len(mg.graphs) == 2 and mg.eager_steps == 0  # captured lazily, but never prepared: no clock yet
     mg.prepare({(8, 80)}, 93, dev)
     assert len(mg.graphs) == 3 and mg.prepared
     train_step(mg, _batch((70, 9), (3, 1)), *_optim(cg, cfg, dev), dev, cfg.train)  # 2 x 70 -> 8 x 80: prepared
-    assert mg.captures_in_clock == 0
+    assert mg.eager_steps == 0
     train_step(mg, _batch((90,), (3,)), *_optim(cg, cfg, dev), dev, cfg.train)  # 1 x 90 -> 8 x 96: met in the clock
-    assert mg.captures_in_clock == 1 and len(mg.graphs) == 4
+    assert mg.eager_steps == 1 and len(mg.graphs) == 3  # run eagerly, not captured
 
 
 @pytest.mark.cuda
@@ -141,5 +168,5 @@ def test_a_gpu_run_trains_from_cuda_graphs_end_to_end(tiny_features, tmp_path):
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     graphs = summary["cuda_graphs"]
-    assert graphs["shapes"] >= 2 and graphs["captures in clock"] == 0 and graphs["grid"] == [8, 16]
+    assert graphs["shapes"] >= 2 and graphs["eager steps"] == 0 and graphs["grid"] == [8, 16]
     assert summary["floor"]["note"] is None and summary["floor"]["loop_over_floor"] > 0
