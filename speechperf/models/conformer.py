@@ -191,6 +191,18 @@ class SelfAttention(nn.Module):
         return self.drop(self.proj(h.transpose(1, 2).reshape(b, t, d)))  # (B, H, T, Dh) -> (B, T, D)
 
 
+class DepthwiseConv1d(nn.Conv1d):
+    """The conv module's depthwise convolution, run eagerly under ``train.compile``
+    (:func:`speechperf.models.contract.compiled` reads ``eager_under_compile``): inductor's
+    lowering of a convolution's backward fixes the number of frames (torch 2.13: a guard on T in
+    ``convolution_backward_lowering``), so a compiled block would compile again for every batch
+    length; run eagerly, the blocks around it keep one graph for every length (tests/models).
+    Marked here and disabled there, not decorated: ``torch.compiler.disable`` imports dynamo
+    (2 s of every process's start on a 2-core CPU, compiled or not)."""
+
+    eager_under_compile = True
+
+
 class ConvModule(nn.Module):
     """LayerNorm -> pointwise (2D) + GLU -> depthwise conv -> LayerNorm -> SiLU -> pointwise -> dropout.
 
@@ -203,7 +215,7 @@ class ConvModule(nn.Module):
         d = cfg.d_model
         self.norm = nn.LayerNorm(d)
         self.pw1 = nn.Linear(d, 2 * d)
-        self.dw = nn.Conv1d(d, d, cfg.conv_kernel, padding=cfg.conv_kernel // 2, groups=d)
+        self.dw = DepthwiseConv1d(d, d, cfg.conv_kernel, padding=cfg.conv_kernel // 2, groups=d)
         self.dw_norm = nn.LayerNorm(d)
         self.pw2 = nn.Linear(d, d)
         self.drop = Dropout(cfg.dropout)
@@ -211,17 +223,8 @@ class ConvModule(nn.Module):
     def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         h = F.glu(self.pw1(self.norm(x)), dim=-1)  # (B, T, 2D) -> (B, T, D)
         h = h.masked_fill(pad[:, :, None], 0.0)  # the depthwise conv sees zeros past the end
-        h = depthwise(self.dw, h.transpose(1, 2)).transpose(1, 2)  # (B, D, T) -> conv -> (B, T, D)
+        h = self.dw(h.transpose(1, 2)).transpose(1, 2)  # (B, D, T) -> conv -> (B, T, D)
         return self.drop(self.pw2(F.silu(self.dw_norm(h))))
-
-
-@torch.compiler.disable
-def depthwise(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
-    """The depthwise convolution, left out of torch.compile's graphs (``train.compile``): inductor's
-    lowering of a convolution's backward fixes the number of frames (torch 2.13: a guard on T in
-    ``convolution_backward_lowering``), so a compiled block would compile again for every batch
-    length; run eagerly, the blocks around it keep one graph for every length (tests/models)."""
-    return conv(h)
 
 
 class ConformerBlock(nn.Module):
