@@ -283,8 +283,8 @@ def run_figures(run: Path) -> str:
     parts.append(mfu_figures(iterations, recorded_peak(summary, env, tc.get("precision", "fp32"))))
     if summary.get("cuda_graphs"):  # train.cuda_graphs: the shapes captured before the clock, steps run eagerly
         g = summary["cuda_graphs"]
-        parts.append(f"CUDA graphs: {g['shapes']} shapes captured in {fmt(g['capture s'])} s, "
-                     f"{g['eager steps']} steps of unplanned shapes run eagerly")
+        parts.append(f"CUDA graphs: {g['shapes']} shapes captured ({g.get('eval shapes', 0)} evaluation shapes) in "
+                     f"{fmt(g['capture s'])} s, {g['eager steps']} steps of unplanned shapes run eagerly")
     if summary.get("gc"):  # the interpreter's collection pauses while it trained (telemetry/gc_pauses.py)
         g = summary["gc"]
         parts.append(f"garbage collections {g['collections']} ({fmt(g['seconds'])} s), {g['full collections']} full "

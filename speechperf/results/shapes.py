@@ -37,7 +37,7 @@ SUMMARY = {"run": OPT_STR, "run_id": OPT_STR, "status": str, "epochs": OPT_NUM, 
            "mfu_pct": OPT_NUM, "mfu_note": OPT_STR, "tflops": OPT_NUM, "peak_tflops": OPT_NUM, "convergence": (dict, type(None)),
            "floor": ({"epoch": OPT_NUM, "first_iteration": OPT_NUM, "steps": OPT_NUM, "floor_s": OPT_NUM, "loop_s": OPT_NUM,
                       "loop_over_floor": OPT_NUM, "utterances": OPT_NUM, "note": OPT_STR}, type(None)),
-           "cuda_graphs": ({"shapes": NUM, "capture s": NUM, "eager steps": NUM, "grid": [NUM]}, type(None))}
+           "cuda_graphs": ({"shapes": NUM, "eval shapes": NUM, "capture s": NUM, "eager steps": NUM, "grid": [NUM]}, type(None))}
 SPECS = {RUN_FILE: RUN, CONFIG_FILE: CONFIG, ENV_FILE: ENV, SUMMARY_FILE: SUMMARY}
 
 

@@ -228,6 +228,11 @@ def keep_resident(feats: Path, split: str, loader_cfg: LoaderConfig, device, max
     return kept
 
 
+def resident_shapes() -> set[tuple[int, int]]:
+    """The (utterances, frames) shapes of the kept evaluation batches (none kept: empty)."""
+    return {tuple(b.feats.shape[:2]) for kept in _RESIDENT.values() for b in kept.batches}
+
+
 def release_resident() -> None:
     """Drop the kept batches (their device or pinned memory is freed with them)."""
     _RESIDENT.clear()

@@ -33,6 +33,7 @@ from speechperf.telemetry.environment import capture_env
 from speechperf.errors import ConfigError
 from speechperf.train import distributed
 from speechperf.train.graphs import GraphedModel, graphed, planned_shapes
+from speechperf.train.evaluate import resident_shapes
 from speechperf.algorithms import make_algorithm
 from speechperf.algorithms.base import Algorithm
 from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
@@ -184,6 +185,7 @@ def _initialize(t: Trainer, init_t0: float) -> None:
                 tc = t.cfg.train
                 shapes = planned_shapes(t.local, t.index, t.cfg.loader, tc.seed, tc.max_epochs)
                 init_parts.update(t.local.prepare(shapes, FEATURE_DIM, device))
+                init_parts.update(t.local.prepare_eval(resident_shapes(), FEATURE_DIM, device))  # kept by initialize
     except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
         raise_as(e, t.rec.fail(e))
     t.rec.initialized(t.plan, time.perf_counter() - init_t0, init_parts)

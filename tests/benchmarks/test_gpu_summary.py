@@ -167,10 +167,10 @@ def test_run_figures_of_a_run_cut_before_its_summary_held_an_mfu(tmp_path):
 
 
 def test_a_run_trained_from_cuda_graphs_says_its_captures(tmp_path):
-    graphs = {"shapes": 26, "capture s": 9.5, "eager steps": 1, "grid": [8, 16]}
+    graphs = {"shapes": 26, "eval shapes": 4, "capture s": 9.5, "eager steps": 1, "grid": [8, 16]}
     run = _run(tmp_path / "g", H100, {"status": "success", "peak_tflops": 1000.0, "peak_source": "a sheet",
                                        "cuda_graphs": graphs})
-    assert "; CUDA graphs: 26 shapes captured in 9.5 s, 1 steps of unplanned shapes run eagerly" in gs.run_figures(run)
+    assert "; CUDA graphs: 26 shapes captured (4 evaluation shapes) in 9.5 s, 1 steps of unplanned shapes run eagerly" in gs.run_figures(run)
 
 
 def test_the_lstm_row():

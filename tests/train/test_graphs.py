@@ -14,7 +14,7 @@ from speechperf.data.plan import plan_epoch
 from speechperf.errors import ConfigError
 from speechperf.models import build_model
 from speechperf.models.contract import unwrap
-from speechperf.train.graphs import GraphedModel, graph_figures, planned_shapes
+from speechperf.train.graphs import EvalGraph, GraphedModel, graph_figures, planned_shapes
 from speechperf.train.step import make_optimizer, train_step
 from tests.conftest import TINY_RUN, cli
 
@@ -56,7 +56,7 @@ def test_the_padded_step_trains_what_the_plain_step_trains():
     for (name, p), q in zip(plain.state_dict().items(), core.state_dict().values()):
         assert torch.allclose(p.float(), q.float(), atol=1e-4, rtol=0), name  # fp32 sums in another order
     assert unwrap(model) is core and model.shape(3, 40) == (8, 48) and model.shape(8, 48) == (8, 48)
-    assert graph_figures(model) == {"shapes": 0, "capture s": 0.0, "eager steps": 0, "grid": [8, 16]}
+    assert graph_figures(model) == {"shapes": 0, "eval shapes": 0, "capture s": 0.0, "eager steps": 0, "grid": [8, 16]}
     assert model.prepare({(8, 48)}, 93, CPU)["graphs"] == 0 and model.prepared  # nothing to capture on a CPU
     assert graph_figures(core) is None
 
@@ -96,6 +96,43 @@ def test_after_prepare_a_new_shape_runs_eagerly_and_is_counted_never_captured(mo
     out, _ = model(second.feats, second.feat_lens)  # 2 x 61 -> 8 x 64: not planned, after prepare
     assert captured == [(8, 48)] and model.eager_steps == 1 and len(model.graphs) == 1
     assert out.shape[1] == 2 and graph_figures(model)["eager steps"] == 1
+
+
+def _valid_close(got, want, lens, tol):
+    for i, n in enumerate(lens.tolist()):
+        assert torch.allclose(got[:n, i], want[:n, i], atol=tol, rtol=0), i
+
+
+SAME_SHAPE = _batch((40, 12, 33), (2, 1, 3), 5)  # BATCHES[0]'s 3 x 40, other lengths and values
+
+
+def test_the_evaluation_pass_on_its_buffers_equals_the_plain_model_at_valid_frames():
+    """The evaluation's captured pass, run eagerly on the same static buffers (a CPU): the masked
+    pass in evaluation mode (running statistics, no dropout) gives the plain model's log-probs at
+    every valid frame, fp32 to its rounding; the buffers take each batch of the shape in turn;
+    a shape not prepared runs the plain model."""
+    core, model, _ = _trained(True, BATCHES)  # trained: running statistics away from 0 and 1
+    model.eval()
+    model.prepare_eval({(3, 40)}, 93, CPU)
+    assert list(model.eval_graphs) == [(3, 40)] and graph_figures(model)["eval shapes"] == 1
+    with torch.no_grad():
+        for batch in (BATCHES[0], SAME_SHAPE):
+            (got, got_lens), (want, want_lens) = model(batch.feats, batch.feat_lens), core(batch.feats, batch.feat_lens)
+            _valid_close(got, want, want_lens, 1e-5)
+            assert torch.equal(got_lens, want_lens)
+        other = BATCHES[1]  # 2 x 61: not prepared, the plain model
+        assert torch.equal(model(other.feats, other.feat_lens)[0], core(other.feats, other.feat_lens)[0])
+
+
+def test_in_fp64_the_evaluation_pass_equals_the_plain_model_to_1e_12():
+    core, _, _ = _trained(True, BATCHES)
+    core.double().eval()
+    graph = EvalGraph(core, 3, 40, 93, CPU, "fp32", capture=False)
+    graph.x = graph.x.double()
+    with torch.no_grad():
+        for batch in (BATCHES[0], SAME_SHAPE):
+            want, lens = core(batch.feats.double(), batch.feat_lens)
+            _valid_close(graph(batch.feats.double(), core.output_lengths(batch.feat_lens)), want, lens, 1e-12)
 
 
 def test_every_planned_batch_has_its_grid_shape_in_the_set(tiny_features):
@@ -156,6 +193,31 @@ def test_graphed_steps_train_what_the_eager_padded_steps_train(precision):
     assert mg.eager_steps == 0
     train_step(mg, _batch((90,), (3,)), *_optim(cg, cfg, dev), dev, cfg.train)  # 1 x 90 -> 8 x 96: met in the clock
     assert mg.eager_steps == 1 and len(mg.graphs) == 3  # run eagerly, not captured
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_captured_evaluation_pass_gives_the_plain_model_s_outputs(precision):
+    """On CUDA: the evaluation's forward pass replayed from its graph gives the plain model's
+    log-probs at every valid frame; a second batch of the same shape replays into the same
+    buffers and leaves the first batch's returned output as it was."""
+    dev = torch.device("cuda", 0)
+    cfg = load_preset("tiny", [f"precision={precision}"])
+    torch.manual_seed(0)
+    core = build_model(cfg.model).to(dev)
+    model = GraphedModel(core, 16, 8, precision).eval()
+    model.prepare_eval({(3, 40)}, 93, dev)
+    first, second = BATCHES[0], SAME_SHAPE
+    tol = 5e-2 if precision == "bf16" else 1e-4
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=precision == "bf16"):
+        got1, _ = model(first.feats.to(dev), first.feat_lens.to(dev))
+        kept = got1.clone()
+        got2, _ = model(second.feats.to(dev), second.feat_lens.to(dev))
+        for batch, got in ((first, got1), (second, got2)):
+            want, lens = core(batch.feats.to(dev), batch.feat_lens.to(dev))
+            for i, n in enumerate(lens.tolist()):
+                assert torch.allclose(got[:n, i].float(), want[:n, i].float(), atol=tol, rtol=0), i
+    assert torch.equal(got1, kept)
 
 
 @pytest.mark.cuda
