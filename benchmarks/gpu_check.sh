@@ -35,7 +35,8 @@
 # preset's own evaluation (word beam search) instead of the 1-minute greedy run: the conformer end
 # to end (CER 10 at epoch 17, 2.44 min, on the H200 of 214e88f). A call is at most 600 s and the
 # machine goes back 30 s after one ends, so these are calls made back to back, in the first's WORK.
-# The next check (CUDA graphs first: the demo, then the same step and training from graphs):
+# The next check (CUDA graphs first: the demo, then the same step and training from graphs, whose
+# evaluations replay their forward passes too; graphs_tta gives their parts beside demo_tta's):
 #   WORK=/tmp/gc ONLY="env demo demo_tta floor floor_graphs graphs graphs_tta" BUDGET=430 (limit 460;
 #     ~10 + 165 + 5 + 30 + 75 + 140 + 5 s, the graphs run's ~20 s of captures an estimate)
 #   WORK=/tmp/gc ONLY="profile tests_cuda lstm attention eval_sync" BUDGET=300 (limit 330)
