@@ -52,6 +52,11 @@ def round_up(n: int, grid: int) -> int:
     return -(-n // grid) * grid
 
 
+def output_frames(core: nn.Module, frames: int) -> int:
+    """The model's output frames for a batch of ``frames`` input frames (a captured shape's)."""
+    return int(core.output_lengths(torch.tensor([frames]))[0])
+
+
 class _Masked(nn.Module):
     """One grid shape's capture: ``core.masked`` as a module (the graphed callable replaces
     this instance's forward; the model's parameters are its own)."""
@@ -72,9 +77,9 @@ class EvalGraph:
 
     def __init__(self, core: nn.Module, batch: int, frames: int, features: int, device: torch.device,
                  precision: str, pool=None, capture: bool = True):
-        self.core, self.precision, self.capture = core, precision, capture
+        self.core, self.precision = core, precision
         self.x = torch.zeros(batch, frames, features, device=device)  # (B, T, F)
-        out_frames = int(core.output_lengths(torch.tensor([frames]))[0])
+        out_frames = output_frames(core, frames)
         self.frames = torch.arange(out_frames, device=device)[:, None]  # (T', 1)
         self.mask = torch.ones(out_frames, batch, dtype=torch.bool, device=device)  # (T', B)
         self.graph = self.out = None
@@ -148,14 +153,10 @@ class GraphedModel(nn.Module):
         bp, tp = self.shape(b, t)
         xp = F.pad(x, (0, 0, 0, tp - t, 0, bp - b))  # (B, T, F) -> (B', T', F): zeros after
         out_lens = core.output_lengths(lengths)  # (B,) on lengths' device, no host read
-        frames = self._out_frames(tp)
+        frames = output_frames(core, tp)
         valid = F.pad(out_lens, (0, bp - b))  # (B',): a padding row has no valid frame
         mask = torch.arange(frames, device=x.device)[:, None] < valid.to(x.device)[None, :]  # (T'', B')
         return self._run(xp, mask)[:, :b], out_lens
-
-    def _out_frames(self, frames: int) -> int:
-        """The model's output frames for ``frames`` input frames (a grid shape's)."""
-        return int(self._orig_mod.output_lengths(torch.tensor([frames]))[0])
 
     def _run(self, xp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         graphed = self.graphs.get((*xp.shape[:2], xp.dtype))
@@ -173,7 +174,7 @@ class GraphedModel(nn.Module):
         for b, t in sorted(shapes) if self.capture else ():  # without capture (a CPU) the padded passes run eagerly
             if (b, t, torch.float32) not in self.graphs:
                 x = torch.zeros(b, t, features, device=device)
-                self._capture(x, torch.ones(self._out_frames(t), b, dtype=torch.bool, device=device))
+                self._capture(x, torch.ones(output_frames(self._orig_mod, t), b, dtype=torch.bool, device=device))
         self.prepared = True
         return {"graphs": len(self.graphs), "graphs_s": time.perf_counter() - t0}
 
@@ -181,13 +182,19 @@ class GraphedModel(nn.Module):
         """Capture the forward pass of every (utterances, frames) shape of the kept evaluation
         batches now (before the clock); returns the initialization parts."""
         t0 = time.perf_counter()
-        if self.capture and self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+        pool = self._pool() if self.capture else None
         for b, t in sorted(shapes):
-            self.eval_graphs[(b, t)] = EvalGraph(self._orig_mod, b, t, features, device, self.precision, self.pool,
+            self.eval_graphs[(b, t)] = EvalGraph(self._orig_mod, b, t, features, device, self.precision, pool,
                                                  self.capture)
-        self.capture_s += time.perf_counter() - t0
-        return {"eval_graphs": len(self.eval_graphs), "eval_graphs_s": time.perf_counter() - t0}
+        seconds = time.perf_counter() - t0
+        self.capture_s += seconds
+        return {"eval_graphs": len(self.eval_graphs), "eval_graphs_s": seconds}
+
+    def _pool(self):
+        """The memory pool every graph of this model shares (made on first use)."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        return self.pool
 
     def _capture(self, xp: torch.Tensor, mask: torch.Tensor) -> nn.Module:
         """One shape's forward and backward captured; the model's buffers (batch-norm
@@ -195,13 +202,11 @@ class GraphedModel(nn.Module):
         t0 = time.perf_counter()
         core = self._orig_mod
         saved = [b.detach().clone() for b in core.buffers()]
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
         step = _Masked(core).train()
         warmup = WARMUP_NEXT if self.graphs else WARMUP_FIRST
         with _uncached_autocast(self.precision):
             graphed = torch.cuda.make_graphed_callables(step, (xp.detach().clone(), mask.clone()),
-                                                        num_warmup_iters=warmup, pool=self.pool)
+                                                        num_warmup_iters=warmup, pool=self._pool())
         with torch.no_grad():
             for b, s in zip(core.buffers(), saved):
                 b.copy_(s)
