@@ -45,3 +45,23 @@ def test_every_command_has_its_place_in_the_help_and_every_place_a_command():
     assert set(GROUPS) == {c.group for c in COMMANDS} - {None}
     names = [(c.group, c.name) for c in COMMANDS]
     assert len(names) == len(set(names))
+
+
+def test_a_train_summary_as_text_is_one_narrow_row_a_run_and_every_field_in_json(capsys):
+    import json
+    from pathlib import Path
+
+    from speechperf.cli.train_commands import _emit_summaries
+
+    summary = json.loads((Path(__file__).parent / "benchmarks/fixtures/gpu_check/runs/demo/run/summary.json").read_text())
+    summary = {**summary, "floor": {"loop_over_floor": 1.07}, "mfu_note": "peak: a datasheet's"}
+    _emit_summaries([summary, {**summary, "floor": None, "mfu_note": None}], as_json=False)
+    header, _, first, second, note = capsys.readouterr().out.splitlines()
+    assert header.split() == ["run", "status", "epochs", "iterations", "clock_min", "last_cer", "last_wer",
+                              "last_ser", "mfu_pct", "loop/floor"]
+    assert first.split()[-1] == "1.07" and second.split()[-1] == "NA" and len(first) < 150  # nested records stay out
+    assert note == f"note: {summary['run']}: peak: a datasheet's"
+    _emit_summaries([{"seed": 3, **summary}], as_json=False)  # --seeds: the seed first
+    assert capsys.readouterr().out.split()[:2] == ["seed", "run"]
+    _emit_summaries([summary], as_json=True)
+    assert json.loads(capsys.readouterr().out) == [summary]

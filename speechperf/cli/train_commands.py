@@ -87,8 +87,20 @@ def cmd_train(a) -> int:
 
     # every rank of a torchrun job returns rank 0's summary (one exit status); one prints it
     if DistEnv.from_env().rank == 0:
-        emit([result], a.json)
+        _emit_summaries([result], a.json)
     return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
+
+
+def _emit_summaries(results: list[dict], as_json: bool) -> None:
+    """The runs' summaries: --json every field; as text one narrow row a run (its nested records,
+    the floor's and the convergence check's, stay in summary.json) and its long notes below."""
+    if as_json:
+        return emit(results, True)
+    rows = [{**r, "loop/floor": (r.get("floor") or {}).get("loop_over_floor")} for r in results]
+    emit(rows, False, columns=[*(["seed"] if "seed" in rows[0] else []), "run", "status", "epochs", "iterations",
+                               "clock_min", *(f"last_{m}" for m in metric.targets()), "mfu_pct", "loop/floor"])
+    for column in ("mfu_note", "precision_note"):
+        notes(rows, column)
 
 
 def _train_seeds(a, request, resume_modes) -> int:
@@ -112,9 +124,8 @@ def _train_seeds(a, request, resume_modes) -> int:
         results = train_seeds_parallel(a.seeds, a.parallel, request, say=say_seeds)
     else:
         results = train_seeds(a.seeds, request, say=say_seeds)
-    if rank0:  # the text table: what tells the seeds apart; --json: every summary in full
-        emit(results, a.json, columns=None if a.json else ["seed", "run", "status", "epochs", "iterations", "clock_min",
-                                                             *(f"last_{m}" for m in metric.targets())])
+    if rank0:
+        _emit_summaries(results, a.json)
     return 0
 
 
