@@ -20,7 +20,7 @@
 # final dev-clean, then the run's step floor, ~5 more: an estimate, 26 batches read and 25 steps of
 # ~0.1 s; report), demo_tta 5, profile > 70 (the gpu preset's three phases took the
 # whole of a 70 s cap on 214e88f's slower host), tests_cuda 80-110, conformer 32, conformer_tta 4,
-# feed_gpu 23, floor 18, feed_conformer 22, attention 17, tests_gpu_files 89-118: more than
+# feed_gpu 23, floor 18, feed_conformer 22 (each ~10 s more now, an estimate: whole loader windows), attention 17, tests_gpu_files 89-118: more than
 # BUDGET=540 (call it with a 590 s limit: the machine's start takes ~30 s more of the session's
 # 900). The steps after them (eval_sync 12, eval_batches 20, epoch_start ~30, floor_conformer 25,
 # checkpoint 16, masked_step 11, floor_doubled 17, the compile > 120) run only as far as the
@@ -64,7 +64,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     BUDGET=${BUDGET:-900}; DEMO_T=300; CONF_PRESET=conformer-cpu; CONF_ARGS=(model.layers=1 model.d_model=32 model.heads=2 model.subsampling_channels=16
         loader.max_duration=60 train.max_epochs=1 train.eval_decoder=greedy train.final_splits=none)
     CONF_T=120; CONF_FLOOR=(--preset conformer-cpu --device cpu --steps 2 --warmup 1 model.layers=1 model.d_model=32
-        model.heads=2 model.subsampling_channels=16 loader.max_duration=60); COMPILE=0; FEED_PRESETS=(tiny); FEED_ARGS=(--device cpu --windows 2 --steps 1 --warmup 1 --batches 2 loader.batch_size=4)
+        model.heads=2 model.subsampling_channels=16 loader.max_duration=60); COMPILE=0; FEED_PRESETS=(tiny); FEED_ARGS=(--device cpu --windows 2 --steps 1 --warmup 1 loader.batch_size=4 loader.bucket_window=1)
     FEED_T=60; FLOOR_PRESET=tiny; FLOOR_DOUBLED=(loader.max_duration=120); FLOOR_PRESET_ARGS=(loader.max_duration=60)
     FLOOR_ARGS=(--steps 2 --warmup 1 --device cpu); FLOOR_T=60  # the doubled batch leaves 3 batches of the tiny demo
     PROFILE_ARGS=(--preset tiny --device cpu --steps 2 --warmup 1); PROFILE_T=150
@@ -85,8 +85,9 @@ else
     if [ "${CONF_MINUTES:-1}" -gt 1 ]; then  # the conformer trained toward CER 10 as its preset says, for that long
         CONF_ARGS=(train.time_cap_minutes="$CONF_MINUTES" train.final_splits=none); CONF_T=$(( CONF_MINUTES * 60 + 60 ))
     fi
-    FEED_PRESETS=(gpu conformer); FEED_ARGS=(--readers 2 --windows 3 --steps 4 --warmup 3 --batches 2)
-    FEED_T=30; FLOOR_PRESET=gpu; FLOOR_DOUBLED=(loader.max_duration=1440); FLOOR_PRESET_ARGS=()
+    # the supply over 2 spans of one whole 8-shard loader window after an untimed one (5.2 h of synthetic shards first)
+    FEED_PRESETS=(gpu conformer); FEED_ARGS=(--readers 1 --windows 2 --steps 4 --warmup 3)
+    FEED_T=60; FLOOR_PRESET=gpu; FLOOR_DOUBLED=(loader.max_duration=1440); FLOOR_PRESET_ARGS=()
     FLOOR_ARGS=(--steps 20 --warmup 5); FLOOR_T=30
     PROFILE_ARGS=(--preset gpu --preset conformer --steps 3 --warmup 3); PROFILE_T=110
     CONF_FLOOR=(--preset conformer --steps 10 --warmup 5); COMPILE=1
@@ -98,7 +99,7 @@ else
     ATTN_ARGS=(--device cuda --repeats 20)  # the preset's batches of 4 s and 12.4 s utterances
     LSTM_ARGS=(--device cuda --repeats 10)  # 150 steps (3 s utterances), batches 120 128 136 256
     EVAL_BATCHES_ARGS=(--repeats 2)
-    # the demo's training with the 2 readers `bench feed` says feed the gpu preset, not its 8: 6 more
+    # the demo's training with 2 readers, not the preset's 8 (its readers' wait for data says whether 2 keep up): 6 more
     # decode threads in each evaluation, 6 fewer processes beside the thread that launches the kernels
     READERS_ARGS=(--preset gpu loader.readers=2 train.time_cap_minutes=2 train.final_splits=none); READERS_T=170
     GRAPHS=1  # the gpu preset trained from CUDA graphs (train/graphs.py) on the demo's features

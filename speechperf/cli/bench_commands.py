@@ -100,10 +100,10 @@ def _bench_feed_args(sp) -> None:
     sp.add_argument("--profile", default=None, help="recorded GPU profile (speechperf/config/gpu_appetite.toml; "
                     "default: its first) when no GPU measures the appetite")
     sp.add_argument("--readers", type=int, default=1, help="reader processes timed together (the supply is per reader)")
-    sp.add_argument("--windows", type=int, default=3, help="timed windows of each measurement (median and spread)")
+    sp.add_argument("--windows", type=int, default=3, help="timed windows of each measurement (median and spread): "
+                    "appetite windows of --steps steps; supply spans of --readers whole loader windows, after one")
     sp.add_argument("--steps", type=int, default=5, help="training steps per appetite window")
     sp.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
-    sp.add_argument("--batches", type=int, default=4, help="loader batches per supply window")
     sp.add_argument("--cores", type=int, default=None, help="the host's cores (default: os.cpu_count())")
     sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset (e.g. loader.batch_size=64)")
 
@@ -112,7 +112,7 @@ def cmd_bench_feed(a) -> int:
     from speechperf.train.feed import COLUMNS, notes, run_feed
 
     row = run_feed(a.preset, a.overrides, data=Path(a.data) if a.data else None, device=a.device, profile=a.profile,
-                   readers=a.readers, windows=a.windows, steps=a.steps, warmup=a.warmup, batches=a.batches,
+                   readers=a.readers, windows=a.windows, steps=a.steps, warmup=a.warmup,
                    cores=a.cores)
     emit([row], a.json, columns=COLUMNS)
     if not a.json:

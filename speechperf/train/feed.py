@@ -9,7 +9,12 @@ otherwise read from a recorded profile (``config/gpu_appetite.toml``) and named 
 Supply: audio seconds per second the real loader (``data.loader``: reader processes,
 decompression, normalization, padding, the hand-over) delivers over prepared shards, divided
 by its readers: the rate one reader process (one core) sustains. Without ``data`` a shard set
-at LibriSpeech lengths is written to a temporary folder with the package's shard writer.
+at LibriSpeech lengths is written to a temporary folder with the package's shard writer. The
+supply is timed over whole loader windows: a reader decompresses all of a bucketing window's
+shards for the window's first batch and builds the rest from them, so a span of a few batches
+times either that work or batches already built (measured on 2 cores, 4-batch spans of the
+`gpu` preset alternated about 3,200 and 12,000 audio s/s, and their median read 2x the
+sustained rate).
 
 Both are timed in windows (warm-up first, CUDA synchronized at each window's ends); the
 figures are the windows' median and their spread ((max - min) / median).
@@ -44,6 +49,9 @@ CHARS_PER_S = 15.0  # LibriSpeech read speech: about 15 characters (spaces inclu
 SHARD_UTTS = 64  # utterances per synthetic shard (a prepared split's order of size)
 SUPPLY_BATCH = 64  # utterances per supply batch at most: the rate is per audio second, a bigger batch
 # only lengthens the windows (and the synthetic set the windows need)
+SYNTHETIC_WINDOW = 8  # shards per bucketing window over the synthetic set at most (~1.75 h of audio): with one
+# decompression thread per reader a reader's work per audio second is each shard decompressed once and each
+# batch built, whatever the window's size; the conformer's 128-shard windows would need 28 h a window
 COLUMNS = ["preset", "batch", "mean utt s", "appetite audio s/s", "appetite spread %",
            "supply audio s/s per reader", "supply spread %", "readers per GPU", "host cores", "GPUs this host feeds"]
 
@@ -131,13 +139,13 @@ def appetite(cfg, device: torch.device, windows: int, steps: int, warmup: int) -
             f"{windows} windows of {steps} steps after {warmup} warm-up"}
 
 
-def write_synthetic(out: Path, hours: float, seed: int = 0) -> Path:
+def write_synthetic(out: Path, utterances: int, seed: int = 0) -> Path:
     """A prepared-features folder (one split ``train-feed``, stats.json) of random frames at
-    LibriSpeech lengths, ``hours`` of audio, written with the package's shard writer."""
+    LibriSpeech lengths, ``utterances`` of them, written with the package's shard writer."""
     rng = np.random.default_rng(seed)
     split, dim = out / "train-feed", FeatureConfig().dim
     split.mkdir(parents=True, exist_ok=True)
-    durs = librispeech_durations(max(int(hours * 3600 / 12.3), SHARD_UTTS), rng)
+    durs = librispeech_durations(max(utterances, 1), rng)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz "))
     utts, shards = [], {}
     for k, lo in enumerate(range(0, len(durs), SHARD_UTTS)):
@@ -161,29 +169,49 @@ def train_splits(feats: Path) -> list[str]:
     return found
 
 
-def supply(feats: Path, loader_cfg, readers: int, windows: int, batches: int, seed: int) -> dict:
-    """Audio s/s the real loader delivers with ``readers`` reader processes: ``windows`` windows
-    of ``batches`` batches after the first batch (start-up: processes, first shards)."""
+def supply(feats: Path, loader_cfg, readers: int, windows: int, seed: int) -> dict:
+    """Audio s/s the real loader delivers with ``readers`` reader processes, per reader: each of
+    ``windows`` timed spans is ``readers`` whole bucketing windows of epoch 2 (the readers own
+    windows in rotation), timed from the last batch of the span before it; the first span
+    (processes starting, first shards) is not timed."""
     cfg = replace(loader_cfg, readers=readers)
-    it = iter(make_loader(feats, train_splits(feats), cfg, epoch=1, seed=seed))
-    next(it)
-    rates = []
-    for _ in range(windows):
-        t0, audio, n = time.perf_counter(), 0.0, 0
-        for n, b in zip(range(1, batches + 1), it):
-            audio += b.audio_seconds
-        if n < batches:
-            raise SpeechperfError(f"{feats}: one epoch holds too few batches of {cfg.batch_size} for {windows} "
-                                  f"windows of {batches} (more data, --windows or --batches fewer)")
-        rates.append(audio / (time.perf_counter() - t0))
-    per_reader = [r / max(readers, 1) for r in rates]
-    med = statistics.median(per_reader)
-    return {"audio_s_per_s_per_reader": med, "spread_pct": 100.0 * (max(per_reader) - min(per_reader)) / med}
+    loader = make_loader(feats, train_splits(feats), cfg, epoch=2, seed=seed)  # epoch 1 may be SortaGrad's
+    try:
+        ends = span_ends(loader.plan.groups, readers, windows + 1)
+    except SpeechperfError as e:
+        raise SpeechperfError(f"{feats}: {e} of {cfg.bucket_window} shards (more data, or fewer --windows or "
+                              "--readers)") from None
+    rates, audio, t_last = [], 0.0, None
+    for i, b in zip(range(ends[-1] + 1), loader):
+        audio += b.audio_seconds
+        if i in ends:
+            now = time.perf_counter()
+            if t_last is not None:
+                rates.append(audio / (now - t_last) / readers)
+            audio, t_last = 0.0, now
+    med = statistics.median(rates)
+    return {"audio_s_per_s_per_reader": med, "spread_pct": 100.0 * (max(rates) - min(rates)) / med}
+
+
+def span_ends(groups: np.ndarray, readers: int, spans: int) -> list[int]:
+    """The last batch of each of ``spans`` spans of ``readers`` whole windows, from the plan's
+    window of each batch (``groups``: a window's batches are consecutive)."""
+    starts = np.flatnonzero(np.diff(groups, prepend=-1)).tolist() + [len(groups)]  # each window's first batch
+    if len(starts) - 1 < spans * readers:
+        raise SpeechperfError(f"the supply times spans of {readers} whole windows, {spans} of them with the untimed "
+                              f"first: {spans * readers} windows, and an epoch holds {len(starts) - 1}")
+    return [starts[(k + 1) * readers] - 1 for k in range(spans)]
+
+
+def supply_utterances(readers: int, windows: int, window_shards: int) -> int:
+    """Synthetic utterances for ``windows`` timed spans of ``readers`` windows of ``window_shards``
+    shards, and the untimed span before them."""
+    return (windows + 1) * readers * window_shards * SHARD_UTTS
 
 
 def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, device: str = "auto",
              profile: str | None = None, readers: int = 1, windows: int = 3, steps: int = 5, warmup: int = 3,
-             batches: int = 4, cores: int | None = None) -> dict:
+             cores: int | None = None) -> dict:
     """One row: the preset's appetite (measured on a GPU or on ``device="cpu"``, else the
     recorded ``profile``'s), the supply per reader, the readers one GPU needs and the GPUs this
     host's ``cores`` (default: all it has) can feed. Batches hold ``loader.batch_size``
@@ -203,26 +231,23 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
         src = (f"appetite from recorded profile {rec['name']} ({rec['device']}, torch {rec['torch']}, commit "
                f"{rec['commit']}, {rec['date']}; {rec['source']}); no GPU here")
     loader = replace(cfg.loader, batch_size=min(cfg.loader.batch_size, SUPPLY_BATCH))
+    if not data:
+        loader = replace(loader, bucket_window=min(loader.bucket_window, SYNTHETIC_WINDOW))
     with tempfile.TemporaryDirectory(prefix="speechperf-feed-") as tmp:
-        feats = Path(data) if data else write_synthetic(Path(tmp), hours=_hours(loader.batch_size, windows,
-                                                                                 batches, readers))
-        sup = supply(feats, loader, readers, windows, batches, cfg.train.seed)
+        feats = Path(data) if data else write_synthetic(Path(tmp), supply_utterances(readers, windows, loader.bucket_window))
+        sup = supply(feats, loader, readers, windows, cfg.train.seed)
     need = readers_per_gpu(app["audio_s_per_s"], sup["audio_s_per_s_per_reader"])
     host = cores or os.cpu_count() or 1
     return {"preset": preset, "batch": app.get("batch", cfg.loader.batch_size), "mean utt s": round(app["mean_utt_s"], 2),
             "appetite audio s/s": round(app["audio_s_per_s"], 1), "appetite spread %": _r(app["spread_pct"]),
             "appetite source": src, "supply audio s/s per reader": round(sup["audio_s_per_s_per_reader"], 1),
-            "supply spread %": _r(sup["spread_pct"]), "readers": readers, "supply data": str(data or "synthetic"),
+            "supply spread %": _r(sup["spread_pct"]), "readers": readers,
+            "supply data": f"{data or 'synthetic'}, {loader.bucket_window}-shard windows",
             "readers per GPU": need, "host cores": host, "GPUs this host feeds": round(gpus_fed(host, need), 2)}
 
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
-
-
-def _hours(batch: int, windows: int, batches: int, readers: int) -> float:
-    """Synthetic audio for the timed windows, the first batch and the readers' look-ahead."""
-    return (windows * batches + 2 + 2 * max(readers, 1)) * batch * 12.3 / 3600 * 1.2
 
 
 def notes(row: dict) -> list[str]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from speechperf.cli import main
 from speechperf.errors import SpeechperfError
 from speechperf.train import feed
 
-SMALL = ["--windows", "2", "--steps", "1", "--warmup", "1", "--batches", "2"]
+SMALL = ["--windows", "2", "--steps", "1", "--warmup", "1", "loader.bucket_window=1"]  # supply: windows of 1 shard
 
 
 def test_readers_per_gpu_rounds_up_and_a_host_keeps_one_core_per_gpu():
@@ -26,6 +27,18 @@ def test_summary_is_the_median_and_the_spread_over_it():
     assert feed.summary([0.2, 0.1, 0.4]) == (0.2, pytest.approx(150.0))
 
 
+def test_the_supply_is_timed_over_whole_loader_windows():
+    """A reader decompresses a window's shards for its first batch: spans of whole windows, one
+    window per reader, or the timing falls on either side of that work."""
+    groups = np.array([0, 0, 0, 1, 1, 2, 2, 2, 3, 3])  # the window of each planned batch
+    assert feed.span_ends(groups, readers=1, spans=3) == [2, 4, 7]
+    assert feed.span_ends(groups, readers=2, spans=2) == [4, 9]
+    assert feed.span_ends(np.arange(4), readers=1, spans=4) == [0, 1, 2, 3]  # SortaGrad's: a window a batch
+    with pytest.raises(SpeechperfError, match="6 windows, and an epoch holds 4"):
+        feed.span_ends(groups, readers=2, spans=3)
+    assert feed.supply_utterances(readers=2, windows=3, window_shards=8) == 4 * 2 * 8 * feed.SHARD_UTTS
+
+
 def test_recorded_profile_rows_carry_device_torch_commit_date_and_source():
     row = feed.recorded("gpu")
     assert (row["name"], row["batch"], row["audio_s_per_s"], row["s_per_step"]) == ("h100-2026-11-25", 240, 13800.0, 0.235)
@@ -39,9 +52,9 @@ def test_recorded_profile_rows_carry_device_torch_commit_date_and_source():
 def test_synthetic_shards_are_at_librispeech_lengths(tmp_path):
     from speechperf.data.loader import load_index
 
-    ix = load_index(feed.write_synthetic(tmp_path, hours=0.5), ["train-feed"])
+    ix = load_index(feed.write_synthetic(tmp_path, utterances=150), ["train-feed"])
     mean = float(ix.duration.mean())
-    assert 10.5 < mean < 14.0 and len(ix.duration) >= 64
+    assert 10.5 < mean < 14.0 and len(ix.duration) == 150
 
 
 def test_bench_feed_on_cpu_measures_both_sides(capsys):
@@ -49,6 +62,7 @@ def test_bench_feed_on_cpu_measures_both_sides(capsys):
     (row,) = json.loads(capsys.readouterr().out)
     assert row["appetite source"].startswith("measured on CPU (cpu), fp32, 2 windows of 1 steps")
     assert row["batch"] == 2 and row["appetite audio s/s"] > 0 and row["supply audio s/s per reader"] > 0
+    assert row["supply data"] == "synthetic, 1-shard windows"
     assert row["readers per GPU"] == feed.readers_per_gpu(row["appetite audio s/s"], row["supply audio s/s per reader"])
     assert row["GPUs this host feeds"] == round(row["host cores"] / (row["readers per GPU"] + 1), 2)
 
