@@ -16,16 +16,15 @@ the instant power field and the total energy counter together; utilization comes
 driver's own buffered samples (``nvmlDeviceGetSamples``, with the driver's timestamps),
 drained with the memory reading every ``gpu_buffer_interval``. Where the driver lacks the
 instant field, power is its buffered samples or, failing those, the averaged reading
-(``power_avg_w``); the summary says which (``power_field``). Energy comes from counters
+(``power_avg_w``); the summary says which (``power_field``). The CPU clocks are read by
+telemetry/cpu_clock.py, the GPUs by telemetry/nvml_gpu.py. Energy comes from counters
 (NVML total energy, RAPL energy_uj with wrap-around); where none is readable the summary
 says so, and nothing is estimated from TDP. The achieved period of every series (median
 interval and count) is in ``summary()["periods"]``.
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -34,14 +33,10 @@ from pathlib import Path
 import psutil
 
 from speechperf.telemetry import energy
+from speechperf.telemetry.cpu_clock import CpuReader, CpuSeries, process_start
+from speechperf.telemetry.nvml_gpu import NvmlGpu, open_nvml
 from speechperf.telemetry.rapl import DEFAULT_ROOT, RaplCounters
-
-# nvml constants (pynvml's values; a fake driver may leave them out)
-FI_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT, W x 1000
-FI_TOTAL_ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ since driver load
-POWER_SAMPLES, UTIL_SAMPLES = 0, 1  # NVML_TOTAL_POWER_SAMPLES, NVML_GPU_UTILIZATION_SAMPLES
-ERROR_NOT_FOUND = 6  # nvmlDeviceGetSamples: no sample newer than the timestamp given
-VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}  # nvmlValueType_t
+from speechperf.telemetry.sample import Sample, achieved_periods
 
 
 @dataclass(frozen=True)
@@ -54,15 +49,6 @@ class SamplerConfig:
     gpus: bool = True  # sample NVML devices when present
     rapl: bool = True  # read RAPL powercap counters when readable
     rapl_interval: float = 1.0  # RAPL period, s: often enough to undo every counter wrap, cheap
-
-
-@dataclass(frozen=True)
-class Sample:
-    t: float  # seconds since the sampler started
-    source: str  # "cpu", "gpu0" (NVML index), "rapl:intel-rapl:0" (package 0), "rapl:intel-rapl:0:1" (its DRAM)
-    metric: str  # "util_machine_pct", "util_core_pct" (cpu); "util_pct", "mem_mb" (gpu); "power_w" (instant),
-    #              "power_avg_w" (driver-averaged or buffered), "energy_j"
-    value: float
 
 
 class Sampler:
@@ -81,13 +67,13 @@ class Sampler:
         self.cores = psutil.cpu_count(logical=True) or 1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        opened = _open_nvml(nvml, self.unavailable, gpus) if config.gpus else None
-        self._gpus = [_Gpu(opened[0], i, h, self.unavailable) for i, h in opened[1]] if opened else []
+        opened = open_nvml(nvml, self.unavailable, gpus) if config.gpus else None
+        self._gpus = [NvmlGpu(opened[0], i, h, self.unavailable) for i, h in opened[1]] if opened else []
         self._rapl = RaplCounters(rapl_root) if config.rapl else None
         if self._rapl is not None:
             self.unavailable.update(self._rapl.unavailable)
         self._own_cpu = 0.0
-        self._cpu = _CpuSeries(self.cores)
+        self._cpu = CpuSeries(self.cores)
 
     def start(self) -> "Sampler":
         self._t0 = time.perf_counter()
@@ -164,7 +150,7 @@ class Sampler:
                 elif task == "children":
                     for pid, used in reader.follow(self._children(), baseline=first_scan):
                         # started after the previous scan (else that scan would have found it)
-                        started = _started(pid, self._t0)
+                        started = process_start(pid, self._t0)
                         self._spread(used, max(started, self._cpu.scan_t) if started is not None else self._cpu.scan_t)
                     self._cpu.new_scan(time.perf_counter() - self._t0)
                     first_scan = False
@@ -225,7 +211,7 @@ class Sampler:
         for g in list(self._gpus):
             self._guard(g, g.drain, time.perf_counter() - self._t0, self._wall0)
 
-    def _guard(self, g: "_Gpu", call, *args) -> None:
+    def _guard(self, g: "NvmlGpu", call, *args) -> None:
         """Samples of one NVML call; a GPU whose call fails (device lost, driver gone) stops
         being sampled, with the reason, instead of ending the sampler's thread."""
         try:
@@ -270,33 +256,15 @@ class Sampler:
         asked: dict[str, float | None] = {"cpu:util_machine_pct": self.cfg.interval,
                                           "cpu:util_core_pct": self.cfg.interval}
         for g in self._gpus:
-            asked.update(g.asked(self.cfg))
+            asked.update(g.asked(self.cfg.gpu_interval, self.cfg.gpu_buffer_interval))
         return asked
-
-
-def achieved_periods(samples, asked: dict[str, float | None] | None = None) -> dict[str, dict]:
-    """{"source:metric": {"asked_s", "median_s", "count"}} from Samples or sample dicts: the
-    median interval between consecutive samples of each series (RAPL's counters excluded:
-    they are read as often as needed to undo wraps, not sampled)."""
-    times: dict[str, list[float]] = {}
-    for s in samples:
-        src, metric, t = (s.source, s.metric, s.t) if isinstance(s, Sample) else (s["source"], s["metric"], s["t"])
-        if not src.startswith("rapl:"):
-            times.setdefault(f"{src}:{metric}", []).append(t)
-    out = {}
-    for key, ts in sorted(times.items()):
-        ts.sort()
-        gaps = [b - a for a, b in zip(ts, ts[1:])]
-        out[key] = {"asked_s": (asked or {}).get(key), "median_s": statistics.median(gaps) if gaps else None,
-                    "count": len(ts)}
-    return out
 
 
 def _mean(xs: list[Sample]) -> float:
     return sum(x.value for x in xs) / len(xs)
 
 
-def _gpu_summary(by: dict, g: "_Gpu") -> dict:
+def _gpu_summary(by: dict, g: "NvmlGpu") -> dict:
     """Mean utilization, peak memory and which power reading one GPU had."""
     util, mem = by.get((g.source, "util_pct")), by.get((g.source, "mem_mb"))
     return {"util_mean": _mean(util) if util else None, "mem_mb_max": max(x.value for x in mem) if mem else None,
@@ -310,334 +278,9 @@ def availability(nvml=None, rapl_root: Path = DEFAULT_ROOT) -> dict:
     Recorded in every run's environment, so a report can say why power or energy is missing.
     """
     unavailable: dict[str, str] = {}
-    opened = _open_nvml(nvml, unavailable)
+    opened = open_nvml(nvml, unavailable)
     rapl = RaplCounters(rapl_root)
     unavailable.update(rapl.unavailable)
     return {"gpus": len(opened[1]) if opened else 0, "rapl_zones": rapl.names(), "unavailable": unavailable}
 
 
-def _open_nvml(nvml, unavailable: dict, indices: list[int] | None = None):
-    """(nvml module, [(index, handle), ...]) or None, with the reason in ``unavailable``."""
-    try:
-        if nvml is None:
-            import pynvml as nvml
-        nvml.nvmlInit()
-        count = nvml.nvmlDeviceGetCount()
-        wanted = list(range(count)) if indices is None else list(indices)
-        missing = [i for i in wanted if not 0 <= i < count]
-        if missing:
-            unavailable["gpu"] = f"NVML has {count} GPU(s); asked for index(es) {missing}"
-            return None
-        handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in wanted]
-    except Exception as e:  # no driver, no library, no device
-        unavailable["gpu"] = f"NVML unavailable ({type(e).__name__}: {e})"
-        return None
-    if not handles:
-        unavailable["gpu"] = "NVML found no GPU"
-        return None
-    return nvml, handles
-
-
-def _nvml_code(e: Exception) -> int | None:
-    return getattr(e, "value", None)
-
-
-def _sample_value(kind: int, v) -> float:
-    """A c_nvmlValue_t of NVML value type ``kind`` as a float."""
-    return float(getattr(v, VALUE_FIELDS.get(kind, "uiVal")))
-
-
-class _Gpu:
-    """One NVML device: which of its readings exist (found on first use) and its sample cursors."""
-
-    def __init__(self, nv, index: int, handle, unavailable: dict):
-        self.nv, self.index, self.h, self.unavailable = nv, index, handle, unavailable
-        self.source = f"gpu{index}"
-        self.instant = self.energy_field = True  # until the driver says otherwise
-        self.energy_call = False  # nvmlDeviceGetTotalEnergyConsumption where the field is missing
-        self.fields_answered = False  # nvmlDeviceGetFieldValues has worked once
-        self.buffered = {UTIL_SAMPLES: True, POWER_SAMPLES: True}
-        self.seen = {UTIL_SAMPLES: 0, POWER_SAMPLES: 0}  # last driver timestamp drained, us
-        self.offset: float | None = None  # wall clock - driver clock, s (0 when the driver's is the wall clock)
-
-    def power_field(self) -> str:
-        return "instant" if self.instant else "buffered" if self.buffered[POWER_SAMPLES] else "average"
-
-    def util_field(self) -> str:
-        return "buffered" if self.buffered[UTIL_SAMPLES] else "polled"
-
-    def asked(self, cfg: SamplerConfig) -> dict[str, float | None]:
-        s = self.source
-        out = {f"{s}:mem_mb": cfg.gpu_buffer_interval, f"{s}:util_pct": None if self.buffered[UTIL_SAMPLES]
-               else cfg.gpu_interval}
-        out[f"{s}:power_w" if self.instant else f"{s}:power_avg_w"] = (
-            None if not self.instant and self.buffered[POWER_SAMPLES] else cfg.gpu_interval)
-        if self.energy_field or self.energy_call:
-            out[f"{s}:energy_j"] = cfg.gpu_interval
-        return out
-
-    def tick(self, t: float) -> list[Sample]:
-        """The per-period readings: one nvmlDeviceGetFieldValues call where the driver has the
-        instant power field and the energy counter; the polled fallbacks where it has not."""
-        nv, out = self.nv, []
-        fields = ([FI_POWER_INSTANT] if self.instant else []) + ([FI_TOTAL_ENERGY] if self.energy_field else [])
-        if fields:
-            try:
-                values = nv.nvmlDeviceGetFieldValues(self.h, fields)
-                self.fields_answered = True
-            except Exception:
-                if self.fields_answered:  # it worked before: the device is in trouble, not the driver lacking it
-                    raise
-                values = [None] * len(fields)  # the call itself is missing: neither field
-            for field, v in zip(fields, values):
-                ok = v is not None and getattr(v, "nvmlReturn", 0) == 0
-                if field == FI_POWER_INSTANT:
-                    if ok:
-                        out.append(Sample(t, self.source, "power_w", _sample_value(getattr(v, "valueType", 1), v.value) / 1000.0))
-                    else:
-                        self.instant = False
-                elif ok:
-                    out.append(Sample(t, self.source, "energy_j", _sample_value(getattr(v, "valueType", 3), v.value) / 1000.0))
-                else:
-                    self.energy_field = False
-                    self.energy_call = self._energy_call(t, out)
-        elif self.energy_call:
-            self._energy_call(t, out)
-        if not self.instant and not self.buffered[POWER_SAMPLES]:
-            out.append(Sample(t, self.source, "power_avg_w", nv.nvmlDeviceGetPowerUsage(self.h) / 1000.0))
-        if not self.buffered[UTIL_SAMPLES]:
-            out.append(Sample(t, self.source, "util_pct", float(nv.nvmlDeviceGetUtilizationRates(self.h).gpu)))
-        return out
-
-    def _energy_call(self, t: float, out: list) -> bool:
-        try:
-            out.append(Sample(t, self.source, "energy_j", self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h) / 1000.0))
-            return True
-        except Exception:  # NVMLError_NotSupported on older boards
-            self.unavailable.setdefault(f"{self.source}:energy", "driver has no total-energy counter")
-            return False
-
-    def drain(self, t: float, wall0: float) -> list[Sample]:
-        """Memory now, and the driver's buffered utilization (and, without the instant field,
-        power) samples since the last drain, at their own timestamps."""
-        out = [Sample(t, self.source, "mem_mb", self.nv.nvmlDeviceGetMemoryInfo(self.h).used / 2**20)]
-        kinds = [UTIL_SAMPLES] + ([POWER_SAMPLES] if not self.instant else [])
-        for kind in kinds:
-            if not self.buffered[kind]:
-                continue
-            metric, scale = ("util_pct", 1.0) if kind == UTIL_SAMPLES else ("power_avg_w", 1e-3)
-            try:
-                vtype, samples = self.nv.nvmlDeviceGetSamples(self.h, kind, self.seen[kind])
-            except Exception as e:
-                if _nvml_code(e) != ERROR_NOT_FOUND:  # not found: nothing new; anything else: not supported
-                    self.buffered[kind] = False
-                continue
-            if samples and self.offset is None:
-                # NVML stamps samples in us of the wall clock; should a driver use another
-                # clock, its newest sample is taken as now (off by at most one driver period)
-                newest = max(s.timeStamp for s in samples) / 1e6
-                self.offset = 0.0 if abs(time.time() - newest) < 60 else time.time() - newest
-            for s in samples:
-                if s.timeStamp > self.seen[kind]:
-                    t = s.timeStamp / 1e6 + self.offset - wall0
-                    if t >= 0:  # the buffer holds samples from before the sampler started
-                        out.append(Sample(t, self.source, metric, _sample_value(vtype, s.sampleValue) * scale))
-            self.seen[kind] = max([self.seen[kind]] + [s.timeStamp for s in samples])
-        return out
-
-
-def _started(pid: int, t0: float) -> float | None:
-    """When ``pid`` started, in seconds since ``t0`` on the perf_counter clock, from its
-    start in clock ticks since boot (/proc/PID/stat field 22) against CLOCK_BOOTTIME:
-    10 ms resolution (psutil's create_time rounds boot time to whole seconds)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-        ticks = int(raw[raw.rindex(b")") + 2:].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.perf_counter() - age - t0
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
-class _CpuSeries:
-    """The CPU samples since the last scan for children, kept so that a child found by the
-    next scan can have its earlier CPU time placed in them."""
-
-    def __init__(self, cores: int):
-        self.cores = cores
-        self.total_read = 0.0  # CPU seconds the reader returned last
-        self.open: list[list] = []  # [start, end, CPU seconds, index of the util_machine_pct sample]
-        self.scan_t = 0.0  # sampler time of the last scan
-        self.placed = 0.0  # CPU seconds in samples
-        self.unplaced = 0.0  # CPU seconds of found processes that no sample had room for
-        self.over_wall = 0.0  # CPU seconds the CPU clocks counted beyond cores x wall time
-
-    def add(self, start: float, end: float, used: float, index: int) -> None:
-        self.open.append([start, end, used, index])
-        self.placed += used
-
-    def new_scan(self, t: float) -> None:
-        """Samples ending before the previous scan cannot receive anything any more."""
-        self.open = [x for x in self.open if x[1] > self.scan_t]
-        self.scan_t = t
-
-    def spread(self, seconds: float, since: float) -> list[tuple[int, float, float]]:
-        """Water-fill ``seconds`` into the open samples overlapping [since, now] by overlap,
-        capped at a full machine each: [(index, span, new CPU seconds)] of those changed."""
-        if seconds <= 0:
-            return []
-        room = {}
-        weight = {}
-        for k, (a, b, used, _) in enumerate(self.open):
-            overlap = b - max(a, since)
-            if overlap > 0:
-                weight[k], room[k] = overlap, max(self.cores * (b - a) - used, 0.0)
-        left = seconds
-        active = {k for k in weight if room[k] > 0}
-        give = dict.fromkeys(weight, 0.0)
-        while left > 1e-12 and active:
-            share = left / sum(weight[k] for k in active)
-            for k in list(active):
-                g = min(room[k] - give[k], share * weight[k])
-                give[k] += g
-                left -= g
-                if room[k] - give[k] <= 1e-12:
-                    active.discard(k)
-        self.unplaced += max(left, 0.0)
-        changed = []
-        for k, g in give.items():
-            if g > 0:
-                self.open[k][2] += g
-                self.placed += g
-                a, b, used, index = self.open[k]
-                changed.append((index, b - a, used))
-        return changed
-
-
-class CpuReader:
-    """CPU seconds (user + system) of a process and its followed children, each counted from
-    when it was first read.
-
-    Reads each process's kernel CPU clock (``clock_getcpuclockid``: nanoseconds, ~0.6 us a
-    read); where that is missing, ``/proc/PID/stat`` through a kept descriptor (ticks of
-    10 ms), else psutil.
-    """
-
-    def __init__(self, pid: int):
-        self.root = pid
-        self.readers: dict[int, object] = {}
-        self.base: dict[int, float] = {}  # CPU seconds when first read
-        self.last: dict[int, float] = {}
-        self.gone = 0.0  # CPU seconds of followed processes that exited (kept: no drop in the total)
-        self._open(pid)
-
-    def _open(self, pid: int) -> float | None:
-        """Start following ``pid``; its CPU seconds now (None: already gone)."""
-        reader = _clock_reader(pid) or _StatReader(pid)
-        value = reader.read()
-        if value is None:
-            reader.close()
-            return None
-        self.readers[pid], self.base[pid], self.last[pid] = reader, value, value
-        return value
-
-    def follow(self, pids: list[int], baseline: bool = False) -> list[tuple[int, float]]:
-        """Follow the new ones among ``pids``: [(pid, CPU seconds it used before now)], for
-        the caller to place. ``baseline``: processes already running when the sampler
-        started, whose past is not the sampler's to place (returned as [])."""
-        found = []
-        for pid in pids:
-            if pid in self.readers:
-                continue
-            value = self._open(pid)
-            if value is not None and not baseline:
-                found.append((pid, value))
-        return found
-
-    def seconds(self) -> float:
-        total = self.gone
-        for pid, reader in list(self.readers.items()):
-            value = reader.read()
-            if value is not None and value < self.last[pid] - 1e-6:
-                value = None  # pid reused by another process (its clock restarted): the one followed is gone
-            if value is None:  # exited: keep what it used, stop following it
-                if pid != self.root:
-                    self.gone += self.last[pid] - self.base[pid]
-                    total += self.last[pid] - self.base[pid]
-                    reader.close()
-                    del self.readers[pid]
-                continue
-            self.last[pid] = value
-            total += value - self.base[pid]
-        return total
-
-    def close(self) -> None:
-        for reader in self.readers.values():
-            reader.close()
-        self.readers.clear()
-
-
-_libc = None
-
-
-def _clock_reader(pid: int):
-    """A reader of ``pid``'s CPU clock, or None where the C library has no clock_getcpuclockid."""
-    global _libc
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        clock = ctypes.c_int()
-        if _libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
-            return None
-    except (OSError, AttributeError):
-        return None
-    return _ClockReader(clock.value)
-
-
-class _ClockReader:
-    def __init__(self, clock: int):
-        self.clock = clock
-
-    def read(self) -> float | None:
-        try:
-            return time.clock_gettime(self.clock)  # a zombie still reads; EINVAL once reaped
-        except OSError:
-            return None
-
-    def close(self) -> None:
-        pass
-
-
-class _StatReader:
-    """utime + stime from /proc/PID/stat through a kept descriptor; psutil without /proc."""
-
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        try:
-            self.fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-        except OSError:
-            self.fd = -1
-
-    def read(self) -> float | None:
-        if self.fd < 0:
-            try:
-                c = psutil.Process(self.pid).cpu_times()
-                return c.user + c.system
-            except psutil.Error:
-                return None
-        try:
-            raw = os.pread(self.fd, 1024, 0)
-        except OSError:
-            return None
-        fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (comm) ": state is field 0
-        if not fields:
-            return None
-        return (int(fields[11]) + int(fields[12])) / self.tick  # utime, stime
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1

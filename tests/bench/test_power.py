@@ -4,7 +4,8 @@ from types import SimpleNamespace
 import pytest
 
 from speechperf.bench.power import PowerMeter, energy_of, top_level
-from speechperf.telemetry.sampler import Sample, Sampler, SamplerConfig
+from speechperf.telemetry.sample import Sample
+from speechperf.telemetry.sampler import Sampler, SamplerConfig
 
 
 def test_counter_energy_sums_packages_not_their_subzones():

@@ -92,7 +92,7 @@ def test_tta_json_shows_the_energy_of_a_run_with_samples(tiny_run, tmp_path):
 def test_samples_taken_off_the_clock_are_dropped_and_later_ones_moved_back():
     from types import SimpleNamespace
 
-    from speechperf.telemetry.sampler import Sample
+    from speechperf.telemetry.sample import Sample
     from speechperf.train.recorder import RunRecorder
 
     rec = SimpleNamespace(run_id="r", sampler_p0=100.0, sample_t0=5.0, segment=1.0,

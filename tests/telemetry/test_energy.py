@@ -5,7 +5,8 @@ import pytest
 from speechperf.errors import SpeechperfError
 
 from speechperf.telemetry import energy
-from speechperf.telemetry.sampler import Sample, Sampler, SamplerConfig
+from speechperf.telemetry.sample import Sample
+from speechperf.telemetry.sampler import Sampler, SamplerConfig
 
 SAMPLES = [
     Sample(0.0, "gpu0", "power_w", 100.0), Sample(1.0, "gpu0", "power_w", 300.0), Sample(2.0, "gpu0", "power_w", 300.0),

@@ -11,7 +11,8 @@ import psutil
 import pytest
 
 from speechperf.telemetry.environment import capture_env
-from speechperf.telemetry.sampler import Sample, Sampler, SamplerConfig
+from speechperf.telemetry.sample import Sample
+from speechperf.telemetry.sampler import Sampler, SamplerConfig
 
 
 def burn(seconds):
@@ -83,7 +84,7 @@ def test_restarting_loader_workers_never_exceed_the_machine_and_keep_their_cpu_t
 
 
 def test_cpu_reader_counts_a_new_process_from_when_it_is_found():
-    from speechperf.telemetry.sampler import CpuReader
+    from speechperf.telemetry.cpu_clock import CpuReader
 
     w = subprocess.Popen([sys.executable, "-c", BUSY])
     try:

@@ -19,7 +19,7 @@ from speechperf.bench.plots import save_png  # noqa: E402
 from speechperf.metric import held, per_epoch  # noqa: E402
 from speechperf.scoring.targets import Targets  # noqa: E402
 from speechperf.studies.report.runs import legend  # noqa: E402
-from speechperf.telemetry.sampler import achieved_periods  # noqa: E402
+from speechperf.telemetry.sample import achieved_periods  # noqa: E402
 
 
 def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()) -> tuple[Path | None, str]:
