@@ -43,7 +43,10 @@ import torch.nn.functional as F
 from speechperf.data.index import Index
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.plan import batch_frames, plan_epoch
+from speechperf.errors import ConfigError
 
+MEMORY_SHARE = 0.5  # of the device's free memory at most for the graphs' static buffers: the rest holds the
+# optimizer's state, the shared pool's activations and the evaluation batches kept on the device (<= 25%)
 WARMUP_FIRST = 3  # warm-up passes before the first capture (cuDNN and cuBLAS set up; torch's advice)
 WARMUP_NEXT = 2  # before each later capture: the new shape's kernels chosen, workspaces sized
 
@@ -134,6 +137,7 @@ class GraphedModel(nn.Module):
         self.prepared = False  # prepare() ran: the clock may be running, no capture after it
         self.eager_steps = 0  # steps of a shape not captured before the clock, run eagerly (with capture only)
         self.capture_s = 0.0  # seconds of every capture so far
+        self.planned: set[tuple[int, int]] = set()  # the (utterances, frames) shapes the run's epochs plan
 
     def shape(self, batch: int, frames: int) -> tuple[int, int]:
         """The grid shape a (utterances, frames) batch is padded to."""
@@ -233,6 +237,35 @@ def planned_shapes(model: GraphedModel, index: Index, cfg: LoaderConfig, seed: i
         for batch in plan_epoch(index, cfg, epoch, seed).batches:
             shapes.add(model.shape(len(batch), batch_frames(index.frames[batch], cfg)))
     return shapes
+
+
+def static_bytes(core: nn.Module, shapes: set[tuple[int, int]], features: int) -> int:
+    """What the graphs of ``shapes`` keep for the run's life: per shape one gradient per parameter
+    (each backward graph owns its own), the padded input (B, T, F) float32, the mask (T'', B)
+    bool, the output and its gradient (T'', B, C) float32 (log-softmax runs in float32 under
+    autocast). Not counted: the shared pool's activations, one pass's at a time."""
+    grads = sum(p.numel() * p.element_size() for p in core.parameters())
+    classes = core.fc.out_features
+    total = 0
+    for b, t in shapes:
+        t_out = output_frames(core, t)
+        total += grads + b * t * features * 4 + t_out * b * (1 + 2 * classes * 4)
+    return total
+
+
+def check_memory(model: GraphedModel, shapes: set[tuple[int, int]], features: int, free: int) -> None:
+    """Refuse, before the run exists, graphs whose static buffers would take more than
+    MEMORY_SHARE of the device's ``free`` bytes: captured one by one they would run it out of
+    memory minutes into initialization. The message names the figures and the coarser grid."""
+    need = static_bytes(model._orig_mod, shapes, features)
+    if need > MEMORY_SHARE * free:
+        raise ConfigError(
+            f"train.cuda_graphs: the run's epochs plan {len(shapes)} batch shapes at the grid train.graph_frames="
+            f"{model.frames_grid} x train.graph_batch={model.batch_grid}, whose graphs keep {need / 1e9:.1f} GB "
+            f"(a gradient per parameter, input and output per shape): more than {MEMORY_SHARE:.0%} of the device's "
+            f"{free / 1e9:.1f} GB free. A coarser grid keeps fewer shapes (e.g. train.graph_frames="
+            f"{model.frames_grid * 4} train.graph_batch={model.batch_grid * 4}; benchmarks/bench_graph_shapes.py "
+            "projects shapes, memory and padding per grid), or train without train.cuda_graphs")
 
 
 def graph_figures(local: nn.Module) -> dict | None:

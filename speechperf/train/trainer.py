@@ -32,7 +32,7 @@ from speechperf.results.run import Run
 from speechperf.telemetry.environment import capture_env
 from speechperf.errors import ConfigError
 from speechperf.train import distributed
-from speechperf.train.graphs import GraphedModel, graphed, planned_shapes
+from speechperf.train.graphs import GraphedModel, check_memory, graphed, planned_shapes
 from speechperf.train.evaluate import resident_shapes
 from speechperf.algorithms import make_algorithm
 from speechperf.algorithms.base import Algorithm
@@ -156,6 +156,8 @@ def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Pro
         if device.type != "cuda" or world > 1:
             raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {world} process(es) on {device}")
         local = graphed(core, tc, device)
+        local.planned = planned_shapes(local, index, cfg.loader, tc.seed, tc.max_epochs)
+        check_memory(local, local.planned, FEATURE_DIM, torch.cuda.mem_get_info(device)[0])  # before the run exists
     model = algo.wrap(local)  # sync: DDP (several processes); the others: the model, from rank 0's weights
     if ckpt is not None:
         algo.load_state_dict(ckpt, state)  # bsp...easgd: this rank's own model, optimizer, RNG; the global state
@@ -182,9 +184,7 @@ def _initialize(t: Trainer, init_t0: float) -> None:
                 init_parts = warm_model(t.local, t.cfg, device) or {}
             init_parts.update(t.rec.count_flops(t.cfg, device))
             if isinstance(t.local, GraphedModel):  # every planned shape captured before the clock
-                tc = t.cfg.train
-                shapes = planned_shapes(t.local, t.index, t.cfg.loader, tc.seed, tc.max_epochs)
-                init_parts.update(t.local.prepare(shapes, FEATURE_DIM, device))
+                init_parts.update(t.local.prepare(t.local.planned, FEATURE_DIM, device))  # planned in _model
                 init_parts.update(t.local.prepare_eval(resident_shapes(), FEATURE_DIM, device))  # kept by initialize
     except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
         raise_as(e, t.rec.fail(e))

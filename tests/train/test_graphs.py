@@ -14,7 +14,8 @@ from speechperf.data.plan import plan_epoch
 from speechperf.errors import ConfigError
 from speechperf.models import build_model
 from speechperf.models.contract import unwrap
-from speechperf.train.graphs import EvalGraph, GraphedModel, graph_figures, planned_shapes
+from speechperf.train.graphs import (EvalGraph, GraphedModel, check_memory, graph_figures, planned_shapes,
+                                     static_bytes)
 from speechperf.train.step import make_optimizer, train_step
 from tests.conftest import TINY_RUN, cli
 
@@ -133,6 +134,33 @@ def test_in_fp64_the_evaluation_pass_equals_the_plain_model_to_1e_12():
         for batch in (BATCHES[0], SAME_SHAPE):
             want, lens = core(batch.feats.double(), batch.feat_lens)
             _valid_close(graph(batch.feats.double(), core.output_lengths(batch.feat_lens)), want, lens, 1e-12)
+
+
+def test_the_graphs_static_bytes_are_the_tensors_a_pass_of_each_shape_makes():
+    """Counted independently: the parameters' gradients a backward pass makes, the padded input
+    and mask, the output and the gradient it is given, from a real pass of each shape."""
+    cfg = load_preset("tiny")
+    core = build_model(cfg.model)
+    want = 0
+    for b, t in [(8, 48), (16, 64)]:
+        x = torch.zeros(b, t, 93)
+        out = core.masked(x, torch.ones(core.output_lengths(torch.tensor([t]))[0], b, dtype=torch.bool))
+        grad_out = torch.ones_like(out)
+        out.backward(grad_out)
+        nbytes = lambda ts: sum(u.numel() * u.element_size() for u in ts)  # noqa: E731
+        want += nbytes(p.grad for p in core.parameters()) + nbytes([x, out, grad_out]) + out.shape[0] * b  # mask: bool
+        core.zero_grad(set_to_none=True)
+    assert static_bytes(core, {(8, 48), (16, 64)}, 93) == want
+
+
+def test_graphs_over_half_the_free_memory_are_refused_naming_the_figures():
+    model = GraphedModel(build_model(load_preset("tiny").model), 16, 8, capture=False)
+    need = static_bytes(model._orig_mod, {(8, 48), (16, 64)}, 93)
+    check_memory(model, {(8, 48), (16, 64)}, 93, free=2 * need)  # half the free memory: taken
+    with pytest.raises(ConfigError, match=r"plan 2 batch shapes at the grid train.graph_frames=16 x train.graph_batch="
+                                          r"8, whose graphs keep .* GB .*more than 50% of the device's .* GB free"
+                                          r"(.|\n)*train.graph_frames=64 train.graph_batch=32"):
+        check_memory(model, {(8, 48), (16, 64)}, 93, free=2 * need - 1)
 
 
 def test_every_planned_batch_has_its_grid_shape_in_the_set(tiny_features):
