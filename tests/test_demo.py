@@ -88,12 +88,15 @@ def test_demo_seeds_layout_and_one_seed_line(tiny_features, monkeypatch, tmp_pat
     assert len({r["run"] for r in rows}) == 2 and swept == [out / "run"]
     with open(out / "report" / "repeated.csv", newline="") as f:
         assert {r["runs"] for r in csv.DictReader(f)} == {"2"}  # the two seeds, one group
-    assert demo.ONE_SEED not in capsys.readouterr().out
+    assert "one seed:" not in capsys.readouterr().out
 
     mtime = (out / "run" / "results.db").stat().st_mtime_ns
     rows = demo.run_demo(out, sweep=False, **args)  # `demo --no-sweep`: the report, no beam sweep
     text = capsys.readouterr().out
-    assert "already finished" in text and demo.ONE_SEED in text and "--seeds 5" in demo.ONE_SEED
+    assert "already finished" in text and demo.one_seed("tiny") in text and "--seeds 5" in text
+    assert "(the tiny preset's reference: 4 to 5 epochs to CER 38 over 5 seeds)" in demo.one_seed("tiny")
+    assert "(the cpu preset's reference: 8 to 9 epochs to CER 10 over 5 seeds)" in demo.one_seed("cpu")
+    assert "reference" not in demo.one_seed("gpu")  # none recorded: no spread to cite
     assert len({r["run"] for r in rows}) == 1 and (out / "run" / "results.db").stat().st_mtime_ns == mtime
     assert swept == [out / "run"] and "report: " in text
 
