@@ -49,6 +49,7 @@ CHARS_PER_S = 15.0  # LibriSpeech read speech: about 15 characters (spaces inclu
 SHARD_UTTS = 64  # utterances per synthetic shard (a prepared split's order of size)
 SUPPLY_BATCH = 64  # utterances per supply batch at most: the rate is per audio second, a bigger batch
 # only lengthens the windows (and the synthetic set the windows need)
+LENGTHS_APART = 0.25  # the supply's and the appetite's mean utterance lengths apart by more: said under the table
 SYNTHETIC_WINDOW = 8  # shards per bucketing window over the synthetic set at most (~1.75 h of audio): with one
 # decompression thread per reader a reader's work per audio second is each shard decompressed once and each
 # batch built, whatever the window's size; the conformer's 128-shard windows would need 28 h a window
@@ -181,16 +182,19 @@ def supply(feats: Path, loader_cfg, readers: int, windows: int, seed: int) -> di
     except SpeechperfError as e:
         raise SpeechperfError(f"{feats}: {e} of {cfg.bucket_window} shards (more data, or fewer --windows or "
                               "--readers)") from None
-    rates, audio, t_last = [], 0.0, None
+    rates, audio, t_last, timed = [], 0.0, None, [0.0, 0]  # timed: audio s and utterances of the timed spans
     for i, b in zip(range(ends[-1] + 1), loader):
         audio += b.audio_seconds
+        if t_last is not None:
+            timed[0], timed[1] = timed[0] + b.audio_seconds, timed[1] + len(b.ids)
         if i in ends:
             now = time.perf_counter()
             if t_last is not None:
                 rates.append(audio / (now - t_last) / readers)
             audio, t_last = 0.0, now
     med = statistics.median(rates)
-    return {"audio_s_per_s_per_reader": med, "spread_pct": 100.0 * (max(rates) - min(rates)) / med}
+    return {"audio_s_per_s_per_reader": med, "spread_pct": 100.0 * (max(rates) - min(rates)) / med,
+            "mean_utt_s": timed[0] / timed[1]}
 
 
 def span_ends(groups: np.ndarray, readers: int, spans: int) -> list[int]:
@@ -241,7 +245,7 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
     return {"preset": preset, "batch": app.get("batch", cfg.loader.batch_size), "mean utt s": round(app["mean_utt_s"], 2),
             "appetite audio s/s": round(app["audio_s_per_s"], 1), "appetite spread %": _r(app["spread_pct"]),
             "appetite source": src, "supply audio s/s per reader": round(sup["audio_s_per_s_per_reader"], 1),
-            "supply spread %": _r(sup["spread_pct"]), "readers": readers,
+            "supply spread %": _r(sup["spread_pct"]), "supply mean utt s": round(sup["mean_utt_s"], 2), "readers": readers,
             "supply data": f"{data or 'synthetic'}, {loader.bucket_window}-shard windows",
             "readers per GPU": need, "host cores": host, "GPUs this host feeds": round(gpus_fed(host, need), 2)}
 
@@ -251,8 +255,15 @@ def _r(x: float | None) -> float | None:
 
 
 def notes(row: dict) -> list[str]:
-    return [row["appetite source"],
-            f"one GPU eats {row['appetite audio s/s']:.0f} audio s/s; one reader supplies "
-            f"{row['supply audio s/s per reader']:.0f} ({row['supply data']}, {row['readers']} reader(s)): "
-            f"{row['readers per GPU']} reader cores per GPU, and this host's {row['host cores']} cores feed "
-            f"{row['GPUs this host feeds']} GPUs (one core per GPU kept for its training process)"]
+    out = [row["appetite source"],
+           f"one GPU eats {row['appetite audio s/s']:.0f} audio s/s; one reader supplies "
+           f"{row['supply audio s/s per reader']:.0f} ({row['supply data']}, {row['readers']} reader(s)): "
+           f"{row['readers per GPU']} reader cores per GPU, and this host's {row['host cores']} cores feed "
+           f"{row['GPUs this host feeds']} GPUs (one core per GPU kept for its training process)"]
+    app, sup = row["mean utt s"], row["supply mean utt s"]
+    if abs(sup - app) > LENGTHS_APART * app:
+        out.append(f"warning: the supply was read at {sup:.1f} s an utterance and the appetite at {app:.1f} s: both "
+                   "rates change with the length (a step's and a batch's fixed costs), so the readers per GPU "
+                   "compare different lengths; the appetite is read at LibriSpeech's: give --data of such lengths, "
+                   "or none (synthetic ones)")
+    return out

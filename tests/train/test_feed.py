@@ -39,6 +39,15 @@ def test_the_supply_is_timed_over_whole_loader_windows():
     assert feed.supply_utterances(readers=2, windows=3, window_shards=8) == 4 * 2 * 8 * feed.SHARD_UTTS
 
 
+def test_a_supply_read_at_other_lengths_than_the_appetite_is_said():
+    row = {"appetite source": "src", "appetite audio s/s": 13800.0, "supply audio s/s per reader": 3500.0,
+           "supply data": "feats", "readers": 1, "readers per GPU": 4, "host cores": 2, "GPUs this host feeds": 0.4,
+           "mean utt s": 13.5, "supply mean utt s": 4.0}
+    (warning,) = feed.notes(row)[2:]
+    assert warning.startswith("warning: the supply was read at 4.0 s an utterance and the appetite at 13.5 s")
+    assert len(feed.notes({**row, "supply mean utt s": 12.3})) == 2  # within 25%: nothing to say
+
+
 def test_recorded_profile_rows_carry_device_torch_commit_date_and_source():
     row = feed.recorded("gpu")
     assert (row["name"], row["batch"], row["audio_s_per_s"], row["s_per_step"]) == ("h100-2026-11-25", 240, 13800.0, 0.235)
@@ -62,7 +71,7 @@ def test_bench_feed_on_cpu_measures_both_sides(capsys):
     (row,) = json.loads(capsys.readouterr().out)
     assert row["appetite source"].startswith("measured on CPU (cpu), fp32, 2 windows of 1 steps")
     assert row["batch"] == 2 and row["appetite audio s/s"] > 0 and row["supply audio s/s per reader"] > 0
-    assert row["supply data"] == "synthetic, 1-shard windows"
+    assert row["supply data"] == "synthetic, 1-shard windows" and 10.5 < row["supply mean utt s"] < 16.0
     assert row["readers per GPU"] == feed.readers_per_gpu(row["appetite audio s/s"], row["supply audio s/s per reader"])
     assert row["GPUs this host feeds"] == round(row["host cores"] / (row["readers per GPU"] + 1), 2)
 
