@@ -180,8 +180,8 @@ def supply(feats: Path, loader_cfg, readers: int, windows: int, seed: int) -> di
     try:
         ends = span_ends(loader.plan.groups, readers, windows + 1)
     except SpeechperfError as e:
-        raise SpeechperfError(f"{feats}: {e} of {cfg.bucket_window} shards (more data, or fewer --windows or "
-                              "--readers)") from None
+        raise SpeechperfError(f"{feats}: {e} (windows of {cfg.bucket_window} shards; more data, or fewer --windows "
+                              "or --readers)") from None
     rates, audio, t_last, timed = [], 0.0, None, [0.0, 0]  # timed: audio s and utterances of the timed spans
     for i, b in zip(range(ends[-1] + 1), loader):
         audio += b.audio_seconds
