@@ -19,7 +19,6 @@ Usage: python benchmarks/bench_graph_shapes.py [--preset gpu] [--epochs 20]
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
