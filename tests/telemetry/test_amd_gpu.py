@@ -261,3 +261,36 @@ def test_real_amdsmi_holds_the_period():
     power = periods.get("gpu0:power_w") or periods["gpu0:power_avg_w"]
     assert power["count"] >= 10 and power["median_s"] < 1.2 * power["asked_s"]
     assert s.summary()["gpus"]["gpu0"]["mem_mb_max"] > 0
+
+
+def test_amd_samples_read_as_nvidia_ones_downstream():
+    """Energy to accuracy, the GPU busy share and the report's power trace read an AMD run's rows
+    (stored as the recorder stores them: dicts on the TTA clock) as they read NVML's."""
+    from speechperf.studies.busy import busy
+    from speechperf.studies.report.figures import _power_series
+    from speechperf.telemetry.energy import to_accuracy
+
+    clock = Clock()
+    g = _gpu(FakeAMDSMI(clock))
+    rows = [{"t": x.t, "source": x.source, "metric": x.metric, "value": x.value, "segment": 1.0}
+            for x in _run(g, None, clock, 3.0)]
+    assert to_accuracy(rows, 2.5) == pytest.approx(500.0 * 2.5, rel=1e-3)  # the counter's 2.5 s
+    its = [{"iteration": 1, "epoch": 1, "clock_s": 2.0, "step_s": 2.0}]
+    share = busy(rows, its, [{"epoch": 1, "clock_s": 3.0, "eval_s": 1.0}], 3.0, "cuda:0")
+    assert share["device"] == "GPU" and share["tta %"] == 80.0 and share["sources"] == ["gpu0"]
+    [(source, label, (t, watts))] = list(_power_series(rows))
+    assert (source, label) == ("gpu0", "instant") and set(watts) == {500.0} and len(t) == 61
+
+
+def test_the_environment_reads_the_driver_through_amdsmi_on_rocm(monkeypatch):
+    import sys
+
+    from speechperf.telemetry.environment import _driver
+
+    smi = FakeAMDSMI()
+    smi.amdsmi_get_gpu_driver_info = lambda h: {"driver_name": "amdgpu", "driver_version": "6.12.12",
+                                                "driver_date": "2015/01/01 00:00"}
+    monkeypatch.setitem(sys.modules, "amdsmi", smi)
+    assert _driver(rocm=True) == "6.12.12"
+    monkeypatch.setitem(sys.modules, "amdsmi", None)  # not installed: recorded, not fatal
+    assert _driver(rocm=True) == "unavailable (ModuleNotFoundError)"
