@@ -249,6 +249,7 @@ def test_na_power_and_a_gpu_that_stops_answering():
     assert last_gpu0 < 0.35 and max(x.t for x in s.samples if x.source == "gpu1") > 0.5
 
 
+@pytest.mark.cuda  # ROCm's torch sees its GPUs as cuda devices; unmarked tests are kept off them
 def test_real_amdsmi_holds_the_period():
     """The real library's path: skipped where ROCm's libamd_smi.so or an AMD GPU is missing."""
     why = {}
