@@ -22,7 +22,9 @@ from speechperf.telemetry.sample import Sample
 
 NA = "N/A"  # amdsmi's value for a reading the firmware does not provide
 CHECK_S = 2.0  # s of counter readings compared with the power readings before the counter is trusted
-AGREE = (0.5, 2.0)  # counter joules / power joules accepted by that check
+# counter joules / power joules accepted by that check: Zeus's loose bounds, which catch a counter
+# standing still or off by its unit, not a counter that updates more coarsely than the power
+AGREE = (0.1, 10.0)
 MIN_CHECK_J = 1.0  # J of integrated power below which the check cannot tell (no power reading, say)
 MAX_W = 3000.0  # W: no accelerator draws more; bounds a counter step that is taken for a wrap
 
@@ -134,22 +136,20 @@ class AmdGpu:
         return out
 
     def _power(self, t: float, out: list) -> None:
-        info = self._call("amdsmi_get_power_info") or {}
-        if self.instant:
-            watts = _number(info, "current_socket_power")
+        info = self._call("amdsmi_get_power_info")
+        for metric, key in (("power_w", "current_socket_power"), ("power_avg_w", "average_socket_power")):
+            if metric == "power_w" and not self.instant:
+                continue
+            watts = _number(info or {}, key)
             if watts is not None:
-                out.append(Sample(t, self.source, "power_w", watts))
-                self.powers.append((t, watts))
+                out.append(Sample(t, self.source, metric, watts))
+                if not self.checked:  # kept only for the counter's check
+                    self.powers.append((t, watts))
                 return
             self.instant = False
-        watts = _number(info, "average_socket_power")
-        if watts is None:
-            self.average = False
-            self.unavailable.setdefault(f"{self.source}:power", "amdsmi reports N/A for current_socket_power "
-                                                                 "and average_socket_power")
-            return
-        out.append(Sample(t, self.source, "power_avg_w", watts))
-        self.powers.append((t, watts))
+        self.average = False
+        self.unavailable.setdefault(f"{self.source}:power", "amdsmi_get_power_info failed" if info is None else
+                                    "amdsmi reports N/A for current_socket_power and average_socket_power")
 
     def _energy(self, t: float, out: list) -> None:
         d = self._call("amdsmi_get_energy_count") or {}

@@ -183,6 +183,7 @@ def test_counter_wraps_at_32_bits_and_a_restart_is_not_charged():
     energy = [x for x in samples if x.metric == "energy_j"]
     # 200 J to the wrap at 0.4 s, then on: 500 W throughout, the wrap invisible
     assert energy[-1].value == pytest.approx(500.0 * 3.0, rel=1e-3) and not g.restarts
+    assert g.checked and g.powers == []  # the power kept for the check is not kept on
     steps = [b.value - a.value for a, b in zip(energy, energy[1:])]
     assert min(steps) == pytest.approx(25.0, rel=0.01) and max(steps) == pytest.approx(25.0, rel=0.01)
     # the driver reloaded: the counter starts again near 0, far from a wrap: that step is not charged
