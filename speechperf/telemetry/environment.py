@@ -127,4 +127,5 @@ def _telemetry() -> dict:
     try:
         return availability()
     except Exception as e:  # capture_env must never fail a run: the failure itself is recorded
-        return {"gpus": 0, "gpu_library": None, "rapl_zones": {}, "unavailable": {"telemetry": f"{type(e).__name__}: {e}"}}
+        return {"gpus": 0, "gpu_library": None, "rapl_zones": {},
+                "unavailable": {"telemetry": f"{type(e).__name__}: {e}"}}

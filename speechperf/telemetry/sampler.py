@@ -20,8 +20,8 @@ instant field, power is its buffered samples or, failing those, the averaged rea
 finds none) are polled at the same periods: power, energy counter and utilization every
 ``gpu_interval``, memory every ``gpu_buffer_interval`` (telemetry/amd_gpu.py). The CPU clocks
 are read by telemetry/cpu_clock.py, the GPUs through telemetry/gpu_reader.py's one interface.
-Energy comes from counters (NVML total energy, amdsmi's energy accumulator and RAPL energy_uj,
-both with wrap-around); where none is readable the summary
+Energy comes from counters (NVML total energy; amdsmi's energy accumulator and RAPL energy_uj,
+each with its wraps undone); where none is readable the summary
 says so, and nothing is estimated from TDP. The achieved period of every series (median
 interval and count) is in ``summary()["periods"]``.
 """
