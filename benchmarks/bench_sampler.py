@@ -1,10 +1,10 @@
 """The telemetry sampler's achieved periods and its own CPU cost, against named references
 measured in the same process.
 
-- Achieved period / asked period, per series: CPU utilization (asked 0.03 s) and, where an
-  NVML GPU is present, power (asked 0.05 s) and the driver's buffered utilization samples.
-  Goal: CPU and NVML power within 10% of the period asked (NVML power
-  once came every ~73 ms for 50 ms asked).
+- Achieved period / asked period, per series: CPU utilization (asked 0.03 s) and, where a
+  GPU is present (NVML, or amdsmi on AMD GPUs), power (asked 0.05 s), the driver's buffered
+  utilization samples (NVML) or polled gfx_activity (amdsmi). Goal: CPU and GPU power within
+  10% of the period asked (NVML power once came every ~73 ms for 50 ms asked).
 - Sampler CPU cost: CPU seconds of the sampler thread per wall second (% of one core),
   against the simplest possible sampler: a thread calling psutil's cpu_times() at the same
   period (reference). Goal: the sampler under 1% of one core at the defaults.
@@ -79,7 +79,7 @@ def main() -> None:
             print(f"  {key}: median interval {1000 * p['median_s']:.1f} ms over {p['count']} samples "
                   f"(asked {f'{1000 * asked:.0f} ms' if asked else '-'}; {ratio})")
         if not summary["gpus"]:
-            print(f"  NVML: not measured here ({summary['unavailable'].get('gpu', 'no GPU')})")
+            print(f"  GPU: not measured here ({summary['unavailable'].get('gpu', 'no GPU')})")
 
 
 if __name__ == "__main__":

@@ -50,13 +50,15 @@ def _a_machine_without_gpu(request, monkeypatch):
     """Unmarked tests state what a machine without a GPU (CI's) does: exact CPU resumes, no
     GPU price, no NVML energy. On a GPU machine they would train on the GPU and read its
     counters, so there they see none: torch reports no CUDA device (this process and, through
-    CUDA_VISIBLE_DEVICES, its subprocesses) and NVML does not open in this process. The
-    ``cuda``-marked tests are the GPU variants and see the GPU."""
+    CUDA_VISIBLE_DEVICES, its subprocesses) and neither NVML nor, on ROCm, amdsmi opens in this
+    process (stand-ins passed to the sampler still do). The ``cuda``-marked tests are the GPU
+    variants and see the GPU."""
     if not HAS_CUDA or request.node.get_closest_marker("cuda") is not None:
         return
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setitem(sys.modules, "amdsmi", None)  # `import amdsmi` raises ImportError
     try:
         import pynvml
     except ImportError:

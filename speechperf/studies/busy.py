@@ -12,14 +12,15 @@ evaluation is its row's window. A utilization sample reports the period that end
 so a window ``(start, end]`` holds the samples stamped after its start up to its end. The
 samples come at a steady period (the driver's, or the sampler's), so their mean is the time's.
 
-GPU runs: NVML's ``util_pct`` (the share of the driver's sample period in which a kernel ran),
+GPU runs: ``util_pct``: NVML's (the share of the driver's sample period in which a kernel ran)
+or, on AMD GPUs, amdsmi's ``gfx_activity`` (the graphics engine's busy share, polled),
 of every GPU the sampler saw (rank 0's process sees the node's), the sources averaged sample by
 sample. CPU runs: ``util_machine_pct``, the CPU seconds of rank 0's process and its loader
 workers per wall second in % of all the machine's cores: on a CPU run the cores are the
 accelerator, so its busy share is shown the same way and named as the CPU's. It counts a
 thread spinning in a parallel region as busy, where NVML counts a kernel running however few
 of its units it fills: both say when the device had work, not how well it used it. A GPU run
-without NVML utilization samples has no busy share (None, and said): the CPU's is not the
+without GPU utilization samples has no busy share (None, and said): the CPU's is not the
 GPU's.
 """
 from __future__ import annotations
@@ -54,7 +55,7 @@ def device_of(samples: list[dict], device: str | None) -> tuple[tuple[str, str] 
     wanted = GPU if gpu_run else CPU
     if wanted[1] in metrics:
         return wanted, None
-    return None, "no NVML utilization samples" if gpu_run else "no CPU utilization samples"
+    return None, "no GPU utilization samples (NVML or amdsmi)" if gpu_run else "no CPU utilization samples"
 
 
 def busy(samples: list[dict], iterations: list[dict], evals: list[dict], until_s: float,

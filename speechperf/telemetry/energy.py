@@ -1,5 +1,5 @@
 """The one energy rule: a source's energy comes from its counter where it has one (NVML total
-energy, RAPL ``energy_uj``), else from its sampled power integrated over time (trapezoids);
+energy, amdsmi's energy accumulator, RAPL ``energy_uj``), else from its sampled power integrated over time (trapezoids);
 nothing is ever estimated from TDP. The sampler's summary, benchmark rows and the report's
 energy to accuracy all read it.
 
@@ -119,4 +119,4 @@ def why_missing(env: dict) -> str:
         return "the run did not record which power sources were available"
     unavailable = telemetry.get("unavailable", {})
     reasons = [f"{src}: {why}" for src, why in sorted(unavailable.items())]
-    return "; ".join(reasons) or "no NVML GPU and no readable RAPL counter"
+    return "; ".join(reasons) or "no NVML or amdsmi GPU and no readable RAPL counter"

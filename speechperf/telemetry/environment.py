@@ -7,8 +7,8 @@ import socket
 from importlib import metadata
 from speechperf.telemetry.sampler import availability
 
-LIBRARIES = ("torch", "numpy", "scipy", "soundfile", "rapidfuzz", "psutil", "nvidia-ml-py", "mlperf-logging",
-             "matplotlib", "espeakng-loader", "speechperf")
+LIBRARIES = ("torch", "numpy", "scipy", "soundfile", "rapidfuzz", "psutil", "nvidia-ml-py", "amdsmi",
+             "mlperf-logging", "matplotlib", "espeakng-loader", "speechperf")
 
 
 def cpu_model() -> str:
@@ -23,7 +23,10 @@ def cpu_model() -> str:
 
 
 def gpus() -> list[dict]:
-    """Name, memory and driver of every CUDA device, through torch and NVML when present."""
+    """Name, memory and driver of every CUDA device, through torch and NVML when present; on
+    ROCm (``torch.version.hip``: its build runs the ``cuda`` device API on AMD GPUs) the
+    architecture (``gfx942``) and the driver through amdsmi. The names are what platform
+    profiles match (``gpu_names``: "AMD Instinct MI300X")."""
     import torch
 
     if not torch.cuda.is_available():
@@ -33,17 +36,32 @@ def gpus() -> list[dict]:
         p = torch.cuda.get_device_properties(i)
         out.append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 2),
                     "capability": f"{p.major}.{p.minor}"})
+        if torch.version.hip:
+            out[-1]["arch"] = getattr(p, "gcnArchName", None)
+    driver = _driver(bool(torch.version.hip))
+    for g in out:
+        g["driver"] = driver
+    return out
+
+
+def _driver(rocm: bool) -> str:
+    """The GPU driver's version from NVML, or from amdsmi on ROCm; why not, where it cannot say."""
     try:
+        if rocm:
+            import contextlib
+            import io
+
+            with contextlib.redirect_stdout(io.StringIO()):  # amdsmi prints when libamd_smi.so is missing
+                import amdsmi
+            amdsmi.amdsmi_init(amdsmi.AmdSmiInitFlags.INIT_AMD_GPUS)
+            return amdsmi.amdsmi_get_gpu_driver_info(amdsmi.amdsmi_get_processor_handles()[0])["driver_version"]
         import pynvml
 
         pynvml.nvmlInit()
         driver = pynvml.nvmlSystemGetDriverVersion()
-        for g in out:
-            g["driver"] = driver.decode() if isinstance(driver, bytes) else driver
-    except Exception as e:  # NVML absent or refusing: recorded, not fatal
-        for g in out:
-            g["driver"] = f"unavailable ({type(e).__name__})"
-    return out
+        return driver.decode() if isinstance(driver, bytes) else driver
+    except Exception as e:  # the library absent or refusing: recorded, not fatal
+        return f"unavailable ({type(e).__name__})"
 
 
 def cloud_instance(dmi: str = "/sys/class/dmi/id") -> dict | None:
@@ -83,6 +101,7 @@ def capture_env(device: str = "cpu") -> dict:
         "device": device,
         "gpus": gpus(),
         "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),  # ROCm's torch build: AMD GPUs behind the cuda API
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
         "mkldnn": torch.backends.mkldnn.is_available(),
@@ -108,4 +127,5 @@ def _telemetry() -> dict:
     try:
         return availability()
     except Exception as e:  # capture_env must never fail a run: the failure itself is recorded
-        return {"gpus": 0, "rapl_zones": {}, "unavailable": {"telemetry": f"{type(e).__name__}: {e}"}}
+        return {"gpus": 0, "gpu_library": None, "rapl_zones": {},
+                "unavailable": {"telemetry": f"{type(e).__name__}: {e}"}}

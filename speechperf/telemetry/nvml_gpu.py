@@ -52,6 +52,8 @@ def _sample_value(kind: int, v) -> float:
 class NvmlGpu:
     """One NVML device: which of its readings exist (found on first use) and its sample cursors."""
 
+    library = "NVML"
+
     def __init__(self, nv, index: int, handle, unavailable: dict):
         self.nv, self.index, self.h, self.unavailable = nv, index, handle, unavailable
         self.source = f"gpu{index}"
@@ -119,6 +121,10 @@ class NvmlGpu:
         except Exception:  # NVMLError_NotSupported on older boards
             self.unavailable.setdefault(f"{self.source}:energy", "driver has no total-energy counter")
             return False
+
+    def finish(self) -> list[Sample]:
+        """At stop: nothing held back (the last drain has read the buffers)."""
+        return []
 
     def drain(self, t: float, wall0: float) -> list[Sample]:
         """Memory now, and the driver's buffered utilization (and, without the instant field,

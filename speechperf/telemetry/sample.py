@@ -8,7 +8,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Sample:
     t: float  # seconds since the sampler started
-    source: str  # "cpu", "gpu0" (NVML index), "rapl:intel-rapl:0" (package 0), "rapl:intel-rapl:0:1" (its DRAM)
+    source: str  # "cpu", "gpu0" (NVML index, or amdsmi's HIP index), "rapl:intel-rapl:0" (package 0),
+    #              "rapl:intel-rapl:0:1" (its DRAM)
     metric: str  # "util_machine_pct", "util_core_pct" (cpu); "util_pct", "mem_mb" (gpu); "power_w" (instant),
     #              "power_avg_w" (driver-averaged or buffered), "energy_j"
     value: float

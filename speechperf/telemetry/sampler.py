@@ -1,5 +1,5 @@
-"""Telemetry sampler: CPU utilization, GPU utilization/memory/power/energy (NVML), CPU
-package/DRAM energy (RAPL powercap), on a background thread.
+"""Telemetry sampler: CPU utilization, GPU utilization/memory/power/energy (NVML, or amdsmi on
+AMD GPUs), CPU package/DRAM energy (RAPL powercap), on a background thread.
 
 CPU utilization is the CPU seconds per wall second of the process and its children (loader
 workers), recorded twice, labelled: ``util_machine_pct``, in % of the whole machine (0-100,
@@ -16,9 +16,12 @@ the instant power field and the total energy counter together; utilization comes
 driver's own buffered samples (``nvmlDeviceGetSamples``, with the driver's timestamps),
 drained with the memory reading every ``gpu_buffer_interval``. Where the driver lacks the
 instant field, power is its buffered samples or, failing those, the averaged reading
-(``power_avg_w``); the summary says which (``power_field``). The CPU clocks are read by
-telemetry/cpu_clock.py, the GPUs by telemetry/nvml_gpu.py. Energy comes from counters
-(NVML total energy, RAPL energy_uj with wrap-around); where none is readable the summary
+(``power_avg_w``); the summary says which (``power_field``). AMD GPUs (amdsmi, where NVML
+finds none) are polled at the same periods: power, energy counter and utilization every
+``gpu_interval``, memory every ``gpu_buffer_interval`` (telemetry/amd_gpu.py). The CPU clocks
+are read by telemetry/cpu_clock.py, the GPUs through telemetry/gpu_reader.py's one interface.
+Energy comes from counters (NVML total energy; amdsmi's energy accumulator and RAPL energy_uj,
+each with its wraps undone); where none is readable the summary
 says so, and nothing is estimated from TDP. The achieved period of every series (median
 interval and count) is in ``summary()["periods"]``.
 """
@@ -34,7 +37,7 @@ import psutil
 
 from speechperf.telemetry import energy
 from speechperf.telemetry.cpu_clock import CpuReader, CpuSeries, process_start
-from speechperf.telemetry.nvml_gpu import NvmlGpu, open_nvml
+from speechperf.telemetry.gpu_reader import GpuReader, open_gpus
 from speechperf.telemetry.rapl import DEFAULT_ROOT, RaplCounters
 from speechperf.telemetry.sample import Sample, achieved_periods
 
@@ -42,11 +45,11 @@ from speechperf.telemetry.sample import Sample, achieved_periods
 @dataclass(frozen=True)
 class SamplerConfig:
     interval: float = 0.03  # CPU utilization period, s (paper: top every 0.03 s)
-    gpu_interval: float = 0.05  # NVML power and energy period, s (paper 002: 50 ms)
+    gpu_interval: float = 0.05  # GPU power and energy period (NVML, amdsmi), s (paper 002: 50 ms)
     gpu_buffer_interval: float = 0.5  # draining NVML's buffered utilization (and power) samples and memory, s
     include_children: bool = True  # count loader worker processes
     children_interval: float = 1.0  # looking for new child processes (a /proc scan, ~1.5 ms), s
-    gpus: bool = True  # sample NVML devices when present
+    gpus: bool = True  # sample GPUs (NVML, else amdsmi) when present
     rapl: bool = True  # read RAPL powercap counters when readable
     rapl_interval: float = 1.0  # RAPL period, s: often enough to undo every counter wrap, cheap
 
@@ -54,12 +57,13 @@ class SamplerConfig:
 class Sampler:
     """Start, run the workload, stop; ``samples`` and ``summary()`` hold the results.
 
-    ``gpus``: NVML indices to sample (None: every GPU NVML sees), so that each process of a
-    multi-GPU run can be given its own, or one process all of the node's.
+    ``gpus``: GPU indices to sample (NVML's, or amdsmi's HIP indices; None: every GPU the library
+    sees), so that each process of a multi-GPU run can be given its own, or one process all of
+    the node's. ``nvml``/``amdsmi``: stand-ins for the libraries (tests); None imports them.
     """
 
     def __init__(self, pid: int | None = None, config: SamplerConfig = SamplerConfig(), nvml=None,
-                 rapl_root: Path = DEFAULT_ROOT, gpus: list[int] | None = None):
+                 rapl_root: Path = DEFAULT_ROOT, gpus: list[int] | None = None, amdsmi=None):
         self.proc = psutil.Process(pid or os.getpid())
         self.cfg = config
         self.samples: list[Sample] = []
@@ -67,8 +71,7 @@ class Sampler:
         self.cores = psutil.cpu_count(logical=True) or 1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        opened = open_nvml(nvml, self.unavailable, gpus) if config.gpus else None
-        self._gpus = [NvmlGpu(opened[0], i, h, self.unavailable) for i, h in opened[1]] if opened else []
+        self._gpus: list[GpuReader] = open_gpus(self.unavailable, gpus, nvml, amdsmi) if config.gpus else []
         self._rapl = RaplCounters(rapl_root) if config.rapl else None
         if self._rapl is not None:
             self.unavailable.update(self._rapl.unavailable)
@@ -169,6 +172,8 @@ class Sampler:
         self._cpu_sample(last_read, (before, time.perf_counter()), cpu)
         if self._gpus:
             self._drain_gpus()
+            for g in list(self._gpus):
+                self._guard(g, g.finish)
         reader.close()
         self._own_cpu = time.thread_time() - thread_t0
 
@@ -211,13 +216,13 @@ class Sampler:
         for g in list(self._gpus):
             self._guard(g, g.drain, time.perf_counter() - self._t0, self._wall0)
 
-    def _guard(self, g: "NvmlGpu", call, *args) -> None:
-        """Samples of one NVML call; a GPU whose call fails (device lost, driver gone) stops
-        being sampled, with the reason, instead of ending the sampler's thread."""
+    def _guard(self, g: GpuReader, call, *args) -> None:
+        """Samples of one GPU library call; a GPU whose call fails (device lost, driver gone)
+        stops being sampled, with the reason, instead of ending the sampler's thread."""
         try:
             self.samples.extend(call(*args))
         except Exception as e:
-            self.unavailable[g.source] = f"NVML stopped answering ({type(e).__name__}: {e}); sampling stopped"
+            self.unavailable[g.source] = f"{g.library} stopped answering ({type(e).__name__}: {e}); sampling stopped"
             self._gpus.remove(g)
 
     def _sample_rapl(self, t: float) -> None:
@@ -264,7 +269,7 @@ def _mean(xs: list[Sample]) -> float:
     return sum(x.value for x in xs) / len(xs)
 
 
-def _gpu_summary(by: dict, g: "NvmlGpu") -> dict:
+def _gpu_summary(by: dict, g: GpuReader) -> dict:
     """Mean utilization, peak memory and which power reading one GPU had."""
     util, mem = by.get((g.source, "util_pct")), by.get((g.source, "mem_mb"))
     return {"util_mean": _mean(util) if util else None, "mem_mb_max": max(x.value for x in mem) if mem else None,
@@ -272,15 +277,17 @@ def _gpu_summary(by: dict, g: "NvmlGpu") -> dict:
             "util_field": g.util_field() if util else None}
 
 
-def availability(nvml=None, rapl_root: Path = DEFAULT_ROOT) -> dict:
-    """What the sampler can measure on this machine: {"gpus": n, "rapl_zones": {...}, "unavailable": {...}}.
+def availability(nvml=None, rapl_root: Path = DEFAULT_ROOT, amdsmi=None) -> dict:
+    """What the sampler can measure on this machine: {"gpus": n, "gpu_library": "NVML" |
+    "amdsmi" | None, "rapl_zones": {...}, "unavailable": {...}}.
 
     Recorded in every run's environment, so a report can say why power or energy is missing.
     """
     unavailable: dict[str, str] = {}
-    opened = open_nvml(nvml, unavailable)
+    gpus = open_gpus(unavailable, None, nvml, amdsmi)
     rapl = RaplCounters(rapl_root)
     unavailable.update(rapl.unavailable)
-    return {"gpus": len(opened[1]) if opened else 0, "rapl_zones": rapl.names(), "unavailable": unavailable}
+    return {"gpus": len(gpus), "gpu_library": gpus[0].library if gpus else None, "rapl_zones": rapl.names(),
+            "unavailable": unavailable}
 
 

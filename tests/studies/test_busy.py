@@ -68,7 +68,8 @@ def test_a_cpu_run_shows_the_cpu_and_a_gpu_run_never_does():
     assert busy_text(b).startswith("CPU busy 47% (training 90% ")
     none = busy(cpu, ITERATIONS, EVALS, 18.0, "cuda:0")  # NVML missing: the CPU's share is not the GPU's
     assert (none["device"], none["tta %"], none["tta samples"]) == (None, None, 0)
-    assert none["note"] == "no NVML utilization samples" and busy_text(none) == "busy: no NVML utilization samples"
+    why = "no GPU utilization samples (NVML or amdsmi)"
+    assert none["note"] == why and busy_text(none) == f"busy: {why}"
     assert device_of([], "cpu") == (None, "no CPU utilization samples")
     # a CPU run on a machine with GPUs: its sampler saw them idle; its share is the CPU's
     assert device_of(cpu + _samples(POINTS), "cpu") == (("CPU", "util_machine_pct"), None)

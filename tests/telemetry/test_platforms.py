@@ -10,7 +10,7 @@ from speechperf.config import ConfigError, platform_names
 from speechperf.telemetry import platforms as P
 
 GPU_PROFILES = {"h100-sxm", "h100-pcie", "h200", "a100-40gb-sxm", "a100-80gb-sxm", "a100-80gb-pcie", "l40s", "l4",
-                "rtx-4090", "mi300x"}
+                "rtx-4090", "mi300x", "mi325x", "mi355x"}
 
 
 def env(gpu: str | None = None, n: int = 1, **extra) -> dict:
@@ -65,6 +65,7 @@ def test_no_two_profiles_match_the_same_gpu_model_and_count():
     ("NVIDIA A100 80GB PCIe", 1, "a100-80gb-pcie", 1.79),
     ("NVIDIA L4", 2, "l4", 2 * 0.7992),
     ("AMD Instinct MI300X", 1, "mi300x", 2.59),
+    ("AMD Instinct MI325X", 8, "mi325x", 8 * 1.95),
 ])
 def test_the_environment_picks_the_profile_and_the_count_scales_it(gpu, n, key, rate):
     p = P.of_run(env(gpu, n))
@@ -182,6 +183,17 @@ def test_a_shipped_profile_needs_a_source(tmp_path, monkeypatch):
                                          'hourly_date = "2026-11"\n')
     with pytest.raises(ConfigError, match="no hourly_source"):
         P.load("nosrc")
+
+
+def test_amd_instinct_runs_are_matched_to_their_profiles_and_peaks():
+    """ROCm's torch names the GPU by its marketing name; the MI355X has no tf32 peak (CDNA 4 has
+    no TF32 unit) and no dated price: it is matched, and says what is missing."""
+    p = P.of_run(env("AMD Instinct MI355X", 8))
+    assert p.key == "mi355x" and p.gpus == 8 and not p.priced and "no dated hourly" in p.note
+    assert P.price_performance(12.0, p)["cost to accuracy $"] is None
+    assert P.gpu_peak_tflops("AMD Instinct MI355X", "bf16")[0] == 2516.6
+    assert P.gpu_peak_tflops("AMD Instinct MI355X", "tf32") == (None, "platform profile 'mi355x' has no dense tf32 peak")
+    assert P.gpu_peak_tflops("AMD Instinct MI325X", "bf16")[0] == P.gpu_peak_tflops("AMD Instinct MI300X", "bf16")[0]
 
 
 def test_gpu_profiles_carry_dated_dense_peaks(tmp_path, monkeypatch):

@@ -243,8 +243,8 @@ def test_no_nvml_and_unreadable_rapl_are_recorded(tmp_path):
     zone = tmp_path / "intel-rapl:0"
     zone.mkdir()
     (zone / "energy_uj").write_text("not a number")
-    s = Sampler(config=SamplerConfig(), nvml=SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(OSError("no driver"))),
-                rapl_root=tmp_path)
+    fails = SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(OSError("no driver")))
+    s = Sampler(config=SamplerConfig(), nvml=fails, amdsmi=SimpleNamespace(), rapl_root=tmp_path)
     with s:
         time.sleep(0.05)
     un = s.summary()["unavailable"]
@@ -307,8 +307,9 @@ def test_availability_is_recorded_in_the_environment():
     from speechperf.telemetry.sampler import availability
 
     env = capture_env("cpu")
-    assert set(env["telemetry"]) == {"gpus", "rapl_zones", "unavailable"}
-    assert availability(nvml=FakeNVML(), rapl_root=Path("/nonexistent"))["gpus"] == 2
+    assert set(env["telemetry"]) == {"gpus", "gpu_library", "rapl_zones", "unavailable"}
+    got = availability(nvml=FakeNVML(), rapl_root=Path("/nonexistent"))
+    assert got["gpus"] == 2 and got["gpu_library"] == "NVML"
 
 
 def test_environment_is_recorded():

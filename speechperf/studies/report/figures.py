@@ -153,11 +153,11 @@ def _windowed(its: list[dict], amount: str) -> tuple[list[float], list[float]]:
 
 
 def power_over_time(runs: list[dict], path: Path) -> tuple[Path | None, str]:
-    """Power per source over time: GPUs from NVML (instant or averaged reading), CPU packages and
+    """Power per source over time: GPUs from NVML or amdsmi (instant or averaged reading), CPU packages and
     DRAM from the differences of the RAPL energy counters."""
     have = [r for r in runs if any(s["metric"] in ("power_w", "power_avg_w", "energy_j") for s in r["samples"])]
     if not have:
-        return None, "no run measured power (no NVML GPU, no readable RAPL counter)"
+        return None, "no run measured power (no NVML or amdsmi GPU, no readable RAPL counter)"
     fig, axes = plt.subplots(len(have), 1, figsize=(12, 2.6 * len(have)), squeeze=False)
     for ax, r in zip(axes[:, 0], have):
         for source, label, (t, watts) in _power_series(r["samples"]):

@@ -91,9 +91,10 @@ def power_section(ctx: Context) -> Section:
                for src, why in sorted(r["env"].get("telemetry", {}).get("unavailable", {}).items())]
     not_recorded = [r["label"] for r in ctx.runs if "telemetry" not in r["env"]]
     blocks = [_figure(ctx, figures.power_over_time, "power.png",
-                      "GPU power from NVML (dashed; instant field where the driver has it, else its averaged "
-                      "reading), CPU package and DRAM from RAPL energy counters (solid)."),
-              Table("energy.csv", energy, "no run measured power or energy (no NVML GPU, no readable RAPL counter); "
+                      "GPU power from NVML or, on AMD GPUs, amdsmi (dashed; instant reading where the driver "
+                      "has it, else its averaged reading), CPU package and DRAM from RAPL energy counters (solid)."),
+              Table("energy.csv", energy, "no run measured power or energy (no NVML or amdsmi GPU, no readable RAPL "
+                                          "counter); "
                                           "nothing is estimated from TDP"),
               Table("unavailable.csv", missing) if missing else Note("Every power source was available.")]
     if not_recorded:
@@ -142,7 +143,7 @@ def time_parts_section(ctx: Context) -> Section:
              "costs what the hardware costs). In each bar's label, how busy the "
              "accelerator was (studies/busy.py): the mean of its recorded utilization samples over that time, inside "
              "its training phases (an epoch's first step to its evaluation) and inside its evaluations, with the "
-             "sample count; a GPU's is NVML's utilization (a kernel running), a CPU run's the CPU seconds of its "
+             "sample count; a GPU's is NVML's utilization (a kernel running) or amdsmi's gfx_activity, a CPU run's the CPU seconds of its "
              "processes in % of the machine's cores. The table's 'decode' columns: the evaluations' decode "
              "threads, their rate (valid frames per thread-second inside the decoder) and the share of a core each "
              "had (under 100%: they waited for cores or the GIL; empty for runs that did not record it)."),

@@ -88,7 +88,7 @@ def test_tables_5_and_3(full_report):
 
 def test_run_without_gpu_or_rapl_says_so(recorded_runs, tmp_path):
     page = build_report([recorded_runs["cpu-seed1"]], tmp_path / "rep").read_text()
-    assert re.search(r"Not shown \(GPU power[^)]*\)[^:]*: no run measured power \(no NVML GPU, no readable RAPL counter\)", page)
+    assert re.search(r"Not shown \(GPU power[^)]*\)[^:]*: no run measured power \(no NVML or amdsmi GPU, no readable RAPL counter\)", page)
     assert "Not measured: no run measured power or energy" in page
     assert "NVMLError_LibraryNotFound" in page and "no RAPL zones under /sys/class/powercap" in page
     assert "Not measured: no beam sweep was run" in page
