@@ -21,5 +21,7 @@ lint-imports
 # each worker's torch, and the subprocesses it starts, use cores / N threads (tests/conftest.py;
 # an OMP_NUM_THREADS set here is kept): on 16 cores, -n 8 gives each worker 2 threads.
 # --durations: the 20 slowest cases at the end (the suite aims at ~15 minutes on 2 cores).
-# Arguments after the script's name go to pytest (-n 0: one process).
+# Arguments after the script's name go to pytest (-n 0: one process). --fast: the fast tier for
+# the edit-test loop, every test but those that start a process or train a whole run
+# (tests/tiers.py marks them at collection); CI and the README run everything.
 python -m pytest -q -n 2 --dist worksteal --durations=20 "$@"

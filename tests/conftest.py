@@ -39,11 +39,28 @@ def _share_the_cores() -> None:
 _share_the_cores()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="the fast tier: no test that starts a process or trains a whole run (tests/tiers.py)")
+
+
 def pytest_collection_modifyitems(config, items):
+    from tests.tiers import mark_tiers
+
+    mark_tiers(config, items)
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in items:
         if item.get_closest_marker("cuda") is not None and not HAS_CUDA:
             item.add_marker(skip)
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request, monkeypatch):
+    """Under --fast, a test that starts a process fails, naming itself (tests/tiers.py)."""
+    if request.config.getoption("fast"):
+        from tests.tiers import refuse_processes
+
+        refuse_processes(monkeypatch, request.node.nodeid)
+
 
 @pytest.fixture(autouse=True)
 def _a_machine_without_gpu(request, monkeypatch):
