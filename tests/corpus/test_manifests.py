@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
-from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+from lhotse import CutSet, MonoCut, MultiCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
 
 from speechperf.corpus.librispeech import read_audio
 from speechperf.corpus.manifests import ManifestError, split_manifests
@@ -100,6 +100,17 @@ def _refusal(tmp_path, case):
         c = _cut(rec, "a", 0, 2)
         c.supervisions.append(SupervisionSegment("a-t", "talk", start=1, duration=1, text="MORE"))
         return _write(tmp_path, [c]), "cut a: 2 supervisions"
+    if case == "no supervision":
+        c = _cut(rec, "a", 0, 1)
+        c.supervisions.clear()
+        return _write(tmp_path, [c]), "cut a: 0 supervisions"
+    if case == "multi-channel":
+        stereo = _long_recording(tmp_path, channels=2)
+        sup = SupervisionSegment("m-s", "talk", 0, 1, text="HI", channel=[0, 1])
+        return (_write(tmp_path, [MultiCut("m", 0, 1, [0, 1], recording=stereo, supervisions=[sup])]),
+                "cut m: a multi-channel cut (channels [0, 1])")
+    if case == "mixed":
+        return _write(tmp_path, [_cut(rec, "a", 0, 1).pad(duration=2.0)]), "a MixedCut"
     if case == "transforms":
         return _write(tmp_path, [_cut(rec, "a", 0, 1).resample(8000)]), "cut a: recording talk has transforms (Resample)"
     if case == "url":
@@ -111,7 +122,7 @@ def _refusal(tmp_path, case):
 
 
 CASES = ["missing file", "unknown format", "not lhotse", "no text", "missing audio", "two supervisions",
-         "transforms", "url", "duplicate id"]
+         "no supervision", "multi-channel", "mixed", "transforms", "url", "duplicate id"]
 
 
 @pytest.mark.parametrize("case", CASES)
