@@ -151,7 +151,7 @@ def read_audio(path: Path, expected_sr: int = 16000, start: int = 0, samples: in
         raise AudioError(path, "sample_rate", f"sample rate {sr} Hz, expected {expected_sr} Hz (resample the corpus)")
     if channel is not None and channel >= audio.shape[1]:
         raise AudioError(path, "channel", f"no channel {channel} (the file has {audio.shape[1]})")
-    # a mono file's one column as it is: the mean of one float32 column is not bitwise itself
+    # the requested column, else every channel's mean (a mono file's one column taken as it is, not averaged)
     audio = audio[:, channel] if channel is not None else audio[:, 0] if audio.shape[1] == 1 else audio.mean(axis=1)
     if samples >= 0 and len(audio) != samples:
         audio = _fit_segment(path, audio, samples, expected_sr)

@@ -149,3 +149,19 @@ def test_without_lhotse_the_refusal_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "lhotse.serialization", None)  # import fails as if not installed
     with pytest.raises(ManifestError, match=r"needs lhotse .*pip install 'speechperf\[lhotse\]'"):
         split_manifests([("train", tmp_path / "cuts.jsonl.gz")])
+
+
+def test_a_segment_past_the_files_end_or_a_missing_channel_is_an_audio_problem(tmp_path):
+    from speechperf.corpus.librispeech import AudioError
+
+    rec = _long_recording(tmp_path)
+    _write(tmp_path, [_cut(rec, "a", 2.5, 0.6)])
+    rec.sources[0].channels = [0, 1]  # a manifest that says the mono file has two channels
+    _write(tmp_path, [_cut(rec, "b", 0, 1, channel=1)], name="two.jsonl.gz")
+    (late,), _ = _utterances(tmp_path / "cuts.jsonl.gz")
+    with pytest.raises(AudioError) as e:  # 100 ms short: past lhotse's 25 ms tolerance too
+        _read(late)
+    assert e.value.kind == "segment_past_end" and "talk.flac" in str(e.value)
+    (wrong,), _ = _utterances(tmp_path / "two.jsonl.gz")
+    with pytest.raises(AudioError, match="no channel 1 .the file has 1."):
+        _read(wrong)
