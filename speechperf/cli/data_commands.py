@@ -2,6 +2,7 @@
 ``lm build``; each one's arguments declared right above it."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from speechperf.cli.parsing import Command, csv_list
@@ -56,10 +57,24 @@ def cmd_corpus_fetch(a) -> int:
     return 0
 
 
+def _split_manifest(text: str) -> tuple[str, Path]:
+    """``SPLIT=PATH`` of ``--manifest``."""
+    split, sep, path = text.partition("=")
+    if not sep or not split or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not SPLIT=PATH (e.g. train=cuts_train.jsonl.gz)")
+    return split, Path(path)
+
+
 def _prepare_args(sp) -> None:
-    sp.add_argument("corpus")
-    sp.add_argument("out")
+    sp.add_argument("corpus", nargs="?", default=None,
+                    help="corpus folder in the LibriSpeech layout (leave it out with --manifest)")
+    sp.add_argument("out", metavar="feats", help="features folder to write")
     sp.add_argument("--splits", type=csv_list(), default=None, help="splits to prepare (default: all found)")
+    sp.add_argument("--manifest", action="append", type=_split_manifest, default=None, metavar="SPLIT=PATH",
+                    help="a lhotse manifest (.jsonl or .jsonl.gz) of split SPLIT, instead of CORPUS: a CutSet, or a "
+                         "RecordingSet and a SupervisionSet (the option twice); repeat per split. Name the splits "
+                         "as training reads them: train* (trained together), dev-clean (validation), test-clean. "
+                         "Needs the lhotse extra")
     sp.add_argument("--workers", type=int, default=0, help="CPU worker processes (0: one per core)")
     sp.add_argument("--raw", action="store_true",
                     help="store the shards' arrays uncompressed: 1.2x the disk, about half a loader reader's CPU "
@@ -74,8 +89,8 @@ def cmd_prepare(a) -> int:
     from speechperf.features.feature_config import FeatureConfig
     from speechperf.features.prepare import prepare
 
-    summary = prepare(Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json,
-                      recompute_stats=a.recompute_stats, config=FeatureConfig(compress=not a.raw))
+    summary = prepare(a.corpus and Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json,
+                      recompute_stats=a.recompute_stats, config=FeatureConfig(compress=not a.raw), manifests=a.manifest)
     emit(summary["splits"], a.json)
     return 0
 

@@ -46,6 +46,17 @@ class Utterance:
     chapter: str
     audio_path: Path
     transcript: str  # normalized: lower case, alphabet only
+    # A segment of a longer file (a lhotse manifest's cut, corpus/manifests.py); LibriSpeech
+    # reads the whole file, every channel averaged.
+    start: int = 0  # first sample
+    samples: int = -1  # samples to read (-1: to the end of the file)
+    channel: int | None = None  # column of the file to read (None: the mean of its channels)
+    cut: str = ""  # "MANIFEST: cut ID", naming it in problems ("": a LibriSpeech file, its path names it)
+
+    @property
+    def where(self) -> str:
+        """What a problem with this utterance names: its audio file, or its manifest and cut."""
+        return self.cut or str(self.audio_path)
 
 
 @dataclass(frozen=True)
@@ -125,23 +136,43 @@ def _scan_chapter(folder: Path, split: str, result: ScanResult) -> None:
             result.problems.append(Problem(path, "missing_transcript", f"{path}: no line for {uid} in {trans.name}"))
 
 
-def read_audio(path: Path, expected_sr: int = 16000) -> np.ndarray:
-    """Mono float32 samples; AudioError (naming the file) if unreadable, truncated or of another rate."""
+def read_audio(path: Path, expected_sr: int = 16000, start: int = 0, samples: int = -1,
+               channel: int | None = None) -> np.ndarray:
+    """Mono float32 samples (``samples`` from sample ``start``: a cut's segment; column ``channel``
+    or the mean of the channels); AudioError (naming the file) if unreadable, truncated or of
+    another rate."""
     import soundfile as sf
 
     try:
-        audio, sr = sf.read(str(path), dtype="float32", always_2d=False)
+        audio, sr = sf.read(str(path), start=start, frames=samples, dtype="float32", always_2d=True)
     except Exception as e:  # libsndfile raises its own error type, RuntimeError or EOF errors
         raise AudioError(path, "unreadable_audio", f"cannot decode audio ({type(e).__name__}: {e})") from e
     if sr != expected_sr:
         raise AudioError(path, "sample_rate", f"sample rate {sr} Hz, expected {expected_sr} Hz (resample the corpus)")
-    if audio.ndim > 1:
-        audio = audio.mean(axis=1)
+    if channel is not None and channel >= audio.shape[1]:
+        raise AudioError(path, "channel", f"no channel {channel} (the file has {audio.shape[1]})")
+    # the requested column, else every channel's mean (a mono file's one column taken as it is, not averaged)
+    audio = audio[:, channel] if channel is not None else audio[:, 0] if audio.shape[1] == 1 else audio.mean(axis=1)
+    if samples >= 0 and len(audio) != samples:
+        audio = _fit_segment(path, audio, samples, expected_sr)
     if audio.size == 0:
         raise AudioError(path, "empty_audio", "no samples")
     if not np.isfinite(audio).all():
         raise AudioError(path, "unreadable_audio", "non-finite samples")
     return audio
+
+
+SEGMENT_TOLERANCE_S = 0.025  # lhotse's default duration mismatch tolerance (LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE)
+
+
+def _fit_segment(path: Path, audio: np.ndarray, samples: int, sr: int) -> np.ndarray:
+    """A segment the file ends inside of: completed as lhotse does (reflected) when at most its
+    tolerance short, an AudioError otherwise, so a cut's samples equal lhotse's own loading."""
+    short = samples - len(audio)
+    if short > int(np.ceil(SEGMENT_TOLERANCE_S * sr)) or short >= len(audio):
+        raise AudioError(path, "segment_past_end", f"the segment needs {samples} samples, the file holds {len(audio)} "
+                                                   f"from its start")
+    return np.pad(audio, (0, short), mode="reflect")
 
 
 def check_corpus(root: Path, splits: list[str] | None = None) -> list[dict]:

@@ -1,4 +1,5 @@
-"""``speechperf prepare CORPUS FEATS``: features of every split into shards, once.
+"""``speechperf prepare CORPUS FEATS`` (or ``prepare FEATS --manifest SPLIT=PATH``, lhotse
+manifests: corpus/manifests.py): features of every split into shards, once.
 
 Parallel over CPU worker processes (one spawn pool for every split, one shard per task,
 one torch thread per worker), resumable (a shard whose ``.json`` exists is done and
@@ -31,6 +32,7 @@ import numpy as np
 
 from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_splits, is_train_split, iter_split,
                                           read_audio)
+from speechperf.corpus.manifests import SplitManifests, split_manifests
 from speechperf.errors import SpeechperfError
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.index_stream import write_index
@@ -39,24 +41,27 @@ from speechperf.features.shards import (ShardError, as_stored, file_sha256, load
 from speechperf.features.stats import refuse_change, write_stats
 
 
-def prepare(corpus: Path, out: Path, splits: list[str] | None = None, workers: int = 0, progress: bool = True,
-            config: FeatureConfig = FeatureConfig(), recompute_stats: bool = False) -> dict:
-    """Prepare (or complete) ``out`` from ``corpus``; returns {"splits": rows}. ``stats.json``
-    is kept as it is unless ``recompute_stats`` (a new training split is refused without it)."""
-    corpus, out = Path(corpus), Path(out)
+def prepare(corpus: Path | None, out: Path, splits: list[str] | None = None, workers: int = 0, progress: bool = True,
+            config: FeatureConfig = FeatureConfig(), recompute_stats: bool = False,
+            manifests: list[tuple[str, Path]] | None = None) -> dict:
+    """Prepare (or complete) ``out`` from ``corpus`` (the LibriSpeech layout) or from
+    ``manifests`` ((split, lhotse manifest) pairs, corpus/manifests.py); returns {"splits": rows}.
+    ``stats.json`` is kept as it is unless ``recompute_stats`` (a new training split is refused
+    without it)."""
+    out = Path(out)
+    sources = _sources(corpus, splits, manifests)  # before any file is written
     _check_config(out, config)
-    splits = splits or find_splits(corpus)
-    if not splits:
-        raise SpeechperfError(f"no split with *.trans.txt files under {corpus}")
-    refuse_change(out, [s for s in splits if is_train_split(s)], recompute_stats)  # before any work
+    refuse_change(out, [s.split for s in sources if is_train_split(s.split)], recompute_stats)  # before any work
     rows, sums, problems, t0 = [], {}, {}, time.perf_counter()
     with _Workers(workers or os.cpu_count() or 1) as pool:
-        for split in splits:
-            row, sums[split], problems[split] = _prepare_split(corpus, out, split, pool, progress, config)
+        for source in sources:
+            row, sums[source.split], problems[source.split] = _prepare_split(source, out, pool, progress, config)
             rows.append(row)
     write_stats(out, _prepared_train_splits(out), recompute_stats, sums)
     rebuilt = {r["split"]: r.pop("rebuilt") for r in rows if r.get("rebuilt")}
-    write_json(out / "prepare.json", {"corpus": str(corpus), "seconds": time.perf_counter() - t0, "splits": rows,
+    write_json(out / "prepare.json", {"corpus": None if corpus is None else str(corpus),
+                                      "manifests": _manifest_record(out, sources),
+                                      "seconds": time.perf_counter() - t0, "splits": rows,
                                       "problems": problems, "rebuilt": rebuilt})
     if progress:
         for split, probs in problems.items():
@@ -65,6 +70,52 @@ def prepare(corpus: Path, out: Path, splits: list[str] | None = None, workers: i
             if len(probs) > 20:
                 print(f"{split}: ... {len(probs) - 20} more problems in {out / 'prepare.json'}")
     return {"splits": rows}
+
+
+class _LibriSpeechSplit:
+    """A split of a LibriSpeech-layout corpus, as manifests.SplitManifests is one of manifests."""
+
+    def __init__(self, corpus: Path, split: str):
+        self.corpus, self.split = corpus, split
+
+    def utterances(self, problems: list[Problem]):
+        """The split a chapter at a time: the parent never holds it (960 h: 281,241 utterances)."""
+        return iter_split(self.corpus, self.split, problems)
+
+    def estimate(self) -> int:
+        """Utterances if every transcript line is usable (an upper bound, for the progress bar)."""
+        lines = 0
+        for trans in (self.corpus / self.split).glob("*/*/*.trans.txt"):
+            with open(trans, encoding="utf-8", errors="replace") as f:
+                lines += sum(1 for line in f if line.strip())
+        return lines
+
+
+def _sources(corpus: Path | None, splits: list[str] | None, manifests: list[tuple[str, Path]] | None) -> list:
+    """What each split is read from: the corpus's folders, or the manifests (never both)."""
+    if manifests:
+        if corpus is not None or splits:
+            raise SpeechperfError("prepare reads either a corpus folder (CORPUS, --splits) or lhotse manifests "
+                                  "(--manifest SPLIT=PATH), not both")
+        return split_manifests(manifests)
+    if corpus is None:
+        raise SpeechperfError("prepare needs a corpus folder (CORPUS) or lhotse manifests (--manifest SPLIT=PATH)")
+    corpus = Path(corpus)
+    splits = splits or find_splits(corpus)
+    if not splits:
+        raise SpeechperfError(f"no split with *.trans.txt files under {corpus}")
+    return [_LibriSpeechSplit(corpus, split) for split in splits]
+
+
+def _manifest_record(out: Path, sources: list) -> dict:
+    """prepare.json's {split: [manifest files]}: this call's, and those an earlier call recorded
+    for other splits (the repair command of each split names its own manifests)."""
+    try:
+        record = json.loads((out / "prepare.json").read_text()).get("manifests") or {}
+    except (OSError, ValueError, AttributeError):
+        record = {}
+    record = {k: v for k, v in record.items() if k not in {s.split for s in sources}}
+    return {**record, **{s.split: [str(p) for p in s.files] for s in sources if isinstance(s, SplitManifests)}}
 
 
 def _check_config(out: Path, config: FeatureConfig) -> None:
@@ -100,12 +151,13 @@ def made_with() -> dict:
             "cap": {var: os.environ[var] for var in CAP_VARS if os.environ.get(var)}}
 
 
-def _prepare_split(corpus, out, split, pool: "_Workers", progress, config) -> tuple[dict, dict | None, list[dict]]:
+def _prepare_split(source, out, pool: "_Workers", progress, config) -> tuple[dict, dict | None, list[dict]]:
     """(row, feature sums, problems) of ``split``, prepared or completed (a finished and intact
     split is only read). Memory is bounded by a shard, not the split: the scan streams into
     the pool (see _Shards) and the index is written one sidecar at a time (index_stream.py)."""
     from tqdm import tqdm
 
+    split = source.split
     split_dir = out / split
     rebuilt, index = _damaged(split_dir)
     if index is not None:  # finished and intact: read once (98 MB of JSON at 960 h), not again
@@ -115,7 +167,7 @@ def _prepare_split(corpus, out, split, pool: "_Workers", progress, config) -> tu
     split_dir.mkdir(parents=True, exist_ok=True)
     for stale in split_dir.glob(".*.tmp"):  # a killed run's half-written file (atomic_write's temporary)
         stale.unlink(missing_ok=True)
-    shards = _Shards(corpus, split, split_dir, config)
+    shards = _Shards(source, split_dir, config)
     todo = shards.todo()
     first = next(todo, None)  # a split whose shards are all done (killed while indexing) starts no pool
     if first is not None:
@@ -153,28 +205,24 @@ class _Workers:
 
 class _Shards:
     """A split's shards as tasks, made while the pool works: the corpus is scanned a chapter
-    at a time, so the parent never holds the split's utterances (960 h: 281,241). ``count``
-    and ``problems`` are complete once ``todo()`` is exhausted."""
+    (a manifest line) at a time, so the parent never holds the split's utterances (960 h:
+    281,241). ``count`` and ``problems`` are complete once ``todo()`` is exhausted."""
 
-    def __init__(self, corpus: Path, split: str, split_dir: Path, config: FeatureConfig):
-        self.corpus, self.split, self.split_dir, self.config = corpus, split, split_dir, config
+    def __init__(self, source, split_dir: Path, config: FeatureConfig):
+        self.source, self.split_dir, self.config = source, split_dir, config
         self.count, self.problems = 0, []
 
     def todo(self):
         """(split_dir, k, utterances, config) of every shard k without a sidecar, in order."""
-        utts = iter_split(self.corpus, self.split, self.problems)
+        utts = self.source.utterances(self.problems)
         while chunk := list(itertools.islice(utts, self.config.utts_per_shard)):
             k, self.count = self.count, self.count + 1
             if not (self.split_dir / f"{shard_name(k)}.json").exists():
                 yield self.split_dir, k, chunk, self.config
 
     def estimate(self) -> int:
-        """Shards if every transcript line is usable (an upper bound, for the progress bar)."""
-        lines = 0
-        for trans in (self.corpus / self.split).glob("*/*/*.trans.txt"):
-            with open(trans, encoding="utf-8", errors="replace") as f:
-                lines += sum(1 for line in f if line.strip())
-        return -(-lines // self.config.utts_per_shard)
+        """Shards if every utterance is usable (an upper bound, for the progress bar)."""
+        return -(-self.source.estimate() // self.config.utts_per_shard)
 
 
 def _worker_init(parent: int) -> None:
@@ -228,16 +276,16 @@ def _shard_task(task) -> str:
     problems: list[dict] = []
     for u in utts:
         try:
-            audio = read_audio(u.audio_path, cfg.sample_rate)
-        except AudioError as e:
-            problems.append(Problem(e.path, e.kind, str(e)).to_dict())
+            audio = read_audio(u.audio_path, cfg.sample_rate, u.start, u.samples, u.channel)
+        except AudioError as e:  # a manifest's cut named beside its file: a file may hold many cuts
+            problems.append(Problem(e.path, e.kind, f"{u.cut}: {e}" if u.cut else str(e)).to_dict())
             continue
         seconds = len(audio) / cfg.sample_rate
         if seconds > cfg.max_seconds:
-            problems.append(Problem(u.audio_path, "too_long", f"{u.audio_path}: {seconds:.2f} s > {cfg.max_seconds} s").to_dict())
+            problems.append(Problem(u.audio_path, "too_long", f"{u.where}: {seconds:.2f} s > {cfg.max_seconds} s").to_dict())
         elif frame_count(len(audio), cfg) < cfg.min_frames:
             problems.append(Problem(u.audio_path, "too_short",
-                                    f"{u.audio_path}: {frame_count(len(audio), cfg)} frames < {cfg.min_frames}").to_dict())
+                                    f"{u.where}: {frame_count(len(audio), cfg)} frames < {cfg.min_frames}").to_dict())
         else:
             kept.append((u, audio))
     feats = extract_batch([a for _, a in kept], cfg) if kept else []

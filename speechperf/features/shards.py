@@ -65,12 +65,19 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
-def _recorded_corpus(feats: Path) -> str | None:
-    """The corpus folder ``prepare`` read, as ``FEATS/prepare.json`` records it (None: no such record)."""
+def _recorded(feats: Path, key: str):
+    """``FEATS/prepare.json``'s ``key`` (None: no such record)."""
     try:
-        return str(json.loads((Path(feats) / "prepare.json").read_text())["corpus"])
+        return json.loads((Path(feats) / "prepare.json").read_text())[key]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _recorded_corpus(feats: Path) -> str | None:
+    """The corpus folder ``prepare`` read, as ``FEATS/prepare.json`` records it (None: no such
+    record, or the splits came from lhotse manifests)."""
+    corpus = _recorded(feats, "corpus")
+    return None if corpus is None else str(corpus)
 
 
 def _corpus_of(feats: Path) -> Path | None:
@@ -82,6 +89,10 @@ def _corpus_of(feats: Path) -> Path | None:
 def repair_command(split_dir: Path) -> str:
     """The command that rebuilds ``split_dir``'s missing or damaged shards and index."""
     split_dir = Path(split_dir)
+    manifests = _recorded(split_dir.parent, "manifests")
+    if isinstance(manifests, dict) and isinstance(manifests.get(split_dir.name), list):  # prepared from lhotse's
+        named = " ".join(f"--manifest {split_dir.name}={m}" for m in manifests[split_dir.name])
+        return f"speechperf prepare {split_dir.parent} {named}"
     corpus = _recorded_corpus(split_dir.parent) or "CORPUS"  # prepare.json lost too: the user knows where it is
     return f"speechperf prepare {corpus} {split_dir.parent} --splits {split_dir.name}"
 
