@@ -140,3 +140,28 @@ def test_config_is_flattened_to_dotted_names():
 
 def test_export_error_is_bad_input():
     assert ExportError("x").exit_code == 2
+
+
+def test_a_run_still_training_exports_its_rows_so_far_and_stays_running_in_mlflow(tiny_run, tmp_path, monkeypatch):
+    import shutil
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    from speechperf.studies.export.exporter import export_runs
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_run, partial)
+    (partial / "summary.json").unlink()  # no summary: not finished
+    with sqlite3.connect(partial / "results.db") as db:  # as the loop leaves it mid-run
+        db.execute("UPDATE runs SET status = 'running'")
+        db.execute("DELETE FROM evals WHERE epoch > 1 OR final = 1")
+    uri = f"file:{tmp_path / 'mlruns'}"
+    (row,) = export_runs([partial], mlflow=uri, report=False, targets=f"{TARGET:g}", epochs=EPOCHS)
+    assert row["to"] == "mlflow" and row["replaced"] is False
+    client = MlflowClient(tracking_uri=uri)
+    (found,) = client.search_runs([client.get_experiment_by_name("speechperf").experiment_id])
+    assert found.info.status == "RUNNING" and found.data.tags["status"] == "running"
+    assert [m.step for m in client.get_metric_history(found.info.run_id, f"valid/{metric.DEFAULT_TARGET}")] == [1]
+    assert not [k for k in found.data.metrics if k.startswith("final/")]
