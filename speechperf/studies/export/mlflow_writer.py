@@ -13,6 +13,7 @@ which full ``mlflow`` brings); a tracking server (``http://``) needs nothing mor
 """
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,7 +86,8 @@ def log_run(client, exp_id: str, series: RunSeries, report: Path | None) -> str:
     run = client.create_run(exp_id, run_name=series.label, start_time=ms(series.started_at),
                             tags={**tags, RUN_ID_TAG: series.run_id})
     rid = run.info.run_id
-    params = [Param(safe_name(k), str(v)) for k, v in series.params.items()]
+    # values as config.json spells them (true, not Python's True)
+    params = [Param(safe_name(k), v if isinstance(v, str) else json.dumps(v)) for k, v in series.params.items()]
     for i in range(0, len(params), PARAMS_PER_CALL):
         client.log_batch(rid, params=params[i:i + PARAMS_PER_CALL])
     end = series.started_at + max((p.clock_s for p in series.points if p.clock_s is not None), default=0.0)
