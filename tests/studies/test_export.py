@@ -165,3 +165,20 @@ def test_a_run_still_training_exports_its_rows_so_far_and_stays_running_in_mlflo
     assert found.info.status == "RUNNING" and found.data.tags["status"] == "running"
     assert [m.step for m in client.get_metric_history(found.info.run_id, f"valid/{metric.DEFAULT_TARGET}")] == [1]
     assert not [k for k in found.data.metrics if k.startswith("final/")]
+
+
+def test_an_unusable_mlflow_uri_or_deleted_experiment_refuses_before_tensorboard_gets_anything(tiny_run, tmp_path,
+                                                                                               monkeypatch, capsys):
+    from mlflow import MlflowClient
+
+    tb = tmp_path / "tb"
+    assert main(["export", str(tiny_run), "--tensorboard", str(tb), "--mlflow", "bogus://x"]) == 2
+    assert "MLflow at 'bogus://x'" in capsys.readouterr().err
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file:{tmp_path / 'mlruns'}"
+    client = MlflowClient(tracking_uri=uri)
+    client.delete_experiment(client.create_experiment("gone"))
+    assert main(["export", str(tiny_run), "--tensorboard", str(tb), "--mlflow", uri, "--experiment", "gone"]) == 2
+    err = capsys.readouterr().err
+    assert "'gone'" in err and "is deleted" in err
+    assert not list(tb.rglob("events.out.tfevents.*"))

@@ -38,22 +38,23 @@ def export_runs(runs: Sequence[Path], tensorboard: Path | None = None, mlflow: s
     if mlflow is not None:
         mlflow_writer.require()
     every = [collect(Path(r), metric, targets, epochs, sample_s) for r in runs]  # all read before any is written
+    opened = mlflow_writer.Experiment(mlflow, experiment) if mlflow is not None else None  # a bad URI: nothing written
     rows = []
     for series in every:
         if tensorboard is not None:
             rows.append(tensorboard_writer.write(series, Path(tensorboard)))
-        if mlflow is not None:
-            rows.append(to_mlflow(series, mlflow, experiment, report, metric, targets))
+        if opened is not None:
+            rows.append(to_mlflow(series, opened, report, metric, targets))
     return rows
 
 
-def to_mlflow(series, uri: str, experiment: str, report: bool, metric: str, targets) -> dict:
+def to_mlflow(series, experiment: mlflow_writer.Experiment, report: bool, metric: str, targets) -> dict:
     """The MLflow run of ``series``, its report built for it alone into a folder that goes once logged."""
     if not report:
-        return mlflow_writer.write(series, uri, experiment, None)
+        return experiment.write(series, None)
     with tempfile.TemporaryDirectory(prefix="speechperf-export-") as tmp:
         build_report([series.folder], Path(tmp), targets=targets, metric=metric)
-        return mlflow_writer.write(series, uri, experiment, Path(tmp))
+        return experiment.write(series, Path(tmp))
 
 
 def check_folder(out: Path) -> None:

@@ -50,24 +50,42 @@ def file_store_allowed(uri: str):
             os.environ.pop(name, None)
 
 
-def write(series: RunSeries, uri: str, experiment: str, report: Path | None) -> dict:
-    """Log ``series`` (and the folder ``report``, as the artifact folder ``report``) as a run of
-    ``experiment`` at ``uri``; returns the row the command prints."""
-    from mlflow import MlflowClient  # here: the extra is optional (require() checked it)
-    from mlflow.exceptions import MlflowException
+class Experiment:
+    """An MLflow experiment at a tracking URI, opened (made where missing) before any run is
+    written, so that an unusable URI refuses the export before TensorBoard gets anything."""
 
-    with file_store_allowed(uri):
-        try:
-            client = MlflowClient(tracking_uri=uri)
-            exp = client.get_experiment_by_name(experiment)
-            exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
-            replaced = delete_earlier(client, exp_id, series.run_id)
-            run_id = log_run(client, exp_id, series, report)
-        except MlflowException as e:
-            raise ExportError(f"MLflow at {uri!r}: {in_words(e)}") from None
-    return {"run": series.label, "to": "mlflow", "where": f"{uri} experiment {experiment!r} run {run_id}",
-            "points": len(series.points), "summary values": len(series.summary), "parameters": len(series.params),
-            "replaced": replaced}
+    def __init__(self, uri: str, name: str):
+        from mlflow import MlflowClient  # here: the extra is optional (require() checked it)
+
+        self.uri, self.name = uri, name
+        with self.calls():
+            self.client = MlflowClient(tracking_uri=uri)
+            exp = self.client.get_experiment_by_name(name)
+            if exp is not None and exp.lifecycle_stage != "active":
+                raise ExportError(f"MLflow experiment {name!r} at {uri!r} is deleted: restore it "
+                                  "(mlflow experiments restore) or name another with --experiment")
+            self.id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+
+    @contextmanager
+    def calls(self):
+        """MLflow's calls: its file store allowed for a file URI, its errors one line (exit 2)."""
+        from mlflow.exceptions import MlflowException
+
+        with file_store_allowed(self.uri):
+            try:
+                yield
+            except MlflowException as e:
+                raise ExportError(f"MLflow at {self.uri!r}: {in_words(e)}") from None
+
+    def write(self, series: RunSeries, report: Path | None) -> dict:
+        """Log ``series`` (and the folder ``report``, as the artifact folder ``report``) as a run of
+        the experiment; returns the row the command prints."""
+        with self.calls():
+            replaced = delete_earlier(self.client, self.id, series.run_id)
+            run_id = log_run(self.client, self.id, series, report)
+        return {"run": series.label, "to": "mlflow", "where": f"{self.uri} experiment {self.name!r} run {run_id}",
+                "points": len(series.points), "summary values": len(series.summary),
+                "parameters": len(series.params), "replaced": replaced}
 
 
 def delete_earlier(client, exp_id: str, run_id: str) -> bool:
