@@ -3,6 +3,7 @@ each tool's own reader (TensorBoard's EventAccumulator, MLflow's client on a fil
 point per epoch per error rate with its interval, the TTA as ``tta`` computes it, the
 configuration as parameters, telemetry, the report; a second export replaces the first."""
 import json
+import time
 
 import pytest
 
@@ -174,6 +175,9 @@ def test_an_unusable_mlflow_uri_or_deleted_experiment_refuses_before_tensorboard
     tb = tmp_path / "tb"
     assert main(["export", str(tiny_run), "--tensorboard", str(tb), "--mlflow", "bogus://x"]) == 2
     assert "MLflow at 'bogus://x'" in capsys.readouterr().err
+    began = time.monotonic()  # a server that does not answer: said within seconds, not MLflow's minutes of retries
+    assert main(["export", str(tiny_run), "--tensorboard", str(tb), "--mlflow", "http://127.0.0.1:9"]) == 2
+    assert "MLflow at 'http://127.0.0.1:9'" in capsys.readouterr().err and time.monotonic() - began < 60
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = f"file:{tmp_path / 'mlruns'}"
     client = MlflowClient(tracking_uri=uri)

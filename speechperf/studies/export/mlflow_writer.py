@@ -37,17 +37,26 @@ def require() -> None:
 
 
 @contextmanager
-def file_store_allowed(uri: str):
-    """MLflow 3's opt-in to its file store, for a ``file:`` URI or a folder only, while the export runs."""
-    name = "MLFLOW_ALLOW_FILE_STORE"
-    before = os.environ.get(name)
-    if urlparse(uri).scheme in ("", "file") and before is None:
-        os.environ[name] = "true"
+def environment(**values: str):
+    """MLflow's settings (environment variables, read at each call) while the block runs; a
+    variable the user set is kept."""
+    added = [name for name in values if name not in os.environ]
+    os.environ.update({name: values[name] for name in added})
     try:
         yield
     finally:
-        if before is None:
+        for name in added:
             os.environ.pop(name, None)
+
+
+def file_store_allowed(uri: str):
+    """MLflow 3's opt-in to its file store, for a ``file:`` URI or a folder only."""
+    return environment(**({"MLFLOW_ALLOW_FILE_STORE": "true"} if urlparse(uri).scheme in ("", "file") else {}))
+
+
+# The first call to a tracking server: MLflow's defaults retry an unreachable one for minutes (7 retries with
+# backoff, 120 s timeouts: still waiting after 200 s here); the export's first call says so within seconds.
+FIRST_CALL = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
 class Experiment:
@@ -60,7 +69,8 @@ class Experiment:
         self.uri, self.name = uri, name
         with self.calls():
             self.client = MlflowClient(tracking_uri=uri)
-            exp = self.client.get_experiment_by_name(name)
+            with environment(**FIRST_CALL):
+                exp = self.client.get_experiment_by_name(name)
             if exp is not None and exp.lifecycle_stage != "active":
                 raise ExportError(f"MLflow experiment {name!r} at {uri!r} is deleted: restore it "
                                   "(mlflow experiments restore) or name another with --experiment")
