@@ -21,7 +21,7 @@ _MODULES = (data_commands, train_commands, result_commands, bench_commands)
 COMMANDS = [c for m in _MODULES for c in m.COMMANDS]
 GROUPS = {name: text for m in _MODULES for name, text in getattr(m, "GROUPS", {}).items()}
 # the order --help lists the top level's commands (and groups) in
-ORDER = ("corpus", "prepare", "train", "tta", "eval", "beam-sweep", "lm", "check-log", "report", "platforms", "bench",
+ORDER = ("corpus", "prepare", "train", "tta", "eval", "beam-sweep", "lm", "check-log", "report", "export", "platforms", "bench",
          "parallel", "reproduce", "demo")
 
 

@@ -1,5 +1,5 @@
-"""Commands that read run folders: ``tta``, ``eval``, ``beam-sweep``, ``check-log``, ``report``
-and ``platforms`` (the prices they apply); each one's arguments declared right above it."""
+"""Commands that read run folders: ``tta``, ``eval``, ``beam-sweep``, ``check-log``, ``report``,
+``export`` and ``platforms`` (the prices they apply); each one's arguments declared right above it."""
 from __future__ import annotations
 
 import argparse
@@ -171,6 +171,32 @@ def cmd_report(a) -> int:
     return 0
 
 
+def _export_args(sp) -> None:
+    sp.add_argument("runs", nargs="+", help="run folders, finished or still training, from any machines")
+    sp.add_argument("--tensorboard", metavar="DIR", help="TensorBoard log folder: each run's events go to DIR/RUN_ID "
+                                                           "(an earlier export of the run there is replaced)")
+    sp.add_argument("--mlflow", metavar="URI", help="MLflow tracking URI (http://..., file:FOLDER): one MLflow run "
+                                                      "per run (an earlier export of the run there is replaced)")
+    sp.add_argument("--experiment", default="speechperf", help="MLflow experiment (made where missing)")
+    sp.add_argument("--no-report", action="store_true", help="leave the HTML report out of the MLflow run")
+    sp.add_argument("--sample-s", type=float, default=1.0,
+                    help="telemetry (utilization, power) as the mean of bins of this many seconds of the TTA clock")
+    sp.add_argument("--metric", choices=metric.targets(), default=metric.DEFAULT_TARGET,
+                    help="validation error the TTA targets apply to")
+    _targets_args(sp)
+    sp.add_argument("--epochs", type=int, default=3, help="TTA: median over this many last epochs")
+
+
+def cmd_export(a) -> int:
+    from speechperf.studies.export.exporter import export_runs
+
+    rows = export_runs([Path(r) for r in a.runs], tensorboard=Path(a.tensorboard) if a.tensorboard else None,
+                       mlflow=a.mlflow, experiment=a.experiment, metric=a.metric, targets=a.targets, epochs=a.epochs,
+                       sample_s=a.sample_s, report=not a.no_report)
+    emit(rows, a.json)
+    return 0
+
+
 def _platforms_args(sp) -> None:
     sp.add_argument("--file", action="append", default=[], help="also a user profile TOML (repeatable)")
 
@@ -193,6 +219,8 @@ COMMANDS = [
     Command("check-log", "check a run's events.log with mlperf-logging's compliance checker (training rules, "
             "speechperf's benchmark rules); exit 1 if it does not comply", cmd_check_log, _check_log_args),
     Command("report", "HTML report comparing runs", cmd_report, _report_args),
+    Command("export", "runs' curves, configuration and TTA into TensorBoard and/or MLflow", cmd_export,
+            _export_args),
     Command("platforms", "platform profiles: what each matches, prices with their date and source", cmd_platforms,
             _platforms_args),
 ]
