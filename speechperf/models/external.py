@@ -49,8 +49,10 @@ def import_model(registry, name: str):
     try:
         importlib.import_module(module)
     except Exception as e:  # whatever the user's module raises while it runs
-        raise ModelContractError(f"model {name!r}: module {module!r} does not import from the Python path "
-                                 f"({type(e).__name__}: {e}); its folder belongs on PYTHONPATH") from None
+        if isinstance(e, ModuleNotFoundError) and e.name and _within(module, e.name):  # not a dependency of it
+            raise ModelContractError(f"model {name!r}: no module {e.name!r} on the Python path; "
+                                     f"PYTHONPATH names the folder that holds it") from None
+        raise ModelContractError(f"model {name!r}: module {module!r} fails to import: {type(e).__name__}: {e}") from None
     spec = dict.get(registry, short)
     origin = getattr(getattr(spec, "build", None), "__module__", "") or ""
     if spec is None or not _within(origin, module):

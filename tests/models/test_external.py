@@ -36,6 +36,7 @@ def outside(monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
     yield
     _forget("external_model")
+    sys.modules.pop("failing_model", None)
 
 
 def test_a_model_by_module_and_name_takes_overrides_and_meets_the_contract(outside):
@@ -59,7 +60,9 @@ def test_a_model_by_module_and_name_takes_overrides_and_meets_the_contract(outsi
 
 
 @pytest.mark.parametrize("name, lacks", [
-    ("no_such_module:ext", "module 'no_such_module' does not import from the Python path (ModuleNotFoundError"),
+    ("no_such_module:ext", "no module 'no_such_module' on the Python path; PYTHONPATH names the folder"),
+    ("external_model.sub:ext", "no module 'external_model.sub' on the Python path"),
+    ("failing_model:ext", "module 'failing_model' fails to import: ModuleNotFoundError: No module named 'missing_dep'"),
     ("external_model:nothing", "module 'external_model' registers no model 'nothing' (it registers: ext_conv"),
     ("external_model:ds2", "module 'external_model' registers no model 'ds2'"),  # a built-in is not its own
     ("../external_model:ext_conv", "is not MODULE:NAME"),
