@@ -3,6 +3,8 @@ with this folder on the Python path) and an installed package's ``speechperf.mod
 point (a dist-info folder built here: no pip, no network), checked against the contract before
 anything is written."""
 import dataclasses
+import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -122,3 +124,23 @@ def test_an_installed_packages_entry_point_registers_its_model_by_name(tmp_path,
     finally:
         _forget("my_encoder")
         sys.modules.pop("broken_encoder", None)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_entry_point_model_trains_through_the_cli_by_its_name(tiny_features, tmp_path):
+    """``model.name=NAME`` is enough in a new process where a package declares the entry point."""
+    from tests.conftest import cli
+
+    site, run = tmp_path / "site", tmp_path / "run"
+    _install(site, "my_encoder_dist", "my_encoder = my_encoder", {"my_encoder": _doc_example()})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    train = ["train", "--preset", "tiny", "--data", tiny_features, "--out", run, "threads=1", "max_epochs=1",
+             "eval_decoder=greedy", "model.name=my_encoder"]
+    p = cli(*train, "model.hidden=0", env=env)
+    assert (p.returncode, p.stderr.strip()) == (2, "speechperf: error: model.hidden=0 must be >= 1") and not run.exists()
+    p = cli(*train, "model.hidden=8", "--json", env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((run / "config.json").read_text())["model"] == {"name": "my_encoder", "input_dim": 93,
+                                                                      "hidden": 8, "num_classes": 30}
+    assert json.loads((run / "summary.json").read_text())["mfu_pct"] > 0
