@@ -10,10 +10,9 @@ entry-point group ``speechperf.models`` (then ``NAME`` alone): :mod:`speechperf.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
-
-import functools
 
 import torch
 import torch.nn as nn
