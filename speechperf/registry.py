@@ -4,11 +4,13 @@ A :class:`Registry` is a plain dict (name -> entry) filled by a decorator. It re
 name registered twice (two modules claiming one name is a bug that would otherwise
 silently keep the later one), names the known entries when asked for an unknown one, and
 imports its built-in modules on first lookup, so that importing the registry does not
-import every model (torch, numba) and ``--help`` still lists every name.
+import every model (torch, numba) and ``--help`` still lists every name. A registry given an
+entry-point group also imports, then, the modules installed packages list under it.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import Callable, Iterable
 
 from speechperf.errors import SpeechperfError
@@ -23,11 +25,16 @@ class Registry(dict):
 
     ``builtin``: module names imported (once, on first lookup) so that their decorators
     run; a listed module that does not exist is skipped, any other import error (a
-    dependency it imports is missing) propagates."""
+    dependency it imports is missing) propagates. ``entry_points``: a group whose entry points
+    (installed packages' modules) are imported after them; one that fails is kept in ``broken``
+    and named when a lookup misses, so that a broken plugin does not stop every other name.
+    ``hint``: the end of the message for an unknown name."""
 
-    def __init__(self, kind: str, builtin: Iterable[str] = ()):
+    def __init__(self, kind: str, builtin: Iterable[str] = (), entry_points: str | None = None, hint: str = ""):
         super().__init__()
         self.kind, self.builtin, self._loaded = kind, tuple(builtin), False
+        self.group, self.broken = entry_points, []
+        self.hint = hint  # ends the unknown-name message (another way to name one)
 
     def register(self, name: str, transform: Callable | None = None):
         """Decorator registering its argument under ``name`` (``transform(obj)`` if given)."""
@@ -50,7 +57,16 @@ class Registry(dict):
                 except ModuleNotFoundError as e:
                     if e.name != mod:  # the module exists; something it imports does not
                         raise
+            self._load_entry_points()
         return self
+
+    def _load_entry_points(self) -> None:
+        for ep in importlib.metadata.entry_points(group=self.group) if self.group else ():
+            try:
+                ep.load()  # a module (or module:attribute) whose decorators register
+            except Exception as e:  # whatever a third party's module raises while it runs
+                dist = f" (package {ep.dist.name})" if ep.dist else ""
+                self.broken.append(f"{ep.name} = {ep.value}{dist}: {type(e).__name__}: {e}")
 
     def names(self) -> list[str]:
         return sorted(self.load())
@@ -59,5 +75,6 @@ class Registry(dict):
         """The entry ``name``; :class:`UnknownName` listing the known names otherwise."""
         self.load()
         if not dict.__contains__(self, name):
-            raise UnknownName(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+            broken = f"; entry points of {self.group} that fail to import: {'; '.join(self.broken)}" if self.broken else ""
+            raise UnknownName(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}{broken}{self.hint}")
         return self[name]

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models.contract import planned_forward, unwrap
 from speechperf.config import load_preset
-from speechperf.models import MODELS, build_model, model_config
+from speechperf.models import MODELS, build_model, check_contract, model_config
+from speechperf.models.external import registered_name
 
 PRESET_OF = {"ds2": "paper"}  # models whose row takes a preset's sizes (the paper's DS2)
 FRAMES = (100, 400)  # frames per synthetic utterance, shortest and longest
@@ -39,6 +40,12 @@ def names() -> list[str]:
 def config(name: str):
     """The config of model ``name``'s zoo row: its preset's (``PRESET_OF``) or its defaults."""
     return load_preset(PRESET_OF[name]).model if name in PRESET_OF else model_config({"name": name})
+
+
+def resolve(name: str) -> str:
+    """The registered name of model ``name`` (``MODULE:NAME``: imported and its contract checked)."""
+    check_contract(model_config({"name": name}))
+    return registered_name(name)
 
 
 def build(name: str) -> nn.Module:

@@ -120,6 +120,18 @@ for _name in acoustic.names():  # every registered acoustic model, through the m
     ZOO.setdefault(_name, ZooModel(lambda name=_name: acoustic.build(name), acoustic.step, float))
 
 
+def _outside_models(models: list[str] | None) -> list[str] | None:
+    """``models`` with each ``MODULE:NAME`` (a model outside the package) imported, checked
+    against the model contract (exit 2 otherwise), added to ZOO and named by its ``NAME``."""
+    out = []
+    for name in models or ():
+        if ":" in name:
+            name = acoustic.resolve(name)
+            ZOO.setdefault(name, ZooModel(lambda name=name: acoustic.build(name), acoustic.step, float))
+        out.append(name)
+    return out or None
+
+
 def parameter_millions(model: nn.Module) -> float:
     return sum(p.numel() for p in model.parameters()) / 1e6
 
@@ -161,6 +173,7 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SpeechperfError(f"device {device!r} requested but no CUDA device is available")
+    models = _outside_models(models)
     unknown = set(models or []) - set(ZOO)
     if unknown:
         raise SpeechperfError(f"unknown zoo models {sorted(unknown)}; known: {', '.join(ZOO)}")

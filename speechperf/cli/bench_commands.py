@@ -20,7 +20,15 @@ def _dtypes():
     return DTYPES
 
 
-ZOO_MODELS, DTYPE_NAMES = Registry(_zoo_models), Registry(_dtypes)
+class _ZooNames(Registry):
+    """The zoo's models, and any ``MODULE:NAME``: a model outside the package, which ``run_zoo``
+    imports and checks (exit 2 naming it where it falls short)."""
+
+    def __contains__(self, name) -> bool:
+        return ":" in name or super().__contains__(name)
+
+
+ZOO_MODELS, DTYPE_NAMES = _ZooNames(_zoo_models), Registry(_dtypes)
 ZOO_PRECISIONS = ("fp32", "amp")
 
 
@@ -64,7 +72,7 @@ def cmd_bench_ops(a) -> int:
 
 def _bench_zoo_args(sp) -> None:
     sp.add_argument("--models", type=csv_list(choices=ZOO_MODELS), default=None,
-                    help=f"models, comma separated ({', '.join(ZOO_MODELS)}; default: all)")
+                    help=f"models, comma separated ({', '.join(ZOO_MODELS)}, or MODULE:NAME; default: all)")
     sp.add_argument("--batch", type=csv_list(int), default=None,
                     help="batch sizes, comma separated (default: per model)")
     sp.add_argument("--precision", type=csv_list(choices=ZOO_PRECISIONS), default=["fp32"],

@@ -25,7 +25,7 @@ from speechperf.algorithms.base import AlgoConfig
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.errors import ConfigError
-from speechperf.models import config_class
+from speechperf.models import check_contract, config_class
 from speechperf.models.ds2 import DS2Config
 from speechperf.section import build_section
 from speechperf.config.training import TrainConfig
@@ -170,6 +170,7 @@ def validate(cfg: RunConfig) -> None:
     for section in (cfg.model, cfg.augment, cfg.loader, cfg.train, cfg.algo):
         for problem in section.problems():
             raise ConfigError(problem)
+    check_contract(cfg.model)  # a model from outside the package: built on meta and tried, named if it falls short
     if cfg.train.cuda_graphs and cfg.model.name != "ds2":
         raise ConfigError(f"train.cuda_graphs=true needs model ds2 (a forward pass of static shapes, "
                           f"DeepSpeech2.masked), not model {cfg.model.name!r}")

@@ -25,14 +25,16 @@ def workload(config: dict) -> dict:
 @functools.lru_cache(maxsize=64)
 def _describe(model_json: str) -> tuple:
     """:func:`speechperf.models.describe` of a model config dict (JSON, for the cache); params
-    None for a model this release cannot build (a newer release's model, or its fields)."""
+    None for a model this release cannot build (a newer release's model, or its fields; a model
+    from outside the package whose module is not on this Python path: named by its NAME)."""
     from speechperf.models import describe
+    from speechperf.models.external import registered_name
 
     model = json.loads(model_json)
     try:
         described = describe(model)
     except SpeechperfError:
-        described = {"model": model.get("name", "ds2"), "params": None}
+        described = {"model": registered_name(str(model.get("name", "ds2"))), "params": None}
     return tuple(described.items())
 
 

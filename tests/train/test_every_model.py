@@ -1,6 +1,7 @@
-"""Every registered model trains through the real ``speechperf train`` command and resumes
-exactly: killed after a checkpoint, the same command continues it to the weights, losses
-and evaluations of an uninterrupted run (CPU, one thread: bit for bit)."""
+"""Every registered model, and one from outside the package (``MODULE:NAME``, imported again by
+the continuing process from config.json), trains through the real ``speechperf train`` command
+and resumes exactly: killed after a checkpoint, the same command continues it to the weights,
+losses and evaluations of an uninterrupted run (CPU, one thread: bit for bit)."""
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import torch
 from speechperf.models import MODELS
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
+from tests.train.test_external_model_run import EXT, outside_env
 
 # tiny sizes per model (``model.name=X`` starts from X's defaults: these narrow it)
 SIZES = {
@@ -22,6 +24,7 @@ SIZES = {
               "model.dnn_layers=1", "model.dnn_hidden=16"],  # one of each: its LSTMP runs unsubsampled frames
     "conformer": ["model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
                   "model.subsampling_channels=4"],
+    EXT: ["model.channels=16", "model.hidden=16"],  # tests/models/external_model.py
 }
 
 
@@ -48,20 +51,20 @@ def _kill_after_first_checkpoint(p, run):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", MODELS.names())
+@pytest.mark.parametrize("name", [*MODELS.names(), EXT])
 def test_every_model_trains_and_resumes_exactly(name, tiny_features, tmp_path):
     cli = [sys.executable, "-m", "speechperf"]
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    p = subprocess.run([*cli, *_args(name, tiny_features, ref)], capture_output=True, text=True, timeout=300)
+    ref, run, env = tmp_path / "ref", tmp_path / "run", outside_env()
+    p = subprocess.run([*cli, *_args(name, tiny_features, ref)], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout)
     summary = summary[0] if isinstance(summary, list) else summary
     assert summary["status"] in ("success", "max_epochs") and summary["iterations"] > 3
 
     p = subprocess.Popen([*cli, *_args(name, tiny_features, run)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, env=env)
     assert _kill_after_first_checkpoint(p, run) == -signal.SIGKILL
-    p = subprocess.run([*cli, *_args(name, tiny_features, run)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([*cli, *_args(name, tiny_features, run)], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
 
     assert json.loads((run / "config.json").read_text())["model"]["name"] == name
