@@ -121,3 +121,25 @@ def test_every_frame_lands_where_the_index_says(tiny_features):
     u = int(np.argmax(ix.frames))
     batch = res.batch(np.array([u]), torch.tensor([u]))
     assert torch.equal(batch.feats[0], res.feats[res.off[u]: res.off[u + 1]].float())
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["normalized", "pad-raw"])
+def test_the_device_cut_equals_the_host_cut(tiny_features, cfg):
+    """A CUDA device's cut (one gather, no host read) run here on the CPU: the host cut's values."""
+    ix = load_index(tiny_features, SPLITS)
+    res = filled(tiny_features, cfg, ix)
+    for utts in stream(tiny_features, cfg, 2, ix=ix).plan.batches:
+        frames = max(int(ix.frames[utts].max()), cfg.pad_frames if cfg.mode == "pad" else 0)
+        got, want = res._cut_device(torch.from_numpy(utts.astype(np.int64)), frames), res._cut_host(utts, frames)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.cuda
+def test_on_a_cuda_device_the_batches_are_the_streaming_ones(tiny_features):
+    cfg = CONFIGS[2]
+    ix = load_index(tiny_features, SPLITS)
+    res = Resident(ix, tiny_features, cfg, torch.device("cuda"), feature_dims(tiny_features))
+    assert_same(res.loader(stream(tiny_features, cfg, 1, ix=ix), first=True), stream(tiny_features, cfg, 1, ix=ix))
+    cut = list(res.loader(stream(tiny_features, cfg, 2, ix=ix), first=False))
+    assert all(b.feats.is_cuda and b.labels.is_cuda and not b.feat_lens.is_cuda for b in cut)
+    assert_same(cut, stream(tiny_features, cfg, 2, ix=ix))
