@@ -42,7 +42,7 @@ from speechperf.features.shards import ShardError, read_rows
 from speechperf.features.stats import read_stats
 
 FEATURE_BYTES = 2  # float16: the shards' own dtype, converted to float32 only when a batch is cut
-RESERVE = 0.2  # share of the device's total memory left beside the buffer: activations, the optimizer
+RESERVE = 0.25  # share of the device's total memory left beside the buffer: activations, the optimizer
 # state made at the first step, the evaluation's kept batches, the allocator's fragmentation
 GB = 1e9
 
