@@ -105,10 +105,12 @@ def run(a) -> dict:
         if got["stream"]["ids"] != got["resident"]["ids"]:
             raise SystemExit(f"epoch {epoch}: the loaders' batches differ")
         rows += [row(epoch, n, got[n]) for n in ("stream", "resident")]
-        ratios.append(statistics.fmean(got["resident"]["step_s"]) / statistics.fmean(got["stream"]["step_s"]))
+        ratios.append([f(got["resident"]["step_s"]) / f(got["stream"]["step_s"])
+                       for f in (statistics.fmean, statistics.median)])
     return {"preset": a.preset, "feats": str(feats), "threads": a.threads, "readers": cfg.loader.readers,
             "buffer_mb": needed_bytes(index, dims) / 1e6, "epoch1_s": fill_s, "rows": rows,
-            "resident_over_stream_mean_step": statistics.fmean(ratios) if ratios else None,
+            "resident_over_stream_mean_step": statistics.fmean(r[0] for r in ratios) if ratios else None,
+            "resident_over_stream_median_step": statistics.fmean(r[1] for r in ratios) if ratios else None,
             "resident_child_processes": max((r["child_processes"] for r in rows if r["loader"] == "resident"),
                                             default=None),
             "load_average": os.getloadavg()}
@@ -137,7 +139,8 @@ def main() -> None:
         print(f"{x['epoch']:>5} {x['loader']:<12} {x['steps']:>5} {x['step_ms_median']:>9.1f} {x['step_ms_mean']:>8.1f} "
               f"{x['first5_ms_mean']:>8.1f} {x['wait_ms_mean']:>8.1f} {x['child_processes']:>8}")
     ratio = r["resident_over_stream_mean_step"]
-    print(f"resident / stream mean step, epochs 2+: {ratio:.3f}" if ratio else "no epoch after the first")
+    print(f"resident / stream, epochs 2+: mean step {ratio:.3f}, median step {r['resident_over_stream_median_step']:.3f}"
+          if ratio else "no epoch after the first")
     print(f"child processes while resident epochs trained: {r['resident_child_processes']} (must be 0); "
           f"load average {', '.join(f'{x:.2f}' for x in r['load_average'])}")
 

@@ -122,6 +122,7 @@ class Resident:
                                        stream.reader.stats)
             return Filling(self, stream)
         self.complete()
+        self._encode()  # once, when the loader is made (during the evaluation, started ahead), not in a step
         return ResidentLoader(self, stream.plan)
 
     def put(self, utts: np.ndarray, raw: torch.Tensor) -> None:
@@ -160,8 +161,9 @@ class Resident:
         return feats[offsets[o]: offsets[o + 1]]
 
     def _encode(self) -> tuple:
-        """Every transcript's labels, encoded once (at the first cut batch: on the clock, as the
-        readers encode theirs): (uint8 labels, offsets, lengths) on the device, lengths on the host."""
+        """Every transcript's labels, encoded once, when the first cut epoch's loader is made (on the
+        clock, as the readers encode theirs): (uint8 labels, offsets, lengths) on the device, lengths
+        on the host."""
         if self.labels is None:
             ix = self.index
             encoded = [alphabet.encode_array(ix.transcript(u)) for u in range(len(ix))]
