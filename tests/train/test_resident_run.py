@@ -2,13 +2,17 @@
 same loss at every iteration, the same evaluations, with SpecAugment drawing from the run's RNG;
 one whose buffer does not fit is refused before its folder exists."""
 import json
+import os
+import signal
 
 import pytest
 
 from speechperf.data import resident as resident_mod
+from speechperf.data.loader import load_index
 from speechperf.data.resident import ResidentMemoryError
 from speechperf.results import ResultsDB
 from speechperf.train.loop import train
+from speechperf.train.stop import Interrupted
 
 AUGMENT = ["augment.freq_masks=1", "augment.freq_width=8", "augment.time_masks=2", "augment.time_width=10",
            "augment.time_ratio=0.2"]
@@ -37,6 +41,22 @@ def test_resident_and_streaming_train_alike_loss_for_loss(tiny_features, tmp_pat
     assert losses_r == losses_s  # every iteration's loss, bit for bit
     assert 0 < len(cut) == sum(1 for r in losses_r if r[1] > 1)  # epochs 2 and 3: cut from the buffer
     assert evals_r == evals_s and sum(1 for e in evals_s if not e[2]) == 3  # the CER trajectory, epoch by epoch
+
+    # stopped (SIGTERM, saved) inside epoch 2; the same command continues it with no buffer yet: it
+    # reads the whole split once, then trains as the uninterrupted runs did
+    cut.clear()
+    monkeypatch.setattr(resident_mod.Resident, "batch", lambda self, *a: (
+        cut.append(1), len(cut) == 3 and os.kill(os.getpid(), signal.SIGTERM), real(self, *a))[-1])
+    with pytest.raises(Interrupted, match="at iteration"):
+        train("tiny", tiny_features, tmp_path / "resumed", [*RUN, "loader.resident=true"], quiet=True)
+    monkeypatch.setattr(resident_mod.Resident, "batch", real)
+    read = []
+    real_complete = resident_mod.Resident.complete
+    monkeypatch.setattr(resident_mod.Resident, "complete", lambda self: (read.append(int((~self.have).sum())),
+                                                                         real_complete(self)))
+    train("tiny", tiny_features, tmp_path / "resumed", [*RUN, "loader.resident=true"], quiet=True)
+    assert read[0] == len(load_index(tiny_features, ["train-clean", "train-other"])) and not any(read[1:])
+    assert _rows(tmp_path / "resumed") == (losses_s, evals_s)
 
 
 def test_a_buffer_that_does_not_fit_is_refused_before_the_run_exists(tiny_features, tmp_path, monkeypatch):
