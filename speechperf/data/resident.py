@@ -138,12 +138,16 @@ class Resident:
         missing = np.flatnonzero(~self.have)
         if not len(missing):
             return
-        ix = self.index
-        shards = np.unique(ix.shard[missing])
-        with ThreadPoolExecutor(max(1, usable_cpus())) as pool:
-            for s, rows in zip(shards.tolist(), pool.map(self._read, shards.tolist())):
-                utts = missing[ix.shard[missing] == s]
-                self.put(utts, torch.from_numpy(np.concatenate([self._rows(u, rows) for u in utts.tolist()])))
+        ix, threads = self.index, max(1, usable_cpus())
+        missing = missing[np.argsort(ix.shard[missing], kind="stable")]  # grouped by shard, index order within
+        shards, starts = np.unique(ix.shard[missing], return_index=True)
+        ends = np.append(starts[1:], len(missing))
+        with ThreadPoolExecutor(threads) as pool:
+            for a in range(0, len(shards), 2 * threads):  # a few shards decompressed at a time, not the split
+                part = range(a, min(a + 2 * threads, len(shards)))
+                for i, rows in zip(part, pool.map(self._read, shards[a: a + 2 * threads].tolist())):
+                    utts = missing[starts[i]: ends[i]]
+                    self.put(utts, torch.from_numpy(np.concatenate([self._rows(u, rows) for u in utts.tolist()])))
 
     def _read(self, s: int) -> tuple:
         split, name = self.index.keys[s].split("/")
