@@ -16,7 +16,7 @@ CPU steps compete with reader processes for the cores: on a machine others are u
 figures are noisy (the load average is printed); compare ratios from one run.
 
 Usage: python benchmarks/bench_resident.py FEATS [--preset cpu] [--set KEY=VALUE ...] [--epochs 3]
-       [--steps 0] [--threads 2] [--eval-s 0.8] [--json]
+       [--steps 0] [--threads 2] [--device cpu|cuda] [--eval-s 0.8] [--json]
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def train_splits(feats: Path) -> list[str]:
     return sorted(p.name for p in feats.iterdir() if p.name.startswith("train") and (p / "index.json").exists())
 
 
-def timed_epoch(loader, model, state: tuple, cfg, steps: int) -> dict:
+def timed_epoch(loader, model, state: tuple, cfg, steps: int, device: torch.device) -> dict:
     """Train ``loader``'s batches (its first ``steps``; 0: all): per-step seconds, data waits, ids,
     and the most child processes seen."""
     optimizer, scaler = state
@@ -56,8 +56,8 @@ def timed_epoch(loader, model, state: tuple, cfg, steps: int) -> dict:
         except StopIteration:
             break
         t1 = time.perf_counter()
-        out = train_step(model, batch, optimizer, scaler, torch.device("cpu"), cfg.train, cfg.augment)
-        float(out.loss)  # the step done, its loss read as the loop reads it at a read point
+        out = train_step(model, batch, optimizer, scaler, device, cfg.train, cfg.augment)
+        float(out.loss)  # the step done (on a GPU: finished), its loss read as the loop reads it at a read point
         step_s.append(time.perf_counter() - t0)
         wait_s.append(t1 - t0)
         ids.append(batch.ids)
@@ -79,17 +79,20 @@ def run(a) -> dict:
     index = load_index(feats, splits)
     torch.set_num_threads(a.threads)
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model)
+    device = torch.device(a.device)
+    model = build_model(cfg.model).to(device)
     model.train()
-    state = (make_optimizer(model, cfg.train, torch.device("cpu")), torch.amp.GradScaler("cuda", enabled=False))
+    state = (make_optimizer(model, cfg.train, device),
+             torch.amp.GradScaler("cuda", enabled=cfg.train.precision == "fp16"))
     dims = feature_dims(feats)
-    res = Resident(index, feats, cfg.loader, torch.device("cpu"), dims)
+    res = Resident(index, feats, cfg.loader, device, dims)
 
     def stream(epoch):
-        return make_loader(feats, splits, cfg.loader, epoch=epoch, seed=cfg.train.seed, index=index)
+        return make_loader(feats, splits, cfg.loader, epoch=epoch, seed=cfg.train.seed, index=index,
+                           pin_memory=device.type == "cuda")
 
     t0 = time.perf_counter()
-    first = timed_epoch(res.loader(stream(1), first=True), model, state, cfg, a.steps)
+    first = timed_epoch(res.loader(stream(1), first=True), model, state, cfg, a.steps, device)
     fill_s = time.perf_counter() - t0
     res.complete()  # an epoch cut short by --steps: the rest read now, off the timed steps
     rows, ratios = [row(1, "stream+fill", first)], []
@@ -101,13 +104,14 @@ def run(a) -> dict:
                 time.sleep(a.eval_s)
             else:
                 loader = res.loader(stream(epoch), first=False)
-            got[name] = timed_epoch(loader, model, state, cfg, a.steps)
+            got[name] = timed_epoch(loader, model, state, cfg, a.steps, device)
         if got["stream"]["ids"] != got["resident"]["ids"]:
             raise SystemExit(f"epoch {epoch}: the loaders' batches differ")
         rows += [row(epoch, n, got[n]) for n in ("stream", "resident")]
         ratios.append([f(got["resident"]["step_s"]) / f(got["stream"]["step_s"])
                        for f in (statistics.fmean, statistics.median)])
-    return {"preset": a.preset, "feats": str(feats), "threads": a.threads, "readers": cfg.loader.readers,
+    return {"preset": a.preset, "feats": str(feats), "device": str(device), "threads": a.threads,
+            "readers": cfg.loader.readers,
             "buffer_mb": needed_bytes(index, dims) / 1e6, "epoch1_s": fill_s, "rows": rows,
             "resident_over_stream_mean_step": statistics.fmean(r[0] for r in ratios) if ratios else None,
             "resident_over_stream_median_step": statistics.fmean(r[1] for r in ratios) if ratios else None,
@@ -124,6 +128,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3, help="epochs in all; epochs 2.. are timed both ways")
     p.add_argument("--steps", type=int, default=0, help="steps per epoch and loader; 0: every batch")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the step")
+    p.add_argument("--device", default="cpu", help="cpu (the goal's measurement) or cuda (the buffer in GPU memory)")
     p.add_argument("--eval-s", type=float, default=0.8, help="the evaluation the ahead readers start during")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
@@ -131,15 +136,17 @@ def main() -> None:
     if a.json:
         print(json.dumps(r, indent=1))
         return
-    print(f"{r['preset']} on {r['feats']}: {a.threads} step threads, {r['readers']} reader(s), buffer "
+    print(f"{r['preset']} on {r['feats']}, {r['device']}: {a.threads} step threads, {r['readers']} reader(s), buffer "
           f"{r['buffer_mb']:.1f} MB, epoch 1 (stream + fill) {r['epoch1_s']:.1f} s")
     print(f"{'epoch':>5} {'loader':<12} {'steps':>5} {'median ms':>9} {'mean ms':>8} {'first 5':>8} {'wait ms':>8} "
           f"{'children':>8}")
     for x in r["rows"]:
-        print(f"{x['epoch']:>5} {x['loader']:<12} {x['steps']:>5} {x['step_ms_median']:>9.1f} {x['step_ms_mean']:>8.1f} "
+        print(f"{x['epoch']:>5} {x['loader']:<12} {x['steps']:>5} {x['step_ms_median']:>9.1f} "
+              f"{x['step_ms_mean']:>8.1f} "
               f"{x['first5_ms_mean']:>8.1f} {x['wait_ms_mean']:>8.1f} {x['child_processes']:>8}")
     ratio = r["resident_over_stream_mean_step"]
-    print(f"resident / stream, epochs 2+: mean step {ratio:.3f}, median step {r['resident_over_stream_median_step']:.3f}"
+    median = r["resident_over_stream_median_step"]
+    print(f"resident / stream, epochs 2+: mean step {ratio:.3f}, median step {median:.3f}"
           if ratio else "no epoch after the first")
     print(f"child processes while resident epochs trained: {r['resident_child_processes']} (must be 0); "
           f"load average {', '.join(f'{x:.2f}' for x in r['load_average'])}")

@@ -87,7 +87,8 @@ def test_a_run_resumed_inside_the_first_epoch_completes_the_buffer_after_it(tiny
     cfg = CONFIGS[0]
     ix = load_index(tiny_features, SPLITS)
     res = Resident(ix, tiny_features, cfg, torch.device("cpu"), feature_dims(tiny_features))
-    assert_same(res.loader(stream(tiny_features, cfg, 1, 4, ix=ix), first=True), stream(tiny_features, cfg, 1, 4, ix=ix))
+    resumed = res.loader(stream(tiny_features, cfg, 1, 4, ix=ix), first=True)
+    assert_same(resumed, stream(tiny_features, cfg, 1, 4, ix=ix))
     assert not res.full  # the first four batches' utterances were never streamed
     assert_same(res.loader(stream(tiny_features, cfg, 2, ix=ix), first=False), stream(tiny_features, cfg, 2, ix=ix))
 
