@@ -23,6 +23,9 @@ class LoaderConfig:
     sort_first_epoch: bool = False  # SortaGrad: first epoch in ascending length order
     eval_max_duration: float = 0.0  # > 0: evaluation batches of at most this many padded seconds; 0: the training ones
     # (no backward pass: a GPU holds several training batches, and a launch-bound forward pass costs per batch)
+    resident: bool = False  # keep the training split on the training device after the first epoch, which
+    # streams as always; later epochs cut their batches from it, no readers (data/resident.py); a run
+    # whose buffer does not fit the device's free memory is refused before it starts
 
     def problems(self) -> list[str]:
         """One message per invalid value, naming ``loader.FIELD=value``."""
@@ -38,5 +41,6 @@ class LoaderConfig:
             (self.bucket_window >= 1, f"loader.bucket_window={self.bucket_window} must be >= 1"),
             (self.pad_frames >= 1, f"loader.pad_frames={self.pad_frames} must be >= 1"),
             (self.mode in ("bucket", "pad"), f"loader.mode={self.mode!r} must be 'bucket' or 'pad'"),
+            (isinstance(self.resident, bool), f"loader.resident={self.resident!r} must be true or false"),
         ]
         return [msg for ok, msg in checks if not ok]

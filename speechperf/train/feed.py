@@ -247,7 +247,8 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
             "appetite source": src, "supply audio s/s per reader": round(sup["audio_s_per_s_per_reader"], 1),
             "supply spread %": _r(sup["spread_pct"]), "supply mean utt s": round(sup["mean_utt_s"], 2), "readers": readers,
             "supply data": f"{data or 'synthetic'}, {loader.bucket_window}-shard windows",
-            "readers per GPU": need, "host cores": host, "GPUs this host feeds": round(gpus_fed(host, need), 2)}
+            "readers per GPU": need, "host cores": host, "GPUs this host feeds": round(gpus_fed(host, need), 2),
+            "resident": cfg.loader.resident}
 
 
 def _r(x: float | None) -> float | None:
@@ -266,4 +267,8 @@ def notes(row: dict) -> list[str]:
                    "rates change with the length (a step's and a batch's fixed costs), so the readers per GPU "
                    "compare different lengths; the appetite is read at LibriSpeech's: give --data of such lengths, "
                    "or none (synthetic ones)")
+    if row.get("resident"):  # data/resident.py: epochs 2+ are cut on the device
+        out.append(f"loader.resident: the {row['readers per GPU']} reader cores per GPU feed the first epoch only (and "
+                   "a resumed run's one read of the split); later epochs cut their batches from the training split "
+                   "kept on the GPU and need no reader core (loader.resident=false: every epoch)")
     return out

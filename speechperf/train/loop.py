@@ -102,6 +102,7 @@ def _train(t: Trainer) -> dict:
     rec, group, stop = t.rec, t.group, t.stop
     try:
         status = _epochs(t)
+        t.release_data()  # loader.resident's buffer: the final evaluation's memory now
         evaluated = t.algo.before_eval(t.prog.start_batch)  # every rank: a stop inside an epoch synchronizes
         # saved before the final evaluation: a run stopped in it (or killed after it) continues from
         # here, its logs cut back to before any final_eval line, and evaluates every split again once

@@ -19,6 +19,7 @@ import torch
 from speechperf.config import RunConfig
 from speechperf.data.index import Index
 from speechperf.data.loader import Loader, load_index, make_loader
+from speechperf.data.resident import Resident, check_fits, feature_dims
 from speechperf.data.plan import global_batch, steps_per_epoch
 from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model
@@ -64,6 +65,7 @@ class Trainer:
     meter: StepMeter | None = None  # the steps' device values not yet read
     stop: StopSignals | None = None  # SIGINT / SIGTERM received
     ahead: tuple[int, Loader] | None = None  # (epoch, its loader) started during the evaluation before it
+    resident: Resident | None = None  # loader.resident: the training split on the device (data/resident.py)
 
     @property
     def prog(self) -> Progress:
@@ -93,10 +95,19 @@ class Trainer:
             self.ahead = None
 
     def epoch_loader(self, epoch: int, start_batch: int = 0) -> Loader:
-        """``epoch``'s batches from ``start_batch`` on (the seed's plan: the same batches whenever made)."""
-        return make_loader(self.data, self.splits["train"], self.cfg.loader, epoch=epoch, seed=self.cfg.train.seed,
-                           start_batch=start_batch, rank=self.group.env.rank, world=self.group.world, index=self.index,
-                           pin_memory=self.group.device.type == "cuda")
+        """``epoch``'s batches from ``start_batch`` on (the seed's plan: the same batches whenever made);
+        with the training split resident, epoch 1 fills it and later epochs are cut from it (a run that
+        starts after epoch 1 reads the whole split into it first, on the clock)."""
+        stream = make_loader(self.data, self.splits["train"], self.cfg.loader, epoch=epoch, seed=self.cfg.train.seed,
+                             start_batch=start_batch, rank=self.group.env.rank, world=self.group.world,
+                             index=self.index, pin_memory=self.group.device.type == "cuda")
+        return stream if self.resident is None else self.resident.loader(stream, first=epoch == 1)
+
+    def release_data(self) -> None:
+        """Training is over: the resident training split's memory is the final evaluation's."""
+        self.resident = None
+        if self.group.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def checkpoint(self) -> None:
         """Every rank: the algorithm's state (a collective); then rank 0 saves its run's checkpoint
@@ -116,7 +127,18 @@ def build(cfg: RunConfig, group: distributed.Group, data: Path, plan: str, folde
     ckpt = checkpoint.load(folder) if plan == "resume" else None
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
     state, local, model = _model(cfg, group.device, algo, ckpt, prog, splits, index, group.world)
-    return Trainer(cfg, group, data, plan, splits, index, local, model, algo, state, prog)
+    return Trainer(cfg, group, data, plan, splits, index, local, model, algo, state, prog,
+                   resident=_resident(cfg, group, data, index))
+
+
+def _resident(cfg: RunConfig, group: distributed.Group, data: Path, index: Index) -> Resident | None:
+    """loader.resident's buffer, allocated beside the built model (nothing read yet), or the run
+    refused before it exists when it does not fit (a CPU run's processes on this host each hold one)."""
+    if not cfg.loader.resident:
+        return None
+    dims = feature_dims(data)
+    check_fits(index, dims, group.device, group.env.local_world if group.device.type == "cpu" else 1)
+    return Resident(index, data, cfg.loader, group.device, dims)
 
 
 def start(t: Trainer, request: TrainRequest, stop: StopSignals, init_t0: float, init_ms: int) -> None:

@@ -155,3 +155,13 @@ def test_a_run_recorded_before_evaluation_batch_sizes_loads_with_training_sized_
     cfg = RunConfig.from_dict(recorded)
     assert (cfg.preset, cfg.loader.max_duration, cfg.loader.eval_max_duration) == ("gpu", 1440.0, 0.0)
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_the_training_split_is_resident_but_for_the_paper_s_loader():
+    for name in ("cpu", "gpu", "conformer", "conformer-cpu"):  # epochs 2+ without reader processes
+        assert load_preset(name).loader.resident is True, name
+    for name in ("paper", "tiny", "modern"):  # the paper's loader streams every epoch
+        assert load_preset(name).loader.resident is False, name
+    assert load_preset("cpu", ["loader.resident=false"]).loader.resident is False
+    with pytest.raises(ConfigError, match=r"loader\.resident"):
+        load_preset("cpu", ["loader.resident=sometimes"])

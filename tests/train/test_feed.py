@@ -86,3 +86,12 @@ def test_bench_feed_without_a_gpu_names_the_recorded_profile(capsys):
 def test_bench_feed_refuses_a_folder_without_training_splits(tmp_path, capsys):
     assert main(["bench", "feed", "--preset", "tiny", "--device", "cpu", "--data", str(tmp_path), *SMALL]) == 2
     assert f"{tmp_path}: no prepared training split" in capsys.readouterr().err
+
+
+def test_a_resident_preset_s_readers_are_said_to_feed_the_first_epoch_only():
+    row = {"appetite source": "src", "appetite audio s/s": 13800.0, "supply audio s/s per reader": 4800.0,
+           "supply data": "synthetic", "readers": 1, "readers per GPU": 3, "host cores": 16, "GPUs this host feeds": 4.0,
+           "mean utt s": 13.5, "supply mean utt s": 13.2}
+    assert len(feed.notes(row)) == 2  # a row of before the field: streaming
+    (said,) = feed.notes({**row, "resident": True})[2:]
+    assert said.startswith("loader.resident: the 3 reader cores per GPU feed the first epoch only")
