@@ -169,7 +169,7 @@ def test_another_torch_or_thread_count_cannot_be_compared(reproduced, tmp_path, 
     config["train"]["threads"] = 2
     (threads / "config.json").write_text(json.dumps(config))
     got = rep.judge(threads, ref, chosen, 2)
-    assert got["verdict"] == curve.NOT_COMPARABLE and got["text"].startswith("cannot be compared: threads 2")
+    assert got["verdict"] == curve.NOT_COMPARABLE and got["text"].startswith("cannot be compared: ran on 2 threads; rerun with --isa ")
 
 
 @needs_reference_stack
