@@ -67,7 +67,13 @@ def fit(columns: list[str], widths: list[int], width: int) -> tuple[list[int], l
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:max(width - len(CUT), 0)] + CUT
+    """``text`` in ``width`` characters: its start, or a path's end (the folder's own name)."""
+    if len(text) <= width:
+        return text
+    keep = max(width - len(CUT), 0)
+    if "/" in text and " " not in text:
+        return CUT + text[len(text) - keep:]
+    return text[:keep] + CUT
 
 
 def fit_line(text: str, width: int | None = WIDTH) -> str:

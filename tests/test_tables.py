@@ -54,3 +54,7 @@ def test_notes_are_wrapped_to_the_width_or_whole_when_wide():
 
 def test_pick_renames_and_orders_columns():
     assert tables.pick(ROWS[:1], {"minutes": "min", "run": "run"}) == [{"min": 3.25, "run": ROWS[0]["run"]}]
+
+
+def test_a_path_cut_keeps_its_end():
+    assert tables.fit_line("/a/long/path/to/the/run", 10) == "~o/the/run" and tables.fit_line("ab cd", 4) == "ab ~"
