@@ -81,7 +81,7 @@ def comparable(mine: dict, theirs: dict) -> str | None:
         threads = mine.get("threads")
         return f"ran on {'all cores' if not threads else f'{threads} threads'}; {rerun}"
     if not mine.get("cap"):
-        return f"no ISA cap (kernels follow the machine); {rerun}"
+        return f"no ISA cap; {rerun}"  # without one, the kernels follow the machine
     missing = [d for d in differences(mine, theirs) if d.split(" ", 1)[0] in ("torch", "threads", "features_sha256",
                                                                                 "seed", "cap", "MKL_CBWR")]
     return "; ".join(missing) if missing else None

@@ -90,7 +90,7 @@ def short_notes(study: dict) -> list[str]:
     lines += [f"{r['run']}: {r['reproduction']}" for r in _once(runs, "reproduction")]
     workloads = list(dict.fromkeys(r["workload"] for r in runs))
     if len(workloads) > 1:
-        lines.append(f"{len(workloads)} workloads: a run is ranked only against runs of its own workload")
+        lines.append(f"{len(workloads)} workloads, each run ranked within its own: {'; '.join(workloads)}")
     if runs:
         lines.append("every column and what each means: --wide; every value: --json")
     return lines
