@@ -170,8 +170,9 @@ def _tta_words(row: dict) -> str:
 
     if row["minutes"] is None:
         return f"{target_text(row)} not reached: train longer (--minutes) or on more audio (--hours)"
+    epochs = row["epochs to target"]
     error = with_interval(row["error at TTA"], row["error 95% low"], row["error 95% high"])
-    return (f"{target_text(row)} in {row['minutes']:.3g} min ({row['epochs to target']} epoch{'s' * (row['epochs to target'] != 1)}"
+    return (f"{target_text(row)} in {row['minutes']:.3g} min ({epochs} epoch{'s' * (epochs != 1)}"
             + (f"; error {error})" if error else ")"))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speechperf.cli.parsing import Command, csv_list
+from speechperf.cli.parsing import Command, csv_list, width
 from speechperf.tables import emit
 
 
@@ -18,7 +18,7 @@ def cmd_corpus_synth(a) -> int:
     from speechperf.corpus.synth import synthesize
 
     summary = synthesize(Path(a.out), hours=a.hours, seed=a.seed, progress=not a.json)
-    emit(summary["splits"], a.json)
+    emit(summary["splits"], a.json, width=width(a))
     return 0
 
 
@@ -31,7 +31,7 @@ def cmd_corpus_check(a) -> int:
     from speechperf.corpus.librispeech import check_corpus
 
     rows = check_corpus(Path(a.corpus), splits=a.splits)
-    emit(rows, a.json)
+    emit(rows, a.json, width=width(a))
     return 0
 
 
@@ -52,7 +52,7 @@ def cmd_corpus_fetch(a) -> int:
 
     rows = fetch_corpus(a.corpus, Path(a.out), parts=a.parts, mirror=a.mirror, keep_archives=a.keep_archives,
                         timeout=a.timeout, progress=not a.json)
-    emit(rows, a.json)
+    emit(rows, a.json, width=width(a))
     return 0
 
 
@@ -76,7 +76,7 @@ def cmd_prepare(a) -> int:
 
     summary = prepare(Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json,
                       recompute_stats=a.recompute_stats, config=FeatureConfig(compress=not a.raw))
-    emit(summary["splits"], a.json)
+    emit(summary["splits"], a.json, width=width(a))
     return 0
 
 
@@ -88,7 +88,7 @@ def _lm_build_args(sp) -> None:
 def cmd_lm_build(a) -> int:
     from speechperf.decode.lm import build_lm_for_features
 
-    emit([build_lm_for_features(Path(a.features), split=a.split)], a.json)
+    emit([build_lm_for_features(Path(a.features), split=a.split)], a.json, width=width(a))
     return 0
 
 

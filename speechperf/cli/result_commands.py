@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from speechperf import metric
-from speechperf.cli.parsing import Command, Registry, csv_list
+from speechperf.cli.parsing import Command, Registry, csv_list, width
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.tables import emit, emit_json, notes, print_lines
 
@@ -123,7 +123,7 @@ def cmd_check_log(a) -> int:
     from speechperf.train.mlperf import check_run
 
     row = check_run(Path(a.run))
-    emit([row], a.json)
+    emit([row], a.json, width=width(a))
     return 0 if row["compliant"] else 1
 
 
@@ -149,7 +149,7 @@ def cmd_eval(a) -> int:
 
     row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers,
                        mode=a.mode, data=Path(a.data) if a.data else None)
-    emit([row], a.json)
+    emit([row], a.json, width=width(a))
     return 0
 
 
@@ -170,7 +170,7 @@ def cmd_beam_sweep(a) -> int:
 
     rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers,
                       mode=a.mode, data=Path(a.data) if a.data else None, db_path=Path(a.db) if a.db else None)
-    emit(rows, a.json)
+    emit(rows, a.json, width=width(a))
     return 0
 
 
@@ -202,7 +202,7 @@ def _platforms_args(sp) -> None:
 def cmd_platforms(a) -> int:
     from speechperf.telemetry.platforms import profile_table
 
-    emit(profile_table(a.file), a.json, columns=None if a.json else
+    emit(profile_table(a.file), a.json, width=width(a), columns=None if a.json or a.wide else
          ["profile", "matches", "per", "$/hour", "hourly date", "purchase $", "price date"])
     if not a.json:
         print("Sources of every price: speechperf platforms --json")

@@ -142,7 +142,7 @@ def cmd_parallel_sweep(a) -> int:
     from speechperf.studies.sweep import run_sweep
 
     rows = run_sweep(a.rest, as_json=a.json)
-    emit(rows, a.json)
+    emit(rows, a.json, width=width(a))
     return 0
 
 
@@ -166,8 +166,8 @@ def cmd_reproduce(a) -> int:
         emit_json(result)
     else:
         if result["epochs"]:
-            emit(result["epochs"], False)
-        print(f"{a.preset} seed {result['seed']}: {result['text']}")
+            emit(result["epochs"], False, width=width(a))
+        print_lines([f"{a.preset} seed {result['seed']}: {result['text']}"], width(a))
     return EXIT[result["verdict"]]
 
 
