@@ -15,15 +15,17 @@ them (runs that differ only in seed). With one seed the demo says what one seed 
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 from speechperf.config import ConfigError, load_preset
-from speechperf.metric import held
+from speechperf.metric import held, metric as metric_of
 from speechperf.scoring.targets import PAPER  # the demo's targets: the paper's, of its metrics (cer, wer)
 from speechperf.results.layout import has_checkpoint
 from speechperf.results.request import TrainRequest
 from speechperf.results.workload import workload, workload_label
+from speechperf.tables import fit_line, print_lines
 
 DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo (CPU-sized presets: cpu, tiny, conformer-cpu)
 # Presets sized for a GPU, whose model needs more audio than the CPU demo's to be busy and to
@@ -44,9 +46,7 @@ def one_seed(preset: str) -> str:
         if reached:
             spread = (f" (the {preset} preset's reference: {min(reached)} to {max(reached)} epochs to "
                       f"{ref['metric'].upper()} {target:g} over {len(ref['seeds'])} seeds)")
-    return ("one seed: this TTA mixes the machine's speed with this seed's luck - seeds of one recipe differ in epochs "
-            f"to target{spread}, so one seed cannot tell a faster machine from a luckier seed; MLPerf times several "
-            "runs of each benchmark: use --seeds 5")
+    return f"one seed: its TTA mixes machine speed and seed luck{spread}; --seeds 5 tells them apart (as MLPerf)"
 
 
 def demo_folder(out: Path, seed: int) -> Path:
@@ -92,7 +92,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
         raise ConfigError(f"--parallel {parallel} without --seeds: it places seeds side by side")
     if minutes is not None:
         overrides.append(f"train.time_cap_minutes={minutes}")
-    say = (lambda msg: None) if quiet else (lambda msg: print(f"[demo] {msg}", flush=True))
+    say = (lambda msg: None) if quiet else _say
     why = "given"
     if preset is None:
         preset, why = pick_preset()
@@ -133,6 +133,61 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
         _say_groups(runs, say)
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
     return [row for metric in PAPER for row in tta_table(runs, metric=metric, targets="paper")]
+
+
+def _say(msg: str) -> None:
+    """A line of the demo's progress, wrapped to the terminal's 100 columns (tables.WIDTH)."""
+    print_lines([f"[demo] {msg}"])
+    sys.stdout.flush()
+
+
+def summary(rows: list[dict], report: Path) -> list[str]:
+    """The demo's last five lines, from its TTA rows (``run_demo``'s): what was timed, the TTA of
+    the first run (the tightest target of the first metric it reached, else its first), where
+    that time went, the efficiency, and where the report is; each within 100 characters but
+    the report's path, which stays whole."""
+    from speechperf.studies.tta_text import to_accuracy
+
+    first = [r for r in rows if r["run"] == rows[0]["run"] and r["metric"] == rows[0]["metric"]]
+    row = ([r for r in first if r["minutes"] is not None] or first[:1])[-1]
+    targets = {r["metric"]: "/".join(f"{x['target']:g}" for x in rows if x["run"] == row["run"]
+                                      and x["metric"] == r["metric"]) for r in rows}
+    runs = len({r["run"] for r in rows})
+    lines = [f"timed: {row['workload']} on {row['machine']}, to "
+             + ", ".join(f"{metric_of(m).label} {t}" for m, t in targets.items()) + f" ({runs} run{'s' * (runs > 1)})",
+             f"TTA: {_tta_words(row)}",
+             f"where it went: {_parts_words(row.get('time parts s'))}" + ("" if row["minutes"] is not None
+                                                                           else " (to the last evaluation)"),
+             f"efficiency: MFU {_fmt(row.get('MFU %'), '.3g', '%')}, {_fmt(row.get('TFLOPS'), '.3g', ' TFLOPS')}; "
+             f"to accuracy: {to_accuracy(row)}"]
+    return [fit_line(line) for line in lines] + [f"report: {report}"]
+
+
+def _tta_words(row: dict) -> str:
+    """``CER 10 in 3.21 min (8 epochs; error 9.36 [8.10, 10.70])``, or what to do where it was not reached."""
+    from speechperf.scoring.bootstrap import with_interval
+    from speechperf.studies.tta_text import target_text
+
+    if row["minutes"] is None:
+        return f"{target_text(row)} not reached: train longer (--minutes) or on more audio (--hours)"
+    epochs = row["epochs to target"]
+    error = with_interval(row["error at TTA"], row["error 95% low"], row["error 95% high"])
+    return (f"{target_text(row)} in {row['minutes']:.3g} min ({epochs} epoch{'s' * (epochs != 1)}"
+            + (f"; error {error})" if error else ")"))
+
+
+def _parts_words(parts: dict | None) -> str:
+    """``steps 70%, data 17%, eval 7%``: the shares of the time, largest first, those under 1% left out."""
+    from speechperf.studies.time_parts import PARTS, SHORT
+
+    if not parts or not parts.get("total s"):
+        return "not recorded"
+    shares = sorted(((100 * parts[f"{p} s"] / parts["total s"], SHORT[p]) for p in PARTS), reverse=True)
+    return ", ".join(f"{name} {pct:.0f}%" for pct, name in shares if pct >= 0.5)
+
+
+def _fmt(value, spec: str, unit: str) -> str:
+    return "not measured" if value is None else f"{value:{spec}}{unit}"
 
 
 def _say_groups(runs: list[Path], say) -> None:

@@ -1,5 +1,9 @@
 """Print rows as an aligned text table or, with ``--json``, as a JSON list of objects; write
-them as CSV files."""
+them as CSV files.
+
+A text table fits :data:`WIDTH` columns unless it is asked to be wide (``--wide``): its widest
+cells are cut first, then its last columns are left out (the columns are given most important
+first), and a line says which; ``--json`` and ``--wide`` always show every value whole."""
 from __future__ import annotations
 
 import csv
@@ -12,6 +16,11 @@ from typing import Any, Sequence
 
 from speechperf.atomic import atomic_write_text
 
+WIDTH = 100  # the terminal columns a default text table and each note under it fit
+CUT = "~"  # ends a cell cut to fit (ASCII: any terminal encoding prints it)
+NARROWEST = 8  # a column is cut no narrower than this (or its whole cell), so it stays legible
+GAP = "  "  # between columns
+
 
 def _fmt(v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -21,32 +30,93 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def format_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+def format_table(rows: Sequence[dict], columns: Sequence[str] | None = None, width: int | None = None) -> str:
+    """``rows`` as aligned text; ``width`` (None: as wide as the cells): cut to fit it (:func:`fit`)."""
     if not rows:
         return "(no rows)"
     columns = list(columns or rows[0].keys())
     cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))  # noqa: E731
-    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+    left_out: list[str] = []
+    if width is not None:
+        widths, left_out = fit(columns, widths, width)
+        columns, cells = columns[:len(widths)], [row[:len(widths)] for row in cells]
+    line = lambda vals: GAP.join(_cut(v, w).rjust(w) for v, w in zip(vals, widths))  # noqa: E731
+    text = [line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)]
+    if left_out:
+        text.append(fit_line(f"(left out: {', '.join(left_out)}; --wide shows them)", width))
+    return "\n".join(text)
 
 
-def emit(rows: Sequence[dict], as_json: bool, columns: Sequence[str] | None = None, out=None) -> None:
-    """Write ``rows`` to ``out`` (stdout): the same rows either way, JSON for scripts."""
+def fit(columns: list[str], widths: list[int], width: int) -> tuple[list[int], list[str]]:
+    """Column widths whose table fits ``width``: the widest column cut by one character at a
+    time, down to :data:`NARROWEST`; then the last columns left out. Returns the widths of the
+    columns kept and the names of those left out."""
+    widths = list(widths)
+    total = lambda: sum(widths) + len(GAP) * (len(widths) - 1)  # noqa: E731
+    while total() > width:
+        widest = max(range(len(widths)), key=lambda i: widths[i])
+        if widths[widest] <= NARROWEST:
+            break
+        widths[widest] -= 1
+    left_out = []
+    while len(widths) > 1 and total() > width:
+        widths.pop()
+        left_out.insert(0, columns[len(widths)])
+    return widths, left_out
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` in ``width`` characters: its start, or a path's end (the folder's own name)."""
+    if len(text) <= width:
+        return text
+    keep = max(width - len(CUT), 0)
+    if "/" in text and " " not in text:
+        return CUT + text[len(text) - keep:]
+    return text[:keep] + CUT
+
+
+def fit_line(text: str, width: int | None = WIDTH) -> str:
+    """One line of at most ``width`` characters (None: as it is), cut at its end."""
+    return text if width is None else _cut(text, width)
+
+
+def emit(rows: Sequence[dict], as_json: bool, columns: Sequence[str] | None = None, out=None,
+         width: int | None = WIDTH) -> None:
+    """Write ``rows`` to ``out`` (stdout): the same rows either way, JSON for scripts (every
+    key, whatever ``columns`` says); the text fits ``width`` columns (None: ``--wide``, whole)."""
     out = out or sys.stdout
     if as_json:
         json.dump(list(rows), out, indent=1, default=str)
         out.write("\n")
     else:
-        out.write(format_table(rows, columns) + "\n")
+        out.write(format_table(rows, columns, width) + "\n")
 
 
-def notes(rows: Sequence[dict], column: str, out=None) -> None:
+def pick(rows: Sequence[dict], columns: dict[str, str]) -> list[dict]:
+    """The narrow form of ``rows``: only ``columns`` (key: the header shown), in their order."""
+    return [{header: r.get(key) for key, header in columns.items()} for r in rows]
+
+
+def notes(rows: Sequence[dict], column: str, out=None, width: int | None = None) -> None:
     """Below a text table: each run's ``column`` (a long note, e.g. why its MFU is not shown)
-    once, as ``note: RUN: TEXT``; nothing where no row has one."""
+    once, as ``note: RUN: TEXT``; nothing where no row has one. ``width``: each note wrapped
+    to lines of at most that many characters (None: one line each, however long)."""
     out = out or sys.stdout
-    for run, text in dict.fromkeys((r.get("run"), r[column]) for r in rows if r.get(column)):
-        out.write(f"note: {run}: {text}\n")
+    lines = [f"note: {run}: {text}" for run, text in dict.fromkeys((r.get("run"), r[column]) for r in rows if r.get(column))]
+    print_lines(lines, width, out)
+
+
+def print_lines(lines: Sequence[str], width: int | None = WIDTH, out=None) -> None:
+    """Notes under a table: each wrapped to lines of at most ``width`` characters, the lines
+    after its first indented (None: each note on one line as it is, ``--wide``)."""
+    import textwrap
+
+    out = out or sys.stdout
+    for text in lines:
+        wrapped = [text] if width is None or len(text) <= width else textwrap.wrap(
+            text, width, subsequent_indent="  ", break_on_hyphens=False)
+        out.write("\n".join(wrapped or [""]) + "\n")
 
 
 def write_csv(path: Path, rows: Sequence[dict]) -> Path:

@@ -1,5 +1,6 @@
 """The demo picks the machine's preset (gpu with CUDA, else cpu) and says so; --preset wins."""
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,7 +94,8 @@ def test_demo_seeds_layout_and_one_seed_line(tiny_features, monkeypatch, tmp_pat
     mtime = (out / "run" / "results.db").stat().st_mtime_ns
     rows = demo.run_demo(out, sweep=False, **args)  # `demo --no-sweep`: the report, no beam sweep
     text = capsys.readouterr().out
-    assert "already finished" in text and demo.one_seed("tiny") in text and "--seeds 5" in text
+    assert "already finished" in text and "[demo] one seed: " in text and "--seeds 5" in " ".join(text.split())
+    assert max(map(len, text.splitlines())) <= 100  # every line the demo says, wrapped
     assert "(the tiny preset's reference: 4 to 5 epochs to CER 38 over 5 seeds)" in demo.one_seed("tiny")
     assert "(the cpu preset's reference: 8 to 9 epochs to CER 10 over 5 seeds)" in demo.one_seed("cpu")
     assert "reference" not in demo.one_seed("gpu")  # none recorded: no spread to cite
@@ -108,3 +110,47 @@ def test_no_sweep_option_reaches_the_demo(monkeypatch):
     monkeypatch.setattr(demo, "run_demo", lambda out, **kw: got.update(kw) or [])
     assert main(["demo", "--out", "x", "--no-sweep", "--json"]) == 0 and got["sweep"] is False
     assert main(["demo", "--out", "x", "--json"]) == 0 and got["sweep"] is True
+
+
+GPU_DEMO = Path(__file__).parent / "benchmarks/fixtures/gpu_check/runs/demo/run"  # a recorded H200 demo run
+
+
+def _demo_rows(runs, targets="paper", epochs=3):
+    """The rows run_demo returns: CER then WER, a row per run and target."""
+    from speechperf.studies.tta import tta_table
+
+    return [row for m in ("cer", "wer") for row in tta_table(runs, metric=m, targets=targets if m == "cer" else "paper",
+                                                             epochs=epochs)]
+
+
+def test_the_demo_ends_in_five_lines_on_a_recorded_run():
+    """The H200 demo run reached every paper target: the tightest CER one is its TTA."""
+    lines = demo.summary(_demo_rows([GPU_DEMO]), Path("demo/report/index.html"))
+    assert lines == ["timed: ds2, 25.6 M params on H200x1, to CER 10/8/7, WER 22/20.2/19.2 (1 run)",
+                     "TTA: CER 7 in 1.93 min (12 epochs; error 5.87 [5.61, 6.17])",
+                     "where it went: steps 65%, eval 20%, data 9%, ckpt 5%, epoch 1%",
+                     "efficiency: MFU 3.92%, 38.8 TFLOPS; to accuracy: $0.15",
+                     "report: demo/report/index.html"]
+
+
+def test_the_demo_ending_of_a_run_short_of_its_target_says_what_to_do(tiny_run):
+    lines = demo.summary(_demo_rows([tiny_run, GPU_DEMO]), Path("report/index.html"))
+    assert len(lines) == 5 and max(map(len, lines)) <= 100
+    assert lines[0].endswith("(2 runs)") and "tiny" not in lines[0]  # the first run's workload, and how many
+    assert lines[1] == "TTA: CER 10 not reached: train longer (--minutes) or on more audio (--hours)"
+    assert lines[2].startswith("where it went: steps ") and lines[2].endswith("(to the last evaluation)")
+    assert lines[3].endswith("to accuracy: none: unreached")
+    reached = demo.summary(_demo_rows([tiny_run], targets="90", epochs=1), Path("r"))[1]
+    assert reached.startswith("TTA: CER 90 in ") and "(1 epoch; error " in reached
+
+
+def test_the_demo_command_prints_the_narrow_table_then_the_ending(monkeypatch, capsys):
+    from speechperf.cli import main
+
+    monkeypatch.setattr(demo, "run_demo", lambda out, **kw: _demo_rows([GPU_DEMO]))
+    assert main(["demo", "--out", "d"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["run", "target"] and max(map(len, lines)) <= 100
+    assert lines[-5].startswith("timed: ") and lines[-1] == "report: d/report/index.html"
+    assert main(["demo", "--out", "d", "--wide"]) == 0
+    assert "time parts" in capsys.readouterr().out.splitlines()[0]

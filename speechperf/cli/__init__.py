@@ -1,5 +1,7 @@
 """Command line: parses arguments and calls one library function per command.
 
+``speechperf --help`` speaks to a user (:data:`ABOUT`, the commands in :data:`SECTIONS`);
+``speechperf --version`` prints the installed package's version.
 Every command that prints a table takes ``--json`` and then prints the same rows as JSON.
 Errors that the user can fix (bad input, bad config) print one line naming the file or
 value and exit with status 2; anything else is a bug and keeps its traceback.
@@ -25,9 +27,49 @@ ORDER = ("corpus", "prepare", "train", "tta", "eval", "beam-sweep", "lm", "check
          "parallel", "reproduce", "demo")
 
 
+# what --help says first, to someone who has not used speechperf
+ABOUT = ("speechperf measures how fast a machine trains a speech recognition model to a target accuracy (time to "
+         "accuracy, TTA), where that time went, and its energy and cost. Start with `speechperf demo`: it makes a "
+         "small corpus, trains on it and ends with the TTA and a report.")
+# --help's listing of the top level's commands, by what a user is doing (every ORDER name once)
+SECTIONS = (("start here", ("demo",)), ("data", ("corpus", "prepare", "lm")),
+            ("training", ("train", "parallel", "reproduce")),
+            ("results", ("tta", "eval", "beam-sweep", "check-log", "report", "platforms")), ("hardware", ("bench",)))
+
+
+def version() -> str:
+    """The installed package's version; this source tree's where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("speechperf")
+    except PackageNotFoundError:
+        from speechperf import __version__
+
+        return __version__
+
+
+def description(width: int = 100) -> str:
+    """--help's text: :data:`ABOUT`, then each section's commands with their one-line help."""
+    import textwrap
+
+    helps = {c.name: c.help for c in COMMANDS if c.group is None} | GROUPS
+    lines = textwrap.wrap(ABOUT, width)
+    for title, names in SECTIONS:
+        lines += ["", f"{title}:"]
+        for name in names:
+            lines += textwrap.wrap(helps[name], width, initial_indent=f"  {name:<12}", subsequent_indent=" " * 14,
+                                   break_on_hyphens=False)
+    return "\n".join(lines + ["", "Each command's options: speechperf COMMAND --help"])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="speechperf", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="speechperf",
+                                description=description(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"speechperf {version()}")
+    # the commands are listed in the description, grouped; argparse's flat list is left out
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS)
+    p.usage = "%(prog)s [-h] [--version] COMMAND ..."  # after add_subparsers, which names subcommands from it
     groups = {}
     for command in sorted(COMMANDS, key=lambda c: ORDER.index(c.group or c.name)):  # stable: a group's own order
         parent = sub

@@ -4,8 +4,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speechperf.cli.parsing import Command, Registry, csv_list, preset
-from speechperf.tables import emit
+from speechperf.cli.parsing import WIDTH, Command, Registry, csv_list, preset
+from speechperf.tables import emit, pick, print_lines
+
+# The default text tables' columns (key: the header shown), to fit 100 columns; --wide shows
+# each module's COLUMNS, --json, --csv and the database every column.
+OPS_NARROW = {"dtype": "dtype", "threads": "thr", "op": "op", "shape": "shape", "ms_median": "ms", "tflops": "TFLOPS",
+              "pct_peak": "% peak", "pct_measured_peak": "% best", "power_w": "W", "status": "status"}
+ZOO_NARROW = {"model": "model", "batch": "batch", "precision": "prec", "device": "device", "samples_per_s": "samples/s",
+              "mfu_pct": "MFU %", "step_s": "step s", "power_w": "W", "joules_per_sample": "J/sample", "status": "status"}
+FEED_NARROW = {"preset": "preset", "batch": "batch", "mean utt s": "mean utt s", "appetite audio s/s": "appetite s/s",
+               "supply audio s/s per reader": "supply s/s/reader", "readers per GPU": "readers/GPU",
+               "host cores": "cores", "GPUs this host feeds": "GPUs fed"}
+
+
+def _table(a, rows: list[dict], columns, narrow: dict[str, str], lines: list[str] | None) -> None:
+    """``rows`` as --json, --wide (``columns``, whole) or the narrow default (``narrow``), then
+    the notes under a text table (``lines``: a bench's own ``notes``)."""
+    if a.json or a.wide:
+        emit(rows, a.json, columns=columns, width=None)
+    else:
+        emit(pick(rows, narrow), False)
+    if not a.json:
+        print_lines(lines, None if a.wide else WIDTH)
 
 
 def _zoo_models():
@@ -63,9 +84,7 @@ def cmd_bench_ops(a) -> int:
     rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick,
                    seconds=a.seconds, csv_path=a.csv, warmup_seconds=a.warmup_seconds, repeats=a.repeats,
                    energy_min_seconds=a.energy_min_seconds)
-    emit(rows, a.json, columns=COLUMNS)
-    if not a.json:
-        print("\n".join(notes(rows)))
+    _table(a, rows, COLUMNS, OPS_NARROW, notes(rows))
     check_measured(rows, "bench ops")  # nothing measured: exit 1, the causes in words
     return 0
 
@@ -92,9 +111,7 @@ def cmd_bench_zoo(a) -> int:
     rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters,
                    db_path=a.db, csv_path=a.csv, warmup=a.warmup, seconds=a.seconds, warmup_seconds=a.warmup_seconds,
                    repeats=a.repeats, energy_min_seconds=a.energy_min_seconds)
-    emit(rows, a.json, columns=COLUMNS)
-    if not a.json:
-        print("\n".join(notes(rows)))
+    _table(a, rows, COLUMNS, ZOO_NARROW, notes(rows))
     check_measured(rows, "bench zoo")  # nothing measured: exit 1, the causes in words
     return 0
 
@@ -122,9 +139,7 @@ def cmd_bench_feed(a) -> int:
     row = run_feed(a.preset, a.overrides, data=Path(a.data) if a.data else None, device=a.device, profile=a.profile,
                    readers=a.readers, windows=a.windows, steps=a.steps, warmup=a.warmup,
                    cores=a.cores)
-    emit([row], a.json, columns=COLUMNS)
-    if not a.json:
-        print("\n".join(notes(row)))
+    _table(a, [row], COLUMNS, FEED_NARROW, notes(row))
     return 0
 
 

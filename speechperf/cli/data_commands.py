@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from speechperf.cli.parsing import Command, csv_list
+from speechperf.cli.parsing import Command, csv_list, width
 from speechperf.tables import emit
 
 
@@ -19,7 +19,7 @@ def cmd_corpus_synth(a) -> int:
     from speechperf.corpus.synth import synthesize
 
     summary = synthesize(Path(a.out), hours=a.hours, seed=a.seed, progress=not a.json)
-    emit(summary["splits"], a.json)
+    emit(summary["splits"], a.json, width=width(a))
     return 0
 
 
@@ -32,7 +32,7 @@ def cmd_corpus_check(a) -> int:
     from speechperf.corpus.librispeech import check_corpus
 
     rows = check_corpus(Path(a.corpus), splits=a.splits)
-    emit(rows, a.json)
+    emit(rows, a.json, width=width(a))
     return 0
 
 
@@ -53,7 +53,7 @@ def cmd_corpus_fetch(a) -> int:
 
     rows = fetch_corpus(a.corpus, Path(a.out), parts=a.parts, mirror=a.mirror, keep_archives=a.keep_archives,
                         timeout=a.timeout, progress=not a.json)
-    emit(rows, a.json)
+    emit(rows, a.json, width=width(a))
     return 0
 
 
@@ -91,7 +91,7 @@ def cmd_prepare(a) -> int:
 
     summary = prepare(a.corpus and Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json,
                       recompute_stats=a.recompute_stats, config=FeatureConfig(compress=not a.raw), manifests=a.manifest)
-    emit(summary["splits"], a.json)
+    emit(summary["splits"], a.json, width=width(a))
     return 0
 
 
@@ -103,7 +103,7 @@ def _lm_build_args(sp) -> None:
 def cmd_lm_build(a) -> int:
     from speechperf.decode.lm import build_lm_for_features
 
-    emit([build_lm_for_features(Path(a.features), split=a.split)], a.json)
+    emit([build_lm_for_features(Path(a.features), split=a.split)], a.json, width=width(a))
     return 0
 
 

@@ -8,6 +8,8 @@ import copy
 from dataclasses import dataclass
 from typing import Callable
 
+from speechperf.tables import WIDTH
+
 
 @dataclass(frozen=True)
 class Command:
@@ -99,7 +101,14 @@ def add_command(parent, command: Command) -> argparse.ArgumentParser:
     sp = parent.add_parser(command.name, help=command.help, description=command.help, formatter_class=HelpFormatter,
                            parents=list(command.parents() if command.parents else ()))
     sp.add_argument("--json", action="store_true", help="print the rows as JSON")
+    sp.add_argument("--wide", action="store_true",
+                    help=f"print every column of a text table and every note whole (default: they fit {WIDTH} columns)")
     sp.set_defaults(func=command.run)
     if command.args is not None:
         command.args(sp)
     return sp
+
+
+def width(a) -> int | None:
+    """The columns a command's text output fits: None with ``--wide`` (every column, whole)."""
+    return None if getattr(a, "wide", False) else WIDTH

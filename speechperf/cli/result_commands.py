@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from speechperf import metric
-from speechperf.cli.parsing import Command, Registry, csv_list
+from speechperf.cli.parsing import Command, Registry, csv_list, width
 from speechperf.decode import WORDBEAM_MODES
-from speechperf.tables import emit, emit_json, notes
+from speechperf.tables import emit, emit_json, notes, print_lines
 
 
 def _decoders():
@@ -55,31 +55,55 @@ def _tta_args(sp) -> None:
 
 
 def cmd_tta(a) -> int:
-    from speechperf.studies.study import study_notes, tta_study
+    from speechperf.studies.study import tta_study
 
     study = tta_study([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
                       price_per_hour=a.price_per_hour, platform_file=a.platform_file)
     if a.json:
         emit_json(study)
-        return 0
-    error_column(study["runs"])
-    emit(study["runs"], False, columns=["run", "workload", "machine", "metric", "target", "median of", "minutes", "relative",
-                                        "error at TTA [95%]", "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %",
-                                        "platform", "cost to accuracy $", "TTA x price ($ min)", "energy to accuracy kWh", "time parts",
-                                        "price note"])
-    notes(study["runs"], "MFU note")
-    print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
-    emit(study["groups"], False, columns=["group", "target", "runs", "reached", "never reached", "unfinished",
-                                          "median TTA min", "olympic TTA min", "min TTA min", "max TTA min",
-                                          "median epochs to target", "median min/epoch", "min/epoch max/min",
-                                          "epochs to target per seed", "RCP check", "olympic rule"])
+    elif a.wide:
+        _tta_wide(study)
+    else:
+        _tta_narrow(study)
+    return 0
+
+
+def _tta_narrow(study: dict) -> None:
+    """The default text: a few columns a run (studies/tta_text.py), the groups only where one
+    holds several seeds, notes of one line each; everything fits 100 columns."""
+    from speechperf.studies import tta_text
+
+    emit(tta_text.short_rows(study["runs"]), False, columns=tta_text.COLUMNS)
+    if tta_text.several_seeds(study["groups"]):
+        print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
+        emit(tta_text.short_groups(study["groups"]), False, columns=tta_text.GROUP_COLUMNS)
     if study["comparisons"]:
         print("\nBetween groups of one workload:")
-        emit(study["comparisons"], False, columns=["A", "B", "target", "seeds A", "seeds B", "TTA ratio A/B", "95% low",
-                                                   "95% high", "epochs ratio A/B", "min/epoch ratio A/B", "verdict"])
-    for line in study_notes(study):
-        print(line)
-    return 0
+        emit(tta_text.short_comparisons(study["comparisons"]), False, columns=tta_text.COMPARISON_COLUMNS)
+    print_lines(tta_text.short_notes(study))
+
+
+def _tta_wide(study: dict) -> None:
+    """``--wide``: every column of every table, and every note whole."""
+    from speechperf.studies.study import study_notes
+
+    error_column(study["runs"])
+    emit(study["runs"], False, width=None, columns=[
+        "run", "workload", "machine", "metric", "target", "median of", "minutes", "relative", "error at TTA [95%]",
+        "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %", "platform", "cost to accuracy $",
+        "TTA x price ($ min)", "energy to accuracy kWh", "time parts", "price note"])
+    notes(study["runs"], "MFU note")
+    print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
+    emit(study["groups"], False, width=None, columns=[
+        "group", "target", "runs", "reached", "never reached", "unfinished", "median TTA min", "olympic TTA min",
+        "min TTA min", "max TTA min", "median epochs to target", "median min/epoch", "min/epoch max/min",
+        "epochs to target per seed", "RCP check", "olympic rule"])
+    if study["comparisons"]:
+        print("\nBetween groups of one workload:")
+        emit(study["comparisons"], False, width=None, columns=[
+            "A", "B", "target", "seeds A", "seeds B", "TTA ratio A/B", "95% low", "95% high", "epochs ratio A/B",
+            "min/epoch ratio A/B", "verdict"])
+    print_lines(study_notes(study), width=None)
 
 
 def error_column(rows: list[dict]) -> None:
@@ -99,7 +123,7 @@ def cmd_check_log(a) -> int:
     from speechperf.train.mlperf import check_run
 
     row = check_run(Path(a.run))
-    emit([row], a.json)
+    emit([row], a.json, width=width(a))
     return 0 if row["compliant"] else 1
 
 
@@ -125,7 +149,7 @@ def cmd_eval(a) -> int:
 
     row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers,
                        mode=a.mode, data=Path(a.data) if a.data else None)
-    emit([row], a.json)
+    emit([row], a.json, width=width(a))
     return 0
 
 
@@ -146,7 +170,7 @@ def cmd_beam_sweep(a) -> int:
 
     rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers,
                       mode=a.mode, data=Path(a.data) if a.data else None, db_path=Path(a.db) if a.db else None)
-    emit(rows, a.json)
+    emit(rows, a.json, width=width(a))
     return 0
 
 
@@ -204,7 +228,7 @@ def _platforms_args(sp) -> None:
 def cmd_platforms(a) -> int:
     from speechperf.telemetry.platforms import profile_table
 
-    emit(profile_table(a.file), a.json, columns=None if a.json else
+    emit(profile_table(a.file), a.json, width=width(a), columns=None if a.json or a.wide else
          ["profile", "matches", "per", "$/hour", "hourly date", "purchase $", "price date"])
     if not a.json:
         print("Sources of every price: speechperf platforms --json")

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from speechperf import metric
-from speechperf.cli.parsing import PRESETS, Command, preset
+from speechperf.cli.parsing import PRESETS, WIDTH, Command, preset, width
 from speechperf.cli.result_commands import error_column
 from speechperf.errors import SpeechperfError
-from speechperf.tables import emit, emit_json, notes
+from speechperf.tables import emit, emit_json, notes, print_lines
 
 
 def _seeds(text: str):
@@ -87,20 +87,22 @@ def cmd_train(a) -> int:
 
     # every rank of a torchrun job returns rank 0's summary (one exit status); one prints it
     if DistEnv.from_env().rank == 0:
-        _emit_summaries([result], a.json)
+        _emit_summaries([result], a.json, width(a))
     return 0 if result.get("status") in ("success", "time_cap", "max_epochs") else 1
 
 
-def _emit_summaries(results: list[dict], as_json: bool) -> None:
+def _emit_summaries(results: list[dict], as_json: bool, fit: int | None = WIDTH) -> None:
     """The runs' summaries: --json every field; as text one narrow row a run (its nested records,
-    the floor's and the convergence check's, stay in summary.json) and its long notes below."""
+    the floor's and the convergence check's, stay in summary.json) and its long notes below,
+    fitting ``fit`` columns (None: --wide, whole)."""
     if as_json:
         return emit(results, True)
     rows = [{**r, "loop/floor": (r.get("floor") or {}).get("loop_over_floor")} for r in results]
-    emit(rows, False, columns=[*(["seed"] if "seed" in rows[0] else []), "run", "status", "epochs", "iterations",
-                               "clock_min", *(f"last_{m}" for m in metric.targets()), "mfu_pct", "loop/floor"])
+    emit(rows, False, width=fit, columns=[*(["seed"] if "seed" in rows[0] else []), "run", "status", "epochs",
+                                          "iterations", "clock_min", *(f"last_{m}" for m in metric.targets()),
+                                          "mfu_pct", "loop/floor"])
     for column in ("mfu_note", "precision_note"):
-        notes(rows, column)
+        notes(rows, column, width=fit)
 
 
 def _train_seeds(a, request, resume_modes) -> int:
@@ -125,7 +127,7 @@ def _train_seeds(a, request, resume_modes) -> int:
     else:
         results = train_seeds(a.seeds, request, say=say_seeds)
     if rank0:
-        _emit_summaries(results, a.json)
+        _emit_summaries(results, a.json, width(a))
     return 0
 
 
@@ -140,7 +142,7 @@ def cmd_parallel_sweep(a) -> int:
     from speechperf.studies.sweep import run_sweep
 
     rows = run_sweep(a.rest, as_json=a.json)
-    emit(rows, a.json)
+    emit(rows, a.json, width=width(a))
     return 0
 
 
@@ -164,8 +166,8 @@ def cmd_reproduce(a) -> int:
         emit_json(result)
     else:
         if result["epochs"]:
-            emit(result["epochs"], False)
-        print(f"{a.preset} seed {result['seed']}: {result['text']}")
+            emit(result["epochs"], False, width=width(a))
+        print_lines([f"{a.preset} seed {result['seed']}: {result['text']}"], width(a))
     return EXIT[result["verdict"]]
 
 
@@ -190,20 +192,26 @@ def _demo_args(sp) -> None:
 
 
 def cmd_demo(a) -> int:
-    from speechperf.demo import run_demo
+    from speechperf.demo import run_demo, summary
 
     _isa_cap(a)
 
     rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json,
                     seeds=a.seeds, parallel=a.parallel, sweep=not a.no_sweep)
-    if not a.json:
+    if a.json:
+        emit(rows, True)
+    elif a.wide:
         error_column(rows)
-    emit(rows, a.json, columns=["run", "workload", "metric", "target", "median of", "epochs to target", "minutes", "relative",
-                                *([] if a.json else ["error at TTA [95%]"]), "init s",
-                                "TFLOPS", "MFU %", "cost to accuracy $", "energy to accuracy kWh", "time parts",
-                                "price note"])
-    if not a.json:
+        emit(rows, False, width=None, columns=[
+            "run", "workload", "metric", "target", "median of", "epochs to target", "minutes", "relative",
+            "error at TTA [95%]", "init s", "TFLOPS", "MFU %", "cost to accuracy $", "energy to accuracy kWh",
+            "time parts", "price note"])
         notes(rows, "MFU note")
+    else:  # a few columns, then what was timed and where it went in five lines (demo.summary)
+        from speechperf.studies import tta_text
+
+        emit(tta_text.short_rows(rows), False, columns=tta_text.COLUMNS)
+        print_lines(["", *summary(rows, Path(a.out) / "report" / "index.html")])
     return 0
 
 

@@ -74,11 +74,14 @@ def differences(mine: dict, theirs: dict) -> list[str]:
 
 def comparable(mine: dict, theirs: dict) -> str | None:
     """None when a run of settings ``mine`` can reproduce a curve of settings ``theirs``;
-    else why not. The seed, torch, threads (1), the cap and the features must be the same."""
+    else why not, and what to run instead. The seed, torch, threads (1), the cap and the
+    features must be the same."""
+    rerun = f"rerun with --isa {theirs.get('cap') or 'avx2'} threads=1"  # the cap the curve was made under
     if mine.get("threads") != ONE_THREAD:
-        return f"threads {mine.get('threads')}: only a 1-thread run is reproducible across machines"
+        threads = mine.get("threads")
+        return f"ran on {'all cores' if not threads else f'{threads} threads'}; {rerun}"
     if not mine.get("cap"):
-        return "no ISA cap (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_CBWR): kernels follow the machine"
+        return f"no ISA cap; {rerun}"  # without one, the kernels follow the machine
     missing = [d for d in differences(mine, theirs) if d.split(" ", 1)[0] in ("torch", "threads", "features_sha256",
                                                                                 "seed", "cap", "MKL_CBWR")]
     return "; ".join(missing) if missing else None
@@ -138,7 +141,7 @@ def run_reproduction(config: dict, env: dict, evals: list[dict]) -> dict | None:
         return None
     why = comparable(mine, curve["settings"]) or recipe_differs(ref, config)
     if why:
-        return {"verdict": NOT_COMPARABLE, "text": f"cannot be compared with the reference curve: {why}", "flagged": False}
+        return {"verdict": NOT_COMPARABLE, "text": f"reference curve not compared: {why}", "flagged": False}
     result = compare(curve_of(evals), curve["epochs"])
     if result["verdict"] == IDENTICAL and result["epochs"]:
         return {"verdict": IDENTICAL, "flagged": False,

@@ -37,6 +37,7 @@ from speechperf.bench.mfu import RunFlops
 from speechperf.telemetry.gc_pauses import GcPauses
 from speechperf.telemetry.sampler import Sampler
 from speechperf.telemetry.status import StatusLine
+from speechperf.tables import print_lines
 
 SENTENCE_PAIRS = 3  # hypothesis/reference pairs logged per sentence batch
 
@@ -384,10 +385,12 @@ class RunRecorder(Recorder):
                 "value": s.value, "segment": segment}
 
     def _say(self, text: str) -> None:
+        """``text`` on stdout, each of its lines wrapped to a 100-column terminal (tables.WIDTH)."""
         if not self.quiet:
             if self.status_line:
                 self.status_line.clear()
-            print(text, flush=True)
+            print_lines(text.splitlines())
+            sys.stdout.flush()
 
 
 def _rates(r: dict) -> str:

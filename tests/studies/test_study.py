@@ -60,7 +60,10 @@ def test_a_database_without_the_interval_columns_is_read_and_upgraded_on_write(t
             conn.execute(f"ALTER TABLE evals DROP COLUMN {col}")
     assert main(["tta", str(run), "--targets", "10"]) == 0
     text = capsys.readouterr().out
-    assert "error at TTA [95%]" in text and " 9.00 " in text and "9.00 [" not in text  # the value, no interval
+    assert "error [95%]" in text and " 9.0 " in text and "9.0 [" not in text  # the value, no interval
+    assert main(["tta", str(run), "--targets", "10", "--wide"]) == 0
+    text = capsys.readouterr().out
+    assert "error at TTA [95%]" in text and " 9.00 " in text and "9.00 [" not in text
     assert main(["tta", str(run), "--targets", "10", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["evaluations"][0]["cer_lo"] is None
     with ResultsDB(run / "results.db") as db:

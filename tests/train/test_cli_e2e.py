@@ -54,8 +54,9 @@ def test_cli_end_to_end(tmp_path):
     assert table[0]["cost to accuracy $"] == (None if reached is None else table[0]["minutes"] / 60 * 6)
     assert table[0]["minutes"] == reached and table[0]["relative"] == (None if reached is None else 100.0)
     assert table[1]["minutes"] is None and table[1]["relative"] is None  # never reached: NA
-    text = cli("tta", run, "--targets", "0.001").stdout  # the table as text, without a price: a CPU box has none
+    text = cli("tta", run, "--targets", "0.001", "--wide").stdout  # every column as text, without a price: a CPU box has none
     assert "NA" in text and "give --price-per-hour" in text
+    assert "none: unreached" in cli("tta", run, "--targets", "0.001").stdout  # the narrow table: one word why
 
     row = json.loads(cli("eval", run, "--decoder", "wordbeam", "--beam", "4", "--mode", "ngrams_forecast",
                          "--json").stdout)

@@ -9,6 +9,7 @@ databases (transcripts above all) is HTML-escaped.
 from __future__ import annotations
 
 import html
+from itertools import takewhile
 from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
@@ -23,8 +24,13 @@ from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
 from speechperf.results.run import Run
 
+# Tables as wide as the page at most (a 1280-pixel window never scrolls sideways): a long cell
+# (time parts, price notes, a path: class "long") may wrap anywhere rather than widen its
+# column; numbers and names stay whole, headers wrap between words; a table of many columns
+# is shown in parts (html_table).
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
-         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+         "table{border-collapse:collapse;margin:1em 0;max-width:100%;font-size:90%}"
+         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td.long{overflow-wrap:anywhere;min-width:6em}"
          "th{background:#f3f3f3}img{max-width:100%}.na{color:#a60}.cap{color:#555;font-size:90%}")
 
 
@@ -97,10 +103,28 @@ def render_section(section: Section, out: Path) -> str:
     return "\n".join(parts)
 
 
+LONG = 24  # characters: a cell longer than this may wrap anywhere (STYLE's td.long)
+KEYS = ("run", "metric", "group", "target", "A", "B", "platform", "model")  # leading columns that name a row
+PART = 12  # columns of a table part at most, besides the naming ones: what a 1280-pixel page holds side by side
+
+
 def html_table(rows: list[dict]) -> str:
+    """``rows`` as HTML: a table of more than :data:`PART` columns besides its leading naming
+    ones (:data:`KEYS`) as several tables of even size one under the other, each repeating
+    those (the CSV file keeps one table)."""
     cols = list(dict.fromkeys(c for r in rows for c in r))  # union of keys, first-seen order
+    keys = list(takewhile(lambda c: c in KEYS, cols))
+    rest = cols[len(keys):]
+    size = -(-len(rest) // max(1, -(-len(rest) // PART)))  # parts of even size: 28 columns as 10, 9, 9
+    parts = [rest[i:i + size] for i in range(0, len(rest), size)] or [[]]
+    return "".join(_table(rows, keys + part) for part in parts)
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(_cell(_fmt(r.get(c))) for c in cols) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _cell(text: str) -> str:
+    return f"<td class=long>{html.escape(text)}</td>" if len(text) > LONG else f"<td>{html.escape(text)}</td>"

@@ -165,7 +165,8 @@ def _in_chromium(index, script: str, tmp_path) -> dict:
     probe.write_text(index.read_text().replace("</body>", script + "</body>"))
     p = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                         "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={tmp_path / 'ud'}",
-                        "--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+                        "--allow-file-access-from-files", "--virtual-time-budget=5000", "--window-size=1280,1000",
+                        "--dump-dom", probe.as_uri()],
                        capture_output=True, text=True, timeout=120)
     m = re.search(r'data-check="([^"]*)"', p.stdout)
     assert m, p.stdout[-2000:] + p.stderr[-2000:]
@@ -179,6 +180,22 @@ def test_report_in_headless_chromium(full_report, tmp_path):
     assert len(check["imgs"]) == page.count("<img ") == 5 and all(check["imgs"]), check
     assert len(check["tables"]) == page.count("<table>") >= 10 and all(n >= 2 for n in check["tables"]), check
     assert check["hostile"] and check["injected"] == 0
+
+
+FITS = """<script>window.addEventListener('load', () => {
+  const wide = [...document.querySelectorAll('table')].filter(t => t.getBoundingClientRect().right > window.innerWidth)
+    .map(t => t.rows[0].textContent.slice(0, 60));
+  document.body.setAttribute('data-check', JSON.stringify({inner: window.innerWidth, wide,
+    scroll: document.documentElement.scrollWidth}));
+});</script>"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium not installed (scripts/test.sh installs it)")
+def test_report_fits_a_1280_pixel_page(full_report, tmp_path):
+    """No table makes a 1280-pixel window scroll sideways (the TTA table's time parts and price
+    notes, the run table's machines): cells wrap instead."""
+    check = _in_chromium(full_report, FITS, tmp_path)
+    assert check["inner"] == 1280 and check["scroll"] <= 1280 and check["wide"] == [], check
 
 
 def _second_machine(run, root, label):

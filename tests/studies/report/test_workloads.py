@@ -47,6 +47,8 @@ def test_the_tta_table_ranks_within_a_workload_only(runs, capsys):
     assert [(r["run"], r["workload"], r["minutes"], r["relative"]) for r in rows] == [
         ("ds2-a", ds2, 4.0, 100.0), ("ds2-b", ds2, 6.0, 150.0), ("conf", conformer, 3.0, 100.0)]
     assert main(["tta", *map(str, runs), "--targets", "10"]) == 0
+    assert f"2 workloads, each run ranked within its own: {ds2}; {conformer}" in capsys.readouterr().out
+    assert main(["tta", *map(str, runs), "--targets", "10", "--wide"]) == 0
     out = capsys.readouterr().out
     assert f"2 workloads ({ds2}; {conformer}): different jobs, not ranked against each other" in out
 
