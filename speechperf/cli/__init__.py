@@ -34,7 +34,7 @@ ABOUT = ("speechperf measures how fast a machine trains a speech recognition mod
 # --help's listing of the top level's commands, by what a user is doing (every ORDER name once)
 SECTIONS = (("start here", ("demo",)), ("data", ("corpus", "prepare", "lm")),
             ("training", ("train", "parallel", "reproduce")),
-            ("results", ("tta", "eval", "beam-sweep", "check-log", "report", "platforms")), ("hardware", ("bench",)))
+            ("results", ("tta", "eval", "beam-sweep", "check-log", "report", "export", "platforms")), ("hardware", ("bench",)))
 
 
 def version() -> str:
