@@ -94,8 +94,9 @@ def write_curves(path: Path, ref: dict, entries: list[dict], corpus: dict) -> Pa
         if seed not in seeds:
             sys.exit(f"{path}: no reference seed {seed} to add a curve to")
         e["corpus"] = {**e["corpus"], **corpus}
+        same = ("features_sha256", "cpu_vendor")  # one curve per features and CPU maker
         kept = [c for c in seeds[seed].get("curves", [])
-                if c["settings"].get("features_sha256") != e["settings"]["features_sha256"]]
+                if any(c["settings"].get(k) != e["settings"].get(k) for k in same)]
         seeds[seed]["curves"] = kept + [e]
     atomic_write_text(path, json.dumps(ref, indent=1) + "\n")
     return path

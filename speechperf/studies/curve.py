@@ -21,7 +21,9 @@ from speechperf.studies import rcp
 
 METRICS = rcp.CURVE_METRICS  # what a curve holds per epoch (evals columns); rcp checks a reference's on load
 # settings that must be equal for a curve to be reproducible, in the order they are reported
-MUST_MATCH = ("torch", "threads", "cap", "MKL_CBWR", "cpu_capability", "features_sha256", "seed")
+# (the CPU's maker too: under the same cap and libraries a 1-thread run on an Intel Xeon
+# differed from the AMD EPYC curve at epoch 1; two AMD generations, AVX2 and AVX-512, agreed)
+MUST_MATCH = ("torch", "threads", "cap", "MKL_CBWR", "cpu_capability", "features_sha256", "seed", "cpu_vendor")
 # settings that must be equal as well where both sides recorded them (oneDNN's ISA is only
 # read where oneDNN printed it; its version where torch's build names it)
 MATCH_WHERE_KNOWN = ("onednn_isa", "onednn", "mkl")
@@ -44,7 +46,14 @@ def settings_of(config: dict, env: dict) -> dict:
             "ATEN_CPU_CAPABILITY": isa.get("ATEN_CPU_CAPABILITY"), "mkl": isa.get("mkl"),
             "MKL_CBWR": isa.get("MKL_CBWR"), "torch": (env.get("libraries") or {}).get("torch"),
             "numpy": (env.get("libraries") or {}).get("numpy"),
-            "features_sha256": (env.get("features") or {}).get("sha256")}
+            "features_sha256": (env.get("features") or {}).get("sha256"),
+            "cpu_vendor": cpu_vendor(env.get("cpu_model"))}
+
+
+def cpu_vendor(cpu_model: str | None) -> str | None:
+    """The CPU's maker as its model name says ("AMD", "Intel"); None where it names neither."""
+    words = (cpu_model or "").replace("(R)", " ").split()
+    return next((v for v in ("AMD", "Intel") if v in words), None)
 
 
 def curves_of(ref: dict, seed: int) -> list[dict]:
@@ -56,9 +65,12 @@ def has_curves(ref: dict) -> bool:
     return any(s.get("curves") for s in ref.get("seeds", []))
 
 
-def pick(ref: dict, seed: int, features: str | None) -> dict | None:
-    """The curve of ``seed`` measured on the features whose checksum is ``features``."""
-    return next((c for c in curves_of(ref, seed) if c["settings"].get("features_sha256") == features), None)
+def pick(ref: dict, seed: int, features: str | None, vendor: str | None = None) -> dict | None:
+    """The curve of ``seed`` measured on the features whose checksum is ``features``, on a CPU
+    of ``vendor`` where the seed has one (else another maker's, which :func:`comparable` refuses
+    by name)."""
+    on = [c for c in curves_of(ref, seed) if c["settings"].get("features_sha256") == features]
+    return next((c for c in on if c["settings"].get("cpu_vendor") == vendor), on[0] if on else None)
 
 
 def differences(mine: dict, theirs: dict) -> list[str]:
@@ -83,7 +95,7 @@ def comparable(mine: dict, theirs: dict) -> str | None:
     if not mine.get("cap"):
         return f"no ISA cap; {rerun}"  # without one, the kernels follow the machine
     missing = [d for d in differences(mine, theirs) if d.split(" ", 1)[0] in ("torch", "threads", "features_sha256",
-                                                                                "seed", "cap", "MKL_CBWR")]
+                                                                                "seed", "cap", "MKL_CBWR", "cpu_vendor")]
     return "; ".join(missing) if missing else None
 
 
@@ -136,7 +148,7 @@ def run_reproduction(config: dict, env: dict, evals: list[dict]) -> dict | None:
     if not ref or not has_curves(ref):
         return None
     mine = settings_of(config, env)
-    curve = pick(ref, mine["seed"], mine["features_sha256"])
+    curve = pick(ref, mine["seed"], mine["features_sha256"], mine["cpu_vendor"])
     if curve is None:
         return None
     why = comparable(mine, curve["settings"]) or recipe_differs(ref, config)

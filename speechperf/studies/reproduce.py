@@ -34,6 +34,7 @@ from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.features.checksum import features_sha256
 from speechperf.studies import curve, rcp
 from speechperf.results.layout import RUN_FILE
+from speechperf.telemetry.environment import cpu_model
 from speechperf.telemetry.isa_cap import cap_env
 
 EXIT = {curve.IDENTICAL: 0, curve.DIFFERS: 1, curve.NOT_COMPARABLE: 3}  # bad input: 2 (SpeechperfError)
@@ -99,7 +100,7 @@ def _curve_for(ref: dict, seed: int, data: Path, corpus: Path | None, quiet: boo
     features = features_sha256(data)
     if features is None:
         raise ReproduceError(f"{data}: not a prepared features folder (no stats.json, no SPLIT/index.json)")
-    chosen = curve.pick(ref, seed, features)
+    chosen = curve.pick(ref, seed, features, _vendor())
     if chosen is not None:
         return chosen, data
     if corpus is None:
@@ -111,8 +112,13 @@ def _curve_for(ref: dict, seed: int, data: Path, corpus: Path | None, quiet: boo
         print(f"reproduce: preparing {corpus} into {fresh}", file=sys.stderr, flush=True)
     prepare(Path(corpus), fresh, progress=not quiet)
     features = features_sha256(fresh)
-    chosen = curve.pick(ref, seed, features)
+    chosen = curve.pick(ref, seed, features, _vendor())
     return (chosen, fresh) if chosen is not None else (features_differ(fresh, features, ref, seed), fresh)
+
+
+def _vendor() -> str | None:
+    """This machine's CPU maker, as its runs' settings will record it."""
+    return curve.cpu_vendor(cpu_model())
 
 
 def torch_differs(mine: str, theirs: str | None) -> str | None:

@@ -33,10 +33,11 @@ def _not_the_reference_stack() -> str | None:
     if not HAS_AVX2 or platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the reference curves are x86 AVX2 curves; this machine: {platform.machine()}, AVX2 {HAS_AVX2}"
     ref = rcp.load_reference("tiny")
+    vendor = rep._vendor()
     made = next((c["settings"] for s in ref["seeds"] for c in s.get("curves", [])
-                 if (c.get("corpus") or {}).get("synth") == TEST_CORPUS), None)
+                 if (c.get("corpus") or {}).get("synth") == TEST_CORPUS and c["settings"].get("cpu_vendor") == vendor), None)
     if made is None:
-        return "tiny.json has no curve on the test suite's corpus"
+        return f"tiny.json has no curve on the test suite's corpus made on a CPU of this maker ({vendor})"
     for name, here in (("torch", metadata.version("torch")), ("numpy", np.__version__)):
         if made.get(name) and made[name] != here:
             return f"{name} {here} here, {made[name]} in tiny.json's test curve: another {name} computes otherwise"
@@ -92,6 +93,28 @@ def test_env_json_records_the_kernels():
     import torch
 
     assert isa["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+def test_the_cpu_maker_is_read_from_the_model_name():
+    assert curve.cpu_vendor("AMD EPYC 7B13") == "AMD"
+    assert curve.cpu_vendor("Intel(R) Xeon(R) Processor") == "Intel"
+    assert curve.cpu_vendor("Intel(R) Xeon(R) Platinum 8480+") == "Intel"
+    assert curve.cpu_vendor("Neoverse-V2") is None and curve.cpu_vendor(None) is None
+
+
+def test_a_curve_of_this_maker_is_picked_before_another_makers():
+    def c(vendor, sha="f"):
+        return {"settings": {"features_sha256": sha, "cpu_vendor": vendor}, "epochs": []}
+
+    ref = {"seeds": [{"seed": 1, "curves": [c("AMD"), c("Intel"), c("Intel", "g")]}]}
+    assert curve.pick(ref, 1, "f", "Intel") is ref["seeds"][0]["curves"][1]
+    assert curve.pick(ref, 1, "f", "AMD") is ref["seeds"][0]["curves"][0]
+    assert curve.pick(ref, 1, "f", None) is ref["seeds"][0]["curves"][0]  # another maker's: comparable() names it
+    assert curve.pick(ref, 1, "h", "AMD") is None
+    mine = {"threads": 1, "cap": "avx2", "cpu_vendor": "Intel", "torch": "t", "MKL_CBWR": "COMPATIBLE",
+            "cpu_capability": "AVX2", "features_sha256": "f", "seed": 1}
+    assert curve.comparable(mine, {**mine, "cpu_vendor": "AMD"}) == "cpu_vendor Intel (reference AMD)"
+    assert curve.comparable(mine, dict(mine)) is None
 
 
 def test_compare_names_the_first_epoch_that_differs():
@@ -154,8 +177,13 @@ def test_reproduce_tiny_is_identical(reproduced, tiny_features, capsys):
 def test_another_torch_or_thread_count_cannot_be_compared(reproduced, tmp_path, tiny_features):
     _, out = reproduced
     ref = rcp.load_reference("tiny")
-    chosen = curve.pick(ref, 1, features_sha256(tiny_features))
+    chosen = curve.pick(ref, 1, features_sha256(tiny_features), rep._vendor())
     assert rep.judge(out, ref, chosen, 2)["verdict"] == curve.IDENTICAL
+    maker = {"AMD": "Intel", "Intel": "AMD"}[rep._vendor()]  # the other maker's curve: named, never "differs"
+    theirs = curve.pick(ref, 1, features_sha256(tiny_features), maker)
+    if theirs is not None and theirs["settings"].get("cpu_vendor") == maker:
+        got = rep.judge(out, ref, theirs, 2)
+        assert got["verdict"] == curve.NOT_COMPARABLE and f"cpu_vendor {rep._vendor()} (reference {maker})" in got["text"]
     other = tmp_path / "torch"
     shutil.copytree(out, other)
     env = json.loads((other / "env.json").read_text())
@@ -284,4 +312,4 @@ def test_prepare_corpus_makes_features_of_the_reference_curve(tmp_path, tiny_cor
     ref = rcp.load_reference("tiny")
     chosen, data = rep._curve_for(ref, 1, stale, tiny_corpus, quiet=True)
     assert data == tmp_path / "features-reproduce"
-    assert chosen is curve.pick(ref, 1, features_sha256(tiny_features))
+    assert chosen is curve.pick(ref, 1, features_sha256(tiny_features), rep._vendor())
