@@ -11,6 +11,7 @@ from speechperf.cli.parsing import PRESETS, Command, preset
 from speechperf.cli.result_commands import error_column
 from speechperf.errors import SpeechperfError
 from speechperf.tables import emit, emit_json, notes
+from speechperf.telemetry import contention
 
 
 def _seeds(text: str):
@@ -96,10 +97,12 @@ def _emit_summaries(results: list[dict], as_json: bool) -> None:
     the floor's and the convergence check's, stay in summary.json) and its long notes below."""
     if as_json:
         return emit(results, True)
-    rows = [{**r, "loop/floor": (r.get("floor") or {}).get("loop_over_floor")} for r in results]
+    rows = [{**r, "loop/floor": (r.get("floor") or {}).get("loop_over_floor"),
+             "shared": contention.short(r.get("shared")), "shared_note": contention.words(r.get("shared"))}
+            for r in results]
     emit(rows, False, columns=[*(["seed"] if "seed" in rows[0] else []), "run", "status", "epochs", "iterations",
-                               "clock_min", *(f"last_{m}" for m in metric.targets()), "mfu_pct", "loop/floor"])
-    for column in ("mfu_note", "precision_note"):
+                               "clock_min", "shared", *(f"last_{m}" for m in metric.targets()), "mfu_pct", "loop/floor"])
+    for column in ("mfu_note", "precision_note", "shared_note"):
         notes(rows, column)
 
 
@@ -198,12 +201,13 @@ def cmd_demo(a) -> int:
                     seeds=a.seeds, parallel=a.parallel, sweep=not a.no_sweep)
     if not a.json:
         error_column(rows)
-    emit(rows, a.json, columns=["run", "workload", "metric", "target", "median of", "epochs to target", "minutes", "relative",
+    emit(rows, a.json, columns=["run", "workload", "metric", "target", "median of", "epochs to target", "minutes", "shared", "relative",
                                 *([] if a.json else ["error at TTA [95%]"]), "init s",
                                 "TFLOPS", "MFU %", "cost to accuracy $", "energy to accuracy kWh", "time parts",
                                 "price note"])
     if not a.json:
         notes(rows, "MFU note")
+        notes(rows, "shared note")
     return 0
 
 
