@@ -161,19 +161,11 @@ def measure(t, iterations: list[dict]) -> dict:
     asked, allowed = max(1, steps // span), affordable(iterations, span)
     windows = pick_windows(iterations, min(asked, allowed or asked), span)
     if not windows:
-        return {"steps": steps, "note": f"not measured: no epoch trained {span + 2} steps in a row (a window of "
-                                        f"{span} after its epoch's first and a lead; train.floor_steps={steps})"}
-    batches = []
-    for rows in windows:
-        got = _batches(t, rows[0]["epoch"], _index(rows[0], iterations), len(rows))
-        differs = next((r["iteration"] for b, r in zip(got, rows)
-                        if len(b.feat_lens) != r["batch_size"] or int(b.feat_lens.sum()) != r["frames"]), None)
-        if len(got) < len(rows) or differs is not None:
-            at = differs if differs is not None else rows[len(got)]["iteration"]
-            return {"epoch": rows[0]["epoch"], "steps": steps,
-                    "note": f"not compared: epoch {rows[0]['epoch']}'s replayed batch of iteration {at} is not the one "
-                            f"its row recorded"}
-        batches.append(got)
+        return {"steps": steps, "note": f"not measured: no epoch trained {span + 1} steps in a row (a lead and "
+                                        f"{span} timed; train.floor_steps={steps})"}
+    batches = _load(t, windows, iterations)
+    if isinstance(batches, dict):
+        return {**batches, "steps": steps}
     units = [unit(rows, times) for rows, times in zip(windows, _replayed(t, batches, windows))]
     timed = [r for rows in windows for r in rows[1:]]
     return {"steps": len(timed), "asked": steps, "span": span, "windows": len(windows),
@@ -183,6 +175,22 @@ def measure(t, iterations: list[dict]) -> dict:
             "utterances": sum(r["batch_size"] for r in timed) / len(timed), **compare(units, run_rate(iterations)),
             "replay_s": time.perf_counter() - began,
             "clock_s": max((r.get("clock_s") or 0.0 for r in iterations), default=0.0)}
+
+
+def _load(t, windows: list[list[dict]], iterations: list[dict]) -> list[list] | dict:
+    """Each window's batches on the device, each from a loader started at its lead's batch; the
+    reason (``epoch``, ``note``) where a batch is not the one its row recorded (size or frames)."""
+    batches = []
+    for rows in windows:
+        got = _batches(t, rows[0]["epoch"], _index(rows[0], iterations), len(rows))
+        differs = next((r["iteration"] for b, r in zip(got, rows)
+                        if len(b.feat_lens) != r["batch_size"] or int(b.feat_lens.sum()) != r["frames"]), None)
+        if len(got) < len(rows) or differs is not None:
+            at = differs if differs is not None else rows[len(got)]["iteration"]
+            return {"epoch": rows[0]["epoch"], "note": f"not compared: epoch {rows[0]['epoch']}'s replayed batch of "
+                                                       f"iteration {at} is not the one its row recorded"}
+        batches.append(got)
+    return batches
 
 
 def _index(row: dict, iterations: list[dict]) -> int:

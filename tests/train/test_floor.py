@@ -180,7 +180,7 @@ def test_a_replayed_batch_unlike_its_row_is_not_compared(monkeypatch):
     short = floor.measure(_trainer(3, {1: BATCHES, 2: BATCHES[:3]}), TWO_EPOCHS)  # the plan gave fewer batches
     assert "iteration 8 is not the one" in short["note"]
     none = floor.measure(_trainer(3, BATCHES), _rows({1: 1, 2: 1}))
-    assert none["note"].startswith("not measured: no epoch trained 3 steps in a row")
+    assert none["note"] == "not measured: no epoch trained 2 steps in a row (a lead and 1 timed; train.floor_steps=3)"
 
 
 def test_the_sync_period_makes_the_windows_and_the_budget_their_number(monkeypatch):
