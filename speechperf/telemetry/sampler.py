@@ -275,7 +275,8 @@ class Sampler:
     def asked_periods(self) -> dict[str, float | None]:
         """The period asked of each series ("source:metric"); None: the driver's own rate."""
         asked: dict[str, float | None] = {"cpu:util_machine_pct": self.cfg.interval,
-                                          "cpu:util_core_pct": self.cfg.interval}
+                                          "cpu:util_core_pct": self.cfg.interval,
+                                          f"cpu:{contention.METRIC}": self.cfg.children_interval}
         for g in self._gpus:
             asked.update(g.asked(self.cfg.gpu_interval, self.cfg.gpu_buffer_interval))
         return asked
