@@ -24,8 +24,12 @@ hardware costs; the rest is what the loop adds (logging, rows, sentences, the re
 on the host, or another process on the machine: telemetry/contention.py flags that apart).
 
 Cost: two passes of ``windows x (span + 1)`` steps plus one loader start per window, bounded by
-``train.floor_steps`` and by :data:`BUDGET` of the run's clock (estimated from its rows' median
-step: fewer windows where the asked ones would take more); the result records the seconds the
+``train.floor_steps`` and by :data:`BUDGET` of the run's clock: fewer windows where the asked
+ones would take more at the rows' median step, and a deadline at that budget, since the estimate
+can be wrong (a neighbour slowed a tiny run's replay to 4x its loop step: 20% of its clock).
+The windows are replayed in an order whose every prefix is spread over the run
+(:func:`spread_order`); the first pass stops half way to the deadline, the second at it, and
+the windows both replayed (at least one) are compared. The result records the seconds the
 measurement took (``replay_s``). The replay runs twice and the second pass is timed: after the
 final evaluation's other shapes, a first pass may pay first-use costs the loop's steady state did
 not (primitive and plan caches, the allocator's blocks; a CPU demo's one pass read the floor 7%
@@ -163,18 +167,31 @@ def measure(t, iterations: list[dict]) -> dict:
     if not windows:
         return {"steps": steps, "note": f"not measured: no epoch trained {span + 1} steps in a row (a lead and "
                                         f"{span} timed; train.floor_steps={steps})"}
+    windows = [windows[i] for i in spread_order(len(windows))]  # any first few of them spread over the run
     batches = _load(t, windows, iterations)
     if isinstance(batches, dict):
         return {**batches, "steps": steps}
-    units = [unit(rows, times) for rows, times in zip(windows, _replayed(t, batches, windows))]
-    timed = [r for rows in windows for r in rows[1:]]
-    return {"steps": len(timed), "asked": steps, "span": span, "windows": len(windows),
-            "epochs": len({r["epoch"] for r in timed}), "first_iteration": timed[0]["iteration"],
-            "last_iteration": timed[-1]["iteration"], "floor_s": sum(u["floor_s"] for u in units) / len(timed),
+    clock = max((r.get("clock_s") or 0.0 for r in iterations), default=0.0)
+    times = _replayed(t, batches, windows, began + BUDGET * clock if clock > 0 else None)
+    units = [unit(rows, ts) for rows, ts in zip(windows, times)]  # the windows replayed before the deadline
+    timed = [r for rows in windows[:len(times)] for r in rows[1:]]
+    return {"steps": len(timed), "asked": steps, "span": span, "windows": len(units),
+            "epochs": len({r["epoch"] for r in timed}), "first_iteration": min(r["iteration"] for r in timed),
+            "last_iteration": max(r["iteration"] for r in timed), "floor_s": sum(u["floor_s"] for u in units) / len(timed),
             "loop_s": sum(u["loop_s"] for u in units) / len(timed),
             "utterances": sum(r["batch_size"] for r in timed) / len(timed), **compare(units, run_rate(iterations)),
-            "replay_s": time.perf_counter() - began,
-            "clock_s": max((r.get("clock_s") or 0.0 for r in iterations), default=0.0)}
+            "replay_s": time.perf_counter() - began, "clock_s": clock}
+
+
+def spread_order(n: int) -> list[int]:
+    """0..n-1 in van der Corput order (8: 0 4 2 6 1 5 3 7): any first k of the windows, in
+    iteration order, lie spread over the run, so a replay stopped by its deadline still is."""
+    def reversed_bits(i: int) -> float:
+        x, scale = 0.0, 0.5
+        while i:
+            x, i, scale = x + scale * (i & 1), i >> 1, scale / 2
+        return x
+    return sorted(range(n), key=reversed_bits)
 
 
 def _load(t, windows: list[list[dict]], iterations: list[dict]) -> list[list] | dict:
@@ -212,16 +229,24 @@ def _batches(t, epoch: int, start: int, count: int) -> list:
         loader.close()
 
 
-def _replayed(t, batches: list[list], windows: list[list[dict]]) -> list[list[float]]:
-    """The second of two passes of :func:`replay` over every window, on the run's own model and
+def _replayed(t, batches: list[list], windows: list[list[dict]], deadline: float | None) -> list[list[float]]:
+    """The second of two passes of :func:`replay` over the windows, on the run's own model and
     optimizer, put back afterwards as a checkpoint restores them (results/checkpoint.py's
-    TrainState), RNG streams included: each window's step seconds."""
+    TrainState), RNG streams included: each window's step seconds. The first pass stops after the
+    window that passes half the way to ``deadline`` (perf_counter; None: none), the second after the
+    one that passes it: the windows both passes replayed (at least one) are those compared."""
     state, device, training = t.state, t.group.device, t.model.training
     saved = {**copy.deepcopy(state.state_dict()), RNG: rng_state()}
+    start = time.perf_counter()
     try:
         t.model.train()
-        for _ in range(2):  # the first pass warms, untimed; the second's times are kept
-            times = [replay(b, rows[0]["iteration"], t.model, state, device, t.cfg) for b, rows in zip(batches, windows)]
+        times: list[list[float]] = []
+        for stop in ((start + deadline) / 2 if deadline else None, deadline):  # warm (untimed), then timed
+            done, times = len(times) or len(windows), []
+            for b, rows in zip(batches[:done], windows[:done]):
+                times.append(replay(b, rows[0]["iteration"], t.model, state, device, t.cfg))
+                if stop is not None and time.perf_counter() > stop:
+                    break
         return times
     finally:
         t.model.train(training)

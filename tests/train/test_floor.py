@@ -1,5 +1,6 @@
 """The run's step against its floor (train/floor.py): which rows it replays, what it compares, and
 that the run's model, optimizer, scaler and RNG are as before it."""
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -157,8 +158,8 @@ def test_the_floor_sets_the_sampled_iterations_rows_against_their_replay(monkeyp
     t = _trainer(3, BATCHES)
     got = floor.measure(t, TWO_EPOCHS)
     # candidates 2 3 4 6 7 8: windows ending at places 1, 3, 5 (lead, step): 2-3, 5-6, 7-8, by loaders at their batch
-    assert t.asked == [(1, 1), (2, 0), (2, 2)] and all(x.closed for x in t.loaders)
-    assert calls == [2, 5, 7, 2, 5, 7]  # two passes, the second timed
+    assert t.asked == [(1, 1), (2, 2), (2, 0)] and all(x.closed for x in t.loaders)  # in spread order
+    assert calls == [2, 7, 5, 2, 7, 5]  # two passes, the second timed, in spread order (first, last, middle)
     timed = [r for r in TWO_EPOCHS if r["iteration"] in (3, 6, 8)]
     ratios = sorted(floor.loop_seconds(r) / 0.1 for r in timed)
     assert (got["steps"], got["asked"], got["span"], got["windows"], got["epochs"]) == (3, 3, 1, 3, 2)
@@ -270,7 +271,24 @@ def test_the_second_of_two_passes_is_the_floor(monkeypatch):
 
     monkeypatch.setattr(floor, "replay", fake)
     got = floor.measure(_trainer(3, BATCHES), _rows_of(BATCHES, 7))
-    assert passes == [7, 8, 9, 7, 8, 9] and got["floor_s"] == pytest.approx(0.1)
+    assert passes == [7, 9, 8, 7, 9, 8] and got["floor_s"] == pytest.approx(0.1)
+
+
+def test_any_first_windows_are_spread_over_the_run():
+    assert floor.spread_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
+    assert floor.spread_order(3) == [0, 2, 1] and floor.spread_order(1) == [0] and floor.spread_order(0) == []
+
+
+def test_a_replay_past_its_deadline_compares_the_windows_both_passes_replayed(monkeypatch):
+    """The estimate from the loop's median step can be wrong (a neighbour slows the replay 4x): the
+    deadline stops each pass; at least one window is compared."""
+    calls = _fixed_replay(monkeypatch)
+    t = _trainer(3, BATCHES)
+    windows = floor.pick_windows(TWO_EPOCHS, 3, 1)
+    batches = [[floor.resident(b, CPU) for b in BATCHES[:2]]] * 3
+    assert len(floor._replayed(t, batches, windows, deadline=time.perf_counter())) == 1 and calls == [2, 2]
+    calls.clear()
+    assert len(floor._replayed(t, batches, windows, deadline=time.perf_counter() + 60)) == 3 and len(calls) == 6
 
 
 def test_the_sampled_floor_in_words():
