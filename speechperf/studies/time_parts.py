@@ -115,11 +115,13 @@ def step_vs_floor(summary: dict | None) -> str:
     run = floor.get("run_over_floor")
     asked = floor.get("asked") or floor["steps"]
     return (f"loop/floor {floor['loop_over_floor']:.2f} (10-90%: {floor['loop_over_floor_p10']:.2f}-"
-            f"{floor['loop_over_floor_p90']:.2f}; {floor['steps']} steps over {floor['epochs']} epoch(s), iterations "
+            f"{floor['loop_over_floor_p90']:.2f}; {floor['steps']} step(s) over {floor['epochs']} epoch(s), iterations "
             f"{floor['first_iteration']}-{floor['last_iteration']}"
             + (f", {floor['steps']} of {asked} asked: the replay's budget" if floor["steps"] < asked else "")
             + f"; {floor['loop_s']:.4f} s against {floor['floor_s']:.4f} s a step"
-            + (f"; the run's median step {run:.2f}" if run is not None else "") + ")" + _outliers(floor))
+            + (f"; the run's median step {run:.2f}" if run is not None else "") + ")" + _outliers(floor)
+            + (f"; the replay shared its machine (other processes {floor['replay_others_pct']:.0f}% of its CPUs): "
+               f"a floor beside a neighbour" if floor.get("replay_shared") else ""))
 
 
 def _outliers(floor: dict) -> str:

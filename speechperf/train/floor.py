@@ -46,9 +46,12 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import psutil
 import torch
 
+from speechperf.bench.measured_peak import busy_seconds
 from speechperf.results.checkpoint import RNG
+from speechperf.telemetry import contention
 from speechperf.rng import rng_state
 from speechperf.train.step import StepMeter, read_point, train_step
 
@@ -172,7 +175,9 @@ def measure(t, iterations: list[dict]) -> dict:
     if isinstance(batches, dict):
         return {**batches, "steps": steps}
     clock = max((r.get("clock_s") or 0.0 for r in iterations), default=0.0)
+    before, replay_t0 = busy_seconds(), time.perf_counter()
     times = _replayed(t, batches, windows, began + BUDGET * clock if clock > 0 else None)
+    others = _others(before, busy_seconds(), time.perf_counter() - replay_t0)
     units = [unit(rows, ts) for rows, ts in zip(windows, times)]  # the windows replayed before the deadline
     timed = [r for rows in windows[:len(times)] for r in rows[1:]]
     return {"steps": len(timed), "asked": steps, "span": span, "windows": len(units),
@@ -180,7 +185,14 @@ def measure(t, iterations: list[dict]) -> dict:
             "last_iteration": max(r["iteration"] for r in timed), "floor_s": sum(u["floor_s"] for u in units) / len(timed),
             "loop_s": sum(u["loop_s"] for u in units) / len(timed),
             "utterances": sum(r["batch_size"] for r in timed) / len(timed), **compare(units, run_rate(iterations)),
-            "replay_s": time.perf_counter() - began, "clock_s": clock}
+            "replay_s": time.perf_counter() - began, "clock_s": clock, "replay_others_pct": others,
+            "replay_shared": contention.took_needed(others, torch.get_num_threads(), psutil.cpu_count() or 1)}
+
+
+def _others(before: tuple[float, float], after: tuple[float, float], wall_s: float) -> float:
+    """The share (%) of the machine's CPUs other processes used while the replay ran, between two
+    bench/measured_peak.busy_seconds readings: a floor measured beside a neighbour is said to be."""
+    return contention.others_pct(after[0] - before[0], after[1] - before[1], wall_s, psutil.cpu_count() or 1)
 
 
 def spread_order(n: int) -> list[int]:

@@ -169,6 +169,7 @@ def test_the_floor_sets_the_sampled_iterations_rows_against_their_replay(monkeyp
     assert got["loop_over_floor_p10"] == pytest.approx(ratios[0] + 0.2 * (ratios[1] - ratios[0]))
     assert got["outliers"] == [] and got["utterances"] == 2 and got["replay_s"] > 0
     assert got["run_over_floor"] is None  # the rows hold no FLOPs
+    assert 0 <= got["replay_others_pct"] <= 100 and isinstance(got["replay_shared"], bool)  # the replay's neighbours
 
 
 def test_a_replayed_batch_unlike_its_row_is_not_compared(monkeypatch):
@@ -297,10 +298,13 @@ def test_the_sampled_floor_in_words():
                          "loop_over_floor_p10": 1.05, "loop_over_floor_p90": 1.6, "run_over_floor": 1.19,
                          "outliers": [{"iteration": 85, "last": 85, "ratio": 2.9}, {"iteration": 86, "last": 86, "ratio": 1.9}],
                          "outlier_count": 3, "note": None}}
-    assert step_vs_floor(summary) == ("loop/floor 1.21 (10-90%: 1.05-1.60; 16 steps over 12 epoch(s), iterations "
+    assert step_vs_floor(summary) == ("loop/floor 1.21 (10-90%: 1.05-1.60; 16 step(s) over 12 epoch(s), iterations "
                                       "12-950; 0.9100 s against 0.7500 s a step; the run's median step 1.19); "
                                       "outliers: iterations 85 (2.90), 86 (1.90) and 1 more")
     assert floor_short(summary) == "; loop/floor 1.21"
     window = {**summary["floor"], "run_over_floor": None, "outliers": [{"iteration": 76, "last": 100, "ratio": 2.0}],
               "outlier_count": 1}
     assert step_vs_floor({"floor": window}).endswith("a step); outliers: iterations 76-100 (2.00)")
+    beside = {**window, "replay_shared": True, "replay_others_pct": 67.4}
+    assert step_vs_floor({"floor": beside}).endswith("(2.00); the replay shared its machine (other processes 67% of "
+                                                     "its CPUs): a floor beside a neighbour")
