@@ -54,13 +54,17 @@ def test_a_train_summary_as_text_is_one_narrow_row_a_run_and_every_field_in_json
     from speechperf.cli.train_commands import _emit_summaries
 
     summary = json.loads((Path(__file__).parent / "benchmarks/fixtures/gpu_check/runs/demo/run/summary.json").read_text())
-    summary = {**summary, "floor": {"loop_over_floor": 1.07}, "mfu_note": "peak: a datasheet's"}
-    _emit_summaries([summary, {**summary, "floor": None, "mfu_note": None}], as_json=False)
-    header, _, first, second, note = capsys.readouterr().out.splitlines()
-    assert header.split() == ["run", "status", "epochs", "iterations", "clock_min", "last_cer", "last_wer",
-                              "last_ser", "mfu_pct", "loop/floor"]
+    shared = {"shared": True, "contended %": 34.0, "others % mean": 40.0, "samples": 600, "first s": 3.0,
+              "last s": 200.0, "threads": 2, "cpus": 2}
+    summary = {**summary, "floor": {"loop_over_floor": 1.07}, "mfu_note": "peak: a datasheet's", "shared": shared}
+    _emit_summaries([summary, {**summary, "floor": None, "mfu_note": None, "shared": None}], as_json=False)
+    header, _, first, second, note, shared_note = capsys.readouterr().out.splitlines()
+    assert header.split() == ["run", "status", "epochs", "iters", "min", "shared", "cer", "wer", "ser", "mfu", "%",
+                              "loop/floor"]
     assert first.split()[-1] == "1.07" and second.split()[-1] == "NA" and len(first) <= 100  # nested records stay out
+    assert "yes 34%" in first  # the flag beside the run's clock (telemetry/contention.py)
     assert note == f"note: {summary['run']}: peak: a datasheet's"
+    assert shared_note == f"note: {summary['run']}: shared its machine (34% of its clock): rerun it alone"
     _emit_summaries([{"seed": 3, **summary}], as_json=False)  # --seeds: the seed first
     assert capsys.readouterr().out.split()[:2] == ["seed", "run"]
     _emit_summaries([summary], as_json=True)

@@ -37,10 +37,11 @@ from speechperf.atomic import atomic_write_text
 from speechperf.bench.peaks import Peak, gpu_peak
 from speechperf.bench.ops import DTYPES, matmul_op, middle_third
 from speechperf.bench.timing import method, timed, warm_up
+from speechperf.telemetry import contention
 from speechperf.telemetry.environment import cpu_model
 
 CACHE_FILE = "gemm_peak.json"
-SLACK = 0.1  # of the machine's CPUs, what other processes may take beyond the cores a measurement leaves free
+SLACK = contention.SLACK  # of the machine's CPUs, what other processes may take beyond the cores a measurement leaves free
 
 
 def cache_path() -> Path:
@@ -127,8 +128,7 @@ def contended(others_pct: float, threads: int, cpus: int | None = None) -> bool:
     machine's), took cores a ``threads``-thread measurement needed: more than the cores it left
     free plus :data:`SLACK` of the machine (2 cores, 1 thread: another process on the other core is
     no contention; 2 threads: it is)."""
-    cpus = cpus or psutil.cpu_count() or 1
-    return others_pct / 100.0 * cpus > max(0, cpus - threads) + SLACK * cpus
+    return contention.took_needed(others_pct, threads, cpus or psutil.cpu_count() or 1)  # the rule a run's flag uses
 
 
 def forget(threads: int, dtype: str = "fp32", cache: Path | None = None) -> bool:

@@ -89,10 +89,11 @@ def _tta_wide(study: dict) -> None:
 
     error_column(study["runs"])
     emit(study["runs"], False, width=None, columns=[
-        "run", "workload", "machine", "metric", "target", "median of", "minutes", "relative", "error at TTA [95%]",
+        "run", "workload", "machine", "metric", "target", "median of", "minutes", "shared", "relative", "error at TTA [95%]",
         "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %", "platform", "cost to accuracy $",
         "TTA x price ($ min)", "energy to accuracy kWh", "time parts", "price note"])
     notes(study["runs"], "MFU note")
+    notes(study["runs"], "shared note")
     print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
     emit(study["groups"], False, width=None, columns=[
         "group", "target", "runs", "reached", "never reached", "unfinished", "median TTA min", "olympic TTA min",

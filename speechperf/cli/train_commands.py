@@ -11,6 +11,7 @@ from speechperf.cli.parsing import PRESETS, WIDTH, Command, preset, width
 from speechperf.cli.result_commands import error_column
 from speechperf.errors import SpeechperfError
 from speechperf.tables import emit, emit_json, notes, print_lines
+from speechperf.telemetry import contention
 
 
 def _seeds(text: str):
@@ -97,11 +98,14 @@ def _emit_summaries(results: list[dict], as_json: bool, fit: int | None = WIDTH)
     fitting ``fit`` columns (None: --wide, whole)."""
     if as_json:
         return emit(results, True)
-    rows = [{**r, "loop/floor": (r.get("floor") or {}).get("loop_over_floor")} for r in results]
+    # short headers for the text (the fields keep their names in --json and summary.json)
+    rows = [{**r, "iters": r.get("iterations"), "min": r.get("clock_min"), "mfu %": r.get("mfu_pct"),
+             "loop/floor": (r.get("floor") or {}).get("loop_over_floor"),
+             "shared": contention.short(r.get("shared")), "shared_note": contention.words(r.get("shared")),
+             **{m: r.get(f"last_{m}") for m in metric.targets()}} for r in results]
     emit(rows, False, width=fit, columns=[*(["seed"] if "seed" in rows[0] else []), "run", "status", "epochs",
-                                          "iterations", "clock_min", *(f"last_{m}" for m in metric.targets()),
-                                          "mfu_pct", "loop/floor"])
-    for column in ("mfu_note", "precision_note"):
+                                          "iters", "min", "shared", *metric.targets(), "mfu %", "loop/floor"])
+    for column in ("mfu_note", "precision_note", "shared_note"):
         notes(rows, column, width=fit)
 
 
@@ -203,10 +207,11 @@ def cmd_demo(a) -> int:
     elif a.wide:
         error_column(rows)
         emit(rows, False, width=None, columns=[
-            "run", "workload", "metric", "target", "median of", "epochs to target", "minutes", "relative",
+            "run", "workload", "metric", "target", "median of", "epochs to target", "minutes", "shared", "relative",
             "error at TTA [95%]", "init s", "TFLOPS", "MFU %", "cost to accuracy $", "energy to accuracy kWh",
             "time parts", "price note"])
         notes(rows, "MFU note")
+        notes(rows, "shared note")
     else:  # a few columns, then what was timed and where it went in five lines (demo.summary)
         from speechperf.studies import tta_text
 

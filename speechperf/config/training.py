@@ -54,7 +54,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels (cuDNN, cuBLAS workspace, CTC on the CPU): a resumed GPU run equals the uninterrupted one, slower
     sync_every: int = 1  # read losses and skip flags from the device every N steps (and at sentences, checkpoints, epoch end; the time cap is checked there): one host sync per N steps
     optimizer_impl: str = "default"  # "default", "foreach" or "fused" (AdamW; fewer, larger kernels on a GPU)
-    floor_steps: int = 0  # after training, outside the clock: replay this many steps of an epoch on batches already on the device and set the loop's rows against them (train/floor.py; the summary's "floor"); 0 = off
+    floor_steps: int = 0  # after training, outside the clock: replay this many steps, spread over the epochs in windows of sync_every (at most 5% of the clock), on batches already on the device and set the loop's rows against them (train/floor.py; the summary's "floor"); 0 = off
     compile: bool = False  # torch.compile the model (off unless measured faster; the first steps compile)
     cuda_graphs: bool = False  # replay the training step's forward and backward from CUDA graphs, batches padded to a grid of shapes (train/graphs.py; model ds2, one CUDA device)
     graph_frames: int = 16  # cuda_graphs: a batch's frames padded up to a multiple of this

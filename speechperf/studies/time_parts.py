@@ -100,16 +100,39 @@ FLOOR_OFF = "not measured (train.floor_steps=0; benchmarks/bench_step_floor.py m
 
 
 def step_vs_floor(summary: dict | None) -> str:
-    """The run's step against its floor (train/floor.py: the summary's ``floor``) in words:
-    ``loop/floor 1.08 (0.1030 s against 0.0954 s a step, 25 steps of epoch 2)``, the reason
-    where it was not measured or compared."""
+    """The run's step against its floor (train/floor.py: the summary's ``floor``) in words: the
+    median loop/floor of the replayed sample with its 10th-90th percentiles, where the sample lay,
+    the seconds a step, the run's median FLOP rate against the floor's, and the windows more than
+    floor.OUTLIER x the median by iteration; the reason where it was not measured or compared."""
     floor = (summary or {}).get("floor")
     if floor is None:
         return FLOOR_OFF if summary else "not measured (the run has not finished)"
     if floor.get("loop_over_floor") is None:
         return floor.get("note") or "not measured"
-    return (f"loop/floor {floor['loop_over_floor']:.2f} ({floor['loop_s']:.4f} s against {floor['floor_s']:.4f} s "
-            f"a step, {floor['steps']} steps of epoch {floor['epoch']})")
+    if "windows" not in floor:  # an older run's: one window at the start of one epoch
+        return (f"loop/floor {floor['loop_over_floor']:.2f} ({floor['loop_s']:.4f} s against {floor['floor_s']:.4f} s "
+                f"a step, {floor['steps']} steps of epoch {floor['epoch']})")
+    run = floor.get("run_over_floor")
+    asked = floor.get("asked") or floor["steps"]
+    return (f"loop/floor {floor['loop_over_floor']:.2f} (10-90%: {floor['loop_over_floor_p10']:.2f}-"
+            f"{floor['loop_over_floor_p90']:.2f}; {floor['steps']} step(s) over {floor['epochs']} epoch(s), iterations "
+            f"{floor['first_iteration']}-{floor['last_iteration']}"
+            + (f", {floor['steps']} of {asked} asked: the replay's budget" if floor["steps"] < asked else "")
+            + f"; {floor['loop_s']:.4f} s against {floor['floor_s']:.4f} s a step"
+            + (f"; the run's median step {run:.2f}" if run is not None else "") + ")" + _outliers(floor)
+            + (f"; the replay shared its machine (other processes {floor['replay_others_pct']:.0f}% of its CPUs): "
+               f"a floor beside a neighbour" if floor.get("replay_shared") else ""))
+
+
+def _outliers(floor: dict) -> str:
+    """``; outliers: iterations 85 (2.90), 86 (1.90)``: the sampled windows far above the median."""
+    named = floor.get("outliers") or []
+    if not named:
+        return ""
+    text = ", ".join((f"{u['iteration']}" if u["last"] == u["iteration"] else f"{u['iteration']}-{u['last']}")
+                     + f" ({u['ratio']:.2f})" for u in named)
+    more = floor.get("outlier_count", len(named)) - len(named)
+    return f"; outliers: iterations {text}" + (f" and {more} more" if more > 0 else "")
 
 
 def floor_short(summary: dict | None) -> str:

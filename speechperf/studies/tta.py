@@ -13,6 +13,7 @@ from speechperf.scoring.target_rule import epochs_to_target, relative_pct, tta_m
 from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
 from speechperf.results.run import Run
+from speechperf.telemetry import contention
 from speechperf.telemetry.machine import machine_name
 from speechperf.results.workload import by_workload
 
@@ -86,7 +87,8 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
                          "relative": relative,
                          **at_target(rows_of_epochs[reached - 1] if reached else None, metric), "init s": init_s,
                          **mfu_columns(summary), **price,
-                         **time_columns(iterations, rows_of_epochs, minutes, samples, run.env.get("device"), summary)})
+                         **time_columns(iterations, rows_of_epochs, minutes, samples, run.env.get("device"), summary),
+                         **shared_columns(samples, run.env, until_s(rows_of_epochs, minutes))})
     return rows
 
 
@@ -108,6 +110,14 @@ def time_columns(iterations: list[dict], evals: list[dict], minutes: float | Non
     text = shares(parts) + ("" if minutes is not None else " (to the last evaluation: target not reached)")
     return {"time parts": text + (f"; {parts['note']}" if parts["note"] else "") + f"; {busy_text(shown)}"
             + floor_short(summary), "time parts s": parts, "busy": shown, "decode": decoding(evals, until), **floor}
+
+
+def shared_columns(samples: list[dict], env: dict, until: float | None) -> dict:
+    """Whether other processes took cores the run needed up to ``until`` (its TTA, else its last
+    evaluation; telemetry/contention.py): ``shared`` the short flag beside the minutes (``yes 34%``,
+    ``no``; None: not recorded), ``shared machine`` its figures, ``shared note`` in words."""
+    figures = contention.shared(samples, env.get("torch_threads"), env.get("cpu_cores_logical"), until)
+    return {"shared": contention.short(figures), "shared machine": figures, "shared note": contention.words(figures)}
 
 
 def until_s(evals: list[dict], minutes: float | None) -> float | None:

@@ -17,10 +17,17 @@ COMPARISON_COLUMNS = ("A", "B", "target", "TTA ratio A/B [95%]", "verdict")
 
 def short_rows(rows: list[dict]) -> list[dict]:
     """One narrow row per TTA row (studies/tta.py's ``tta_table``), in :data:`COLUMNS`."""
-    return [{"run": r["run"], "target": target_text(r), "TTA min": _3g(r["minutes"]),
+    return [{"run": r["run"], "target": target_text(r), "TTA min": tta_text(r),
              "error [95%]": error_text(r), "epochs": r["epochs to target"], "MFU %": _3g(r.get("MFU %")),
              "to accuracy": to_accuracy(r),
              "most time": largest_part(r.get("time parts s"))} for r in rows]
+
+
+def tta_text(row: dict) -> str | None:
+    """The TTA, flagged ``shared`` where other processes took cores the run needed
+    (telemetry/contention.py): such a TTA times the neighbours too."""
+    tta = _3g(row["minutes"])
+    return f"{tta} shared" if tta and str(row.get("shared") or "").startswith("yes") else tta
 
 
 def _3g(value: float | None) -> str | None:
@@ -88,6 +95,7 @@ def short_notes(study: dict) -> list[str]:
     lines += [f"{r['run']}: no energy or cost to accuracy: give --price-per-hour or --platform-file"
               for r in _once(runs, "run") if to_accuracy(r) == UNMETERED]
     lines += [f"{r['run']}: {r['reproduction']}" for r in _once(runs, "reproduction")]
+    lines += [f"{r['run']}: {r['shared note']}" for r in _once(runs, "shared note")]
     workloads = list(dict.fromkeys(r["workload"] for r in runs))
     if len(workloads) > 1:
         lines.append(f"{len(workloads)} workloads, each run ranked within its own: {'; '.join(workloads)}")

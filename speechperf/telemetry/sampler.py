@@ -9,7 +9,10 @@ sample divides by the span from the start of the previous reads to the end of th
 no sample can exceed what the cores could do. A child found later (loader workers start
 every epoch) counts from its CPU time when found; what it used before is spread over the
 samples since it started, within what each had left of the machine, never landing in one
-sample. A process that exits keeps what it used.
+sample. A process that exits keeps what it used. With each scan for children (every
+``children_interval``) it records ``others_pct``: the share of the machine's CPUs that other
+processes used since the previous scan (telemetry/contention.py says when that made a shared
+machine).
 
 GPUs (NVML, the devices given, by NVML index): every ``gpu_interval`` one call per GPU reads
 the instant power field and the total energy counter together; utilization comes from the
@@ -35,11 +38,14 @@ from pathlib import Path
 
 import psutil
 
-from speechperf.telemetry import energy
+from speechperf.telemetry import contention, energy
 from speechperf.telemetry.cpu_clock import CpuReader, CpuSeries, process_start
 from speechperf.telemetry.gpu_reader import GpuReader, open_gpus
 from speechperf.telemetry.rapl import DEFAULT_ROOT, RaplCounters
 from speechperf.telemetry.sample import Sample, achieved_periods
+
+
+MIN_OTHERS_SPAN_S = 0.1  # the last others' share at stop, over at least this span (a shorter one is noise)
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class SamplerConfig:
     gpu_interval: float = 0.05  # GPU power and energy period (NVML, amdsmi), s (paper 002: 50 ms)
     gpu_buffer_interval: float = 0.5  # draining NVML's buffered utilization (and power) samples and memory, s
     include_children: bool = True  # count loader worker processes
-    children_interval: float = 1.0  # looking for new child processes (a /proc scan, ~1.5 ms), s
+    children_interval: float = 1.0  # looking for new child processes (a /proc scan, ~1.5 ms) and the others' share, s
     gpus: bool = True  # sample GPUs (NVML, else amdsmi) when present
     rapl: bool = True  # read RAPL powercap counters when readable
     rapl_interval: float = 1.0  # RAPL period, s: often enough to undo every counter wrap, cheap
@@ -77,6 +83,8 @@ class Sampler:
             self.unavailable.update(self._rapl.unavailable)
         self._own_cpu = 0.0
         self._cpu = CpuSeries(self.cores)
+        self._found_s = 0.0  # CPU seconds children used before a scan found them (the others' share leaves them out)
+        self._others_last = (0.0, 0.0, 0.0)  # (perf_counter, machine busy s, own s) at the previous scan
 
     def start(self) -> "Sampler":
         self._t0 = time.perf_counter()
@@ -124,8 +132,6 @@ class Sampler:
         due = {"cpu": now + cfg.interval, "children": now, "gpu": now, "buffer": now, "rapl": now + cfg.rapl_interval}
         periods = {"cpu": cfg.interval, "children": cfg.children_interval, "gpu": cfg.gpu_interval,
                    "buffer": cfg.gpu_buffer_interval, "rapl": cfg.rapl_interval}
-        if not cfg.include_children:
-            del due["children"]
         if not self._gpus:
             del due["gpu"], due["buffer"]
         if self._rapl is None:
@@ -150,12 +156,16 @@ class Sampler:
                     after = time.perf_counter()
                     self._cpu_sample(last_read, (before, after), cpu)
                     last_read = (before, after)
-                elif task == "children":
-                    for pid, used in reader.follow(self._children(), baseline=first_scan):
+                elif task == "children":  # the scan (where children count), then the others' share
+                    found = 0.0
+                    for pid, used in (reader.follow(self._children(), baseline=first_scan)
+                                      if cfg.include_children else []):
                         # started after the previous scan (else that scan would have found it)
                         started = process_start(pid, self._t0)
                         self._spread(used, max(started, self._cpu.scan_t) if started is not None else self._cpu.scan_t)
+                        found += used
                     self._cpu.new_scan(time.perf_counter() - self._t0)
+                    self._others_sample(reader, found, first_scan, time.perf_counter())
                     first_scan = False
                 elif task == "gpu":
                     t = time.perf_counter() - self._t0
@@ -170,6 +180,9 @@ class Sampler:
         before = time.perf_counter()
         cpu = reader.seconds()
         self._cpu_sample(last_read, (before, time.perf_counter()), cpu)
+        if not first_scan and time.perf_counter() - self._others_last[0] >= MIN_OTHERS_SPAN_S:
+            # and the others' share since the last scan: a run shorter than one scan period has one
+            self._others_sample(reader, 0.0, False, time.perf_counter())
         if self._gpus:
             self._drain_gpus()
             for g in list(self._gpus):
@@ -195,6 +208,20 @@ class Sampler:
         self.samples.append(Sample(t, "cpu", "util_machine_pct", 100.0 * used / span / self.cores))
         self.samples.append(Sample(t, "cpu", "util_core_pct", 100.0 * used / span))
         self._cpu.add(last[0] - self._t0, t, used, i)
+
+    def _others_sample(self, reader: CpuReader, found: float, first: bool, t: float) -> None:
+        """The share of the machine other processes used since the previous scan
+        (telemetry/contention.py): the machine's busy CPU seconds less this process's and its
+        children's, ``found`` being what children found by this scan used before it (they
+        started after the previous scan, so all of it lies in this span). The first scan only
+        starts the count. ``t``: now, on the perf_counter clock."""
+        self._found_s += found
+        machine, own = _machine_busy_s(), reader.seconds() + self._found_s
+        if not first:
+            t0, machine0, own0 = self._others_last
+            self.samples.append(Sample(t - self._t0, "cpu", contention.METRIC,
+                                       contention.others_pct(machine - machine0, own - own0, t - t0, self.cores)))
+        self._others_last = (t, machine, own)
 
     def _spread(self, seconds: float, since: float) -> None:
         """Place ``seconds`` of CPU time a newly found process used since ``since`` (sampler
@@ -259,7 +286,8 @@ class Sampler:
     def asked_periods(self) -> dict[str, float | None]:
         """The period asked of each series ("source:metric"); None: the driver's own rate."""
         asked: dict[str, float | None] = {"cpu:util_machine_pct": self.cfg.interval,
-                                          "cpu:util_core_pct": self.cfg.interval}
+                                          "cpu:util_core_pct": self.cfg.interval,
+                                          f"cpu:{contention.METRIC}": self.cfg.children_interval}
         for g in self._gpus:
             asked.update(g.asked(self.cfg.gpu_interval, self.cfg.gpu_buffer_interval))
         return asked
@@ -291,3 +319,8 @@ def availability(nvml=None, rapl_root: Path = DEFAULT_ROOT, amdsmi=None) -> dict
             "unavailable": unavailable}
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds every process on the machine has run since boot (steal included: a VM's
+    neighbours taking its CPUs are other processes too)."""
+    t = psutil.cpu_times()
+    return t.user + t.system + sum(getattr(t, k, 0.0) for k in ("nice", "irq", "softirq", "steal"))

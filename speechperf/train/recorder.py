@@ -34,6 +34,7 @@ from speechperf.results.progress import Clock, Progress
 from speechperf.results.schema import EVALS_DECODE, EVALS_PARTS
 from speechperf.train.warmup import warn_if_slow
 from speechperf.bench.mfu import RunFlops
+from speechperf.telemetry import contention
 from speechperf.telemetry.gc_pauses import GcPauses
 from speechperf.telemetry.sampler import Sampler
 from speechperf.telemetry.status import StatusLine
@@ -289,6 +290,8 @@ class RunRecorder(Recorder):
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
         summary["gc"] = self.gc_pauses.figures()  # the interpreter's collection pauses while this process trained
         summary["floor"] = self.floor  # the step against its floor, where the run measured it (train/floor.py)
+        summary["shared"] = contention.shared(self.run.samples(), self.run.env.get("torch_threads"),  # others took
+                                              self.run.env.get("cpu_cores_logical"))  # its cores (telemetry/contention.py)
         summary["cuda_graphs"] = self.graphs  # None: the steps ran without CUDA graphs
         summary.update(self.flops.summary(self.run.iterations()))  # TFLOPS and MFU over every training step
         summary["convergence"] = (self.check(self.run.config, self.run.env, status, self.run.evals(), self.run.folder)

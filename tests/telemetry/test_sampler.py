@@ -335,3 +335,38 @@ def test_a_gpu_that_stops_answering_is_dropped_with_the_reason_and_cpu_sampling_
     last_gpu0 = max(x.t for x in s.samples if x.source == "gpu0" and x.metric == "power_w")
     assert last_gpu0 < 0.35 and max(x.t for x in s.samples if x.source == "cpu") > 0.5
     assert max(x.t for x in s.samples if x.source == "gpu1") > 0.5
+
+
+def test_the_others_share_leaves_out_the_run_and_the_children_a_scan_found(monkeypatch):
+    """Each scan: the machine's busy CPU seconds since the previous one less the run's, children found
+    by this scan counted with what they used before it (they started after the previous scan)."""
+    from speechperf.telemetry import sampler as sampler_module
+
+    machine = iter([100.0, 101.5, 103.0])  # busy CPU seconds since boot at three scans
+    monkeypatch.setattr(sampler_module, "_machine_busy_s", lambda: next(machine))
+    s = Sampler(config=SamplerConfig(gpus=False, rapl=False))
+    s.cores, s._t0 = 2, 10.0
+    reader = SimpleNamespace(value=0.0, seconds=lambda: reader.value)
+    s._others_sample(reader, 0.0, first=True, t=10.0)  # starts the count
+    reader.value = 0.5
+    s._others_sample(reader, 0.0, first=False, t=11.0)  # 1.5 s busy, 0.5 s the run's: 1 s of 2 CPUs
+    reader.value = 0.7
+    s._others_sample(reader, 0.8, first=False, t=12.0)  # a child found, 0.8 s before: 1.5 - 0.2 - 0.8
+    assert [(x.t, x.source, x.metric, x.value) for x in s.samples] == [(1.0, "cpu", "others_pct", 50.0),
+                                                                      (2.0, "cpu", "others_pct", 25.0)]
+
+
+def test_a_busy_process_outside_the_run_is_an_others_share():
+    """The run followed alone (no children): a busy subprocess is another process on the machine."""
+    p = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        s = Sampler(config=SamplerConfig(gpus=False, rapl=False, include_children=False, children_interval=0.2))
+        with s:
+            time.sleep(1.5)
+    finally:
+        p.kill()
+        p.wait()
+    others = [x.value for x in s.samples if x.metric == "others_pct"]
+    assert len(others) >= 5 and all(0 <= v <= 100 for v in others)
+    # the spinner holds most of a core (what a loaded machine gives it): at least a quarter of it on average
+    assert sum(others) / len(others) >= 25.0 / s.cores

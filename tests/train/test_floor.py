@@ -1,5 +1,6 @@
 """The run's step against its floor (train/floor.py): which rows it replays, what it compares, and
 that the run's model, optimizer, scaler and RNG are as before it."""
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,22 +28,71 @@ def _rows(epochs: dict[int, int], start: int = 1) -> list[dict]:
     return rows
 
 
-def test_the_second_epoch_is_replayed_where_it_has_the_steps():
-    rows = _rows({1: 10, 2: 10, 3: 10})
-    epoch, picked = floor.pick_rows(rows, 4)
-    assert epoch == 2 and [r["iteration"] for r in picked] == [11, 12, 13, 14, 15]
+def _its(windows) -> list[list[int]]:
+    return [[r["iteration"] for r in w] for w in windows]
 
 
-def test_a_later_epoch_then_the_first_where_the_second_is_short():
-    assert floor.pick_rows(_rows({1: 10, 2: 3, 3: 6}), 4)[0] == 3
-    assert floor.pick_rows(_rows({1: 10, 2: 3}), 4)[0] == 1
-    assert floor.pick_rows(_rows({1: 4, 2: 4}), 4) is None  # 5 rows needed: the first is untimed
+def test_a_window_ends_where_a_lead_and_its_steps_lie_in_one_epoch_after_its_first_row():
+    rows = _rows({1: 4, 2: 4})  # iterations 1-4, 5-8
+    assert [rows[i]["iteration"] for i in floor.candidates(rows, 1)] == [2, 3, 4, 6, 7, 8]  # never an epoch's first
+    rows = _rows({1: 5, 2: 5})  # 1-5, 6-10: windows of 2 end at a read point (a multiple of 2) with two rows before
+    assert [rows[i]["iteration"] for i in floor.candidates(rows, 2)] == [4, 8, 10]
+    gap = [r for r in _rows({1: 3, 2: 8}) if r["iteration"] != 6]  # epoch 2 (4-11) lost a row
+    assert [gap[i]["iteration"] for i in floor.candidates(gap, 1)] == [2, 3, 5, 8, 9, 10, 11]
 
 
-def test_rows_with_a_gap_are_not_a_window():
-    rows = [r for r in _rows({1: 3, 2: 8}) if r["iteration"] != 6]  # epoch 2 lost a row
-    assert floor.pick_rows(rows, 4) is None and floor.pick_rows(rows, 3) is None  # the replay starts at batch 0
-    assert floor.pick_rows(rows, 1) == (2, rows[3:5])  # epoch 2's first two rows: 4 and 5
+def test_windows_are_spread_over_every_epoch():
+    rows = _rows({1: 10, 2: 10, 3: 10})  # 27 candidates: all but iterations 1, 11, 21
+    got = floor.pick_windows(rows, 6, 1)
+    # the candidates at (k + 0.5) x 27 / 6: places 2, 6, 11, 15, 20, 24
+    assert _its(got) == [[3, 4], [7, 8], [13, 14], [17, 18], [23, 24], [27, 28]]
+    assert _its(floor.pick_windows(rows, 1, 1)) == [[15, 16]]  # one window: the run's middle
+    assert len(floor.pick_windows(_rows({1: 3}), 5, 1)) == 2  # no more windows than candidates
+    assert floor.pick_windows(_rows({1: 1, 2: 1}), 3, 1) == []  # no epoch with two rows
+
+
+def test_the_budget_caps_the_windows():
+    rows = [{**r, "clock_s": 100.0 * r["iteration"] / 10} for r in _rows({1: 10})]  # 100 s, steps of 0.4 s
+    assert floor.affordable(rows, 1) == 3  # 5% of 100 s over 2 passes x 2 steps x 0.4 s = 3.1
+    assert floor.affordable(rows, 25) == 1  # at least one window
+    assert floor.affordable(_rows({1: 3}), 1) is None  # no clock in the rows: the steps asked
+
+
+def test_loop_over_floor_is_the_median_with_its_spread_and_names_the_outliers():
+    units = [{"iteration": it, "last": it, "loop_s": 1.0, "floor_s": f, "flops": 2e9, "ratio": 1.0 / f}
+             for it, f in [(10, 1.0), (20, 1 / 1.1), (30, 1 / 1.2), (40, 1.0), (50, 1 / 3.0)]]
+    got = floor.compare(units, run_flops_s=2e9 / 1.1)  # the run's median step: 1.1 s for 2 GFLOP
+    assert got["loop_over_floor"] == pytest.approx(1.1)
+    assert got["loop_over_floor_p10"] == pytest.approx(1.0)  # sorted 1.0 1.0 1.1 1.2 3.0: 10% at 0.4 of a place
+    assert got["loop_over_floor_p90"] == pytest.approx(1.2 + 0.6 * 1.8)  # 90% at 3.6 places
+    assert got["outliers"] == [{"iteration": 50, "last": 50, "ratio": pytest.approx(3.0)}] and got["outlier_count"] == 1
+    # the floor's rates: 2 GFLOP over 1, 1/1.1, 1/1.2, 1, 1/3 s: median 2.2 GFLOP/s; the run's median step 1.1 s
+    assert got["floor_tflops"] == pytest.approx(2.2e-3) and got["loop_tflops"] == pytest.approx(2e9 / 1.1 / 1e12)
+    assert got["run_over_floor"] == pytest.approx(2.2 * 1.1 / 2)
+    no_flops = floor.compare([{**u, "flops": None} for u in units], None)
+    assert no_flops["run_over_floor"] is None and no_flops["floor_tflops"] is None
+    assert floor.compare([{**units[0], "ratio": None}], None)["loop_over_floor"] is None
+
+
+def test_the_demo_that_shared_its_machine_names_its_slow_steps_and_its_median_stays():
+    """Ten steps at 0.93 s and two at 2.7 and 1.7 s (the demo's epoch 2) against a floor of 0.9 s a step."""
+    rows = [{"iteration": 79 + i, "epoch": 2, "batch_size": 24, "frames": 9000, "step_s": s, "data_s": 0.0,
+             "ckpt_s": 0.0, "model_flops": 1e11} for i, s in enumerate([0.93, 0.93, 2.7, 1.7, *[0.93] * 8])]
+    units = [floor.unit([a, b], [0.9, 0.9]) for a, b in zip(rows, rows[1:])]
+    got = floor.compare(units, floor.run_rate(rows))
+    assert got["loop_over_floor"] == pytest.approx(0.93 / 0.9)
+    assert [(u["iteration"], round(u["ratio"], 2)) for u in got["outliers"]] == [(81, 3.0), (82, 1.89)]
+    assert got["run_over_floor"] == pytest.approx(0.93 / 0.9)  # the run's median row beside the sampled one
+    assert floor.run_rate(rows) == pytest.approx(1e11 / 0.93)  # the epoch's first row (79) left out
+
+
+def test_a_window_compares_its_timed_rows_not_its_lead():
+    rows = [{"iteration": 4 + i, "epoch": 1, "step_s": s, "data_s": 0.1, "ckpt_s": 0.0, "model_flops": f}
+            for i, (s, f) in enumerate([(9.0, 1e9), (0.6, 2e9), (0.7, 3e9)])]
+    got = floor.unit(rows, [5.0, 0.25, 0.25])
+    assert (got["iteration"], got["last"], got["epoch"]) == (5, 6, 1)
+    assert got["loop_s"] == pytest.approx(1.1) and got["floor_s"] == pytest.approx(0.5)
+    assert got["flops"] == 5e9 and got["ratio"] == pytest.approx(2.2)
 
 
 def test_a_rows_loop_seconds_leave_out_data_and_checkpoints():
@@ -71,13 +121,14 @@ def _trainer(steps: int, batches: list, *over):
     optimizer = make_optimizer(model, cfg.train, CPU)
     state = TrainState(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
                        torch.amp.GradScaler("cuda", enabled=False))
-    loaders = []
+    loaders, asked = [], []
 
-    def epoch_loader(epoch):
-        loaders.append(_Loader(batches))
+    def epoch_loader(epoch, start=0):  # every epoch the same batches (a dict: its own per epoch)
+        asked.append((epoch, start))
+        loaders.append(_Loader((batches[epoch] if isinstance(batches, dict) else batches)[start:]))
         return loaders[-1]
     return SimpleNamespace(cfg=cfg, state=state, model=model, group=SimpleNamespace(device=CPU, world=1),
-                           epoch_loader=epoch_loader, loaders=loaders)
+                           epoch_loader=epoch_loader, loaders=loaders, asked=asked)
 
 
 BATCHES = [_batch((40, 30), 1), _batch((50, 20), 2), _batch((35, 35), 3), _batch((30, 25), 4)]
@@ -88,27 +139,61 @@ def _rows_of(batches, first: int, epoch: int = 2) -> list[dict]:
              "step_s": 0.2 + 0.01 * i, "data_s": 0.05, "ckpt_s": 0.01 * (i == 2)} for i, b in enumerate(batches)]
 
 
-def test_the_floor_sets_the_same_iterations_rows_against_the_replay():
-    t = _trainer(3, BATCHES)
-    rows = _rows_of(BATCHES, 7)
-    got = floor.measure(t, _rows({1: 6}) + rows)
-    loop_s = sum(floor.loop_seconds(r) for r in rows[1:]) / 3  # the first replayed step is untimed
-    assert got["epoch"] == 2 and got["first_iteration"] == 8 and got["steps"] == 3 and got["note"] is None
-    assert got["loop_s"] == pytest.approx(loop_s) and got["floor_s"] > 0
-    assert got["loop_over_floor"] == pytest.approx(loop_s / got["floor_s"])
-    assert got["utterances"] == 2
-    assert len(t.loaders) == 1 and t.loaders[0].closed  # the replay's loader is stopped
+def _fixed_replay(monkeypatch, seconds: float = 0.1) -> list[int]:
+    """replay() replaced by one whose timed steps take ``seconds`` each: the windows' first iterations, per call."""
+    calls = []
+
+    def fake(batches, first_iteration, model, state, device, cfg):
+        calls.append(first_iteration)
+        return [1.0] + [seconds] * (len(batches) - 1)
+    monkeypatch.setattr(floor, "replay", fake)
+    return calls
 
 
-def test_a_replayed_batch_unlike_its_row_is_not_compared():
+TWO_EPOCHS = _rows_of(BATCHES, 1, epoch=1) + _rows_of(BATCHES, 5, epoch=2)  # iterations 1-4 and 5-8
+
+
+def test_the_floor_sets_the_sampled_iterations_rows_against_their_replay(monkeypatch):
+    calls = _fixed_replay(monkeypatch)
     t = _trainer(3, BATCHES)
-    rows = _rows_of(BATCHES, 7)
-    rows[2]["frames"] += 1
-    got = floor.measure(t, rows)
-    assert got["note"] == "not compared: epoch 2's replayed batch of iteration 9 is not the one its row recorded"
+    got = floor.measure(t, TWO_EPOCHS)
+    # candidates 2 3 4 6 7 8: windows ending at places 1, 3, 5 (lead, step): 2-3, 5-6, 7-8, by loaders at their batch
+    assert t.asked == [(1, 1), (2, 2), (2, 0)] and all(x.closed for x in t.loaders)  # in spread order
+    assert calls == [2, 7, 5, 2, 7, 5]  # two passes, the second timed, in spread order (first, last, middle)
+    timed = [r for r in TWO_EPOCHS if r["iteration"] in (3, 6, 8)]
+    ratios = sorted(floor.loop_seconds(r) / 0.1 for r in timed)
+    assert (got["steps"], got["asked"], got["span"], got["windows"], got["epochs"]) == (3, 3, 1, 3, 2)
+    assert (got["first_iteration"], got["last_iteration"], got["note"]) == (3, 8, None)
+    assert got["loop_s"] == pytest.approx(sum(floor.loop_seconds(r) for r in timed) / 3)
+    assert got["floor_s"] == pytest.approx(0.1) and got["loop_over_floor"] == pytest.approx(ratios[1])
+    assert got["loop_over_floor_p10"] == pytest.approx(ratios[0] + 0.2 * (ratios[1] - ratios[0]))
+    assert got["outliers"] == [] and got["utterances"] == 2 and got["replay_s"] > 0
+    assert got["run_over_floor"] is None  # the rows hold no FLOPs
+    assert 0 <= got["replay_others_pct"] <= 100 and isinstance(got["replay_shared"], bool)  # the replay's neighbours
+
+
+def test_a_replayed_batch_unlike_its_row_is_not_compared(monkeypatch):
+    _fixed_replay(monkeypatch)
+    rows = [dict(r) for r in TWO_EPOCHS]
+    rows[5]["frames"] += 1  # iteration 6
+    got = floor.measure(_trainer(3, BATCHES), rows)
+    assert got["note"] == "not compared: epoch 2's replayed batch of iteration 6 is not the one its row recorded"
     assert "loop_over_floor" not in got
-    short = floor.measure(_trainer(3, BATCHES[:3]), _rows_of(BATCHES, 7))  # the plan gave fewer batches
-    assert "iteration 10 is not the one" in short["note"]
+    short = floor.measure(_trainer(3, {1: BATCHES, 2: BATCHES[:3]}), TWO_EPOCHS)  # the plan gave fewer batches
+    assert "iteration 8 is not the one" in short["note"]
+    none = floor.measure(_trainer(3, BATCHES), _rows({1: 1, 2: 1}))
+    assert none["note"] == "not measured: no epoch trained 2 steps in a row (a lead and 1 timed; train.floor_steps=3)"
+
+
+def test_the_sync_period_makes_the_windows_and_the_budget_their_number(monkeypatch):
+    calls = _fixed_replay(monkeypatch)
+    rows = [{**r, "iteration": r["iteration"] + 2} for r in TWO_EPOCHS]  # 3-6, 7-10: windows of 2 end at 6, 10
+    got = floor.measure(_trainer(4, BATCHES, "train.sync_every=2"), rows)
+    assert calls == [4, 8, 4, 8] and (got["span"], got["windows"], got["steps"]) == (2, 2, 4)
+    clocked = [{**r, "clock_s": 4.0} for r in TWO_EPOCHS]  # 4 s of clock: 5% is one window of 2 steps of ~0.2 s
+    got = floor.measure(_trainer(3, BATCHES), clocked)
+    assert (got["windows"], got["steps"], got["asked"]) == (1, 1, 3)
+    assert "1 of 3 asked: the replay's budget" in step_vs_floor({"floor": got})
 
 
 def test_the_run_is_as_before_the_replay():
@@ -121,7 +206,7 @@ def test_the_run_is_as_before_the_replay():
     moments = [s["exp_avg"].clone() for s in optimizer.state.values()]
     rng, np_rng = torch.get_rng_state(), np.random.get_state()[1].copy()
     got = floor.measure(t, _rows_of(BATCHES, 7))
-    assert got["note"] is None
+    assert got["note"] is None and got["loop_over_floor"] > 0 and got["windows"] == 3  # a real replay, 3 windows
     assert all(torch.equal(v, after_step[k]) for k, v in t.state.model.state_dict().items())
     assert any(not torch.equal(after_step[k], before[k]) for k in before)  # the test's own step moved them
     assert all(torch.equal(s["exp_avg"], m) for s, m in zip(optimizer.state.values(), moments))
@@ -183,8 +268,43 @@ def test_the_second_of_two_passes_is_the_floor(monkeypatch):
 
     def fake(batches, first_iteration, model, state, device, cfg):
         passes.append(first_iteration)
-        return [9.0] * len(batches) if len(passes) == 1 else [1.0, 0.1, 0.1, 0.1]  # a slow first pass
+        return [9.0] * len(batches) if len(passes) <= 3 else [1.0, 0.1]  # a slow first pass
 
     monkeypatch.setattr(floor, "replay", fake)
     got = floor.measure(_trainer(3, BATCHES), _rows_of(BATCHES, 7))
-    assert passes == [7, 7] and got["floor_s"] == pytest.approx(0.1)
+    assert passes == [7, 9, 8, 7, 9, 8] and got["floor_s"] == pytest.approx(0.1)
+
+
+def test_any_first_windows_are_spread_over_the_run():
+    assert floor.spread_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
+    assert floor.spread_order(3) == [0, 2, 1] and floor.spread_order(1) == [0] and floor.spread_order(0) == []
+
+
+def test_a_replay_past_its_deadline_compares_the_windows_both_passes_replayed(monkeypatch):
+    """The estimate from the loop's median step can be wrong (a neighbour slows the replay 4x): the
+    deadline stops each pass; at least one window is compared."""
+    calls = _fixed_replay(monkeypatch)
+    t = _trainer(3, BATCHES)
+    windows = floor.pick_windows(TWO_EPOCHS, 3, 1)
+    batches = [[floor.resident(b, CPU) for b in BATCHES[:2]]] * 3
+    assert len(floor._replayed(t, batches, windows, deadline=time.perf_counter())) == 1 and calls == [2, 2]
+    calls.clear()
+    assert len(floor._replayed(t, batches, windows, deadline=time.perf_counter() + 60)) == 3 and len(calls) == 6
+
+
+def test_the_sampled_floor_in_words():
+    summary = {"floor": {"steps": 16, "asked": 16, "span": 1, "windows": 16, "epochs": 12, "first_iteration": 12,
+                         "last_iteration": 950, "floor_s": 0.75, "loop_s": 0.91, "loop_over_floor": 1.21,
+                         "loop_over_floor_p10": 1.05, "loop_over_floor_p90": 1.6, "run_over_floor": 1.19,
+                         "outliers": [{"iteration": 85, "last": 85, "ratio": 2.9}, {"iteration": 86, "last": 86, "ratio": 1.9}],
+                         "outlier_count": 3, "note": None}}
+    assert step_vs_floor(summary) == ("loop/floor 1.21 (10-90%: 1.05-1.60; 16 step(s) over 12 epoch(s), iterations "
+                                      "12-950; 0.9100 s against 0.7500 s a step; the run's median step 1.19); "
+                                      "outliers: iterations 85 (2.90), 86 (1.90) and 1 more")
+    assert floor_short(summary) == "; loop/floor 1.21"
+    window = {**summary["floor"], "run_over_floor": None, "outliers": [{"iteration": 76, "last": 100, "ratio": 2.0}],
+              "outlier_count": 1}
+    assert step_vs_floor({"floor": window}).endswith("a step); outliers: iterations 76-100 (2.00)")
+    beside = {**window, "replay_shared": True, "replay_others_pct": 67.4}
+    assert step_vs_floor({"floor": beside}).endswith("(2.00); the replay shared its machine (other processes 67% of "
+                                                     "its CPUs): a floor beside a neighbour")

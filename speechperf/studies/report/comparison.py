@@ -10,7 +10,7 @@ from speechperf.studies.busy import busy, busy_text
 from speechperf.studies.time_parts import decoding, shares, step_vs_floor, time_parts
 from speechperf.scoring.target_rule import relative_pct, tta_minutes
 from speechperf.scoring.targets import METRICS, Targets
-from speechperf.telemetry import energy
+from speechperf.telemetry import contention, energy
 from speechperf.studies.report.runs import who
 from speechperf.telemetry.platforms import Platform, load, of_run, price_columns, price_performance
 
@@ -59,9 +59,23 @@ def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
                      "busy": busy_text(shown), **{f"busy {k}": shown[k] for k in BUSY_COLUMNS},
                      "busy note": shown["note"],
                      **{f"decode {k}": decoded.get(k) for k in DECODE_COLUMNS},
-                     "loop/floor": ((r.get("summary") or {}).get("floor") or {}).get("loop_over_floor"),
-                     "step vs floor": step_vs_floor(r.get("summary"))})
+                     **floor_columns(r.get("summary")), "step vs floor": step_vs_floor(r.get("summary")),
+                     **shared_column(r, until)})
     return rows
+
+
+def floor_columns(summary: dict | None) -> dict:
+    """The step against its floor (train/floor.py): its median loop/floor and 10th-90th percentiles."""
+    floor = (summary or {}).get("floor") or {}
+    return {"loop/floor": floor.get("loop_over_floor"), "loop/floor p10": floor.get("loop_over_floor_p10"),
+            "loop/floor p90": floor.get("loop_over_floor_p90")}
+
+
+def shared_column(r: dict, until: float | None) -> dict:
+    """``shared``: whether other processes took cores the run needed up to ``until``
+    (telemetry/contention.py: ``yes 34%``, ``no``; empty where the run did not record it)."""
+    return {"shared": contention.short(contention.shared(r["samples"], r["env"].get("torch_threads"),
+                                                         r["env"].get("cpu_cores_logical"), until))}
 
 
 def cheapest_first(platform: Platform) -> tuple:
@@ -84,6 +98,7 @@ def tta_rows(runs: list[dict], targets: Targets = Targets()) -> list[dict]:
             for r, m in mins:
                 rows.append({**who(r), "platform": of_run(r["env"]).name, "metric": metric.upper(),
                              "target %": target, "TTA minutes": m,
+                             **shared_column(r, m * 60 if m is not None else None),
                              "relative %": relative_pct(m, ref[1]),
                              "reference": ref[0]["label"] if ref[0] else None})
     return rows

@@ -108,7 +108,9 @@ def tta_section(ctx: Context) -> Section:
     blocks = [Note(f"TTA: minutes from the end of initialization until the median validation error of the last 3 "
                    f"epochs reaches the target (empty: never reached); targets: {ctx.targets}. Relative %: TTA "
                    "against the run named in 'reference' - the run on the cheapest platform that reached the target, "
-                   "or the fastest when no platform has a price - among the runs of the same workload only.")]
+                   "or the fastest when no platform has a price - among the runs of the same workload only. "
+                   "'shared': 'yes N%' where other processes took CPU cores the run needed in N% (5% or more) of "
+                   "its clock up to that TTA (telemetry/contention.py): such a TTA measured the neighbour too.")]
     if len(groups) > 1:
         blocks.append(Note(f"These runs train {len(groups)} different workloads ({'; '.join(groups)}): a different "
                            "model is a different job (its own computation per step and its own route to the "
@@ -140,7 +142,11 @@ def time_parts_section(ctx: Context) -> Section:
              "part was not recorded, or where the parts do not add up to the TTA within 1%. Step vs its floor "
              "('loop/floor'): where the run measured it after training (train.floor_steps), the loop's steps over the "
              "same steps replayed on batches already on the device, no loader or logging beside them (1.00: the loop "
-             "costs what the hardware costs). In each bar's label, how busy the "
+             "costs what the hardware costs), over a sample of steps spread across the run's epochs: the median "
+             "with its 10th and 90th percentiles ('loop/floor p10', 'p90'); 'step vs floor' names the sampled "
+             "steps far above the median. 'shared': whether other processes took CPU cores the run needed in at "
+             "least 5% of that time ('yes' with the share; telemetry/contention.py): then its steps and TTA "
+             "describe the neighbour too. In each bar's label, how busy the "
              "accelerator was (studies/busy.py): the mean of its recorded utilization samples over that time, inside "
              "its training phases (an epoch's first step to its evaluation) and inside its evaluations, with the "
              "sample count; a GPU's is NVML's utilization (a kernel running) or amdsmi's gfx_activity, a CPU run's the CPU seconds of its "
