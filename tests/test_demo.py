@@ -101,7 +101,7 @@ def test_demo_seeds_layout_and_one_seed_line(tiny_features, monkeypatch, tmp_pat
     assert "(the cpu preset's reference: 8 to 9 epochs to CER 10 over 5 seeds)" in demo.one_seed("cpu")
     assert "reference" not in demo.one_seed("gpu")  # none recorded: no spread to cite
     assert len({r["run"] for r in rows}) == 1 and (out / "run" / "results.db").stat().st_mtime_ns == mtime
-    assert swept == [out / "run"] and "report: " in text
+    assert swept == [out / "run"] and "report: " in said
 
 
 def test_no_sweep_option_reaches_the_demo(monkeypatch):
