@@ -86,3 +86,16 @@ def test_bench_feed_without_a_gpu_names_the_recorded_profile(capsys):
 def test_bench_feed_refuses_a_folder_without_training_splits(tmp_path, capsys):
     assert main(["bench", "feed", "--preset", "tiny", "--device", "cpu", "--data", str(tmp_path), *SMALL]) == 2
     assert f"{tmp_path}: no prepared training split" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option,value,says", [("--readers", "0", "must be at least 1"),
+                                               ("--readers", "-1", "must be at least 1"),
+                                               ("--readers", "1000000000", "at most 256 reader processes"),
+                                               ("--windows", "0", "must be at least 1"),
+                                               ("--steps", "0", "must be at least 1"),
+                                               ("--warmup", "-1", "must be at least 0"),
+                                               ("--cores", "0", "must be at least 1")])
+def test_bench_feed_refuses_counts_it_cannot_measure_with(option, value, says, capsys):
+    """Issue 48: each was a traceback (StatisticsError, IndexError, a 14.9 TiB allocation)."""
+    assert main(["bench", "feed", "--preset", "tiny", "--device", "cpu", option, value]) == 2
+    assert capsys.readouterr().err.strip() == f"speechperf: error: bench feed {option} {value}: {says}"
