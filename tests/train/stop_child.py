@@ -1,5 +1,5 @@
-"""``python tests/train/stop_child.py PHASE MARKER LEFT ARGS...``: ``speechperf ARGS`` that sends
-SIGTERM to its own process group (as Slurm's scancel and Kubernetes do: the readers get it too) at
+"""``python tests/train/stop_child.py PHASE[:SIGINT] MARKER LEFT ARGS...``: ``speechperf ARGS`` that
+sends SIGTERM (or SIGINT) to its own process group (as Slurm's scancel and Kubernetes do: the readers get it too) at
 one precise phase of the run, writing the signal's wall-clock time into MARKER and, as the
 interpreter begins to exit, the pids of its child processes still alive into LEFT (JSON):
 
@@ -20,6 +20,8 @@ import speechperf.train.loop as loop
 import psutil
 
 phase, marker, left = sys.argv[1], sys.argv[2], sys.argv[3]
+phase, _, signame = phase.partition(":")  # PHASE:SIGINT sends SIGINT instead
+SIGNAL = getattr(signal, signame or "SIGTERM")
 
 
 @atexit.register  # registered after torch's and multiprocessing's: runs before theirs
@@ -31,7 +33,7 @@ def children_left() -> None:
 def stop() -> None:
     with open(marker, "w") as f:
         f.write(repr(time.time()))
-    os.killpg(os.getpgid(0), signal.SIGTERM)
+    os.killpg(os.getpgid(0), SIGNAL)
 
 
 def on_step(real):

@@ -1,6 +1,6 @@
 """Issue 48: SIGTERM sent to a run's whole process group (Slurm's scancel, Kubernetes) at each phase
-of a run with reader processes on (tests/train/stop_child.py picks the moment): the process is
-gone within 10 s with exit 143, recorded as interrupted, no reader left at its exit nor after it,
+of a run with reader processes on (tests/train/stop_child.py picks the moment), and SIGINT (Ctrl-C)
+inside an evaluation: the process is gone within 10 s with exit 143 (130), recorded as interrupted, no reader left at its exit nor after it,
 and the same command then ends where an uninterrupted run ends, bit for bit."""
 import json
 import os
@@ -34,21 +34,22 @@ def _rows(run, sql):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("phase", ["step", "eval", "checkpoint"])
-def test_sigterm_to_the_group_in_each_phase_ends_the_run_at_once_saved(tiny_features, reference, tmp_path, phase):
+@pytest.mark.parametrize("phase", ["step", "eval", "checkpoint", "eval:SIGINT"])
+def test_a_stop_signal_to_the_group_in_each_phase_ends_the_run_at_once_saved(tiny_features, reference, tmp_path, phase):
     run, marker, left = tmp_path / "run", tmp_path / "signalled", tmp_path / "left"
+    name, code = ("SIGINT", 130) if phase.endswith("SIGINT") else ("SIGTERM", 143)
     p = subprocess.Popen([sys.executable, str(CHILD), phase, marker, left, "train", "--json", "--data",
                           tiny_features, "--out", run, *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
     rc = p.wait(timeout=600)
     ended, err = time.time(), p.stderr.read()
-    assert rc == 143, err
+    assert rc == code, err
     assert ended - float(marker.read_text()) < 10, "the stopped process took too long to end"
-    assert "interrupted (SIGTERM)" in err and "Traceback" not in err
+    assert f"interrupted ({name})" in err and "Traceback" not in err
     assert json.loads(left.read_text()) == []  # every reader stopped by the loop itself, none left for the exit
     with pytest.raises(ProcessLookupError):
         os.killpg(p.pid, 0)  # nothing of its process group outlives it
-    assert _rows(run, "SELECT status FROM runs WHERE run_id = ?") == [{"status": "failed: interrupted (SIGTERM)"}]
+    assert _rows(run, "SELECT status FROM runs WHERE run_id = ?") == [{"status": f"failed: interrupted ({name})"}]
 
     cli("train", "--json", "--data", tiny_features, "--out", run, *ARGS, timeout=600, check=True)
     sql = "SELECT iteration, loss FROM iterations WHERE run_id = ? ORDER BY iteration"
