@@ -183,15 +183,16 @@ def supply(feats: Path, loader_cfg, readers: int, windows: int, seed: int) -> di
         raise SpeechperfError(f"{feats}: {e} (windows of {cfg.bucket_window} shards; more data, or fewer --windows "
                               "or --readers)") from None
     rates, audio, t_last, timed = [], 0.0, None, [0.0, 0]  # timed: audio s and utterances of the timed spans
-    for i, b in zip(range(ends[-1] + 1), loader):
-        audio += b.audio_seconds
-        if t_last is not None:
-            timed[0], timed[1] = timed[0] + b.audio_seconds, timed[1] + len(b.ids)
-        if i in ends:
-            now = time.perf_counter()
+    with loader:  # read in part: its readers stopped when the spans are timed (or a signal stops it)
+        for i, b in zip(range(ends[-1] + 1), loader):
+            audio += b.audio_seconds
             if t_last is not None:
-                rates.append(audio / (now - t_last) / readers)
-            audio, t_last = 0.0, now
+                timed[0], timed[1] = timed[0] + b.audio_seconds, timed[1] + len(b.ids)
+            if i in ends:
+                now = time.perf_counter()
+                if t_last is not None:
+                    rates.append(audio / (now - t_last) / readers)
+                audio, t_last = 0.0, now
     med = statistics.median(rates)
     return {"audio_s_per_s_per_reader": med, "spread_pct": 100.0 * (max(rates) - min(rates)) / med,
             "mean_utt_s": timed[0] / timed[1]}
