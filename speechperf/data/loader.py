@@ -214,7 +214,7 @@ class Loader:
         return self
 
     def close(self) -> None:
-        """Stop the reader processes of a loader that will not be read (on), started ahead or
+        """Stop the reader processes of a loader that will not be read further, started ahead or
         part-read: every exit path of the training loop closes its loaders (``with loader:``),
         so no reader outlives the epoch it was started for, and none is left for the interpreter's
         exit (there torch no longer stops them and multiprocessing waits for each: a reader that
