@@ -146,27 +146,20 @@ class Run:
             raise RunError(f"{path}: run folder format {version!r}; this speechperf reads format {FORMAT} only")
         run = cls(folder, info, folder / DB_FILE, write=write, shared_db=shared_db if write else None, data=data)
         run.check_files()
-        run.check_database()
         if write:  # every database it will write checked (results/db.py) and holding its row
             run._check_registered()
         return run
 
     def check_files(self) -> None:
-        """Read every JSON file the folder holds (config, env, summary), so that every reader
-        refuses an unreadable one by name before it shows or computes anything from the run
-        (a missing summary is an unfinished run's: allowed here)."""
+        """Read every JSON file the folder holds (config, env, summary) and open its database
+        read-only, so that every command refuses an unreadable one by name before it shows,
+        computes or writes anything (a missing summary is an unfinished run's; a database not
+        speechperf's is left unchanged, results/db.py; a writer recreates a missing one)."""
         for name in JSON_FILES:
             if (self.folder / name).exists():
                 self.summary() if name == SUMMARY_FILE else self._json(name)
-
-    def check_database(self) -> None:
-        """Open the run's own database read-only first, so that every command refuses one that is
-        not speechperf's (empty, text, another program's: results/db.py) by name, the file left as
-        it is, before it reads or writes anything: ``eval`` reads no row, ``beam-sweep`` made an
-        empty file a database. A writer may recreate a missing one (``_check_registered``)."""
-        if self.write and not self.db_path.exists():
-            return
-        ResultsDB(self.db_path, readonly=True).close()
+        if not self.write or self.db_path.exists():
+            ResultsDB(self.db_path, readonly=True).close()
 
     # ---- what the run is ------------------------------------------------------------------
     @property
