@@ -14,7 +14,8 @@ and the member) while extracting, before anything is moved into OUT: absolute pa
 work folder may point outside OUT once renamed; a hardlink may name a missing member),
 devices and fifos; a member outside ``LibriSpeech/SPLIT/`` other than a top-level note
 (``LibriSpeech/NAME.TXT``), e.g. another split's folder or a ``LibriSpeech/.fetch`` that
-would land on the work folder. tarfile's ``data`` extraction filter (Python >= 3.11.4,
+would land on the work folder; a name of more than 255 bytes, or any named like the fetch's
+marker; a name that is a file and a folder. tarfile's ``data`` extraction filter (Python >= 3.11.4,
 3.10.12) applies as well where it exists.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from speechperf.corpus.download import FetchError
 WORKDIR = ".fetch"  # OUT/.fetch: archives, .part files and extraction work folders
 MARKER = ".speechperf-fetch.json"  # in OUT/SPLIT: written before the folder appears
 HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
+NAME_MAX = 255  # bytes in one path component: Linux's ext4, xfs, btrfs and tmpfs, macOS's APFS
 
 
 class UnsafeArchive(FetchError):
@@ -66,11 +68,12 @@ def extract_part(archive: Path, out: Path, split: str, marker: dict, progress: b
 def _extract(archive: Path, dest: Path, split: str, progress: bool) -> int:
     from tqdm import tqdm
 
-    counted = [0]
+    counted, kinds = [0], {}  # kinds: each name seen (its own or a folder's above it) -> is a folder
 
     def members(tar):
         for member in tar:
             _check_member(archive, member, split)
+            _check_kind(archive, member, kinds)
             counted[0] += 1
             yield member
 
@@ -82,6 +85,9 @@ def _extract(archive: Path, dest: Path, split: str, progress: bool) -> int:
     except tarfile.FilterError as e:
         raise UnsafeArchive(f"{archive}: refused member {e.tarinfo.name!r} ({e}); nothing of it was "
                             f"kept; the archive is not a LibriSpeech part: delete it, check --mirror") from None
+    except (IsADirectoryError, NotADirectoryError, FileExistsError) as e:  # a backstop to _check_kind
+        raise UnsafeArchive(f"{archive}: refused member {e.filename!r} ({e.strerror}); nothing of it was kept; "
+                            "the archive is not a LibriSpeech part: delete it, check --mirror") from None
     except (tarfile.ReadError, EOFError, zlib.error) as e:
         raise FetchError(f"{archive} cannot be unpacked ({e}) although its checksum matched: delete it and run "
                          "again") from None
@@ -100,10 +106,27 @@ def _check_member(archive: Path, member: tarfile.TarInfo, split: str) -> None:
         why = f"{kind}; a LibriSpeech part holds only files and folders"
     elif not _in_place(parts, split, member.isfile()):
         why = f"not under LibriSpeech/{split}/ nor a LibriSpeech/NAME.TXT note"
+    elif any(len(os.fsencode(p)) > NAME_MAX for p in parts):
+        why = f"a name longer than {NAME_MAX} bytes, which no file system here holds"
+    elif MARKER in parts:
+        why = f"named like corpus fetch's own completion marker {MARKER}"
     else:
         return
     raise UnsafeArchive(f"{archive}: refused member {member.name!r} ({why}); nothing of it was kept; the "
                         "archive is not a LibriSpeech part: delete it, check --mirror")
+
+
+def _check_kind(archive: Path, member: tarfile.TarInfo, kinds: dict) -> None:
+    """A name is a file or a folder, never both: a file and a folder of one name (in either
+    order, or a file where a later member needs a folder) failed extraction with a traceback."""
+    parts = Path(member.name).parts
+    for i in range(1, len(parts) + 1):
+        name, folder = "/".join(parts[:i]), i < len(parts) or member.isdir()
+        if kinds.setdefault(name, folder) != folder:
+            was = "a folder" if kinds[name] else "a file"
+            raise UnsafeArchive(f"{archive}: refused member {member.name!r} ({name!r} is {was} earlier in the "
+                                "archive, here it is not); nothing of it was kept; the archive is not a LibriSpeech "
+                                "part: delete it, check --mirror")
 
 
 def _in_place(parts: tuple, split: str, is_file: bool) -> bool:

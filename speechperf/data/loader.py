@@ -19,10 +19,15 @@ it instead of the next step. Every batch carries the shards decompressed to buil
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import os
+import signal
+import sys
 from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -209,10 +214,20 @@ class Loader:
         return self
 
     def close(self) -> None:
-        """Stop the reader processes of a started loader that will not be read (the run stopped)."""
+        """Stop the reader processes of a loader that will not be read further, started ahead or
+        part-read: every exit path of the training loop closes its loaders (``with loader:``),
+        so no reader outlives the epoch it was started for, and none is left for the interpreter's
+        exit (there torch no longer stops them and multiprocessing waits for each: a reader that
+        ignores SIGTERM kept a stopped run waiting forever)."""
         items, self._items = self._items, None
         if items is not None:
-            items._shutdown_workers()  # what its __del__ does; at once rather than at collection
+            _stop_readers(items)
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -235,13 +250,15 @@ class Loader:
                 batch = self.reader.batch(utts, self.reader_threads())
                 yield batch.pin_memory() if self.pin_memory else batch
             return
-        items, self._items = self._items if self._items is not None else iter(self._dataloader()), None
+        items = self._items if self._items is not None else iter(self._dataloader())
+        self._items = items  # held while read: close() stops its readers when the epoch is abandoned
         pending, want = {}, 0  # readers' batches that arrived before their turn
         for pos, batch in items:
             pending[pos] = batch
             while want in pending:
                 yield pending.pop(want)
                 want += 1
+        self._items = None  # read to its end: torch has stopped the readers
         if pending or want != len(self.plan):
             raise RuntimeError(f"the loader's readers delivered {want} of {len(self.plan)} batches in order")
 
@@ -263,7 +280,7 @@ class Loader:
         prefetch = max(1, -(-self.cfg.prefetch_batches // readers))  # per reader, rounded up
         return DataLoader(_Readers(self.plan, self.reader, readers, threads), batch_size=None, num_workers=readers,
                           prefetch_factor=prefetch, generator=self.generator, pin_memory=self.pin_memory,
-                          worker_init_fn=_reader_ignores_stop_signals)  # pin_memory: its thread calls Batch.pin_memory
+                          worker_init_fn=partial(_reader_init, os.getpid()))  # pin_memory: its thread calls Batch.pin_memory
 
 
 def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: int, seed: int,
@@ -282,17 +299,49 @@ def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: 
                   pin_memory)
 
 
-def _reader_ignores_stop_signals(_worker_id: int) -> None:
-    """A reader process ignores SIGTERM and SIGINT; the training process that owns it stops it.
+def _reader_init(parent: int, _worker_id: int) -> None:
+    """A reader process ignores SIGTERM and SIGINT; the training process that owns it stops it
+    (:meth:`Loader.close`), and the kernel kills it when that process is gone.
 
     Slurm's scancel, a terminal's Ctrl-C and ``kill -- -PGID`` signal every process of the
     group: a reader that died of it made torch's SIGCHLD handler raise "DataLoader worker
     killed" inside the training process, which then failed (once inside a checkpoint's
-    torch.save: "unexpected pos") instead of stopping saved and recorded as interrupted."""
-    import signal
-
+    torch.save: "unexpected pos") instead of stopping saved and recorded as interrupted. A reader
+    that ignores SIGTERM outlives a parent SIGKILLed (or one whose exit waited on it) unless it is
+    told otherwise: Linux's PR_SET_PDEATHSIG sends it SIGKILL when the thread that started it
+    ends (the training loop's main thread: the process). ``parent``: that process's id, checked
+    after the call, since a parent gone before it sends nothing."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+READER_JOIN_S = 5.0  # how long close() waits for a killed reader to be reaped
+
+
+def _stop_readers(items) -> None:
+    """Stop a DataLoader iterator's readers now: killed, reaped, then torch's own shutdown of its
+    queues and threads. Readers only read, so nothing of theirs needs saving; torch's shutdown alone
+    waits up to 5 s for a reader still building a batch (a whole window's shards), then sends the
+    SIGTERM readers ignore, and returns with the reader alive. Their pids leave torch's SIGCHLD watch
+    first: these deaths are no reader failure."""
+    workers = list(getattr(items, "_workers", ()))
+    if getattr(items, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(items))
+        items._worker_pids_set = False
+    for w in workers:
+        if w.is_alive():
+            w.kill()
+    for w in workers:
+        w.join(timeout=READER_JOIN_S)
+    items._shutdown_workers()
 
 
 def _readers_generator(seed: int, epoch: int, rank: int) -> torch.Generator:

@@ -48,9 +48,12 @@ class ResultsDB:
             if readonly:
                 if not self.path.is_file():
                     raise ResultsError(f"no results database at {self.path}")
+                check_header(self.path)
                 self.conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
-                self.conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # a non-database fails here
+                self._check_ours(readonly=True)
             else:
+                if self.path.is_file() and self.path.stat().st_size:
+                    check_header(self.path)  # a text file: refused as it is, not handed to SQLite
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S)
                 self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
@@ -65,21 +68,22 @@ class ResultsDB:
             raise ResultsError(f"{self.path} is not a readable results database ({e})") from e
         self.conn.row_factory = sqlite3.Row
 
-    def _check_ours(self) -> None:
+    def _check_ours(self, readonly: bool = False) -> None:
         """Refuse to write into a database that is not speechperf's (it holds tables, none of
         speechperf's, or a runs table without the columns every speechperf one has): every
-        writer opens through here, so none adds its tables or columns to another program's file."""
+        writer opens through here, so none adds its tables or columns to another program's file.
+        ``readonly``: a file to read, which must hold some table of speechperf's (a reader that
+        reads no row, ``eval``, refuses an empty database too)."""
         tables = sorted(r[0] for r in self.conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"))
-        if not tables:
+        if not tables and not readonly:
             return  # a new or empty file
         missing = FIRST_RUNS_COLUMNS - {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}
-        if ("runs" in tables and missing) or not set(tables) & set(schema.TABLES):
-            why = (f"its runs table lacks {', '.join(sorted(missing))}" if "runs" in tables
-                   else f"it holds {', '.join(tables[:5])}{' ...' if len(tables) > 5 else ''}, no table of speechperf's")
+        why = _foreign(tables, missing, readonly)
+        if why:
             self.conn.close()
-            raise ResultsError(f"{self.path} is not a speechperf results database ({why}); nothing was written to "
-                               "it: give another file")
+            raise ResultsError(f"{self.path} is not a speechperf results database ({why})"
+                               + ("" if readonly else "; nothing was written to it: give another file"))
 
     @contextmanager
     def _writing(self):
@@ -150,6 +154,33 @@ class ResultsDB:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _foreign(tables: list[str], missing: set[str], readonly: bool) -> str | None:
+    """Why a database holding ``tables`` (its runs table lacking ``missing``) is not speechperf's."""
+    if "runs" in tables and missing:
+        return f"its runs table lacks {', '.join(sorted(missing))}"
+    if tables and not set(tables) & set(schema.TABLES):
+        return f"it holds {', '.join(tables[:5])}{' ...' if len(tables) > 5 else ''}, no table of speechperf's"
+    if readonly and not tables:
+        return "it holds no table"
+    return None
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def check_header(path: Path) -> None:
+    """Refuse a file that is not an SQLite database before SQLite opens it: SQLite takes an empty
+    file for a new database, and a writer would make one of it (a damaged run folder modified)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as e:
+        raise ResultsError(f"{path}: cannot read ({e.strerror or e})") from e
+    if head != SQLITE_HEADER:
+        what = "an empty file" if not head else "it does not begin with SQLite's header"
+        raise ResultsError(f"{path} is not a readable results database ({what}); nothing was written to it")
 
 
 def _write_fault(path: Path, e: sqlite3.OperationalError) -> Exception:

@@ -151,12 +151,15 @@ class Run:
         return run
 
     def check_files(self) -> None:
-        """Read every JSON file the folder holds (config, env, summary), so that every reader
-        refuses an unreadable one by name before it shows or computes anything from the run
-        (a missing summary is an unfinished run's: allowed here)."""
+        """Read every JSON file the folder holds (config, env, summary) and open its database
+        read-only, so that every command refuses an unreadable one by name before it shows,
+        computes or writes anything (a missing summary is an unfinished run's; a database not
+        speechperf's is left unchanged, results/db.py; a writer recreates a missing one)."""
         for name in JSON_FILES:
             if (self.folder / name).exists():
                 self.summary() if name == SUMMARY_FILE else self._json(name)
+        if not self.write or self.db_path.exists():
+            ResultsDB(self.db_path, readonly=True).close()
 
     # ---- what the run is ------------------------------------------------------------------
     @property

@@ -46,6 +46,11 @@ SUMMARY = {"run": OPT_STR, "run_id": OPT_STR, "status": str, "epochs": OPT_NUM, 
                        "last s": OPT_NUM, "threads": NUM, "cpus": NUM}, type(None)),
            "cuda_graphs": ({"shapes": NUM, "eval shapes": NUM, "capture s": NUM, "eager steps": NUM, "grid": [NUM]}, type(None))}
 SPECS = {RUN_FILE: RUN, CONFIG_FILE: CONFIG, ENV_FILE: ENV, SUMMARY_FILE: SUMMARY}
+# Fields a file cannot lack: every summary says how its run ended (readers default the rest).
+REQUIRED = {SUMMARY_FILE: ("status",)}
+# A file of many optional fields (an older release wrote fewer): one holding fields, none of them
+# its own (``{"train": "x"}``), is another file's content, not an older one's.
+KNOWN_FIELDS = (ENV_FILE,)
 
 
 class ShapeError(SpeechperfError):
@@ -83,6 +88,12 @@ def check_file(name: str, data: dict, where: str) -> dict:
     summary.json), checked against its spec; other names pass unchecked."""
     if name in SPECS:
         check_shape(data, SPECS[name], where)
+        for field in REQUIRED.get(name, ()):
+            if field not in data:
+                raise ShapeError(f"{where}: field {field!r} is missing; the file is damaged or not speechperf's")
+        if name in KNOWN_FIELDS and data and not set(data) & set(SPECS[name]):
+            raise ShapeError(f"{where}: field {next(iter(data))!r} is not one of {name}'s, and none of them is "
+                             "here; the file is damaged or not speechperf's")
     return data
 
 

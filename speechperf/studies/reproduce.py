@@ -87,6 +87,13 @@ def _reference(preset: str) -> tuple[dict, Path]:
     ref = rcp.load_reference(preset)  # a damaged file: rcp.ReferenceError (exit 2)
     if ref is None:
         raise ReproduceError(f"preset {preset!r} has no reference ({path} does not exist)")
+    # what a reproduction trains and compares with: a file of another preset's (or none's) or
+    # without its recipe was trained (exit 0, "identical") or judged not comparable (exit 3)
+    if ref.get("preset") != preset:
+        raise ReproduceError(f"{path}: field 'preset' should be {preset!r}, found {ref.get('preset')!r}")
+    if not ref.get("recipe"):
+        raise ReproduceError(f"{path}: field 'recipe' should be the reference's training settings (rcp.recipe of "
+                             f"its config), found {ref.get('recipe', 'no such field')!r}")
     if not curve.has_curves(ref):
         raise ReproduceError(f"{path} has no reference curves (per-epoch validation loss, CER and WER of its seeds): "
                              "it only says how many epochs each seed took; measure them with `python "

@@ -85,6 +85,8 @@ class Sampler:
         self._cpu = CpuSeries(self.cores)
         self._found_s = 0.0  # CPU seconds children used before a scan found them (the others' share leaves them out)
         self._others_last = (0.0, 0.0, 0.0)  # (perf_counter, machine busy s, own s) at the previous scan
+        self._flush_asked: threading.Event | None = None  # flush(): set by the sampler thread once done
+        self._flushed = 0  # how many samples the last flush made final
 
     def start(self) -> "Sampler":
         self._t0 = time.perf_counter()
@@ -118,6 +120,47 @@ class Sampler:
         newest_cpu = next((i for i in range(n - 1, -1, -1) if self.samples[i].source == "cpu"), n)
         return min([n, newest_cpu - 1 if newest_cpu < n else n, *still_open])
 
+    def flush(self, timeout: float = 1.0) -> int:
+        """Make every sample so far final now and return their count (:meth:`settled` when the
+        sampler is not running or does not answer within ``timeout``): the sampler thread reads the
+        CPU, scans for child processes (placing a new one's CPU time in the samples it overlaps)
+        and drains the GPUs' buffers at once, instead of the up to 1-2 s of samples that
+        :meth:`settled` leaves open. A run's checkpoint stores its samples so, up to its moment."""
+        if self._thread is None or not self._thread.is_alive():
+            return self.settled()
+        asked = threading.Event()
+        self._flush_asked = asked
+        return self._flushed if asked.wait(timeout) else self.settled()
+
+    def _flush(self, reader, last_read: tuple[float, float], first_scan: bool) -> tuple[float, float]:
+        """On the sampler thread: what :meth:`flush` asks; returns the new CPU read's span."""
+        last_read = self._read_cpu(reader, last_read)
+        self._scan_children(reader, first_scan)
+        if self._gpus:
+            self._drain_gpus()
+        self._flushed = len(self.samples)
+        asked, self._flush_asked = self._flush_asked, None
+        asked.set()
+        return last_read
+
+    def _read_cpu(self, reader, last_read: tuple[float, float]) -> tuple[float, float]:
+        before = time.perf_counter()
+        cpu = reader.seconds()
+        after = time.perf_counter()
+        self._cpu_sample(last_read, (before, after), cpu)
+        return before, after
+
+    def _scan_children(self, reader, first_scan: bool) -> None:
+        """The scan for child processes (where children count), then the others' share."""
+        found = 0.0
+        for pid, used in (reader.follow(self._children(), baseline=first_scan) if self.cfg.include_children else []):
+            # started after the previous scan (else that scan would have found it)
+            started = process_start(pid, self._t0)
+            self._spread(used, max(started, self._cpu.scan_t) if started is not None else self._cpu.scan_t)
+            found += used
+        self._cpu.new_scan(time.perf_counter() - self._t0)
+        self._others_sample(reader, found, first_scan, time.perf_counter())
+
     def __enter__(self) -> "Sampler":
         return self.start()
 
@@ -139,6 +182,9 @@ class Sampler:
         first_scan = True
         # time.sleep, not Event.wait: half the wake-up cost (measured); stop() waits <= interval
         while not self._stop.is_set():
+            if self._flush_asked is not None:
+                last_read, first_scan = self._flush(reader, last_read, first_scan), False
+                continue
             wake = min(due.values())
             now = time.perf_counter()
             if wake > now:
@@ -151,21 +197,9 @@ class Sampler:
                 if due[task] <= now:  # fell behind by more than a period: skip, do not burst
                     due[task] = now + periods[task]
                 if task == "cpu":
-                    before = time.perf_counter()
-                    cpu = reader.seconds()
-                    after = time.perf_counter()
-                    self._cpu_sample(last_read, (before, after), cpu)
-                    last_read = (before, after)
-                elif task == "children":  # the scan (where children count), then the others' share
-                    found = 0.0
-                    for pid, used in (reader.follow(self._children(), baseline=first_scan)
-                                      if cfg.include_children else []):
-                        # started after the previous scan (else that scan would have found it)
-                        started = process_start(pid, self._t0)
-                        self._spread(used, max(started, self._cpu.scan_t) if started is not None else self._cpu.scan_t)
-                        found += used
-                    self._cpu.new_scan(time.perf_counter() - self._t0)
-                    self._others_sample(reader, found, first_scan, time.perf_counter())
+                    last_read = self._read_cpu(reader, last_read)
+                elif task == "children":
+                    self._scan_children(reader, first_scan)
                     first_scan = False
                 elif task == "gpu":
                     t = time.perf_counter() - self._t0

@@ -7,6 +7,7 @@ process (no swapping to disk), and the seconds spent here are recorded apart fro
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from speechperf.scoring.error_rates import UtteranceErrors, scored
 from speechperf.metric import METRICS
 from speechperf.models.contract import autocast, planned_forward, to_device
 from speechperf.data.index import Index
-from speechperf.data.loader import Batch, load_index, make_loader
+from speechperf.data.loader import Batch, Loader, load_index, make_loader
 from speechperf.decode import get_decoder
 from speechperf.decode.batch import DecodePool, Pending, auto_threads
 from speechperf.decode.lm import LM_NAME
@@ -98,7 +99,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     refs: list[str] = []
     ids: list[str] = []
     outputs: list[tuple] = []  # per batch: what its loss needs, read after the loop
-    with DecodePool(dec, workers or decode_threads(loader_cfg)) as pool:
+    with DecodePool(dec, workers or decode_threads(loader_cfg)) as pool, _closing(batches):
         for batch in batches:  # launches only: no read of a device value in here
             with autocast(device, precision):
                 log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
@@ -163,6 +164,17 @@ def mean_loss(outputs: list[tuple], device: torch.device) -> float:
         loss_sum += float(losses[finite].sum())
         n_loss += int(finite.sum())
     return loss_sum / max(n_loss, 1)
+
+
+@contextmanager
+def _closing(batches):
+    """A streamed split's loader closed however its pass ends (a second stop signal raises inside it):
+    its readers never outlive the evaluation; kept batches (a list) need nothing."""
+    try:
+        yield batches
+    finally:
+        if isinstance(batches, Loader):
+            batches.close()
 
 
 def eval_batches(feats: Path, split: str, loader_cfg: LoaderConfig, index: Index | None = None):

@@ -183,15 +183,16 @@ def supply(feats: Path, loader_cfg, readers: int, windows: int, seed: int) -> di
         raise SpeechperfError(f"{feats}: {e} (windows of {cfg.bucket_window} shards; more data, or fewer --windows "
                               "or --readers)") from None
     rates, audio, t_last, timed = [], 0.0, None, [0.0, 0]  # timed: audio s and utterances of the timed spans
-    for i, b in zip(range(ends[-1] + 1), loader):
-        audio += b.audio_seconds
-        if t_last is not None:
-            timed[0], timed[1] = timed[0] + b.audio_seconds, timed[1] + len(b.ids)
-        if i in ends:
-            now = time.perf_counter()
+    with loader:  # read in part: its readers stopped when the spans are timed (or a signal stops it)
+        for i, b in zip(range(ends[-1] + 1), loader):
+            audio += b.audio_seconds
             if t_last is not None:
-                rates.append(audio / (now - t_last) / readers)
-            audio, t_last = 0.0, now
+                timed[0], timed[1] = timed[0] + b.audio_seconds, timed[1] + len(b.ids)
+            if i in ends:
+                now = time.perf_counter()
+                if t_last is not None:
+                    rates.append(audio / (now - t_last) / readers)
+                audio, t_last = 0.0, now
     med = statistics.median(rates)
     return {"audio_s_per_s_per_reader": med, "spread_pct": 100.0 * (max(rates) - min(rates)) / med,
             "mean_utt_s": timed[0] / timed[1]}
@@ -220,6 +221,7 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
     recorded ``profile``'s), the supply per reader, the readers one GPU needs and the GPUs this
     host's ``cores`` (default: all it has) can feed. Batches hold ``loader.batch_size``
     utterances (``max_duration`` off) for the appetite, at most ``SUPPLY_BATCH`` for the supply."""
+    check_counts(readers=readers, windows=windows, steps=steps, warmup=warmup, cores=cores)
     cfg = load_preset(preset, [*overrides, "loader.max_duration=0"])
     dev = torch.device("cpu") if device == "cpu" else None
     if dev is None and (device != "auto" or torch.cuda.is_available()):
@@ -249,6 +251,22 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
             "supply data": f"{data or 'synthetic'}, {loader.bucket_window}-shard windows",
             "readers per GPU": need, "host cores": host, "GPUs this host feeds": round(gpus_fed(host, need), 2),
             "resident": cfg.loader.resident}
+
+
+# the least of each count bench feed takes (a median needs a window, a supply a reader), and the most
+# readers: a synthetic set sized for 10^9 readers asked 14.9 TiB
+LEAST = {"readers": 1, "windows": 1, "steps": 1, "warmup": 0, "cores": 1}
+MAX_READERS = 256
+
+
+def check_counts(**counts: int | None) -> None:
+    """Refuse a count bench feed cannot measure with (exit 2, naming it), before anything is built
+    (``cores`` None: the host's)."""
+    for name, value in counts.items():
+        if value is not None and value < LEAST[name]:
+            raise SpeechperfError(f"bench feed --{name} {value}: must be at least {LEAST[name]}")
+    if counts["readers"] > MAX_READERS:
+        raise SpeechperfError(f"bench feed --readers {counts['readers']}: at most {MAX_READERS} reader processes")
 
 
 def _r(x: float | None) -> float | None:

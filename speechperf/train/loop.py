@@ -130,18 +130,25 @@ def _epochs(t: Trainer) -> str:
     t.model.train()
     # newbob's stopping rule ends training as the last epoch would (train/schedule.py)
     last_epoch = min(tc.max_epochs, tc.stop_after_epochs or tc.max_epochs)  # stop_after_epochs: the schedule stays max_epochs
-    while prog.status is None and prog.epoch <= last_epoch and not schedule_ended(tc, prog.eval_losses):
-        if _train_epoch(t):
-            _end_epoch(t, last_epoch)
-    t.close_ahead()  # the readers of an epoch that will not be trained
+    try:
+        while prog.status is None and prog.epoch <= last_epoch and not schedule_ended(tc, prog.eval_losses):
+            if _train_epoch(t):
+                _end_epoch(t, last_epoch)
+    finally:  # whatever ended training (a signal inside an evaluation among them): no reader outlives it
+        t.close_ahead()  # the readers of an epoch that will not be trained
     prog.status = prog.status or ("max_epochs" if tc.target > 0 else "success")
     return prog.status
 
 
 def _train_epoch(t: Trainer) -> bool:
     """The epoch's batches from ``prog.start_batch`` on; False when the time cap stopped it."""
+    with t.loader() as loader:  # its readers stopped however the epoch ends
+        return _train_batches(t, loader)
+
+
+def _train_batches(t: Trainer, loader) -> bool:
+    """The loader's batches, trained; False when the time cap stopped the epoch."""
     tc, prog, state = t.cfg.train, t.prog, t.state
-    loader = t.loader()
     t.rec.epoch_started()
     last = time.perf_counter()
     for batch in t.rec.batches(loader):  # timed: each wait for data is the recorder's

@@ -273,7 +273,7 @@ class RunRecorder(Recorder):
         self._written(self.ckpt_writer.wait())
         self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,
                           clock_s=round(self.prog.clock_s, 3))
-        self._store_samples(self.sampler.settled())  # a killed run keeps its samples up to here
+        self._store_samples(self.sampler.flush())  # a killed run keeps its samples up to here, all of them
         yield self.ckpt_writer
         self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (studies/time_parts.py)
 

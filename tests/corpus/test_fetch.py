@@ -257,6 +257,49 @@ def test_a_member_named_like_the_work_folder_is_refused_before_anything_moves_in
     assert [p.name for p in (out / WORKDIR).iterdir()] == ["dev-clean-2.tar.gz"]  # the verified archive only
 
 
+def _folder(name):
+    def member(tar):
+        info = tarfile.TarInfo(name)
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+    return member
+
+
+def _both(*makers):
+    def member(tar):
+        for make in makers:
+            make(tar)
+    return member
+
+
+D = "LibriSpeech/dev-clean-2/84"
+# issue 48: each was exit 1 with a traceback (IsADirectoryError, NotADirectoryError, ENAMETOOLONG,
+# IsADirectoryError writing the marker)
+ODD = {"a file, then a folder of its name": (_both(_file(f"{D}/x"), _folder(f"{D}/x")), f"'{D}/x' is a file earlier"),
+       "a folder, then a file of its name": (_both(_folder(f"{D}/x"), _file(f"{D}/x")), f"'{D}/x' is a folder earlier"),
+       "a file, then a member inside it": (_both(_file(f"{D}/x"), _file(f"{D}/x/y.flac")), f"'{D}/x' is a file earlier"),
+       "a 300-character name": (_file(f"{D}/{'a' * 300}.flac"), "a name longer than 255 bytes"),
+       "a folder named like the marker": (_folder(f"LibriSpeech/dev-clean-2/{MARKER}"),
+                                          f"named like corpus fetch's own completion marker {MARKER}")}
+
+
+@pytest.mark.parametrize("odd", ODD)
+def test_members_no_folder_can_hold_are_refused_by_name(openslr, tmp_path, monkeypatch, extraction, odd):
+    member, says = ODD[odd]
+    out, message = _unsafe(tmp_path, monkeypatch, openslr, member)
+    assert says in message and "Traceback" not in message
+    assert sorted(p.name for p in out.iterdir()) == [WORKDIR]  # nothing moved into OUT
+
+
+def test_an_extraction_error_of_a_file_and_a_folder_is_still_one_message(openslr, tmp_path, monkeypatch):
+    """The backstop where the names check lets one through: tarfile's own error, named."""
+    from speechperf.corpus import archive
+
+    monkeypatch.setattr(archive, "_check_kind", lambda *args: None)
+    _, message = _unsafe(tmp_path, monkeypatch, openslr, ODD["a folder, then a file of its name"][0])
+    assert f"{D}/x' (Is a directory)" in message
+
+
 @pytest.mark.parametrize("name", ["LibriSpeech/train-clean-5", "LibriSpeech/train-clean-5/19/100/19-100-0000.flac"])
 def test_a_member_of_another_split_is_refused_and_that_split_then_fetches(openslr, archives, tmp_path, monkeypatch,
                                                                           name):

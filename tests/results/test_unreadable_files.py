@@ -56,6 +56,8 @@ def test_a_json_file_that_is_not_an_object_is_refused(tmp_path, capsys):
     ("summary.json", {"status": "success", "clock_min": "7"}, "'clock_min' should be an integer or a number or null"),
     ("summary.json", {"status": "success", "epochs": True}, "'epochs' should be an integer or a number or null, found bool"),
     ("run.json", {"format": 2, "run_id": ["r"]}, "'run_id' should be a string, found list"),
+    ("env.json", {"train": "x"}, "'train' is not one of env.json's, and none of them is here"),  # issue 48
+    ("summary.json", {"train": "x"}, "'status' is missing"),
 ])
 @pytest.mark.parametrize("reader", ["tta", "report"])
 def test_valid_json_of_the_wrong_shape_is_refused_naming_file_and_field(reader, name, content, field, tmp_path,

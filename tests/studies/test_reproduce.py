@@ -218,6 +218,23 @@ def test_a_reference_without_curves_is_refused(monkeypatch, tmp_path, tiny_featu
     assert "tiny.json has no reference curves" in err and "--curves 2" in err
 
 
+@pytest.mark.parametrize("change,says", [(lambda r: r.pop("preset"), "field 'preset' should be 'tiny', found None"),
+                                         (lambda r: r.update(preset="cpu"), "field 'preset' should be 'tiny', found 'cpu'"),
+                                         (lambda r: r.pop("recipe"), "field 'recipe' should be the reference's "
+                                                                     "training settings")])
+def test_a_reference_of_another_preset_or_without_its_recipe_is_refused(monkeypatch, tmp_path, tiny_features, capsys,
+                                                                         change, says):
+    """Issue 48: a reference naming no preset or another one reproduced as "identical" (exit 0);
+    one without its recipe was "not comparable" (exit 3)."""
+    ref = json.loads(rcp.reference_path("tiny").read_text())
+    change(ref)
+    (tmp_path / "tiny.json").write_text(json.dumps(ref))
+    monkeypatch.setattr(rcp, "RCP_DIR", tmp_path)
+    assert main(["reproduce", "tiny", "--data", str(tiny_features)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'tiny.json'}: {says}" in err
+
+
 def test_features_of_another_corpus_cannot_be_compared(tmp_path, tiny_features, capsys):
     other = tmp_path / "features"
     shutil.copytree(tiny_features, other)

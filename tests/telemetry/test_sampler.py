@@ -83,6 +83,29 @@ def test_restarting_loader_workers_never_exceed_the_machine_and_keep_their_cpu_t
     assert in_samples == pytest.approx(summary["cpu_seconds"] - summary["cpu_seconds_unplaced"], rel=0.1)
 
 
+def test_flush_makes_every_sample_so_far_final_with_a_new_child_s_cpu_time_in_them():
+    """Issue 48: a checkpoint stores the samples up to its moment (Sampler.flush), not those that
+    ``settled`` gives (up to 1-2 s before it: a child found by a later scan may still add to them)."""
+    s = Sampler(config=SamplerConfig(gpus=False, rapl=False, children_interval=30.0))  # no scan but the flush's
+    with s:
+        time.sleep(0.2)  # the sampler's first scan is behind it: the worker below is new to it
+        worker = subprocess.Popen([sys.executable, "-c", BUSY])
+        time.sleep(1.0)
+        at = time.perf_counter() - s._t0
+        assert s.settled() < len(s.samples)  # what a checkpoint stored before
+        n = s.flush()
+        kept = list(s.samples[:n])
+        c = psutil.Process(worker.pid).cpu_times()
+        time.sleep(0.3)
+        worker.kill()
+        worker.wait()
+    assert kept[-1].t >= at - 0.05  # up to the flush
+    assert s.samples[:n] == kept  # final: the samples after it changed nothing in them
+    core = [x for x in kept if x.metric == "util_core_pct"]
+    in_samples = sum(b.value / 100 * (b.t - a.t) for a, b in zip([Sample(0.0, "", "", 0.0)] + core, core))
+    assert in_samples >= 0.7 * (c.user + c.system)  # the worker's CPU time placed before the flush returned
+
+
 def test_cpu_reader_counts_a_new_process_from_when_it_is_found():
     from speechperf.telemetry.cpu_clock import CpuReader
 

@@ -95,3 +95,16 @@ def test_a_resident_preset_s_readers_are_said_to_feed_the_first_epoch_only():
     assert len(feed.notes(row)) == 2  # a row of before the field: streaming
     (said,) = feed.notes({**row, "resident": True})[2:]
     assert said.startswith("loader.resident: the 3 reader cores per GPU feed the first epoch only")
+
+
+@pytest.mark.parametrize("option,value,says", [("--readers", "0", "must be at least 1"),
+                                               ("--readers", "-1", "must be at least 1"),
+                                               ("--readers", "1000000000", "at most 256 reader processes"),
+                                               ("--windows", "0", "must be at least 1"),
+                                               ("--steps", "0", "must be at least 1"),
+                                               ("--warmup", "-1", "must be at least 0"),
+                                               ("--cores", "0", "must be at least 1")])
+def test_bench_feed_refuses_counts_it_cannot_measure_with(option, value, says, capsys):
+    """Issue 48: each was a traceback (StatisticsError, IndexError, a 14.9 TiB allocation)."""
+    assert main(["bench", "feed", "--preset", "tiny", "--device", "cpu", option, value]) == 2
+    assert capsys.readouterr().err.strip() == f"speechperf: error: bench feed {option} {value}: {says}"

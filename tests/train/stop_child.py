@@ -1,0 +1,96 @@
+"""``python tests/train/stop_child.py PHASE[:SIGINT] MARKER LEFT ARGS...``: ``speechperf ARGS`` that
+sends SIGTERM (or SIGINT) to its own process group (as Slurm's scancel and Kubernetes do: the readers get it too) at
+one precise phase of the run, writing the signal's wall-clock time into MARKER and, as the
+interpreter begins to exit, the pids of its child processes still alive into LEFT (JSON):
+
+- ``step``: during training step 6 (epoch 1 holds more than 6 batches);
+- ``eval``: inside epoch 1's evaluation, the next epoch's readers started ahead;
+- ``checkpoint``: while epoch 1's end-of-epoch checkpoint is written on the writer thread.
+"""
+import atexit
+import json
+import os
+import signal
+import sys
+import time
+
+import speechperf.atomic as atomic
+import speechperf.train.loop as loop
+
+import psutil
+
+phase, marker, left = sys.argv[1], sys.argv[2], sys.argv[3]
+phase, _, signame = phase.partition(":")  # PHASE:SIGINT sends SIGINT instead
+SIGNAL = getattr(signal, signame or "SIGTERM")
+
+
+@atexit.register  # registered after torch's and multiprocessing's: runs before theirs
+def children_left() -> None:
+    with open(left, "w") as f:
+        json.dump([c.pid for c in psutil.Process().children(recursive=True) if c.is_running()], f)
+
+
+def stop() -> None:
+    with open(marker, "w") as f:
+        f.write(repr(time.time()))
+    os.killpg(os.getpgid(0), SIGNAL)
+
+
+def on_step(real):
+    calls = []
+
+    def step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:
+            stop()
+        return real(*args, **kwargs)
+    return step
+
+
+def on_first_eval(real):
+    calls = []
+
+    def epoch_eval(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            stop()
+            time.sleep(0.5)  # the signal is taken inside the evaluation, not before it
+        return real(*args, **kwargs)
+    return epoch_eval
+
+
+def on_epoch_checkpoint(real):
+    def save(obj, path):
+        p = obj["progress"]
+        if p["epoch"] == 2 and p["start_batch"] == 0 and not os.path.exists(marker):
+            stop()
+            time.sleep(0.5)  # the signal is handled while this write is still going
+        return real(obj, path)
+    return save
+
+
+def kept(real):
+    """The trainer kept referenced to the end (as a reference cycle would keep it until the
+    collector runs at exit, where torch no longer stops readers): its loaders must have been
+    closed by the loop itself."""
+    def build(*args, **kwargs):
+        t = real(*args, **kwargs)
+        KEPT.append(t)
+        return t
+    return build
+
+
+KEPT = []
+loop.build = kept(loop.build)
+if phase == "step":
+    loop.train_step = on_step(loop.train_step)
+elif phase == "eval":
+    loop._epoch_eval = on_first_eval(loop._epoch_eval)
+elif phase == "checkpoint":
+    atomic.atomic_torch_save = on_epoch_checkpoint(atomic.atomic_torch_save)
+else:
+    raise SystemExit(f"unknown phase {phase}")
+
+from speechperf.cli import main  # noqa: E402
+
+sys.exit(main(sys.argv[4:]))
