@@ -82,9 +82,11 @@ def fit_line(text: str, width: int | None = WIDTH) -> str:
 
 
 def emit(rows: Sequence[dict], as_json: bool, columns: Sequence[str] | None = None, out=None,
-         width: int | None = WIDTH) -> None:
+         width: int | None = None) -> None:
     """Write ``rows`` to ``out`` (stdout): the same rows either way, JSON for scripts (every
-    key, whatever ``columns`` says); the text fits ``width`` columns (None: ``--wide``, whole)."""
+    key, whatever ``columns`` says); the text fits ``width`` columns (None: whole, every
+    column and cell: what a benchmark's log must hold for gpu_summary.py to read it back; the
+    commands pass :data:`WIDTH` unless --wide, ``cli.parsing.width``)."""
     out = out or sys.stdout
     if as_json:
         json.dump(list(rows), out, indent=1, default=str)

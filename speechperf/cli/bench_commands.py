@@ -24,7 +24,7 @@ def _table(a, rows: list[dict], columns, narrow: dict[str, str], lines: list[str
     if a.json or a.wide:
         emit(rows, a.json, columns=columns, width=None)
     else:
-        emit(pick(rows, narrow), False)
+        emit(pick(rows, narrow), False, width=WIDTH)
     if not a.json:
         print_lines(lines, None if a.wide else WIDTH)
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from speechperf import metric
-from speechperf.cli.parsing import Command, Registry, csv_list, width
+from speechperf.cli.parsing import WIDTH, Command, Registry, csv_list, width
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.tables import emit, emit_json, notes, print_lines
 
@@ -73,13 +73,13 @@ def _tta_narrow(study: dict) -> None:
     holds several seeds, notes of one line each; everything fits 100 columns."""
     from speechperf.studies import tta_text
 
-    emit(tta_text.short_rows(study["runs"]), False, columns=tta_text.COLUMNS)
+    emit(tta_text.short_rows(study["runs"]), False, columns=tta_text.COLUMNS, width=WIDTH)
     if tta_text.several_seeds(study["groups"]):
         print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
-        emit(tta_text.short_groups(study["groups"]), False, columns=tta_text.GROUP_COLUMNS)
+        emit(tta_text.short_groups(study["groups"]), False, columns=tta_text.GROUP_COLUMNS, width=WIDTH)
     if study["comparisons"]:
         print("\nBetween groups of one workload:")
-        emit(tta_text.short_comparisons(study["comparisons"]), False, columns=tta_text.COMPARISON_COLUMNS)
+        emit(tta_text.short_comparisons(study["comparisons"]), False, columns=tta_text.COMPARISON_COLUMNS, width=WIDTH)
     print_lines(tta_text.short_notes(study))
 
 
@@ -218,7 +218,7 @@ def cmd_export(a) -> int:
     rows = export_runs([Path(r) for r in a.runs], tensorboard=Path(a.tensorboard) if a.tensorboard else None,
                        mlflow=a.mlflow, experiment=a.experiment, metric=a.metric, targets=a.targets, epochs=a.epochs,
                        sample_s=a.sample_s, report=not a.no_report)
-    emit(rows, a.json)
+    emit(rows, a.json, width=width(a))
     return 0
 
 

@@ -215,7 +215,7 @@ def cmd_demo(a) -> int:
     else:  # a few columns, then what was timed and where it went in five lines (demo.summary)
         from speechperf.studies import tta_text
 
-        emit(tta_text.short_rows(rows), False, columns=tta_text.COLUMNS)
+        emit(tta_text.short_rows(rows), False, columns=tta_text.COLUMNS, width=WIDTH)
         print_lines(["", *summary(rows, Path(a.out) / "report" / "index.html")])
     return 0
 

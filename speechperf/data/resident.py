@@ -221,7 +221,20 @@ class Resident:
         return x
 
 
-class ResidentLoader:
+class _Closes:
+    """``with loader:`` as with a :class:`Loader`: every exit path of the loop closes it."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ResidentLoader(_Closes):
     """One epoch's planned batches cut from the buffer: a Loader without readers (``start`` and
     ``close`` do nothing; no shard is read). The plan's utterances cross to the device once."""
 
@@ -234,9 +247,6 @@ class ResidentLoader:
     def start(self) -> "ResidentLoader":
         return self
 
-    def close(self) -> None:
-        pass
-
     def __len__(self) -> int:
         return len(self.plan)
 
@@ -248,7 +258,7 @@ class ResidentLoader:
             yield self.resident.batch(utts, self.utts_d[self.bounds[i]: self.bounds[i + 1]])
 
 
-class Filling:
+class Filling(_Closes):
     """The streaming loader of a first epoch, each batch's float16 rows put into the buffer as it
     arrives (its readers ship them beside the batch: :class:`_RawReader`)."""
 

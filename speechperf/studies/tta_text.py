@@ -91,7 +91,7 @@ def short_notes(study: dict) -> list[str]:
     """The lines under the narrow tables: what a reader can act on, each under 100 characters
     where its run's name is; the explanations stay with ``--wide``."""
     runs = study["runs"]
-    lines = [f"{r['run']}: MFU not shown: {r['MFU note']}" for r in _once(runs, "MFU note")]
+    lines = [f"{r['run']}: {_mfu_note(r['MFU note'])}" for r in _once(runs, "MFU note")]
     lines += [f"{r['run']}: no energy or cost to accuracy: give --price-per-hour or --platform-file"
               for r in _once(runs, "run") if to_accuracy(r) == UNMETERED]
     lines += [f"{r['run']}: {r['reproduction']}" for r in _once(runs, "reproduction")]
@@ -102,6 +102,11 @@ def short_notes(study: dict) -> list[str]:
     if runs:
         lines.append("every column and what each means: --wide; every value: --json")
     return lines
+
+
+def _mfu_note(note: str) -> str:
+    """Why a run's MFU is not shown, said once ("no MFU: ..." notes say it themselves)."""
+    return note if note.startswith("no MFU") else f"MFU not shown: {note}"
 
 
 def _once(rows: list[dict], column: str) -> list[dict]:
