@@ -229,7 +229,7 @@ def _index(row: dict, iterations: list[dict]) -> int:
 
 def _batches(t, epoch: int, start: int, count: int) -> list:
     """``count`` batches of ``epoch`` from its batch ``start`` on, as the run's loader made them, on the device."""
-    loader = t.epoch_loader(epoch, start)
+    loader = t.epoch_loader(epoch, start, readers=0)  # a few batches: no reader process to start per window
     try:
         out = []
         for batch in loader:

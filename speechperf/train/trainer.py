@@ -10,6 +10,7 @@ initialization's one-time work, after which the clock starts. The trainer holds 
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,11 +95,13 @@ class Trainer:
             self.ahead[1].close()
             self.ahead = None
 
-    def epoch_loader(self, epoch: int, start_batch: int = 0) -> Loader:
+    def epoch_loader(self, epoch: int, start_batch: int = 0, readers: int | None = None) -> Loader:
         """``epoch``'s batches from ``start_batch`` on (the seed's plan: the same batches whenever made);
         with the training split resident, epoch 1 fills it and later epochs are cut from it (a run that
-        starts after epoch 1 reads the whole split into it first, on the clock)."""
-        stream = make_loader(self.data, self.splits["train"], self.cfg.loader, epoch=epoch, seed=self.cfg.train.seed,
+        starts after epoch 1 reads the whole split into it first, on the clock). ``readers``: other
+        than the run's (0: read in this process, as the floor's few batches are)."""
+        loader_cfg = self.cfg.loader if readers is None else dataclasses.replace(self.cfg.loader, readers=readers)
+        stream = make_loader(self.data, self.splits["train"], loader_cfg, epoch=epoch, seed=self.cfg.train.seed,
                              start_batch=start_batch, rank=self.group.env.rank, world=self.group.world,
                              index=self.index, pin_memory=self.group.device.type == "cuda")
         return stream if self.resident is None else self.resident.loader(stream, first=epoch == 1)
