@@ -123,7 +123,8 @@ def _trainer(steps: int, batches: list, *over):
                        torch.amp.GradScaler("cuda", enabled=False))
     loaders, asked = [], []
 
-    def epoch_loader(epoch, start=0):  # every epoch the same batches (a dict: its own per epoch)
+    def epoch_loader(epoch, start=0, readers=None):  # every epoch the same batches (a dict: its own per epoch)
+        assert readers == 0  # the floor's few batches are read in this process
         asked.append((epoch, start))
         loaders.append(_Loader((batches[epoch] if isinstance(batches, dict) else batches)[start:]))
         return loaders[-1]
