@@ -56,14 +56,24 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on now (torchrun's store; the rpc store takes the next one)."""
+    """A TCP port nobody uses now, and the next one free too (torchrun's store; the parameter
+    server of asgd/easgd takes MASTER_PORT + 1: a port the OS handed out with its neighbour held by
+    another process's connection failed a CI run's torchrun with 'Address already in use')."""
     import socket
+
+    def bindable(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+        return True
 
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port < 65535:
+        if port < 65535 and bindable(port + 1):
             return port
 
 

@@ -78,3 +78,12 @@ def test_the_report_table_compares_each_workloads_algorithms_with_its_one_proces
     elsewhere = _loaded("xeon", "sync", 1, 0.1, 0.0, 0, [40.0, 29.0], cpu="Xeon")
     (row,) = sweep.report_rows([elsewhere, runs[1]])
     assert row["speedup"] is None and row["machine"] == "no GPU, EPYC"  # never divided by another machine's run
+
+
+def test_a_free_port_has_its_neighbour_free_for_the_parameter_server():
+    import socket
+
+    port = sweep.free_port()
+    for p in (port, port + 1):  # torchrun's store, then asgd/easgd's server (MASTER_PORT + 1)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
