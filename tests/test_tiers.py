@@ -25,6 +25,12 @@ def _imports_the_loop():
     return train
 
 
+def _imports_the_loop_module():
+    from speechperf.train import loop
+
+    return loop
+
+
 def _in_a_lambda():
     return lambda: subprocess.Popen(["true"])
 
@@ -32,6 +38,7 @@ def _in_a_lambda():
 # Named through a table: a test that names a starting function itself would be slow (the
 # collection follows every function of tests/ a test names, called or not).
 H = {"pure": _pure, "starts": _starts, "helper": _through_a_helper, "loop": _imports_the_loop,
+     "loop module": _imports_the_loop_module,
      "lambda": _in_a_lambda}
 RUN = subprocess.run  # not a starter name: this module's own tests stay fast
 
@@ -47,7 +54,7 @@ def test_subprocess_directly_through_a_helper_or_a_lambda_is_slow():
 
 
 def test_a_whole_training_in_this_process_is_slow():
-    assert starts_processes(H["loop"])
+    assert starts_processes(H["loop"]) and starts_processes(H["loop module"])
 
 
 def test_a_recursive_helper_ends():

@@ -18,7 +18,8 @@ TESTS = str(Path(__file__).resolve().parent)
 # The library's own starters: seeds side by side, the sweep, the demo, reproduce's child, the
 # MLPerf checker (a process of its own), the environment (a child reads the kernels), the training loop.
 STARTER_NAMES = frozenset({"subprocess", "Popen", "check_output", "cli", "cli_argv", "run_cli", "torchrun",
-                           "train_seeds_parallel", "run_sweep", "launch", "run_demo", "check_log", "check_run", "capture_env",
+                           "train_seeds", "train_seeds_parallel", "run_sweep", "launch", "run_demo",
+                           "check_log", "check_run", "capture_env",
                            "speechperf.train.loop", "speechperf.studies.reproduce",
                            *(f"main:{command}" for command in ("train", "reproduce", "demo", "parallel"))})
 
@@ -31,6 +32,8 @@ def _code_names(code: types.CodeType) -> set[str]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _code_names(const)
+    if "speechperf.train" in names and "loop" in names:  # from speechperf.train import loop
+        names.add("speechperf.train.loop")
     if "main" in names:
         names |= {f"main:{const}" for const in code.co_consts if isinstance(const, str)}
     return names
