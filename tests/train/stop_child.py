@@ -36,27 +36,17 @@ def stop() -> None:
     os.killpg(os.getpgid(0), SIGNAL)
 
 
-def on_step(real):
+def on_call(real, n: int, pause: float = 0.0):
+    """``real``, stopping the run at its ``n``-th call and, after ``pause`` s, going on into it."""
     calls = []
 
-    def step(*args, **kwargs):
+    def wrapped(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 6:
+        if len(calls) == n:
             stop()
+            time.sleep(pause)
         return real(*args, **kwargs)
-    return step
-
-
-def on_first_eval(real):
-    calls = []
-
-    def epoch_eval(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            stop()
-            time.sleep(0.5)  # the signal is taken inside the evaluation, not before it
-        return real(*args, **kwargs)
-    return epoch_eval
+    return wrapped
 
 
 def on_epoch_checkpoint(real):
@@ -83,9 +73,9 @@ def kept(real):
 KEPT = []
 loop.build = kept(loop.build)
 if phase == "step":
-    loop.train_step = on_step(loop.train_step)
+    loop.train_step = on_call(loop.train_step, 6)
 elif phase == "eval":
-    loop._epoch_eval = on_first_eval(loop._epoch_eval)
+    loop._epoch_eval = on_call(loop._epoch_eval, 1, pause=0.5)  # the signal taken inside the evaluation
 elif phase == "checkpoint":
     atomic.atomic_torch_save = on_epoch_checkpoint(atomic.atomic_torch_save)
 else:
