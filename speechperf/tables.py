@@ -19,6 +19,7 @@ from speechperf.atomic import atomic_write_text
 WIDTH = 100  # the terminal columns a default text table and each note under it fit
 CUT = "~"  # ends a cell cut to fit (ASCII: any terminal encoding prints it)
 NARROWEST = 8  # a column is cut no narrower than this (or its whole cell), so it stays legible
+LABEL = 24  # the first column is cut below this only when nothing else can be ("2-core Xeon tiny fp32 r1")
 GAP = "  "  # between columns
 
 
@@ -50,13 +51,17 @@ def format_table(rows: Sequence[dict], columns: Sequence[str] | None = None, wid
 
 def fit(columns: list[str], widths: list[int], width: int) -> tuple[list[int], list[str]]:
     """Column widths whose table fits ``width``: the widest column cut by one character at a
-    time, down to :data:`NARROWEST`; then the last columns left out. Returns the widths of the
-    columns kept and the names of those left out."""
+    time, down to :data:`NARROWEST` or its header; the first column (what names a row: a run's
+    label) below :data:`LABEL` only once no other can be cut; then the last columns left out.
+    Returns the widths of the columns kept and the names of those left out."""
     widths = list(widths)
     total = lambda: sum(widths) + len(GAP) * (len(widths) - 1)  # noqa: E731
+    floor = [NARROWEST] + [max(NARROWEST, len(c)) for c in columns[1:]]  # a header stays whole
     while total() > width:
-        widest = max(range(len(widths)), key=lambda i: widths[i])
-        if widths[widest] <= NARROWEST:
+        cuttable = [i for i in range(1, len(widths)) if widths[i] > floor[i]]
+        cuttable = cuttable + [0] if widths[0] > LABEL or not cuttable else cuttable
+        widest = max(cuttable, key=lambda i: widths[i])
+        if widths[widest] <= floor[widest]:
             break
         widths[widest] -= 1
     left_out = []

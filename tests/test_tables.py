@@ -22,6 +22,16 @@ def test_a_wide_table_is_cut_to_the_width_widest_cell_first():
     assert lines[2].split()[-2].endswith(tables.CUT)  # the 150-character note, cut
 
 
+def test_the_first_column_names_the_row_and_is_cut_last():
+    """A run's label outlasts wider other cells: on a machine whose figures print wider (a
+    4-digit TTA, "evaluation 52%") a label cut to "2-core Xeon ti~" lost the run's preset."""
+    rows = [{"run": "2-core Xeon tiny fp32 r1", **{f"c{i}": "y" * 20 for i in range(4)}}]
+    lines = _text(rows)
+    assert max(map(len, lines)) == tables.WIDTH and lines[2].split()[:4] == ["2-core", "Xeon", "tiny", "fp32"]
+    label = _text([{"run": "r" * 120, **{f"c{i}": "y" * 20 for i in range(5)}}])[2]
+    assert len(label) == tables.WIDTH and label.startswith("r" * (tables.LABEL - 1) + tables.CUT + "  ")
+
+
 def test_wide_prints_every_cell_whole_as_before():
     lines = _text(ROWS, width=None)
     assert "x" * 150 in lines[2] and lines == tables.format_table(ROWS).splitlines()
