@@ -224,6 +224,23 @@ def _op_row(op: Op, dev: torch.device, dtype: str, threads: int, peak: Peak, m: 
             torch.cuda.empty_cache()
 
 
+def _device(device: str, dtypes) -> torch.device:
+    """The device named, refused (exit 2, naming it) when torch cannot run the sweep on it; and
+    the dtypes, each known."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise SpeechperfError(f"unknown device {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpeechperfError(f"device {device!r} requested but no CUDA device is available")
+    if dev.type not in ("cpu", "cuda"):
+        raise SpeechperfError(f"device {device!r} is not supported (cpu or cuda:N)")
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown:
+        raise SpeechperfError(f"unknown dtype(s) {unknown} (one of {', '.join(DTYPES)})")
+    return dev
+
+
 def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | None = None, db_path=None,
             quick: bool = False, seconds: float | None = None, scaling_max_gflop: float = 300.0,
             csv_path=None, warmup_seconds: float | None = None, repeats: int | None = None,
@@ -237,17 +254,7 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
     ops over ``scaling_max_gflop`` (at 1 thread the 8192 matmul alone takes minutes).
     Explicit ``threads`` run every op at every count. A progress bar goes to stderr.
     """
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise SpeechperfError(f"unknown device {device!r}: {e}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SpeechperfError(f"device {device!r} requested but no CUDA device is available")
-    if dev.type not in ("cpu", "cuda"):
-        raise SpeechperfError(f"device {device!r} is not supported (cpu or cuda:N)")
-    unknown = [d for d in dtypes if d not in DTYPES]
-    if unknown:
-        raise SpeechperfError(f"unknown dtype(s) {unknown} (one of {', '.join(DTYPES)})")
+    dev = _device(device, dtypes)
     if threads is None:
         threads = sorted({1, torch.get_num_threads()}) if dev.type == "cpu" else [torch.get_num_threads()]
     else:

@@ -157,6 +157,29 @@ def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.
     return out
 
 
+def _model_rows(name: str, batches: list[int], precisions, device: str, m, store, bar, flops: dict,
+                rows: list[dict]) -> None:
+    """One model's rows appended to ``rows`` and stored, each the moment it is measured (an
+    interrupted sweep keeps them); a model that cannot be built here, one row saying why."""
+    try:
+        model = ZOO[name].build().to(device).train()
+    except SpeechperfError as e:
+        rows.append(_row(name, None, None, device, None, None, f"skipped: {e}"))
+        store.add(rows[-1])
+        bar.update(len(batches) * len(precisions))
+        return
+    dev, params = torch.device(device), parameter_millions(model)
+    for batch in batches:
+        for precision in precisions:
+            bar.set_postfix_str(f"{name} batch {batch} {precision}")
+            row = _measured_row(name, model, batch, precision, dev, m, params)
+            if name in acoustic.names() and row["status"] == "ok":  # MFU beside samples/s
+                row.update(acoustic.mfu_columns(name, model, batch, row["step_s"], dev, row["multiply"], flops))
+            rows.append(row)
+            store.add(row)
+            bar.update(1)
+
+
 def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu", iters: int | None = None,
             db_path=None, csv_path=None, warmup: int | None = None, seconds: float | None = None,
             warmup_seconds: float | None = None, repeats: int | None = None, energy_min_seconds: float | None = None,
@@ -182,30 +205,13 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
     names = models or list(ZOO)
     plan = {name: list(batches or TABLE8_BATCHES.get(name) or acoustic.batches(device)) for name in names}
     rows: list[dict] = []
-    acoustic_names, flops = set(acoustic.names()), {}  # flops: each acoustic model's FLOP model, fitted once
+    flops: dict = {}  # each acoustic model's FLOP model, fitted once
     store = SweepStore(db_path, "bench_zoo", ZOO_SCHEMA, _row("lstm", 1, "fp32", device, 1.0, None))
     bar = tqdm(total=sum(len(b) * len(precisions) for b in plan.values()), desc="bench zoo", unit="row",
                file=sys.stderr, disable=not progress, dynamic_ncols=True)
     try:
         for name in names:
-            try:
-                model = ZOO[name].build().to(dev).train()
-            except SpeechperfError as e:
-                rows.append(_row(name, None, None, device, None, None, f"skipped: {e}"))
-                store.add(rows[-1])
-                bar.update(len(plan[name]) * len(precisions))
-                continue
-            params = parameter_millions(model)
-            for batch in plan[name]:
-                for precision in precisions:
-                    bar.set_postfix_str(f"{name} batch {batch} {precision}")
-                    row = _measured_row(name, model, batch, precision, dev, m, params)
-                    if name in acoustic_names and row["status"] == "ok":  # MFU beside samples/s
-                        row.update(acoustic.mfu_columns(name, model, batch, row["step_s"], dev, row["multiply"], flops))
-                    rows.append(row)
-                    store.add(row)  # committed now: an interrupted sweep keeps what it measured
-                    bar.update(1)
-            del model
+            _model_rows(name, plan[name], precisions, device, m, store, bar, flops, rows)
     finally:
         bar.close()
         store.close()

@@ -153,7 +153,7 @@ class Sampler:
     def _scan_children(self, reader, first_scan: bool) -> None:
         """The scan for child processes (where children count), then the others' share."""
         found = 0.0
-        for pid, used in (reader.follow(self._children(), baseline=first_scan) if self.cfg.include_children else []):
+        for pid, used in (reader.follow(_children(self.proc), baseline=first_scan) if self.cfg.include_children else []):
             # started after the previous scan (else that scan would have found it)
             started = process_start(pid, self._t0)
             self._spread(used, max(started, self._cpu.scan_t) if started is not None else self._cpu.scan_t)
@@ -169,16 +169,9 @@ class Sampler:
 
     def _run(self) -> None:
         thread_t0 = time.thread_time()
-        cfg, reader = self.cfg, self._reader
-        now = time.perf_counter()
-        last_read = (self._t0, now)  # (before, after) the previous reads
-        due = {"cpu": now + cfg.interval, "children": now, "gpu": now, "buffer": now, "rapl": now + cfg.rapl_interval}
-        periods = {"cpu": cfg.interval, "children": cfg.children_interval, "gpu": cfg.gpu_interval,
-                   "buffer": cfg.gpu_buffer_interval, "rapl": cfg.rapl_interval}
-        if not self._gpus:
-            del due["gpu"], due["buffer"]
-        if self._rapl is None:
-            del due["rapl"]
+        reader = self._reader
+        due, periods = _schedule(self.cfg, bool(self._gpus), self._rapl is not None)
+        last_read = (self._t0, time.perf_counter())  # (before, after) the previous reads
         first_scan = True
         # time.sleep, not Event.wait: half the wake-up cost (measured); stop() waits <= interval
         while not self._stop.is_set():
@@ -209,8 +202,12 @@ class Sampler:
                     self._drain_gpus()
                 elif task == "rapl":
                     self._sample_rapl(now - self._t0)
-        # one last read: the CPU time since the previous sample (a stretch in which this thread
-        # was starved of the GIL by a busy Python thread, say) is not lost at stop
+        self._last_reads(reader, last_read, first_scan)
+        self._own_cpu = time.thread_time() - thread_t0
+
+    def _last_reads(self, reader, last_read: tuple[float, float], first_scan: bool) -> None:
+        """At stop, one last read: the CPU time since the previous sample (a stretch in which this
+        thread was starved of the GIL by a busy Python thread, say) is not lost."""
         before = time.perf_counter()
         cpu = reader.seconds()
         self._cpu_sample(last_read, (before, time.perf_counter()), cpu)
@@ -222,7 +219,6 @@ class Sampler:
             for g in list(self._gpus):
                 self._guard(g, g.finish)
         reader.close()
-        self._own_cpu = time.thread_time() - thread_t0
 
     def _cpu_sample(self, last: tuple[float, float], this: tuple[float, float], cpu: float) -> None:
         """One CPU sample: the CPU seconds since the previous reads over the span from the start
@@ -266,12 +262,6 @@ class Sampler:
             t = self.samples[i].t
             self.samples[i] = Sample(t, "cpu", "util_machine_pct", 100.0 * used / span / self.cores)
             self.samples[i + 1] = Sample(t, "cpu", "util_core_pct", 100.0 * used / span)
-
-    def _children(self) -> list[int]:
-        try:
-            return [c.pid for c in self.proc.children(recursive=True)]
-        except psutil.Error:
-            return []
 
     def _drain_gpus(self) -> None:
         for g in list(self._gpus):
@@ -325,6 +315,24 @@ class Sampler:
         for g in self._gpus:
             asked.update(g.asked(self.cfg.gpu_interval, self.cfg.gpu_buffer_interval))
         return asked
+
+
+def _schedule(cfg: SamplerConfig, gpus: bool, rapl: bool) -> tuple[dict[str, float], dict[str, float]]:
+    """Each task's first deadline and period: the GPU and RAPL tasks only where there are any."""
+    now = time.perf_counter()
+    due = {"cpu": now + cfg.interval, "children": now, "gpu": now, "buffer": now, "rapl": now + cfg.rapl_interval}
+    periods = {"cpu": cfg.interval, "children": cfg.children_interval, "gpu": cfg.gpu_interval,
+               "buffer": cfg.gpu_buffer_interval, "rapl": cfg.rapl_interval}
+    for task in [*(() if gpus else ("gpu", "buffer")), *(() if rapl else ("rapl",))]:
+        del due[task]
+    return due, periods
+
+
+def _children(proc: psutil.Process) -> list[int]:
+    try:
+        return [c.pid for c in proc.children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _mean(xs: list[Sample]) -> float:
