@@ -22,8 +22,8 @@ from speechperf.studies import curve, rcp  # noqa: E402
 from speechperf.results.run import Run  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.telemetry.machine import hardware  # noqa: E402
-from speechperf.studies.reproduce import child_command  # noqa: E402
-from speechperf.studies.seeds import parse_seeds, seed_folder  # noqa: E402
+from speechperf.drive.reproduce import child_command  # noqa: E402
+from speechperf.drive.seeds import parse_seeds, seed_folder  # noqa: E402
 
 
 def commit() -> str:

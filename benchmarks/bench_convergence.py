@@ -44,7 +44,7 @@ from speechperf.scoring.olympic import olympic_mean  # noqa: E402
 from speechperf.scoring.target_rule import epochs_to_target  # noqa: E402
 from speechperf.results.run import Run, read_json  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
-from speechperf.studies.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
+from speechperf.drive.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
 from speechperf.telemetry.machine import hardware  # noqa: E402
 from speechperf.telemetry.isa_cap import ATEN_VAR, CAPS, ONEDNN_VAR, cap_env  # noqa: E402
 

@@ -41,7 +41,7 @@ from speechperf.studies import curve, rcp  # noqa: E402
 from speechperf.results.run import Run  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.telemetry.isa_cap import ATEN_VAR, CAP_VARS, MKL_VAR, ONEDNN_VAR, cap_env  # noqa: E402
-from speechperf.studies.reproduce import child_command  # noqa: E402
+from speechperf.drive.reproduce import child_command  # noqa: E402
 
 
 def train(a, isa: str | None, folder: Path) -> dict:

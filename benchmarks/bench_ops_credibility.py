@@ -15,7 +15,7 @@ import torch
 import torch.utils.benchmark as tb
 
 from speechperf.bench import ops
-from speechperf.bench.timing import measure, method
+from speechperf.telemetry.timing import measure, method
 
 
 def main() -> None:

@@ -68,7 +68,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     FEED_T=60; FLOOR_PRESET=tiny; FLOOR_DOUBLED=(loader.max_duration=120); FLOOR_PRESET_ARGS=(loader.max_duration=60)
     FLOOR_ARGS=(--steps 2 --warmup 1 --device cpu); FLOOR_T=60  # the doubled batch leaves 3 batches of the tiny demo
     PROFILE_ARGS=(--preset tiny --device cpu --steps 2 --warmup 1); PROFILE_T=150
-    CUDA_TESTS=(tests/train/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/train/test_feed.py -k recorded_profile_rows)
+    CUDA_TESTS=(tests/bench/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/bench/test_feed.py -k recorded_profile_rows)
     TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
     DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
     ATTN_ARGS=(--device cpu --seconds 0.4 --batch 2 --repeats 2 --warmup 1)
@@ -93,7 +93,7 @@ else
     CONF_FLOOR=(--preset conformer --steps 10 --warmup 5); COMPILE=1
     # the files holding cuda-marked tests only (collecting the whole suite costs ~10 s)
     CUDA_TESTS=(-m cuda $(grep -rlE "mark\.cuda" tests --include='test_*.py' | sort))
-    GPU_FILES=(tests/studies/test_reproduce.py tests/train/test_cli_e2e.py)
+    GPU_FILES=(tests/drive/test_reproduce.py tests/train/test_cli_e2e.py)
     TEST_ARGS=(-n 6 --timeout 120); CUDA_T=110; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py); the cuda files took 80+ s on the H200
     DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
     ATTN_ARGS=(--device cuda --repeats 20)  # the preset's batches of 4 s and 12.4 s utterances

@@ -22,8 +22,8 @@ import re
 import sys
 from pathlib import Path
 
-from speechperf.bench.measured_peak import recorded_peak
-from speechperf.bench.mfu import steps_achieved
+from speechperf.telemetry.measured_peak import recorded_peak
+from speechperf.telemetry.mfu import steps_achieved
 from speechperf.errors import SpeechperfError
 from speechperf.config.training import target_rule
 from speechperf.results.run import Run
@@ -256,7 +256,7 @@ def run_figures(run: Path) -> str:
     evaluation where the run never reached it), inside its training phases and inside its
     evaluations (studies/busy.py, as `tta --json` shows it), how its evaluations decoded where
     the run recorded it (threads, rate, the share of a core they had), and the step MFU over its iteration
-    rows (bench/mfu.py, against the peak its summary holds or, for a run stopped before it wrote
+    rows (telemetry/mfu.py, against the peak its summary holds or, for a run stopped before it wrote
     one, the recorded GPU's); and the garbage collector's pauses where its summary holds them."""
     if not (run / "results.db").is_file():
         return f"no {run / 'results.db'}"

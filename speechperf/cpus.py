@@ -1,7 +1,7 @@
 """The CPUs this process may run on: the one count every stage sizes its threads and workers by.
 
 Below every stage: the loader's decompression threads (data/loader.py), the decode pool
-(decode/batch.py) and the seeds placed side by side (studies/seed_slots.py) read it.
+(decode/batch.py) and the seeds placed side by side (drive/seed_slots.py) read it.
 """
 from __future__ import annotations
 

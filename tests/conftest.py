@@ -89,7 +89,7 @@ def _a_machine_without_gpu(request, monkeypatch):
 
 @pytest.fixture(autouse=True, scope="session")
 def _peak_cache(tmp_path_factory):
-    """Training runs measure this CPU's GEMM peak once and cache it (bench/measured_peak.py):
+    """Training runs measure this CPU's GEMM peak once and cache it (telemetry/measured_peak.py):
     in a folder of the test session (inherited by CLI subprocesses), never the user's home."""
     import os
 

@@ -20,7 +20,7 @@ TESTS = str(Path(__file__).resolve().parent)
 STARTER_NAMES = frozenset({"subprocess", "Popen", "check_output", "cli", "cli_argv", "run_cli", "torchrun",
                            "train_seeds", "train_seeds_parallel", "run_sweep", "launch", "run_demo",
                            "check_log", "check_run", "capture_env",
-                           "speechperf.train.loop", "speechperf.studies.reproduce",
+                           "speechperf.train.loop", "speechperf.drive.reproduce",
                            *(f"main:{command}" for command in ("train", "reproduce", "demo", "parallel"))})
 
 
@@ -51,7 +51,7 @@ def starts_processes(func, seen: set | None = None) -> bool:
     names = _code_names(code)
     if names & STARTER_NAMES:
         return True
-    import speechperf.studies.reproduce as reproduce
+    import speechperf.drive.reproduce as reproduce
     import speechperf.train.loop as loop  # a whole training, in this process
 
     scope = getattr(func, "__globals__", {})

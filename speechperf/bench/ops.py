@@ -2,7 +2,7 @@
 
 Operators (docs/spec.md E): matmul N x N for N = 2048, 4096, 8192; the three conv2d workloads of
 paper 002; and the GEMMs of the DS2 LSTM at the paper's per-GPU batch sizes (24, 60, 150):
-the input projection of all 830 frames at once and one recurrent step. Timing (bench.timing):
+the input projection of all 830 frames at once and one recurrent step. Timing (telemetry.timing):
 warm-up until the call time is stable, then a timed window of calls (on a GPU timed with
 CUDA events, no synchronize between calls; on a CPU at most the paper's 300 calls), the
 middle third of the call times (in time order: the paper's middle 100 of 300) averaged;
@@ -15,40 +15,23 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from speechperf.bench.peaks import Peak, cpu_peak, gpu_peak
+from speechperf.telemetry.peaks import Peak, cpu_peak, gpu_peak
 from speechperf.bench.store import SweepStore
-from speechperf.bench.timing import TIMING_COLUMNS, Method, measure, method, noisy_notes
+from speechperf.telemetry.timing import (DTYPES, TIMING_COLUMNS, Method, Op, matmul_op, measure, method,
+                                         middle_third, noisy_notes)
 from speechperf.errors import SpeechperfError, in_words
 from speechperf.results import schema
 from speechperf.tables import write_csv
 from speechperf.telemetry.capability import support
 from speechperf.telemetry.environment import capture_env
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LSTM_FRAMES = 830  # output frames of a 1670-frame utterance after the stride-2 conv
 PAPER_BATCHES = (24, 60, 150)  # per GPU on Sys1$, Sys2$, Sys10$
-
-
-@dataclass(frozen=True)
-class Op:
-    name: str  # e.g. "matmul", "conv2d", "lstm_input"
-    shape: str  # human-readable workload
-    flops: float  # by formula
-    make: Callable[[torch.device, torch.dtype], Callable[[], torch.Tensor]]  # builds inputs, returns the call
-
-
-def matmul_op(m: int, k: int, n: int, name: str = "matmul") -> Op:
-    def make(dev, dt):
-        a, b = torch.randn(m, k, device=dev, dtype=dt), torch.randn(k, n, device=dev, dtype=dt)
-        return lambda: a @ b
-    return Op(name, f"{m}x{k} @ {k}x{n}", 2.0 * m * n * k, make)
 
 
 def conv_out(size: int, kernel: int, stride: int, pad: int) -> int:
@@ -76,16 +59,6 @@ def default_ops(quick: bool = False) -> list[Op]:
         ops.append(matmul_op(b * LSTM_FRAMES, 800, 4 * 800, "lstm_input"))
         ops.append(matmul_op(b, 800, 4 * 800, "lstm_recurrent"))
     return ops
-
-
-def middle_third(times: list[float]) -> float:
-    """Mean of the middle third of the calls in time order (the paper: middle 100 of 300)."""
-    if not times:
-        raise SpeechperfError("no timings to aggregate")
-    n = len(times)
-    lo, hi = n // 3, n - n // 3
-    mid = times[lo:hi] or times
-    return sum(mid) / len(mid)
 
 
 def device_peak(dev: torch.device, dtype: str, threads: int) -> Peak:
@@ -125,7 +98,7 @@ def notes(rows: list[dict]) -> list[str]:
 
 
 def _row(dev, dtype, threads, op, peak, measured=None, status="ok") -> dict:
-    """One result row; ``measured`` is run_op's (bench.timing.measure with the call times)."""
+    """One result row; ``measured`` is run_op's (telemetry.timing.measure with the call times)."""
     m = measured or {}
     times = m.get("times")
     row = {"device": str(dev), "dtype": dtype, "accumulate": "fp32", "threads": threads, "op": op.name, "shape": op.shape,
@@ -248,7 +221,7 @@ def run_ops(device: str = "cpu", dtypes=("fp32",), threads=None, iters: int | No
     """The whole sweep; every row also goes to the results DB when ``db_path`` is given (as
     it is measured) and to a CSV file when ``csv_path`` is.
 
-    The method (bench.timing) is the device's default with any of ``iters``, ``seconds``
+    The method (telemetry.timing) is the device's default with any of ``iters``, ``seconds``
     (timed window per op), ``warmup_seconds``, ``repeats`` and ``energy_min_seconds``
     replaced. On CPU by default: 1 thread and all threads, and the 1-thread pass without the
     ops over ``scaling_max_gflop`` (at 1 thread the 8192 matmul alone takes minutes).

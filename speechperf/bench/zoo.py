@@ -27,7 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from speechperf.bench import acoustic, timing
+from speechperf.bench import acoustic
+from speechperf.telemetry import timing
 from speechperf.bench.ops import libraries
 from speechperf.bench.store import SweepStore
 from speechperf.bench.vision import vision_models
@@ -137,7 +138,7 @@ def parameter_millions(model: nn.Module) -> float:
 
 
 def measure(name: str, model: nn.Module, batch: int, precision: str, dev: torch.device, m: "timing.Method") -> dict:
-    """One Table 8 row's measurement of training steps (bench.timing: warm-up until stable,
+    """One Table 8 row's measurement of training steps (telemetry.timing: warm-up until stable,
     a timed window without synchronizing on CUDA, repeats, power over the window)."""
     spec = ZOO[name]
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -186,7 +187,7 @@ def run_zoo(models=None, batches=None, precisions=("fp32",), device: str = "cpu"
             progress: bool = True) -> list[dict]:
     """Rows (samples/s, W, J/sample) per model, batch size and precision.
 
-    The method (bench.timing) is the device's default with any of ``iters``, ``warmup``
+    The method (telemetry.timing) is the device's default with any of ``iters``, ``warmup``
     (warm-up steps at least), ``seconds`` (timed window), ``warmup_seconds``, ``repeats``
     and ``energy_min_seconds`` replaced. With ``db_path`` every row goes to table
     ``bench_zoo`` the moment it is measured (an interrupted sweep keeps what it measured)

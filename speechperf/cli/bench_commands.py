@@ -54,7 +54,7 @@ ZOO_PRECISIONS = ("fp32", "amp")
 
 
 def _timing_args(sp, what: str) -> None:
-    """The measurement method's options (speechperf/bench/timing.py; defaults per device there)."""
+    """The measurement method's options (speechperf/telemetry/timing.py; defaults per device there)."""
     sp.add_argument("--seconds", "--cpu-seconds", type=float, default=None,
                     help=f"timed seconds per {what} without --iters (default: per device, docs/bench.md)")
     sp.add_argument("--warmup-seconds", type=float, default=None,
@@ -134,7 +134,7 @@ def _bench_feed_args(sp) -> None:
 
 
 def cmd_bench_feed(a) -> int:
-    from speechperf.train.feed import COLUMNS, notes, run_feed
+    from speechperf.bench.feed import COLUMNS, notes, run_feed
 
     row = run_feed(a.preset, a.overrides, data=Path(a.data) if a.data else None, device=a.device, profile=a.profile,
                    readers=a.readers, windows=a.windows, steps=a.steps, warmup=a.warmup,

@@ -15,8 +15,8 @@ from speechperf.telemetry import contention
 
 
 def _seeds(text: str):
-    """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (studies/seeds.py)."""
-    from speechperf.studies.seeds import parse_seeds
+    """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (drive/seeds.py)."""
+    from speechperf.drive.seeds import parse_seeds
 
     try:
         return parse_seeds(text)
@@ -113,7 +113,7 @@ def _train_seeds(a, request, resume_modes) -> int:
     """``train --seeds``: one run folder per seed under --out; a seed that fails stops the
     command (train_seeds raises: exit 1 naming the seed's folder)."""
     from speechperf.train.distributed import DistEnv
-    from speechperf.studies.seeds import train_seeds
+    from speechperf.drive.seeds import train_seeds
 
     if a.resume not in resume_modes:
         raise SpeechperfError(f"--resume {a.resume} with --seeds: --resume takes {', '.join(resume_modes)} there "
@@ -123,7 +123,7 @@ def _train_seeds(a, request, resume_modes) -> int:
     say = print if rank0 and not a.json else None
     say_seeds = (lambda msg: say(f"[seeds] {msg}", flush=True)) if say else None
     if a.parallel > 1:
-        from speechperf.studies.seed_slots import train_seeds_parallel
+        from speechperf.drive.seed_slots import train_seeds_parallel
 
         if env.world > 1:
             raise SpeechperfError("--parallel places one seed per device itself: run it without torchrun")
@@ -136,16 +136,40 @@ def _train_seeds(a, request, resume_modes) -> int:
 
 
 
-def _sweep_parser():
-    from speechperf.studies import sweep
+def sweep_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The sweep's options: checked and shown under ``speechperf parallel sweep``, then parsed
+    again from the words given after ``sweep`` (``--json`` aside) into a ``drive.sweep.Sweep``."""
+    p = argparse.ArgumentParser(prog="speechperf parallel sweep", add_help=add_help,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", required=True, help="prepared features folder")
+    p.add_argument("--out", required=True, help="sweep folder (one run folder per algorithm and worker count)")
+    p.add_argument("--preset", default="tiny", help="the preset every run trains (or a TOML file)")
+    p.add_argument("--algos", default="sync,bsp,bmuf,diloco", help="algorithms (algo.name), comma separated")
+    p.add_argument("--workers", default="2", help="worker (process) counts, comma separated")
+    p.add_argument("--sync-every", default="20", help="algo.sync_every of bsp, bmuf and diloco, comma separated")
+    p.add_argument("--db", default=None, help="shared results database (default: OUT/results.db)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override of every run (repeat it: --set max_epochs=3 --set threads=1)")
+    return p
 
-    return [sweep.parser(add_help=False)]  # its options are checked and shown here, and passed on as given
+
+def sweep_request(argv: list[str]):
+    """The sweep ``argv`` asks for (``Sweep``)."""
+    from speechperf.drive.sweep import Sweep
+
+    a = sweep_parser().parse_args(argv)
+    return Sweep(data=a.data, out=a.out, preset=a.preset, algos=a.algos, workers=a.workers,
+                 sync_every=a.sync_every, db=a.db, overrides=a.set)
+
+
+def _sweep_parents() -> list[argparse.ArgumentParser]:
+    return [sweep_parser(add_help=False)]  # its options are checked and shown here, and passed on as given
 
 
 def cmd_parallel_sweep(a) -> int:
-    from speechperf.studies.sweep import run_sweep
+    from speechperf.drive.sweep import run_sweep
 
-    rows = run_sweep(a.rest, as_json=a.json)
+    rows = run_sweep(sweep_request(a.rest))
     emit(rows, a.json, width=width(a))
     return 0
 
@@ -162,7 +186,7 @@ def _reproduce_args(sp) -> None:
 
 
 def cmd_reproduce(a) -> int:
-    from speechperf.studies.reproduce import EXIT, reproduce
+    from speechperf.drive.reproduce import EXIT, reproduce
 
     result = reproduce(a.preset, Path(a.data), seed=a.seed, epochs=a.epochs, out=Path(a.out) if a.out else None,
                        quiet=a.json, corpus=Path(a.prepare) if a.prepare else None)
@@ -196,7 +220,7 @@ def _demo_args(sp) -> None:
 
 
 def cmd_demo(a) -> int:
-    from speechperf.demo import run_demo, summary
+    from speechperf.drive.demo import run_demo, summary
 
     _isa_cap(a)
 
@@ -224,7 +248,7 @@ GROUPS = {"parallel": "parallel training algorithms"}
 COMMANDS = [
     Command("train", "train an acoustic model and log time-to-accuracy", cmd_train, _train_args),
     Command("sweep", "train runs per algorithm and worker count: speedup, WER/CER, TTA, communication, MFU",
-            cmd_parallel_sweep, None, group="parallel", parents=_sweep_parser),
+            cmd_parallel_sweep, None, group="parallel", parents=_sweep_parents),
     Command("reproduce", "train a reference seed's first epochs under the ISA cap at 1 thread and compare them with "
             "the reference curve bit for bit (exit 0 identical, 1 differs, 3 cannot be compared)", cmd_reproduce,
             _reproduce_args),

@@ -32,7 +32,7 @@ class TrainConfig:
     grad_clip: float = 400.0  # max global gradient norm (DS2 practice); 0 disables
     max_epochs: int = 50  # stop after this many epochs
     time_cap_minutes: float = 0.0  # stop when the TTA clock passes this; 0 = no cap
-    stop_after_epochs: int = 0  # stop after this many epochs, max_epochs unchanged (the cosine's length): a reference's first epochs, reproduced (studies/reproduce.py); 0 = off
+    stop_after_epochs: int = 0  # stop after this many epochs, max_epochs unchanged (the cosine's length): a reference's first epochs, reproduced (drive/reproduce.py); 0 = off
     sentence_every: int = 50  # greedy-decode the current batch and log it every N iterations
     checkpoint_every: int = 250  # atomic checkpoint every N iterations
     train_splits: str = ""  # comma-separated splits to train on; "" = every train-* split prepared (all intact)

@@ -104,7 +104,7 @@ def save(run, progress: Progress, state: dict, writer: CheckpointWriter | None =
     this waits for the writer's previous write (raising its error, naming the file), copies the
     state to host memory and returns; the caller waits for the last write before the run ends
     (``writer.wait()``). Until the write completes, the previous checkpoint is the one on disk,
-    and a resume from it cuts the rows and log lines recorded since (results/admission.py)."""
+    and a resume from it cuts the rows and log lines recorded since (train/admission.py)."""
     if writer is not None:
         writer.wait()  # at most one write in flight; a failed one stops the run here
     run.flush()

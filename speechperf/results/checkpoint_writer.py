@@ -11,7 +11,7 @@ run (finished, failed, stopped), waits for the previous one first (:meth:`Checkp
 and an error of the write is raised there, naming the file, never dropped. The write itself is
 atomic (speechperf/atomic.py: a temporary file beside the checkpoint, fsync, rename), so a
 process killed while a write is in flight leaves the previous checkpoint whole; the rows and log
-lines recorded after that checkpoint are cut on resume (results/admission.py), as they are for a
+lines recorded after that checkpoint are cut on resume (train/admission.py), as they are for a
 kill anywhere after it.
 
 The host copies go to buffers kept from one write to the next (pinned for CUDA tensors, so the

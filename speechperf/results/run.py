@@ -36,7 +36,7 @@ from speechperf.features.stats import stats_sha256
 from speechperf.results.workload import workload
 
 FORMAT = 2  # run.json "format": the only one this release reads
-PLANS = ("fresh", "restart", "resume", "finished")  # a folder's admission (results/admission.py); restart: no checkpoint yet
+PLANS = ("fresh", "restart", "resume", "finished")  # a folder's admission (train/admission.py); restart: no checkpoint yet
 SENTENCES_SHOWN = 3  # last logged sentence batches a reader gets
 
 
@@ -114,7 +114,7 @@ class Run:
     @classmethod
     def begin(cls, folder: Path, plan: str, *, config: dict, env: dict, progress: Progress, data: Path,
               label: str | None = None, shared_db: Path | None = None) -> "Run":
-        """The training run of ``folder`` as its admission planned it (results/admission.py):
+        """The training run of ``folder`` as its admission planned it (train/admission.py):
         created (plan fresh), or opened to continue (restart, resume: the rows and log lines
         written after ``progress``, the checkpoint's, cut; a restart has no checkpoint: cut to
         nothing) and marked running again."""

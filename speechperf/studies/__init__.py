@@ -1,1 +1,2 @@
-"""studies and commands: seeds, reproduction, the sweep, the metric studies over run folders, the report."""
+"""Analyses of finished runs: TTA, aggregates over seeds, reference convergence points, curves,
+the time's parts, the sweep's speedups, evaluations of a run's weights, the report and exports."""

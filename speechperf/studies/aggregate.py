@@ -70,7 +70,7 @@ class SeedRun:
     def finished(self) -> bool:
         train = self.config.get("train", {})
         if 0 < (train.get("stop_after_epochs") or 0) < train.get("max_epochs", 0) and self.status in FINISHED:
-            return False  # cut after its first epochs (a reproduction, studies/reproduce.py): not a failed run
+            return False  # cut after its first epochs (a reproduction, drive/reproduce.py): not a failed run
         return self.status in FINISHED or str(self.status or "").startswith("diverged")
 
 

@@ -29,7 +29,7 @@ def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
               price_per_hour: float | None = None, platform_file: Path | None = None) -> list[dict]:
     """Table 4 form: one row per (run, target) with minutes and % of the first run of the same
     workload (the reference), the initialization seconds kept outside the clock, the achieved
-    TFLOPS and MFU of its training steps (bench/mfu.py) with the peak behind it, and the run's
+    TFLOPS and MFU of its training steps (telemetry/mfu.py) with the peak behind it, and the run's
     platform with cost to accuracy and TTA x price (``price_per_hour``/``platform_file``
     override what the run recorded; :func:`speechperf.telemetry.platforms.of_run`).
 
@@ -56,7 +56,7 @@ def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
 def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, price_per_hour,
                    platform_file) -> list[dict]:
     """The rows of the runs of one workload; relative % against the first of them."""
-    from speechperf.bench.mfu import mfu_columns
+    from speechperf.telemetry.mfu import mfu_columns
     from speechperf.telemetry import energy
     from speechperf.telemetry.platforms import price_columns, with_price_overrides
 

@@ -9,7 +9,7 @@ validation and test split. As in MLPerf, the TTA clock starts after initializati
 (``init_start``..``init_stop``: every split verified, the model built, the decoder kernels
 compiled, one warm-up step; see train/warmup.py), whose seconds are reported beside the
 TTA; it only runs while this process runs, so a resumed run does not count the time it was
-down. The run folder's admission and lock: results/admission.py; what a process trains with:
+down. The run folder's admission and lock: train/admission.py; what a process trains with:
 train/trainer.py; what happened: the recorder (train/recorder.py) into the run folder
 (results/run.py); the checkpoint: results/checkpoint.py. SIGINT and SIGTERM stop the run at the
 next read point, saved and recorded (train/stop.py); the learning rate: train/schedule.py.
@@ -37,8 +37,8 @@ import torch
 from speechperf.config import RunConfig
 from speechperf.errors import SpeechperfError
 from speechperf.scoring.target_rule import tta_minutes
-from speechperf.results.admission import admit
-from speechperf.results.request import RESUME_MODES, TrainRequest
+from speechperf.train.admission import admit
+from speechperf.train.request import RESUME_MODES, TrainRequest
 from speechperf.train import distributed, floor
 from speechperf.algorithms import check_launch
 from speechperf.train.evaluate import evaluate, release_resident, with_intervals
@@ -58,7 +58,7 @@ def train(*args, **fields) -> dict:
     """Train (or continue) the run a :class:`TrainRequest` asks for (given as one, or as its
     fields: ``train("tiny", feats, out, overrides, quiet=True)``); returns its summary row.
 
-    Rank 0 alone looks at the run folder (results/admission.py: fresh, restart, resume or
+    Rank 0 alone looks at the run folder (train/admission.py: fresh, restart, resume or
     finished, under its lock for the whole run; across machines only its disk holds it) and
     tells every rank what to do, or the error that stops them all. The same command, repeated
     by ``torchrun --max-restarts``, so recovers from a dead worker."""

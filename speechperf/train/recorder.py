@@ -33,7 +33,7 @@ from speechperf.train.mlperf import log_submission
 from speechperf.results.progress import Clock, Progress
 from speechperf.results.schema import EVALS_DECODE, EVALS_PARTS
 from speechperf.train.warmup import warn_if_slow
-from speechperf.bench.mfu import RunFlops
+from speechperf.telemetry.mfu import RunFlops
 from speechperf.telemetry import contention
 from speechperf.telemetry.gc_pauses import GcPauses
 from speechperf.telemetry.sampler import Sampler

@@ -4,7 +4,7 @@
 data-parallel algorithm (speechperf/algorithms/) and the model, optimizer, scheduler and scaler,
 restored from the checkpoint when resuming (results/checkpoint.py); :func:`start` makes rank
 0's run (``Run.begin``: created, or reopened to continue, as its admission planned,
-results/admission.py) and the recorder of it (other ranks: progress and clock only), and does
+train/admission.py) and the recorder of it (other ranks: progress and clock only), and does
 initialization's one-time work, after which the clock starts. The trainer holds the run:
 :meth:`Trainer.checkpoint` hands it to results/checkpoint.py's ``save``, the file's one owner.
 """
@@ -26,10 +26,10 @@ from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model
 from speechperf.models.contract import compiled
 from speechperf.results import checkpoint
-from speechperf.results.admission import verify
+from speechperf.train.admission import verify_splits_of
 from speechperf.results.checkpoint import TrainState
 from speechperf.results.progress import Progress
-from speechperf.results.request import TrainRequest
+from speechperf.train.request import TrainRequest
 from speechperf.results.run import Run
 from speechperf.telemetry.environment import capture_env
 from speechperf.errors import ConfigError
@@ -53,7 +53,7 @@ class Trainer:
     cfg: RunConfig
     group: distributed.Group
     data: Path  # the features folder
-    plan: str  # fresh, restart (no checkpoint yet) or resume (results/admission.py)
+    plan: str  # fresh, restart (no checkpoint yet) or resume (train/admission.py)
     splits: dict  # every split the run reads, verified (data/check.py)
     index: Index  # the training splits' compact index, loaded once (every epoch plans from it)
     local: torch.nn.Module  # the model without DDP's hooks: what the warm-up runs
@@ -124,7 +124,7 @@ class Trainer:
 def build(cfg: RunConfig, group: distributed.Group, data: Path, plan: str, folder: Path) -> Trainer:
     """Everything before the recorder and the clock: splits, index, algorithm, model (restored
     from ``folder``'s checkpoint when ``plan`` is resume); ``data``: the features folder."""
-    splits = verify(data, cfg, group.world)  # every split this run reads, before the model and the clock exist
+    splits = verify_splits_of(data, cfg, group.world)  # every split this run reads, before the model and the clock exist
     index = load_index(data, splits["train"])  # once, before the clock (every epoch plans from it)
     algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device)  # a launch it cannot train (single x 2) stops here
     ckpt = checkpoint.load(folder) if plan == "resume" else None

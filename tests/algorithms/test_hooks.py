@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from speechperf.config import PRESET_DIR as PRESETS, ConfigError, RunConfig, load_preset
-from speechperf.studies.sweep import free_port
+from speechperf.drive.sweep import free_port
 from speechperf import algorithms as A
 from speechperf.algorithms import param_server
 from speechperf.algorithms.bmuf import bmuf_update

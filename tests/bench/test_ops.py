@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from speechperf.bench import ops
-from speechperf.bench.peaks import cpu_peak, flops_per_cycle, gpu_peak
-from speechperf.bench.timing import method
+from speechperf.telemetry.peaks import cpu_peak, flops_per_cycle, gpu_peak
+from speechperf.telemetry.timing import method
 from speechperf.errors import SpeechperfError
 
 

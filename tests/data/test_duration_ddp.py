@@ -10,7 +10,7 @@ import pytest
 from speechperf.config import load_preset
 from speechperf.data.loader import load_index
 from speechperf.data.plan import global_batch, plan_epoch
-from speechperf.studies.sweep import free_port
+from speechperf.drive.sweep import free_port
 from speechperf.results.events import read_events
 from speechperf.train.mlperf import check_log
 

@@ -11,7 +11,7 @@ import torch
 
 from speechperf.config import load_preset
 from speechperf.models import build_model
-from speechperf.studies.sweep import free_port
+from speechperf.drive.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
 from tests.conftest import shared_folder

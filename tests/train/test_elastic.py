@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from speechperf.studies.sweep import free_port
+from speechperf.drive.sweep import free_port
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
 

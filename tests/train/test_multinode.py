@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from speechperf.studies.sweep import free_port
+from speechperf.drive.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from speechperf.studies.sweep import free_port
+from speechperf.drive.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from speechperf.studies.sweep import free_port
+from speechperf.drive.sweep import free_port
 from tests.conftest import cli_argv
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=1000"]

@@ -6,7 +6,7 @@ import re
 import statistics
 
 from speechperf import metric
-from speechperf.bench.mfu import mfu_columns
+from speechperf.telemetry.mfu import mfu_columns
 from speechperf.studies.report import figures
 from speechperf.studies.report.comparison import energy_by_source, price_rows, time_rows, tta_rows
 from speechperf.studies.report.runs import who

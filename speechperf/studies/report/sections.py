@@ -101,7 +101,7 @@ def bench_figures_section(ctx: Context) -> Section:
 
 @register_section("parallel", 300)
 def parallel_section(ctx: Context) -> Section:
-    from speechperf.studies.sweep import report_rows
+    from speechperf.studies.speedups import report_rows
 
     title = "Parallel training algorithms: speedup, communication and WER (paper 003 Tables 1-5 form)"
     blocks = [Table("algorithms.csv", report_rows(ctx.runs),

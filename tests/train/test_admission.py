@@ -1,14 +1,14 @@
-"""The run folder's admission (results/admission.py): one call decides fresh, restart, resume or
+"""The run folder's admission (train/admission.py): one call decides fresh, restart, resume or
 finished and holds the folder's lock; what it refuses leaves no file behind."""
 import json
 
 import pytest
 
 from speechperf.config import ConfigError, load_preset
-from speechperf.results.admission import admit, config_diff
+from speechperf.train.admission import admit, config_diff
 from speechperf.results.lock import LOCK_FILE
 from speechperf.results.progress import Progress
-from speechperf.results.request import TrainRequest
+from speechperf.train.request import TrainRequest
 from speechperf.results.run import Run
 
 ENV = {"hostname": "h", "cpu_model": "Test CPU", "world_size": 1}

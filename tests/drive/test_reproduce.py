@@ -22,7 +22,7 @@ from speechperf.cli import main
 from speechperf.features.checksum import features_sha256
 from speechperf.studies import curve, rcp
 from speechperf.telemetry import isa_cap
-from speechperf.studies import reproduce as rep
+from speechperf.drive import reproduce as rep
 
 HAS_AVX2 = "avx2" in open("/proc/cpuinfo").read() if sys.platform == "linux" else False
 TEST_CORPUS = {"hours": 0.03, "seed": 3}  # conftest.py's tiny corpus, as tiny.json's test curve names it
@@ -277,7 +277,7 @@ def test_tta_says_the_run_reproduces_the_reference_and_flags_one_that_differs(re
     _, out = reproduced
     rows = tta_study([out], metric="cer", targets="38")["runs"]
     assert rows[0]["reproduction"] == "reproduces the reference bit for bit through epoch 2"
-    from speechperf import demo
+    from speechperf.drive import demo
 
     said = []
     demo._say_reproduction([out], said.append)  # the demo's closing lines

@@ -9,7 +9,7 @@ import pytest
 
 from speechperf.cli import main
 from speechperf.errors import SpeechperfError
-from speechperf.train import feed
+from speechperf.bench import feed
 
 SMALL = ["--windows", "2", "--steps", "1", "--warmup", "1", "loader.bucket_window=1"]  # supply: windows of 1 shard
 

@@ -7,7 +7,9 @@ import pytest
 
 from speechperf.cli import main
 from speechperf.errors import SpeechperfError
-from speechperf.studies import sweep
+from speechperf.cli.train_commands import sweep_request
+from speechperf.drive import sweep
+from speechperf.studies import speedups
 
 SETS = ["--set", "max_epochs=1", "--set", "threads=1", "--set", "device=cpu", "--set", "final_splits=none"]
 
@@ -16,7 +18,7 @@ SETS = ["--set", "max_epochs=1", "--set", "threads=1", "--set", "device=cpu", "-
 def test_a_sweep_trains_each_algorithm_through_train_and_tabulates_it(tiny_features, tmp_path, capsys):
     argv = ["--data", str(tiny_features), "--out", str(tmp_path / "sw"), "--algos", "sync,diloco", "--workers", "2",
             "--sync-every", "3", *SETS]
-    rows = sweep.run_sweep(argv)
+    rows = sweep.run_sweep(sweep_request(argv))
     by = {(r["algorithm"], r["workers"]): r for r in rows}
     assert [r["run"] for r in rows] == ["one-worker", "sync-n2", "diloco-n2-h3"]
     one, ddp, diloco = by[("sync", 1)], by[("sync", 2)], by[("diloco", 2)]
@@ -40,14 +42,14 @@ def test_a_sweep_trains_each_algorithm_through_train_and_tabulates_it(tiny_featu
 
 
 def test_the_grid_names_every_run_and_a_failed_run_says_how_to_continue(tiny_features, tmp_path):
-    a = sweep.parse(["--data", "F", "--out", "O", "--algos", "sync,bsp,bmuf", "--workers", "2,4",
+    a = sweep_request(["--data", "F", "--out", "O", "--algos", "sync,bsp,bmuf", "--workers", "2,4",
                      "--sync-every", "1,20"])
     names = [name for name, _, _ in sweep.grid(a)]
     assert names == ["one-worker", "sync-n2", "sync-n4", "bsp-n2-h1", "bsp-n2-h20", "bsp-n4-h1", "bsp-n4-h20",
                      "bmuf-n2-h1", "bmuf-n2-h20", "bmuf-n4-h1", "bmuf-n4-h20"]
     with pytest.raises(SpeechperfError, match=r"one-worker x1: train failed \(exit 2\)(.|\n)*train.lr=-1.0 must be > 0"
                                               "(.|\n)*the same sweep command continues it"):
-        sweep.run_sweep(["--data", str(tiny_features), "--out", str(tmp_path / "bad"), "--set", "lr=-1"])
+        sweep.run_sweep(sweep_request(["--data", str(tiny_features), "--out", str(tmp_path / "bad"), "--set", "lr=-1"]))
 
 
 def _loaded(label, algo, workers, step_s, comm_s, comm_bytes, cers, model="ds2", cpu="EPYC"):
@@ -66,17 +68,17 @@ def test_the_report_table_compares_each_workloads_algorithms_with_its_one_proces
     runs = [_loaded("one", "sync", 1, 1.0, 0.0, 0, [40.0, 29.0]),
             _loaded("bmuf", "bmuf", 2, 0.5, 0.1, 2_000_000, [29.5, 25.0]),
             _loaded("alone", "sync", 1, 1.0, 0.0, 0, [40.0, 35.0], model="conformer")]  # nothing parallel: no rows
-    one, bmuf = sweep.report_rows(runs)
+    one, bmuf = speedups.report_rows(runs)
     assert (one["run"], one["speedup"], one["comm %"], one["TTA min"], one["sync every"]) == ("one", 1.0, 0.0, 2.0, None)
     # 4 steps of 0.5 s over 2 epochs: 1 s an epoch against 2; 0.4 of 2 s communicating; 2 MB a step
     assert bmuf["train s/epoch"] == 1.0 and bmuf["speedup"] == 2.0 and bmuf["comm %"] == pytest.approx(20.0)
     assert bmuf["comm MB/step"] == 2.0 and bmuf["TTA min"] == 1.0 and bmuf["sync every"] == 20
     assert bmuf["workload"] == "ds2, 0.001 M params" and bmuf["algorithm"] == "bmuf" and bmuf["workers"] == 2
-    assert sweep.report_rows(runs[:1] + runs[2:]) == []  # one-process runs only: no table
-    no_base = sweep.report_rows(runs[1:2])
+    assert speedups.report_rows(runs[:1] + runs[2:]) == []  # one-process runs only: no table
+    no_base = speedups.report_rows(runs[1:2])
     assert no_base[0]["speedup"] is None  # no one-process run of the workload to divide by
     elsewhere = _loaded("xeon", "sync", 1, 0.1, 0.0, 0, [40.0, 29.0], cpu="Xeon")
-    (row,) = sweep.report_rows([elsewhere, runs[1]])
+    (row,) = speedups.report_rows([elsewhere, runs[1]])
     assert row["speedup"] is None and row["machine"] == "no GPU, EPYC"  # never divided by another machine's run
 
 

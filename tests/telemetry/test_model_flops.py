@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from speechperf.bench.mfu import count_step_flops, counter
+from speechperf.telemetry.mfu import count_step_flops, counter
 from speechperf.models import MODELS, build_model, model_config
 
 FEATS = 93  # prepared feature columns; each model reads its first input_dim

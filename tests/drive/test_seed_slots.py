@@ -1,4 +1,4 @@
-"""``train --seeds N --parallel K``: seeds side by side, one per device (studies/seed_slots.py)."""
+"""``train --seeds N --parallel K``: seeds side by side, one per device (drive/seed_slots.py)."""
 import json
 import os
 import subprocess
@@ -10,8 +10,8 @@ from speechperf.cli import main
 from speechperf.config import ConfigError
 from speechperf.errors import RunFailed
 from speechperf.results import ResultsDB
-from speechperf.results.request import TrainRequest
-from speechperf.studies.seed_slots import slot_settings, train_seeds_parallel
+from speechperf.train.request import TrainRequest
+from speechperf.drive.seed_slots import slot_settings, train_seeds_parallel
 
 LOSSES = "SELECT iteration, loss FROM iterations WHERE run_id = ? ORDER BY iteration"
 
@@ -103,8 +103,8 @@ PARENT = r"""
 import sys, pathlib
 sys.path.insert(0, sys.argv[2])
 from test_seed_slots import _fake
-from speechperf.studies import seed_slots
-from speechperf.results.request import TrainRequest
+from speechperf.drive import seed_slots
+from speechperf.train.request import TrainRequest
 from speechperf.errors import SpeechperfError
 out = pathlib.Path(sys.argv[1])
 try:

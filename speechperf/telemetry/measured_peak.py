@@ -2,7 +2,7 @@
 
 GPU: the dense vendor peak of the platform profile whose ``gpu_names`` the device matches
 (``peak_tflops_<dtype>`` in ``config/platforms/*.toml``), else the older GPUs of
-``bench.peaks.DEVICE_PEAKS``; fp32 counts as tf32 when torch lets matmuls use TF32.
+``telemetry.peaks.DEVICE_PEAKS``; fp32 counts as tf32 when torch lets matmuls use TF32.
 
 CPU: no vendor figure fits (clocks under vector load vary), so the peak is measured: the
 GEMM rate of ``bench ops`` (an N x N matmul in the run's dtype, at the training thread
@@ -19,7 +19,7 @@ MFU 204%). So the measurement records the share of the CPUs other processes used
 than the cores the measurement left free, plus :data:`SLACK` of the machine, the peak serves
 the run that measured it, said so, and is not cached; an entry without that figure (an older
 release's) is measured again. A run whose steps then
-beat the peak anyway gets no MFU (bench/mfu.py's ``achieved``) and its entry is dropped
+beat the peak anyway gets no MFU (telemetry/mfu.py's ``achieved``) and its entry is dropped
 (:func:`forget`), so the next run measures again.
 """
 from __future__ import annotations
@@ -34,9 +34,8 @@ import psutil
 import torch
 
 from speechperf.atomic import atomic_write_text
-from speechperf.bench.peaks import Peak, gpu_peak
-from speechperf.bench.ops import DTYPES, matmul_op, middle_third
-from speechperf.bench.timing import method, timed, warm_up
+from speechperf.telemetry.peaks import Peak, gpu_peak
+from speechperf.telemetry.timing import DTYPES, matmul_op, method, middle_third, timed, warm_up
 from speechperf.telemetry import contention
 from speechperf.telemetry.environment import cpu_model
 

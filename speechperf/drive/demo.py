@@ -8,7 +8,7 @@ Every stage is cached under the output folder: the corpus and the features are r
 when complete, an interrupted run is resumed, a finished run is reported again as it is
 (delete ``DIR/run`` to measure anew).
 
-``--seeds N`` trains the recipe once per seed (studies/seeds.py): seed 1 stays in ``DIR/run``,
+``--seeds N`` trains the recipe once per seed (drive/seeds.py): seed 1 stays in ``DIR/run``,
 where a demo of one seed keeps it (an existing demo folder is its first seed), seed S > 1 in
 ``DIR/run-seed-S``; the TTA table and the report cover every seed, and the report groups
 them (runs that differ only in seed). With one seed the demo says what one seed cannot tell.
@@ -23,7 +23,7 @@ from speechperf.config import ConfigError, load_preset
 from speechperf.metric import held, metric as metric_of
 from speechperf.scoring.targets import PAPER  # the demo's targets: the paper's, of its metrics (cer, wer)
 from speechperf.results.layout import has_checkpoint
-from speechperf.results.request import TrainRequest
+from speechperf.train.request import TrainRequest
 from speechperf.results.workload import workload, workload_label
 from speechperf.tables import fit_line, print_lines
 
@@ -75,14 +75,14 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     ``preset`` None: the machine's (:func:`pick_preset`); any preset (or TOML file) runs, its
     audio hours from PRESET_HOURS, else DEFAULT_HOURS. ``seeds``: None, one run in ``DIR/run``
     with the preset's seed; else those seeds (:func:`demo_folder`),
-    ``parallel`` at a time (studies/seed_slots.py: one GPU each, or the CPUs shared). ``sweep``
+    ``parallel`` at a time (drive/seed_slots.py: one GPU each, or the CPUs shared). ``sweep``
     False: no beam sweep after training (a short check that needs the TTA and the report only)."""
     from speechperf.corpus.synth import synthesize
     from speechperf.features.prepare import prepare
     from speechperf.studies.study import run_check
     from speechperf.studies.tta import tta_table
     from speechperf.train.loop import train
-    from speechperf.studies.seeds import refuse_seed_override, train_seeds
+    from speechperf.drive.seeds import refuse_seed_override, train_seeds
 
     out = Path(out)
     overrides = list(overrides)
@@ -118,7 +118,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     if seeds is None:
         train(request)
     elif parallel > 1:  # as below, `parallel` seeds at a time, each its own process
-        from speechperf.studies.seed_slots import train_seeds_parallel
+        from speechperf.drive.seed_slots import train_seeds_parallel
 
         train_seeds_parallel(seeds, parallel, request, folder=demo_folder, say=say)
     else:  # finished seeds are only read again; the first seed that fails stops the demo (exit 1)

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from speechperf.bench import timing
+from speechperf.telemetry import timing
 
 
 class Clock:

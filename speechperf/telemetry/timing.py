@@ -16,7 +16,7 @@ is the median over them and ``repeat_iqr_pct`` their interquartile range in % of
 ``spread_pct`` is the interquartile range of the step times. A row whose spread or repeat
 range exceeds ``noisy_pct`` is marked ``noisy``.
 
-Power and energy are measured over the timed window (bench.power): a window shorter than
+Power and energy are measured over the timed window (telemetry.power): a window shorter than
 ``energy_min_seconds`` gives None with the reason, never 0 W.
 """
 from __future__ import annotations
@@ -25,11 +25,14 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
-from speechperf.bench.power import ENERGY_MIN_SECONDS, PowerMeter
+from speechperf.errors import SpeechperfError
+from speechperf.telemetry.power import ENERGY_MIN_SECONDS, PowerMeter
 
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MAX_MARKS = 2000  # events (or clock reads) per timed window at most: bounded memory and overhead
 
 
@@ -193,3 +196,30 @@ def noisy_notes(rows: list[dict], name, pct: float = Method.noisy_pct) -> list[s
                      f"repeats {r['repeat_iqr_pct']:.0f}%" if r.get("repeat_iqr_pct") is not None else None]
             lines.append(f"noisy (spread over {pct:g}%): {name(r)}: {', '.join(p for p in parts if p)}")
     return lines
+
+
+@dataclass(frozen=True)
+class Op:
+    """An operation to time (``bench ops``' rows, the GEMM of a CPU's measured peak)."""
+
+    name: str  # e.g. "matmul", "conv2d", "lstm_input"
+    shape: str  # human-readable workload
+    flops: float  # by formula
+    make: Callable[[torch.device, torch.dtype], Callable[[], torch.Tensor]]  # builds inputs, returns the call
+
+
+def matmul_op(m: int, k: int, n: int, name: str = "matmul") -> Op:
+    def make(dev, dt):
+        a, b = torch.randn(m, k, device=dev, dtype=dt), torch.randn(k, n, device=dev, dtype=dt)
+        return lambda: a @ b
+    return Op(name, f"{m}x{k} @ {k}x{n}", 2.0 * m * n * k, make)
+
+
+def middle_third(times: list[float]) -> float:
+    """Mean of the middle third of the calls in time order (the paper: middle 100 of 300)."""
+    if not times:
+        raise SpeechperfError("no timings to aggregate")
+    n = len(times)
+    lo, hi = n // 3, n - n // 3
+    mid = times[lo:hi] or times
+    return sum(mid) / len(mid)

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 from speechperf.config import ConfigError, RunConfig
-from speechperf.data.check import parse_splits, verify_splits
+from speechperf.data.check import verify_run
 from speechperf.errors import SpeechperfError
-from speechperf.features.stats import check_trained_on, read_stats
+from speechperf.features.stats import check_trained_on
 from speechperf.results.db import ResultsDB
 from speechperf.results.lock import LOCK_FILE, RunFolderBusy, RunLock
-from speechperf.results.request import TrainRequest
+from speechperf.train.request import TrainRequest
 from speechperf.results.run import Run
 
 
@@ -107,7 +107,7 @@ def _plan(request: TrainRequest, cfg: RunConfig, world: int,
                 raise SpeechperfError(f"--resume yes but {out} holds no run")
             if data is None:
                 raise ConfigError("train needs --data FEATS for a new run")
-            verify(data, cfg, world)  # a bad features folder fails before any file is written
+            verify_splits_of(data, cfg, world)  # a bad features folder fails before any file is written
             _accept(cfg, world, request.db_path, check_launch)
             return "fresh", str(data), None
         if mode == "no":
@@ -157,11 +157,7 @@ def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def verify(data: Path, cfg: RunConfig, world: int) -> dict:
-    """Every split the run reads (train, validation, final), verified (data/check.py: shards
-    against their checksums), and the feature statistics."""
+def verify_splits_of(data: Path, cfg: RunConfig, world: int) -> dict:
+    """The splits ``cfg`` trains and evaluates on, and its statistics (data/check.py's ``verify_run``)."""
     tc = cfg.train
-    if cfg.loader.normalize:  # the statistics every batch is normalized with, readable and sane
-        read_stats(data)
-    return verify_splits(data, parse_splits(tc.train_splits), tc.eval_split, parse_splits(tc.final_splits),
-                         None if cfg.loader.max_duration else cfg.loader.batch_size, world)
+    return verify_run(data, cfg.loader, tc.train_splits, tc.eval_split, tc.final_splits, world)

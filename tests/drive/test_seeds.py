@@ -1,4 +1,4 @@
-"""``train --seeds``: one run folder per seed, resumable as one command (studies/seeds.py)."""
+"""``train --seeds``: one run folder per seed, resumable as one command (drive/seeds.py)."""
 import json
 import os
 import signal
@@ -12,7 +12,7 @@ from speechperf.config import ConfigError
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
-from speechperf.studies.seeds import parse_seeds, refuse_seed_override
+from speechperf.drive.seeds import parse_seeds, refuse_seed_override
 from tests.conftest import cli, cli_argv
 
 TINY = ["--preset", "tiny", "threads=1"]
@@ -170,8 +170,8 @@ def test_seeds_with_a_run_folder_to_resume_is_refused(tmp_path, capsys):
 
 def test_seeds_with_a_label_continue_under_the_same_command(tiny_features, tmp_path):
     """A given --label gets " seed S" per seed; the same command again is the same label."""
-    from speechperf.results.request import TrainRequest
-    from speechperf.studies.seeds import train_seeds
+    from speechperf.train.request import TrainRequest
+    from speechperf.drive.seeds import train_seeds
 
     request = TrainRequest(preset="tiny", data=tiny_features, out=tmp_path / "o",
                            overrides=["threads=1", "max_epochs=1"], quiet=True, label="mine")

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 from speechperf.config import ConfigError
 from speechperf.errors import RunFailed, SpeechperfError
-from speechperf.results.request import TrainRequest
+from speechperf.train.request import TrainRequest
 
 SEED_KEYS = ("train.seed", "seed")  # how an override can name the seed (load_preset resolves a bare field)
 TRAINED = ("success", "time_cap", "max_epochs")  # a seed's run that trained to its end (cmd_train's exit 0)

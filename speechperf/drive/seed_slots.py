@@ -3,7 +3,7 @@
 A machine with several GPUs can time one seed per GPU, so that five seeds take the time of
 one. Each seed is its own process, the
 ordinary one-run ``speechperf train --out OUT/seed-S ... train.seed=S`` (the run folder, label
-and resume rules of studies/seeds.py's one after another), started with the slot's
+and resume rules of drive/seeds.py's one after another), started with the slot's
 device alone visible: ``CUDA_VISIBLE_DEVICES`` set to one of the GPUs this process sees. On a
 CPU the slots share the cores: each seed gets ``train.threads = cores // K`` unless the
 configuration names its threads (thread count changes the float sums, so it is recorded in
@@ -34,8 +34,8 @@ from typing import Callable, Sequence
 from speechperf.config import ConfigError, load_preset
 from speechperf.cpus import usable_cpus
 from speechperf.errors import RunFailed, SpeechperfError
-from speechperf.studies.seeds import check_seeds_command, seed_folder
-from speechperf.results.request import TrainRequest
+from speechperf.drive.seeds import check_seeds_command, seed_folder
+from speechperf.train.request import TrainRequest
 from speechperf.results.run import Run
 
 POLL_S = 0.2  # how often the seeds' processes are polled
@@ -100,7 +100,7 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, request: TrainRequ
                          **settings_kw) -> list[dict]:
     """Train the seeds of ``request`` (its ``out`` holding their folders) ``parallel`` at a time
     (:func:`slot_settings`); their summaries in seed order, as
-    :func:`speechperf.studies.seeds.train_seeds` returns them. ``folder(out, seed)``: the seed's
+    :func:`speechperf.drive.seeds.train_seeds` returns them. ``folder(out, seed)``: the seed's
     run folder (the demo has its own); ``command(seed, request)``: the argv of one seed's process
     (tests put a stand-in there)."""
     out = check_seeds_command(request.out, request.overrides)

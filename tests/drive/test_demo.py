@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speechperf import demo
+from speechperf.drive import demo
 from speechperf.config import load_preset, preset_names
 from speechperf.models import build_model
 from speechperf.results.workload import workload
@@ -81,7 +81,7 @@ def test_demo_seeds_layout_and_one_seed_line(tiny_features, monkeypatch, tmp_pat
     monkeypatch.setattr(demo, "_beam_sweep", lambda run, say: swept.append(run))  # Table 3: not what this tests
     out = tmp_path / "d"
     args = dict(preset="tiny", overrides=["threads=1", "max_epochs=1"])
-    # side by side (studies/seed_slots.py: each seed a `speechperf train` process) in the demo's layout
+    # side by side (drive/seed_slots.py: each seed a `speechperf train` process) in the demo's layout
     rows = demo.run_demo(out, seeds=(1, 2), parallel=2 if len(os.sched_getaffinity(0)) >= 2 else 1, **args)
     for folder, seed in (("run", 1), ("run-seed-2", 2)):
         assert json.loads((out / folder / "config.json").read_text())["train"]["seed"] == seed
@@ -113,7 +113,7 @@ def test_no_sweep_option_reaches_the_demo(monkeypatch):
     assert main(["demo", "--out", "x", "--json"]) == 0 and got["sweep"] is True
 
 
-GPU_DEMO = Path(__file__).parent / "benchmarks/fixtures/gpu_check/runs/demo/run"  # a recorded H200 demo run
+GPU_DEMO = Path(__file__).parents[1] / "benchmarks/fixtures/gpu_check/runs/demo/run"  # a recorded H200 demo run
 
 
 def _demo_rows(runs, targets="paper", epochs=3):

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from speechperf.bench.power import PowerMeter, energy_of, top_level
+from speechperf.telemetry.power import PowerMeter, energy_of, top_level
 from speechperf.telemetry.sample import Sample
 from speechperf.telemetry.sampler import Sampler, SamplerConfig
 

@@ -1,8 +1,8 @@
 """What one ``train`` command asks: the run folder, the features, the configuration's source.
 
 One frozen :class:`TrainRequest` carries a run's command line from the CLI (``cmd_train``)
-through the seeds commands (studies/seeds.py, studies/seed_slots.py) and the demo to the loop
-(train/loop.py) and the run folder's admission (results/admission.py), so each parameter is
+through the seeds commands (drive/seeds.py, drive/seed_slots.py) and the demo to the loop
+(train/loop.py) and the run folder's admission (train/admission.py), so each parameter is
 declared here once. Its ``out`` is the run folder from construction on (``--resume RUN``'s
 folder included), the one place that folder is derived.
 """
@@ -39,7 +39,7 @@ class TrainRequest:
     quiet: bool = False  # no progress bar or epoch lines
     platform: str | None = None  # the platform named on the command line (train --platform)
     label: str | None = None  # the label given (--label); None: derived from the machine and configuration
-    label_suffix: str = field(default="")  # appended to the label, given or derived (studies/seeds.py: " seed 2")
+    label_suffix: str = field(default="")  # appended to the label, given or derived (drive/seeds.py: " seed 2")
     # the finished run's check against its preset's reference, for summary.json's "convergence"
     # (studies/study.py's run_check, handed down by the command that trains: cmd_train, the demo,
     # the seeds commands); None: not checked (convergence null)
@@ -86,7 +86,7 @@ class TrainRequest:
         return f"{self.label or default_label(env, config)}{self.label_suffix}"
 
     def for_seed(self, seed: int, out: Path, extra: tuple[str, ...] = ()) -> "TrainRequest":
-        """Seed ``seed``'s run of a seeds command (studies/seeds.py): its own folder, ``extra``
+        """Seed ``seed``'s run of a seeds command (drive/seeds.py): its own folder, ``extra``
         overrides, ``train.seed=S`` last and the label suffix `` seed S``."""
         return replace(self, out=Path(out), overrides=(*self.overrides, *extra, f"train.seed={seed}"),
                        label_suffix=f" seed {seed}")
