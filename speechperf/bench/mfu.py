@@ -27,8 +27,8 @@ FLOPs per strided stage (tested).
 One formula of torch's own is replaced: torch 2.13 counts a grouped convolution's weight
 gradient as if every input channel fed every output channel (``groups`` ignored), which
 makes a depthwise convolution's backward ``channels`` times too large (a Conformer's
-training FLOPs were 2-27% too high). ``_conv_backward_flop`` divides that term by
-``groups``, as torch's later formula does.
+training FLOPs 2-27% too high; ledger: bench_mfu). ``_conv_backward_flop`` divides that term
+by ``groups``, as torch's later formula does.
 """
 from __future__ import annotations
 
