@@ -13,8 +13,8 @@ panel of Fig. 7, a column of ``train --seeds`` and ``parallel sweep``, a value o
 curves (a target metric), and what ``eval_accuracy`` in events.log and the live status line
 show when it is the run's ``train.target_metric``. Its interval comes from the per-utterance
 counts it names (``counts``: two fields of :class:`speechperf.scoring.error_rates.UtteranceErrors`,
-resampled by scoring/bootstrap.py). A row recorded before a metric existed has no value for
-it: readers show "not measured" (None, NA), never 0. The one default target metric is
+resampled by scoring/bootstrap.py). A row without a value of it (None: results/upgrade.py fills
+in a column recorded after the row) is shown "not measured" (None, NA), never 0. The one default target metric is
 :data:`DEFAULT_TARGET`. No other module spells a metric's name (tests/test_metric_names.py):
 code that means one metric names its declaration (:data:`WER`).
 
@@ -98,8 +98,8 @@ CER_PAPER = declare(Metric("cer_paper", "CER paper",
 SER = declare(Metric("ser", "SER", "utterances with any word error / utterances (Kaldi's %SER)", target=True,
                      counts=("sentence_errors", "sentences")))
 
-# The target metric where none is named: train.target_metric's default (and a run recorded before
-# that field), ``--metric`` of tta and report, the studies' and TTA functions' default.
+# The target metric where none is named: train.target_metric's default (results/upgrade.py's for a
+# run recorded without it), ``--metric`` of tta and report, the studies' and TTA functions' default.
 DEFAULT_TARGET: str = CER.name
 
 
@@ -140,12 +140,12 @@ def entry(clock_s: float, evaluation: dict) -> dict:
 
 def held(rows: list[dict], metrics=None) -> list[Metric]:
     """Of ``metrics`` (default: every declared one), those some row holds a value of: a metric
-    no run measured gets no column or panel (a run recorded before it existed shows none of it)."""
+    no run measured gets no column or panel (a run whose rows hold None shows none of it)."""
     return [m for m in (METRICS.values() if metrics is None else metrics)
             if any(r.get(m.name) is not None for r in rows)]
 
 
 def measured(rows: list[dict], name: str) -> bool:
-    """Whether ``rows`` (one run's evaluations) hold metric ``name``: a run recorded before it
-    existed did not measure it, which is neither 0 nor a target never reached."""
+    """Whether ``rows`` (one run's evaluations) hold metric ``name``: rows holding None did not
+    measure it, which is neither 0 nor a target never reached."""
     return any(r.get(name) is not None for r in rows)

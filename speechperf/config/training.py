@@ -113,9 +113,8 @@ class TrainConfig:
 
 
 def target_rule(train: dict) -> tuple[str, float, int]:
-    """A recorded run's stop rule from its config.json's ``train`` section: (target metric,
-    target: 0 for none, evaluations whose median must reach it), each field's default where an
-    older run's record lacks it. The readers of finished runs (study, sweep) share it."""
-    d = TrainConfig()
-    return (train.get("target_metric", d.target_metric), train.get("target", d.target),
-            train.get("target_epochs", d.target_epochs))
+    """A run's stop rule from its configuration's ``train`` section (a recorded one as ``Run.config``
+    reads it: results/upgrade.py fills in a field recorded after the run): (target metric, target:
+    0 for none, evaluations whose median must reach it). The readers of finished runs (study,
+    sweep) share it."""
+    return train["target_metric"], train["target"], train["target_epochs"]

@@ -9,9 +9,9 @@ the shard, with its records and SHA-256; only shards with it count as done, and
 ``SPLIT/index.json`` (all records) is written last, so a killed prepare never leaves a
 partial shard that is read as whole.
 
-Shards are byte-deterministic (numpy opens each zip entry by name, which stamps it
-1980-01-01, not the time of writing; a test keeps this true), so a shard rebuilt by
-``prepare`` after damage is identical to the original and matches the index's checksum.
+Shards are byte-deterministic (numpy opens each zip entry by name, which stamps it with
+the zip format's earliest time, in 1980, not the time of writing; a test keeps this true), so
+a shard rebuilt by ``prepare`` after damage is identical to the original and matches the index's checksum.
 """
 from __future__ import annotations
 

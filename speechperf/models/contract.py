@@ -98,9 +98,8 @@ def compiled(model: nn.Module, backend: str = "inductor") -> nn.Module:
     ModuleList: the conformer's 16) has each block compiled in place with dynamic shapes: dynamo
     traces the block's code once and every block reuses it (their parameters are the graph's
     inputs), and one graph of symbolic shapes serves every batch shape, so compilation costs one
-    block once, not the whole model at each new batch shape (whole-model compilation of the
-    ``conformer`` preset had not finished in 120 s on an H200; on a CPU, 16 blocks: 62.6 s then 1.4 s
-    for a second length, against 55.3 s then 71.1 s whole: docs/gpu.md). The model itself is
+    block once, not the whole model at each new batch shape (ledger: train.compile, gpu_check;
+    docs/gpu.md). The model itself is
     returned: its parameters keep their names. Other models: torch.compile of the whole model (a
     wrapper, the model its ``_orig_mod``). A submodule whose class sets ``eager_under_compile``
     runs eagerly between the graphs (the conformer's depthwise convolution)."""

@@ -16,15 +16,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from speechperf.errors import MachineFault, SpeechperfError
-from speechperf.results import schema
+from speechperf.results import schema, upgrade
 from speechperf.atomic import DiskFullError, disk_full
 
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transaction (several runs, one file)
-# Columns added after the first release: a database written by it gets them when opened for writing.
-# evals, beam_sweep: every declared metric's columns (speechperf/metric.py); those a database has are skipped.
-ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops", "comm_s", "comm_bytes", "data_s", "ckpt_s"),
-                 "evals": schema.EVALS_PARTS + tuple(schema.EVALS_DECODE) + tuple(schema.EVALS_METRICS),
-                 "samples": ("segment",), "beam_sweep": tuple(schema.EVALS_METRICS)}
 # The runs table of the first release: every database speechperf ever wrote has it (a writer
 # creates every table), so a file with tables but not these is another program's.
 FIRST_RUNS_COLUMNS = frozenset({"run_id", "kind", "preset", "seed", "platform", "out_dir", "config_json", "env_json",
@@ -60,8 +55,7 @@ class ResultsDB:
                 self._check_ours()  # before the first write: another program's file is left as it is
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 self.conn.executescript(schema.ALL)
-                for table, cols in ADDED_COLUMNS.items():
-                    self.add_missing_columns(table, cols)
+                upgrade.add_columns(self.conn)  # a database written before a column: results/upgrade.py
         except sqlite3.OperationalError as e:
             raise _write_fault(self.path, e) from e
         except sqlite3.DatabaseError as e:
@@ -101,17 +95,10 @@ class ResultsDB:
         """Create tables from idempotent DDL (every speechperf table exists already: schema.ALL)."""
         self.conn.executescript(ddl)
 
-    def add_missing_columns(self, table: str, columns: Iterable[str]) -> None:
-        """Add ``columns`` that a database written by an older release lacks."""
-        have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
-        for col in columns:
-            if col not in have:
-                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {col}")
-
     def has_table(self, name: str) -> bool:
-        """True when table ``name`` exists and holds rows: a database of this release has every
-        table from the start (an empty one: nothing recorded), one of an older release may
-        lack the newer tables."""
+        """True when table ``name`` exists and holds rows: a writer creates every table from the
+        start (an empty one: nothing recorded); a database written before a table was added lacks
+        it, which reads as nothing recorded."""
         if not self.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", [name]):
             return False
         return bool(self.query(f"SELECT 1 FROM {name} LIMIT 1"))

@@ -11,10 +11,9 @@ or moved to another machine and still opens there.
 - ``checkpoint.pt``: weights, optimizer, scheduler, scaler, RNG, data position, TTA clock
 - ``summary.json``: written once the run finished (its presence means: finished)
 
-Nothing recorded inside is trusted as an absolute path: the features folder is recorded
-as given, resolved and relative to the run folder, and used only where it exists (readers
-take ``--data FEATS`` to point elsewhere). A shared database (``--db``) receives the same
-rows as the run's own, for collecting many runs in one file; a reader opens the run's own.
+Nothing recorded inside is trusted as an absolute path: the features folder is recorded as
+given, resolved and relative to the run folder, used only where it exists (``--data FEATS``
+points elsewhere). A shared database (``--db``) receives the same rows; a reader opens the run's.
 """
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
+from speechperf.results import upgrade
 from speechperf.results.db import ResultsDB
 from speechperf.results.labels import default_label
 from speechperf.results.layout import (APPEND_LOGS, CONFIG_FILE, DB_FILE, ENV_FILE, EVENTS_FILE, JSON_FILES, RUN_FILE,
@@ -86,7 +86,7 @@ class Run:
 
     def _register(self, started_at: float | None = None) -> None:
         """The run's row (status running) in every database it writes."""
-        config, env = self.config, self.env
+        config, env = self._json(CONFIG_FILE), self.env  # the file as written
         self.upsert("runs", {"run_id": self.run_id, "kind": self.kind, "preset": config.get("preset"),
                              "seed": config.get("train", {}).get("seed", config.get("seed")),
                              "platform": env.get("platform") or env.get("cpu_model"),
@@ -181,7 +181,7 @@ class Run:
 
     @property
     def config(self) -> dict:
-        return self._json(CONFIG_FILE)
+        return upgrade.config(self._json(CONFIG_FILE))  # with the fields recorded since the run (results/upgrade.py)
 
     @property
     def env(self) -> dict:
@@ -264,6 +264,11 @@ class Run:
     def query(self, sql: str, params=()) -> list[dict]:
         return self.db.query(sql, params)
 
+    def _rows(self, table: str, where: str, params=()) -> list[dict]:
+        """This run's rows of ``table`` with every column recorded since (results/upgrade.py)."""
+        found = self.query(f"SELECT * FROM {table} WHERE run_id = ? {where}", [self.run_id, *params])
+        return upgrade.rows(table, found)
+
     def add_iteration(self, row: dict) -> None:
         """Buffer a training iteration's row; written at the next ``flush`` (every checkpoint)."""
         self._pending.append({"run_id": self.run_id, **row})
@@ -283,7 +288,7 @@ class Run:
         self.execute("DELETE FROM samples WHERE run_id = ? AND t > ?", [self.run_id, progress.clock_s])
 
     def row(self) -> dict:
-        rows = self.query("SELECT * FROM runs WHERE run_id = ?", [self.run_id])
+        rows = self._rows("runs", "")
         if not rows:
             raise RunError(f"run {self.run_id!r} ({self.folder}) is not in {self.db_path}: its rows are missing")
         return rows[0]
@@ -293,25 +298,18 @@ class Run:
 
     def evals(self, final: bool = False) -> list[dict]:
         """Per-epoch validation rows in epoch order, or the final evaluations (every split)."""
-        if final:
-            return self.query("SELECT * FROM evals WHERE run_id = ? AND final = 1 ORDER BY split, decoder, beam",
-                              [self.run_id])
-        return self.query("SELECT * FROM evals WHERE run_id = ? AND final = 0 AND split = ? ORDER BY epoch",
-                          [self.run_id, self.eval_split()])
+        where = "AND final = 1 ORDER BY split, decoder, beam" if final else "AND final = 0 AND split = ? ORDER BY epoch"
+        return self._rows("evals", where, [] if final else [self.eval_split()])
 
     def iterations(self) -> list[dict]:
-        return self.query("SELECT * FROM iterations WHERE run_id = ? ORDER BY iteration", [self.run_id])
+        return self._rows("iterations", "ORDER BY iteration")
 
     def samples(self) -> list[dict]:
-        """Every stored sample (t on the TTA clock) with its ``segment`` (the process that sampled
-        it; None in rows of older runs, whose databases may lack the column)."""
-        return [{"segment": None, **r} for r in self.query("SELECT * FROM samples WHERE run_id = ? ORDER BY t",
-                                                              [self.run_id])]
+        """Every stored sample (t on the TTA clock) with its ``segment`` (the process that sampled it)."""
+        return self._rows("samples", "ORDER BY t")
 
     def beam_sweep(self) -> list[dict]:
-        if not self.db.has_table("beam_sweep"):
-            return []
-        return self.query("SELECT * FROM beam_sweep WHERE run_id = ? ORDER BY decoder, beam", [self.run_id])
+        return self._rows("beam_sweep", "ORDER BY decoder, beam") if self.db.has_table("beam_sweep") else []
 
     # ---- logs -----------------------------------------------------------------------------
     def events(self):

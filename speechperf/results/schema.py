@@ -3,8 +3,8 @@
 A run folder's own ``results.db`` and a shared collection database (``--db``) have the same
 schema: :class:`speechperf.results.ResultsDB` creates every table when it opens a file for
 writing, so a reader never meets a database without the table it asks for (a database
-written by an older release may still lack the newer tables: readers check ``has_table``).
-Columns are only ever added (``ResultsDB.add_missing_columns``), never renamed.
+written before a table was added lacks it: readers check ``has_table``).
+Columns are only ever added (results/upgrade.py's ``ADDED_COLUMNS``), never renamed.
 """
 from __future__ import annotations
 
@@ -33,17 +33,17 @@ CREATE TABLE IF NOT EXISTS iterations (
     loss REAL, batch_size INTEGER, frames INTEGER, audio_s REAL,
     step_s REAL, utts_per_s REAL, audio_s_per_s REAL,
     model_flops REAL,             -- the batch's training FLOPs, valid frames only (telemetry/mfu.py)
-    comm_s REAL,                  -- rank 0's communication seconds in the step (speechperf/algorithms; NULL: older runs)
+    comm_s REAL,                  -- rank 0's communication seconds in the step (speechperf/algorithms; NULL: results/upgrade.py)
     comm_bytes INTEGER,           -- bytes rank 0 sent in the step (an all-reduce counted once)
-    data_s REAL,                  -- of step_s, seconds waiting for the loader's batch (NULL: older runs)
+    data_s REAL,                  -- of step_s, seconds waiting for the loader's batch (NULL: upgrade.py)
     ckpt_s REAL,                  -- seconds writing checkpoints since the previous row: inside step_s, but for an
-                                  -- epoch's first row (those at the epoch's end) (NULL: older runs)
+                                  -- epoch's first row (those at the epoch's end) (NULL: upgrade.py)
     PRIMARY KEY (run_id, iteration)
 );
 """
 
 # The metric columns of evals: one per declared metric and its interval's ends (speechperf/metric.py);
-# a database written before a metric existed gets its columns when opened for writing (db.py), NULL
+# a database written before a metric existed gets its columns as results/upgrade.py adds them, NULL
 # in its older rows.
 EVALS_METRICS = metric.columns()
 # An evaluation's seconds by part (train/evaluate.py): the pass over the batches (loading, forward,
@@ -58,7 +58,7 @@ CREATE TABLE IF NOT EXISTS evals (
     clock_s REAL,                 -- TTA clock when the evaluation finished
     eval_s REAL,                  -- seconds the evaluation took (not training time)
     {", ".join(f"{c} REAL" for c in EVALS_PARTS)},  -- its parts (EVALS_PARTS)
-    {", ".join(f"{c} {t}" for c, t in EVALS_DECODE.items())},  -- its decodes (EVALS_DECODE; NULL: older runs)
+    {", ".join(f"{c} {t}" for c, t in EVALS_DECODE.items())},  -- its decodes (EVALS_DECODE; NULL: upgrade.py)
     loss REAL, n_utts INTEGER,
     final INTEGER DEFAULT 0,      -- 1 for the final evaluation after training
     {", ".join(f"{c} REAL" for c in EVALS_METRICS)},
@@ -71,13 +71,13 @@ CREATE TABLE IF NOT EXISTS samples (
     run_id TEXT, t REAL, source TEXT, metric TEXT, value REAL,
     segment REAL                  -- unix time the stretch of the TTA clock began (a process's sampler start, or the
                                   -- end of time kept off the clock): counters are differenced only within one
-                                  -- (telemetry/energy.py); NULL in rows of older runs
+                                  -- (telemetry/energy.py); NULL: results/upgrade.py
 );
 CREATE INDEX IF NOT EXISTS samples_run ON samples (run_id, source, metric);
 """
 
 # beam_sweep holds the same metric columns as evals (a database written before a metric existed
-# gets them when opened for writing, NULL in its older rows).
+# gets them as results/upgrade.py adds them, NULL in its older rows).
 BEAM_SWEEP = f"""
 CREATE TABLE IF NOT EXISTS beam_sweep (
     run_id TEXT, split TEXT, decoder TEXT, beam INTEGER,

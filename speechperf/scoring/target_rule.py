@@ -22,7 +22,7 @@ def tta_minutes(evals: Sequence[tuple[float, float]], target: float, epochs: int
 def epochs_to_target(evals: Sequence[tuple[float, float]], target: float, epochs: int = 3) -> int | None:
     """How many evaluations (epochs) it took until the TTA rule first held: TTA is the clock at
     that evaluation (:func:`tta_minutes`); None when never. The recipe's factor of TTA. An
-    error of None (an epoch that did not measure the metric: recorded before it existed) counts
+    error of None (an epoch that did not measure the metric: results/upgrade.py) counts
     as infinite: the rule then holds only where it holds whatever that error was."""
     if epochs < 1:
         raise SpeechperfError(f"epochs must be >= 1, got {epochs}")

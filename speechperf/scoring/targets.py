@@ -3,7 +3,7 @@ check of explicit ones.
 
 A named set's numbers were set for one benchmark protocol's workload (its data, features,
 outputs, model, recipe and decoding); it is applied only to runs that record that protocol
-(``train.protocol`` in the run's config.json; runs recorded before the field: speechperf's):
+(``train.protocol`` in the run's config.json, filled in by results/upgrade.py where it is missing):
 
 - ``paper`` (protocol ``speechperf``): the DS2 paper's targets on real LibriSpeech
   dev-clean (docs/spec.md D), CER 10/8/7 and WER 22/20.2/19.2. speechperf applies them as
@@ -59,10 +59,9 @@ ALGOPERF_DIFFERS = {
 
 
 def run_protocol(config: dict) -> str:
-    """The protocol a run's recorded configuration declares (``train.protocol``); a run
-    recorded before the field existed followed speechperf's."""
-    train = config.get("train")
-    return train.get("protocol", SPEECHPERF) if isinstance(train, dict) else SPEECHPERF
+    """The protocol a run's recorded configuration declares (``train.protocol``, as ``Run.config``
+    reads it: results/upgrade.py fills it in for a run recorded before the field)."""
+    return config["train"]["protocol"]
 
 
 class TargetError(SpeechperfError):

@@ -63,7 +63,7 @@ def decoding(evals: list[dict], until_s: float) -> dict | None:
     ``threads`` (the most any used), ``frames per thread-s`` (valid frames per second inside the
     decoder: the decode's rate, to set against an idle host's) and ``core share %`` (CPU seconds
     over thread-seconds: under 100 the decode threads waited for cores or the GIL, the host's
-    other work beside them). None where a row lacks them (rows of an older release)."""
+    other work beside them). None where a row holds None there (results/upgrade.py)."""
     evs = [e for e in evals if e["clock_s"] <= until_s + 1e-6 and not e.get("final")]  # the per-epoch ones
     if not evs or any(e.get("decode_busy_s") is None or e.get("decode_cpu_s") is None for e in evs):
         return None

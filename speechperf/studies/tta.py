@@ -65,7 +65,7 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
     for run, label, wl in members:
         targets = spec.require(metric, wl["model"])
         rows_of_epochs = epoch_rows(run)
-        if rows_of_epochs and not measured(rows_of_epochs, metric):  # recorded before the metric existed
+        if rows_of_epochs and not measured(rows_of_epochs, metric):  # None in every row: results/upgrade.py
             raise SpeechperfError(f"run {label!r} did not measure {metric_of(metric).label} (its evaluations were "
                                   f"recorded before speechperf did): no TTA of it; choose another --metric")
         evals = [(e["clock_s"], e[metric]) for e in rows_of_epochs]
@@ -127,7 +127,7 @@ def until_s(evals: list[dict], minutes: float | None) -> float | None:
 
 def at_target(row: dict | None, metric: str) -> dict:
     """The evaluation at which the target was declared: its error and 95% interval over the
-    validation utterances (scoring/bootstrap.py; None in rows recorded before it, or when the
+    validation utterances (scoring/bootstrap.py; None where the row holds none, or when the
     target was never reached). A target crossed inside that interval is crossed by the
     validation set's resolution as much as by the model."""
     row = row or {}

@@ -41,7 +41,7 @@ def shared(samples: list[dict], threads: int | None, cpus: int | None, until: fl
     """Whether the run whose ``samples`` (rows with ``t``, ``source``, ``metric``, ``value``; t on the
     TTA clock, each the end of its second) these are shared its machine, up to ``until`` s (None:
     all): ``{"shared", "contended %", "others % mean", "samples", "first s", "last s", "threads",
-    "cpus"}``; None where the run recorded no others' share (an older run) or its threads or CPUs."""
+    "cpus"}``; None where the run holds no others' share samples, or no threads or CPUs."""
     xs = sorted(((s["t"], s["value"]) for s in samples if s["source"] == "cpu" and s["metric"] == METRIC),
                 key=lambda x: x[0])
     if until is not None:  # the sample whose span holds ``until`` counts for the part before it

@@ -27,8 +27,8 @@ FLOPs per strided stage (tested).
 One formula of torch's own is replaced: torch 2.13 counts a grouped convolution's weight
 gradient as if every input channel fed every output channel (``groups`` ignored), which
 makes a depthwise convolution's backward ``channels`` times too large (a Conformer's
-training FLOPs were 2-27% too high). ``_conv_backward_flop`` divides that term by
-``groups``, as torch's later formula does.
+training FLOPs 2-27% too high; ledger: bench_mfu). ``_conv_backward_flop`` divides that term
+by ``groups``, as torch's later formula does.
 """
 from __future__ import annotations
 
@@ -232,8 +232,8 @@ class RunFlops:
 
 def steps_achieved(iterations: list[dict], peak_tflops: float | None) -> dict:
     """MFU over a run's iteration rows: their ``model_flops`` over their ``step_s`` against
-    ``peak_tflops`` (:func:`achieved`), with the FLOPs per step and the steps counted. Rows of an
-    older release, without ``model_flops``, are left out of both the FLOPs and the seconds. What
+    ``peak_tflops`` (:func:`achieved`), with the FLOPs per step and the steps counted. Rows
+    without ``model_flops`` (None: results/upgrade.py) are left out of both the FLOPs and the seconds. What
     a finished run's summary holds; a run stopped before its summary's MFU is read the same way."""
     counted = [r for r in iterations if r.get("model_flops") is not None and r.get("step_s")]
     flops = sum(r["model_flops"] for r in counted)
@@ -244,7 +244,7 @@ def steps_achieved(iterations: list[dict], peak_tflops: float | None) -> dict:
 
 def mfu_columns(summary: dict) -> dict:
     """A run's table columns: achieved TFLOPS and MFU over its training steps and the peak
-    behind the MFU, from its summary.json (None for a run recorded before MFU was)."""
+    behind the MFU, from its summary.json (None where it holds none)."""
     mfu, note = summary.get("mfu_pct"), summary.get("mfu_note")
     if mfu is not None and mfu > 100.0:  # a summary written before the check: the same verdict
         mfu, note = None, above_peak(summary["tflops"], summary["peak_tflops"])

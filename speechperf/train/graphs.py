@@ -2,8 +2,8 @@
 
 Why: the `gpu` preset's step is set by the host's kernel launches, not by the GPU. cuDNN's
 LSTM launches its kernels per time step per layer: 6,304 launches a step, ~38 ms of kernels
-in a 77 ms step on an H200 whose host launches one per 12 us (docs/gpu.md), so the GPU was
-busy 46% of the training phases. A CUDA graph replays a captured pass's kernels with one
+in a 77 ms step on an H200 whose host launches one per 12 us, so the GPU is busy under half of
+the training phases (ledger: bench_step_profile, gpu_check; docs/gpu.md). A CUDA graph replays a captured pass's kernels with one
 launch from the host.
 
 How: a graph replays fixed shapes, and the loader's length-bucketed batches vary in

@@ -7,10 +7,12 @@ import sqlite3
 import pytest
 
 from speechperf.cli import main
+from speechperf.metric import DEFAULT_TARGET
 from speechperf.studies import rcp, study
 from speechperf.results.run import Run
 
-CONFIG = {"preset": "tiny", "model": {"name": "ds2"}, "train": {"seed": 1, "eval_split": "dev-clean"}}
+CONFIG = {"preset": "tiny", "model": {"name": "ds2"}, "train": {"seed": 1, "eval_split": "dev-clean", "target_metric": DEFAULT_TARGET,
+                                                            "target": 0.0, "target_epochs": 3}}
 ENV = {"cpu_model": "Test CPU", "cpu_cores_logical": 2, "gpus": []}
 DEEP = "[" * 10_000 + "]" * 10_000  # deeper than Python's recursion limit: json.loads raises RecursionError
 

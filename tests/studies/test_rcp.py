@@ -3,11 +3,13 @@ import json
 
 import pytest
 
+from speechperf.metric import DEFAULT_TARGET
 from speechperf.studies import rcp, study
 from speechperf.studies.aggregate import SeedRun, aggregate
 
 CORPUS = {"train_utterances": 100, "eval_utterances": 10}
-CONFIG = {"preset": "refd", "model": {"name": "ds2"}, "train": {"seed": 1, "lr": 0.001, "threads": 1}}
+CONFIG = {"preset": "refd", "model": {"name": "ds2"},
+          "train": {"seed": 1, "lr": 0.001, "threads": 1, "target_metric": DEFAULT_TARGET, "target": 0.0, "target_epochs": 3}}
 
 
 @pytest.fixture

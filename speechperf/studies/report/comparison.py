@@ -43,7 +43,7 @@ def time_rows(runs: list[dict], target: float = 10.0) -> list[dict]:
     last evaluation where it never reached the target; seconds and the parts' shares; and how
     busy its accelerator was over that time, in its training phases and its evaluations
     (studies/busy.py: ``busy`` in short, ``busy ...`` each figure); how its evaluations decoded
-    (``decode ...``: threads, rate, the share of a core they had; empty for rows of older runs); and
+    (``decode ...``: threads, rate, the share of a core they had; empty where the rows hold none); and
     its step against its floor where it measured one after training (train/floor.py)."""
     rows = []
     for r in runs:

@@ -25,7 +25,7 @@ from speechperf.telemetry.sample import achieved_periods  # noqa: E402
 def loss_and_accuracy(runs: list[dict], path: Path, targets: Targets = Targets()) -> tuple[Path | None, str]:
     """Fig. 7: training loss (Gaussian-smoothed, sigma 10) and, a panel each, the per-epoch metrics
     the runs hold (speechperf/metric.py: validation CER, WER, ...) over time, log y; dotted: the
-    ``targets`` of the runs' models. A run without a metric (recorded before it) has no line there."""
+    ``targets`` of the runs' models. A run without a metric (None in its rows) has no line there."""
     if not any(r["iterations"] for r in runs):
         return None, "no training iterations recorded"
     shown = held([e for r in runs for e in r["evals"]], per_epoch()) or per_epoch()[:1]
