@@ -87,6 +87,21 @@ def load(name: str) -> Platform:
     facts = load_platform(name).get("platform")
     if not isinstance(facts, dict):
         raise ConfigError(f"{where}: no [platform] section")
+    lists = _check_fields(where, facts)
+    dates, sources = _dated_sources(where, facts, is_file, name)
+    prices = {k: float(facts[k]) for k in PRICE_KEYS if facts.get(k) is not None}
+    hourly = "usd_per_hour" in prices
+    peaks = _peaks(where, facts, is_file, name)
+    return Platform(key=name, name=facts["name"], devices=facts["devices"], gpus=facts.get("gpus", 0),
+                    per_gpu=facts.get("per_gpu", False),
+                    price_date=facts.get("price_date"), price_source=sources["purchase"],
+                    hourly_date=dates["hourly"] if hourly else None, hourly_source=sources["hourly"] if hourly else None,
+                    note=facts.get("note"), source="file" if is_file else "preset", **lists, **prices, **peaks)
+
+
+def _check_fields(where: str, facts: dict) -> dict[str, tuple[str, ...]]:
+    """Every field's type and range (refused naming the profile and the field); returns the
+    profile's lists (gpu_names, instance_types) as tuples."""
     fields = {f.name for f in dataclasses.fields(Platform)} - {"key", "source"}
     unknown = set(facts) - fields
     if unknown:
@@ -117,6 +132,12 @@ def load(name: str) -> Platform:
     for key in ("price_date", "price_source", "hourly_date", "hourly_source", "note", "peak_date", "peak_source"):
         if facts.get(key) is not None and (not isinstance(facts[key], str) or not facts[key].strip()):
             _fail(where, f"{key} must be a non-empty string")
+    return lists
+
+
+def _dated_sources(where: str, facts: dict, is_file: bool, name: str) -> tuple[dict, dict]:
+    """The purchase and hourly prices' dates and sources: a price needs both (a user file's
+    source defaults to the file)."""
     dates = {"purchase": facts.get("price_date"),
              # a user file of the older form dates its hourly rate with price_date
              "hourly": facts.get("hourly_date") or (facts.get("price_date") if is_file else None)}
@@ -133,13 +154,7 @@ def load(name: str) -> Platform:
             if not is_file:
                 _fail(where, f"has {WHAT[kind]} but no {source_key} (who quoted it?)")
             sources[kind] = f"user file {name}"
-    prices = {k: float(facts[k]) for k in PRICE_KEYS if facts.get(k) is not None}
-    hourly = "usd_per_hour" in prices
-    peaks = _peaks(where, facts, is_file, name)
-    return Platform(key=name, name=facts["name"], devices=facts["devices"], gpus=gpus, per_gpu=per_gpu,
-                    price_date=facts.get("price_date"), price_source=sources["purchase"],
-                    hourly_date=dates["hourly"] if hourly else None, hourly_source=sources["hourly"] if hourly else None,
-                    note=facts.get("note"), source="file" if is_file else "preset", **lists, **prices, **peaks)
+    return dates, sources
 
 
 def _peaks(where: str, facts: dict, is_file: bool, name: str) -> dict:
