@@ -6,6 +6,7 @@ code (its names, those of the functions and fixtures it uses) and marks it. Unde
 test that starts a process anyway fails, naming itself, so the marking cannot rot silently."""
 from __future__ import annotations
 
+import platform
 import subprocess
 import types
 from pathlib import Path
@@ -111,5 +112,9 @@ def refuse_processes(monkeypatch, nodeid: str) -> None:
 
     import speechperf.train.loop as loop
 
+    # Python's platform module runs `uname -p` once per process, the first time anything asks
+    # (capture_env's platform.platform()): asked here, before the net, it is no test's process
+    # (otherwise whichever fast test first records an environment failed when run alone)
+    platform.processor()
     monkeypatch.setattr(subprocess.Popen, "__init__", refused("starts a process"))
     monkeypatch.setattr(loop, "_train", refused("trains a whole run"))
