@@ -37,6 +37,9 @@ SUITE = {
     "mfu": "bench_mfu",
     "resident": "bench_resident",
     "convergence": "bench_convergence",
+    "paper_vs_modern": "bench_paper_vs_modern",
+    "workloads": "bench_workloads",
+    "graph_shapes": "bench_graph_shapes",
 }
 
 
@@ -119,7 +122,7 @@ def run_one(name: str, options: list[str], a, work: Path, machine: dict) -> dict
     print(f"{name}: {mod.RATIO} = {ratio} (reference: {mod.REFERENCE})", flush=True)
     if not a.no_ledger:
         command = shlex.join(["python", "benchmarks/run.py", name, *placeholders(options)])
-        _ledger.append(_ledger.entry(name, command, {**figures, "versions": machine}, machine["name"]), a.ledger)
+        _ledger.append(_ledger.entry(SUITE[name], command, {**figures, "versions": machine}, machine["name"]), a.ledger)
     return figures
 
 
@@ -131,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         print(listing())
         return 0
     names = list(SUITE) if a.all else a.names
+    if not names and rest and not rest[0].startswith("-"):
+        p.error(f"invalid choice: {rest[0]!r} (choose from {', '.join(SUITE)})")
     if not names:
         p.error("name a benchmark (--list names them) or give --all")
     data_only = rest == [] or (len(rest) == 2 and rest[0] == "--data") or (len(rest) == 1 and rest[0].startswith("--data="))

@@ -112,7 +112,7 @@ def test_the_benchmark_on_this_cpu(tiny_features, tmp_path, capsys):
     loop = got["phases"]["loop step"]  # the same step from a running loader: its ops, the reads between
     assert loop["row"]["unprofiled ms"] > 0 and "aten::_ctc_loss" in [r["op"] for r in loop["host ops"]]
     line = json.loads(ledger.read_text())  # the ledger's line: the ratio printed, the command given
-    assert line["benchmark"] == "step_profile" and line["command"].startswith("python benchmarks/run.py step_profile --data FEATS --preset tiny ")
+    assert line["benchmark"] == "bench_step_profile" and line["command"].startswith("python benchmarks/run.py step_profile --data FEATS --preset tiny ")
     assert line["figures"]["ratio"] == loop["row"]["unprofiled ms"] / train["row"]["unprofiled ms"]
     assert line["figures"]["tiny"]["train step"]["ms"] == train["row"]["unprofiled ms"] and line["machine"]
 
