@@ -36,11 +36,6 @@ def measure(fn, repeats: int = 5, warmup: int = 1, device=None) -> dict:
     return spread(ts)
 
 
-def show(name: str, m: dict, unit: str = "s") -> str:
-    return (f"{name}: median {m['median']:.4f} {unit} (min {m['min']:.4f}, max {m['max']:.4f}, "
-            f"spread {m['spread_pct']:.1f}%)")
-
-
 def machine() -> dict:
     """The machine in the package's words (telemetry.machine's rules over capture_env) and the
     versions that move figures: python, torch, CUDA."""

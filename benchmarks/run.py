@@ -111,7 +111,8 @@ def listing() -> str:
 
 def run_one(name: str, options: list[str], a, work: Path, machine: dict) -> dict:
     """One benchmark: its options parsed, features made where it needs them and has none, its
-    figures measured, its ratio printed and its ledger line appended."""
+    figures measured, its ratio printed and its ledger line appended (``machine`` filled once,
+    after the first measurement: its probes stay off the benchmarks' timed calls)."""
     mod = importlib.import_module(SUITE[name])
     b = bench_parser(name, mod).parse_intermixed_args(options)
     if mod.DATA and b.data is None:
@@ -121,6 +122,8 @@ def run_one(name: str, options: list[str], a, work: Path, machine: dict) -> dict
     ratio = "n/a" if figures["ratio"] is None else f"{figures['ratio']:.3f}"  # a measurement without one
     print(f"{name}: {mod.RATIO} = {ratio} (reference: {mod.REFERENCE})", flush=True)
     if not a.no_ledger:
+        if not machine:
+            machine.update(_timing.machine())
         command = shlex.join(["python", "benchmarks/run.py", name, *placeholders(options)])
         _ledger.append(_ledger.entry(SUITE[name], command, {**figures, "versions": machine}, machine["name"]), a.ledger)
     return figures
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     data_only = rest == [] or (len(rest) == 2 and rest[0] == "--data") or (len(rest) == 1 and rest[0].startswith("--data="))
     if len(names) > 1 and not data_only:
         p.error("options after several names: only --data FEATS (one benchmark takes its own)")
-    machine = _timing.machine()
+    machine: dict = {}
     with tempfile.TemporaryDirectory(prefix="speechperf-bench-") as tmp:
         for name in names:
             try:

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 runner = importlib.import_module("run")
 ledger = importlib.import_module("_ledger")
+timing = importlib.import_module("_timing")
 
 
 def test_every_benchmark_names_its_goal_in_a_doc_that_exists(capsys):
@@ -34,7 +35,7 @@ def test_the_benchmarks_the_docs_and_messages_cite_are_registered():
     for path in [*ROOT.glob("docs/*.md"), ROOT / "README.md", ROOT / "DEVELOPING.md", *ROOT.glob("speechperf/**/*.py"),
                  ROOT / "benchmarks" / "gpu_check.sh"]:
         text = path.read_text()
-        cited |= set(re.findall(r"benchmarks/run\.py (\w+)", text)) | set(re.findall(r"`run\.py (\w+)", text))
+        cited |= set(re.findall(r"benchmarks/run\.py ([a-z_]+)", text)) | set(re.findall(r"`run\.py ([a-z_]+)", text))
         assert not re.search(r"benchmarks/bench_\w+\.py", text) or path.suffix == ".md", path  # code runs the runner
     assert cited and cited <= set(runner.SUITE), cited - set(runner.SUITE)
 
@@ -67,6 +68,14 @@ def test_the_ledger_keeps_features_by_name_and_refuses_a_partial_line(tmp_path):
         ledger.append(ledger.entry("b", "cmd", {"n": n}, "m"), tmp_path / "l.jsonl")
     assert ledger.latest("b", tmp_path / "l.jsonl")["figures"] == {"n": 2} and ledger.latest("c", tmp_path / "l.jsonl") is None
     assert ledger.commit() is None or re.fullmatch(r"[0-9a-f]{7,}", ledger.commit())
+
+
+def test_the_shared_timing_warms_up_then_times_each_call():
+    calls = []
+    m = timing.measure(lambda: calls.append(1), repeats=3, warmup=2, device="cpu")
+    assert len(calls) == 5 and m["min"] <= m["median"] <= m["max"]
+    assert timing.spread([1.0, 2.0, 4.0]) == {"median": 2.0, "min": 1.0, "max": 4.0, "spread_pct": 150.0}
+    assert set(timing.machine()) == {"name", "hardware", "python", "torch", "cuda"}
 
 
 def test_the_shipped_ledger_has_whole_lines():
