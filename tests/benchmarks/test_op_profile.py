@@ -12,6 +12,8 @@ import pytest
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
+from tests.conftest import run_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 spec = importlib.util.spec_from_file_location("_op_profile", ROOT / "benchmarks" / "_op_profile.py")
@@ -92,11 +94,9 @@ def test_a_sync_outside_every_aten_op_and_a_cpu_trace():
 
 
 def test_the_benchmark_on_this_cpu(tiny_features, tmp_path, capsys):
-    runner = importlib.import_module("run")
     ledger = tmp_path / "ledger.jsonl"
-    assert runner.main(["--ledger", str(ledger), "step_profile", "--data", str(tiny_features), "--preset", "tiny",
-                        "--device", "cpu", "--steps", "1", "--warmup", "1", "--json", "--trace", str(tmp_path / "t"),
-                        "train.threads=1"]) == 0
+    assert run_benchmark("--ledger", ledger, "step_profile", "--data", tiny_features, "--preset", "tiny", "--device", "cpu",
+                         "--steps", "1", "--warmup", "1", "--json", "--trace", tmp_path / "t", "train.threads=1") == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.jsonl", "t-tiny-evaluation.json",
                                                           "t-tiny-loop_step.json", "t-tiny-train_step.json"]
     header, *out, ratio = capsys.readouterr().out.strip().split("\n")  # the goal, the JSON, the ratio

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 runner = importlib.import_module("run")
@@ -43,7 +45,7 @@ def test_the_benchmarks_the_docs_and_messages_cite_are_registered():
 def test_a_run_prints_its_ratio_and_appends_its_line(tmp_path, capsys):
     path = tmp_path / "ledger.jsonl"
     path.write_text('{"a line": "from before"}\n')
-    assert runner.main(["graph_shapes", "--ledger", str(path), "--epochs", "1", "--grids", "64x32"]) == 0
+    assert run_benchmark("graph_shapes", "--ledger", path, "--epochs", "1", "--grids", "64x32") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("== graph_shapes: docs/gpu.md: ")
     ratio = re.fullmatch(r"graph_shapes: shapes at the coarsest grid given / at 16x8 = ([\d.]+) \(reference: .*\)", out[-1])
@@ -55,7 +57,9 @@ def test_a_run_prints_its_ratio_and_appends_its_line(tmp_path, capsys):
     assert ratio and float(ratio.group(1)) == pytest.approx(line["figures"]["ratio"], abs=1e-3)
     assert 0 < line["figures"]["ratio"] < 1  # a coarser grid: fewer shapes
     assert [r["grid frames x utterances"] for r in line["figures"]["rows"]] == ["16x8", "64x32"]
-    assert line["machine"] and line["figures"]["versions"]["torch"] and re.fullmatch(r"\d{4}-\d\d-\d\dT.*Z", line["date"])
+    assert set(line["figures"]["versions"]) == {"name", "hardware", "python", "torch", "cuda"}  # _timing.machine()
+    assert line["machine"] == line["figures"]["versions"]["name"] and re.fullmatch(r"\d{4}-\d\d-\d\dT.*Z", line["date"])
+    assert line["commit"] is None or re.fullmatch(r"[0-9a-f]{7,}", line["commit"])  # git's, where there is a checkout
 
 
 def test_the_ledger_keeps_features_by_name_and_refuses_a_partial_line(tmp_path):
@@ -65,9 +69,9 @@ def test_the_ledger_keeps_features_by_name_and_refuses_a_partial_line(tmp_path):
         ledger.append({k: None for k in ledger.KEYS if k != "figures"}, tmp_path / "l.jsonl")
     assert not (tmp_path / "l.jsonl").exists()
     for n in (1, 2):
-        ledger.append(ledger.entry("b", "cmd", {"n": n}, "m"), tmp_path / "l.jsonl")
+        ledger.append({"date": "d", "commit": None, "machine": "m", "command": "c", "benchmark": "b", "figures": {"n": n}},
+                      tmp_path / "l.jsonl")
     assert ledger.latest("b", tmp_path / "l.jsonl")["figures"] == {"n": 2} and ledger.latest("c", tmp_path / "l.jsonl") is None
-    assert ledger.commit() is None or re.fullmatch(r"[0-9a-f]{7,}", ledger.commit())
 
 
 def test_the_shared_timing_warms_up_then_times_each_call():
@@ -75,7 +79,6 @@ def test_the_shared_timing_warms_up_then_times_each_call():
     m = timing.measure(lambda: calls.append(1), repeats=3, warmup=2, device="cpu")
     assert len(calls) == 5 and m["min"] <= m["median"] <= m["max"]
     assert timing.spread([1.0, 2.0, 4.0]) == {"median": 2.0, "min": 1.0, "max": 4.0, "spread_pct": 150.0}
-    assert set(timing.machine()) == {"name", "hardware", "python", "torch", "cuda"}
 
 
 def test_the_shipped_ledger_has_whole_lines():
