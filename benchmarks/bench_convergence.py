@@ -2,11 +2,14 @@
 minutes to its target per seed and the aggregate, and (``--write``) store them as the
 preset's reference in ``speechperf/config/rcp/PRESET.json`` (speechperf/studies/rcp.py).
 
-    python benchmarks/bench_convergence.py tiny --seeds 5 --target 38 --set train.max_epochs=10 \\
+    python benchmarks/run.py convergence tiny --seeds 5 --target 38 --set train.max_epochs=10 \\
         --threads 1 --data FEATS --write
-    python benchmarks/bench_convergence.py cpu --seeds 6-10 --isa avx2 --data FEATS --write   # a later batch
-    python benchmarks/bench_convergence.py cpu --seeds 3 --threads 1 --past-target --data FEATS  # and the floor
-    python benchmarks/bench_convergence.py cpu --seeds 5 --curves 2 --data FEATS --write  # the reference curves
+    python benchmarks/run.py convergence cpu --seeds 6-10 --isa avx2 --data FEATS --write   # a later batch
+    python benchmarks/run.py convergence cpu --seeds 3 --threads 1 --past-target --data FEATS  # and the floor
+    python benchmarks/run.py convergence cpu --seeds 5 --curves 2 --data FEATS --write  # the reference curves
+
+The ratio: the slowest seed's TTA over the fastest's (docs/convergence.md: max/min <= 1.3), both
+trained in the same call.
 
 ``--curves N`` trains each seed's first N epochs under the whole AVX2 cap (ONEDNN_MAX_CPU_ISA
 and ATEN_CPU_CAPABILITY, telemetry/isa_cap.py) at 1 thread, as ``speechperf reproduce`` does
@@ -24,7 +27,6 @@ or corpus than the file's is refused (start a new file by deleting it).
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -34,19 +36,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _curves import REPO, commit, measure_curves, synth_params  # the curves' half; its helpers shared
+from speechperf.atomic import atomic_write_text
+from speechperf.config import load_preset
+from speechperf.errors import SpeechperfError
+from speechperf.studies import rcp
+from speechperf.scoring.olympic import olympic_mean
+from speechperf.scoring.target_rule import epochs_to_target
+from speechperf.results.run import Run, read_json
+from speechperf.tables import emit
+from speechperf.drive.seeds import parse_seeds, seed_folder  # the layout of train --seeds
+from speechperf.telemetry.machine import hardware
+from speechperf.telemetry.isa_cap import ATEN_VAR, CAPS, ONEDNN_VAR, cap_env
 
-from _curves import REPO, commit, measure_curves, synth_params  # noqa: E402 (the curves' half; its helpers shared)
-from speechperf.atomic import atomic_write_text  # noqa: E402
-from speechperf.config import load_preset  # noqa: E402
-from speechperf.studies import rcp  # noqa: E402
-from speechperf.scoring.olympic import olympic_mean  # noqa: E402
-from speechperf.scoring.target_rule import epochs_to_target  # noqa: E402
-from speechperf.results.run import Run, read_json  # noqa: E402
-from speechperf.tables import emit  # noqa: E402
-from speechperf.drive.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
-from speechperf.telemetry.machine import hardware  # noqa: E402
-from speechperf.telemetry.isa_cap import ATEN_VAR, CAPS, ONEDNN_VAR, cap_env  # noqa: E402
+GOAL = ("docs/convergence.md: a preset's seeds reach its target with margin; the TTA spread over seeds "
+        "max/min <= 1.3")
+REFERENCE = "the fastest seed's TTA, trained in the same call"
+RATIO = "max / min minutes to target over the seeds"
+DATA = True
 
 
 def child_env(isa: str | None) -> dict:
@@ -128,7 +135,7 @@ def write(a, entries: list[dict], config: dict, corpus: dict) -> Path:
     path = rcp.reference_path(a.preset)
     new = {"format": rcp.FORMAT, "preset": a.preset, "metric": a.metric, "window": config["train"]["target_epochs"],
            "targets": [a.target], "recipe": rcp.recipe(config), "overrides": a.set,
-           "corpus": {"fingerprint": corpus, "data": str(a.data), **synth_params(a.data)}, "how": "benchmarks/bench_convergence.py", "seeds": []}
+           "corpus": {"fingerprint": corpus, "data": str(a.data), **synth_params(a.data)}, "how": "benchmarks/run.py convergence", "seeds": []}
     old = json.loads(path.read_text()) if path.is_file() else new
     old["corpus"].update({k: v for k, v in new["corpus"].items() if k not in old["corpus"]})
     for field in ("metric", "window", "recipe"):
@@ -146,11 +153,9 @@ def write(a, entries: list[dict], config: dict, corpus: dict) -> Path:
     return path
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("preset")
-    p.add_argument("--seeds", default="5", help="N (seeds 1..N), A-B, or a comma list")
-    p.add_argument("--data", type=Path, required=True, help="prepared features (the embedded corpus: speechperf demo's)")
+def arguments(p) -> None:
+    p.add_argument("preset", nargs="?", default="tiny")
+    p.add_argument("--seeds", default="2", help="N (seeds 1..N), A-B, or a comma list")
     p.add_argument("--out", type=Path, default=None, help="run folders (default bench-convergence/PRESET)")
     p.add_argument("--target", type=float, default=None, help="error %% to reach (default: the preset's train.target)")
     p.add_argument("--metric", default="cer", choices=["cer", "wer"])
@@ -164,13 +169,16 @@ def main() -> None:
                    help="train the whole schedule (train.target=0; not a recipe field) and declare the target from "
                         "the evaluations: the margin at the end is the recipe's floor under the target")
     p.add_argument("--write", action="store_true", help="merge the seeds into speechperf/config/rcp/PRESET.json")
-    a = p.parse_args()
-    if a.curves:  # the first epochs of reference seeds: no target
-        return measure_curves(a, a.out or Path("bench-convergence") / a.preset, child_env("avx2"))
+
+
+def run(a) -> dict:
+    if a.curves:  # the first epochs of reference seeds: no target, no ratio
+        measure_curves(a, a.out or Path("bench-convergence") / a.preset, child_env("avx2"))
+        return {"preset": a.preset, "curves": a.curves, "seeds": a.seeds, "ratio": None}
     cfg = load_preset(a.preset, a.set)
     a.target = a.target or cfg.train.target
     if not a.target:
-        sys.exit(f"preset {a.preset!r} names no train.target: give --target")
+        raise SpeechperfError(f"preset {a.preset!r} names no train.target: give --target")
     out = a.out or Path("bench-convergence") / a.preset
     env = child_env(a.isa)
     isa = cpu_capability(env)
@@ -186,10 +194,10 @@ def main() -> None:
            "margin at end": e.get("margin_at_end", {}).get(key),
            f"final {a.metric}": e[f"final_{a.metric}"],
            "epochs trained": e["epochs_trained"]} for e in entries], False)
-    emit(summary(a, entries), False)
+    total = summary(a, entries)
+    emit(total, False)
     if a.write:
         print(f"wrote {write(a, entries, config, corpus)}")
-
-
-if __name__ == "__main__":
-    main()
+    return {"preset": a.preset, "target": a.target, "seeds": {e["seed"]: {"epochs": e["epochs"][key],
+            "minutes": e["minutes"][key], "margin": e.get("margin", {}).get(key)} for e in entries},
+            **{k: v for k, v in total[0].items() if k != "olympic rule"}, "ratio": total[0]["max/min"]}

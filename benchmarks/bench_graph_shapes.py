@@ -12,13 +12,11 @@ activations of the pool all graphs share (one pass's, the largest shape's), whic
 that shape needs without graphs too. The padding column is the compute the grid adds: padded
 rows x frames over the plain batches' (its longest utterance's frames x its utterances).
 
-Usage: python benchmarks/bench_graph_shapes.py [--preset gpu] [--epochs 20]
+Usage: python benchmarks/run.py graph_shapes [--preset gpu] [--epochs 20]
        [--grids 16x8,32x16,64x32,128x64] [KEY=VALUE ...] [--json]
 (default override loader.max_duration=3000: docs/presets.md's LibriSpeech batches for ``gpu``)
 """
 from __future__ import annotations
-
-import argparse
 
 import numpy as np
 
@@ -29,7 +27,12 @@ from speechperf.models import build_model
 from speechperf.tables import emit
 from speechperf.train.graphs import MEMORY_SHARE, round_up, static_bytes
 
-REFERENCE = (16, 8)  # train.graph_frames, train.graph_batch defaults
+GOAL = ("docs/gpu.md: a train.cuda_graphs run's static buffers within its share of the device's free memory "
+        "(train/graphs.check_memory), at the least padding")
+REFERENCE = "the default grid, 16 frames x 8 utterances, over the same planned batches"
+RATIO = "shapes at the coarsest grid given / at 16x8"
+DATA = False
+DEFAULT_GRID = (16, 8)  # train.graph_frames, train.graph_batch defaults
 
 
 def planned(cfg, epochs: int) -> list[np.ndarray]:
@@ -61,22 +64,23 @@ def grid_row(epochs: list[np.ndarray], grid: tuple[int, int], model, features: i
             "static GB": round(sum(sizes) / 1e9, 2), "largest shape MB": round(max(sizes) / 1e6, 1)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="gpu")
-    ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--grids", default="16x8,32x16,64x32,128x64", help="frames x utterances, comma-separated")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("overrides", nargs="*", default=["loader.max_duration=3000"])
-    a = ap.parse_args()
+def arguments(p) -> None:
+    p.add_argument("--preset", default="gpu")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--grids", default="16x8,32x16,64x32,128x64", help="frames x utterances, comma-separated")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("overrides", nargs="*", default=["loader.max_duration=3000"])
+
+
+def run(a) -> dict:
     cfg = load_preset(a.preset, a.overrides)
     model = build_model(cfg.model)
     grids = [tuple(int(x) for x in g.split("x")) for g in a.grids.split(",")]
-    if REFERENCE not in grids:
-        grids.insert(0, REFERENCE)
+    if DEFAULT_GRID not in grids:
+        grids.insert(0, DEFAULT_GRID)
     epochs = planned(cfg, a.epochs)
     rows = [grid_row(epochs, g, model, cfg.model.input_dim) for g in grids]
-    ref = rows[grids.index(REFERENCE)]
+    ref = rows[grids.index(DEFAULT_GRID)]
     key = f"shapes {a.epochs} epochs"
     for r in rows:
         r["shapes vs 16x8"] = round(r[key] / ref[key], 3)
@@ -86,7 +90,4 @@ def main() -> None:
               f"a LibriSpeech 960 h-like index; static buffers per shape: parameter gradients "
               f"{sum(p.numel() for p in model.parameters()) * 4 / 1e6:.0f} MB + padded input, mask, output; a run "
               f"refuses more than {MEMORY_SHARE:.0%} of the device's free memory")
-
-
-if __name__ == "__main__":
-    main()
+    return {"preset": a.preset, "overrides": a.overrides, "rows": rows, "ratio": rows[-1]["shapes vs 16x8"]}

@@ -13,20 +13,17 @@ preset's timing, the higher of the two used. MFU = achieved / peak, both in this
 a busy machine lowers both (and at 2 threads on a machine whose cores others use, OpenMP's
 barriers make a step of many small ops, an LSTM's, far slower: try --threads 1 there). The breakdown is bench/breakdown.py.
 
-Usage: python benchmarks/bench_mfu.py PRESET [PRESET ...] [--data FEATS] [--repeats 5]
+Usage: python benchmarks/run.py mfu [PRESET ...] [--data FEATS] [--repeats 5]
        [--set model.name=conformer ...]
 """
 from __future__ import annotations
 
-import argparse
-import statistics
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from _timing import measure
 from speechperf.bench.breakdown import step_breakdown
 from speechperf.telemetry.measured_peak import measure_gemm
 from speechperf.config import load_preset
@@ -38,6 +35,11 @@ from speechperf.telemetry.mfu import count_step_flops, flop_model
 from speechperf.models import build_model
 from speechperf.train.step import make_optimizer, train_step
 
+GOAL = ("docs/workloads.md: MFU of the training step against the GEMM peak (docs/gpu.md: >= 35% bf16 for "
+        "conformer-algoperf-sizes)")
+REFERENCE = "the fp32 GEMM peak (bench ops' matmul) measured in this process at the same threads"
+RATIO = "MFU (achieved model FLOPS / GEMM peak, the first preset)"
+DATA = False
 LABEL_FRAMES = 3  # output frames per label symbol in the made-up transcripts (CTC needs room)
 
 
@@ -61,19 +63,8 @@ def make_batch(lengths: list[int], out_lens: torch.Tensor, rng: np.random.Genera
                  float(lens.sum()) / 100.0)
 
 
-def time_steps(step, warmup: int, repeats: int) -> list[float]:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return times
-
-
 def run_preset(name: str, data: Path | None, warmup: int, repeats: int, peak_tflops: float,
-               overrides=()) -> None:
+               overrides=()) -> dict:
     cfg = load_preset(name, list(overrides))
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
@@ -89,8 +80,8 @@ def run_preset(name: str, data: Path | None, warmup: int, repeats: int, peak_tfl
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     model.train()
     step = lambda: train_step(model, batch, optimizer, scaler, torch.device("cpu"), cfg.train)  # noqa: E731
-    times = time_steps(step, warmup, repeats)
-    med = statistics.median(times)
+    times = measure(step, repeats, warmup)
+    med = times["median"]
     again = measure_gemm(torch.get_num_threads())["tflops"]  # right after: a shared machine moves it
     print(f"[{name}] GEMM peak before {peak_tflops * 1000:.1f}, after {again * 1000:.1f} GFLOPS: the higher is used "
           "(others' load only lowers a measured peak)")
@@ -98,7 +89,7 @@ def run_preset(name: str, data: Path | None, warmup: int, repeats: int, peak_tfl
     gflops = flops / med / 1e9
     print(f"[{name}] {cfg.model.name}, {params / 1e6:.2f} M parameters, {cfg.train.precision}; batch {len(lengths)} x "
           f"{min(lengths)}-{max(lengths)} frames ({'from ' + str(data) if data else 'synthetic lengths'})")
-    print(f"[{name}] step: median {med * 1000:.1f} ms (min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}, "
+    print(f"[{name}] step: median {med * 1000:.1f} ms (min {times['min'] * 1000:.1f}, max {times['max'] * 1000:.1f}, "
           f"{repeats} steps after {warmup} warm-up)")
     print(f"[{name}] model FLOPs {flops / 1e9:.2f} GFLOP/step (valid frames; the padded batch computes "
           f"{padded / 1e9:.2f}); achieved {gflops:.1f} GFLOPS = MFU {100 * gflops / (1000 * peak_tflops):.1f}% "
@@ -106,26 +97,24 @@ def run_preset(name: str, data: Path | None, warmup: int, repeats: int, peak_tfl
     shares = step_breakdown(step, steps=2)
     print(f"[{name}] where the step's time goes (torch.profiler, self CPU time): "
           + ", ".join(f"{k} {v:.1f}%" for k, v in shares.items()))
+    return {"model": cfg.model.name, "params": params, "step_s": times, "gflop_per_step": flops / 1e9,
+            "peak_gflops": 1000 * peak_tflops, "mfu": gflops / (1000 * peak_tflops), "shares_pct": shares}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("presets", nargs="+", help="registered presets (cpu, tiny, paper, ...)")
-    ap.add_argument("--data", type=Path, default=None, help="prepared features: take a real batch's lengths")
-    ap.add_argument("--repeats", type=int, default=5, help="timed steps")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a preset override for every preset (e.g. model.name=conformer model.layers=4)")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (training's)")
-    a = ap.parse_args()
+def arguments(p) -> None:
+    p.add_argument("presets", nargs="*", default=["cpu"], help="registered presets (cpu, tiny, paper, ...)")
+    p.add_argument("--repeats", type=int, default=5, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a preset override for every preset (e.g. model.name=conformer model.layers=4)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (training's)")
+
+
+def run(a) -> dict:
+    """Each preset's figures; the ratio: the first preset's MFU."""
     torch.set_num_threads(a.threads)
     peak = measure_gemm(a.threads)
     print(f"torch {torch.__version__}, {a.threads} thread(s); measured fp32 GEMM peak {peak['tflops'] * 1000:.1f} "
           f"GFLOPS ({peak['n']}^3 matmul, bench ops timing)")
-    for name in a.presets:
-        run_preset(name, a.data, a.warmup, a.repeats, peak["tflops"], a.set)
-    sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    main()
+    figures = {name: run_preset(name, a.data, a.warmup, a.repeats, peak["tflops"], a.set) for name in a.presets}
+    return {**figures, "threads": a.threads, "ratio": figures[a.presets[0]]["mfu"]}

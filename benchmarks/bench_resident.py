@@ -15,13 +15,11 @@ resident epochs must start none. Both loaders' batches are checked equal by thei
 CPU steps compete with reader processes for the cores: on a machine others are using, the
 figures are noisy (the load average is printed); compare ratios from one run.
 
-Usage: python benchmarks/bench_resident.py FEATS [--preset cpu] [--set KEY=VALUE ...] [--epochs 3]
-       [--steps 0] [--threads 2] [--device cpu|cuda] [--eval-s 0.8] [--json]
+Usage: python benchmarks/run.py resident [--data FEATS] [--preset cpu] [--set KEY=VALUE ...] [--epochs 3]
+       [--steps 0] [--threads 2] [--device cpu|cuda] [--eval-s 0.8]
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import time
@@ -31,10 +29,16 @@ import psutil
 import torch
 
 from speechperf.config import load_preset
+from speechperf.errors import SpeechperfError
 from speechperf.data.loader import load_index, make_loader
 from speechperf.data.resident import Resident, feature_dims, needed_bytes
 from speechperf.models import build_model
 from speechperf.train.step import make_optimizer, train_step
+
+GOAL = "docs/data.md: loader.resident's epochs 2+ start no reader process and step no slower than streaming"
+REFERENCE = "the streaming loader (readers started ahead) on the same model and planned batches, alternating"
+RATIO = "resident / streaming mean step, epochs 2+"
+DATA = True
 
 FIRST = 5  # the epoch-start steps reported apart
 
@@ -73,9 +77,9 @@ def row(epoch: int, name: str, r: dict) -> dict:
             "wait_ms_mean": 1e3 * statistics.fmean(r["wait_s"]), "child_processes": r["children"]}
 
 
-def run(a) -> dict:
+def measure(a) -> dict:
     cfg = load_preset(a.preset, a.set)
-    splits, feats = train_splits(a.feats), a.feats
+    splits, feats = train_splits(a.data), a.data
     index = load_index(feats, splits)
     torch.set_num_threads(a.threads)
     torch.manual_seed(cfg.train.seed)
@@ -120,9 +124,7 @@ def run(a) -> dict:
             "load_average": os.getloadavg()}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("feats", type=Path)
+def arguments(p) -> None:
     p.add_argument("--preset", default="cpu")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a preset override (repeatable)")
     p.add_argument("--epochs", type=int, default=3, help="epochs in all; epochs 2.. are timed both ways")
@@ -130,27 +132,23 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads of the step")
     p.add_argument("--device", default="cpu", help="cpu (the goal's measurement) or cuda (the buffer in GPU memory)")
     p.add_argument("--eval-s", type=float, default=0.8, help="the evaluation the ahead readers start during")
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args()
-    r = run(a)
-    if a.json:
-        print(json.dumps(r, indent=1))
-        return
+
+
+def run(a) -> dict:
+    r = measure(a)
     print(f"{r['preset']} on {r['feats']}, {r['device']}: {a.threads} step threads, {r['readers']} reader(s), buffer "
           f"{r['buffer_mb']:.1f} MB, epoch 1 (stream + fill) {r['epoch1_s']:.1f} s")
     print(f"{'epoch':>5} {'loader':<12} {'steps':>5} {'median ms':>9} {'mean ms':>8} {'first 5':>8} {'wait ms':>8} "
           f"{'children':>8}")
     for x in r["rows"]:
         print(f"{x['epoch']:>5} {x['loader']:<12} {x['steps']:>5} {x['step_ms_median']:>9.1f} "
-              f"{x['step_ms_mean']:>8.1f} "
-              f"{x['first5_ms_mean']:>8.1f} {x['wait_ms_mean']:>8.1f} {x['child_processes']:>8}")
-    ratio = r["resident_over_stream_mean_step"]
-    median = r["resident_over_stream_median_step"]
-    print(f"resident / stream, epochs 2+: mean step {ratio:.3f}, median step {median:.3f}"
-          if ratio else "no epoch after the first")
-    print(f"child processes while resident epochs trained: {r['resident_child_processes']} (must be 0); "
-          f"load average {', '.join(f'{x:.2f}' for x in r['load_average'])}")
-
-
-if __name__ == "__main__":
-    main()
+              f"{x['step_ms_mean']:>8.1f} {x['first5_ms_mean']:>8.1f} {x['wait_ms_mean']:>8.1f} "
+              f"{x['child_processes']:>8}")
+    if r["resident_over_stream_mean_step"] is None:
+        raise SpeechperfError("no epoch after the first: give --epochs 2 or more")
+    print(f"resident / stream, epochs 2+: mean step {r['resident_over_stream_mean_step']:.3f}, median step "
+          f"{r['resident_over_stream_median_step']:.3f}; child processes while resident epochs trained: "
+          f"{r['resident_child_processes']} (must be 0); load average "
+          f"{', '.join(f'{x:.2f}' for x in r['load_average'])}")
+    r.pop("feats")  # the ledger names the features by the command's FEATS, never a path of the machine
+    return {**r, "ratio": r["resident_over_stream_mean_step"]}

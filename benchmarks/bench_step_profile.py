@@ -23,14 +23,13 @@ kernels by device time. On a GPU the steps run once more under
 gives, counted by the Python line that made the synchronizing call. On a CPU the device columns
 read n/a.
 
-Usage: python benchmarks/bench_step_profile.py FEATS --preset P [--preset Q ...] [--device auto]
+Usage: python benchmarks/run.py step_profile [--data FEATS] [--preset P ...] [--device auto]
            [--steps 3] [--warmup 3] [--trace PATH] [--debug-eval] [--json] [key=value ...]
 --json prints one JSON object per preset as its profile ends (so a cut run keeps the presets done);
 --trace PATH writes each phase's chrome trace to PATH-PRESET-PHASE.json (tens of MB on a GPU).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import warnings
@@ -40,14 +39,19 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _op_profile import MARK, device_events, phase_tables  # noqa: E402
-from bench_step_floor import cached_batches, first_batches, load, setup, sync  # noqa: E402
-from speechperf.errors import SpeechperfError  # noqa: E402
-from speechperf.tables import emit, emit_json  # noqa: E402
-from speechperf.train.evaluate import evaluate, release_resident  # noqa: E402
-from speechperf.train.step import StepMeter, read_point, train_step  # noqa: E402
-from speechperf.train.warmup import initialize  # noqa: E402
+from _op_profile import MARK, device_events, phase_tables
+from _timing import sync
+from bench_step_floor import cached_batches, first_batches, load, setup
+from speechperf.errors import SpeechperfError
+from speechperf.tables import emit, emit_json
+from speechperf.train.evaluate import evaluate, release_resident
+from speechperf.train.step import StepMeter, read_point, train_step
+from speechperf.train.warmup import initialize
+
+GOAL = "docs/gpu.md: GPU busy >= 85% inside training (the train step's busy %), the loop within 15% of its floor"
+REFERENCE = "the train step: the same step on batches resident on the device, unprofiled"
+RATIO = "loop step / train step"
+DATA = True
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNC_WARNING = "synchronizing CUDA operation"  # torch's message under set_sync_debug_mode("warn")
@@ -115,7 +119,7 @@ def train_phase(a, cfg, device: torch.device):
     """The preset's model after ``--warmup`` steps and one untimed pass over the ``--steps`` batches,
     and the profile of those batches' steps."""
     model, opt, scaler = setup(cfg, device)
-    batches = cached_batches(a.feats, cfg, device, a.warmup + a.steps)
+    batches = cached_batches(a.data, cfg, device, a.warmup + a.steps)
 
     def steps(which):
         for b in which:
@@ -138,14 +142,14 @@ def loop_phase(a, cfg, device: torch.device) -> dict:
     model, opt, scaler = setup(cfg, device)
     tc, meter = cfg.train, StepMeter()
     need = a.warmup + (3 if device.type == "cuda" else 2) * a.steps  # the debug take runs on a GPU only
-    batches = first_batches(a.feats, cfg, need, device)
+    batches = first_batches(a.data, cfg, need, device)
     done = [0]
 
     def steps(n: int) -> None:
         for k in range(n):
             b = next(batches, None)
             if b is None:
-                raise SystemExit(f"bench_step_profile: {a.feats} gives {done[0]} batches with these settings; the "
+                raise SystemExit(f"bench_step_profile: {a.data} gives {done[0]} batches with these settings; the "
                                  f"loop step needs {need} (fewer --steps or --warmup)")
             done[0] += 1
             with record_function(MARK + "train_step"):
@@ -163,11 +167,11 @@ def loop_phase(a, cfg, device: torch.device) -> dict:
 def eval_phase(a, cfg, model, device: torch.device) -> tuple[dict, dict]:
     """The run's initialization, one warm evaluation pass, then the profiled phase."""
     tc = cfg.train
-    initialize(model, cfg, a.feats, device)
+    initialize(model, cfg, a.data, device)
 
     def one():
         with record_function(MARK + "evaluate"):
-            return evaluate(model, a.feats, tc.eval_split, cfg.loader, device, decoder=tc.eval_decoder,
+            return evaluate(model, a.data, tc.eval_split, cfg.loader, device, decoder=tc.eval_decoder,
                             beam=tc.eval_beam, precision=tc.precision, mode=tc.eval_mode, workers=tc.eval_threads,
                             keep_pairs=3, intervals=False)  # as the loop's per-epoch evaluation
 
@@ -220,10 +224,8 @@ def _na(row: dict) -> dict:
     return {k: "n/a" if v is None else v for k, v in row.items()}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("feats", type=Path)
-    p.add_argument("--preset", action="append", required=True, help="repeat for several; profiled in order")
+def arguments(p) -> None:
+    p.add_argument("--preset", action="append", help="repeat for several; profiled in order (default: cpu)")
     p.add_argument("--device", default="auto")
     p.add_argument("--steps", type=int, default=3, help="profiled training steps")
     p.add_argument("--warmup", type=int, default=3)
@@ -232,27 +234,21 @@ def main(argv=None) -> int:
     p.add_argument("--debug-eval", action="store_true",
                    help="on a GPU, one more evaluation pass under the sync debug mode (the steps always get one)")
     p.add_argument("overrides", nargs="*")
-    a = p.parse_intermixed_args(argv)
-    if not (a.feats / "features.json").is_file():
-        print(f"bench_step_profile: {a.feats} is not a prepared features folder (no features.json)", file=sys.stderr)
-        return 2
+
+
+def run(a) -> dict:
+    """Each preset's profile printed as it ends (so a cut run keeps the presets done); the figures of
+    each: its phases' unprofiled ms and busy %; the ratio of the first."""
+    if not (a.data / "features.json").is_file():
+        raise SpeechperfError(f"{a.data} is not a prepared features folder (no features.json)")
     if a.steps < 1 or a.warmup < 0:
-        print(f"bench_step_profile: --steps {a.steps} --warmup {a.warmup}: need steps >= 1, warmup >= 0",
-              file=sys.stderr)
-        return 2
-    for preset in a.preset:
-        try:
-            result = profile_preset(a, preset)
-        except SpeechperfError as e:  # a bad preset or override, a missing split: named, exit 2
-            print(f"bench_step_profile: {e}", file=sys.stderr)
-            return e.exit_code
-        if a.json:
-            emit_json(result)
-        else:
-            show(result)
+        raise SpeechperfError(f"--steps {a.steps} --warmup {a.warmup}: need steps >= 1, warmup >= 0")
+    figures = {}
+    for preset in a.preset or ["cpu"]:
+        result = profile_preset(a, preset)
+        emit_json(result) if a.json else show(result)
         sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        rows = {k: p["row"] for k, p in result["phases"].items()}
+        figures[preset] = {k: {"ms": r["unprofiled ms"], "busy_pct": r["busy %"]} for k, r in rows.items()}
+        figures.setdefault("ratio", rows["loop step"]["unprofiled ms"] / rows["train step"]["unprofiled ms"])
+    return figures

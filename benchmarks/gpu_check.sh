@@ -4,27 +4,25 @@
 # least: the environment (with the dtype cuDNN's LSTM runs in under bf16 autocast) -> the GPU
 # demo (TTA, evaluation share, breakdown, energy, GPU busy; no beam sweep, the final evaluation
 # on dev-clean only) -> the profile of the gpu and conformer presets' training step and
-# evaluation (benchmarks/bench_step_profile.py: host syncs and their sites, kernels, device
+# evaluation (`benchmarks/run.py step_profile`: host syncs and their sites, kernels, device
 # busy share) -> the cuda-marked tests (with the tiny corpus's features checksum under the AVX2
 # cap beside them) -> a short conformer run (bf16, MFU) -> `bench feed` for gpu and conformer
-# and the gpu preset's step floor -> the conformer's attention padded and not
-# (bench_attention.py) -> the GPU-sensitive test files -> then, only with the budget
-# left: the evaluation loop against the waiting one, the conformer's epoch start and step
-# floor, the checkpoint and masked-step benchmarks, the floor at twice the batch, and last the
-# conformer floor under torch.compile (given what is left: its summary row says when
-# compilation did not finish) -> one summary table (benchmarks/gpu_summary.py), written to
-# $OUT/summary.md and printed last.
+# and the gpu preset's step floor (`benchmarks/run.py step_floor`) -> the GPU-sensitive test
+# files -> then, only with the budget left: the gpu preset with 2 readers, the conformer's step
+# floor, the floor at twice the batch, and last the conformer floor under torch.compile (given
+# what is left: its summary row says when compilation did not finish) -> one summary table
+# (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last; the benchmarks'
+# ledger lines in $OUT/ledger.jsonl (append them to benchmarks/ledger.jsonl).
 #
 # Budget (seconds, the H200 checks of 2026-11-26 on f9d8828 and 214e88f, their steps' logs): env
 # 6-11, demo 150-165 (corpus and features ~50, initialization 20, training to the TTA 67-88,
 # final dev-clean, then the run's step floor, ~5 more: an estimate, 26 batches read and 25 steps of
 # ~0.1 s; report), demo_tta 5, profile > 70 (the gpu preset's three phases took the
 # whole of a 70 s cap on 214e88f's slower host), tests_cuda 80-110, conformer 32, conformer_tta 4,
-# feed_gpu 23, floor 18, feed_conformer 22 (each ~10 s more now, an estimate: whole loader windows), attention 17, tests_gpu_files 89-118: more than
+# feed_gpu 23, floor 18, feed_conformer 22 (each ~10 s more now, an estimate: whole loader windows), tests_gpu_files 89-118: more than
 # BUDGET=540 (call it with a 590 s limit: the machine's start takes ~30 s more of the session's
-# 900). The steps after them (eval_sync 12, eval_batches 20, epoch_start ~30, floor_conformer 25,
-# checkpoint 16, masked_step 11, floor_doubled 17, the compile > 120) run only as far as the
-# budget goes.
+# 900). The steps after them (readers ~170, floor_conformer 25, floor_doubled 17, the compile > 120)
+# run only as far as the budget goes.
 #
 # Usage (repository root; speechperf's dependencies on PYTHONPATH, see docs/gpu.md):
 #   OUT=/some/dir bash benchmarks/gpu_check.sh           # on the GPU machine
@@ -39,10 +37,10 @@
 # evaluations replay their forward passes too; graphs_tta gives their parts beside demo_tta's):
 #   WORK=/tmp/gc ONLY="env demo demo_tta floor floor_graphs graphs graphs_tta" BUDGET=430 (limit 460;
 #     ~10 + 165 + 5 + 30 + 75 + 140 + 5 s, the graphs run's ~20 s of captures an estimate)
-#   WORK=/tmp/gc ONLY="profile tests_cuda lstm attention eval_sync" BUDGET=300 (limit 330)
+#   WORK=/tmp/gc ONLY="profile tests_cuda" BUDGET=300 (limit 330)
 # (with the machine's start, ~850 s of a session's 900.) The conformer end to end, then:
 #   WORK=/tmp/gc ONLY="conformer conformer_tta" CONF_MINUTES=5 BUDGET=400 (limit 445; 179 s on 214e88f)
-#   WORK=/tmp/gc ONLY="eval_batches eval_batches_conformer readers readers_tta" BUDGET=235 (limit 255)
+#   WORK=/tmp/gc ONLY="readers readers_tta" BUDGET=235 (limit 255)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=${GPU_CHECK_DRY:-0}
@@ -58,6 +56,7 @@ mkdir -p "$OUT" "$WORK/logs" || exit 2
 START=$(date +%s)
 PY=${PYTHON:-python3}
 LOGS="$WORK/logs"  # at most 8 files come back from $OUT: the logs travel as one archive
+BENCH=("$PY" benchmarks/run.py --ledger "$OUT/ledger.jsonl")  # the suite's runner: its ledger lines come back in $OUT
 
 if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CPU
     DEMO_ARGS=(--preset tiny --hours 0.05 --minutes 0.3 --no-sweep train.final_splits=dev-clean train.floor_steps=3)
@@ -70,10 +69,6 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     PROFILE_ARGS=(--preset tiny --device cpu --steps 2 --warmup 1); PROFILE_T=150
     CUDA_TESTS=(tests/bench/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/bench/test_feed.py -k recorded_profile_rows)
     TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
-    DEVICE=cpu; CKPT_ARGS=(--preset tiny --repeats 1); MASKED_ARGS=(--preset tiny --repeats 1)
-    ATTN_ARGS=(--device cpu --seconds 0.4 --batch 2 --repeats 2 --warmup 1)
-    LSTM_ARGS=(--device cpu --scale 8 --frames 20 --batches 8 --repeats 1)
-    EVAL_BATCHES_ARGS=(--eval-max-duration 60 --repeats 1)  # tiny keeps training-sized evaluation batches
     READERS_ARGS=(--preset tiny loader.readers=2 train.max_epochs=1 train.final_splits=none); READERS_T=120
     GRAPHS=0  # a run refuses train.cuda_graphs without a CUDA device; floor_graphs runs the padded step eagerly
 else
@@ -95,10 +90,6 @@ else
     CUDA_TESTS=(-m cuda $(grep -rlE "mark\.cuda" tests --include='test_*.py' | sort))
     GPU_FILES=(tests/drive/test_reproduce.py tests/train/test_cli_e2e.py)
     TEST_ARGS=(-n 6 --timeout 120); CUDA_T=110; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py); the cuda files took 80+ s on the H200
-    DEVICE=cuda; CKPT_ARGS=(--preset gpu --preset conformer); MASKED_ARGS=(--preset conformer)
-    ATTN_ARGS=(--device cuda --repeats 20)  # the preset's batches of 4 s and 12.4 s utterances
-    LSTM_ARGS=(--device cuda --repeats 10)  # 150 steps (3 s utterances), batches 120 128 136 256
-    EVAL_BATCHES_ARGS=(--repeats 2)
     # the demo's training with 2 readers, not the preset's 8 (its readers' wait for data says whether 2 keep up): 6 more
     # decode threads in each evaluation, 6 fewer processes beside the thread that launches the kernels
     READERS_ARGS=(--preset gpu loader.readers=2 train.time_cap_minutes=2 train.final_splits=none); READERS_T=170
@@ -166,7 +157,7 @@ if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" checksum "* ]]; then
     features_checksum > "$LOGS/checksum.log" 2>&1 &  # beside the profile and the tests: not timed
     CHECKSUM=$!
 fi
-step profile "$PROFILE_T" $PY benchmarks/bench_step_profile.py "$WORK/demo/features" "${PROFILE_ARGS[@]}"
+step profile "$PROFILE_T" "${BENCH[@]}" step_profile --data "$WORK/demo/features" "${PROFILE_ARGS[@]}"
 step tests_cuda "$CUDA_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${CUDA_TESTS[@]}"
 if [ -n "${CHECKSUM:-}" ]; then  # given until 10 s before the budget ends
     ( w=$(( $(left) - 10 )); sleep $(( w > 1 ? w : 1 )); kill "$CHECKSUM" 2>/dev/null ) &
@@ -178,11 +169,11 @@ step conformer "$CONF_T" $PY -m speechperf train --preset "$CONF_PRESET" --data 
     --out "$WORK/conformer" "${CONF_ARGS[@]}"
 step conformer_tta 30 $PY -m speechperf tta --json "$WORK/conformer"
 step "feed_${FEED_PRESETS[0]}" "$FEED_T" $PY -m speechperf bench feed --preset "${FEED_PRESETS[0]}" --json "${FEED_ARGS[@]}"
-step floor "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
+step floor "$FLOOR_T" "${BENCH[@]}" step_floor --data "$WORK/demo/features" --preset "$FLOOR_PRESET" \
     "${FLOOR_ARGS[@]}" "${FLOOR_PRESET_ARGS[@]}"
 # the same floor with the step's forward and backward replayed from CUDA graphs (batches padded to a grid
 # of shapes): the launch-bound LSTM's host launches gone, what is left of the step
-step floor_graphs "$(( FLOOR_T * 5 / 2 ))" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
+step floor_graphs "$(( FLOOR_T * 5 / 2 ))" "${BENCH[@]}" step_floor --data "$WORK/demo/features" --preset "$FLOOR_PRESET" \
     "${FLOOR_ARGS[@]}" "${FLOOR_PRESET_ARGS[@]}" train.cuda_graphs=true
 # the demo's training from CUDA graphs: its TTA, GPU busy and step against the demo's (2 minutes at most)
 if [ "$GRAPHS" = 1 ]; then
@@ -194,41 +185,19 @@ for p in "${FEED_PRESETS[@]:1}"; do
     step "feed_$p" "$FEED_T" $PY -m speechperf bench feed --preset "$p" --json "${FEED_ARGS[@]}"
 done
 
-# the conformer's attention (Dh 44) as is against zero-padded to 48: time, and the SDPA backend and kernels each ran
-step attention 25 $PY benchmarks/bench_attention.py --json "${ATTN_ARGS[@]}"
-# one LSTM layer at the gpu preset's widths against multiples of 128, which cuDNN may run persistently
-# (one kernel a layer instead of kernels per time step) at batches up to 128
-step lstm 40 $PY benchmarks/bench_lstm.py --json "${LSTM_ARGS[@]}"
 # the GPU-sensitive files: they passed on the H200 (f9d8828), so after the figures above
 step tests_gpu_files "$FILES_T" $PY -m pytest -q -p no:cacheprovider "${TEST_ARGS[@]}" "${GPU_FILES[@]}"
 
-# only with the budget left: the evaluation loop, the conformer's epoch start and step floor; what the loop waits per checkpoint (background
-# writer against a synchronous save) and the undoable optimizer step (fused found_inf against copy-back);
-# the gpu preset's floor at twice the batch; last, the conformer's floor under torch.compile (compilation
-# in the warm-up), given whatever is left
-# the evaluation's batch loop against the loop that waited for the device every batch, on the demo's trained model
-step eval_sync 50 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part sync \
-    --device "$DEVICE" --repeats 2
-# the evaluation on evaluation-sized batches (the preset's loader.eval_max_duration) against training-sized ones
-step eval_batches 45 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/demo/run" --part batches \
-    --device "$DEVICE" "${EVAL_BATCHES_ARGS[@]}"
-# the same for the conformer's trained model (its forward pass launches per block, not per time step, and
-# its 6400 s batches leave dev-clean about 2 batches, estimated from the corpus's lengths: the H200's
-# decode wait was 8% of its TTA, the forward 6%)
-step eval_batches_conformer 60 $PY benchmarks/bench_eval.py --feats "$WORK/demo/features" --run "$WORK/conformer" \
-    --part batches --device "$DEVICE" "${EVAL_BATCHES_ARGS[@]}"
+# only with the budget left: the gpu preset with 2 readers, the conformer's step floor, the gpu preset's
+# floor at twice the batch; last, the conformer's floor under torch.compile (compilation in the warm-up),
+# given whatever is left
 # the gpu preset on the demo's features with 2 readers (its TTA, evaluation parts and GPU busy against the demo's 8)
 step readers "$READERS_T" $PY -m speechperf train --data "$WORK/demo/features" --out "$WORK/readers" "${READERS_ARGS[@]}"
 step readers_tta 30 $PY -m speechperf tta --json "$WORK/readers"
-# the conformer's epoch start: the first batch's wait behind a 0.8 s evaluation, shards decompressed serially or threaded
-step epoch_start 60 $PY benchmarks/bench_epoch_start.py "$WORK/demo/features" --preset "$CONF_PRESET" --eval-s 0.8 \
-    --repeats 3 --batches 2
-step floor_conformer 40 $PY benchmarks/bench_step_floor.py "$WORK/demo/features" "${CONF_FLOOR[@]}"
-step checkpoint 40 $PY benchmarks/bench_checkpoint.py --device "$DEVICE" "${CKPT_ARGS[@]}"
-step masked_step 40 $PY benchmarks/bench_masked_step.py --device "$DEVICE" "${MASKED_ARGS[@]}"
-step floor_doubled "$FLOOR_T" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" --preset "$FLOOR_PRESET" \
+step floor_conformer 40 "${BENCH[@]}" step_floor --data "$WORK/demo/features" "${CONF_FLOOR[@]}"
+step floor_doubled "$FLOOR_T" "${BENCH[@]}" step_floor --data "$WORK/demo/features" --preset "$FLOOR_PRESET" \
     "${FLOOR_ARGS[@]}" "${FLOOR_DOUBLED[@]}"
-[ "$COMPILE" = 1 ] && step floor_conformer_compile "$BUDGET" $PY benchmarks/bench_step_floor.py "$WORK/demo/features" \
+[ "$COMPILE" = 1 ] && step floor_conformer_compile "$BUDGET" "${BENCH[@]}" step_floor --data "$WORK/demo/features" \
     "${CONF_FLOOR[@]}" train.compile=true
 
 # the demo's report and the runs' results, for a closer look: one archive

@@ -2,11 +2,10 @@
 
 Reads LOGS/NAME.log as gpu_check.sh writes them (each ends in "exit RC after Ns (timeout
 Ts)" or says "skipped"): env (torch, GPU, commit), demo_tta, conformer_tta and readers_tta
-(`tta --json` rows), profile (bench_step_profile.py's phase table per preset: host syncs, device busy share,
-kernels, the top sync site), feed_* (`bench feed --json`), attention (bench_attention.py
---json), floor_* (bench_step_floor.py; the compiled one's timeout reads as compilation that
-did not finish), tests_* (pytest's last line), checksum (the tiny corpus's features
-checksum); and, with --runs, the run folders of the demo, the conformer and the gpu preset
+(`tta --json` rows), profile (`benchmarks/run.py step_profile`'s phase table per preset: host syncs,
+device busy share, kernels, the top sync site), feed_* (`bench feed --json`), floor_*
+(`benchmarks/run.py step_floor`; the compiled one's timeout reads as compilation that did not
+finish), tests_* (pytest's last line), checksum (the tiny corpus's features checksum); and, with --runs, the run folders of the demo, the conformer and the gpu preset
 with 2 readers (steps: utterances and seconds per step; evaluation seconds against
 the training clock; how busy the GPU was over the TTA window, inside training phases and
 inside evaluations; the step MFU from the iteration rows, for a run cut before its summary
@@ -31,8 +30,8 @@ from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
-         "feed_gpu", "floor", "floor_graphs", "graphs", "graphs_tta", "feed_conformer", "feed_tiny", "attention", "lstm", "tests_gpu_files", "eval_sync",
-         "eval_batches", "eval_batches_conformer", "readers", "readers_tta", "epoch_start", "floor_conformer", "checkpoint", "masked_step", "floor_doubled", "floor_conformer_compile"]
+         "feed_gpu", "floor", "floor_graphs", "graphs", "graphs_tta", "feed_conformer", "feed_tiny", "tests_gpu_files",
+         "readers", "readers_tta", "floor_conformer", "floor_doubled", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -104,41 +103,6 @@ def feed_figures(rows) -> str:
             f"{r.get('host cores')} cores feed {fmt(r.get('GPUs this host feeds'))} GPUs")
 
 
-def lstm_figures(out) -> str:
-    """bench_lstm.py --json: per batch, each width's forward + backward ms, kernels and whether cuDNN's
-    persistent algorithm may run it, against the preset's layer of its kind."""
-    if not isinstance(out, dict) or not out.get("rows"):
-        return "no output"
-    parts = []
-    for r in out["rows"]:
-        k = "" if r["kernels"] is None else f", {r['kernels']} kernels"
-        parts.append(f"{r['input']}->{r['hidden']} B {r['batch']}: {fmt(r['ms'])} ms{k}"
-                     + (" (persistent eligible)" if r["persistent eligible"] else "") + f", x{fmt(r['vs preset'])}")
-    return f"{out['head']}: " + "; ".join(parts)
-
-
-def attention_figures(out) -> str:
-    """bench_attention.py --json: per utterance length, each path's forward + backward with the SDPA
-    op, the kernel family and the fused backends torch allowed (the last two on CUDA only), the
-    ratio unpadded / padded, the attention's share of a step (times the layers) and each path's
-    error against the wider dtype."""
-    if not isinstance(out, dict) or not out.get("rows"):
-        return "no output"
-    rows = out["rows"]
-
-    def path(r: dict) -> str:
-        seen = [r["sdpa op"]] + [x for x in (r["kernel family"], f"fused allowed: {r['fused allowed']}") if "n/a" not in x]
-        return f"{r['path']} {fmt(r['F+B ms'])} ms ({', '.join(seen)})"
-
-    parts = []
-    for plain, padded in zip(rows[::2], rows[1::2]):
-        layers = next(k for k in plain if k.endswith(" layers ms"))
-        parts.append(f"{fmt(plain['utterance s'])} s, B {plain['B']} T {plain['T']} Dh {plain['Dh']}: {path(plain)}, "
-                     f"{path(padded)}: {fmt(padded['unpadded / padded'])}x; {layers.split()[0].lstrip('x')} layers "
-                     f"{fmt(plain[layers])} -> {fmt(padded[layers])} ms; max err {fmt(plain['max err'])} / {fmt(padded['max err'])}")
-    return f"{out['dtype']}, attention dropout {out['dropout']}: " + " // ".join(parts)
-
-
 def floor_figures(text: str | None) -> str:
     if not text:
         return "no output"
@@ -162,7 +126,7 @@ PRESET = re.compile(r"^== preset (\S+?): ", re.M)
 
 
 def profile_figures(text: str | None) -> str:
-    """Per preset and phase of bench_step_profile.py's output: host syncs, the device's busy share,
+    """Per preset and phase of the step_profile benchmark's output: host syncs, the device's busy share,
     kernels, the top sync site and the wall against the host's time in aten ops (per training step,
     per evaluation pass)."""
     starts = list(PRESET.finditer(text or ""))
@@ -198,51 +162,6 @@ def phase_figures(r: dict) -> str:
         return f"{r['phase']}: {wall} (device columns n/a)"
     return (f"{r['phase']}: {r['syncs']} syncs a {per} (top {r['top sync site']}), GPU busy {r['busy %']} %, "
             f"{r['kernels']} kernels; {wall}")
-
-
-def bench_figures(name: str, text: str | None) -> str:
-    """The checkpoint step: each preset's row (sync, background seconds per save and their
-    ratio); the masked step: its ratio line; the evaluation's batch loop (bench_eval.py --part
-    sync): the reference loop's and the package's seconds, their ratio and the equality line; its
-    batches (--part batches): the counts, forward seconds and ratios, training-sized against
-    evaluation-sized, and the agreement line; the
-    epoch start (bench_epoch_start.py): the first-batch waits, threaded and serial."""
-    if not text:
-        return "no output"
-    if name == "epoch_start":
-        waits = dict(re.findall(r"^\s*(fresh, serial|ahead, serial|fresh|ahead)\s+first-batch wait: median ([\d.]+) s",
-                                text, re.M))
-        head = re.search(r"^preset .*?: (\d+ readers \(\d+ in use, \d+ decompression threads each\))", text, re.M)
-        if "ahead" not in waits or "ahead, serial" not in waits:
-            return "no wait lines"
-        return (f"first-batch wait behind the evaluation {waits['ahead']} s threaded, {waits['ahead, serial']} s serial; "
-                f"cold start {waits.get('fresh', '?')} s threaded, {waits.get('fresh, serial', '?')} s serial"
-                + (f"; {head.group(1)}" if head else ""))
-    if name == "eval_sync":
-        ref = re.search(r"^\s*synced: ([\d.]+) s", text, re.M)
-        new = re.search(r"^\s*evaluate: ([\d.]+) s \(([\d.]+)x\)", text, re.M)
-        same = re.search(r"^results (.*)", text, re.M)
-        if not (ref and new):
-            return "no timing lines"
-        return (f"evaluation {new.group(1)} s against {ref.group(1)} s for the loop that waited every batch "
-                f"({new.group(2)}x); results {same.group(1) if same else 'not compared'}")
-    if name.startswith("eval_batches"):
-        rows = {k: rest for k, *rest in re.findall(
-            r"^\s*(training-sized|eval-sized): (\d+) batches.*\(([\d.]+)x fewer\); forward ([\d.]+) s \(([\d.]+)x\)"
-            r"(?:, evaluation ([\d.]+) s \(([\d.]+)x: decode wait ([\d.]+) s)?", text, re.M)}
-        same = re.search(r"^\s*results (\w+)", text, re.M)
-        if len(rows) < 2:
-            return "no timing lines"
-        (n0, _, f0, _, e0, _, d0), (n1, fewer, f1, x, e1, ex, d1) = rows["training-sized"], rows["eval-sized"]
-        whole = f"; evaluation {e1} s against {e0} s ({ex}x; decode wait {d1} s against {d0} s)" if e1 and e0 else ""
-        return (f"{n1} evaluation batches against {n0} training-sized ({fewer}x fewer longest steps x layers: "
-                f"the launches, estimated); "
-                f"forward {f1} s against {f0} s ({x}x){whole}; results {same.group(1) if same else 'not compared'}")
-    if name == "checkpoint":
-        got = re.findall(r"^(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x", text, re.M)
-        return "; ".join(f"{p} {mb} MB: sync {s} s, loop waits {b} s ({r}x)" for p, mb, s, b, r in got) or "no table"
-    got = re.search(r"copy-back / masked_step: (.*)", text)
-    return got.group(1).strip() if got else "no ratio line"
 
 
 def pytest_figures(text: str | None) -> str:
@@ -351,10 +270,6 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = run_figures(run) if run else "no --runs"
         elif name.startswith("feed_"):
             figs = feed_figures(json_in(text))
-        elif name == "attention":
-            figs = attention_figures(json_in(text))
-        elif name == "lstm":
-            figs = lstm_figures(json_in(text))
         elif name == "profile":
             figs = profile_figures(text)
         elif name == "floor_conformer_compile":
@@ -363,8 +278,6 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = floor_figures(text)
         elif name.startswith("tests_"):
             figs = pytest_figures(text)
-        elif name in ("checkpoint", "masked_step", "eval_sync", "epoch_start") or name.startswith("eval_batches"):
-            figs = bench_figures(name, text)
         else:
             got = json_in(text)
             figs = f"features_sha256 {got['features_sha256']} ({got['cap']} cap)" if isinstance(got, dict) else "no checksum"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,6 +151,17 @@ def cli(*args, timeout: float = 300, check: bool = False, **kwargs) -> subproces
     if check and p.returncode != 0:
         raise AssertionError(f"speechperf {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p
+
+
+def run_benchmark(*args) -> int:
+    """``python benchmarks/run.py ARGS`` in this process (benchmarks/ is no package: its folder
+    joins the path); a run that appends to the ledger starts git for the commit it names."""
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import run
+
+    return run.main([*map(str, args)])
 
 
 # The session's tiny run: two epochs (two evaluations), a checkpoint every 3 steps (their seconds

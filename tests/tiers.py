@@ -20,7 +20,7 @@ TESTS = str(Path(__file__).resolve().parent)
 # MLPerf checker (a process of its own), the environment (a child reads the kernels), the training loop.
 STARTER_NAMES = frozenset({"subprocess", "Popen", "check_output", "cli", "cli_argv", "run_cli", "torchrun",
                            "train_seeds", "train_seeds_parallel", "run_sweep", "launch", "run_demo",
-                           "check_log", "check_run", "capture_env",
+                           "check_log", "check_run", "capture_env", "run_benchmark",
                            "speechperf.train.loop", "speechperf.drive.reproduce",
                            *(f"main:{command}" for command in ("train", "reproduce", "demo", "parallel"))})
 

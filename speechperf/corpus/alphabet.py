@@ -67,7 +67,7 @@ for _c, _i in CHAR_TO_INDEX.items():
 def encode_array(text: str) -> np.ndarray:
     """:func:`encode` as an int64 array, computed with numpy: the loader's readers encode every
     transcript of every batch, and the per-character loop was ~9% of a reader's time on
-    LibriSpeech-length utterances (benchmarks/bench_shard_format.py's profile)."""
+    LibriSpeech-length utterances (ledger: bench_shard_format)."""
     raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     labels = _BYTE_TO_INDEX[raw]  # (n,) a multi-byte character's bytes all map to -1
     if len(labels) and labels.min() < 0:

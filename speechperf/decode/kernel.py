@@ -1,8 +1,8 @@
 """The compiled CTC beam search shared by ``beam`` and ``wordbeam`` (numba, nogil).
 
 Why compiled: the pure-Python prefix beam search took 3.2 s per 400-frame utterance at
-width 256 and the dict-based word beam search 0.85-1.1 s (benchmarks/bench_decoders.py,
-this machine), against a goal of ~64 ms; numpy vectorization does not fit a search whose
+width 256 and the dict-based word beam search 0.85-1.1 s on a 2-core CPU (ledger:
+bench_decoders), against a goal of ~64 ms; numpy vectorization does not fit a search whose
 candidate set changes every frame, so the loop is compiled with numba.
 
 Every label prefix gets an integer id in a prefix trie built during the search (parent,

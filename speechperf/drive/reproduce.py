@@ -97,7 +97,7 @@ def _reference(preset: str) -> tuple[dict, Path]:
     if not curve.has_curves(ref):
         raise ReproduceError(f"{path} has no reference curves (per-epoch validation loss, CER and WER of its seeds): "
                              "it only says how many epochs each seed took; measure them with `python "
-                             f"benchmarks/bench_convergence.py {preset} --seeds N --curves 2 --data FEATS --write`")
+                             f"benchmarks/run.py convergence {preset} --seeds N --curves 2 --data FEATS --write`")
     return ref, path
 
 

@@ -5,7 +5,7 @@ window, power spectrum, Slaney mel filters with Slaney area normalization),
 ``power_to_db`` (10 log10, no top_db clipping, which would make a frame depend on the
 loudest frame of its utterance) and ``mfcc`` (orthonormal DCT-II of the dB mel bands).
 
-Speed, measured on this 2-core machine (benchmarks/bench_features.py): frames as a strided
+Speed, measured on this 2-core machine (ledger: bench_features): frames as a strided
 view (unfold), one real FFT over all frames, then mel filtering and the DCT as two
 matmuls ran ~3x librosa on one thread; torch.stft ran ~2x (its padding and complex
 output cost more), and a DFT-as-matmul against a cos/sin basis ran ~0.6x (memory bound).

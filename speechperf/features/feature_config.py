@@ -22,7 +22,7 @@ class FeatureConfig:
     max_seconds: float = 16.7  # drop longer utterances (1670 frames)
     min_frames: int = 11  # drop shorter utterances: the conv kernel is 11 frames
     compress: bool = True  # shards' arrays deflated; False (prepare --raw): stored as they are, 1.2x the
-    # disk for about half a reader's CPU (benchmarks/bench_shard_format.py); same values either way
+    # disk for about half a reader's CPU (ledger: bench_shard_format); same values either way
 
     @property
     def dim(self) -> int:

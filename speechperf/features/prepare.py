@@ -5,7 +5,7 @@ Parallel over CPU worker processes (one spawn pool for every split, one shard pe
 one torch thread per worker), resumable (a shard whose ``.json`` exists is done and
 skipped; a SIGKILLed run's workers die with it), with memory bounded by a shard, not the
 corpus (the scan streams into the pool, index.json is written one sidecar at a time;
-benchmarks/bench_prepare*.py), and honest about input: every file that cannot be
+benchmarks/run.py prepare), and honest about input: every file that cannot be
 used is reported with its name and reason in ``FEATS/prepare.json``, the rest is prepared.
 A split already prepared is checked, not trusted: every shard is hashed against the index,
 and those missing or damaged (and an unreadable index) are rebuilt and named, so re-running

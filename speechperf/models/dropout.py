@@ -3,7 +3,7 @@
 Why not ``nn.Dropout`` on a CPU: torch draws its mask with ``bernoulli_`` element by
 element, ~7.5 ns per element on the 2-core AVX2 EPYC of the demo (torch 2.13.0): 10.7 ms
 for one (24, 90, 576) feed-forward activation, against 1.6 ms for the same number of
-16-bit draws taken from full-range int64 ``random_`` (``benchmarks/bench_dropout.py``).
+16-bit draws taken from full-range int64 ``random_`` (ledger: bench_dropout).
 With the Conformer's dropout on every branch that made torch's masks about a quarter of a
 ``conformer-cpu`` training step. On any other device this is plain ``F.dropout``.
 

@@ -8,7 +8,7 @@ counts (:func:`utterance_errors`) that the bootstrap resamples, so a point value
 interval come from one count. Edit distances come from rapidfuzz, the C++ Levenshtein that
 jiwer itself uses: jiwer.wer gives the same WER (tests/scoring compare them) but also builds
 every alignment, 6x the seconds of the distances alone (50 against 8 ms for 1,627
-utterances; benchmarks/bench_scoring.py), in an evaluation the TTA clock times.
+utterances; ledger: bench_scoring), in an evaluation the TTA clock times.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 target over many reference seeds, and the check of runs against them, MLPerf's way.
 
 A reference is a JSON file per preset in ``speechperf/config/rcp/`` (written by
-``benchmarks/bench_convergence.py PRESET --seeds N --write``): the recipe it trained (the
+``benchmarks/run.py convergence PRESET --seeds N --write``): the recipe it trained (the
 configuration apart from the fields in :data:`NOT_RECIPE`), the corpus (train and
 validation utterances), the metric and TTA window, and per reference seed its epochs and
 minutes to each target, its final error and where, when and how it was measured (commit,

@@ -264,7 +264,7 @@ def check_memory(model: GraphedModel, shapes: set[tuple[int, int]], features: in
             f"{model.frames_grid} x train.graph_batch={model.batch_grid}, whose graphs keep {need / 1e9:.1f} GB "
             f"(a gradient per parameter, input and output per shape): more than {MEMORY_SHARE:.0%} of the device's "
             f"{free / 1e9:.1f} GB free. A coarser grid keeps fewer shapes (e.g. train.graph_frames="
-            f"{model.frames_grid * 4} train.graph_batch={model.batch_grid * 4}; benchmarks/bench_graph_shapes.py "
+            f"{model.frames_grid * 4} train.graph_batch={model.batch_grid * 4}; benchmarks/run.py graph_shapes "
             "projects shapes, memory and padding per grid), or train without train.cuda_graphs")
 
 

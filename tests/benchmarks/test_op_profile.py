@@ -1,5 +1,5 @@
 """benchmarks/_op_profile.py: per-step figures from a profiler trace, on a hand-built trace of two
-steps (exact sums, sites, counts), and benchmarks/bench_step_profile.py on the tiny corpus's
+steps (exact sums, sites, counts), and the step_profile benchmark (benchmarks/run.py) on the tiny corpus's
 features on this CPU (real profiler events through the same functions; device columns n/a)."""
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
+
+from tests.conftest import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -92,12 +94,14 @@ def test_a_sync_outside_every_aten_op_and_a_cpu_trace():
 
 
 def test_the_benchmark_on_this_cpu(tiny_features, tmp_path, capsys):
-    bench = importlib.import_module("bench_step_profile")
-    assert bench.main([str(tiny_features), "--preset", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "1",
-                       "--json", "--trace", str(tmp_path / "t"), "train.threads=1"]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t-tiny-evaluation.json", "t-tiny-loop_step.json",
-                                                          "t-tiny-train_step.json"]
-    got = json.loads(capsys.readouterr().out)
+    ledger = tmp_path / "ledger.jsonl"
+    assert run_benchmark("--ledger", ledger, "step_profile", "--data", tiny_features, "--preset", "tiny", "--device", "cpu",
+                         "--steps", "1", "--warmup", "1", "--json", "--trace", tmp_path / "t", "train.threads=1") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.jsonl", "t-tiny-evaluation.json",
+                                                          "t-tiny-loop_step.json", "t-tiny-train_step.json"]
+    header, *out, ratio = capsys.readouterr().out.strip().split("\n")  # the goal, the JSON, the ratio
+    assert header.startswith("== step_profile: docs/gpu.md: ") and ratio.startswith("step_profile: loop step / train")
+    got = json.loads("\n".join(out))
     assert got["preset"] == "tiny" and got["head"].startswith("preset tiny: cpu (CPU), fp32, ")
     train, ev_ = got["phases"]["train step"], got["phases"]["evaluation"]
     assert train["row"]["kernel ms"] is None and train["row"]["unprofiled ms"] > 0
@@ -107,24 +111,28 @@ def test_the_benchmark_on_this_cpu(tiny_features, tmp_path, capsys):
     assert not any(n.startswith(op.MARK) for n in names) and ev_["row"]["host ops ms"] > 0
     loop = got["phases"]["loop step"]  # the same step from a running loader: its ops, the reads between
     assert loop["row"]["unprofiled ms"] > 0 and "aten::_ctc_loss" in [r["op"] for r in loop["host ops"]]
+    line = json.loads(ledger.read_text())  # the ledger's line: the ratio printed, the command given
+    assert line["benchmark"] == "bench_step_profile" and line["command"].startswith("python benchmarks/run.py step_profile --data FEATS --preset tiny ")
+    assert line["figures"]["ratio"] == loop["row"]["unprofiled ms"] / train["row"]["unprofiled ms"]
+    assert line["figures"]["tiny"]["train step"]["ms"] == train["row"]["unprofiled ms"] and line["machine"]
 
 
 def test_a_loop_step_that_runs_out_of_batches_says_how_many_it_needs(tiny_features, capsys):
-    bench = importlib.import_module("bench_step_profile")
+    runner = importlib.import_module("run")
     # 10 batches of 4: enough for the train step's 3 + 4, not for the loop's 3 + 2 takes of 4 (a CPU's)
     with pytest.raises(SystemExit, match=r"gives 10 batches with these settings; the loop step needs 11 "):
-        bench.main([str(tiny_features), "--preset", "tiny", "--device", "cpu", "--steps", "4", "--warmup", "3",
-                    "train.threads=1"])
+        runner.main(["--no-ledger", "step_profile", "--data", str(tiny_features), "--preset", "tiny", "--device", "cpu",
+                     "--steps", "4", "--warmup", "3", "train.threads=1"])
 
 
 @pytest.mark.parametrize("args,says", [(["--preset", "tiny"], "is not a prepared features folder"),
                                        (["--preset", "tiny", "--steps", "0"], "need steps >= 1")])
 def test_bad_input_exits_2_naming_it(tmp_path, tiny_features, args, says, capsys):
-    bench = importlib.import_module("bench_step_profile")
+    runner = importlib.import_module("run")
     feats = tiny_features if "--steps" in args else tmp_path
-    assert bench.main([str(feats), *args]) == 2
+    assert runner.main(["--no-ledger", "step_profile", "--data", str(feats), *args]) == 2
     assert says in capsys.readouterr().err
-    assert bench.main([str(tiny_features), "--preset", "nope"]) == 2
+    assert runner.main(["--no-ledger", "step_profile", "--data", str(tiny_features), "--preset", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
 
 
