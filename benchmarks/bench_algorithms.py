@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from speechperf.results.run import Run  # noqa: E402
+from speechperf.results.view import RunView  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 
 
@@ -56,8 +56,8 @@ def communication(a, root: Path) -> list[dict]:
         if not (out / "summary.json").exists():
             print(f"[{algo}] training one epoch on 2 processes ...", flush=True)
             _torchrun(a, algo, out)
-        with Run.open(out) as run:
-            it = run.iterations()
+        with RunView.open(out) as run:
+            it = run.rows.iterations()
         steps = len(it)
         comm_s = sum(r["comm_s"] or 0.0 for r in it)
         comm_b = sum(r["comm_bytes"] or 0 for r in it)
@@ -106,8 +106,8 @@ def hooks(a, root: Path) -> list[dict]:
                                       "train.threads=1", "algo.name=single", *a.set], quiet=True)
     finally:
         single.Single.after_step, base.CommMeter.take, single.Single.before_eval = originals
-    with Run.open(out) as run:
-        steps = [r["step_s"] for r in run.iterations()]
+    with RunView.open(out) as run:
+        steps = [r["step_s"] for r in run.rows.iterations()]
     step = statistics.median(steps)
     per_step = sum(t.seconds for t in timers.values()) / len(steps)
     rows = [(name, t.calls, t.seconds / len(steps)) for name, t in timers.items()]

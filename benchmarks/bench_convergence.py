@@ -42,7 +42,8 @@ from speechperf.config import load_preset  # noqa: E402
 from speechperf.studies import rcp  # noqa: E402
 from speechperf.scoring.olympic import olympic_mean  # noqa: E402
 from speechperf.scoring.target_rule import epochs_to_target  # noqa: E402
-from speechperf.results.run import Run, read_json  # noqa: E402
+from speechperf.results.formats import read_json  # noqa: E402
+from speechperf.results.view import RunView  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.drive.seeds import parse_seeds, seed_folder  # noqa: E402 (the layout of train --seeds)
 from speechperf.telemetry.machine import hardware  # noqa: E402
@@ -82,10 +83,10 @@ def train(a, seed: int, out: Path, env: dict) -> None:
 
 def measured(a, seed: int, out: Path, isa: str) -> tuple[dict, dict, dict]:
     """(the seed's reference entry, the run's config, its corpus fingerprint)."""
-    run = Run.open(out)
+    run = RunView.open(out)
     try:
-        config, env, status = run.config, run.env, run.row().get("status")
-        evals = [(e["clock_s"], e[a.metric]) for e in run.evals()]
+        config, env, status = run.config, run.env, run.rows.row().get("status")
+        evals = [(e["clock_s"], e[a.metric]) for e in run.rows.evals()]
     finally:
         run.close()
     stamp = out / "bench_convergence.json"

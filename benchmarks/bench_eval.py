@@ -61,7 +61,7 @@ from speechperf.decode.batch import DecodePool
 from speechperf.models import build_model
 from speechperf.models.contract import autocast, planned_forward, unwrap
 from speechperf.results import checkpoint
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.train import evaluate as ev
 from speechperf.train.warmup import warm_decoder
 
@@ -308,7 +308,7 @@ def same_results(a: dict, b: dict, exact: bool) -> int:
 
 def load_model(args) -> tuple[torch.nn.Module, RunConfig, str]:
     if args.run:
-        run = Run.open(Path(args.run), data=Path(args.feats))
+        run = RunView.open(Path(args.run), data=Path(args.feats))
         ckpt = checkpoint.load(run.folder)
         cfg = RunConfig.from_dict(ckpt[checkpoint.CONFIG])
         model = build_model(cfg.model)

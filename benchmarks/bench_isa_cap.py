@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from speechperf.studies import curve, rcp  # noqa: E402
-from speechperf.results.run import Run  # noqa: E402
+from speechperf.results.view import RunView  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.telemetry.isa_cap import ATEN_VAR, CAP_VARS, MKL_VAR, ONEDNN_VAR, cap_env  # noqa: E402
 from speechperf.drive.reproduce import child_command  # noqa: E402
@@ -53,8 +53,8 @@ def train(a, isa: str | None, folder: Path) -> dict:
     done = subprocess.run(cmd, env=cap_env(isa, base), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         sys.exit(f"{isa or 'no cap'}: train exited {done.returncode}: {done.stderr[-1500:]}")
-    with Run.open(folder) as run:
-        evals, env, iters = run.evals(), run.env, run.iterations()
+    with RunView.open(folder) as run:
+        evals, env, iters = run.rows.evals(), run.env, run.rows.iterations()
     return {"curve": curve.curve_of(evals), "isa": env.get("isa", {}),
             "train s/epoch": sum(r.get("step_s") or 0.0 for r in iters) / max(len(evals), 1)}
 

@@ -206,10 +206,10 @@ def _say_groups(runs: list[Path], say) -> None:
 
 def _say_reproduction(runs: list[Path], say) -> None:
     """Each run's first epochs against its reference seed's curve (studies/curve.py), where it has one."""
-    from speechperf.results.run import Run
+    from speechperf.results.view import RunView
 
     for run in runs:
-        with Run.open(run) as r:
+        with RunView.open(run) as r:
             found = ((r.summary() or {}).get("convergence") or {}).get("reproduction")
         if found:
             say(f"{run.name}: {found['text']}")
@@ -217,22 +217,23 @@ def _say_reproduction(runs: list[Path], say) -> None:
 
 def _finished_status(run: Path) -> str | None:
     """The status of a finished run in ``run`` (None: none there, or one to continue); a
-    damaged run folder is refused by name (Run reads every JSON file it holds)."""
-    from speechperf.results.run import Run
+    damaged run folder is refused by name (RunView reads every JSON file it holds)."""
+    from speechperf.results.layout import is_run
+    from speechperf.results.view import RunView
 
-    if not Run.exists(run):
+    if not is_run(run):
         return None
-    with Run.open(run) as r:
+    with RunView.open(run) as r:
         return str(r.summary().get("status", "")) if r.finished else None
 
 
 def _beam_sweep(run: Path, say) -> None:
     """Evaluation seconds and every declared metric per beam width of the final model, once per run."""
-    from speechperf.results.run import Run
+    from speechperf.results.view import RunView
     from speechperf.studies.evaluate_run import beam_sweep
 
-    with Run.open(run) as r:
-        if r.beam_sweep():
+    with RunView.open(run) as r:
+        if r.rows.beam_sweep():
             return
     say(f"beam sweep on dev-clean, widths {', '.join(map(str, SWEEP_WIDTHS))}")
     for r in beam_sweep(run, list(SWEEP_WIDTHS), split="dev-clean"):
