@@ -87,6 +87,20 @@ def load(name: str) -> Platform:
     facts = load_platform(name).get("platform")
     if not isinstance(facts, dict):
         raise ConfigError(f"{where}: no [platform] section")
+    gpus, per_gpu, lists = _check_facts(where, facts)
+    dates, sources = _dated_sources(where, facts, is_file, name)
+    prices = {k: float(facts[k]) for k in PRICE_KEYS if facts.get(k) is not None}
+    hourly = "usd_per_hour" in prices
+    peaks = _peaks(where, facts, is_file, name)
+    return Platform(key=name, name=facts["name"], devices=facts["devices"], gpus=gpus, per_gpu=per_gpu,
+                    price_date=facts.get("price_date"), price_source=sources["purchase"],
+                    hourly_date=dates["hourly"] if hourly else None, hourly_source=sources["hourly"] if hourly else None,
+                    note=facts.get("note"), source="file" if is_file else "preset", **lists, **prices, **peaks)
+
+
+def _check_facts(where: str, facts: dict) -> tuple[int, bool, dict]:
+    """(gpus, per_gpu, {gpu_names, instance_types}): the profile's fields checked, each bad one
+    refused naming ``where``."""
     fields = {f.name for f in dataclasses.fields(Platform)} - {"key", "source"}
     unknown = set(facts) - fields
     if unknown:
@@ -117,6 +131,12 @@ def load(name: str) -> Platform:
     for key in ("price_date", "price_source", "hourly_date", "hourly_source", "note", "peak_date", "peak_source"):
         if facts.get(key) is not None and (not isinstance(facts[key], str) or not facts[key].strip()):
             _fail(where, f"{key} must be a non-empty string")
+    return gpus, per_gpu, lists
+
+
+def _dated_sources(where: str, facts: dict, is_file: bool, name: str) -> tuple[dict, dict]:
+    """({purchase, hourly}: date, {purchase, hourly}: source): each price quoted needs its date
+    and, in a profile, its source (a user file is its own)."""
     dates = {"purchase": facts.get("price_date"),
              # a user file of the older form dates its hourly rate with price_date
              "hourly": facts.get("hourly_date") or (facts.get("price_date") if is_file else None)}
@@ -133,13 +153,7 @@ def load(name: str) -> Platform:
             if not is_file:
                 _fail(where, f"has {WHAT[kind]} but no {source_key} (who quoted it?)")
             sources[kind] = f"user file {name}"
-    prices = {k: float(facts[k]) for k in PRICE_KEYS if facts.get(k) is not None}
-    hourly = "usd_per_hour" in prices
-    peaks = _peaks(where, facts, is_file, name)
-    return Platform(key=name, name=facts["name"], devices=facts["devices"], gpus=gpus, per_gpu=per_gpu,
-                    price_date=facts.get("price_date"), price_source=sources["purchase"],
-                    hourly_date=dates["hourly"] if hourly else None, hourly_source=sources["hourly"] if hourly else None,
-                    note=facts.get("note"), source="file" if is_file else "preset", **lists, **prices, **peaks)
+    return dates, sources
 
 
 def _peaks(where: str, facts: dict, is_file: bool, name: str) -> dict:
