@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 from speechperf.atomic import atomic_write_text  # noqa: E402
 from speechperf.features.checksum import OVER, features_sha256  # noqa: E402
 from speechperf.studies import curve, rcp  # noqa: E402
-from speechperf.results.run import Run  # noqa: E402
+from speechperf.results.view import RunView  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.telemetry.machine import hardware  # noqa: E402
 from speechperf.drive.reproduce import child_command  # noqa: E402
@@ -70,8 +70,8 @@ def measure_curves(a, out: Path, env: dict) -> int:
 
 def curve_entry(folder: Path, data: Path, overrides: list[str], at_commit: str) -> dict:
     """A seed's curve from its run folder: the epochs as recorded and the settings they need."""
-    with Run.open(folder) as run:
-        config, env, evals, status = run.config, run.env, run.evals(), run.row().get("status")
+    with RunView.open(folder) as run:
+        config, env, evals, status = run.config, run.env, run.rows.evals(), run.rows.row().get("status")
     settings = curve.settings_of(config, env)
     settings["features_sha256"] = settings["features_sha256"] or features_sha256(Path(data))  # runs before env had it
     return {"epochs": curve.curve_of(evals), "settings": {**settings, "features_checksum": OVER},

@@ -43,7 +43,8 @@ from speechperf.errors import SpeechperfError
 from speechperf.studies import rcp
 from speechperf.scoring.olympic import olympic_mean
 from speechperf.scoring.target_rule import epochs_to_target
-from speechperf.results.run import Run, read_json
+from speechperf.results.formats import read_json
+from speechperf.results.view import RunView
 from speechperf.tables import emit
 from speechperf.drive.seeds import parse_seeds, seed_folder  # the layout of train --seeds
 from speechperf.telemetry.machine import hardware
@@ -89,10 +90,10 @@ def train(a, seed: int, out: Path, env: dict) -> None:
 
 def measured(a, seed: int, out: Path, isa: str) -> tuple[dict, dict, dict]:
     """(the seed's reference entry, the run's config, its corpus fingerprint)."""
-    run = Run.open(out)
+    run = RunView.open(out)
     try:
-        config, env, status = run.config, run.env, run.row().get("status")
-        evals = [(e["clock_s"], e[a.metric]) for e in run.evals()]
+        config, env, status = run.config, run.env, run.rows.row().get("status")
+        evals = [(e["clock_s"], e[a.metric]) for e in run.rows.evals()]
     finally:
         run.close()
     stamp = out / "bench_convergence.json"

@@ -25,7 +25,7 @@ from speechperf.telemetry.measured_peak import recorded_peak
 from speechperf.telemetry.mfu import steps_achieved
 from speechperf.errors import SpeechperfError
 from speechperf.config.training import target_rule
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.studies.tta import time_columns
 
@@ -180,11 +180,11 @@ def run_figures(run: Path) -> str:
     if not (run / "results.db").is_file():
         return f"no {run / 'results.db'}"
     try:
-        r = Run.open(run)
+        r = RunView.open(run)
     except SpeechperfError as e:  # a run cut while its folder was made: its row says so, the table goes on
         return f"unreadable run: {e}"
     try:
-        iterations, evals, samples, env = r.iterations(), r.evals(), r.samples(), r.env
+        iterations, evals, samples, env = r.rows.iterations(), r.rows.evals(), r.rows.samples(), r.env
         summary, tc = r.summary() or {}, r.config.get("train", {})
     finally:
         r.close()

@@ -173,7 +173,7 @@ TINY_RUN = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3
 @pytest.fixture(scope="session")
 def tiny_run(tiny_features, tmp_path_factory):
     """A real finished run folder, trained once per test session by ``speechperf train --data
-    TINY_FEATURES --out RUN TINY_RUN``. Tests read it (Run.open, the reading commands) or copy it
+    TINY_FEATURES --out RUN TINY_RUN``. Tests read it (RunView.open, the reading commands) or copy it
     to change it."""
     def build(folder):
         p = cli("train", "--data", tiny_features, "--out", folder / "run", *TINY_RUN, "--json", timeout=600)

@@ -93,9 +93,9 @@ def _previous_release_run(root):
     config = {"model": {"name": "ds2", "conv_channels": 8, "lstm_layers": 1, "lstm_hidden": 8},
               "train": {"seed": 1, "eval_split": "dev-clean"}}
     with Run.create(root / "old", kind="train", config=config, env={"cpu_model": "Test CPU"}, label="old") as run:
-        run.add_iteration({"iteration": 1, "epoch": 1, "clock_s": 1.0, "loss": 5.0, "batch_size": 2, "frames": 100,
+        run.rows.add_iteration({"iteration": 1, "epoch": 1, "clock_s": 1.0, "loss": 5.0, "batch_size": 2, "frames": 100,
                            "audio_s": 2.0, "step_s": 1.0, "utts_per_s": 2.0, "audio_s_per_s": 2.0})
-        run.set_status("success")
+        run.rows.set_status("success")
         run.write_summary({"status": "success", "init_s": 1.0, "last_wer": 16.0, "last_cer": 8.0})
         run_id = run.run_id
     with sqlite3.connect(root / "old" / "results.db") as db:

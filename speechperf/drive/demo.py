@@ -77,52 +77,24 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     with the preset's seed; else those seeds (:func:`demo_folder`),
     ``parallel`` at a time (drive/seed_slots.py: one GPU each, or the CPUs shared). ``sweep``
     False: no beam sweep after training (a short check that needs the TTA and the report only)."""
-    from speechperf.corpus.synth import synthesize
-    from speechperf.features.prepare import prepare
-    from speechperf.studies.study import run_check
     from speechperf.studies.tta import tta_table
-    from speechperf.train.loop import train
-    from speechperf.drive.seeds import refuse_seed_override, train_seeds
 
     out = Path(out)
-    overrides = list(overrides)
-    if seeds is not None:
-        refuse_seed_override(overrides)  # before minutes of synthesis
-    if parallel != 1 and seeds is None:
-        raise ConfigError(f"--parallel {parallel} without --seeds: it places seeds side by side")
-    if minutes is not None:
-        overrides.append(f"train.time_cap_minutes={minutes}")
+    preset, why, cfg, overrides = _demo_config(preset, list(overrides), minutes, seeds, parallel)
     say = (lambda msg: None) if quiet else _say
-    why = "given"
-    if preset is None:
-        preset, why = pick_preset()
-        why += "; --preset overrides"
-    cfg = load_preset(preset, overrides)  # fail on a bad preset, or a damaged run folder, before minutes of synthesis
     runs = [out / "run"] if seeds is None else [demo_folder(out, s) for s in seeds]
     statuses = [_finished_status(run) for run in runs]  # a damaged run folder refused now, by name
     hours = hours or PRESET_HOURS.get(preset, DEFAULT_HOURS)
     say(f"preset {preset!r} ({why}): workload {workload_label(workload(cfg.to_dict()))}, {hours:g} h of audio")
     t0 = time.perf_counter()
-    say(f"corpus -> {out / 'corpus'}")
-    synthesize(out / "corpus", hours=hours, seed=1, progress=not quiet)
-    say(f"features -> {out / 'features'} ({time.perf_counter() - t0:.0f} s so far)")
-    prepare(out / "corpus", out / "features", progress=not quiet)
+    _corpus_and_features(out, hours, quiet, say, t0)
     for run, status in zip(runs, statuses):
         if status is not None:
             say(f"{run} already finished ({status}); delete it to train anew")
         else:
             say(f"{'resuming' if has_checkpoint(run) else 'training'} preset {preset!r} -> {run} "
                 f"({time.perf_counter() - t0:.0f} s so far)")
-    request = TrainRequest(preset, out / "features", runs[0] if seeds is None else out, overrides, resume="auto",
-                           quiet=quiet, check=run_check)
-    if seeds is None:
-        train(request)
-    elif parallel > 1:  # as below, `parallel` seeds at a time, each its own process
-        from speechperf.drive.seed_slots import train_seeds_parallel
-
-        train_seeds_parallel(seeds, parallel, request, folder=demo_folder, say=say)
-    else:  # finished seeds are only read again; the first seed that fails stops the demo (exit 1)
-        train_seeds(seeds, request, folder=demo_folder)
+    _train_demo(preset, out, runs, overrides, seeds, parallel, quiet, say)
     if sweep:
         _beam_sweep(runs[0], say)  # Table 3 is the decoder's trade-off of one model: the first seed's
     _report(runs, out / "report", say)
@@ -133,6 +105,54 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
         _say_groups(runs, say)
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
     return [row for metric in PAPER for row in tta_table(runs, metric=metric, targets="paper")]
+
+
+def _demo_config(preset: str | None, overrides: list, minutes: float | None, seeds, parallel: int):
+    """(preset, why it was chosen, its RunConfig, the overrides): a bad preset, seed override or
+    ``--parallel`` refused before minutes of synthesis."""
+    from speechperf.drive.seeds import refuse_seed_override
+
+    if seeds is not None:
+        refuse_seed_override(overrides)
+    if parallel != 1 and seeds is None:
+        raise ConfigError(f"--parallel {parallel} without --seeds: it places seeds side by side")
+    if minutes is not None:
+        overrides.append(f"train.time_cap_minutes={minutes}")
+    why = "given"
+    if preset is None:
+        preset, why = pick_preset()
+        why += "; --preset overrides"
+    return preset, why, load_preset(preset, overrides), overrides
+
+
+def _corpus_and_features(out: Path, hours: float, quiet: bool, say, t0: float) -> None:
+    """The demo's synthetic corpus and its features (each kept where already made)."""
+    from speechperf.corpus.synth import synthesize
+    from speechperf.features.prepare import prepare
+
+    say(f"corpus -> {out / 'corpus'}")
+    synthesize(out / "corpus", hours=hours, seed=1, progress=not quiet)
+    say(f"features -> {out / 'features'} ({time.perf_counter() - t0:.0f} s so far)")
+    prepare(out / "corpus", out / "features", progress=not quiet)
+
+
+def _train_demo(preset: str, out: Path, runs: list[Path], overrides: list, seeds, parallel: int, quiet: bool,
+                say) -> None:
+    """Train (or continue) the demo's run, or its seeds ``parallel`` at a time."""
+    from speechperf.drive.seeds import train_seeds
+    from speechperf.studies.study import run_check
+    from speechperf.train.loop import train
+
+    request = TrainRequest(preset, out / "features", runs[0] if seeds is None else out, overrides, resume="auto",
+                           quiet=quiet, check=run_check)
+    if seeds is None:
+        train(request)
+    elif parallel > 1:  # as below, `parallel` seeds at a time, each its own process
+        from speechperf.drive.seed_slots import train_seeds_parallel
+
+        train_seeds_parallel(seeds, parallel, request, folder=demo_folder, say=say)
+    else:  # finished seeds are only read again; the first seed that fails stops the demo (exit 1)
+        train_seeds(seeds, request, folder=demo_folder)
 
 
 def _say(msg: str) -> None:
@@ -206,10 +226,10 @@ def _say_groups(runs: list[Path], say) -> None:
 
 def _say_reproduction(runs: list[Path], say) -> None:
     """Each run's first epochs against its reference seed's curve (studies/curve.py), where it has one."""
-    from speechperf.results.run import Run
+    from speechperf.results.view import RunView
 
     for run in runs:
-        with Run.open(run) as r:
+        with RunView.open(run) as r:
             found = ((r.summary() or {}).get("convergence") or {}).get("reproduction")
         if found:
             say(f"{run.name}: {found['text']}")
@@ -217,22 +237,23 @@ def _say_reproduction(runs: list[Path], say) -> None:
 
 def _finished_status(run: Path) -> str | None:
     """The status of a finished run in ``run`` (None: none there, or one to continue); a
-    damaged run folder is refused by name (Run reads every JSON file it holds)."""
-    from speechperf.results.run import Run
+    damaged run folder is refused by name (RunView reads every JSON file it holds)."""
+    from speechperf.results.layout import is_run
+    from speechperf.results.view import RunView
 
-    if not Run.exists(run):
+    if not is_run(run):
         return None
-    with Run.open(run) as r:
+    with RunView.open(run) as r:
         return str(r.summary().get("status", "")) if r.finished else None
 
 
 def _beam_sweep(run: Path, say) -> None:
     """Evaluation seconds and every declared metric per beam width of the final model, once per run."""
-    from speechperf.results.run import Run
+    from speechperf.results.view import RunView
     from speechperf.studies.evaluate_run import beam_sweep
 
-    with Run.open(run) as r:
-        if r.beam_sweep():
+    with RunView.open(run) as r:
+        if r.rows.beam_sweep():
             return
     say(f"beam sweep on dev-clean, widths {', '.join(map(str, SWEEP_WIDTHS))}")
     for r in beam_sweep(run, list(SWEEP_WIDTHS), split="dev-clean"):

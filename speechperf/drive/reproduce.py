@@ -232,10 +232,10 @@ def judge(folder: Path, ref: dict, chosen: dict, epochs: int) -> dict:
     """The run in ``folder`` against the curve ``chosen`` over ``epochs`` epochs, as recorded
     (its config.json, env.json and results.db): {"verdict", "text", "epochs", "differences",
     "settings", "reference settings"}."""
-    from speechperf.results.run import Run
+    from speechperf.results.view import RunView
 
-    with Run.open(Path(folder)) as run:
-        config, env, evals = run.config, run.env, run.evals()
+    with RunView.open(Path(folder)) as run:
+        config, env, evals = run.config, run.env, run.rows.evals()
     mine, theirs = curve.settings_of(config, env), chosen["settings"]
     differences = curve.differences(mine, theirs)
     rows = _rows(curve.curve_of(evals), chosen["epochs"], epochs)

@@ -36,7 +36,7 @@ from speechperf.cpus import usable_cpus
 from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.drive.seeds import check_seeds_command, seed_folder
 from speechperf.train.request import TrainRequest
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 
 POLL_S = 0.2  # how often the seeds' processes are polled
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -190,7 +190,7 @@ def _finished(seed: int, proc: subprocess.Popen, log: Path, run: Path, start: in
     if refused is not None:
         raise SpeechperfError(f"seed {seed} ({run}; log {log}): {refused}")
     try:
-        with Run.open(run) as opened:  # None without a summary.json
+        with RunView.open(run) as opened:  # None without a summary.json
             summary = opened.summary()
     except SpeechperfError:  # no run there at all (the process failed before making it)
         summary = None

@@ -1,12 +1,17 @@
-"""The results of runs: the SQLite results database (one schema module) and the run folder."""
+"""The results of runs: the SQLite results database (one schema module) and the run folder
+(written: :class:`Run`; read by analyses: :class:`RunView`)."""
 from speechperf.results.db import ResultsDB, ResultsError
 
-__all__ = ["ResultsDB", "ResultsError", "Run"]
+__all__ = ["ResultsDB", "ResultsError", "Run", "RunView"]
 
 
-def __getattr__(name):  # Run imports torch (checkpoints): loaded on first use, not with the database
+def __getattr__(name):  # the run folder's modules load on first use, not with the database
     if name == "Run":
         from speechperf.results.run import Run
 
         return Run
+    if name == "RunView":
+        from speechperf.results.view import RunView
+
+        return RunView
     raise AttributeError(name)

@@ -107,8 +107,8 @@ def save(run, progress: Progress, state: dict, writer: CheckpointWriter | None =
     and a resume from it cuts the rows and log lines recorded since (train/admission.py)."""
     if writer is not None:
         writer.wait()  # at most one write in flight; a failed one stops the run here
-    run.flush()
-    progress.log_sizes = run.log_sizes()
+    run.rows.flush()
+    progress.log_sizes = run.log.log_sizes()
     path = Path(run.folder) / CHECKPOINT_FILE
     whole = contents(run.run_id, run.config, asdict(progress), state)
     if writer is None:

@@ -1,8 +1,9 @@
 """The run folder's file names: the one place each is spelled.
 
-Every other module names a run folder's files through these constants (results/run.py opens
-them, results/checkpoint.py writes the checkpoint, the commands that point at one file of a
-run use :func:`events_log`), so that a file renamed here is renamed everywhere.
+Every other module names a run folder's files through these constants (results/formats.py
+reads the JSON files, results/view.py and results/run.py open the rest, results/checkpoint.py
+writes the checkpoint, the commands that point at one file of a run use :func:`events_log`),
+so that a file renamed here is renamed everywhere.
 """
 from __future__ import annotations
 
@@ -30,3 +31,8 @@ def events_log(path: Path) -> Path:
 def has_checkpoint(folder: Path) -> bool:
     """Whether the run folder holds a checkpoint (without reading it: no torch)."""
     return (Path(folder) / CHECKPOINT_FILE).is_file()
+
+
+def is_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a run (its run.json, written last by ``Run.create``)."""
+    return (Path(folder) / RUN_FILE).is_file()

@@ -2,7 +2,7 @@
 
 A run folder may come from another machine, so its files are data that can be valid JSON
 of the wrong shape (``config.json`` = ``{"train": "x"}``). Every reader goes through
-:func:`check_shape` (results/run.py ``read_json``), so such a file is refused by name and
+:func:`check_shape` (results/formats.py ``read_json``), so such a file is refused by name and
 field (exit 2) instead of surfacing as a traceback deep in a table. Only fields that are
 present are checked: a missing field is each reader's to default.
 

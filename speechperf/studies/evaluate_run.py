@@ -17,12 +17,13 @@ from speechperf.features.stats import check_trained_on
 from speechperf.models import build_model
 from speechperf.results import checkpoint
 from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.train.evaluate import evaluate
 
 
 def load_run_model(run, data: Path | None = None):
     """(model with the run's latest weights, RunConfig, features folder, the open Run)."""
-    r = run if not isinstance(run, (str, Path)) else Run.open(Path(run), data=data)
+    r = run if not isinstance(run, (str, Path)) else RunView.open(Path(run), data=data)
     feats = r.features()  # a missing features folder fails before the checkpoint is read
     ckpt = checkpoint.load(r.folder)
     cfg = RunConfig.from_dict(ckpt[checkpoint.CONFIG])
@@ -49,13 +50,13 @@ def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: 
     """Table 3 form: evaluation seconds and every declared metric per beam width; rows also go to the run's
     database (and to ``db_path``, a shared one, if given)."""
     rows = []
-    with Run.open(Path(run), data=data, shared_db=db_path, write=True) as r:
+    with Run.open(Path(run), data=data, shared_db=db_path) as r:
         model, cfg, feats, _ = load_run_model(r)
         for width in widths:
             e = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=width,
                          workers=workers, mode=mode)
             row = {"run_id": r.run_id, "split": split, "decoder": e["decoder"], "beam": e["beam"], "eval_s": e["eval_s"],
                    **{c: e.get(c) for c in metric.columns()}, "n_utts": e["n_utts"], "device": "cpu"}
-            r.upsert("beam_sweep", row)
+            r.rows.upsert("beam_sweep", row)
             rows.append(row)
     return rows

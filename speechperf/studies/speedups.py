@@ -12,7 +12,7 @@ from speechperf.algorithms import periodic
 from speechperf.config.training import target_rule
 from speechperf.metric import per_epoch
 from speechperf.scoring.target_rule import tta_minutes
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.results.workload import workload_label
 from speechperf.telemetry.machine import devices
 
@@ -45,9 +45,9 @@ def report_rows(runs: list[dict]) -> list[dict]:
 
 
 def _facts(folder: Path) -> dict:
-    run = Run.open(folder)
+    run = RunView.open(folder)
     try:
-        return run_facts(run.summary() or {}, run.config, run.env, run.iterations(), run.evals(), folder.name)
+        return run_facts(run.summary() or {}, run.config, run.env, run.rows.iterations(), run.rows.evals(), folder.name)
     finally:
         run.close()
 

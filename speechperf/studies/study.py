@@ -14,7 +14,7 @@ from speechperf.scoring.targets import METRICS, parse_targets
 from speechperf.studies.tta import evaluations, notes, tta_table
 from speechperf.results.layout import CONFIG_FILE, ENV_FILE, EVENTS_FILE
 from speechperf.results.labels import unique_labels
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.results.workload import workload, workload_label
 from speechperf.telemetry.machine import machine_name
 
@@ -44,7 +44,7 @@ def tta_study(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
     "evaluations": every run's per-epoch validation errors with their 95% intervals}."""
     spec = parse_targets(targets, metric)
     table = tta_table(runs, metric, spec, epochs, price_per_hour, platform_file)
-    opened = [Run.open(Path(r)) for r in runs]
+    opened = [RunView.open(Path(r)) for r in runs]
     try:
         labels = unique_labels(opened)
         seeds = [_of_open(r, label, metric) for r, label in zip(opened, labels)]
@@ -60,9 +60,9 @@ def tta_study(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
 
 
 def _of_open(run, label: str, metric: str) -> SeedRun:
-    """:func:`seed_run` of an open Run."""
-    return seed_run(label, run.config, run.env, run.row().get("status"),
-                    run.evals(), metric, run.folder)
+    """:func:`seed_run` of an open RunView."""
+    return seed_run(label, run.config, run.env, run.rows.row().get("status"),
+                    run.rows.evals(), metric, run.folder)
 
 
 def study_notes(study: dict) -> list[str]:

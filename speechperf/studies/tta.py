@@ -12,17 +12,17 @@ from speechperf.studies.time_parts import decoding, floor_short, shares, step_vs
 from speechperf.scoring.target_rule import epochs_to_target, relative_pct, tta_minutes
 from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.telemetry import contention
 from speechperf.telemetry.machine import machine_name
 from speechperf.results.workload import by_workload
 
 
 def epoch_rows(run) -> list[dict]:
-    """Per-epoch validation rows of an open :class:`~speechperf.results.Run`, in epoch order; a
+    """Per-epoch validation rows of an open :class:`~speechperf.results.view.RunView`, in epoch order; a
     run whose rows are not in its database is an error, never an empty list."""
-    run.row()
-    return run.evals()
+    run.rows.row()
+    return run.rows.evals()
 
 
 def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper", epochs: int = 3,
@@ -41,7 +41,7 @@ def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
     folders from different machines compare in one table.
     """
     spec = parse_targets(targets, metric)
-    opened = [Run.open(Path(r)) for r in runs]
+    opened = [RunView.open(Path(r)) for r in runs]
     try:
         labelled = list(zip(opened, unique_labels(opened), (r.workload for r in opened)))
         for run, label, _ in labelled:  # a named set only for runs of its protocol, before any row
@@ -72,7 +72,7 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
         env = with_price_overrides(run.env, price_per_hour, platform_file)
         summary = run.summary() or {}  # {}: unfinished
         init_s = summary.get("init_s")
-        samples, iterations = run.samples(), run.iterations()
+        samples, iterations = run.rows.samples(), run.rows.iterations()
         for target in targets:
             minutes = tta_minutes(evals, target, epochs)
             reached = epochs_to_target(evals, target, epochs)
@@ -141,7 +141,7 @@ def evaluations(run, label: str) -> list[dict]:
     what ``tta --json`` shows per run."""
     keys = [k for m in per_epoch() for k in m.columns]
     return [{"run": label, "epoch": e["epoch"], "clock_s": e["clock_s"], "split": e["split"],
-             **{k: e.get(k) for k in keys}, "n_utts": e["n_utts"]} for e in run.evals()]
+             **{k: e.get(k) for k in keys}, "n_utts": e["n_utts"]} for e in run.rows.evals()]
 
 
 def notes(rows: list[dict]) -> list[str]:

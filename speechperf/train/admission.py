@@ -21,7 +21,8 @@ from speechperf.features.stats import check_trained_on
 from speechperf.results.db import ResultsDB
 from speechperf.results.lock import LOCK_FILE, RunFolderBusy, RunLock
 from speechperf.train.request import TrainRequest
-from speechperf.results.run import Run
+from speechperf.results.layout import has_checkpoint, is_run
+from speechperf.results.view import RunView
 
 
 @dataclass
@@ -42,13 +43,13 @@ class Admission:
 
     def summary(self) -> dict | None:
         """A finished run's summary (plan finished)."""
-        return Run.open(self.folder).summary()
+        return RunView.open(self.folder).summary()
 
     def release(self) -> None:
         """The lock released; a run refused before it existed leaves no lock file, nor the folder
         admit made for it."""
         if self.lock is not None:
-            if not Run.exists(self.folder):  # refused before the run existed (loader.max_duration, ...)
+            if not is_run(self.folder):  # refused before the run existed (loader.max_duration, ...)
                 _unmake(self.folder, self.made)
             self.lock.release()
             self.lock = None
@@ -88,7 +89,7 @@ def admit(request: TrainRequest, cfg: RunConfig, world: int, check_launch: Calla
     except RunFolderBusy as e:
         return Admission(out, None, None, str(e))
     # planned again under the lock only if another process made a run here in between
-    planned = first if first is not None and not Run.exists(out) else plan()
+    planned = first if first is not None and not is_run(out) else plan()
     if planned.plan in (None, "finished"):
         lock.release()
         return planned
@@ -102,7 +103,7 @@ def _plan(request: TrainRequest, cfg: RunConfig, world: int,
     a run to train has its shared database (``db_path``) checked before its folder exists."""
     out, mode, data, label = request.out, request.mode, request.data, request.given_label()
     try:
-        if not Run.exists(out):
+        if not is_run(out):
             if mode == "yes":
                 raise SpeechperfError(f"--resume yes but {out} holds no run")
             if data is None:
@@ -113,7 +114,7 @@ def _plan(request: TrainRequest, cfg: RunConfig, world: int,
         if mode == "no":
             raise SpeechperfError(f"{out} already holds a run; continue it with --resume auto (the default) "
                                   "or choose another --out")
-        run = Run.open(out, data=data)
+        run = RunView.open(out, data=data)
         # read through the current RunConfig: a section the run lacks (augment) takes its default there too
         differ = config_diff(RunConfig.from_dict(run.config).to_dict(), cfg.to_dict())
         if differ:
@@ -127,7 +128,7 @@ def _plan(request: TrainRequest, cfg: RunConfig, world: int,
         if cfg.loader.normalize:  # the normalization it trained on, or refused (features/stats.py)
             check_trained_on(run.features(), run.stats_sha256, out)
         _accept(cfg, world, request.db_path, check_launch)
-        return ("resume" if run.has_checkpoint() else "restart"), str(run.features()), None
+        return ("resume" if has_checkpoint(run.folder) else "restart"), str(run.features()), None
     except SpeechperfError as e:
         return None, None, str(e)
 

@@ -234,7 +234,7 @@ def _floor(t: Trainer) -> None:
         return
     try:
         with t.rec.off_clock():  # no part of the run's clock, nor its samples
-            t.rec.floor = floor.measure(t, t.run.iterations())
+            t.rec.floor = floor.measure(t, t.run.rows.iterations())
     except (RuntimeError, OSError, MemoryError, SpeechperfError) as e:  # torch's out of memory is a RuntimeError
         t.rec.floor = {"steps": steps, "note": f"not measured: the replay failed: {type(e).__name__}: {e}"[:400]}
         if t.group.device.type == "cuda":

@@ -6,8 +6,9 @@ results/events.py), the iteration rows, the logged sentences, the evaluation row
 utilization samples, what surrounds a checkpoint (the trainer saves it:
 results/checkpoint.py) and how the run ended (finished, with the check it was handed against
 its preset's reference; or failed: one failure path for every way a run can stop early).
-:class:`speechperf.results.run.Run` owns the folder's files; the recorder decides what goes
-into them.
+:class:`speechperf.results.run.Run` owns the folder's files (its rows: ``run.rows``; its logs:
+``run.log``); the recorder decides what goes into them, and what the machine did meanwhile
+through :class:`~speechperf.train.machine_record.MachineRecord`.
 
 Rank 0 records (:class:`RunRecorder`); every other rank gets a :class:`Recorder`, which
 keeps the progress and the clock (each rank needs its position and the time cap) and whose
@@ -15,7 +16,6 @@ recording methods do nothing, so that the loop has no branch per rank for record
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -32,11 +32,10 @@ from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
 from speechperf.results.progress import Clock, Progress
 from speechperf.results.schema import EVALS_DECODE, EVALS_PARTS
+from speechperf.train.machine_record import MachineRecord
 from speechperf.train.warmup import warn_if_slow
 from speechperf.telemetry.mfu import RunFlops
 from speechperf.telemetry import contention
-from speechperf.telemetry.gc_pauses import GcPauses
-from speechperf.telemetry.sampler import Sampler
 from speechperf.telemetry.status import StatusLine
 from speechperf.tables import print_lines
 
@@ -120,20 +119,16 @@ class RunRecorder(Recorder):
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
         self.check = check  # the finished run's check against its reference (TrainRequest.check); None: none
         self.target = target  # train.target_metric: eval_accuracy's value and the status line's
-        self.events = run.events()
+        self.events = run.log.events()
         self.status_line = None if quiet else StatusLine(target)
-        self.sampler, self.samples_stored, self.sample_t0 = None, 0, 0.0
+        self.machine = MachineRecord(run.rows, run.run_id)  # utilization samples and collection pauses
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
         self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
         self.ckpt_writer = CheckpointWriter()  # writes each checkpoint beside training (results/checkpoint_writer.py)
         self.resumed_at: int | None = None  # the iteration of the checkpoint a resumed run continues from
-        self.segment: float | None = None  # unix time this process's sampler started: its samples' segment
-        self.sampler_p0 = 0.0  # perf_counter() at the sampler's start
-        self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
         self.floor: dict | None = None  # the step against its floor (train/floor.py), measured after training
         self.graphs: dict | None = None  # train.cuda_graphs: shapes captured, seconds, steps run eagerly (train/graphs.py)
-        self.gc_pauses = GcPauses()  # this process's garbage collections from the clock's start (summary "gc")
 
     @classmethod
     def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
@@ -143,30 +138,8 @@ class RunRecorder(Recorder):
         rec = cls(prog, run, quiet, cfg.train.target_metric, check)
         if plan != "resume":
             rec.events.start(C.INIT_START, time_ms=init_ms)
-            rec._log_run_config(cfg, world, splits, global_batch)
+            log_run_config(rec.events, run.label, cfg, world, splits, global_batch)
         return rec
-
-    def _log_run_config(self, cfg, world: int, splits: dict, global_batch: float) -> None:
-        """The submission keys and hyperparameters MLPerf's training rules ask for (train/mlperf.py),
-        and the splits the run reads (verified). ``global_batch``: utterances per step over all
-        ranks (data/plan.py); batches by duration log its rounded mean, the exact mean and the
-        ``max_duration`` beside it (MLPerf's key is an integer)."""
-        events = self.events
-        log_submission(events, self.run.label)
-        if cfg.loader.max_duration > 0:
-            events.event(C.GLOBAL_BATCH_SIZE, max(1, round(global_batch)), batching="duration",
-                         mean_utterances=round(global_batch, 3), max_duration_s=cfg.loader.max_duration)
-        else:
-            events.event(C.GLOBAL_BATCH_SIZE, cfg.loader.batch_size)
-        events.event(C.GRADIENT_ACCUMULATION_STEPS, 1)
-        events.event(C.OPT_NAME, cfg.train.optimizer)
-        events.event(C.OPT_BASE_LR, cfg.train.lr)
-        events.event(C.SEED, cfg.train.seed)
-        events.event(C.TRAIN_SAMPLES, train_utterances(splits), splits=list(splits["train"]))
-        events.event(C.EVAL_SAMPLES, splits["splits"][splits["valid"]]["utterances"], split=splits["valid"])
-        events.event("world_size", world)
-        events.event("preset", cfg.preset)
-        events.event("data_splits", splits)
 
     def initialized(self, plan: str, init_s: float, parts: dict) -> None:
         super().initialized(plan, init_s, parts)
@@ -179,14 +152,7 @@ class RunRecorder(Recorder):
         else:
             self.events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
             self.events.start(C.RUN_START)
-
-        self.segment = time.time()  # one per process: its counters are differenced only among its samples
-        self.sampler = Sampler(os.getpid()).start()
-        self.gc_pauses.start()
-        self.sampler_p0 = time.perf_counter()  # a sample's t from here (the sampler's start, to a few ms)
-        # a sample's t is seconds since the sampler started: put it on the run's clock, which a
-        # resumed run continues (else every process's samples would pile up from t = 0)
-        self.sample_t0 = self.now()
+        self.machine.start(self.now)
 
     def count_flops(self, cfg, device) -> dict:
         """The FLOP model and the device's peak, for MFU (initialization, outside the clock);
@@ -209,7 +175,7 @@ class RunRecorder(Recorder):
     def steps_read(self, reads: list) -> None:
         """Steps read from the device (train/step.py's StepMeter): their rows, the status line."""
         for r in reads:
-            self.run.add_iteration(r.row)
+            self.run.rows.add_iteration(r.row)
             self.last_row = r.row
         if self.status_line and reads:
             evals = self.prog.evals
@@ -225,7 +191,7 @@ class RunRecorder(Recorder):
             hyp = alphabet.decode(alphabet.collapse(paths[: int(step.out_lens[b]), b].tolist()))
             pairs.append({"ref": batch.transcripts[b], "hyp": hyp})
         prog, loss = self.prog, self.last_row["loss"]
-        self.run.append_sentences({"iteration": prog.iteration, "epoch": prog.epoch, "loss": loss, "pairs": pairs})
+        self.run.log.append_sentences({"iteration": prog.iteration, "epoch": prog.epoch, "loss": loss, "pairs": pairs})
         self._say(f"iter {prog.iteration} epoch {prog.epoch} loss {loss:.3f}\n  ref: {pairs[0]['ref']}\n"
                   f"  hyp: {pairs[0]['hyp']}")
 
@@ -243,8 +209,8 @@ class RunRecorder(Recorder):
         rule's history too) or one split of the final evaluation, after the last epoch."""
         now, prog = self.now(), self.prog
         epoch = prog.epoch - 1 if final else prog.epoch
-        self.run.upsert("evals", {"run_id": self.run_id, "epoch": epoch, "split": r["split"], "decoder": r["decoder"],
-                                  "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"],
+        self.run.rows.upsert("evals", {"run_id": self.run_id, "epoch": epoch, "split": r["split"],
+                                       "decoder": r["decoder"], "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"],
                                   **{k: r.get(k) for k in (*EVALS_PARTS, *EVALS_DECODE)},
                                   "n_utts": r["n_utts"], "final": int(final),
                                   **{k: r.get(k) for k in metric.columns()}})  # every declared metric's columns
@@ -273,7 +239,7 @@ class RunRecorder(Recorder):
         self._written(self.ckpt_writer.wait())
         self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,
                           clock_s=round(self.prog.clock_s, 3))
-        self._store_samples(self.sampler.flush())  # a killed run keeps its samples up to here, all of them
+        self.machine.store_settled()  # a killed run keeps its samples up to here, all of them
         yield self.ckpt_writer
         self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (studies/time_parts.py)
 
@@ -285,18 +251,18 @@ class RunRecorder(Recorder):
 
     def finish(self, status: str) -> dict:
         self.ckpt_writer.wait()  # written by stopped(); a finished run has its last checkpoint on disk
-        self._stop_sampler()
+        self.machine.stop()
         summary = self.summary(status)
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
-        summary["gc"] = self.gc_pauses.figures()  # the interpreter's collection pauses while this process trained
+        summary["gc"] = self.machine.gc_pauses.figures()  # the interpreter's collection pauses while this process trained
         summary["floor"] = self.floor  # the step against its floor, where the run measured it (train/floor.py)
-        summary["shared"] = contention.shared(self.run.samples(), self.run.env.get("torch_threads"),  # others took
+        summary["shared"] = contention.shared(self.run.rows.samples(), self.run.env.get("torch_threads"),  # others took
                                               self.run.env.get("cpu_cores_logical"))  # its cores (telemetry/contention.py)
         summary["cuda_graphs"] = self.graphs  # None: the steps ran without CUDA graphs
-        summary.update(self.flops.summary(self.run.iterations()))  # TFLOPS and MFU over every training step
-        summary["convergence"] = (self.check(self.run.config, self.run.env, status, self.run.evals(), self.run.folder)
+        summary.update(self.flops.summary(self.run.rows.iterations()))  # TFLOPS and MFU over every training step
+        summary["convergence"] = (self.check(self.run.config, self.run.env, status, self.run.rows.evals(), self.run.folder)
                                    if self.check is not None else None)  # against the preset's RCPs
-        self.run.set_status(status)
+        self.run.rows.set_status(status)
         self.run.write_summary(summary)  # last: its presence means the run finished
         self.run.close()
         return summary
@@ -312,11 +278,11 @@ class RunRecorder(Recorder):
         fault = as_fault(e, self.out)
         reason, status = str(fault or e), failure_status(fault or e)
         unsaved = []
-        for what, write in (("checkpoint", lambda: self._written(self.ckpt_writer.wait())), ("rows", self.run.flush),
-                            ("status", lambda: self.run.set_status(status)),
+        for what, write in (("checkpoint", lambda: self._written(self.ckpt_writer.wait())), ("rows", self.run.rows.flush),
+                            ("status", lambda: self.run.rows.set_status(status)),
                             (EVENTS_FILE, lambda: self.events.end(C.RUN_STOP, None, status="aborted", reason=reason)),
                             (SUMMARY_FILE, lambda: self.run.write_summary(self._stopped_summary(status))),
-                            ("samples", self._stop_sampler)):
+                            ("samples", self.machine.stop)):
             try:
                 write()
             except Exception as err:  # noqa: BLE001 (a failed run reports its own cause, not this consequence)
@@ -347,45 +313,17 @@ class RunRecorder(Recorder):
     def _stopped_summary(self, status: str) -> dict:
         """A failed or interrupted run's summary: its MFU over the steps it trained too (a run cut
         before its target, the GPU check's short conformer run, has no other)."""
-        flops = self.flops.summary(self.run.iterations()) if self.flops is not None else {}
-        return {**self.summary(status), **flops, "gc": self.gc_pauses.figures()}
-
-    def _stop_sampler(self) -> None:
-        self.gc_pauses.stop()
-        if self.sampler is not None:
-            self.sampler.stop()
-            self._store_samples(len(self.sampler.samples))
-            self.sampler = None
+        flops = self.flops.summary(self.run.rows.iterations()) if self.flops is not None else {}
+        return {**self.summary(status), **flops, "gc": self.machine.gc_pauses.figures()}
 
     @contextmanager
     def off_clock(self):
         """As :meth:`Recorder.off_clock`; the span is kept, so that the samples taken in it are not
-        stored and those after it are put on the TTA clock (:meth:`_on_clock`)."""
+        stored and those after it are put on the TTA clock (``MachineRecord.on_clock``)."""
         start = time.perf_counter()
         with super().off_clock():
             yield
-        self.off_spans.append((start, time.perf_counter(), time.time()))
-
-    def _store_samples(self, upto: int) -> None:
-        """The samples not stored yet, up to ``upto`` (those that no longer change: Sampler.settled),
-        on the TTA clock."""
-        new = [row for row in map(self._on_clock, self.sampler.samples[self.samples_stored: upto]) if row]
-        if new:
-            self.run.insert("samples", new)
-        self.samples_stored = max(self.samples_stored, upto)
-
-    def _on_clock(self, s) -> dict | None:
-        """A sample's row: its ``t`` on the TTA clock (the sampler's seconds less the time spent off
-        the clock before it), None when taken off the clock. Each stretch of the clock is a
-        segment of its own, so a counter is never differenced across time the TTA does not count."""
-        at, shift, segment = self.sampler_p0 + s.t, 0.0, self.segment
-        for start, end, unix_end in self.off_spans:
-            if start < at < end:
-                return None
-            if end <= at:
-                shift, segment = shift + end - start, unix_end
-        return {"run_id": self.run_id, "t": s.t + self.sample_t0 - shift, "source": s.source, "metric": s.metric,
-                "value": s.value, "segment": segment}
+        self.machine.off_spans.append((start, time.perf_counter(), time.time()))
 
     def _say(self, text: str) -> None:
         """``text`` on stdout, each of its lines wrapped to a 100-column terminal (tables.WIDTH)."""
@@ -407,6 +345,28 @@ def _others(r: dict, logged: str) -> dict:
     """An events.log line's metadata: every declared metric the evaluation holds but the one
     ``logged`` as the line's value, rounded to 3 decimals."""
     return {m.name: round(r[m.name], 3) for m in metric.held([r]) if m.name != logged}
+
+
+def log_run_config(events, label: str, cfg, world: int, splits: dict, global_batch: float) -> None:
+    """The submission keys and hyperparameters MLPerf's training rules ask for (train/mlperf.py),
+    and the splits the run reads (verified). ``global_batch``: utterances per step over all
+    ranks (data/plan.py); batches by duration log its rounded mean, the exact mean and the
+    ``max_duration`` beside it (MLPerf's key is an integer)."""
+    log_submission(events, label)
+    if cfg.loader.max_duration > 0:
+        events.event(C.GLOBAL_BATCH_SIZE, max(1, round(global_batch)), batching="duration",
+                     mean_utterances=round(global_batch, 3), max_duration_s=cfg.loader.max_duration)
+    else:
+        events.event(C.GLOBAL_BATCH_SIZE, cfg.loader.batch_size)
+    events.event(C.GRADIENT_ACCUMULATION_STEPS, 1)
+    events.event(C.OPT_NAME, cfg.train.optimizer)
+    events.event(C.OPT_BASE_LR, cfg.train.lr)
+    events.event(C.SEED, cfg.train.seed)
+    events.event(C.TRAIN_SAMPLES, train_utterances(splits), splits=list(splits["train"]))
+    events.event(C.EVAL_SAMPLES, splits["splits"][splits["valid"]]["utterances"], split=splits["valid"])
+    events.event("world_size", world)
+    events.event("preset", cfg.preset)
+    events.event("data_splits", splits)
 
 
 def train_utterances(splits: dict) -> int:

@@ -14,7 +14,7 @@ from typing import Callable
 
 from speechperf.config import ConfigError, RunConfig, load_preset
 from speechperf.results.labels import default_label
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 
 RESUME_MODES = ("auto", "yes", "no")
 
@@ -69,7 +69,7 @@ class TrainRequest:
         if self.resume_run is not None:  # --resume RUN: that run, with its recorded configuration
             if self.overrides:
                 raise ConfigError("a resumed run keeps its configuration; overrides are not allowed with --resume RUN")
-            return RunConfig.from_dict(Run.open(self.resume_run).config)
+            return RunConfig.from_dict(RunView.open(self.resume_run).config)
         if self.out is None:
             raise ConfigError("train needs --out RUN (and --data FEATS for a new run)")
         return load_preset(self.preset, list(self.overrides), self.platform)

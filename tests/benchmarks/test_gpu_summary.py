@@ -86,17 +86,17 @@ def _run(root, env, summary):
     with Run.create(root, kind="train", config={"preset": "gpu", "train": {"precision": "bf16"}}, env=env,
                     label="r") as run:
         for n, (epoch, clock, utts) in enumerate(((1, 1.0, 100), (1, 2.0, 300), (2, 4.0, 100), (2, 5.0, 300))):
-            run.add_iteration({"iteration": n, "epoch": epoch, "clock_s": clock, "batch_size": utts, "step_s": 1.0,
+            run.rows.add_iteration({"iteration": n, "epoch": epoch, "clock_s": clock, "batch_size": utts, "step_s": 1.0,
                                "model_flops": 5e14, "data_s": 0.0, "ckpt_s": 0.0})
-        run.flush()
-        run.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
+        run.rows.flush()
+        run.rows.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
                               "clock_s": 3.0 * e, "eval_s": 1.0, "cer": 13.0 - e, "n_utts": 10, "final": 0}
                              for e in (1, 2)])
         # NVML utilization: 90% and 70% in the training phases, 10% in the evaluations, one sample after them
-        run.insert("samples", [{"run_id": run.run_id, "t": t, "source": "gpu0", "metric": "util_pct", "value": v,
+        run.rows.insert("samples", [{"run_id": run.run_id, "t": t, "source": "gpu0", "metric": "util_pct", "value": v,
                                 "segment": 1.0} for t, v in ((1.0, 90.0), (2.5, 10.0), (4.0, 70.0), (5.5, 10.0),
                                                              (7.0, 100.0))])
-        run.set_status("failed: interrupted (SIGTERM)")
+        run.rows.set_status("failed: interrupted (SIGTERM)")
         run.write_summary(summary)
     return root
 

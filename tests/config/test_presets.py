@@ -147,10 +147,10 @@ def test_the_gpu_presets_size_their_evaluation_batches_and_the_cpu_presets_keep_
 def test_a_run_recorded_before_evaluation_batch_sizes_loads_with_training_sized_ones():
     from pathlib import Path
 
-    from speechperf.results.run import Run
+    from speechperf.results.view import RunView
 
     folder = Path(__file__).parents[1] / "benchmarks" / "fixtures" / "gpu_check" / "runs" / "demo" / "run"
-    recorded = Run.open(folder).config  # a gpu run's config.json, written without the field
+    recorded = RunView.open(folder).config  # a gpu run's config.json, written without the field
     assert "eval_max_duration" not in recorded["loader"]
     cfg = RunConfig.from_dict(recorded)
     assert (cfg.preset, cfg.loader.max_duration, cfg.loader.eval_max_duration) == ("gpu", 1440.0, 0.0)

@@ -133,10 +133,10 @@ def _train(features, out, **over):
     sets = {"train.lr_schedule": "cosine", "train.max_epochs": 2, "train.final_splits": "none", "train.threads": 1,
             **over}
     train(preset="tiny", data=features, out=out, overrides=[f"{k}={v}" for k, v in sets.items()], quiet=True)
-    from speechperf.results.run import Run
+    from speechperf.results.view import RunView
 
-    with Run.open(out) as run:
-        return curve.curve_of(run.evals())
+    with RunView.open(out) as run:
+        return curve.curve_of(run.rows.evals())
 
 
 def test_stop_after_epochs_keeps_the_schedule(tiny_features, tmp_path):

@@ -10,6 +10,7 @@ from speechperf.cli import main
 from speechperf.metric import DEFAULT_TARGET
 from speechperf.studies import rcp, study
 from speechperf.results.run import Run
+from speechperf.results.view import RunView
 
 CONFIG = {"preset": "tiny", "model": {"name": "ds2"}, "train": {"seed": 1, "eval_split": "dev-clean", "target_metric": DEFAULT_TARGET,
                                                             "target": 0.0, "target_epochs": 3}}
@@ -19,7 +20,7 @@ DEEP = "[" * 10_000 + "]" * 10_000  # deeper than Python's recursion limit: json
 
 def _finished_run(folder):
     with Run.create(folder, kind="train", config=CONFIG, env=ENV, label="probe") as run:
-        run.set_status("success")
+        run.rows.set_status("success")
         run.write_summary({"status": "success", "init_s": 1.0})
     return folder
 
@@ -156,8 +157,8 @@ def test_a_refused_shared_db_is_checked_before_the_run_folder_exists(tiny_featur
     assert not run.exists()  # nothing created before the input is accepted
     shared.unlink()  # the cause fixed: the same command trains, and both databases hold the run
     assert main(argv) == 0
-    with Run.open(run) as r:
-        assert r.row()["status"] == "success" and _runs_row(shared, r.run_id) == ("success",)
+    with RunView.open(run) as r:
+        assert r.rows.row()["status"] == "success" and _runs_row(shared, r.run_id) == ("success",)
 
 
 def _can_mount() -> bool:
@@ -202,8 +203,8 @@ def test_a_run_left_without_its_row_is_recovered_by_the_same_command(trained, ti
     db.close()
     argv = ["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(run), "--db", str(shared), *TRAIN]
     assert main(argv) == 0
-    with Run.open(run) as r:
-        assert r.row()["status"] == "success" and r.evals() and _runs_row(shared, r.run_id) == ("success",)
+    with RunView.open(run) as r:
+        assert r.rows.row()["status"] == "success" and r.rows.evals() and _runs_row(shared, r.run_id) == ("success",)
 
 
 def test_a_resumed_run_registers_itself_in_a_new_shared_db(trained, tiny_features, tmp_path):
@@ -214,12 +215,12 @@ def test_a_resumed_run_registers_itself_in_a_new_shared_db(trained, tiny_feature
     (run / "summary.json").unlink()  # as if killed after its last checkpoint
     argv = ["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(run), "--db", str(shared), *TRAIN]
     assert main(argv) == 0
-    with Run.open(run) as r:
+    with RunView.open(run) as r:
         assert _runs_row(shared, r.run_id) == ("success",)
 
 
 def test_a_trained_run_without_its_row_is_refused_by_a_writer_naming_the_database(tmp_path):
-    from speechperf.results.run import RunError
+    from speechperf.results.formats import RunError
 
     run = _finished_run(tmp_path / "run")
     with sqlite3.connect(run / "results.db") as db:
@@ -227,4 +228,4 @@ def test_a_trained_run_without_its_row_is_refused_by_a_writer_naming_the_databas
     db.close()
     (run / "checkpoint.pt").write_bytes(b"weights")  # it trained: its rows cannot be made up again
     with pytest.raises(RunError, match=r"is not in .*results.db: its rows are missing"):
-        Run.open(run, write=True)
+        Run.open(run)

@@ -9,7 +9,10 @@ import pytest
 from speechperf.errors import SpeechperfError
 from speechperf.results import ResultsDB
 from speechperf.results.labels import default_label, unique_labels
-from speechperf.results.run import FORMAT, Progress, Run
+from speechperf.results.formats import FORMAT
+from speechperf.results.progress import Progress
+from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu
 
 CPU_ENV = {"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_cores_logical": 2, "device": "cpu", "gpus": [],
@@ -41,12 +44,11 @@ def test_create_open_and_colliding_labels(tmp_path):
     c = Run.create(tmp_path / "c", kind="train", config=CONFIG, env=CPU_ENV, data=feats, label="mine")
     for r in (a, b, c):
         r.close()
-    runs = [Run.open(tmp_path / n) for n in "abc"]
-    assert [r.format for r in runs] == [FORMAT] * 3 and runs[0].features() == feats
+    runs = [RunView.open(tmp_path / n) for n in "abc"]
+    assert [r.info["format"] for r in runs] == [FORMAT] * 3 and runs[0].features() == feats
     assert unique_labels(runs) == ["2-core Xeon tiny fp32 [a]", "2-core Xeon tiny fp32 [b]", "mine"]
-    assert runs[0].row()["label"] == "2-core Xeon tiny fp32"
-    with pytest.raises(SpeechperfError, match="opened read-only"):
-        runs[0].upsert("evals", {"run_id": "x"})
+    assert runs[0].rows.row()["label"] == "2-core Xeon tiny fp32"
+    assert not hasattr(runs[0].rows, "upsert") and not hasattr(runs[0].log, "append_sentences")  # a view reads only
     for r in runs:
         r.close()
 
@@ -56,16 +58,16 @@ def test_a_moved_folder_finds_its_features_beside_it_and_never_elsewhere(tmp_pat
     Run.create(tmp_path / "one" / "run", kind="train", config=CONFIG, env=CPU_ENV, data=feats).close()
     shutil.move(tmp_path / "one", tmp_path / "two")  # run and features moved together
     monkeypatch.chdir(tmp_path)
-    run = Run.open(tmp_path / "two" / "run")
+    run = RunView.open(tmp_path / "two" / "run")
     assert run.features() == tmp_path / "two" / "feats"
     shutil.rmtree(tmp_path / "two" / "feats")
     with pytest.raises(SpeechperfError, match=r"its features folder is not here \(recorded as .*feats.* on box-a\); "
                                               "give --data FEATS"):
         run.features()
     other = _features(tmp_path / "elsewhere")
-    assert Run.open(tmp_path / "two" / "run", data=other).features() == other
+    assert RunView.open(tmp_path / "two" / "run", data=other).features() == other
     with pytest.raises(SpeechperfError, match="nowhere is not a prepared features folder"):
-        Run.open(tmp_path / "two" / "run", data=tmp_path / "nowhere").features()
+        RunView.open(tmp_path / "two" / "run", data=tmp_path / "nowhere").features()
 
 
 def test_newer_format_and_broken_folders_are_named(tmp_path):
@@ -74,16 +76,16 @@ def test_newer_format_and_broken_folders_are_named(tmp_path):
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     (tmp_path / "run" / "run.json").write_text(json.dumps({**info, "format": FORMAT + 1}))
     with pytest.raises(SpeechperfError, match=f"written by a newer speechperf \\(run folder format {FORMAT + 1}"):
-        Run.open(tmp_path / "run")
+        RunView.open(tmp_path / "run")
     (tmp_path / "run" / "run.json").write_text(json.dumps(info))
     (tmp_path / "run" / "results.db").unlink()
     with pytest.raises(SpeechperfError, match="no results database at .*run/results.db"):
-        Run.open(tmp_path / "run").row()
+        RunView.open(tmp_path / "run").rows.row()
     (tmp_path / "run" / "results.db").write_bytes(b"garbage" * 200)
     with pytest.raises(SpeechperfError, match="run/results.db is not a readable results database"):
-        Run.open(tmp_path / "run").row()
+        RunView.open(tmp_path / "run").rows.row()
     with pytest.raises(SpeechperfError, match="not a run folder"):
-        Run.open(tmp_path)
+        RunView.open(tmp_path)
 
 
 def test_a_run_json_of_another_format_is_refused_by_name(tmp_path):
@@ -93,18 +95,18 @@ def test_a_run_json_of_another_format_is_refused_by_name(tmp_path):
     for bad in ({k: v for k, v in info.items() if k != "format"}, {**info, "format": 1}):
         (tmp_path / "run" / "run.json").write_text(json.dumps(bad))
         with pytest.raises(SpeechperfError, match=f"run/run.json: run folder format .*; this speechperf reads format {FORMAT} only"):
-            Run.open(tmp_path / "run")
+            RunView.open(tmp_path / "run")
 
 
 def _writer(args):
     folder, shared, n = args
     run = Run.create(folder, kind="train", config=CONFIG, env=CPU_ENV, shared_db=shared)
     for i in range(n):
-        run.add_iteration({"iteration": i + 1, "epoch": 1, "clock_s": float(i), "loss": 1.0, "batch_size": 4,
+        run.rows.add_iteration({"iteration": i + 1, "epoch": 1, "clock_s": float(i), "loss": 1.0, "batch_size": 4,
                            "frames": 10, "audio_s": 1.0, "step_s": 0.1, "utts_per_s": 40.0, "audio_s_per_s": 10.0})
         if i % 5 == 4:
-            run.flush()  # many small transactions: the writers interleave
-    run.set_status("success")
+            run.rows.flush()  # many small transactions: the writers interleave
+    run.rows.set_status("success")
     run.close()
     return run.run_id
 
@@ -118,8 +120,8 @@ def test_concurrent_writers_lose_no_row(tmp_path):
         counts = {r["run_id"]: r["n"] for r in db.query("SELECT run_id, COUNT(*) AS n FROM iterations GROUP BY run_id")}
     assert counts == {i: n for i in ids}
     for k, run_id in enumerate(sorted(ids)):  # and each folder's own database holds its own rows only
-        with Run.open(tmp_path / f"run{k}") as r:
-            assert len(r.iterations()) == n and {x["run_id"] for x in r.iterations()} == {r.run_id}
+        with RunView.open(tmp_path / f"run{k}") as r:
+            assert len(r.rows.iterations()) == n and {x["run_id"] for x in r.rows.iterations()} == {r.run_id}
 
 
 def test_progress_ignores_unknown_fields():

@@ -15,7 +15,7 @@ ENV = {"cpu_model": "Test CPU", "cpu_cores_logical": 2, "gpus": []}
 
 def _damaged_run(folder, name: str):
     with Run.create(folder, kind="train", config=CONFIG, env=ENV, label="damaged") as run:
-        run.set_status("success")
+        run.rows.set_status("success")
         run.write_summary({"status": "success", "init_s": 1.0})
     (folder / name).write_text('{"status": "success", "init_')  # cut short mid-write
     return folder

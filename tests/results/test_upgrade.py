@@ -9,6 +9,7 @@ from pathlib import Path
 from speechperf.config.training import TrainConfig, target_rule
 from speechperf.results import ResultsDB, schema, upgrade
 from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.scoring.targets import run_protocol
 
 ENV = {"cpu_model": "Test CPU", "cpu_cores_logical": 2, "gpus": []}
@@ -36,7 +37,7 @@ def test_config_fills_only_what_is_missing_and_leaves_the_record_alone():
 def test_a_run_opened_reads_the_later_config_fields(tmp_path):
     with Run.create(tmp_path / "r", kind="train", config={"preset": "tiny", "train": OLD_TRAIN}, env=ENV):
         pass
-    run = Run.open(tmp_path / "r")
+    run = RunView.open(tmp_path / "r")
     assert json.loads((tmp_path / "r" / "config.json").read_text())["train"] == OLD_TRAIN  # the file as it was
     assert run_protocol(run.config) == "speechperf"
     assert target_rule(run.config["train"]) == (TrainConfig().target_metric, 0.0, 3)
@@ -44,10 +45,10 @@ def test_a_run_opened_reads_the_later_config_fields(tmp_path):
 
 def test_rows_of_a_database_without_the_later_columns_hold_none(tmp_path):
     before = hashlib.sha256((FIXTURE / "results.db").read_bytes()).hexdigest()
-    run = Run.open(FIXTURE)
-    evals = run.evals()
+    run = RunView.open(FIXTURE)
+    evals = run.rows.evals()
     assert evals and all(e[c] is None for e in evals for c in schema.EVALS_DECODE)
-    assert all(set(upgrade.ADDED_COLUMNS["samples"]) <= set(s) for s in run.samples())
+    assert all(set(upgrade.ADDED_COLUMNS["samples"]) <= set(s) for s in run.rows.samples())
     run.close()
     assert hashlib.sha256((FIXTURE / "results.db").read_bytes()).hexdigest() == before  # read-only: unchanged
 

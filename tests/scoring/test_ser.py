@@ -52,14 +52,14 @@ def _run_with_ser(root, name: str):
     config = {"model": {"name": "ds2", "conv_channels": 8, "lstm_layers": 1, "lstm_hidden": 8},
               "train": {"seed": 1, "eval_split": "dev-clean"}}
     with Run.create(root / name, kind="train", config=config, env={"cpu_model": "Test CPU"}, label=name) as run:
-        run.add_iteration({"iteration": 1, "epoch": 1, "clock_s": 1.0, "loss": 5.0, "batch_size": 2, "frames": 100,
+        run.rows.add_iteration({"iteration": 1, "epoch": 1, "clock_s": 1.0, "loss": 5.0, "batch_size": 2, "frames": 100,
                            "audio_s": 2.0, "step_s": 1.0, "utts_per_s": 2.0, "audio_s_per_s": 2.0})
-        run.flush()
-        run.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
+        run.rows.flush()
+        run.rows.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
                               "clock_s": 60.0 * e, "eval_s": 1.0, "loss": 1.0, "n_utts": 10, "final": int(e == 5),
                               "cer": 20.0, "wer": 30.0, "cer_paper": 19.0, "ser": ser, "ser_lo": ser - 10,
                               "ser_hi": ser + 10} for e, ser in enumerate(SERS + [35.0], 1)])
-        run.set_status("success")
+        run.rows.set_status("success")
         run.write_summary({"status": "success", "init_s": 1.0})
     return root / name
 

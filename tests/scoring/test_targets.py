@@ -50,7 +50,7 @@ def _run(root, name: str, model: dict, wers: list[float], protocol: str | None =
     train = {"seed": 1, "eval_split": "dev-clean", **({"protocol": protocol} if protocol else {})}
     config = {"preset": name, "model": model, "train": train}
     with Run.create(root / name, kind="train", config=config, env=ENV, label=name) as run:
-        run.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
+        run.rows.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
                               "clock_s": 60.0 * e, "eval_s": 1.0, "loss": 1.0, "wer": w, "cer": w / 2,
                               "cer_paper": w / 2, "n_utts": 5, "final": 0} for e, w in enumerate(wers, 1)])
     return root / name

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from speechperf import metric
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.studies.evaluate_run import beam_sweep, evaluate_run
 
 
@@ -21,8 +21,8 @@ def one_thread():
 
 
 def test_eval_gives_the_final_evaluation_the_run_recorded(tiny_run, one_thread):
-    with Run.open(tiny_run) as r:
-        (final,) = [e for e in r.evals(final=True) if e["split"] == "dev-clean"]
+    with RunView.open(tiny_run) as r:
+        (final,) = [e for e in r.rows.evals(final=True) if e["split"] == "dev-clean"]
     row = evaluate_run(tiny_run, split="dev-clean", decoder="greedy", workers=1)
     assert "pairs" not in row and (row["split"], row["decoder"], row["beam"]) == ("dev-clean", "greedy", 1)
     assert row["n_utts"] == final["n_utts"] > 0
@@ -37,9 +37,9 @@ def test_a_beam_sweep_writes_one_row_per_width_with_every_declared_metric(tiny_r
     assert [(r["beam"], r["decoder"], r["split"], r["device"]) for r in rows] == [(1, "beam", "dev-clean", "cpu"),
                                                                                    (4, "beam", "dev-clean", "cpu")]
     assert all(r[c] is not None for r in rows for c in metric.columns()) and all(r["eval_s"] > 0 for r in rows)
-    with Run.open(run) as r:
-        assert [{k: s[k] for k in rows[0]} for s in r.beam_sweep()] == rows  # stored as returned
+    with RunView.open(run) as r:
+        assert [{k: s[k] for k in rows[0]} for s in r.rows.beam_sweep()] == rows  # stored as returned
     (again,) = beam_sweep(run, [4], split="dev-clean", decoder="beam", workers=1)
-    with Run.open(run) as r:
-        stored = r.beam_sweep()
+    with RunView.open(run) as r:
+        stored = r.rows.beam_sweep()
     assert [s["beam"] for s in stored] == [1, 4] and stored[1]["eval_s"] == again["eval_s"]  # replaced, not added

@@ -9,7 +9,7 @@ import pytest
 
 from speechperf import metric
 from speechperf.cli import main
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.studies.export.collect import ExportError, Point, flatten, sample_points
 from speechperf.studies.tta import tta_table
 from tests.conftest import cli
@@ -21,8 +21,8 @@ EXPORT = ["--targets", f"{TARGET:g}", "--epochs", str(EPOCHS), "--sample-s", "0.
 
 def recorded(run_folder):
     """The run's own rows, as the tests expect them back."""
-    with Run.open(run_folder) as run:
-        return run.run_id, run.evals(), run.iterations(), run.config
+    with RunView.open(run_folder) as run:
+        return run.run_id, run.rows.evals(), run.rows.iterations(), run.config
 
 
 def expected_tta(run_folder) -> float:

@@ -9,16 +9,16 @@ import pytest
 
 from speechperf.studies.time_parts import time_parts
 from speechperf.results import ResultsDB
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.train import floor as train_floor
 from tests.conftest import cli
 
 
 @pytest.mark.timeout(600)
 def test_the_parts_of_a_real_run_add_up_to_its_tta(tiny_run):
-    r = Run.open(tiny_run)
+    r = RunView.open(tiny_run)
     try:
-        iterations, evals, samples = r.iterations(), r.evals(), r.samples()
+        iterations, evals, samples = r.rows.iterations(), r.rows.evals(), r.rows.samples()
     finally:
         r.close()
     assert all(i["data_s"] is not None and i["data_s"] >= 0 for i in iterations)
@@ -76,8 +76,8 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(tiny_run):
 def test_tta_json_shows_the_energy_of_a_run_with_samples(tiny_run, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(tiny_run, copy)
-    r = Run.open(copy)
-    run_id, tta_s = r.run_id, r.evals()[0]["clock_s"]
+    r = RunView.open(copy)
+    run_id, tta_s = r.run_id, r.rows.evals()[0]["clock_s"]
     r.close()
     half = tta_s / 2
     # NVML's counter from two processes (a resume at half the TTA; it counted 50 kJ while the run was down),
@@ -101,13 +101,11 @@ def test_tta_json_shows_the_energy_of_a_run_with_samples(tiny_run, tmp_path):
 
 
 def test_samples_taken_off_the_clock_are_dropped_and_later_ones_moved_back():
-    from types import SimpleNamespace
-
     from speechperf.telemetry.sample import Sample
-    from speechperf.train.recorder import RunRecorder
+    from speechperf.train.machine_record import MachineRecord
 
-    rec = SimpleNamespace(run_id="r", sampler_p0=100.0, sample_t0=5.0, segment=1.0,
-                          off_spans=[(102.0, 104.0, 2.0), (106.0, 107.0, 3.0)])
-    rows = [RunRecorder._on_clock(rec, Sample(t, "gpu0", "energy_j", v)) for t, v in
+    rec = MachineRecord(rows=None, run_id="r")
+    rec.p0, rec.t0, rec.segment, rec.off_spans = 100.0, 5.0, 1.0, [(102.0, 104.0, 2.0), (106.0, 107.0, 3.0)]
+    rows = [rec.on_clock(Sample(t, "gpu0", "energy_j", v)) for t, v in
             ((1.0, 10.0), (3.0, 30.0), (5.0, 50.0), (6.5, 65.0), (8.0, 80.0))]
     assert [(r["t"], r["segment"]) if r else None for r in rows] == [(6.0, 1.0), None, (8.0, 2.0), None, (10.0, 3.0)]

@@ -9,6 +9,7 @@ from speechperf.train.admission import admit, config_diff
 from speechperf.results.lock import LOCK_FILE
 from speechperf.results.progress import Progress
 from speechperf.train.request import TrainRequest
+from speechperf.results.layout import is_run
 from speechperf.results.run import Run
 
 ENV = {"hostname": "h", "cpu_model": "Test CPU", "world_size": 1}
@@ -85,4 +86,4 @@ def test_a_seed_request_adds_its_seed_last_and_its_label_suffix(tmp_path):
     seed = TrainRequest("tiny", overrides=["a=1"], label="x").for_seed(3, tmp_path / "seed-3", ("train.threads=2",))
     assert seed.overrides == ("a=1", "train.threads=2", "train.seed=3") and seed.label_suffix == " seed 3"
     assert seed.given_label() == "x seed 3" and seed.out == tmp_path / "seed-3"
-    assert Run.exists(seed.out) is False
+    assert is_run(seed.out) is False

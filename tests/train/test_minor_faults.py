@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from speechperf.cli import main
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.train import loop
 from speechperf.train.stop import Interrupted
 
@@ -27,13 +27,13 @@ def test_a_sigterm_during_the_final_evaluation_stops_it_and_the_same_command_eva
     with pytest.raises(Interrupted, match="during the final evaluation") as e:
         loop.train("tiny", tiny_features, run, TINY, quiet=True)
     assert e.value.exit_code == 143
-    with Run.open(run) as r:
-        assert not r.finished and r.row()["status"].startswith("failed: interrupted (SIGTERM)")
+    with RunView.open(run) as r:
+        assert not r.finished and r.rows.row()["status"].startswith("failed: interrupted (SIGTERM)")
     monkeypatch.setattr(loop, "_evaluate", real)
     summary = loop.train("tiny", tiny_features, run, TINY, quiet=True)  # the same command: evaluates again
     assert summary["status"] == "success"
-    with Run.open(run) as r:
-        assert sorted(e["split"] for e in r.evals(final=True)) == ["dev-clean", "test-clean"]
+    with RunView.open(run) as r:
+        assert sorted(e["split"] for e in r.rows.evals(final=True)) == ["dev-clean", "test-clean"]
 
 
 def test_a_changed_label_on_an_existing_run_is_refused(tiny_features, tmp_path, capsys):

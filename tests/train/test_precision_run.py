@@ -12,7 +12,7 @@ def test_an_emulated_precision_is_flagged_in_env_summary_and_report(tiny_feature
     from speechperf.studies.report.runs import load_run
     from speechperf.studies.report.run_sections import runs_section
     from speechperf.studies.report.sections import Context
-    from speechperf.results.run import Run
+    from speechperf.results.view import RunView
 
     monkeypatch.setenv(cap.FORCE_ENV, "avx512f,avx512_bf16,amx_bf16")
     run = tmp_path / "run"
@@ -22,6 +22,6 @@ def test_an_emulated_precision_is_flagged_in_env_summary_and_report(tiny_feature
     assert code == 0, capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text())["precision_note"] == EMULATED
     assert json.loads((run / "env.json").read_text())["precision_note"] == EMULATED
-    with Run.open(run) as r:
+    with RunView.open(run) as r:
         table = runs_section(Context([load_run(r)], tmp_path, None)).blocks[0]
     assert [(row["precision"], row["precision note"]) for row in table.rows] == [("bf16", EMULATED)]

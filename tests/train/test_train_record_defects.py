@@ -72,7 +72,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.timeout(300)
 def test_the_seeds_of_a_killed_command_stop_with_it_saved(tiny_features, tmp_path):
-    from speechperf.results.run import Run
+    from speechperf.results.layout import has_checkpoint
+    from speechperf.results.view import RunView
 
     out = tmp_path / "out"
     parent = subprocess.Popen(cli_argv("train", "--data", tiny_features, "--out", out, "--seeds", "2", "--parallel", "2",
@@ -94,8 +95,8 @@ def test_the_seeds_of_a_killed_command_stop_with_it_saved(tiny_features, tmp_pat
             time.sleep(0.2)
         assert not any(_alive(p) for p in pids.values()), "the seeds kept training without their command"
         for s in (1, 2):  # each was asked to save and stop (SIGTERM): the same command continues it
-            with Run.open(out / f"seed-{s}") as r:
-                assert r.row()["status"] == "failed: interrupted (SIGTERM)" and r.has_checkpoint()
+            with RunView.open(out / f"seed-{s}") as r:
+                assert r.rows.row()["status"] == "failed: interrupted (SIGTERM)" and has_checkpoint(r.folder)
     finally:
         for p in pids.values():  # the processes this test started, by their id
             if _alive(p):

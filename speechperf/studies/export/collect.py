@@ -19,7 +19,7 @@ from pathlib import Path
 from speechperf.errors import SpeechperfError
 from speechperf.metric import METRICS
 from speechperf.studies.tta import tta_table
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.telemetry.energy import POWER_METRICS
 
 # iteration columns exported per step, each under train/NAME (throughput: utterances and audio seconds per second)
@@ -68,16 +68,16 @@ def flatten(config: dict, prefix: str = "") -> dict:
 
 def collect(folder: Path, metric: str, targets, epochs: int, sample_s: float) -> RunSeries:
     """The export of the run in ``folder``; its TTA of ``metric`` at ``targets`` (median of ``epochs``)."""
-    with Run.open(Path(folder)) as run:
-        row = run.row()
+    with RunView.open(Path(folder)) as run:
+        row = run.rows.row()
         series = RunSeries(run_id=run.run_id, label=run.label, folder=run.folder, started_at=row["started_at"] or 0.0,
                            params={**flatten(run.config), **flatten(run.workload, "workload.")},
                            tags={"speechperf.run_id": run.run_id, "label": run.label,
                                  "status": str(row["status"]), "folder": str(run.folder)})
-        series.points += iteration_points(run.iterations())
-        series.points += epoch_points(run.evals())
-        series.points += sample_points(run.samples(), sample_s)
-        series.summary.update(final_values(run.evals(final=True)))
+        series.points += iteration_points(run.rows.iterations())
+        series.points += epoch_points(run.rows.evals())
+        series.points += sample_points(run.rows.samples(), sample_s)
+        series.summary.update(final_values(run.rows.evals(final=True)))
     add_tta(series, tta_table([folder], metric=metric, targets=targets, epochs=epochs))
     return series
 

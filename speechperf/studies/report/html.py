@@ -22,7 +22,7 @@ from speechperf.tables import _fmt, write_csv
 from speechperf.telemetry.platforms import with_price_overrides
 from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 
 # Tables as wide as the page at most (a 1280-pixel window never scrolls sideways): a long cell
 # (time parts, price notes, a path: class "long") may wrap anywhere rather than widen its
@@ -49,7 +49,7 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
         raise SpeechperfError("report needs at least one run folder")
     out = Path(out)
     spec = parse_targets(targets, metric)
-    opened = [Run.open(Path(r)) for r in runs]
+    opened = [RunView.open(Path(r)) for r in runs]
     try:
         loaded = [load_run(r, label) for r, label in zip(opened, unique_labels(opened))]
         for r in loaded:  # a named target set only for runs of its protocol, before anything is written
@@ -57,7 +57,7 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
         for r in loaded:
             r["env"] = with_price_overrides(r["env"], price_per_hour, platform_file)
         shared = ResultsDB(db_path, readonly=True) if db_path else None
-        db = shared or opened[0].db
+        db = shared or opened[0].rows.db
         try:
             out.mkdir(parents=True, exist_ok=True)
             ctx = Context(loaded, out, db, spec)

@@ -2,23 +2,23 @@
 from __future__ import annotations
 
 from speechperf.results.layout import CONFIG_FILE, ENV_FILE
-from speechperf.results.run import Run
+from speechperf.results.view import RunView
 from speechperf.results.workload import workload, workload_label
 
 SENTENCES_SHOWN = 3  # last logged sentence batches per run
 
 
-def load_run(run: Run, label: str | None = None) -> dict:
+def load_run(run: RunView, label: str | None = None) -> dict:
     """Everything the report shows about one open run (read only; nothing is recomputed)."""
-    row = run.row()  # a run missing from its database is an error, not an empty report
+    row = run.rows.row()  # a run missing from its database is an error, not an empty report
     cfg, env = run.config, run.env  # the folder's files: they travel with it (the row's copies are for a shared database)
     work = workload(cfg)
     return {
         "run": str(run.folder), "run_id": run.run_id, "label": label or run.label, "row": row, "config": cfg,
         "env": env, "workload": work, "workload_label": workload_label(work),
         "summary": run.summary() or {},  # {}: unfinished; an unreadable summary.json is refused by name
-        "iterations": run.iterations(), "evals": run.evals(), "finals": run.evals(final=True),
-        "samples": run.samples(), "sweep": run.beam_sweep(), "sentences": run.sentences(SENTENCES_SHOWN),
+        "iterations": run.rows.iterations(), "evals": run.rows.evals(), "finals": run.rows.evals(final=True),
+        "samples": run.rows.samples(), "sweep": run.rows.beam_sweep(), "sentences": run.log.sentences(SENTENCES_SHOWN),
     }
 
 

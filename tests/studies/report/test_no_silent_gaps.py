@@ -37,11 +37,11 @@ def _training_run(root, name: str, seed: int):
     with Run.create(root / name, kind="train", config=config, env=GPU_ENV, label=name) as run:
         for n in range(EPOCHS * 20):  # each epoch: 20 steps of 2.5 s from its start, 5 s to the evaluation's
             epoch, k = n // 20 + 1, n % 20  # 5 s: the TTA clock tiled (studies/time_parts.py)
-            run.add_iteration({"iteration": n, "epoch": epoch, "clock_s": (epoch - 1) * EPOCH_S + 2.5 * (k + 1),
+            run.rows.add_iteration({"iteration": n, "epoch": epoch, "clock_s": (epoch - 1) * EPOCH_S + 2.5 * (k + 1),
                                "loss": 100.0 / (n + 1), "batch_size": 8, "frames": 800, "audio_s": 8.0, "step_s": 2.5,
                                "utts_per_s": 8.0, "audio_s_per_s": 8.0, "data_s": 0.5, "ckpt_s": 0.25 if k == 10 else 0.0})
-        run.flush()
-        run.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
+        run.rows.flush()
+        run.rows.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
                               "clock_s": e * EPOCH_S, "eval_s": 5.0, "eval_forward_s": 2.0, "eval_decode_s": 2.5,
                               "eval_score_s": 0.5, "loss": 1.0, "wer": 30.0 - 4 * e, "cer": 12.0 - e,
                               "cer_paper": 11.0 - e, "n_utts": 10, "final": 0, "cer_lo": 10.5 - e, "cer_hi": 13.5 - e,
@@ -56,27 +56,27 @@ def _training_run(root, name: str, seed: int):
                        "wer_hi": 17.0, "ser": 40.0, "ser_lo": 30.0, "ser_hi": 50.0,
                        **dict.fromkeys(("decode_threads", "decode_frames", "decode_busy_s", "decode_cpu_s"))}
                       for split in ("dev-clean", "test-clean")])
-        run.insert("samples", [{"run_id": run.run_id, "t": k * 0.5, "source": source, "metric": metric,
+        run.rows.insert("samples", [{"run_id": run.run_id, "t": k * 0.5, "source": source, "metric": metric,
                                 "value": _value(metric, k * 0.5)}
                                for k in range(int(EPOCHS * EPOCH_S * 2)) for source, metrics in SAMPLES.items()
                                for metric in metrics])
-        run.insert("beam_sweep", [{"run_id": run.run_id, "split": "dev-clean", "decoder": "wordbeam", "beam": b,
+        run.rows.insert("beam_sweep", [{"run_id": run.run_id, "split": "dev-clean", "decoder": "wordbeam", "beam": b,
                                    "eval_s": b / 10, "wer": 16.0, "cer": 7.5, "cer_paper": 7.0, "n_utts": 10,
                                    "device": "cpu"} for b in (16, 64)])
-        run.append_sentences({"iteration": 20, "epoch": 1, "loss": 3.0, "pairs": [{"ref": "a cat", "hyp": "a cap"}]})
-        run.set_status("success")
+        run.log.append_sentences({"iteration": 20, "epoch": 1, "loss": 3.0, "pairs": [{"ref": "a cat", "hyp": "a cap"}]})
+        run.rows.set_status("success")
         run.write_summary({"status": "success", "init_s": 3.0})
     return root / name
 
 
 def _bench_and_parallel_rows(run_folder) -> None:
     """bench ops at two thread counts, a zoo sweep and a parallel sweep, in the first run's database."""
-    with Run.open(run_folder, write=True) as run:
-        run.insert("bench_ops", [{"at": 1.0, "device": "cpu", "dtype": "fp32", "threads": t, "op": "matmul",
+    with Run.open(run_folder) as run:
+        run.rows.insert("bench_ops", [{"at": 1.0, "device": "cpu", "dtype": "fp32", "threads": t, "op": "matmul",
                                   "shape": "512x512x512", "iters": 10, "ms_mid": 1.0, "spread_pct": 1.0,
                                   "tflops": 0.1 * t, "pct_peak": 40.0 * t, "peak_source": "datasheet", "status": "ok"}
                                  for t in (1, 2)])
-        run.insert("bench_zoo", [{"at": 1.0, "model": "ds2", "batch": b, "precision": "fp32", "device": "cpu",
+        run.rows.insert("bench_zoo", [{"at": 1.0, "model": "ds2", "batch": b, "precision": "fp32", "device": "cpu",
                                   "params_m": 1.0, "paper_params_m": 1.0, "unit": "utterances", "samples_per_s": 10.0 * b,
                                   "power_w": 50.0, "joules_per_sample": 5.0 / b, "energy": "RAPL", "status": "ok"}
                                  for b in (4, 8)])

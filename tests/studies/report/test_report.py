@@ -97,13 +97,13 @@ def test_run_without_gpu_or_rapl_says_so(recorded_runs, tmp_path):
 
 def test_fig8_draws_cpu_solid_and_each_gpu_dashed(recorded_runs, tmp_path, monkeypatch):
     from speechperf.studies.report.runs import load_run
-    from speechperf.results.run import Run
+    from speechperf.results.view import RunView
 
     drawn = []
     monkeypatch.setattr(figures, "save_png", lambda fig, path: drawn.append(fig) or path)
     runs = []
     for n in ("sys1-gpu", "cpu-seed1"):
-        with Run.open(recorded_runs[n]) as r:
+        with RunView.open(recorded_runs[n]) as r:
             runs.append(load_run(r))
     assert figures.utilization_window(runs, tmp_path / "f.png")[0] is not None
     gpu_axes, cpu_axes = drawn[0].axes

@@ -23,10 +23,10 @@ def _run(root, name: str, model: dict, cers: list[float]):
     config = {"preset": name, "model": model, "train": {"seed": 1, "eval_split": "dev-clean"}}
     with Run.create(root / name, kind="train", config=config, env=ENV, label=name) as run:
         for n in range(20):
-            run.add_iteration({"iteration": n, "epoch": n // 5 + 1, "clock_s": 15.0 * n, "loss": 10.0 / (n + 1),
+            run.rows.add_iteration({"iteration": n, "epoch": n // 5 + 1, "clock_s": 15.0 * n, "loss": 10.0 / (n + 1),
                                "batch_size": 4, "frames": 400, "audio_s": 4.0, "step_s": 1.0, "utts_per_s": 4.0,
                                "audio_s_per_s": 4.0})
-        run.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
+        run.rows.insert("evals", [{"run_id": run.run_id, "epoch": e, "split": "dev-clean", "decoder": "greedy", "beam": 1,
                               "clock_s": 60.0 * e, "eval_s": 1.0, "loss": 1.0, "wer": 2 * c, "cer": c, "cer_paper": c,
                               "n_utts": 5, "final": 0} for e, c in enumerate(cers, 1)])
     return root / name
