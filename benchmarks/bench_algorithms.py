@@ -92,7 +92,7 @@ class _Timed:
 def hooks(a, root: Path) -> list[dict]:
     """One epoch of ``algo.name=single`` in this process, its per-step hooks timed."""
     from speechperf.algorithms import base, single
-    from speechperf.train.loop import train
+    from speechperf.train.loop import TrainRequest, train
 
     timers = {name: _Timed() for name in ("after_step", "comm.take", "before_eval")}
     originals = (single.Single.after_step, base.CommMeter.take, single.Single.before_eval)
@@ -102,8 +102,8 @@ def hooks(a, root: Path) -> list[dict]:
     out = root / "single-hooks"
     shutil.rmtree(out, ignore_errors=True)  # a finished run would only be read again: no hook called
     try:
-        train(a.preset, a.data, out, ["train.max_epochs=1", "train.final_splits=none", "train.target=0",
-                                      "train.threads=1", "algo.name=single", *a.set], quiet=True)
+        train(TrainRequest(a.preset, a.data, out, ["train.max_epochs=1", "train.final_splits=none", "train.target=0",
+                                                   "train.threads=1", "algo.name=single", *a.set], quiet=True))
     finally:
         single.Single.after_step, base.CommMeter.take, single.Single.before_eval = originals
     with Run.open(out) as run:

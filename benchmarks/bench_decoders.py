@@ -108,6 +108,7 @@ def model_emissions(run: Path, splits=("dev-clean", "dev-other")) -> dict[str, t
     import torch
 
     from speechperf.studies.evaluate_run import load_run_model
+    from speechperf.data.batching import Batching
     from speechperf.train.evaluate import eval_batches
 
     model, cfg, feats, _ = load_run_model(run)
@@ -116,7 +117,7 @@ def model_emissions(run: Path, splits=("dev-clean", "dev-other")) -> dict[str, t
     for split in splits:
         mats, refs = [], []
         with torch.no_grad():
-            for b in eval_batches(feats, split, cfg.loader):  # the evaluation's batches
+            for b in eval_batches(feats, split, Batching(cfg.loader)):  # the evaluation's batches
                 lp, lens = model(b.feats, b.feat_lens)  # (T', B, 30), (B,)
                 lp = lp.float().numpy().astype(np.float64)
                 mats += [np.ascontiguousarray(lp[: int(lens[i]), i]) for i in range(lp.shape[1])]

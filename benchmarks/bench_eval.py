@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 
 from speechperf.config import RunConfig, load_preset
+from speechperf.data.batching import Batching
 from speechperf.data.loader import load_index
 from speechperf.decode import get_decoder
 from speechperf.cpus import usable_cpus
@@ -78,7 +79,7 @@ def old_evaluate(model, feats: Path, split: str, cfg: RunConfig) -> tuple[float,
                       mode=tc.eval_mode if tc.eval_decoder == "wordbeam" else None)  # rebuilt every epoch
     index = load_index(feats, [split])
     refs, hyps, ids = [], [], []
-    for batch in ev.eval_batches(feats, split, cfg.loader, index):
+    for batch in ev.eval_batches(feats, split, Batching(cfg.loader), index):
         log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, CPU)
         log_probs = log_probs.float()  # (T', B, C)
         torch.nn.functional.ctc_loss(log_probs, batch.labels, out_lens, batch.label_lens, blank=0, reduction="none")
@@ -93,7 +94,7 @@ def old_evaluate(model, feats: Path, split: str, cfg: RunConfig) -> tuple[float,
 def new_evaluate(model, feats: Path, split: str, cfg: RunConfig, threads: int) -> tuple[dict, float]:
     """The loop's path with ``threads`` decode threads: (its result, the intervals' seconds)."""
     tc = cfg.train
-    r = ev.evaluate(model, feats, split, cfg.loader, CPU, decoder=tc.eval_decoder, beam=tc.eval_beam,
+    r = ev.evaluate(model, feats, split, Batching(cfg.loader), CPU, decoder=tc.eval_decoder, beam=tc.eval_beam,
                     workers=threads, mode=tc.eval_mode, keep_pairs=1_000_000, intervals=False)
     t = time.perf_counter()
     ev.with_intervals(r)
@@ -105,7 +106,7 @@ def emissions(model, feats: Path, split: str, cfg: RunConfig) -> list[tuple]:
     """Every batch's (T', B, C) log-probs and lengths, computed once."""
     index = load_index(feats, [split])
     out = []
-    for batch in ev.eval_batches(feats, split, cfg.loader, index):
+    for batch in ev.eval_batches(feats, split, Batching(cfg.loader), index):
         log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, CPU)
         out.append((log_probs.float().numpy(), out_lens.numpy()))
     return out
@@ -130,7 +131,7 @@ def resident_vs_stream(model, feats: Path, split: str, cfg: RunConfig, threads: 
     """Per-evaluation seconds, streamed against resident, interleaved; 1 if the results differ."""
     tc = cfg.train
     t = time.perf_counter()
-    kept = ev.keep_resident(feats, split, cfg.loader, CPU, tc.eval_resident_mb)
+    kept = ev.keep_resident(feats, split, Batching(cfg.loader), CPU, tc.eval_resident_mb)
     built = time.perf_counter() - t
     if kept is None:
         print(f"{split}'s batches exceed train.eval_resident_mb={tc.eval_resident_mb}: nothing to compare")
@@ -177,8 +178,8 @@ def synced_evaluate(model, feats: Path, split: str, cfg: RunConfig, device, thre
     model.eval()
     dec = ev.make_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode)
     index = load_index(feats, [split])
-    kept = ev._RESIDENT.get(ev._resident_key(feats, split, index, cfg.loader, device))
-    batches = kept.batches if kept is not None else ev.eval_batches(feats, split, cfg.loader, index)
+    kept = ev._RESIDENT.get(ev._resident_key(feats, split, index, Batching(cfg.loader), device))
+    batches = kept.batches if kept is not None else ev.eval_batches(feats, split, Batching(cfg.loader), index)
     refs, ids, loss_sum, n_loss = [], [], 0.0, 0
     with DecodePool(dec, threads) as pool:
         for batch in batches:
@@ -206,11 +207,11 @@ def loop_vs_synced(model, feats: Path, split: str, cfg: RunConfig, device, threa
     the resident batches; 1 if their losses or texts differ."""
     tc = cfg.train
     model.to(device)
-    kept = ev.keep_resident(feats, split, cfg.loader, device, tc.eval_resident_mb)
+    kept = ev.keep_resident(feats, split, Batching(cfg.loader), device, tc.eval_resident_mb)
     runs: dict[str, list[dict]] = {"synced": [], "evaluate": []}
     for i in range(repeats + 1):  # the first round warms both up (cuDNN, the pinned pool) and is not kept
         synced = synced_evaluate(model, feats, split, cfg, device, threads)
-        r = ev.evaluate(model, feats, split, cfg.loader, device, decoder=tc.eval_decoder, beam=tc.eval_beam,
+        r = ev.evaluate(model, feats, split, Batching(cfg.loader), device, decoder=tc.eval_decoder, beam=tc.eval_beam,
                         workers=threads, precision=tc.precision, mode=tc.eval_mode, keep_pairs=1_000_000,
                         intervals=False)
         if i:
@@ -238,7 +239,7 @@ def batch_shapes(model, feats: Path, split: str, loader) -> dict:
     """The evaluation's batches of ``split`` under ``loader``: their count, padded / valid frames
     and the sum over batches of the longest output length (the model's time steps per layer)."""
     index = load_index(feats, [split])
-    plan = ev.eval_batches(feats, split, loader, index).plan
+    plan = ev.eval_batches(feats, split, Batching(loader), index).plan
     longest = [int(index.frames[b].max()) for b in plan.batches]
     steps = unwrap(model).output_lengths(torch.tensor(longest)).sum()
     padded = sum(len(b) * m for b, m in zip(plan.batches, longest))
@@ -260,8 +261,8 @@ def eval_vs_train_sized(model, feats: Path, split: str, cfg: RunConfig, device, 
     runs: dict[str, list[dict]] = {name: [] for name in sized}
     for i in range(repeats + 1):  # the first round warms both up (shapes' plans, the pinned pool) and is not kept
         for name, loader in sized.items():
-            ev.keep_resident(feats, split, loader, device, max(tc.eval_resident_mb, 1))  # built outside the timing
-            r = ev.evaluate(model, feats, split, loader, device, decoder=tc.eval_decoder, beam=tc.eval_beam,
+            ev.keep_resident(feats, split, Batching(loader), device, max(tc.eval_resident_mb, 1))  # built outside the timing
+            r = ev.evaluate(model, feats, split, Batching(loader), device, decoder=tc.eval_decoder, beam=tc.eval_beam,
                             workers=threads, precision=tc.precision, mode=tc.eval_mode, keep_pairs=1_000_000,
                             intervals=False)
             if i:

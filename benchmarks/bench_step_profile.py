@@ -43,6 +43,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).parent))
 from _op_profile import MARK, device_events, phase_tables  # noqa: E402
 from bench_step_floor import cached_batches, first_batches, load, setup, sync  # noqa: E402
+from speechperf.data.batching import Batching  # noqa: E402
 from speechperf.errors import SpeechperfError  # noqa: E402
 from speechperf.tables import emit, emit_json  # noqa: E402
 from speechperf.train.evaluate import evaluate, release_resident  # noqa: E402
@@ -163,11 +164,11 @@ def loop_phase(a, cfg, device: torch.device) -> dict:
 def eval_phase(a, cfg, model, device: torch.device) -> tuple[dict, dict]:
     """The run's initialization, one warm evaluation pass, then the profiled phase."""
     tc = cfg.train
-    initialize(model, cfg, a.feats, device)
+    initialize(model, cfg, Batching(cfg.loader), a.feats, device)
 
     def one():
         with record_function(MARK + "evaluate"):
-            return evaluate(model, a.feats, tc.eval_split, cfg.loader, device, decoder=tc.eval_decoder,
+            return evaluate(model, a.feats, tc.eval_split, Batching(cfg.loader), device, decoder=tc.eval_decoder,
                             beam=tc.eval_beam, precision=tc.precision, mode=tc.eval_mode, workers=tc.eval_threads,
                             keep_pairs=3, intervals=False)  # as the loop's per-epoch evaluation
 

@@ -25,9 +25,9 @@ WORKLOADS = (("ds2", "cpu"), ("conformer", "conformer-cpu"))
 def train_to_target(preset: str, feats: Path, out: Path, overrides: list[str]) -> dict:
     """Train ``preset`` into ``out`` (or report the finished run there); its TTA row and summary."""
     from speechperf.studies.tta import tta_table
-    from speechperf.train.loop import train
+    from speechperf.train.loop import TrainRequest, train
 
-    train(preset, data=feats, out=out, overrides=[f"target={TARGET}", "target_metric=cer", *overrides])
+    train(TrainRequest(preset, data=feats, out=out, overrides=[f"target={TARGET}", "target_metric=cer", *overrides]))
     row = tta_table([out], metric="cer", targets=(TARGET,))[0]
     summary = json.loads((out / "summary.json").read_text())
     return {"minutes": row["minutes"], "summary": summary}
