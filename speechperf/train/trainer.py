@@ -134,17 +134,17 @@ def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Pa
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
     state, local, model = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
     return Trainer(cfg, batching, group, data, plan, splits, index, local, model, algo, state, prog,
-                   resident=_resident(cfg, group, data, index))
+                   resident=_resident(batching, group, data, index))
 
 
-def _resident(cfg: RunConfig, group: distributed.Group, data: Path, index: Index) -> Resident | None:
+def _resident(batching: Batching, group: distributed.Group, data: Path, index: Index) -> Resident | None:
     """loader.resident's buffer, allocated beside the built model (nothing read yet), or the run
     refused before it exists when it does not fit (a CPU run's processes on this host each hold one)."""
-    if not cfg.loader.resident:
+    if not batching.resident:
         return None
     dims = feature_dims(data)
     check_fits(index, dims, group.device, group.env.local_world if group.device.type == "cpu" else 1)
-    return Resident(index, data, cfg.loader, group.device, dims)
+    return Resident(index, data, batching.loader, group.device, dims)
 
 
 def start(t: Trainer, request: TrainRequest, stop: StopSignals, init_t0: float, init_ms: int) -> None:
