@@ -42,6 +42,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from _op_profile import MARK, device_events, phase_tables
 from _timing import sync
 from bench_step_floor import cached_batches, first_batches, load, setup
+from speechperf.data.batching import Batching
 from speechperf.errors import SpeechperfError
 from speechperf.tables import emit, emit_json
 from speechperf.train.evaluate import evaluate, release_resident
@@ -167,11 +168,11 @@ def loop_phase(a, cfg, device: torch.device) -> dict:
 def eval_phase(a, cfg, model, device: torch.device) -> tuple[dict, dict]:
     """The run's initialization, one warm evaluation pass, then the profiled phase."""
     tc = cfg.train
-    initialize(model, cfg, a.data, device)
+    initialize(model, cfg, Batching(cfg.loader), a.data, device)
 
     def one():
         with record_function(MARK + "evaluate"):
-            return evaluate(model, a.data, tc.eval_split, cfg.loader, device, decoder=tc.eval_decoder,
+            return evaluate(model, a.data, tc.eval_split, Batching(cfg.loader), device, decoder=tc.eval_decoder,
                             beam=tc.eval_beam, precision=tc.precision, mode=tc.eval_mode, workers=tc.eval_threads,
                             keep_pairs=3, intervals=False)  # as the loop's per-epoch evaluation
 

@@ -3,6 +3,7 @@ declarations; a run folder and a checkpoint of the release before them still rea
 import csv
 import json
 import sqlite3
+from types import SimpleNamespace
 
 import pytest
 
@@ -177,7 +178,8 @@ def test_the_stop_rule_watches_the_metric_named_by_train_target_metric(monkeypat
     cfg = load_preset("tiny", ["train.target_metric=ser", "train.target=45", "train.target_epochs=2"])
     rec = History(Progress(), "RUN")
     # medians of the last 2 SERs: -, 50, 40: the target 45 is reached at the third epoch (CER never would)
-    assert [loop._epoch_eval(None, None, cfg, None, rec)[0] for _ in range(3)] == [None, None, "success"]
+    trainer = SimpleNamespace(cfg=cfg, rec=rec)  # what the epoch's evaluation reads of the trainer
+    assert [loop._epoch_eval(None, trainer)[0] for _ in range(3)] == [None, None, "success"]
 
 
 def test_a_curve_holds_every_target_metric_and_compares_those_the_reference_recorded():

@@ -6,7 +6,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "speechperf"
 MAX_METHODS, MAX_LINES = 20, 50
 KERNELS = {"decode/kernel.py:beam_search"}  # a numeric kernel's loop reads best whole
-LONGER = {"train/evaluate.py:evaluate"}  # not a kernel, over 50 lines: the one left to split
 
 
 def _defs():
@@ -24,4 +23,4 @@ def test_no_class_has_more_than_20_methods():
 def test_no_function_is_longer_than_50_lines_but_the_kernels():
     long = {f"{where}:{node.name}": node.end_lineno - node.lineno + 1 for where, node in _defs()
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= MAX_LINES}
-    assert set(long) - KERNELS - LONGER == set(), f"functions over {MAX_LINES} lines: {long}"
+    assert set(long) - KERNELS == set(), f"functions over {MAX_LINES} lines: {long}"

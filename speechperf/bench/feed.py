@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from speechperf.config import load_preset
+from speechperf.data.batching import Batching
 from speechperf.data.loader import Batch, make_loader
 from speechperf.errors import SpeechperfError
 from speechperf.features.feature_config import FeatureConfig
@@ -222,7 +223,8 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
     host's ``cores`` (default: all it has) can feed. Batches hold ``loader.batch_size``
     utterances (``max_duration`` off) for the appetite, at most ``SUPPLY_BATCH`` for the supply."""
     check_counts(readers=readers, windows=windows, steps=steps, warmup=warmup, cores=cores)
-    cfg = load_preset(preset, [*overrides, "loader.max_duration=0"])
+    cfg = load_preset(preset, list(overrides))
+    cfg = replace(cfg, loader=Batching(cfg.loader).by_count().loader)  # what the appetite and supply measure
     dev = torch.device("cpu") if device == "cpu" else None
     if dev is None and (device != "auto" or torch.cuda.is_available()):
         dev = pick_device(device, DistEnv())

@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from speechperf.corpus.librispeech import is_train_split
-from speechperf.data.loader_config import LoaderConfig
+from speechperf.data.batching import Batching
 from speechperf.errors import SpeechperfError
 from speechperf.features.shards import ShardError, file_sha256, load_index, repair_command
 from speechperf.features.stats import read_stats
@@ -74,14 +74,15 @@ def verify_splits(feats: Path, train: list[str] | None = None, valid: str = "dev
     return {"train": list(train), "valid": valid, "final": list(final), "splits": facts}
 
 
-def verify_run(feats: Path, loader: LoaderConfig, train: str, valid: str, final: str, world: int) -> dict:
+def verify_run(feats: Path, batching: Batching, train: str, valid: str, final: str) -> dict:
     """Every split a run reads (``train.train_splits``, ``train.eval_split``,
-    ``train.final_splits`` as written in its config), verified as ``verify_splits`` does, and
-    the feature statistics its batches are normalized with (``loader.normalize``), readable and sane."""
-    if loader.normalize:
+    ``train.final_splits`` as written in its config), verified as ``verify_splits`` does against
+    the run's global batch (``batching.checked_batch``), and the feature statistics its batches are
+    normalized with (``loader.normalize``), readable and sane."""
+    if batching.loader.normalize:
         read_stats(feats)
-    return verify_splits(feats, parse_splits(train), valid, parse_splits(final),
-                         None if loader.max_duration else loader.batch_size, world)
+    return verify_splits(feats, parse_splits(train), valid, parse_splits(final), batching.checked_batch,
+                         batching.world)
 
 
 def parse_splits(value: str) -> list[str] | None:

@@ -13,6 +13,7 @@ import torch
 
 from speechperf import metric
 from speechperf.config import RunConfig
+from speechperf.data.batching import Batching
 from speechperf.features.stats import check_trained_on
 from speechperf.models import build_model
 from speechperf.results import checkpoint
@@ -39,7 +40,7 @@ def evaluate_run(run: Path, split: str = "dev-clean", decoder: str = "wordbeam",
     """``speechperf eval``: the run's latest checkpoint on ``split``; one row. ``data``: the
     features folder, where it is not where the run recorded it (another machine)."""
     model, cfg, feats, _ = load_run_model(Path(run), data)
-    r = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=beam, workers=workers,
+    r = evaluate(model, feats, split, Batching(cfg.loader), torch.device("cpu"), decoder=decoder, beam=beam, workers=workers,
                  mode=mode)
     return {k: v for k, v in r.items() if k != "pairs"}
 
@@ -53,7 +54,7 @@ def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: 
     with Run.open(Path(run), data=data, shared_db=db_path) as r:
         model, cfg, feats, _ = load_run_model(r)
         for width in widths:
-            e = evaluate(model, feats, split, cfg.loader, torch.device("cpu"), decoder=decoder, beam=width,
+            e = evaluate(model, feats, split, Batching(cfg.loader), torch.device("cpu"), decoder=decoder, beam=width,
                          workers=workers, mode=mode)
             row = {"run_id": r.run_id, "split": split, "decoder": e["decoder"], "beam": e["beam"], "eval_s": e["eval_s"],
                    **{c: e.get(c) for c in metric.columns()}, "n_utts": e["n_utts"], "device": "cpu"}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from speechperf.config import ConfigError, RunConfig
+from speechperf.data.batching import Batching
 from speechperf.data.check import verify_run
 from speechperf.errors import SpeechperfError
 from speechperf.features.stats import check_trained_on
@@ -66,16 +67,19 @@ def _unmake(out: Path, made: bool) -> None:
             pass
 
 
-def admit(request: TrainRequest, cfg: RunConfig, world: int, check_launch: Callable[[object, int], None]) -> Admission:
+def admit(request: TrainRequest, cfg: RunConfig, batching: Batching,
+          check_launch: Callable[[object, int], None]) -> Admission:
     """:func:`_plan` under the run folder's lock (``request.out``), held from here to the end of the
     run; a new run's features are verified before its folder exists. ``cfg``: the request's
-    configuration (TrainRequest.configuration); ``check_launch(cfg.algo, world)``: the algorithm's
-    refusal of a launch it cannot train (speechperf/algorithms/), asked of a run to train only."""
+    configuration (TrainRequest.configuration); ``batching``: the run's batches over its processes
+    (data/batching.py), which the training splits must hold; ``check_launch(cfg.algo, world)``: the
+    algorithm's refusal of a launch it cannot train (speechperf/algorithms/), asked of a run to
+    train only."""
     out = request.out
     made = not out.exists()
 
     def plan():
-        return Admission(out, *_plan(request, cfg, world, check_launch))
+        return Admission(out, *_plan(request, cfg, batching, check_launch))
 
     first = None
     if not out.is_dir():
@@ -97,7 +101,7 @@ def admit(request: TrainRequest, cfg: RunConfig, world: int, check_launch: Calla
     return planned
 
 
-def _plan(request: TrainRequest, cfg: RunConfig, world: int,
+def _plan(request: TrainRequest, cfg: RunConfig, batching: Batching,
           check_launch) -> tuple[str | None, str | None, str | None]:
     """(fresh | restart | resume | finished, features folder, error) for the run folder ``out``;
     a run to train has its shared database (``db_path``) checked before its folder exists."""
@@ -108,8 +112,8 @@ def _plan(request: TrainRequest, cfg: RunConfig, world: int,
                 raise SpeechperfError(f"--resume yes but {out} holds no run")
             if data is None:
                 raise ConfigError("train needs --data FEATS for a new run")
-            verify_splits_of(data, cfg, world)  # a bad features folder fails before any file is written
-            _accept(cfg, world, request.db_path, check_launch)
+            verify_splits_of(data, cfg, batching)  # a bad features folder fails before any file is written
+            _accept(cfg, batching.world, request.db_path, check_launch)
             return "fresh", str(data), None
         if mode == "no":
             raise SpeechperfError(f"{out} already holds a run; continue it with --resume auto (the default) "
@@ -127,7 +131,7 @@ def _plan(request: TrainRequest, cfg: RunConfig, world: int,
             return "finished", None, None
         if cfg.loader.normalize:  # the normalization it trained on, or refused (features/stats.py)
             check_trained_on(run.features(), run.stats_sha256, out)
-        _accept(cfg, world, request.db_path, check_launch)
+        _accept(cfg, batching.world, request.db_path, check_launch)
         return ("resume" if has_checkpoint(run.folder) else "restart"), str(run.features()), None
     except SpeechperfError as e:
         return None, None, str(e)
@@ -158,7 +162,7 @@ def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def verify_splits_of(data: Path, cfg: RunConfig, world: int) -> dict:
+def verify_splits_of(data: Path, cfg: RunConfig, batching: Batching) -> dict:
     """The splits ``cfg`` trains and evaluates on, and its statistics (data/check.py's ``verify_run``)."""
     tc = cfg.train
-    return verify_run(data, cfg.loader, tc.train_splits, tc.eval_split, tc.final_splits, world)
+    return verify_run(data, batching, tc.train_splits, tc.eval_split, tc.final_splits)

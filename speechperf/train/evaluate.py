@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from speechperf.data.loader_config import LoaderConfig
+from speechperf.data.batching import Batching
 from speechperf.scoring.bootstrap import error_intervals
 from speechperf.scoring.error_rates import UtteranceErrors, scored
 from speechperf.metric import METRICS
@@ -65,16 +65,16 @@ def decoder_label(name: str, mode: str = "ngrams") -> str:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: LoaderConfig, device: torch.device,
+def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching, device: torch.device,
              decoder: str = "greedy", beam: int = 1, workers: int = 0, precision: str = "fp32",
              keep_pairs: int = 0, mode: str = "ngrams", intervals: bool = True) -> dict:
     """Loss, every declared metric (speechperf/metric.py: WER, CER standard and paper, ...) and seconds
-    of one pass over ``split``; ``NAME_lo``, ``NAME_hi``: the 95% bootstrap interval of each
-    counted metric over the split's utterances (scoring/bootstrap.py), the resolution this split
-    gives them; scored, and the first ``keep_pairs`` pairs kept, in utterance-id order
-    (:func:`by_id`). ``intervals`` False: the point values only, and ``errors``, the per-utterance
-    counts :func:`with_intervals` turns into the intervals later (the training loop computes
-    them off the TTA clock).
+    of one pass over ``split`` in the batches ``batching.for_eval`` cuts; ``NAME_lo``, ``NAME_hi``:
+    the 95% bootstrap interval of each counted metric over the split's utterances
+    (scoring/bootstrap.py), the resolution this split gives them; scored, and the first
+    ``keep_pairs`` pairs kept, in utterance-id order (:func:`by_id`). ``intervals`` False: the point
+    values only, and ``errors``, the per-utterance counts :func:`with_intervals` turns into the
+    intervals later (the training loop computes them off the TTA clock).
 
     ``workers``: decode threads (0: :func:`decode_threads`); each batch's decode runs on them
     while the next batches' forward passes run. The batch loop reads no device value: on a GPU
@@ -94,22 +94,10 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     model.eval()
     dec = make_decoder(decoder, beam, feats, mode)  # built once (the run's initialization) and reused
     index = load_index(feats, [split])
-    kept = _RESIDENT.get(_resident_key(feats, split, index, loader_cfg, device))
-    batches = kept.batches if kept is not None else eval_batches(feats, split, loader_cfg, index)
-    refs: list[str] = []
-    ids: list[str] = []
-    outputs: list[tuple] = []  # per batch: what its loss needs, read after the loop
-    with DecodePool(dec, workers or decode_threads(loader_cfg)) as pool, _closing(batches):
-        for batch in batches:  # launches only: no read of a device value in here
-            with autocast(device, precision):
-                log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
-            log_probs = log_probs.float()  # (T', B, C)
-            pool.submit(host_copy(log_probs), out_lens.numpy())  # decodes beside the next forward passes
-            outputs.append((log_probs, batch.labels, out_lens, batch.label_lens))
-            refs += list(batch.transcripts)
-            ids += list(batch.ids)
-        loss = mean_loss(outputs, device)
-        del outputs  # frees the device's log-probs now: the decodes read their host copies
+    kept = _RESIDENT.get(_resident_key(feats, split, index, batching, device))
+    batches = kept.batches if kept is not None else eval_batches(feats, split, batching, index)
+    with DecodePool(dec, workers or decode_threads(batching)) as pool, _closing(batches):
+        loss, refs, ids = _forward_pass(model, batches, device, precision, pool)
         forward_end = time.perf_counter()
         hyps = pool.results()
         decoding = {"decode_threads": pool.threads, "decode_frames": pool.frames, "decode_busy_s": pool.busy_s,
@@ -120,13 +108,28 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, loader_cfg: Loader
     refs, hyps = by_id(ids, refs, hyps)
     scores = score(refs, hyps, intervals)
     end = time.perf_counter()
-    return {
-        "split": split, "decoder": decoder_label(decoder, mode), "beam": beam,
-        "loss": loss, **scores, "eval_s": end - start,
-        "eval_forward_s": forward_end - start, "eval_decode_s": decoded - forward_end, "eval_score_s": end - decoded,
-        **decoding, "eval_data": kept.where if kept is not None else "stream",
-        "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])],
-    }
+    return {"split": split, "decoder": decoder_label(decoder, mode), "beam": beam, "loss": loss, **scores,
+            "eval_s": end - start, "eval_forward_s": forward_end - start, "eval_decode_s": decoded - forward_end,
+            "eval_score_s": end - decoded, **decoding, "eval_data": kept.where if kept is not None else "stream",
+            "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])]}
+
+
+def _forward_pass(model: torch.nn.Module, batches, device: torch.device, precision: str,
+                  pool: DecodePool) -> tuple[float, list[str], list[str]]:
+    """Every batch's forward pass, its log-probs handed to ``pool`` as it leaves the model; then the
+    mean loss (the pass's only device reads, after its loop). (loss, references, ids) in batch order."""
+    refs: list[str] = []
+    ids: list[str] = []
+    outputs: list[tuple] = []  # per batch: what its loss needs, read after the loop
+    for batch in batches:  # launches only: no read of a device value in here
+        with autocast(device, precision):
+            log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
+        log_probs = log_probs.float()  # (T', B, C)
+        pool.submit(host_copy(log_probs), out_lens.numpy())  # decodes beside the next forward passes
+        outputs.append((log_probs, batch.labels, out_lens, batch.label_lens))
+        refs += list(batch.transcripts)
+        ids += list(batch.ids)
+    return mean_loss(outputs, device), refs, ids  # the device's log-probs freed on return: the decodes read copies
 
 
 def by_id(ids: list[str], refs: list[str], hyps: list[str]) -> tuple[list[str], list[str]]:
@@ -177,10 +180,10 @@ def _closing(batches):
             batches.close()
 
 
-def eval_batches(feats: Path, split: str, loader_cfg: LoaderConfig, index: Index | None = None):
+def eval_batches(feats: Path, split: str, batching: Batching, index: Index | None = None):
     """The evaluation's batches of ``split``, read from its shards: in order, the same every time."""
     index = index if index is not None else load_index(feats, [split])
-    return make_loader(feats, split, eval_loader(loader_cfg, index), epoch=0, seed=0, index=index)
+    return make_loader(feats, split, batching.for_eval(index), epoch=0, seed=0, index=index)
 
 
 # The evaluation split's batches, kept between evaluations: one entry, keyed by (features folder,
@@ -202,10 +205,11 @@ class Resident:
     batches: list[Batch]
 
 
-def _resident_key(feats: Path, split: str, index: Index, loader_cfg: LoaderConfig, device) -> tuple:
+def _resident_key(feats: Path, split: str, index: Index, batching: Batching, device) -> tuple:
     stats = Path(feats) / "stats.json"
     state = (stats.stat().st_mtime_ns, stats.stat().st_size) if stats.exists() else None
-    return str(Path(feats).resolve()), split, tuple(index.shas), state, loader_cfg, str(torch.device(device))
+    # the loader settings alone: the evaluation's batches depend on neither the seed nor the processes
+    return str(Path(feats).resolve()), split, tuple(index.shas), state, batching.loader, str(torch.device(device))
 
 
 def padded_bytes(first: Batch, plan_lens: list[list[int]]) -> int:
@@ -214,7 +218,7 @@ def padded_bytes(first: Batch, plan_lens: list[list[int]]) -> int:
     return 4 * dim * sum(len(lens) * max(lens) for lens in plan_lens)
 
 
-def keep_resident(feats: Path, split: str, loader_cfg: LoaderConfig, device, max_mb: float) -> Resident | None:
+def keep_resident(feats: Path, split: str, batching: Batching, device, max_mb: float) -> Resident | None:
     """Build ``split``'s evaluation batches once and keep them for every later :func:`evaluate`
     on ``device``: on a CUDA device when they take at most ``DEVICE_SHARE`` of its free memory,
     else pinned there (host memory on a CPU). None, keeping nothing, when their padded features
@@ -224,7 +228,7 @@ def keep_resident(feats: Path, split: str, loader_cfg: LoaderConfig, device, max
     if max_mb <= 0:
         return None
     index = load_index(feats, [split])
-    loader = eval_batches(feats, split, loader_cfg, index)
+    loader = eval_batches(feats, split, batching, index)
     plan_lens = [index.frames[b].tolist() for b in loader.plan.batches]
     batches: list[Batch] = []
     where = nbytes = None
@@ -236,7 +240,7 @@ def keep_resident(feats: Path, split: str, loader_cfg: LoaderConfig, device, max
             where = _placement(nbytes, device)
         batches.append(_placed(batch, where, device))
     kept = Resident(where or "host", nbytes or 0, batches)
-    _RESIDENT[_resident_key(feats, split, index, loader_cfg, device)] = kept
+    _RESIDENT[_resident_key(feats, split, index, batching, device)] = kept
     return kept
 
 
@@ -269,10 +273,10 @@ def _placed(batch: Batch, where: str, device: torch.device) -> Batch:
     return replace(batch, feats=move(batch.feats), labels=move(batch.labels), reads=())
 
 
-def decode_threads(loader_cfg: LoaderConfig) -> int:
+def decode_threads(batching: Batching) -> int:
     """Decode threads of an evaluation that names none: every CPU this process may use less
     the loader's reader processes (:func:`speechperf.decode.batch.auto_threads`)."""
-    return auto_threads(loader_cfg.readers)
+    return auto_threads(batching.loader.readers)
 
 
 def score(refs: list[str], hyps: list[str], intervals: bool = True) -> dict:
@@ -305,29 +309,3 @@ def with_intervals(r: dict) -> dict:
     rest = {k: v for k, v in r.items() if k != "errors"}
     found = error_intervals(r["errors"])
     return {**rest, **{k: v for k, v in found.items() if k.endswith(("_lo", "_hi")) or k not in rest}}
-
-
-# A streamed evaluation's windows (readers own whole windows; a batch never spans two) each hold
-# at least this many evaluation batches of audio, where the batches are sized for evaluation: a
-# window's last batch is cut short, so smaller windows would multiply the batches again
-EVAL_WINDOW_BATCHES = 4
-
-
-def eval_loader(cfg: LoaderConfig, index: Index) -> LoaderConfig:
-    """The loader settings of a pass over a split (its compact ``index``): in order (no shuffle,
-    SortaGrad or paper padding). Training-sized batches (``eval_max_duration`` 0): the training
-    loader's, and with several readers windows small enough that every reader gets some where
-    the split has a shard per reader (a dev split of 43 shards inside one 128-shard window was
-    one reader's work); one reader: the training windows, unchanged. Evaluation-sized batches:
-    at most ``eval_max_duration`` padded seconds each, in one window per reader only where each
-    window still holds ``EVAL_WINDOW_BATCHES`` of them, else fewer windows, down to the whole
-    split sorted as one (the fewest batches; its reader decompresses with every configured
-    reader's threads)."""
-    shards = len(index.keys)
-    cfg = replace(cfg, shuffle=False, mode="bucket", sort_first_epoch=False)
-    if cfg.eval_max_duration <= 0:
-        window = cfg.bucket_window if cfg.readers <= 1 else min(cfg.bucket_window, max(1, shards // cfg.readers))
-        return replace(cfg, bucket_window=window)
-    room = int(float(index.duration.sum()) // (EVAL_WINDOW_BATCHES * cfg.eval_max_duration))
-    windows = max(1, min(cfg.readers, shards, room))
-    return replace(cfg, max_duration=cfg.eval_max_duration, bucket_window=-(-shards // windows))

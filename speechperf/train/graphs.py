@@ -41,8 +41,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speechperf.data.index import Index
-from speechperf.data.loader_config import LoaderConfig
-from speechperf.data.plan import batch_frames, plan_epoch
+from speechperf.data.batching import Batching
+from speechperf.data.plan import batch_frames
 from speechperf.errors import ConfigError
 
 MEMORY_SHARE = 0.5  # of the device's free memory at most for the graphs' static buffers: the rest holds the
@@ -229,13 +229,13 @@ def _uncached_autocast(precision: str):
     return torch.autocast("cuda", dtype=dtype, enabled=precision != "fp32", cache_enabled=False)
 
 
-def planned_shapes(model: GraphedModel, index: Index, cfg: LoaderConfig, seed: int, epochs: int) -> set[tuple[int, int]]:
-    """The grid shapes of every training batch the run's ``epochs`` epochs plan (one rank):
+def planned_shapes(model: GraphedModel, index: Index, batching: Batching, epochs: int) -> set[tuple[int, int]]:
+    """The grid shapes of every training batch the run's ``epochs`` epochs plan (rank 0):
     each batch's utterances and its longest utterance's frames, padded to the grid."""
     shapes = set()
     for epoch in range(1, epochs + 1):
-        for batch in plan_epoch(index, cfg, epoch, seed).batches:
-            shapes.add(model.shape(len(batch), batch_frames(index.frames[batch], cfg)))
+        for batch in batching.plan(index, epoch).batches:
+            shapes.add(model.shape(len(batch), batch_frames(index.frames[batch], batching.loader)))
     return shapes
 
 

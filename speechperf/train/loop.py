@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from speechperf.config import RunConfig
+from speechperf.data.batching import Batching
 from speechperf.errors import SpeechperfError
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.train.admission import admit
@@ -44,7 +44,6 @@ from speechperf.algorithms import check_launch
 from speechperf.train.evaluate import evaluate, release_resident, with_intervals
 from speechperf.train.faults import as_fault, check_trained
 from speechperf.train.graphs import graph_figures
-from speechperf.train.recorder import Recorder
 from speechperf.train.schedule import schedule_ended
 from speechperf.train.step import TrainingDiverged, count_steps, read_point, train_step
 from speechperf.train.stop import StopSignals, interrupted
@@ -54,19 +53,20 @@ from speechperf.train.warmup import check_precision
 __all__ = ["train", "TrainRequest", "TrainingDiverged", "RESUME_MODES"]
 
 
-def train(*args, **fields) -> dict:
-    """Train (or continue) the run a :class:`TrainRequest` asks for (given as one, or as its
-    fields: ``train("tiny", feats, out, overrides, quiet=True)``); returns its summary row.
+def train(request: TrainRequest) -> dict:
+    """Train (or continue) the run ``request`` asks for; returns its summary row.
 
     Rank 0 alone looks at the run folder (train/admission.py: fresh, restart, resume or
     finished, under its lock for the whole run; across machines only its disk holds it) and
     tells every rank what to do, or the error that stops them all. The same command, repeated
     by ``torchrun --max-restarts``, so recovers from a dead worker."""
-    request = args[0] if args and isinstance(args[0], TrainRequest) else TrainRequest(*args, **fields)
+    if not isinstance(request, TrainRequest):  # a typo'd call fails here, not deep in the loop
+        raise TypeError(f"train takes one TrainRequest, not {type(request).__name__}")
     init_t0, init_ms = time.perf_counter(), int(time.time() * 1000)  # init_start
     denv = distributed.DistEnv.from_env()
     cfg = request.configuration()
     tc = cfg.train
+    batching = Batching(cfg.loader, tc.seed, denv.world)  # the run's batches, described once for every reader
     distributed.configure_determinism(tc.deterministic)  # before CUDA starts (cuBLAS workspace)
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
@@ -74,13 +74,13 @@ def train(*args, **fields) -> dict:
     admission = t = None
     try:
         check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
-        admission = admit(request, cfg, denv.world, check_launch) if denv.rank == 0 else None
+        admission = admit(request, cfg, batching, check_launch) if denv.rank == 0 else None
         plan, feats, error = group.broadcast(admission.decision if admission is not None else None)
         if error:
             raise SpeechperfError(error)
         if plan == "finished":
             return group.broadcast(admission.summary() if admission is not None else None)
-        t = build(cfg, group, Path(feats), plan, request.out)  # splits, index, algorithm, model: before the clock exists
+        t = build(cfg, batching, group, Path(feats), plan, request.out)  # splits, index, algorithm, model: before the clock exists
         with StopSignals() as stop:
             start(t, request, stop, init_t0, init_ms)  # rank 0's run and its recorder, initialization; then the clock starts
             return group.broadcast(_train(t))  # rank 0's summary on every rank (one exit status)
@@ -108,7 +108,7 @@ def _train(t: Trainer) -> dict:
         # here, its logs cut back to before any final_eval line, and evaluates every split again once
         t.checkpoint()
         if group.env.rank == 0:
-            _final_eval(evaluated, t.data, t.splits["final"], t.cfg, group.device, rec, stop)
+            _final_eval(evaluated, t, t.splits["final"], stop)
             _floor(t)
             rec.graphs = graph_figures(t.local)
         asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
@@ -189,7 +189,7 @@ def _end_epoch(t: Trainer, last_epoch: int) -> None:
         t.start_ahead(prog.epoch + 1)
     # -- evaluating (the model stays resident; its seconds are recorded apart)
     t.rec.epoch_ended()
-    verdict = _epoch_eval(evaluated, t.data, t.cfg, t.group.device, t.rec) if t.group.env.rank == 0 else None
+    verdict = _epoch_eval(evaluated, t) if t.group.env.rank == 0 else None
     prog.status, loss = t.group.broadcast(verdict)
     prog.eval_losses.append(loss)  # every rank: the newbob schedule reads it (train/schedule.py)
     prog.epoch += 1
@@ -242,17 +242,17 @@ def _floor(t: Trainer) -> None:
 
 
 # ---- evaluation ------------------------------------------------------------------------
-def _evaluate(model, data: Path, split: str, cfg: RunConfig, device, beam: int, **kw) -> dict:
-    tc = cfg.train
-    return evaluate(model, data, split, cfg.loader, device, decoder=tc.eval_decoder, beam=beam,
+def _evaluate(model, t: Trainer, split: str, beam: int, **kw) -> dict:
+    tc = t.cfg.train
+    return evaluate(model, t.data, split, t.batching, t.group.device, decoder=tc.eval_decoder, beam=beam,
                     precision=tc.precision, mode=tc.eval_mode, workers=tc.eval_threads, **kw)
 
 
-def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> tuple[str | None, float]:
+def _epoch_eval(model, t: Trainer) -> tuple[str | None, float]:
     """The epoch's validation (rank 0): (``success`` once the target is reached, else None; its loss)."""
-    tc = cfg.train
+    tc, rec = t.cfg.train, t.rec
     rec.eval_started()
-    r = _evaluate(model, data, tc.eval_split, cfg, device, tc.eval_beam, keep_pairs=3, intervals=False)
+    r = _evaluate(model, t, tc.eval_split, tc.eval_beam, keep_pairs=3, intervals=False)
     if "errors" in r:  # the per-utterance counts; the stop rule reads the point values only, so the
         with rec.off_clock():  # intervals are no time to accuracy
             r = with_intervals(r)
@@ -264,14 +264,13 @@ def _epoch_eval(model, data: Path, cfg: RunConfig, device, rec: Recorder) -> tup
     return None, r["loss"]
 
 
-def _final_eval(model, data: Path, splits: list[str], cfg: RunConfig, device, rec: Recorder,
-                stop: StopSignals) -> None:
+def _final_eval(model, t: Trainer, splits: list[str], stop: StopSignals) -> None:
     """Table 5: the final-evaluation splits (verified before training), with the final beam
     width; a stop signal ends it between splits. The kept evaluation batches are freed after it."""
     try:
         for split in splits:
             if stop.requested:
                 return
-            rec.evaluated(_evaluate(model, data, split, cfg, device, cfg.train.final_beam), final=True)
+            t.rec.evaluated(_evaluate(model, t, split, t.cfg.train.final_beam), final=True)
     finally:
         release_resident()  # their device memory is no longer the run's

@@ -132,13 +132,13 @@ class RunRecorder(Recorder):
 
     @classmethod
     def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
-              quiet: bool, global_batch: float, check: Callable[..., dict] | None = None) -> "RunRecorder":
+              quiet: bool, batch: tuple[int, dict], check: Callable[..., dict] | None = None) -> "RunRecorder":
         """The recorder of ``run`` (made by ``Run.begin`` as its admission planned), logging
         initialization's start once (MLPerf has no resume)."""
         rec = cls(prog, run, quiet, cfg.train.target_metric, check)
         if plan != "resume":
             rec.events.start(C.INIT_START, time_ms=init_ms)
-            log_run_config(rec.events, run.label, cfg, world, splits, global_batch)
+            log_run_config(rec.events, run.label, cfg, world, splits, batch)
         return rec
 
     def initialized(self, plan: str, init_s: float, parts: dict) -> None:
@@ -347,17 +347,13 @@ def _others(r: dict, logged: str) -> dict:
     return {m.name: round(r[m.name], 3) for m in metric.held([r]) if m.name != logged}
 
 
-def log_run_config(events, label: str, cfg, world: int, splits: dict, global_batch: float) -> None:
+def log_run_config(events, label: str, cfg, world: int, splits: dict, batch: tuple[int, dict]) -> None:
     """The submission keys and hyperparameters MLPerf's training rules ask for (train/mlperf.py),
-    and the splits the run reads (verified). ``global_batch``: utterances per step over all
-    ranks (data/plan.py); batches by duration log its rounded mean, the exact mean and the
-    ``max_duration`` beside it (MLPerf's key is an integer)."""
+    and the splits the run reads (verified). ``batch``: MLPerf's global batch size and its
+    metadata, as the run's batching gives them (data/batching.py ``Batching.mlperf_batch``)."""
     log_submission(events, label)
-    if cfg.loader.max_duration > 0:
-        events.event(C.GLOBAL_BATCH_SIZE, max(1, round(global_batch)), batching="duration",
-                     mean_utterances=round(global_batch, 3), max_duration_s=cfg.loader.max_duration)
-    else:
-        events.event(C.GLOBAL_BATCH_SIZE, cfg.loader.batch_size)
+    value, meta = batch
+    events.event(C.GLOBAL_BATCH_SIZE, value, **meta)
     events.event(C.GRADIENT_ACCUMULATION_STEPS, 1)
     events.event(C.OPT_NAME, cfg.train.optimizer)
     events.event(C.OPT_BASE_LR, cfg.train.lr)

@@ -21,7 +21,7 @@ from speechperf.config import RunConfig
 from speechperf.data.index import Index
 from speechperf.data.loader import Loader, load_index, make_loader
 from speechperf.data.resident import Resident, check_fits, feature_dims
-from speechperf.data.plan import global_batch, steps_per_epoch
+from speechperf.data.batching import Batching
 from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model
 from speechperf.models.contract import compiled
@@ -51,6 +51,7 @@ class Trainer:
     functions (train/loop.py) read it (``t``)."""
 
     cfg: RunConfig
+    batching: Batching  # the run's batches (data/batching.py): epochs, schedule, MLPerf's batch, evaluation
     group: distributed.Group
     data: Path  # the features folder
     plan: str  # fresh, restart (no checkpoint yet) or resume (train/admission.py)
@@ -100,8 +101,9 @@ class Trainer:
         with the training split resident, epoch 1 fills it and later epochs are cut from it (a run that
         starts after epoch 1 reads the whole split into it first, on the clock). ``readers``: other
         than the run's (0: read in this process, as the floor's few batches are)."""
-        loader_cfg = self.cfg.loader if readers is None else dataclasses.replace(self.cfg.loader, readers=readers)
-        stream = make_loader(self.data, self.splits["train"], loader_cfg, epoch=epoch, seed=self.cfg.train.seed,
+        loader = self.batching.loader
+        loader_cfg = loader if readers is None else dataclasses.replace(loader, readers=readers)
+        stream = make_loader(self.data, self.splits["train"], loader_cfg, epoch=epoch, seed=self.batching.seed,
                              start_batch=start_batch, rank=self.group.env.rank, world=self.group.world,
                              index=self.index, pin_memory=self.group.device.type == "cuda")
         return stream if self.resident is None else self.resident.loader(stream, first=epoch == 1)
@@ -121,27 +123,28 @@ class Trainer:
                 checkpoint.save(self.run, self.prog, {**self.state.state_dict(), **(algo_state or {})}, writer)
 
 
-def build(cfg: RunConfig, group: distributed.Group, data: Path, plan: str, folder: Path) -> Trainer:
+def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Path, plan: str,
+          folder: Path) -> Trainer:
     """Everything before the recorder and the clock: splits, index, algorithm, model (restored
     from ``folder``'s checkpoint when ``plan`` is resume); ``data``: the features folder."""
-    splits = verify_splits_of(data, cfg, group.world)  # every split this run reads, before the model and the clock exist
+    splits = verify_splits_of(data, cfg, batching)  # every split this run reads, before the model and the clock exist
     index = load_index(data, splits["train"])  # once, before the clock (every epoch plans from it)
     algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device)  # a launch it cannot train (single x 2) stops here
     ckpt = checkpoint.load(folder) if plan == "resume" else None
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
-    state, local, model = _model(cfg, group.device, algo, ckpt, prog, splits, index, group.world)
-    return Trainer(cfg, group, data, plan, splits, index, local, model, algo, state, prog,
-                   resident=_resident(cfg, group, data, index))
+    state, local, model = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
+    return Trainer(cfg, batching, group, data, plan, splits, index, local, model, algo, state, prog,
+                   resident=_resident(batching, group, data, index))
 
 
-def _resident(cfg: RunConfig, group: distributed.Group, data: Path, index: Index) -> Resident | None:
+def _resident(batching: Batching, group: distributed.Group, data: Path, index: Index) -> Resident | None:
     """loader.resident's buffer, allocated beside the built model (nothing read yet), or the run
     refused before it exists when it does not fit (a CPU run's processes on this host each hold one)."""
-    if not cfg.loader.resident:
+    if not batching.resident:
         return None
     dims = feature_dims(data)
     check_fits(index, dims, group.device, group.env.local_world if group.device.type == "cpu" else 1)
-    return Resident(index, data, cfg.loader, group.device, dims)
+    return Resident(index, data, batching.loader, group.device, dims)
 
 
 def start(t: Trainer, request: TrainRequest, stop: StopSignals, init_t0: float, init_ms: int) -> None:
@@ -156,32 +159,31 @@ def start(t: Trainer, request: TrainRequest, stop: StopSignals, init_t0: float, 
         t.run = Run.begin(request.out, t.plan, config=config, env=env, progress=prog, data=t.data,
                           label=request.run_label(env, config), shared_db=request.db_path)
         t.rec = RunRecorder.begin(t.run, t.plan, cfg, prog, world=group.world, splits=t.splits, init_ms=init_ms,
-                                  quiet=request.quiet, check=request.check,
-                                  global_batch=global_batch(t.index, cfg.loader, cfg.train.seed, group.world))
+                                  quiet=request.quiet, check=request.check, batch=t.batching.mlperf_batch(t.index))
     else:
         t.rec = Recorder(prog, request.out)
     _initialize(t, init_t0)
 
 
-def _model(cfg: RunConfig, device, algo: Algorithm, ckpt: dict | None, prog: Progress, splits: dict, index: Index,
-           world: int):
+def _model(cfg: RunConfig, batching: Batching, device, algo: Algorithm, ckpt: dict | None, prog: Progress,
+           splits: dict, index: Index):
     """(state, the model without DDP's hooks: what the warm-up runs, the module the step trains),
     restored from ``ckpt`` when resuming."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
     optimizer = make_optimizer(core, tc, device)
-    total_steps = tc.max_epochs * steps_per_epoch(index, cfg.loader, tc.seed, world, train_utterances(splits))
+    total_steps = tc.max_epochs * batching.steps_per_epoch(index, train_utterances(splits))
     state = TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
                        torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
     if ckpt is not None:
         state.load(ckpt)
     local = compiled(core) if tc.compile else core
     if tc.cuda_graphs:
-        if device.type != "cuda" or world > 1:
-            raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {world} process(es) on {device}")
+        if device.type != "cuda" or batching.world > 1:
+            raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {batching.world} process(es) on {device}")
         local = graphed(core, tc, device)
-        local.planned = planned_shapes(local, index, cfg.loader, tc.seed, tc.max_epochs)
+        local.planned = planned_shapes(local, index, batching, tc.max_epochs)
         check_memory(local, local.planned, FEATURE_DIM, torch.cuda.mem_get_info(device)[0])  # before the run exists
     model = algo.wrap(local)  # sync: DDP (several processes); the others: the model, from rank 0's weights
     if ckpt is not None:
@@ -204,7 +206,7 @@ def _initialize(t: Trainer, init_t0: float) -> None:
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             if t.group.env.rank == 0:
-                init_parts = initialize(t.local, t.cfg, t.data, device)
+                init_parts = initialize(t.local, t.cfg, t.batching, t.data, device)
             else:
                 init_parts = warm_model(t.local, t.cfg, device) or {}
             init_parts.update(t.rec.count_flops(t.cfg, device))

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from speechperf.corpus import alphabet
+from speechperf.data.batching import Batching
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import ConfigError
@@ -111,9 +112,10 @@ def check_precision(cfg, device: torch.device) -> str | None:
     return can.note
 
 
-def initialize(model: torch.nn.Module, cfg, feats: Path, device: torch.device) -> dict:
+def initialize(model: torch.nn.Module, cfg, batching: Batching, feats: Path, device: torch.device) -> dict:
     """Warm the decoders the run evaluates with and the model, keep the evaluation split's
-    batches; returns seconds per part (and the kept batches' MiB)."""
+    batches (cut as ``batching``, data/batching.py, cuts them for evaluation); returns seconds per
+    part (and the kept batches' MiB)."""
     from speechperf.train.evaluate import keep_resident
 
     tc = cfg.train
@@ -127,7 +129,7 @@ def initialize(model: torch.nn.Module, cfg, feats: Path, device: torch.device) -
     warm_model(model, cfg, device)
     parts["model_s"] = time.perf_counter() - t
     t = time.perf_counter()  # after the model: the GPU memory it leaves free decides where the batches go
-    kept = keep_resident(feats, tc.eval_split, cfg.loader, device, tc.eval_resident_mb)
+    kept = keep_resident(feats, tc.eval_split, batching, device, tc.eval_resident_mb)
     parts["eval_data_s"] = time.perf_counter() - t
     parts["eval_data_mb"] = kept.nbytes / 2**20 if kept is not None else 0.0  # 0: streamed every evaluation
     return parts

@@ -254,9 +254,10 @@ def test_switching_algo_name_keeps_the_fields_the_new_algorithm_has(tmp_path):
 
 def test_train_refuses_an_unknown_algorithm_before_any_folder(tmp_path):
     from speechperf.train import loop
+    from speechperf.train.request import TrainRequest
 
     with pytest.raises(ConfigError, match="algo.name='gossip' is unknown"):
-        loop.train(preset="tiny", overrides=["algo.name=gossip"], out=tmp_path / "run", data=tmp_path)
+        loop.train(TrainRequest(preset="tiny", overrides=["algo.name=gossip"], out=tmp_path / "run", data=tmp_path))
     assert not (tmp_path / "run").exists()
 
 

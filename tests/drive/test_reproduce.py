@@ -128,11 +128,11 @@ def test_compare_names_the_first_epoch_that_differs():
 
 
 def _train(features, out, **over):
-    from speechperf.train.loop import train
+    from speechperf.train.loop import TrainRequest, train
 
     sets = {"train.lr_schedule": "cosine", "train.max_epochs": 2, "train.final_splits": "none", "train.threads": 1,
             **over}
-    train(preset="tiny", data=features, out=out, overrides=[f"{k}={v}" for k, v in sets.items()], quiet=True)
+    train(TrainRequest(preset="tiny", data=features, out=out, overrides=[f"{k}={v}" for k, v in sets.items()], quiet=True))
     from speechperf.results.view import RunView
 
     with RunView.open(out) as run:

@@ -8,7 +8,7 @@ import os
 import shutil
 from functools import partial
 
-from speechperf.train.loop import train
+from speechperf.train.loop import TrainRequest, train
 from tests.conftest import cli as run_cli
 
 cli = partial(run_cli, check=True)  # a command that fails fails the test, unless check=False
@@ -28,9 +28,9 @@ def test_moved_and_renamed_runs_compare_the_same_from_anywhere(tiny_features, tm
     shutil.copytree(tiny_features, feats)
     for machine, platform in (("machineA", "sys1"), ("machineB", "sys2")):
         # batch 8: sys1/sys2 set the paper's 96, more than the tiny corpus holds (refused)
-        train(preset="tiny", data=feats, out=tmp_path / machine / "run",
-              overrides=["max_epochs=1", "threads=1", "readers=0", "loader.batch_size=8"],
-              quiet=True, platform=platform, label=f"{machine} tiny")
+        train(TrainRequest(preset="tiny", data=feats, out=tmp_path / machine / "run",
+                           overrides=["max_epochs=1", "threads=1", "readers=0", "loader.batch_size=8"],
+                           quiet=True, platform=platform, label=f"{machine} tiny"))
     a, b = tmp_path / "machineA" / "run", tmp_path / "machineB" / "run"
     tta_args = ["--targets", "100,0.001", "--epochs", "1", "--json"]  # 100: reached unless insertions pass 100%
     before = json.loads(cli("tta", a, b, *tta_args, cwd=tmp_path).stdout)["runs"]

@@ -81,10 +81,10 @@ def test_a_damaged_reference_file_is_refused_naming_file_and_field(reference, fi
 @pytest.fixture(scope="module")
 def trained(tiny_features, tmp_path_factory):
     """One finished tiny run (one epoch); tests copy it."""
-    from speechperf.train.loop import train
+    from speechperf.train.loop import TrainRequest, train
 
     run = tmp_path_factory.mktemp("trained") / "run"
-    train("tiny", tiny_features, run, ["threads=1", "max_epochs=1", "train.final_splits=none"], quiet=True)
+    train(TrainRequest("tiny", tiny_features, run, ["threads=1", "max_epochs=1", "train.final_splits=none"], quiet=True))
     return run
 
 

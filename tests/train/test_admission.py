@@ -5,6 +5,7 @@ import json
 import pytest
 
 from speechperf.config import ConfigError, load_preset
+from speechperf.data.batching import Batching
 from speechperf.train.admission import admit, config_diff
 from speechperf.results.lock import LOCK_FILE
 from speechperf.results.progress import Progress
@@ -21,7 +22,7 @@ def _launch_ok(algo, world):
 
 def _admit(request, **over):
     cfg = request.configuration()
-    return admit(request, cfg, 1, over.get("check_launch", _launch_ok)), cfg
+    return admit(request, cfg, Batching(cfg.loader, cfg.train.seed), over.get("check_launch", _launch_ok)), cfg
 
 
 def _begin(adm, cfg, data, label=None):

@@ -2,16 +2,17 @@
 decoder built once, its intervals off the TTA clock and its seconds by part."""
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from speechperf.config import load_preset
+from speechperf.data.batching import Batching
 from speechperf.data.index import librispeech_like
 from speechperf.data.loader import owners
 from speechperf.data.plan import plan_epoch
-from speechperf.train.evaluate import eval_loader
 from speechperf.models import build_model
 from speechperf.results.progress import Progress
 from speechperf.train import evaluate as ev
@@ -23,7 +24,7 @@ def test_every_reader_gets_a_share_of_a_dev_split_and_one_reader_keeps_the_train
     shards = len(dev.keys)
     for preset in ("gpu", "modern", "conformer", "conformer-algoperf-sizes", "paper"):
         train = replace(load_preset(preset).loader, eval_max_duration=0.0)  # training-sized batches
-        cfg = eval_loader(train, dev)
+        cfg = Batching(train).for_eval(dev)
         assert not cfg.shuffle and cfg.mode == "bucket" and not cfg.sort_first_epoch
         assert (cfg.max_duration, cfg.batch_size) == (train.max_duration, train.batch_size)  # the training batches
         plan = plan_epoch(dev, cfg, 0, 0)
@@ -34,7 +35,7 @@ def test_every_reader_gets_a_share_of_a_dev_split_and_one_reader_keeps_the_train
             assert set(owners(whole, cfg.readers).tolist()) == {0}
     for preset in ("cpu", "conformer-cpu", "tiny"):  # one reader (or none): the windows the references used
         train = load_preset(preset).loader
-        assert eval_loader(train, dev).bucket_window == train.bucket_window
+        assert Batching(train).for_eval(dev).bucket_window == train.bucket_window
 
 
 def windows(cfg, index) -> int:
@@ -45,16 +46,16 @@ def test_evaluation_sized_batches_fill_windows_that_hold_them():
     dev = librispeech_like(0, splits=(2_703,))  # 43 shards, ~33,000 s of audio
     train = load_preset("gpu").loader
     for size, want in ((4000.0, 2), (1000.0, 8), (40_000.0, 1)):  # 2 windows of 4 batches' audio; a reader each; one
-        cfg = eval_loader(replace(train, eval_max_duration=size), dev)
+        cfg = Batching(replace(train, eval_max_duration=size)).for_eval(dev)
         plan = plan_epoch(dev, cfg, 0, 0)
         assert (cfg.max_duration, windows(cfg, dev)) == (size, want), size
         assert max(len(b) * dev.duration[b].max() for b in plan.batches) <= size  # padded seconds, as asked
         assert sorted(np.concatenate(plan.batches).tolist()) == list(range(len(dev.frames)))
         assert not cfg.shuffle and cfg.mode == "bucket" and not cfg.sort_first_epoch
-    one = eval_loader(replace(train, eval_max_duration=4000.0, readers=0), dev)  # in-process: one sorted window
+    one = Batching(replace(train, eval_max_duration=4000.0, readers=0)).for_eval(dev)  # in-process: one sorted window
     assert windows(one, dev) == 1
-    sized = plan_epoch(dev, eval_loader(replace(train, eval_max_duration=4 * train.max_duration), dev), 0, 0)
-    training_sized = plan_epoch(dev, eval_loader(replace(train, eval_max_duration=0.0), dev), 0, 0)
+    sized = plan_epoch(dev, Batching(replace(train, eval_max_duration=4 * train.max_duration)).for_eval(dev), 0, 0)
+    training_sized = plan_epoch(dev, Batching(replace(train, eval_max_duration=0.0)).for_eval(dev), 0, 0)
     assert 3 * len(sized) < len(training_sized)  # 4x the audio a batch: more than 3x fewer batches
 
 
@@ -74,8 +75,8 @@ def tiny_model():
 
 def run_eval(feats, workers=1, beam=8, **kw):
     model, cfg = tiny_model()
-    return ev.evaluate(model, feats, "dev-clean", cfg.loader, CPU, decoder="beam", beam=beam, workers=workers,
-                       keep_pairs=100_000, **kw)
+    return ev.evaluate(model, feats, "dev-clean", Batching(cfg.loader), CPU, decoder="beam", beam=beam,
+                       workers=workers, keep_pairs=100_000, **kw)
 
 
 def without(r: dict, keys) -> dict:
@@ -150,7 +151,9 @@ def test_the_epoch_evaluation_computes_its_intervals_off_the_clock(tiny_features
     rec.rows = []
     rec.initialized("fresh", 0.0, {})
     wall0, clock0 = time.perf_counter(), rec.now()
-    loop._epoch_eval(model, tiny_features, cfg, CPU, rec)
+    trainer = SimpleNamespace(cfg=cfg, rec=rec, data=tiny_features, batching=Batching(cfg.loader),
+                              group=SimpleNamespace(device=CPU))  # what the epoch's evaluation reads of it
+    loop._epoch_eval(model, trainer)
     wall, (clock, r) = time.perf_counter() - wall0, rec.rows[0]
     assert "cer_lo" in r and "errors" not in r  # the row carries the intervals
     assert wall - (clock - clock0) >= slow - 0.05  # ... computed while the clock stood still
@@ -170,7 +173,7 @@ def released():
 def test_the_resident_evaluation_returns_exactly_the_streaming_one(tiny_features, released, monkeypatch):
     _, cfg = tiny_model()
     streamed = run_eval(tiny_features)
-    kept = ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=64)
+    kept = ev.keep_resident(tiny_features, "dev-clean", Batching(cfg.loader), CPU, max_mb=64)
     assert kept is not None and kept.where == "host" and kept.nbytes > 0
     monkeypatch.setattr(ev, "make_loader", lambda *a, **k: pytest.fail("a resident evaluation read the shards"))
     resident = run_eval(tiny_features)
@@ -185,20 +188,20 @@ def test_the_kept_bytes_are_the_padded_features_and_a_split_over_the_bound_strea
     from speechperf.data.loader import load_index
 
     _, cfg = tiny_model()
-    kept = ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=64)
+    kept = ev.keep_resident(tiny_features, "dev-clean", Batching(cfg.loader), CPU, max_mb=64)
     assert kept.nbytes == sum(b.feats.numel() * 4 for b in kept.batches)
-    assert len(kept.batches) == len(ev.eval_batches(tiny_features, "dev-clean", cfg.loader))
+    assert len(kept.batches) == len(ev.eval_batches(tiny_features, "dev-clean", Batching(cfg.loader)))
     assert sum(len(b.ids) for b in kept.batches) == len(load_index(tiny_features, ["dev-clean"]).frames)
     under = (kept.nbytes - 1) / 2**20  # one byte short of holding them
-    assert ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=under) is None
+    assert ev.keep_resident(tiny_features, "dev-clean", Batching(cfg.loader), CPU, max_mb=under) is None
     assert run_eval(tiny_features)["eval_data"] == "stream"  # nothing kept: the shards are read
-    assert ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=0) is None
+    assert ev.keep_resident(tiny_features, "dev-clean", Batching(cfg.loader), CPU, max_mb=0) is None
 
 
 def test_kept_batches_serve_only_their_split_settings_and_device(tiny_features, released):
     _, cfg = tiny_model()
-    ev.keep_resident(tiny_features, "dev-clean", cfg.loader, CPU, max_mb=64)
-    other = replace(cfg.loader, normalize=not cfg.loader.normalize)
+    ev.keep_resident(tiny_features, "dev-clean", Batching(cfg.loader), CPU, max_mb=64)
+    other = Batching(replace(cfg.loader, normalize=not cfg.loader.normalize))
     r = ev.evaluate(tiny_model()[0], tiny_features, "dev-clean", other, CPU, decoder="greedy")
     assert r["eval_data"] == "stream"
     assert run_eval(tiny_features)["eval_data"] == "host"
@@ -210,7 +213,7 @@ def test_initialization_keeps_the_eval_split_within_the_configured_bound(tiny_fe
     for bound, where in ((64, "host"), (0, "stream")):
         model, _ = tiny_model()
         cfg = load_preset("tiny", ["threads=1", f"eval_resident_mb={bound}"])
-        parts = initialize(model, cfg, tiny_features, CPU)
+        parts = initialize(model, cfg, Batching(cfg.loader), tiny_features, CPU)
         assert (parts["eval_data_mb"] > 0) == (bound > 0)
         assert run_eval(tiny_features)["eval_data"] == where
 
@@ -230,15 +233,15 @@ def test_evaluation_sized_batches_give_the_same_loss_metrics_and_texts(tiny_feat
     model = build_model(cfg.model)
     index = load_index(tiny_features, ["dev-clean"])
     whole = len(index) * float(index.duration.max())  # the whole split padded to its longest: one batch
-    sized = replace(cfg.loader, eval_max_duration=whole)
-    train_plan = ev.eval_batches(tiny_features, "dev-clean", cfg.loader, index).plan
+    sized = Batching(replace(cfg.loader, eval_max_duration=whole))
+    train_plan = ev.eval_batches(tiny_features, "dev-clean", Batching(cfg.loader), index).plan
     assert len(ev.eval_batches(tiny_features, "dev-clean", sized, index).plan) == 1 < len(train_plan)
 
-    def run(loader):
-        return ev.evaluate(model, tiny_features, "dev-clean", loader, CPU, decoder="beam", beam=8, workers=1,
+    def run(batching):
+        return ev.evaluate(model, tiny_features, "dev-clean", batching, CPU, decoder="beam", beam=8, workers=1,
                            keep_pairs=100_000)
 
-    small, large = run(cfg.loader), run(sized)
+    small, large = run(Batching(cfg.loader)), run(sized)
     assert len({p["hyp"] for p in small["pairs"]}) > 1  # distinct texts: a mix-up of utterances would show
     assert large["pairs"] == small["pairs"]  # scored in utterance-id order, whatever the batches' order
     assert large["loss"] == pytest.approx(small["loss"], rel=1e-6)  # sums in another order, no more
@@ -249,13 +252,13 @@ def test_evaluation_sized_batches_give_the_same_loss_metrics_and_texts(tiny_feat
 
 def test_scores_intervals_and_kept_pairs_do_not_depend_on_the_batches_order(tiny_features, released, monkeypatch):
     model, cfg = tiny_model()
-    batches = list(ev.eval_batches(tiny_features, "dev-clean", cfg.loader))
+    batches = list(ev.eval_batches(tiny_features, "dev-clean", Batching(cfg.loader)))
     assert len(batches) > 1
 
     def run(order):
         monkeypatch.setattr(ev, "eval_batches", lambda *a, **k: order)
-        return ev.evaluate(model, tiny_features, "dev-clean", cfg.loader, CPU, decoder="beam", beam=8, workers=1,
-                           keep_pairs=5)
+        return ev.evaluate(model, tiny_features, "dev-clean", Batching(cfg.loader), CPU, decoder="beam", beam=8,
+                           workers=1, keep_pairs=5)
 
     ahead, reversed_ = run(batches), run(batches[::-1])
     rest = TIMINGS + ("loss",)

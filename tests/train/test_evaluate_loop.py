@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from speechperf.config import load_preset
+from speechperf.data.batching import Batching
 from speechperf.data.loader import load_index
 from speechperf.decode.batch import Pending
 from speechperf.models import build_model
@@ -34,7 +35,7 @@ def old_loop(model, feats, loader_cfg, device, dec) -> tuple[float, list[str], l
     pairs in utterance-id order, as the evaluation scores them."""
     model.eval()
     loss_sum, n_loss, refs, hyps, ids = 0.0, 0, [], [], []
-    for batch in ev.eval_batches(feats, SPLIT, loader_cfg, load_index(feats, [SPLIT])):
+    for batch in ev.eval_batches(feats, SPLIT, Batching(loader_cfg), load_index(feats, [SPLIT])):
         log_probs, out_lens = ev.planned_forward(model, batch.feats, batch.feat_lens, device)
         log_probs = log_probs.float()  # (T', B, C)
         losses = F.ctc_loss(log_probs, batch.labels.to(device), out_lens, batch.label_lens, blank=0,
@@ -51,7 +52,7 @@ def old_loop(model, feats, loader_cfg, device, dec) -> tuple[float, list[str], l
 
 
 def run_eval(model, feats, cfg, device=CPU, workers=2):
-    return ev.evaluate(model, feats, SPLIT, cfg.loader, device, decoder="beam", beam=8, workers=workers,
+    return ev.evaluate(model, feats, SPLIT, Batching(cfg.loader), device, decoder="beam", beam=8, workers=workers,
                        keep_pairs=100_000)
 
 
@@ -75,7 +76,7 @@ def released():
 def test_the_evaluation_equals_the_per_batch_loop_on_the_cpu(tiny_features, released, kept):
     model, cfg = tiny_model()
     if kept:
-        assert ev.keep_resident(tiny_features, SPLIT, cfg.loader, CPU, max_mb=64).where == "host"
+        assert ev.keep_resident(tiny_features, SPLIT, Batching(cfg.loader), CPU, max_mb=64).where == "host"
     old = old_loop(model, tiny_features, cfg.loader, CPU, ev.make_decoder("beam", 8, tiny_features))
     assert len(set(old[2])) > 1 and math.isfinite(old[0])  # distinct texts: an order mix-up would show
     assert_same_as_old(run_eval(model, tiny_features, cfg), old)
@@ -191,7 +192,7 @@ def _sync_warnings(caught) -> int:
 def test_on_cuda_the_batch_loop_never_waits_for_the_device(tiny_features, released, monkeypatch):
     dev = torch.device("cuda", 0)
     model, cfg = tiny_model(dev)
-    assert ev.keep_resident(tiny_features, SPLIT, cfg.loader, dev, max_mb=64).where == "device"
+    assert ev.keep_resident(tiny_features, SPLIT, Batching(cfg.loader), dev, max_mb=64).where == "device"
     run_eval(model, tiny_features, cfg, dev)  # warm-up: cuDNN handles, the pinned host pool
     in_loop = []
     real_mean = ev.mean_loss

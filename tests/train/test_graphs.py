@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from speechperf.config import load_preset
+from speechperf.data.batching import Batching
 from speechperf.data.loader import load_index
 from speechperf.data.plan import plan_epoch
 from speechperf.errors import ConfigError
@@ -167,7 +168,7 @@ def test_every_planned_batch_has_its_grid_shape_in_the_set(tiny_features):
     cfg = load_preset("tiny", ["loader.max_duration=30", "loader.mode=bucket"])
     index = load_index(tiny_features, ["train-clean"])
     model = GraphedModel(torch.nn.Identity(), 16, 8, capture=False)
-    shapes = planned_shapes(model, index, cfg.loader, seed=1, epochs=3)
+    shapes = planned_shapes(model, index, Batching(cfg.loader, seed=1), epochs=3)
     seen = set()
     for epoch in (1, 2, 3):
         for batch in plan_epoch(index, cfg.loader, epoch, 1).batches:

@@ -7,12 +7,12 @@ from speechperf.cli import main
 from speechperf.config import load_preset
 from speechperf.telemetry.mfu import flop_model
 from speechperf.results import ResultsDB
-from speechperf.train.loop import train
+from speechperf.train.loop import TrainRequest, train
 
 
 def test_run_summary_and_tta_row_hold_mfu(tiny_features, tmp_path, capsys):
     run = tmp_path / "run"
-    summary = train("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True)
+    summary = train(TrainRequest("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True))
     assert summary == json.loads((run / "summary.json").read_text())
     assert math.isfinite(summary["tflops"]) and summary["tflops"] > 0
     assert 0 < summary["mfu_pct"] <= 100

@@ -8,6 +8,7 @@ import pytest
 from speechperf.cli import main
 from speechperf.results.view import RunView
 from speechperf.train import loop
+from speechperf.train.request import TrainRequest
 from speechperf.train.stop import Interrupted
 
 TINY = ["threads=1", "max_epochs=1", "train.final_splits=dev-clean,test-clean"]
@@ -17,20 +18,20 @@ def test_a_sigterm_during_the_final_evaluation_stops_it_and_the_same_command_eva
         tiny_features, tmp_path, monkeypatch):
     run, real, calls = tmp_path / "run", loop._evaluate, []
 
-    def signalled(model, data, split, cfg, device, beam, **kw):
-        if beam == cfg.train.final_beam and not calls:
+    def signalled(model, t, split, beam, **kw):
+        if beam == t.cfg.train.final_beam and not calls:
             calls.append(split)
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while the first final split is evaluated
-        return real(model, data, split, cfg, device, beam, **kw)
+        return real(model, t, split, beam, **kw)
 
     monkeypatch.setattr(loop, "_evaluate", signalled)
     with pytest.raises(Interrupted, match="during the final evaluation") as e:
-        loop.train("tiny", tiny_features, run, TINY, quiet=True)
+        loop.train(TrainRequest("tiny", tiny_features, run, TINY, quiet=True))
     assert e.value.exit_code == 143
     with RunView.open(run) as r:
         assert not r.finished and r.rows.row()["status"].startswith("failed: interrupted (SIGTERM)")
     monkeypatch.setattr(loop, "_evaluate", real)
-    summary = loop.train("tiny", tiny_features, run, TINY, quiet=True)  # the same command: evaluates again
+    summary = loop.train(TrainRequest("tiny", tiny_features, run, TINY, quiet=True))  # the same command: evaluates again
     assert summary["status"] == "success"
     with RunView.open(run) as r:
         assert sorted(e["split"] for e in r.rows.evals(final=True)) == ["dev-clean", "test-clean"]

@@ -9,6 +9,7 @@ import pytest
 
 from speechperf.results import ResultsDB
 from speechperf.train import loop, trainer
+from speechperf.train.request import TrainRequest
 from speechperf.results.events import read_events
 from speechperf.train.mlperf import check_log
 
@@ -16,7 +17,7 @@ TINY = ["max_epochs=2", "threads=1", "checkpoint_every=3"]
 
 
 def _train(feats, out, overrides=TINY, **kw):
-    return loop.train("tiny", feats, out, overrides, quiet=True, **kw)
+    return loop.train(TrainRequest("tiny", feats, out, overrides, quiet=True, **kw))
 
 
 def test_run_log_passes_the_compliance_checker(tiny_run):
@@ -99,7 +100,7 @@ def test_resumed_run_log_still_complies(tiny_features, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         _train(tiny_features, tmp_path / "run")
     monkeypatch.setattr(loop, "train_step", real_step)
-    summary = loop.train(resume=tmp_path / "run", quiet=True)
+    summary = loop.train(TrainRequest(resume=tmp_path / "run", quiet=True))
     assert summary["status"] == "success"
     events = read_events(tmp_path / "run" / "events.log")
     keys = [e["key"] for e in events]

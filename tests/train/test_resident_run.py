@@ -11,7 +11,7 @@ from speechperf.data import resident as resident_mod
 from speechperf.data.loader import load_index
 from speechperf.data.resident import ResidentMemoryError
 from speechperf.results import ResultsDB
-from speechperf.train.loop import train
+from speechperf.train.loop import TrainRequest, train
 from speechperf.train.stop import Interrupted
 
 AUGMENT = ["augment.freq_masks=1", "augment.freq_width=8", "augment.time_masks=2", "augment.time_width=10",
@@ -32,10 +32,10 @@ def _rows(out):
 
 @pytest.mark.timeout(900)
 def test_resident_and_streaming_train_alike_loss_for_loss(tiny_features, tmp_path, monkeypatch):
-    train("tiny", tiny_features, tmp_path / "stream", [*RUN, "loader.resident=false"], quiet=True)
+    train(TrainRequest("tiny", tiny_features, tmp_path / "stream", [*RUN, "loader.resident=false"], quiet=True))
     cut, real = [], resident_mod.Resident.batch
     monkeypatch.setattr(resident_mod.Resident, "batch", lambda self, *a: cut.append(1) or real(self, *a))
-    summary = train("tiny", tiny_features, tmp_path / "resident", [*RUN, "loader.resident=true"], quiet=True)
+    summary = train(TrainRequest("tiny", tiny_features, tmp_path / "resident", [*RUN, "loader.resident=true"], quiet=True))
     assert summary["floor"]["note"] is None  # replayed after the buffer was freed: the streaming batches
     (losses_s, evals_s), (losses_r, evals_r) = _rows(tmp_path / "stream"), _rows(tmp_path / "resident")
     assert len({r[0] for r in losses_s if r[0]}) == len(losses_s) > 10
@@ -49,13 +49,13 @@ def test_resident_and_streaming_train_alike_loss_for_loss(tiny_features, tmp_pat
     monkeypatch.setattr(resident_mod.Resident, "batch", lambda self, *a: (
         cut.append(1), len(cut) == 3 and os.kill(os.getpid(), signal.SIGTERM), real(self, *a))[-1])
     with pytest.raises(Interrupted, match="at iteration"):
-        train("tiny", tiny_features, tmp_path / "resumed", [*RUN, "loader.resident=true"], quiet=True)
+        train(TrainRequest("tiny", tiny_features, tmp_path / "resumed", [*RUN, "loader.resident=true"], quiet=True))
     monkeypatch.setattr(resident_mod.Resident, "batch", real)
     read = []
     real_complete = resident_mod.Resident.complete
     monkeypatch.setattr(resident_mod.Resident, "complete", lambda self: (read.append(int((~self.have).sum())),
                                                                          real_complete(self)))
-    train("tiny", tiny_features, tmp_path / "resumed", [*RUN, "loader.resident=true"], quiet=True)
+    train(TrainRequest("tiny", tiny_features, tmp_path / "resumed", [*RUN, "loader.resident=true"], quiet=True))
     assert read[0] == len(load_index(tiny_features, ["train-clean", "train-other"])) and not any(read[1:])
     assert _rows(tmp_path / "resumed") == (losses_s, evals_s)
 
@@ -63,6 +63,6 @@ def test_resident_and_streaming_train_alike_loss_for_loss(tiny_features, tmp_pat
 def test_a_buffer_that_does_not_fit_is_refused_before_the_run_exists(tiny_features, tmp_path, monkeypatch):
     monkeypatch.setattr(resident_mod, "free_bytes", lambda device: (10**6, 10**7))
     with pytest.raises(ResidentMemoryError, match=r"loader.resident=true needs .* GB .*set loader.resident=false"):
-        train("tiny", tiny_features, tmp_path / "run", [*RUN, "loader.resident=true"], quiet=True)
+        train(TrainRequest("tiny", tiny_features, tmp_path / "run", [*RUN, "loader.resident=true"], quiet=True))
     assert not (tmp_path / "run").exists()
     assert ResidentMemoryError.exit_code == 2

@@ -111,6 +111,7 @@ def test_a_run_that_fails_in_its_initialization_is_recorded_failed_and_resumes(t
 
     from speechperf.errors import MachineFault
     from speechperf.train import loop, trainer
+    from speechperf.train.request import TrainRequest
 
     real = trainer.initialize
 
@@ -120,10 +121,10 @@ def test_a_run_that_fails_in_its_initialization_is_recorded_failed_and_resumes(t
     monkeypatch.setattr(trainer, "initialize", vanished)
     run = tmp_path / "run"
     with pytest.raises(MachineFault, match="lm.json"):
-        loop.train("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True)
+        loop.train(TrainRequest("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"].startswith("failed: ") and "lm.json" in summary["status"]
     with sqlite3.connect(run / "results.db") as db:
         assert db.execute("SELECT status FROM runs").fetchone()[0] == summary["status"]
     monkeypatch.setattr(trainer, "initialize", real)
-    assert loop.train("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True)["status"] == "success"
+    assert loop.train(TrainRequest("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True))["status"] == "success"

@@ -101,6 +101,7 @@ def test_the_loop_applies_the_schedule_and_a_resume_keeps_every_rate(tiny_featur
     interrupted after a checkpoint and resumed sees the same rate at every step and ends
     with the uninterrupted run's weights."""
     from speechperf.train import loop
+    from speechperf.train.request import TrainRequest
     from speechperf.results.checkpoint import load as load_checkpoint
 
     args = ["max_epochs=2", "threads=1", "checkpoint_every=3", "sentence_every=50", "lr_schedule=cosine",
@@ -117,15 +118,15 @@ def test_the_loop_applies_the_schedule_and_a_resume_keeps_every_rate(tiny_featur
 
     ref_rates, rates, resumed = [], [], []
     monkeypatch.setattr(loop, "train_step", recording(ref_rates))
-    loop.train("tiny", tiny_features, tmp_path / "ref", args, quiet=True)
+    loop.train(TrainRequest("tiny", tiny_features, tmp_path / "ref", args, quiet=True))
     assert ref_rates[:4] == [0.003 * f for f in (0.25, 0.5, 0.75, 1.0)]
     assert all(a > b for a, b in zip(ref_rates[4:], ref_rates[5:])) and ref_rates[-1] >= 0.0003
 
     monkeypatch.setattr(loop, "train_step", recording(rates, die_at=5))  # after the checkpoint at 3
     with pytest.raises(KeyboardInterrupt):
-        loop.train("tiny", tiny_features, tmp_path / "run", args, quiet=True)
+        loop.train(TrainRequest("tiny", tiny_features, tmp_path / "run", args, quiet=True))
     monkeypatch.setattr(loop, "train_step", recording(resumed))
-    assert loop.train("tiny", tiny_features, tmp_path / "run", args, quiet=True)["status"] == "success"
+    assert loop.train(TrainRequest("tiny", tiny_features, tmp_path / "run", args, quiet=True))["status"] == "success"
     assert rates == ref_rates[:4] and rates[:3] + resumed == ref_rates  # the resume trains from step 4
     a, b = load_checkpoint(tmp_path / "ref"), load_checkpoint(tmp_path / "run")
     assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
@@ -167,6 +168,7 @@ def test_a_newbob_run_sets_every_epochs_rate_from_the_recorded_validation_losses
                                                                                  monkeypatch):
     from speechperf.results import ResultsDB
     from speechperf.train import loop
+    from speechperf.train.request import TrainRequest
     from speechperf.results.checkpoint import load as load_checkpoint
     from speechperf.train.schedule import newbob
 
@@ -186,8 +188,8 @@ def test_a_newbob_run_sets_every_epochs_rate_from_the_recorded_validation_losses
 
     monkeypatch.setattr(loop, "train_step", step)
     monkeypatch.setattr(loop, "_epoch_eval", epoch_eval)
-    loop.train("tiny", tiny_features, tmp_path / "nb", ["max_epochs=3", "threads=1", "lr_schedule=newbob",
-                                                         "final_splits=none"], quiet=True)
+    loop.train(TrainRequest("tiny", tiny_features, tmp_path / "nb", ["max_epochs=3", "threads=1", "lr_schedule=newbob",
+                                                                      "final_splits=none"], quiet=True))
     losses = load_checkpoint(tmp_path / "nb")["progress"]["eval_losses"]
     with ResultsDB(tmp_path / "nb" / "results.db", readonly=True) as db:
         assert losses == [r["loss"] for r in db.query("SELECT loss FROM evals ORDER BY epoch")]
@@ -198,6 +200,7 @@ def test_a_newbob_run_sets_every_epochs_rate_from_the_recorded_validation_losses
 
 def test_newbobs_stopping_rule_ends_the_run_as_its_last_epoch_would(tiny_features, tmp_path, monkeypatch):
     from speechperf.train import loop
+    from speechperf.train.request import TrainRequest
     from speechperf.train.schedule import schedule_ended
 
     losses = [10.0, 8.0, 7.99, 7.989, 5.0, 4.0]  # 7.99: halving starts; 7.989: < 0.1% better while halving: stop
@@ -205,11 +208,11 @@ def test_newbobs_stopping_rule_ends_the_run_as_its_last_epoch_would(tiny_feature
     assert not schedule_ended(tc(), losses[:4])  # the other schedules never stop a run
     real = loop._epoch_eval
 
-    def scripted(model, data, cfg, device, rec):
-        real(model, data, cfg, device, rec)
-        return None, losses[len(rec.prog.evals) - 1]
+    def scripted(model, t):
+        real(model, t)
+        return None, losses[len(t.rec.prog.evals) - 1]
 
     monkeypatch.setattr(loop, "_epoch_eval", scripted)
-    summary = loop.train("tiny", tiny_features, tmp_path / "nb", ["max_epochs=6", "threads=1", "lr_schedule=newbob",
-                                                                  "final_splits=none"], quiet=True)
+    over = ["max_epochs=6", "threads=1", "lr_schedule=newbob", "final_splits=none"]
+    summary = loop.train(TrainRequest("tiny", tiny_features, tmp_path / "nb", over, quiet=True))
     assert summary["epochs"] == 4 and summary["status"] == "success"

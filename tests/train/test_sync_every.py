@@ -6,12 +6,12 @@ import torch
 
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
-from speechperf.train.loop import train
+from speechperf.train.loop import TrainRequest, train
 
 
 def _run(feats, out, *over):
-    summary = train("tiny", feats, out, ["max_epochs=1", "threads=1", "device=cpu", "checkpoint_every=6",
-                                         "sentence_every=4", *over], quiet=True)
+    summary = train(TrainRequest("tiny", feats, out, ["max_epochs=1", "threads=1", "device=cpu", "checkpoint_every=6",
+                                                      "sentence_every=4", *over], quiet=True))
     info = json.loads((out / "run.json").read_text())
     with ResultsDB(out / "results.db") as db:
         rows = db.query("SELECT iteration, loss, batch_size FROM iterations WHERE run_id = ? ORDER BY iteration",

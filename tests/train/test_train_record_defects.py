@@ -124,24 +124,25 @@ def test_a_busy_seed_folder_is_said_on_the_terminal_with_exit_2(tiny_features, t
 # ---- 7. a final evaluation stopped by a signal, then the same command --------------------------
 def test_a_final_evaluation_stopped_and_run_again_logs_each_split_once(tiny_features, tmp_path, monkeypatch):
     from speechperf.train import loop
+    from speechperf.train.request import TrainRequest
     from speechperf.results.events import read_events
     from speechperf.train.stop import Interrupted
 
     run, real, calls = tmp_path / "run", loop._evaluate, []
     args = ["threads=1", "max_epochs=1", "train.final_splits=dev-clean,test-clean"]
 
-    def signalled(model, data, split, cfg, device, beam, **kw):
-        result = real(model, data, split, cfg, device, beam, **kw)
-        if beam == cfg.train.final_beam and not calls:
+    def signalled(model, t, split, beam, **kw):
+        result = real(model, t, split, beam, **kw)
+        if beam == t.cfg.train.final_beam and not calls:
             calls.append(split)
             os.kill(os.getpid(), signal.SIGTERM)  # after the first final split was evaluated
         return result
 
     monkeypatch.setattr(loop, "_evaluate", signalled)
     with pytest.raises(Interrupted):
-        loop.train("tiny", tiny_features, run, args, quiet=True)
+        loop.train(TrainRequest("tiny", tiny_features, run, args, quiet=True))
     monkeypatch.setattr(loop, "_evaluate", real)
-    assert loop.train("tiny", tiny_features, run, args, quiet=True)["status"] == "success"
+    assert loop.train(TrainRequest("tiny", tiny_features, run, args, quiet=True))["status"] == "success"
     finals = [e["metadata"]["split"] for e in read_events(run / "events.log") if e["key"] == "final_eval"]
     assert sorted(finals) == ["dev-clean", "test-clean"], finals
     stops = [e["metadata"]["status"] for e in read_events(run / "events.log") if e["key"] == "run_stop"]

@@ -248,10 +248,10 @@ def test_report_of_two_machines_in_headless_chromium(recorded_runs, tmp_path, mo
 
 
 def test_report_of_a_real_training_run(tiny_features, tmp_path):
-    from speechperf.train.loop import train
+    from speechperf.train.loop import TrainRequest, train
 
     run = tmp_path / "runs" / "run"
-    train(preset="tiny", data=tiny_features, out=run, overrides=["max_epochs=1", "threads=1"], quiet=True)
+    train(TrainRequest(preset="tiny", data=tiny_features, out=run, overrides=["max_epochs=1", "threads=1"], quiet=True))
     index = build_report([run], tmp_path / "rep")
     page = index.read_text()
     for name in ("fig7.png", "fig8.png", "fig9.png", "tta.csv", "final.csv", "runs.csv", "sentences.csv"):
