@@ -257,7 +257,8 @@ def test_a_replay_that_fails_is_said_and_the_run_stands(monkeypatch):
 
     monkeypatch.setattr(floor, "measure", out_of_memory)
     t = SimpleNamespace(cfg=load_preset("tiny", ["train.floor_steps=5"]), stop=SimpleNamespace(requested=None),
-                        group=SimpleNamespace(world=1, device=CPU), rec=Rec(), run=SimpleNamespace(iterations=list))
+                        group=SimpleNamespace(world=1, device=CPU), rec=Rec(),
+                        run=SimpleNamespace(rows=SimpleNamespace(iterations=list)))
     loop._floor(t)
     assert t.rec.floor == {"steps": 5, "note": "not measured: the replay failed: RuntimeError: CUDA out of memory. "
                                                "Tried to allocate 1.30 GiB"}
