@@ -1,5 +1,6 @@
 """Runs and groups against reference convergence points (mlperf-logging's RCP statistics)."""
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -107,19 +108,16 @@ def test_run_check_for_summary_json(reference, tmp_path):
     evals = [{"clock_s": c, "cer": v} for c, v in run(1, 5).evals]
     (tmp_path / "events.log").write_text("".join(
         f':::MLLOG {{"key": "{k}", "value": {v}}}\n' for k, v in (("train_samples", 100), ("eval_samples", 10))))
-    out = study.run_check(_FinishedRun(CONFIG, evals, tmp_path), "success")
+    out = study.run_check(_finished_run(CONFIG, evals, tmp_path), "success")
     assert out["reference"] == "refd.json" and out["checks"][0]["RCP check"] == rcp.FASTER
     assert out["checks"][0]["epochs to target"] is not None  # the evals came from the run's rows
-    nope = _FinishedRun({**CONFIG, "preset": "nope"}, evals, tmp_path)
+    nope = _finished_run({**CONFIG, "preset": "nope"}, evals, tmp_path)
     assert study.run_check(nope, "success")["check"] == "no reference for preset 'nope'"
 
 
-class _FinishedRun:
+def _finished_run(config: dict, evals: list[dict], folder) -> SimpleNamespace:
     """What run_check reads of the recorder's Run: config, env, its evaluation rows, its folder."""
-
-    def __init__(self, config: dict, evals: list[dict], folder):
-        self.config, self.env, self.folder = config, {}, folder
-        self.rows = type("Rows", (), {"evals": staticmethod(lambda: evals)})()
+    return SimpleNamespace(config=config, env={}, folder=folder, rows=SimpleNamespace(evals=lambda: evals))
 
 
 def test_the_shipped_tiny_reference():
