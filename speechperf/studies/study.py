@@ -96,11 +96,13 @@ def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dic
     return out
 
 
-def run_check(config: dict, env: dict, status: str, evals: list[dict], folder: Path) -> dict:
-    """The finished run against its preset's reference, for its summary.json: per target of the
-    reference (else the run's own train.target) the epochs to it and the check; a run without a
-    reference says so. Never raises: a damaged reference file is named in the result instead
-    (the run itself is over and recorded)."""
+def run_check(run: RunView, status: str) -> dict:
+    """The finished ``run`` (the recorder's Run, handed the check by TrainRequest.check) against
+    its preset's reference, for its summary.json: per target of the reference (else the run's own
+    train.target) the epochs to it and the check; a run without a reference says so. Never
+    raises: a damaged reference file is named in the result instead (the run itself is over and
+    recorded)."""
+    config, env, evals, folder = run.config, run.env, run.rows.evals(), run.folder
     train = config.get("train", {})
     metric, _, window = target_rule(train)
     try:

@@ -6,7 +6,8 @@ label, a damaged features folder, a shared database that cannot be written, a la
 algorithm cannot run) before any file is written, and holds the folder's lock
 (results/lock.py) from there to the end of the run, so that a second process on the folder
 is refused naming the first. The training loop broadcasts :attr:`Admission.decision` to every
-rank; the trainer then makes the run with :meth:`Run.begin` (created, or reopened to continue).
+rank; on rank 0 :meth:`Admission.begin` then makes the run it planned (results/run.py's
+``Run.begin``: created, or reopened to continue), so that the trainer holds a Run, never the folder.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from speechperf.errors import SpeechperfError
 from speechperf.features.stats import check_trained_on
 from speechperf.results.db import ResultsDB
 from speechperf.results.lock import LOCK_FILE, RunFolderBusy, RunLock
+from speechperf.results.progress import Progress
+from speechperf.results.run import Run
 from speechperf.train.request import TrainRequest
 from speechperf.results.layout import has_checkpoint, is_run
 from speechperf.results.view import RunView
@@ -41,6 +44,13 @@ class Admission:
     def decision(self) -> tuple[str | None, str | None, str | None]:
         """(plan, features, error): what every rank is told."""
         return self.plan, self.features, self.error
+
+    def begin(self, *, config: dict, env: dict, progress: Progress, data: Path, label: str | None,
+              shared_db: Path | None) -> Run:
+        """The run as planned (fresh: created; restart, resume: reopened, cut back to ``progress``,
+        the checkpoint's), to write under the lock this admission holds."""
+        return Run.begin(self.folder, self.plan, config=config, env=env, progress=progress, data=data, label=label,
+                         shared_db=shared_db)
 
     def summary(self) -> dict | None:
         """A finished run's summary (plan finished)."""

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from speechperf.data.batching import Batching
+from speechperf.results import checkpoint
 from speechperf.errors import SpeechperfError
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.train.admission import admit
@@ -44,6 +45,7 @@ from speechperf.algorithms import check_launch
 from speechperf.train.evaluate import evaluate, release_resident, with_intervals
 from speechperf.train.faults import as_fault, check_trained
 from speechperf.train.graphs import graph_figures
+from speechperf.train.recorder import Recorder
 from speechperf.train.schedule import schedule_ended
 from speechperf.train.step import TrainingDiverged, count_steps, read_point, train_step
 from speechperf.train.stop import StopSignals, interrupted
@@ -80,9 +82,12 @@ def train(request: TrainRequest) -> dict:
             raise SpeechperfError(error)
         if plan == "finished":
             return group.broadcast(admission.summary() if admission is not None else None)
-        t = build(cfg, batching, group, Path(feats), plan, request.out)  # splits, index, algorithm, model: before the clock exists
+        ckpt = checkpoint.load(request.out) if plan == "resume" else None  # every rank reads it; rank 0 alone writes
+        t = build(cfg, batching, group, Path(feats), plan, ckpt)  # splits, index, algorithm, model: before the clock exists
+        if admission is None:  # other ranks: progress and clock only, their messages naming the run folder
+            t.rec = Recorder(t.prog_start, request.out)
         with StopSignals() as stop:
-            start(t, request, stop, init_t0, init_ms)  # rank 0's run and its recorder, initialization; then the clock starts
+            start(t, request, admission, stop, init_t0, init_ms)  # rank 0's run and its recorder, initialization; then the clock starts
             return group.broadcast(_train(t))  # rank 0's summary on every rank (one exit status)
     except OSError as e:  # before the run exists (a read-only --out, say): named, exit 1
         if isinstance(e, SpeechperfError):

@@ -113,11 +113,11 @@ class Recorder:
 class RunRecorder(Recorder):
     """Rank 0's recorder: writes the run folder through ``run``."""
 
-    def __init__(self, prog: Progress, run: Run, quiet: bool, target: str, check: Callable[..., dict] | None = None):
+    def __init__(self, prog: Progress, run: Run, quiet: bool, target: str, check: Callable[[Run, str], dict] | None = None):
         super().__init__(prog, run.folder)
 
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
-        self.check = check  # the finished run's check against its reference (TrainRequest.check); None: none
+        self.check = check  # check(run, status): the finished run against its reference (TrainRequest.check); None: none
         self.target = target  # train.target_metric: eval_accuracy's value and the status line's
         self.events = run.log.events()
         self.status_line = None if quiet else StatusLine(target)
@@ -132,7 +132,7 @@ class RunRecorder(Recorder):
 
     @classmethod
     def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
-              quiet: bool, batch: tuple[int, dict], check: Callable[..., dict] | None = None) -> "RunRecorder":
+              quiet: bool, batch: tuple[int, dict], check: Callable[[Run, str], dict] | None = None) -> "RunRecorder":
         """The recorder of ``run`` (made by ``Run.begin`` as its admission planned), logging
         initialization's start once (MLPerf has no resume)."""
         rec = cls(prog, run, quiet, cfg.train.target_metric, check)
@@ -260,8 +260,7 @@ class RunRecorder(Recorder):
                                               self.run.env.get("cpu_cores_logical"))  # its cores (telemetry/contention.py)
         summary["cuda_graphs"] = self.graphs  # None: the steps ran without CUDA graphs
         summary.update(self.flops.summary(self.run.rows.iterations()))  # TFLOPS and MFU over every training step
-        summary["convergence"] = (self.check(self.run.config, self.run.env, status, self.run.rows.evals(), self.run.folder)
-                                   if self.check is not None else None)  # against the preset's RCPs
+        summary["convergence"] = self.check(self.run, status) if self.check is not None else None  # the preset's RCPs
         self.run.rows.set_status(status)
         self.run.write_summary(summary)  # last: its presence means the run finished
         self.run.close()

@@ -40,10 +40,10 @@ class TrainRequest:
     platform: str | None = None  # the platform named on the command line (train --platform)
     label: str | None = None  # the label given (--label); None: derived from the machine and configuration
     label_suffix: str = field(default="")  # appended to the label, given or derived (drive/seeds.py: " seed 2")
-    # the finished run's check against its preset's reference, for summary.json's "convergence"
-    # (studies/study.py's run_check, handed down by the command that trains: cmd_train, the demo,
-    # the seeds commands); None: not checked (convergence null)
-    check: Callable[..., dict] | None = None
+    # check(run, status): the finished run (its RunView, not a path) against its preset's reference,
+    # for summary.json's "convergence" (studies/study.py's run_check, handed down by the command
+    # that trains: cmd_train, the demo, the seeds commands); None: not checked (convergence null)
+    check: Callable[[RunView, str], dict] | None = None
 
     def __post_init__(self):
         for name in ("data", "out", "db_path"):

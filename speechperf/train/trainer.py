@@ -2,10 +2,10 @@
 
 :func:`build` verifies every split the run reads, loads the training index, makes the
 data-parallel algorithm (speechperf/algorithms/) and the model, optimizer, scheduler and scaler,
-restored from the checkpoint when resuming (results/checkpoint.py); :func:`start` makes rank
-0's run (``Run.begin``: created, or reopened to continue, as its admission planned,
-train/admission.py) and the recorder of it (other ranks: progress and clock only), and does
-initialization's one-time work, after which the clock starts. The trainer holds the run:
+restored from the checkpoint the loop loaded when resuming (results/checkpoint.py); :func:`start`
+has rank 0's admission begin its run (``Admission.begin``: created, or reopened to continue, as
+planned, train/admission.py) and makes the recorder of it, and does initialization's one-time
+work, after which the clock starts. Neither takes the run folder: the trainer holds the run:
 :meth:`Trainer.checkpoint` hands it to results/checkpoint.py's ``save``, the file's one owner.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model
 from speechperf.models.contract import compiled
 from speechperf.results import checkpoint
-from speechperf.train.admission import verify_splits_of
+from speechperf.train.admission import Admission, verify_splits_of
 from speechperf.results.checkpoint import TrainState
 from speechperf.results.progress import Progress
 from speechperf.train.request import TrainRequest
@@ -124,13 +124,12 @@ class Trainer:
 
 
 def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Path, plan: str,
-          folder: Path) -> Trainer:
+          ckpt: dict | None) -> Trainer:
     """Everything before the recorder and the clock: splits, index, algorithm, model (restored
-    from ``folder``'s checkpoint when ``plan`` is resume); ``data``: the features folder."""
+    from ``ckpt``, the run's loaded checkpoint, when ``plan`` is resume); ``data``: the features folder."""
     splits = verify_splits_of(data, cfg, batching)  # every split this run reads, before the model and the clock exist
     index = load_index(data, splits["train"])  # once, before the clock (every epoch plans from it)
     algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device)  # a launch it cannot train (single x 2) stops here
-    ckpt = checkpoint.load(folder) if plan == "resume" else None
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
     state, local, model = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
     return Trainer(cfg, batching, group, data, plan, splits, index, local, model, algo, state, prog,
@@ -147,21 +146,21 @@ def _resident(batching: Batching, group: distributed.Group, data: Path, index: I
     return Resident(index, data, batching.loader, group.device, dims)
 
 
-def start(t: Trainer, request: TrainRequest, stop: StopSignals, init_t0: float, init_ms: int) -> None:
-    """Rank 0's run (created, or reopened to continue: ``Run.begin``) and its recorder; other ranks
-    a recorder of progress and clock only. Then initialization: the clock starts. ``init_t0``,
-    ``init_ms``: perf_counter() and wall-clock milliseconds at init_start."""
+def start(t: Trainer, request: TrainRequest, admission: Admission | None, stop: StopSignals, init_t0: float,
+          init_ms: int) -> None:
+    """Rank 0 (``admission``: its own): the run its admission begins (``Admission.begin``) and its
+    recorder; other ranks (None) keep the recorder of progress and clock only the loop gave them.
+    Then initialization: the clock starts. ``init_t0``, ``init_ms``: perf_counter() and wall-clock
+    milliseconds at init_start."""
     cfg, group, prog = t.cfg, t.group, t.prog_start
     t.meter, t.stop = StepMeter(), stop
-    if group.env.rank == 0:
+    if admission is not None:
         env = _env(t, request)
         config = cfg.to_dict()
-        t.run = Run.begin(request.out, t.plan, config=config, env=env, progress=prog, data=t.data,
-                          label=request.run_label(env, config), shared_db=request.db_path)
+        t.run = admission.begin(config=config, env=env, progress=prog, data=t.data,
+                                label=request.run_label(env, config), shared_db=request.db_path)
         t.rec = RunRecorder.begin(t.run, t.plan, cfg, prog, world=group.world, splits=t.splits, init_ms=init_ms,
                                   quiet=request.quiet, check=request.check, batch=t.batching.mlperf_batch(t.index))
-    else:
-        t.rec = Recorder(prog, request.out)
     _initialize(t, init_t0)
 
 

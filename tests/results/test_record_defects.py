@@ -2,6 +2,7 @@
 case exits as README documents (2: bad input, named; 1: a failed run), never with a raw
 traceback, and never leaves a success whose rows are not written."""
 import json
+from types import SimpleNamespace
 import sqlite3
 
 import pytest
@@ -74,7 +75,8 @@ def test_a_damaged_reference_file_is_refused_naming_file_and_field(reference, fi
     with pytest.raises(rcp.ReferenceError) as e:
         aggregate(runs, lambda r: (10.0,), "cer", 3)
     assert e.value.exit_code == 2 and str(path) in str(e.value) and said in str(e.value), str(e.value)
-    assert said in study.run_check(cfg, {}, "success", [], path.parent)["check"]  # a finishing run names it, never raises
+    finished = SimpleNamespace(config=cfg, env={}, folder=path.parent, rows=SimpleNamespace(evals=list))  # the Run's reads
+    assert said in study.run_check(finished, "success")["check"]  # a finishing run names it, never raises
 
 
 # ---- 3. another program's SQLite file where a run's results.db should be --------------------

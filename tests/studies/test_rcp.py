@@ -1,5 +1,6 @@
 """Runs and groups against reference convergence points (mlperf-logging's RCP statistics)."""
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -107,9 +108,16 @@ def test_run_check_for_summary_json(reference, tmp_path):
     evals = [{"clock_s": c, "cer": v} for c, v in run(1, 5).evals]
     (tmp_path / "events.log").write_text("".join(
         f':::MLLOG {{"key": "{k}", "value": {v}}}\n' for k, v in (("train_samples", 100), ("eval_samples", 10))))
-    out = study.run_check(CONFIG, {}, "success", evals, tmp_path)
+    out = study.run_check(_finished_run(CONFIG, evals, tmp_path), "success")
     assert out["reference"] == "refd.json" and out["checks"][0]["RCP check"] == rcp.FASTER
-    assert study.run_check({**CONFIG, "preset": "nope"}, {}, "success", evals, tmp_path)["check"] == "no reference for preset 'nope'"
+    assert out["checks"][0]["epochs to target"] is not None  # the evals came from the run's rows
+    nope = _finished_run({**CONFIG, "preset": "nope"}, evals, tmp_path)
+    assert study.run_check(nope, "success")["check"] == "no reference for preset 'nope'"
+
+
+def _finished_run(config: dict, evals: list[dict], folder) -> SimpleNamespace:
+    """What run_check reads of the recorder's Run: config, env, its evaluation rows, its folder."""
+    return SimpleNamespace(config=config, env={}, folder=folder, rows=SimpleNamespace(evals=lambda: evals))
 
 
 def test_the_shipped_tiny_reference():

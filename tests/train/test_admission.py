@@ -26,8 +26,8 @@ def _admit(request, **over):
 
 
 def _begin(adm, cfg, data, label=None):
-    """The run the trainer makes as ``adm`` planned it (train/trainer.py's start)."""
-    return Run.begin(adm.folder, adm.plan, config=cfg.to_dict(), env=ENV, progress=Progress(), data=data, label=label)
+    """The run ``adm`` begins as it planned (what train/trainer.py's start asks of rank 0's admission)."""
+    return adm.begin(config=cfg.to_dict(), env=ENV, progress=Progress(), data=data, label=label, shared_db=None)
 
 
 def test_a_new_run_is_fresh_and_holds_the_lock_until_released(tiny_features, tmp_path):
@@ -36,6 +36,7 @@ def test_a_new_run_is_fresh_and_holds_the_lock_until_released(tiny_features, tmp
     assert adm.decision == ("fresh", str(tiny_features), None)
     assert adm.lock is not None and (out / LOCK_FILE).is_file()  # another process is refused: tests/results/test_lock.py
     run = _begin(adm, cfg, tiny_features)
+    assert isinstance(run, Run) and run.folder == out and is_run(out)  # begun under the lock admit holds
     run.close()
     adm.release()
     again, _ = _admit(TrainRequest("tiny", tiny_features, out))
