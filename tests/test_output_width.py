@@ -35,7 +35,7 @@ def test_tta_fits_100_columns(tiny_run, capsys, extra, targets):
     rows = lines[2:2 + 2 * targets]  # a row per target of each run
     assert all("gpu bf16" in r for r in rows[:targets]) and all("tiny" in r for r in rows[targets:])
     if not extra:  # the GPU run reached every paper target: its TTA, interval and rental cost
-        assert "1.93" in rows[0] and "5.9 [5.6, 6.2]" in rows[0] and "$0.15" in rows[0] and "steps 65%" in rows[0]
+        assert "1.93" in rows[0] and "5.9 [5.6,6.2]" in rows[0] and "$0.15" in rows[0] and "steps 65%" in rows[0]
         assert "none: unreached" in rows[3]
     assert lines[-1] == "every column and what each means: --wide; every value: --json"
 

@@ -36,12 +36,13 @@ def _3g(value: float | None) -> str | None:
 
 
 def error_text(row: dict) -> str | None:
-    """``9.4 [8.1, 10.7]``: the error where the target was declared and its 95% interval, to a
-    tenth of a point (--wide: hundredths)."""
+    """``9.4 [8.1,10.7]``: the error where the target was declared and its 95% interval, to a
+    tenth of a point (--wide: hundredths); no space after the comma, so that a two-digit error's
+    cell (16 characters) leaves the demo's table within 100 columns whole."""
     value, low, high = row["error at TTA"], row["error 95% low"], row["error 95% high"]
     if value is None:
         return None
-    return f"{value:.1f}" + (f" [{low:.1f}, {high:.1f}]" if low is not None and high is not None else "")
+    return f"{value:.1f}" + (f" [{low:.1f},{high:.1f}]" if low is not None and high is not None else "")
 
 
 def target_text(row: dict) -> str:
