@@ -71,6 +71,15 @@ def test_a_train_summary_as_text_is_one_narrow_row_a_run_and_every_field_in_json
     assert json.loads(capsys.readouterr().out) == [summary]
 
 
+def test_a_train_row_shows_the_status_word_and_its_reason_as_a_note():
+    from speechperf.cli.train_commands import _status_columns
+
+    assert _status_columns("diverged: non-finite loss at iteration 10") == {
+        "status": "diverged", "status_note": "diverged: non-finite loss at iteration 10"}
+    assert _status_columns("success") == {"status": "success", "status_note": None}
+    assert _status_columns(None) == {"status": None, "status_note": None}  # NA in the row, not "None"
+
+
 def test_help_speaks_to_a_user_and_lists_every_command_in_a_section(capsys):
     from speechperf.cli import ORDER, SECTIONS
 

@@ -98,17 +98,24 @@ def _emit_summaries(results: list[dict], as_json: bool, fit: int | None = WIDTH)
     fitting ``fit`` columns (None: --wide, whole)."""
     if as_json:
         return emit(results, True)
-    # short headers for the text (the fields keep their names in --json and summary.json)
-    # the status's word in the row ("diverged"), its reason below it as a note, whole
-    rows = [{**r, "status": str(r.get("status")).split(":")[0],
-             "status_note": r.get("status") if ":" in str(r.get("status")) else None, "iters": r.get("iterations"), "min": r.get("clock_min"), "mfu %": r.get("mfu_pct"),
-             "loop/floor": (r.get("floor") or {}).get("loop_over_floor"),
+    # short headers for the text (the fields keep their names in --json and summary.json); the
+    # status's word in the row ("diverged"), its reason below it as a note, whole
+    rows = [{**r, **_status_columns(r.get("status")), "iters": r.get("iterations"), "min": r.get("clock_min"),
+             "mfu %": r.get("mfu_pct"), "loop/floor": (r.get("floor") or {}).get("loop_over_floor"),
              "shared": contention.short(r.get("shared")), "shared_note": contention.words(r.get("shared")),
              **{m: r.get(f"last_{m}") for m in metric.targets()}} for r in results]
     emit(rows, False, width=fit, columns=[*(["seed"] if "seed" in rows[0] else []), "run", "status", "epochs",
                                           "iters", "min", "shared", *metric.targets(), "mfu %", "loop/floor"])
     for column in ("status_note", "mfu_note", "precision_note", "shared_note"):
         notes(rows, column, width=fit)
+
+
+def _status_columns(status: str | None) -> dict:
+    """The status's word for the row ("diverged"), and the whole status as its note where it
+    carries a reason ("diverged: non-finite loss ..."); a missing status stays missing (NA)."""
+    if not isinstance(status, str):
+        return {"status": status, "status_note": None}
+    return {"status": status.split(":")[0], "status_note": status if ":" in status else None}
 
 
 def _train_seeds(a, request, resume_modes) -> int:

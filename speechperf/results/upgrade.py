@@ -1,13 +1,13 @@
 """The one upgrade step for a run folder recorded before a field existed.
 
-Run folder format 2 (results/run.py's ``FORMAT``) is the only one this release reads, but a
+Run folder format 2 (results/formats.py's ``FORMAT``) is the only one this release reads, but a
 folder of that format may hold fewer fields than this release records: a ``config.json``
 without a train field added since, a database without a column added since. Every gap of that
 kind is filled here, as the folder is opened, so that no reader carries a fallback of its own:
 
-- :func:`config`: ``Run.config`` (config.json as read) with each field of
+- :func:`config`: ``RunView.config`` (config.json as read) with each field of
   :data:`CONFIG_FIELDS` it lacks set to the value every run had before the field was recorded;
-- :func:`rows`: the rows ``Run`` reads from a table with every column of
+- :func:`rows`: the rows ``RunView.rows`` (results/rows.py) reads from a table with every column of
   :data:`ADDED_COLUMNS` present, None where the database lacks it (a reader opens it
   read-only, so nothing is added to the file);
 - :func:`add_columns`: a database opened for writing (``ResultsDB``) gets those columns.

@@ -38,10 +38,15 @@ class MachineRecord:
         self.p0 = time.perf_counter()  # a sample's t from here (the sampler's start, to a few ms)
         self.t0 = now()
 
-    def store_settled(self) -> None:
-        """The samples that no longer change (Sampler.settled), stored: a killed run keeps its
+    def store_so_far(self) -> None:
+        """Every sample so far, made final now (Sampler.flush) and stored: a killed run keeps its
         samples up to its last checkpoint, all of them."""
         self._store(self.sampler.flush())
+
+    def off_clock(self, start: float, end: float) -> None:
+        """A span off the clock (perf_counter ``start`` to ``end``, now): its samples are not
+        stored and those after it are shifted back by its length (:meth:`on_clock`)."""
+        self.off_spans.append((start, end, time.time()))
 
     def stop(self) -> None:
         """Both stopped; every sample left stored."""

@@ -210,10 +210,11 @@ class RunRecorder(Recorder):
         now, prog = self.now(), self.prog
         epoch = prog.epoch - 1 if final else prog.epoch
         self.run.rows.upsert("evals", {"run_id": self.run_id, "epoch": epoch, "split": r["split"],
-                                       "decoder": r["decoder"], "beam": r["beam"], "clock_s": now, "eval_s": r["eval_s"], "loss": r["loss"],
-                                  **{k: r.get(k) for k in (*EVALS_PARTS, *EVALS_DECODE)},
-                                  "n_utts": r["n_utts"], "final": int(final),
-                                  **{k: r.get(k) for k in metric.columns()}})  # every declared metric's columns
+                                       "decoder": r["decoder"], "beam": r["beam"], "clock_s": now,
+                                       "eval_s": r["eval_s"], "loss": r["loss"],
+                                       **{k: r.get(k) for k in (*EVALS_PARTS, *EVALS_DECODE)},
+                                       "n_utts": r["n_utts"], "final": int(final),
+                                       **{k: r.get(k) for k in metric.columns()}})  # every declared metric's columns
         if final:
             self.events.event("final_eval", r[self.target], split=r["split"], metric=self.target,
                               **_others(r, self.target), decoder=r["decoder"], beam=r["beam"])
@@ -239,7 +240,7 @@ class RunRecorder(Recorder):
         self._written(self.ckpt_writer.wait())
         self.events.event("checkpoint", iteration=self.prog.iteration, epoch=self.prog.epoch,
                           clock_s=round(self.prog.clock_s, 3))
-        self.machine.store_settled()  # a killed run keeps its samples up to here, all of them
+        self.machine.store_so_far()  # a killed run keeps its samples up to here, all of them
         yield self.ckpt_writer
         self.ckpt_s += self.now() - self.prog.clock_s  # on the next iteration row (studies/time_parts.py)
 
@@ -322,7 +323,7 @@ class RunRecorder(Recorder):
         start = time.perf_counter()
         with super().off_clock():
             yield
-        self.machine.off_spans.append((start, time.perf_counter(), time.time()))
+        self.machine.off_clock(start, time.perf_counter())
 
     def _say(self, text: str) -> None:
         """``text`` on stdout, each of its lines wrapped to a 100-column terminal (tables.WIDTH)."""
