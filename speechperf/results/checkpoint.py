@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from speechperf.atomic import atomic_torch_save
 from speechperf.errors import SpeechperfError
 from speechperf.results.checkpoint_writer import CheckpointWriter
 from speechperf.results.layout import CHECKPOINT_FILE
@@ -94,28 +93,27 @@ class TrainState:
         set_rng_state(ckpt[RNG])
 
 
-def save(run, progress: Progress, state: dict, writer: CheckpointWriter | None = None) -> Path:
-    """Write ``RUN/checkpoint.pt`` of ``run`` (results/run.py's Run) atomically, the previous one
+def save(run, progress: Progress, state: dict, writer: CheckpointWriter | None = None) -> None:
+    """Write the checkpoint of ``run`` (results/run.py's Run) atomically, the previous one
     surviving a crash mid-write: the run's pending rows first, then :func:`contents` with
     ``progress`` holding the logs' sizes now (a resume cuts them back to these) and ``state``
-    (:meth:`TrainState.state_dict`, the algorithm's keys).
+    (:meth:`TrainState.state_dict`, the algorithm's keys). The file is the one the run's writer
+    (``run.checkpoint_writer()``) is bound to: this function never names a path.
 
-    With ``writer`` (results/checkpoint_writer.py) the file is written on its background thread:
-    this waits for the writer's previous write (raising its error, naming the file), copies the
-    state to host memory and returns; the caller waits for the last write before the run ends
+    With ``writer`` (results/checkpoint_writer.py, the run's) the file is written on its background
+    thread: this waits for the writer's previous write (raising its error, naming the file), copies
+    the state to host memory and returns; the caller waits for the last write before the run ends
     (``writer.wait()``). Until the write completes, the previous checkpoint is the one on disk,
-    and a resume from it cuts the rows and log lines recorded since (train/admission.py)."""
-    if writer is not None:
-        writer.wait()  # at most one write in flight; a failed one stops the run here
+    and a resume from it cuts the rows and log lines recorded since (train/admission.py). Without
+    one the run's own writer writes it and is waited for: written (or its error raised) on return."""
+    waited = writer is None
+    writer = writer or run.checkpoint_writer()
+    writer.wait()  # at most one write in flight; a failed one stops the run here
     run.rows.flush()
     progress.log_sizes = run.log.log_sizes()
-    path = Path(run.folder) / CHECKPOINT_FILE
-    whole = contents(run.run_id, run.config, asdict(progress), state)
-    if writer is None:
-        atomic_torch_save(whole, path)
-    else:
-        writer.write(whole, path, progress.iteration)
-    return path
+    writer.write(contents(run.run_id, run.config, asdict(progress), state), progress.iteration)
+    if waited:
+        writer.wait()
 
 
 def load(run: Path) -> dict:

@@ -59,23 +59,23 @@ class Written:
 class CheckpointWriter:
     """Writes one checkpoint file at a time on a background thread (see the module's docstring)."""
 
-    def __init__(self, save=None):
+    def __init__(self, path: Path, save=None):
+        self.path = Path(path)  # the checkpoint file every write replaces (named by the Run: Run.checkpoint_writer)
         self._save = save or atomic.atomic_torch_save  # (obj, path): the atomic write (tests slow it down)
         self._buffers = HostBuffers()
         self._thread: threading.Thread | None = None
-        self._path: Path | None = None  # the file of the write in flight
         self._iteration = 0  # the iteration of the write in flight
         self._error: BaseException | None = None
         self._write_s = 0.0
 
-    def write(self, whole: dict, path: Path, iteration: int) -> None:
+    def write(self, whole: dict, iteration: int) -> None:
         """Copy ``whole`` (results/checkpoint.py's contents, saved at ``iteration``) to host memory
-        now, after the previous write completed; serialize and write it to ``path`` on the
-        writer's thread."""
+        now, after the previous write completed; serialize and write it to the writer's ``path``
+        on its thread."""
         self.wait()
         snapshot = self._buffers.snapshot(whole)
-        self._path, self._iteration, self._error = Path(path), iteration, None
-        self._thread = threading.Thread(target=self._run, args=(snapshot, self._path), name="checkpoint-writer")
+        self._iteration, self._error = iteration, None
+        self._thread = threading.Thread(target=self._run, args=(snapshot, self.path), name="checkpoint-writer")
         self._thread.start()
 
     def _run(self, snapshot: dict, path: Path) -> None:
@@ -96,8 +96,8 @@ class CheckpointWriter:
         if self._thread is None:
             return None
         self._thread.join()
-        path, error = self._path, self._error
-        self._thread, self._path, self._error = None, None, None
+        path, error = self.path, self._error
+        self._thread, self._error = None, None
         if error is not None:
             named = _named(error, path)
             if named is error:

@@ -24,7 +24,7 @@ from pathlib import Path
 from speechperf.atomic import atomic_write_text
 from speechperf.results.formats import FORMAT, RunError, data_hint, read_info
 from speechperf.results.labels import default_label
-from speechperf.results.layout import CONFIG_FILE, ENV_FILE, RUN_FILE, SUMMARY_FILE, has_checkpoint
+from speechperf.results.layout import CHECKPOINT_FILE, CONFIG_FILE, ENV_FILE, RUN_FILE, SUMMARY_FILE, has_checkpoint
 from speechperf.results.logs import RunLog
 from speechperf.results.progress import Progress
 from speechperf.results.rows import Rows
@@ -86,6 +86,14 @@ class Run(RunView):
         check_files(run, writer=True)
         check_registered(run)
         return run
+
+    def checkpoint_writer(self, save=None):
+        """The writer of this run's checkpoint file (results/checkpoint_writer.py), bound to it here:
+        the one place a writer's path is made from the folder. ``save``: the atomic write (tests
+        slow it down or break it)."""
+        from speechperf.results.checkpoint_writer import CheckpointWriter  # torch: only for a run that trains
+
+        return CheckpointWriter(self.folder / CHECKPOINT_FILE, save)
 
     def write_summary(self, summary: dict, name: str = SUMMARY_FILE) -> None:
         atomic_write_text(self.folder / name, json.dumps(summary, indent=1))

@@ -26,7 +26,7 @@ from speechperf import metric
 from speechperf.corpus import alphabet
 from speechperf.results.layout import EVENTS_FILE, SUMMARY_FILE
 from speechperf.results.run import Run
-from speechperf.results.checkpoint_writer import CheckpointWriter, Written
+from speechperf.results.checkpoint_writer import Written
 from speechperf.results.events import C
 from speechperf.train.faults import as_fault, failure_status
 from speechperf.train.mlperf import log_submission
@@ -125,7 +125,7 @@ class RunRecorder(Recorder):
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
         self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
-        self.ckpt_writer = CheckpointWriter()  # writes each checkpoint beside training (results/checkpoint_writer.py)
+        self.ckpt_writer = run.checkpoint_writer()  # writes each checkpoint beside training (results/checkpoint_writer.py)
         self.resumed_at: int | None = None  # the iteration of the checkpoint a resumed run continues from
         self.floor: dict | None = None  # the step against its floor (train/floor.py), measured after training
         self.graphs: dict | None = None  # train.cuda_graphs: shapes captured, seconds, steps run eagerly (train/graphs.py)

@@ -82,8 +82,8 @@ def test_a_background_write_equals_a_synchronous_save_of_the_state_at_the_call(t
     with _run(tmp_path / "sync") as run:
         checkpoint.save(run, prog, state())
     save = _Gate()
-    writer = CheckpointWriter(save)
     with _run(tmp_path / "bg") as run:
+        writer = run.checkpoint_writer(save)  # bound to the run's checkpoint file
         checkpoint.save(run, prog, state(), writer)
         assert save.started.wait(30) and writer.in_flight
         _train_on(model, opt)  # the live tensors change while the write waits to start
@@ -101,8 +101,8 @@ def test_a_write_error_is_raised_at_the_next_wait_naming_the_file(tmp_path):
     def broken(obj, path):
         raise OSError(errno.EIO, "Input/output error")
 
-    writer = CheckpointWriter(broken)
     with _run(tmp_path / "run") as run:
+        writer = run.checkpoint_writer(broken)
         checkpoint.save(run, Progress(iteration=3), {"model": {"w": torch.ones(2)}}, writer)  # returns: in flight
         with pytest.raises(CheckpointWriteError) as e:
             checkpoint.save(run, Progress(iteration=6), {"model": {"w": torch.ones(2)}}, writer)  # the next wait
@@ -119,8 +119,8 @@ def test_a_full_disk_is_raised_at_the_next_wait_as_the_named_disk_full_error(tmp
     def full(obj, path):
         raise DiskFullError.writing(path)
 
-    writer = CheckpointWriter(full)
-    writer.write({"w": torch.ones(2)}, path, 1)
+    writer = CheckpointWriter(path, full)
+    writer.write({"w": torch.ones(2)}, 1)
     with pytest.raises(DiskFullError, match="disk full while writing .*checkpoint.pt"):
         writer.wait()
 
@@ -142,7 +142,6 @@ CHILD = r"""
 import os, sys, threading, torch
 from speechperf.atomic import atomic_write
 from speechperf.results import checkpoint
-from speechperf.results.checkpoint_writer import CheckpointWriter
 from speechperf.results.progress import Progress
 from speechperf.results.run import Run
 
@@ -161,10 +160,10 @@ def stalls_half_way(obj, path):
         threading.Event().wait()
     atomic_write(path, write)
 
-writer = CheckpointWriter()
+writer = run.checkpoint_writer()
 checkpoint.save(run, Progress(iteration=3), {"model": {"w": torch.full((1000,), 3.0)}}, writer)
 writer.wait()
-writer = CheckpointWriter(stalls_half_way)
+writer = run.checkpoint_writer(stalls_half_way)
 checkpoint.save(run, Progress(iteration=6), {"model": {"w": torch.full((1000,), 6.0)}}, writer)
 print("saved", flush=True)  # save returned: the loop would train on while the write is in flight
 threading.Event().wait()
