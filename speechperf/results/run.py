@@ -30,7 +30,6 @@ from speechperf.results.progress import Progress
 from speechperf.results.rows import Rows
 from speechperf.results.view import RunView, check_files, eval_split
 
-PLANS = ("fresh", "restart", "resume", "finished")  # a folder's admission (train/admission.py); restart: no checkpoint yet
 
 
 class Run(RunView):
@@ -63,21 +62,6 @@ class Run(RunView):
         return run
 
     @classmethod
-    def begin(cls, folder: Path, plan: str, *, config: dict, env: dict, progress: Progress, data: Path,
-              label: str | None = None, shared_db: Path | None = None) -> "Run":
-        """The training run of ``folder`` as its admission planned it (train/admission.py):
-        created (plan fresh), or opened to continue (restart, resume: the rows and log lines
-        written after ``progress``, the checkpoint's, cut; a restart has no checkpoint: cut to
-        nothing) and marked running again."""
-        if plan == "fresh":
-            return cls.create(folder, kind="train", config=config, env=env, data=data, label=label, shared_db=shared_db)
-        run = cls.open(folder, data=data, shared_db=shared_db)
-        run.log.truncate_logs(progress.log_sizes)
-        run.rows.forget_after(progress)
-        run.rows.set_status("running")
-        return run
-
-    @classmethod
     def open(cls, folder: Path, *, data: Path | None = None, shared_db: Path | None = None) -> "Run":
         """An existing run folder, to write: every file checked, every database it will write
         (results/db.py) holding its row. ``data``: the features folder to use instead of the
@@ -86,6 +70,13 @@ class Run(RunView):
         check_files(run, writer=True)
         check_registered(run)
         return run
+
+    def continue_from(self, progress: Progress) -> None:
+        """Continue this run from ``progress``, its checkpoint's (a restart, without one: a new
+        run's): the rows and log lines written after it cut, the status running again."""
+        self.log.truncate_logs(progress.log_sizes)
+        self.rows.forget_after(progress)
+        self.rows.set_status("running")
 
     def checkpoint_writer(self, save=None):
         """The writer of this run's checkpoint file (results/checkpoint_writer.py), bound to it here:

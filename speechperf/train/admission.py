@@ -6,8 +6,10 @@ label, a damaged features folder, a shared database that cannot be written, a la
 algorithm cannot run) before any file is written, and holds the folder's lock
 (results/lock.py) from there to the end of the run, so that a second process on the folder
 is refused naming the first. The training loop broadcasts :attr:`Admission.decision` to every
-rank; on rank 0 :meth:`Admission.begin` then makes the run it planned (results/run.py's
-``Run.begin``: created, or reopened to continue), so that the trainer holds a Run, never the folder.
+rank, and every other rank holds it as its own :class:`Admission` without the lock (:func:`follow`);
+every rank reads a resumed run's checkpoint through its admission (:meth:`Admission.checkpoint`).
+On rank 0 :meth:`Admission.begin` then makes the run it planned (results/run.py's ``Run.create``,
+or ``Run.open`` and ``Run.continue_from``), so that the trainer holds a Run, never the folder.
 """
 from __future__ import annotations
 
@@ -20,13 +22,17 @@ from speechperf.data.batching import Batching
 from speechperf.data.check import verify_run
 from speechperf.errors import SpeechperfError
 from speechperf.features.stats import check_trained_on
+from speechperf.results import checkpoint
 from speechperf.results.db import ResultsDB
 from speechperf.results.lock import LOCK_FILE, RunFolderBusy, RunLock
 from speechperf.results.progress import Progress
 from speechperf.results.run import Run
+from speechperf.train.faults import as_fault
 from speechperf.train.request import TrainRequest
 from speechperf.results.layout import has_checkpoint, is_run
 from speechperf.results.view import RunView
+
+PLANS = ("fresh", "restart", "resume", "finished")  # what admit decides for a folder; restart: no checkpoint yet
 
 
 @dataclass
@@ -34,7 +40,7 @@ class Admission:
     """Rank 0's verdict on the run folder, and its lock while the run trains."""
 
     folder: Path  # the run folder (the request's out)
-    plan: str | None  # one of results/run.py's PLANS; None: refused (error)
+    plan: str | None  # one of PLANS; None: refused (error)
     features: str | None  # the features folder the run trains on
     error: str | None  # why the folder was refused, in words
     lock: RunLock | None = None  # held from admit to release (a run to train only)
@@ -48,9 +54,22 @@ class Admission:
     def begin(self, *, config: dict, env: dict, progress: Progress, data: Path, label: str | None,
               shared_db: Path | None) -> Run:
         """The run as planned (fresh: created; restart, resume: reopened, cut back to ``progress``,
-        the checkpoint's), to write under the lock this admission holds."""
-        return Run.begin(self.folder, self.plan, config=config, env=env, progress=progress, data=data, label=label,
-                         shared_db=shared_db)
+        the checkpoint's; a restart has none: cut to nothing), to write under the lock this admission holds."""
+        if self.plan == "fresh":
+            return Run.create(self.folder, kind="train", config=config, env=env, data=data, label=label,
+                              shared_db=shared_db)
+        run = Run.open(self.folder, data=data, shared_db=shared_db)
+        run.continue_from(progress)
+        return run
+
+    def checkpoint(self) -> dict:
+        """The checkpoint of the run to resume (plan resume), read as data (results/checkpoint.py):
+        every rank reads the same file; rank 0 alone writes it."""
+        return checkpoint.load(self.folder)
+
+    def fault(self, e: OSError) -> SpeechperfError:
+        """``e``, an OS error on this run's folder or disk, as the named failure of the run (train/faults.py)."""
+        return as_fault(e, self.folder)
 
     def summary(self) -> dict | None:
         """A finished run's summary (plan finished)."""
@@ -77,6 +96,11 @@ def _unmake(out: Path, made: bool) -> None:
             pass
 
 
+def follow(request: TrainRequest, decision: tuple[str | None, str | None, str | None]) -> Admission:
+    """Another rank's admission: rank 0's ``decision`` on the request's folder, without its lock."""
+    return Admission(request.out, *decision)
+
+
 def admit(request: TrainRequest, cfg: RunConfig, batching: Batching,
           check_launch: Callable[[object, int], None]) -> Admission:
     """:func:`_plan` under the run folder's lock (``request.out``), held from here to the end of the
@@ -84,7 +108,17 @@ def admit(request: TrainRequest, cfg: RunConfig, batching: Batching,
     configuration (TrainRequest.configuration); ``batching``: the run's batches over its processes
     (data/batching.py), which the training splits must hold; ``check_launch(cfg.algo, world)``: the
     algorithm's refusal of a launch it cannot train (speechperf/algorithms/), asked of a run to
-    train only."""
+    train only. An OS error on the folder (a read-only --out, say) is raised named (train/faults.py)."""
+    try:
+        return _admit(request, cfg, batching, check_launch)
+    except OSError as e:
+        if isinstance(e, SpeechperfError):
+            raise
+        raise as_fault(e, request.out) from e
+
+
+def _admit(request: TrainRequest, cfg: RunConfig, batching: Batching, check_launch) -> Admission:
+    """:func:`admit`'s plan and lock (the folder made for a new run first)."""
     out = request.out
     made = not out.exists()
 

@@ -35,15 +35,14 @@ from pathlib import Path
 import torch
 
 from speechperf.data.batching import Batching
-from speechperf.results import checkpoint
 from speechperf.errors import SpeechperfError
 from speechperf.scoring.target_rule import tta_minutes
-from speechperf.train.admission import admit
+from speechperf.train.admission import admit, follow
 from speechperf.train.request import RESUME_MODES, TrainRequest
 from speechperf.train import distributed, floor
 from speechperf.algorithms import check_launch
 from speechperf.train.evaluate import evaluate, release_resident, with_intervals
-from speechperf.train.faults import as_fault, check_trained
+from speechperf.train.faults import check_trained
 from speechperf.train.graphs import graph_figures
 from speechperf.train.recorder import Recorder
 from speechperf.train.schedule import schedule_ended
@@ -73,26 +72,27 @@ def train(request: TrainRequest) -> dict:
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     group = distributed.setup(tc.device, tc.dist_backend, denv)  # checks the launch against the GPUs first
-    admission = t = None
+    admission = verdict = t = None
     try:
         check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
         admission = admit(request, cfg, batching, check_launch) if denv.rank == 0 else None
-        plan, feats, error = group.broadcast(admission.decision if admission is not None else None)
-        if error:
-            raise SpeechperfError(error)
-        if plan == "finished":
+        decision = group.broadcast(admission.decision if admission is not None else None)
+        verdict = admission or follow(request, decision)  # other ranks: rank 0's verdict on the folder, no lock
+        if verdict.error:
+            raise SpeechperfError(verdict.error)
+        if verdict.plan == "finished":
             return group.broadcast(admission.summary() if admission is not None else None)
-        ckpt = checkpoint.load(request.out) if plan == "resume" else None  # every rank reads it; rank 0 alone writes
-        t = build(cfg, batching, group, Path(feats), plan, ckpt)  # splits, index, algorithm, model: before the clock exists
-        if admission is None:  # other ranks: progress and clock only, their messages naming the run folder
-            t.rec = Recorder(t.prog_start, request.out)
+        ckpt = verdict.checkpoint() if verdict.plan == "resume" else None  # every rank reads it; rank 0 alone writes
+        t = build(cfg, batching, group, Path(verdict.features), verdict.plan, ckpt)  # splits, index, algorithm, model: before the clock exists
+        if admission is None:  # other ranks: progress and clock only, their messages naming the run from the verdict
+            t.rec = Recorder(t.prog_start, verdict)
         with StopSignals() as stop:
             start(t, request, admission, stop, init_t0, init_ms)  # rank 0's run and its recorder, initialization; then the clock starts
             return group.broadcast(_train(t))  # rank 0's summary on every rank (one exit status)
-    except OSError as e:  # before the run exists (a read-only --out, say): named, exit 1
-        if isinstance(e, SpeechperfError):
+    except OSError as e:  # before the run exists (a disk full as the run is made, say): named, exit 1
+        if isinstance(e, SpeechperfError) or verdict is None:  # admit names its own (a read-only --out)
             raise
-        raise as_fault(e, request.out) from e
+        raise verdict.fault(e) from e
     finally:
         t = None  # noqa: F841 (its DDP model holds the group: dropped after destroy_process_group, the
         # group's destructor joined gloo's thread while holding the GIL that thread waited for: a hang)

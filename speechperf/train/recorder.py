@@ -45,8 +45,8 @@ SENTENCE_PAIRS = 3  # hypothesis/reference pairs logged per sentence batch
 class Recorder:
     """A rank's progress and TTA clock; records nothing (ranks other than 0)."""
 
-    def __init__(self, prog: Progress, out: Path):
-        self.prog, self.out = prog, Path(out)
+    def __init__(self, prog: Progress, where):
+        self.prog, self.where = prog, where  # what holds the run folder: the Run (rank 0), the admission (others)
         self.clock: Clock | None = None  # started by ``initialized`` (run_start)
         self.run_id: str | None = None
         self.data_s = 0.0  # seconds the last batch took to arrive from the loader (:meth:`batches`)
@@ -63,6 +63,11 @@ class Recorder:
                 return
             self.data_s = time.perf_counter() - t0
             yield batch
+
+    @property
+    def out(self) -> Path:
+        """The run folder, as messages name it: read from the run (or admission) that holds it."""
+        return self.where.folder
 
     def now(self) -> float:
         """TTA seconds so far (before run_start: where the run stood at its checkpoint)."""
@@ -114,7 +119,7 @@ class RunRecorder(Recorder):
     """Rank 0's recorder: writes the run folder through ``run``."""
 
     def __init__(self, prog: Progress, run: Run, quiet: bool, target: str, check: Callable[[Run, str], dict] | None = None):
-        super().__init__(prog, run.folder)
+        super().__init__(prog, run)
 
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
         self.check = check  # check(run, status): the finished run against its reference (TrainRequest.check); None: none
@@ -133,7 +138,7 @@ class RunRecorder(Recorder):
     @classmethod
     def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
               quiet: bool, batch: tuple[int, dict], check: Callable[[Run, str], dict] | None = None) -> "RunRecorder":
-        """The recorder of ``run`` (made by ``Run.begin`` as its admission planned), logging
+        """The recorder of ``run`` (made by ``Admission.begin`` as it planned), logging
         initialization's start once (MLPerf has no resume)."""
         rec = cls(prog, run, quiet, cfg.train.target_metric, check)
         if plan != "resume":

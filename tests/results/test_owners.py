@@ -69,7 +69,8 @@ def test_a_resumed_writer_cuts_what_came_after_its_checkpoint(tmp_path):
         run.log.append_sentences({"iteration": 6, "epoch": 2, "loss": 0.5, "pairs": []})
         run.log.events().event("after", 2)
     progress = Progress(epoch=2, iteration=3, clock_s=3.0, log_sizes=sizes)
-    run = Run.begin(folder, "resume", config=CONFIG, env=ENV, progress=progress, data=tmp_path)
+    run = Run.open(folder, data=tmp_path)  # as train/admission.py's Admission.begin continues a run
+    run.continue_from(progress)
     run.close()
     with RunView.open(folder) as view:
         assert [r["iteration"] for r in view.rows.iterations()] == [1, 2, 3]

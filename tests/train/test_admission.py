@@ -1,12 +1,16 @@
 """The run folder's admission (train/admission.py): one call decides fresh, restart, resume or
 finished and holds the folder's lock; what it refuses leaves no file behind."""
+import errno
 import json
 
 import pytest
 
 from speechperf.config import ConfigError, load_preset
 from speechperf.data.batching import Batching
-from speechperf.train.admission import admit, config_diff
+from speechperf.errors import MachineFault
+from speechperf.results import checkpoint
+from speechperf.train.admission import admit, config_diff, follow
+from speechperf.train.recorder import Recorder
 from speechperf.results.lock import LOCK_FILE
 from speechperf.results.progress import Progress
 from speechperf.train.request import TrainRequest
@@ -42,6 +46,39 @@ def test_a_new_run_is_fresh_and_holds_the_lock_until_released(tiny_features, tmp
     again, _ = _admit(TrainRequest("tiny", tiny_features, out))
     assert again.decision == ("restart", str(tiny_features), None)  # a run without a checkpoint yet
     again.release()
+
+
+def test_every_rank_reads_the_checkpoint_and_names_the_run_through_its_admission(tiny_features, tmp_path):
+    out = tmp_path / "run"
+    adm, cfg = _admit(TrainRequest("tiny", tiny_features, out))
+    run = _begin(adm, cfg, tiny_features)
+    checkpoint.save(run, Progress(iteration=3), {"model": {"w": [1.0, 2.0]}})  # the run's own writer, waited for
+    run.close()
+    adm.release()
+    rank0, _ = _admit(TrainRequest("tiny", tiny_features, out))
+    other = follow(TrainRequest("tiny", tiny_features, out), rank0.decision)  # what the loop gives ranks > 0
+    try:
+        assert other.decision == rank0.decision == ("resume", str(tiny_features), None) and other.lock is None
+        assert other.checkpoint()[checkpoint.PROGRESS] == rank0.checkpoint()[checkpoint.PROGRESS]
+        assert rank0.checkpoint()[checkpoint.PROGRESS]["iteration"] == 3
+        other.release()  # holds no lock: nothing to release, the folder stays
+        assert is_run(out) and (out / LOCK_FILE).is_file()
+        assert Recorder(Progress(), other).out == out  # the other ranks' messages name the run folder
+        fault = other.fault(OSError(errno.EIO, "Input/output error", str(out / "x")))
+        assert isinstance(fault, MachineFault) and f"the run in {out} stopped" in str(fault)
+    finally:
+        rank0.release()
+
+
+def test_a_read_only_out_is_named_by_admit(tiny_features, tmp_path, monkeypatch):
+    out = tmp_path / "ro" / "run"
+
+    def read_only(self, *a, **kw):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+    monkeypatch.setattr(type(out), "mkdir", read_only)  # the folder admit makes for a new run
+    with pytest.raises(MachineFault, match="Read-only file system") as e:
+        _admit(TrainRequest("tiny", tiny_features, out))
+    assert f"the run in {out} stopped" in str(e.value) and e.value.exit_code == 1
 
 
 def test_what_is_refused_leaves_no_folder(tiny_features, tmp_path):
