@@ -54,7 +54,8 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels (cuDNN, cuBLAS workspace, CTC on the CPU): a resumed GPU run equals the uninterrupted one, slower
     sync_every: int = 1  # read losses and skip flags from the device every N steps (and at sentences, checkpoints, epoch end; the time cap is checked there): one host sync per N steps
     optimizer_impl: str = "default"  # "default", "foreach" or "fused" (AdamW; fewer, larger kernels on a GPU)
-    floor_steps: int = 0  # after training, outside the clock: replay this many steps, spread over the epochs in windows of sync_every (at most 5% of the clock), on batches already on the device and set the loop's rows against them (train/floor.py; the summary's "floor"); 0 = off
+    floor_steps: int = 0  # after training, outside the clock: replay this many steps, spread over the epochs in windows of floor_window steps (at most 10% of the clock), on batches already on the device and set the loop's rows against them (train/floor.py; the summary's "floor"); 0 = off
+    floor_window: int = 0  # floor_steps: the timed steps of one replayed window, rounded up to whole sync_every periods; 0 = one period (a CPU step's seconds vary: a window of several steps times steadier)
     compile: bool = False  # torch.compile the model (off unless measured faster; the first steps compile)
     cuda_graphs: bool = False  # replay the training step's forward and backward from CUDA graphs, batches padded to a grid of shapes (train/graphs.py; model ds2, one CUDA device)
     graph_frames: int = 16  # cuda_graphs: a batch's frames padded up to a multiple of this
@@ -86,6 +87,7 @@ class TrainConfig:
             (self.eval_resident_mb >= 0, f"train.eval_resident_mb={self.eval_resident_mb} must be >= 0 (0 = always read)"),
             (self.eval_threads >= 0, f"train.eval_threads={self.eval_threads} must be >= 0 (0 = auto)"),
             (self.floor_steps >= 0, f"train.floor_steps={self.floor_steps} must be >= 0 (0 = off)"),
+            (self.floor_window >= 0, f"train.floor_window={self.floor_window} must be >= 0 (0 = one sync_every period)"),
             (self.graph_frames >= 1 and self.graph_batch >= 1,
              f"train.graph_frames={self.graph_frames} and train.graph_batch={self.graph_batch} must be >= 1"),
             (not (self.cuda_graphs and self.compile), "train.cuda_graphs and train.compile cannot both be on: pick one"),

@@ -41,7 +41,7 @@ FORMAT = 1  # reference file "format"
 NOT_RECIPE = frozenset({
     "train.seed", "train.threads", "train.time_cap_minutes", "train.stop_after_epochs", "train.device", "train.dist_backend", "train.sync_every",
     "train.checkpoint_every", "train.sentence_every", "train.compile", "train.cuda_graphs", "train.graph_frames",
-    "train.graph_batch", "train.floor_steps", "train.optimizer_impl", "train.deterministic",
+    "train.graph_batch", "train.floor_steps", "train.floor_window", "train.optimizer_impl", "train.deterministic",
     "train.max_bad_losses", "train.max_skipped_fraction", "train.final_splits", "train.final_beam",
     "train.target", "loader.readers", "loader.prefetch_batches", "loader.resident"})  # train.target: where it stops, not how it trains
 # mlperf-logging's checker knows MLPerf's benchmarks only: a speechperf reference is handed to

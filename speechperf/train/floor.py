@@ -5,11 +5,13 @@ on the device, no loader, no rows, no logging, no checkpoints. One figure from o
 describes that moment (a demo's 10 steps at the start of epoch 2 held a 2.7 s and a 1.7 s step
 while another process shared the machine: loop/floor 1.88, where its median step was at its
 floor), so the run replays a sample of its recorded iterations spread over all its epochs:
-``train.floor_steps`` timed steps in windows of ``span`` = ``train.sync_every`` steps (one step
-on the CPU presets; a GPU's host times only mean something over a read period, so a window ends
-where the loop reads the device), each window led by its row's previous iteration, replayed
-untimed (the loop's step before it, whose read falls in the first timed step as in the loop).
-Windows are spread evenly over the rows that can end one (:func:`candidates`), each window's
+``train.floor_steps`` timed steps in windows of ``span`` steps: ``train.floor_window`` rounded up
+to whole ``train.sync_every`` periods (a GPU's host times only mean something over a read period,
+so a window ends where the loop reads the device; on a CPU, where the loop reads every step, one
+step's seconds vary by tens of percent and a window of several steps times steadier), each window
+led by its row's previous iteration, replayed untimed (the loop's step before it, whose read falls
+in the first timed step as in the loop).
+The asked windows are spread evenly over the rows that can end one (:func:`candidates`), each window's
 batches rebuilt by a loader started at its batch (the seed's plan: data/plan.py makes them the
 same), and each step timed as the loop times its rows: host seconds from one step's end to the
 next's, reads included. Against it, the same iterations' rows: their ``step_s`` less the wait for
@@ -28,7 +30,8 @@ Cost: two passes of ``windows x (span + 1)`` steps plus one loader start per win
 ones would take more at the rows' median step, and a deadline at that budget, since the estimate
 can be wrong (a neighbour slowed a tiny run's replay to 4x its loop step: 20% of its clock).
 The windows are replayed in an order whose every prefix is spread over the run
-(:func:`spread_order`); the first pass stops half way to the deadline, the second at it, and
+(:func:`spread_order`), the budget keeping a prefix of the asked windows (a rerun that affords one
+window more or less compares the same ones but that); the first pass stops half way to the deadline, the second at it, and
 the windows both replayed (at least one) are compared. The result records the seconds the
 measurement took (``replay_s``). The replay runs twice and the second pass is timed: after the
 final evaluation's other shapes, a first pass may pay first-use costs the loop's steady state did
@@ -56,7 +59,7 @@ from speechperf.rng import rng_state
 from speechperf.train.step import StepMeter, read_point, train_step
 
 OUTLIER = 1.5  # a window whose loop/floor exceeds the median's by this factor is named
-BUDGET = 0.05  # the two replay passes may take this share of the run's clock (estimated from its median step)
+BUDGET = 0.10  # the two replay passes may take this share of the run's clock (estimated from its median step)
 NAMED = 5  # outlier windows named at most (the worst)
 
 
@@ -65,6 +68,13 @@ def resident(batch, device: torch.device):
     step plans with them there)."""
     return SimpleNamespace(feats=batch.feats.to(device), labels=batch.labels.to(device),
                            feat_lens=batch.feat_lens, label_lens=batch.label_lens, ids=batch.ids)
+
+
+def window_span(tc) -> int:
+    """The timed steps of one window: ``train.floor_window`` rounded up to whole ``sync_every``
+    periods (0: one period), at most ``floor_steps``."""
+    period = tc.sync_every
+    return max(1, min(period * max(1, -(-tc.floor_window // period)), tc.floor_steps))
 
 
 def loop_seconds(row: dict) -> float:
@@ -164,13 +174,13 @@ def measure(t, iterations: list[dict]) -> dict:
     """The floor of a run (a :class:`~speechperf.train.trainer.Trainer` that has trained; world 1)
     against its rows ``iterations``: the summary's ``floor``."""
     began, steps = time.perf_counter(), t.cfg.train.floor_steps
-    span = min(t.cfg.train.sync_every, steps)
-    asked, allowed = max(1, steps // span), affordable(iterations, span)
-    windows = pick_windows(iterations, min(asked, allowed or asked), span)
+    span = window_span(t.cfg.train)
+    windows = pick_windows(iterations, max(1, steps // span), span)
     if not windows:
         return {"steps": steps, "note": f"not measured: no epoch trained {span + 1} steps in a row (a lead and "
                                         f"{span} timed; train.floor_steps={steps})"}
-    windows = [windows[i] for i in spread_order(len(windows))]  # any first few of them spread over the run
+    # any first few of them spread over the run; the budget keeps a prefix (None: no clock, all of them)
+    windows = [windows[i] for i in spread_order(len(windows))][:affordable(iterations, span)]
     batches = _load(t, windows, iterations)
     if isinstance(batches, dict):
         return {**batches, "steps": steps}
@@ -185,6 +195,8 @@ def measure(t, iterations: list[dict]) -> dict:
             "last_iteration": max(r["iteration"] for r in timed), "floor_s": sum(u["floor_s"] for u in units) / len(timed),
             "loop_s": sum(u["loop_s"] for u in units) / len(timed),
             "utterances": sum(r["batch_size"] for r in timed) / len(timed), **compare(units, run_rate(iterations)),
+            "window_s": [[u["iteration"], round(u["loop_s"], 5), round(u["floor_s"], 5)]  # each window, by iteration
+                         for u in sorted(units, key=lambda u: u["iteration"])],
             "replay_s": time.perf_counter() - began, "clock_s": clock, "replay_others_pct": others,
             "replay_shared": contention.took_needed(others, torch.get_num_threads(), psutil.cpu_count() or 1)}
 

@@ -53,7 +53,7 @@ def test_windows_are_spread_over_every_epoch():
 
 def test_the_budget_caps_the_windows():
     rows = [{**r, "clock_s": 100.0 * r["iteration"] / 10} for r in _rows({1: 10})]  # 100 s, steps of 0.4 s
-    assert floor.affordable(rows, 1) == 3  # 5% of 100 s over 2 passes x 2 steps x 0.4 s = 3.1
+    assert floor.affordable(rows, 1) == 6  # 10% of 100 s over 2 passes x 2 steps x 0.4 s = 6.25
     assert floor.affordable(rows, 25) == 1  # at least one window
     assert floor.affordable(_rows({1: 3}), 1) is None  # no clock in the rows: the steps asked
 
@@ -195,6 +195,39 @@ def test_the_sync_period_makes_the_windows_and_the_budget_their_number(monkeypat
     got = floor.measure(_trainer(3, BATCHES), clocked)
     assert (got["windows"], got["steps"], got["asked"]) == (1, 1, 3)
     assert "1 of 3 asked: the replay's budget" in step_vs_floor({"floor": got})
+
+
+def test_a_window_times_floor_window_steps_in_whole_read_periods():
+    def span(*over):
+        return floor.window_span(load_preset("tiny", ["train.floor_steps=48", *over]).train)
+    assert span() == 1 and span("train.floor_window=4") == 4  # 0: one period of sync_every (1 on a CPU)
+    assert span("train.floor_window=5", "train.sync_every=2") == 6 and span("train.sync_every=25") == 25
+    assert floor.window_span(load_preset("tiny", ["train.floor_steps=3", "train.floor_window=4"]).train) == 3
+    assert "train.floor_window=-1 must be >= 0" in " ".join(load_preset("tiny").train.__class__(
+        floor_window=-1).problems())
+
+
+def test_windows_of_several_steps_are_compared_whole_and_each_recorded(monkeypatch):
+    calls = _fixed_replay(monkeypatch)
+    rows = _rows_of(BATCHES * 3, 1, epoch=1)  # iterations 1-12 of one epoch
+    got = floor.measure(_trainer(8, BATCHES * 3, "train.floor_window=4"), rows)
+    # candidates end at 8 and 12 (a lead and 4 steps after the epoch's first): two windows, 3-8 and 7-12
+    assert (got["span"], got["windows"], got["steps"], got["first_iteration"]) == (4, 2, 8, 5)
+    assert calls == [4, 8, 4, 8]
+    loop_s = [sum(floor.loop_seconds(r) for r in rows[i:i + 4]) for i in (4, 8)]
+    assert got["window_s"] == [[5, round(loop_s[0], 5), 0.4], [9, round(loop_s[1], 5), 0.4]]
+
+
+def test_a_smaller_budget_keeps_a_prefix_of_the_same_windows(monkeypatch):
+    """The windows are picked from those asked, then the budget keeps the first few in spread order:
+    a rerun that affords one window fewer compares the same windows but one."""
+    calls = _fixed_replay(monkeypatch)
+    rows = _rows_of(BATCHES * 5, 1, epoch=1)  # 20 steps of 0.2-0.39 s (less 0.05 s of data)
+    wide = floor.measure(_trainer(6, BATCHES * 5), [{**r, "clock_s": 100.0} for r in rows])
+    narrow = floor.measure(_trainer(6, BATCHES * 5), [{**r, "clock_s": 3.0} for r in rows])
+    assert (wide["windows"], narrow["windows"]) == (6, 1) and calls[-1] == calls[0]
+    first = {w[0] for w in narrow["window_s"]}
+    assert first <= {w[0] for w in wide["window_s"]} and len(first) == 1
 
 
 def test_the_run_is_as_before_the_replay():
