@@ -14,6 +14,8 @@ from speechperf.models import build_model
 from speechperf.drive.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
+from speechperf.results.events import read_events
+from tests.train.test_elastic import assert_same_state
 from tests.conftest import shared_folder
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=1000"]
@@ -183,6 +185,11 @@ def test_sigterm_to_torchrun_stops_a_bmuf_run_saved_recorded_and_the_same_comman
 
     p = _train(2, "train", "--data", tiny_features, "--out", run, *args)  # the same command
     assert p.returncode == 0, p.stderr[-3000:]
-    a, b = load_checkpoint(ref)["model"], load_checkpoint(run)["model"]
-    for k, v in a.items():
-        assert torch.equal(v, b[k]), k
+    a, b = load_checkpoint(ref), load_checkpoint(run)
+    assert a["progress"]["iteration"] == b["progress"]["iteration"] and b["progress"]["status"] == "success"
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert_same_state(a["algo"], b["algo"], "algo")  # every rank's model, optimizer, block momentum and RNG
+    keys = [e["key"] for e in read_events(run / "events.log")]
+    assert keys.count("resume") == 1 and keys.count("run_stop") == 1  # the stopped run's run_stop cut back
+    assert [k for k in keys if k != "resume"] == [e["key"] for e in read_events(ref / "events.log")]

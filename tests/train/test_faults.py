@@ -18,7 +18,7 @@ import torch
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
-from tests.conftest import cli
+from tests.conftest import cli, shared_folder
 
 TINY = ["--preset", "tiny", "threads=1"]
 
@@ -175,20 +175,31 @@ def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_featur
     assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
 
 
+SIGTERM_ARGS = [*TINY, "max_epochs=3", "checkpoint_every=4", "sentence_every=50"]
+
+
+@pytest.fixture(scope="module")
+def sigterm_ref(tiny_features, tmp_path_factory):
+    """The uninterrupted run both SIGTERM cases end equal to, trained once (readers=0: a reader
+    process changes no batch, data/plan.py)."""
+    def build(folder):
+        p = _popen("--data", tiny_features, "--out", folder / "ref", *SIGTERM_ARGS, "readers=0")
+        assert p.wait(timeout=300) == 0, p.stderr.read()
+
+    return shared_folder(tmp_path_factory, "sigterm-ref", build) / "ref"
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("group", [False, True], ids=["process", "process-group"])
-def test_sigterm_stops_saved_and_recorded_and_the_same_command_continues(tiny_features, tmp_path, group):
+def test_sigterm_stops_saved_and_recorded_and_the_same_command_continues(tiny_features, sigterm_ref, tmp_path, group):
     """SIGTERM (Slurm, Kubernetes, docker stop, torchrun) is handled as SIGINT: the run stops
     after the current step with a checkpoint, is recorded as interrupted (not finished), says
     that the same command continues it, exits 143; the same command then ends where an
     uninterrupted run ends, weights bit for bit. Sent to the whole process group (scancel,
     Ctrl-C), its data readers ignore it: the run still stops as above instead of failing on
     a dead reader."""
-    args = [*TINY, "max_epochs=3", "checkpoint_every=4", "sentence_every=50", f"readers={int(group)}"]
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    p = _popen("--data", tiny_features, "--out", ref, *args)
-    assert p.wait(timeout=300) == 0, p.stderr.read()
-
+    args = [*SIGTERM_ARGS, f"readers={int(group)}"]
+    ref, run = sigterm_ref, tmp_path / "run"
     p = _popen("--data", tiny_features, "--out", run, *args, session=group)
     assert _wait_checkpoint(run, p, 4), "the run finished before it could be stopped"
     if group:
