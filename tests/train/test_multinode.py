@@ -1,6 +1,7 @@
 """Multi-node as a user runs it: two torchrun commands, one process each, meeting at a c10d
-rendezvous (here both on this machine), under DDP (sync) and local SGD (bsp); the two-node
-bsp run equals the same run as two processes of one node."""
+rendezvous (here both on this machine), under DDP (sync) and DiLoCo (local SGD with an outer
+optimizer, made for training across machines); the two-node DiLoCo run equals the same run as two
+processes of one node (tests/train/test_algorithms_run.py's, trained once for both files)."""
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import torch
 from speechperf.drive.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
+from tests.train.test_algorithms_run import ARGS as ONE_NODE_ARGS, RUNS, runs  # noqa: F401 (runs: a fixture)
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -27,10 +29,10 @@ def _nodes(feats, out, extra, port) -> list[subprocess.Popen]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("extra", [pytest.param([], id="sync"),
-                                   pytest.param(["algo.name=bsp", "algo.sync_every=3"], id="bsp")])
-def test_two_nodes_of_one_process_train_one_run(extra, tiny_features, tmp_path):
+@pytest.mark.parametrize("name", ["sync", "diloco"])
+def test_two_nodes_of_one_process_train_one_run(name, tiny_features, tmp_path, request):
     run = tmp_path / "two-nodes"
+    extra = [] if name == "sync" else [*ONE_NODE_ARGS[len(ARGS):], *RUNS[name][1]]  # diloco: the one-node run's
     nodes = _nodes(tiny_features, run, extra, free_port())
     outputs = [p.communicate(timeout=300)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
@@ -41,12 +43,8 @@ def test_two_nodes_of_one_process_train_one_run(extra, tiny_features, tmp_path):
     with ResultsDB(run / "results.db", readonly=True) as db:
         sent = [r["comm_bytes"] for r in db.query("SELECT comm_bytes FROM iterations WHERE run_id = ?", [run_id])]
     assert sum(sent) > 0  # the ranks talked across the "nodes"
-    if extra:  # the same ranks on the same data as one node of two processes: the same weights
-        one = tmp_path / "one-node"
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                            str(free_port()), "-m", "speechperf", "train", "--data", str(tiny_features), "--out",
-                            str(one), *ARGS, *extra], capture_output=True, text=True, env=ENV, timeout=300)
-        assert p.returncode == 0, p.stderr[-3000:]
+    if name == "diloco":  # the same ranks on the same data as one node of two processes: the same weights
+        one = request.getfixturevalue("runs") / name
         a, b = load_checkpoint(run)["model"], load_checkpoint(one)["model"]
         for k, v in a.items():
             assert torch.equal(v, b[k]), k
