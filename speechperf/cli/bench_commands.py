@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speechperf.cli.parsing import WIDTH, Command, Registry, csv_list, preset
+from speechperf.cli.parsing import WIDTH, Command, Registry, csv_list, named, preset
 from speechperf.tables import emit, pick, print_lines
 
 # The default text tables' columns (key: the header shown), to fit 100 columns; --wide shows
@@ -67,8 +67,8 @@ def _timing_args(sp, what: str) -> None:
 
 def _bench_ops_args(sp) -> None:
     sp.add_argument("--device", default="cpu")
-    sp.add_argument("--dtype", type=csv_list(choices=DTYPE_NAMES), default=["fp32"],
-                    help=f"data types, comma separated ({', '.join(DTYPE_NAMES)})")
+    named(sp.add_argument("--dtype", type=csv_list(choices=DTYPE_NAMES), default=["fp32"],
+                          help="data types, comma separated (%(dtypes)s)"), dtypes=DTYPE_NAMES)
     sp.add_argument("--threads", type=csv_list(int), default=None)
     sp.add_argument("--iters", type=int, default=None)
     sp.add_argument("--quick", action="store_true", help="small shapes only (smoke test)")
@@ -90,8 +90,8 @@ def cmd_bench_ops(a) -> int:
 
 
 def _bench_zoo_args(sp) -> None:
-    sp.add_argument("--models", type=csv_list(choices=ZOO_MODELS), default=None,
-                    help=f"models, comma separated ({', '.join(ZOO_MODELS)}, or MODULE:NAME; default: all)")
+    named(sp.add_argument("--models", type=csv_list(choices=ZOO_MODELS), default=None,
+                          help="models, comma separated (%(models)s, or MODULE:NAME; default: all)"), models=ZOO_MODELS)
     sp.add_argument("--batch", type=csv_list(int), default=None,
                     help="batch sizes, comma separated (default: per model)")
     sp.add_argument("--precision", type=csv_list(choices=ZOO_PRECISIONS), default=["fp32"],

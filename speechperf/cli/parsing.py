@@ -42,6 +42,13 @@ class Registry:
         return iter(self._get())
 
 
+def named(action: argparse.Action, **registries: Registry) -> argparse.Action:
+    """``action`` whose help names each registry's names as ``%(KEY)s``, read only when shown."""
+    for key, names in registries.items():
+        setattr(action, key, names)
+    return action
+
+
 def _presets():
     from speechperf.config import preset_names
 
@@ -83,6 +90,16 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         import textwrap
 
         return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _expand_help(self, action):
+        # a registry's names read only when a help text shows them (see named): reading them imports
+        # torch or numba, which the parser, built whole for every command, must not pay for
+        lazy = {k: v for k, v in vars(action).items() if isinstance(v, Registry) and k != "choices"}
+        if lazy:
+            action = copy.copy(action)
+            for key, names in lazy.items():
+                setattr(action, key, ", ".join(names))
+        return super()._expand_help(action)
 
     def _get_help_string(self, action):
         text = action.help or ""

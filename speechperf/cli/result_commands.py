@@ -130,7 +130,9 @@ def cmd_check_log(a) -> int:
 
 def _decoding_args(sp) -> None:
     """The decoder's options, eval's and beam-sweep's."""
-    sp.add_argument("--decoder", default="wordbeam", choices=DECODER_NAMES, help="CTC decoder")
+    # a metavar: argparse lists choices while it builds a parser, and the decoders' names import numba
+    sp.add_argument("--decoder", default="wordbeam", choices=DECODER_NAMES, metavar="DECODER",
+                    help="CTC decoder: %(choices)s")
     sp.add_argument("--mode", default="ngrams", choices=WORDBEAM_MODES, help="word beam search mode (wordbeam only)")
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from speechperf import metric
-from speechperf.cli.parsing import PRESETS, WIDTH, Command, preset, width
+from speechperf.cli.parsing import PRESETS, WIDTH, Command, named, preset, width
 from speechperf.cli.result_commands import error_column
 from speechperf.errors import SpeechperfError
 from speechperf.tables import emit, emit_json, notes, print_lines
@@ -43,8 +43,8 @@ def _isa_cap(a) -> None:
 
 def _train_args(sp) -> None:
     _isa_arg(sp)
-    sp.add_argument("--preset", default="cpu", type=preset, metavar="PRESET",
-                    help=f"named preset ({', '.join(PRESETS)}) or a TOML file")
+    named(sp.add_argument("--preset", default="cpu", type=preset, metavar="PRESET",
+                          help="named preset (%(presets)s) or a TOML file"), presets=PRESETS)
     sp.add_argument("--data", help="prepared features folder")
     sp.add_argument("--out", help="run folder")
     sp.add_argument("--resume", default="auto",
@@ -213,9 +213,9 @@ def _demo_args(sp) -> None:
     sp.add_argument("--out", default="demo")
     sp.add_argument("--hours", type=float, default=None, help="hours of training audio (default: the preset's)")
     sp.add_argument("--minutes", type=float, default=None, help="training time cap (default: the preset's)")
-    sp.add_argument("--preset", default=None, type=preset, metavar="PRESET",
-                    help=f"named preset ({', '.join(PRESETS)}) or a TOML file; default: gpu where torch sees a CUDA "
-                         "device, else cpu")
+    named(sp.add_argument("--preset", default=None, type=preset, metavar="PRESET",
+                          help="named preset (%(presets)s) or a TOML file; default: gpu where torch sees a CUDA "
+                               "device, else cpu"), presets=PRESETS)
     sp.add_argument("--seeds", type=_seeds, default=None, metavar="SEEDS",
                     help="train the recipe once per seed (a count N, a list 3,7 or a range 6-10): seed 1 in DIR/run, "
                          "seed S in DIR/run-seed-S; the TTA table and the report cover them all. Default: one run "
