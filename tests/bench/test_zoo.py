@@ -1,4 +1,6 @@
 import importlib.util
+from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -19,12 +21,20 @@ def test_parameter_counts_within_10_percent_of_paper(name):
     assert abs(params - zoo.PAPER_PARAMS_M[name]) / zoo.PAPER_PARAMS_M[name] < 0.10, params
 
 
+def _narrow(monkeypatch) -> None:
+    """The LSTM and the Transformer narrowed for the tests that run them (their full sizes:
+    test_parameter_counts_within_10_percent_of_paper), the vocabularies their steps draw tokens from kept."""
+    for name, narrow in (("lstm", partial(zoo.LSTMLanguageModel, hidden=64)), ("transformer", partial(zoo.TransformerMT, d=64))):
+        monkeypatch.setitem(zoo.ZOO, name, replace(zoo.ZOO[name], build=narrow))
+
+
 def test_a_few_iterations_per_model_on_cpu(monkeypatch):
     from speechperf.bench import acoustic
     from speechperf.config import load_preset
 
     monkeypatch.setattr(acoustic, "FRAMES", (24, 40))  # DS2's row through the acoustic path, at the tiny preset's size
     monkeypatch.setattr(acoustic, "config", lambda name: load_preset("tiny").model)
+    _narrow(monkeypatch)
     rows = zoo.run_zoo(models=["lstm", "ds2", "transformer"], batches=[2], iters=1, warmup=0)
     assert [r["status"] for r in rows] == ["ok"] * 3
     by = {r["model"]: r for r in rows}
@@ -145,7 +155,8 @@ def test_cli_bench_zoo_writes_table8_csv(tmp_path, capsys):
         assert [r["model"] for r in csv.DictReader(f)] == ["lstm"]
 
 
-def test_cpu_time_budget_times_every_step_and_records_math_types():
+def test_cpu_time_budget_times_every_step_and_records_math_types(monkeypatch):
+    _narrow(monkeypatch)
     rows = zoo.run_zoo(models=["lstm"], batches=[2], precisions=["fp32", "amp"], warmup=0, seconds=0.3,
                        warmup_seconds=0)
     fp32, amp = rows
