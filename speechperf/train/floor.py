@@ -10,12 +10,12 @@ to whole ``train.sync_every`` periods (a GPU's host times only mean something ov
 so a window ends where the loop reads the device; on a CPU, where the loop reads every step, one
 step's seconds vary by tens of percent and a window of several steps times steadier), each window
 led by its row's previous iteration, replayed untimed (the loop's step before it, whose read falls
-in the first timed step as in the loop).
-The asked windows are spread evenly over the rows that can end one (:func:`candidates`), each window's
-batches rebuilt by a loader started at its batch (the seed's plan: data/plan.py makes them the
-same), and each step timed as the loop times its rows: host seconds from one step's end to the
-next's, reads included. Against it, the same iterations' rows: their ``step_s`` less the wait for
-data and the checkpoints written inside them (studies/time_parts.py's "steps").
+in the first timed step as in the loop). The asked windows are spread evenly over the rows that
+can end one (:func:`candidates`), each window's batches rebuilt by a loader started at its batch
+(the seed's plan: data/plan.py makes them the same), and each step timed as the loop times its
+rows: host seconds from one step's end to the next's, reads included. Against it, the same
+iterations' rows: their ``step_s`` less the wait for data and the checkpoints written inside them
+(studies/time_parts.py's "steps").
 
 Each window is compared by FLOP rate: the floor's over the loop's for the same batches (the
 same FLOPs, so it is the loop's seconds over the floor's). The result is their median with its
@@ -31,20 +31,21 @@ ones would take more at the rows' median step, and a deadline at that budget, si
 can be wrong (a neighbour slowed a tiny run's replay to 4x its loop step: 20% of its clock).
 The windows are replayed in an order whose every prefix is spread over the run
 (:func:`spread_order`), the budget keeping a prefix of the asked windows (a rerun that affords one
-window more or less compares the same ones but that); the first pass stops half way to the deadline, the second at it, and
-the windows both replayed (at least one) are compared. The result records the seconds the
-measurement took (``replay_s``). The replay runs twice and the second pass is timed: after the
-final evaluation's other shapes, a first pass may pay first-use costs the loop's steady state did
-not (primitive and plan caches, the allocator's blocks; a CPU demo's one pass read the floor 7%
-slower than the loop, 0.973 against 0.909 s a step).
-The run's model, optimizer and scaler train the replay (the run's compiled graphs, warm allocator)
-and are put back afterwards as a checkpoint restores them, RNG streams included: what the run saved
-and evaluated is unchanged.
-A replayed batch that differs from its row (size or frames) is not compared: the result says so.
+window more or less compares the same ones but that); the first pass stops half way to the
+deadline, the second at it, and the windows both replayed (at least one) are compared. The result
+records the seconds the measurement took (``replay_s``). The replay runs twice and the second pass
+is timed: after the final evaluation's other shapes, a first pass may pay first-use costs the
+loop's steady state did not (primitive and plan caches, the allocator's blocks; a CPU demo's one
+pass read the floor 7% slower than the loop, 0.973 against 0.909 s a step). The run's model,
+optimizer and scaler train the replay (the run's compiled graphs, warm allocator) and are put back
+afterwards as a checkpoint restores them, RNG streams included: what the run saved and evaluated
+is unchanged. A replayed batch that differs from its row (size or frames) is not compared: the
+result says so.
 """
 from __future__ import annotations
 
 import copy
+import math
 import time
 from types import SimpleNamespace
 
@@ -74,7 +75,8 @@ def window_span(tc) -> int:
     """The timed steps of one window: ``train.floor_window`` rounded up to whole ``sync_every``
     periods (0: one period), at most ``floor_steps``."""
     period = tc.sync_every
-    return max(1, min(period * max(1, -(-tc.floor_window // period)), tc.floor_steps))
+    periods = max(1, math.ceil(tc.floor_window / period))  # floor_window 0: one period
+    return max(1, min(period * periods, tc.floor_steps))
 
 
 def loop_seconds(row: dict) -> float:
