@@ -20,7 +20,7 @@ lint-imports
 # thread each, so two share a 2-core machine well; worksteal evens out the long cases. With -n N
 # each worker's torch, and the subprocesses it starts, use cores / N threads (tests/conftest.py;
 # an OMP_NUM_THREADS set here is kept): on 16 cores, -n 8 gives each worker 2 threads.
-# --durations: the 20 slowest cases at the end (the suite aims at 10 minutes on 2 cores; 11.5-13.5 on a 2-core Xeon).
+# --durations: the 20 slowest cases at the end (the suite aims at 10 minutes on 2 cores).
 # Arguments after the script's name go to pytest (-n 0: one process). --fast: the fast tier for
 # the edit-test loop, every test but those that start a process or train a whole run
 # (tests/tiers.py marks them at collection); CI and the README run everything.

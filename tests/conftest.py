@@ -14,6 +14,8 @@ import pytest
 import soundfile as sf
 import torch
 
+from tests import forked_cli
+
 HAS_CUDA = torch.cuda.is_available()
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -144,13 +146,31 @@ def cli_argv(*args) -> list[str]:
     return [sys.executable, "-m", "speechperf", *map(str, args)]
 
 
-def cli(*args, timeout: float = 300, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
+def cli(*args, timeout: float = 300, check: bool = False, fresh: bool = False, **kwargs) -> subprocess.CompletedProcess:
     """``speechperf ARGS`` in a new process, as a user runs it: its exit status, stdout and stderr
-    (``kwargs``: subprocess.run's, e.g. ``cwd``). ``check``: a failure raises, showing both."""
-    p = subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=timeout, **kwargs)
+    (``kwargs``: subprocess.run's, e.g. ``cwd``). ``check``: a failure raises, showing both. The
+    process is forked from a server that imported torch once (tests/forked_cli.py), or, with
+    ``fresh`` or an environment that differs from the server's (but for folders added to
+    PYTHONPATH), a fresh ``python -m speechperf``."""
+    argv = [*map(str, args)]
+    if not fresh and forked_cli.usable(kwargs):
+        p = forked_cli.run(argv, timeout, **kwargs)
+    else:
+        p = subprocess.run(cli_argv(*argv), capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and p.returncode != 0:
         raise AssertionError(f"speechperf {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p
+
+
+def cli_start(*args, session: bool = False, fresh: bool = False, env: dict | None = None):
+    """``speechperf ARGS`` started in the background as cli() starts it (``session``: in its own
+    process group, as Slurm starts a job step): a subprocess.Popen, or tests/forked_cli.py's
+    Forked, which answers the same calls; stdout is not kept, stderr is ``p.stderr``."""
+    argv = [*map(str, args)]
+    if not fresh and forked_cli.usable({} if env is None else {"env": env}):
+        return forked_cli.Forked(argv, env=env, session=session)
+    return subprocess.Popen(cli_argv(*argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=session, env=env)
 
 
 def run_benchmark(*args) -> int:

@@ -18,7 +18,7 @@ TESTS = str(Path(__file__).resolve().parent)
 # Names that, called or imported by a test's code, start a process or a whole training.
 # The library's own starters: seeds side by side, the sweep, the demo, reproduce's child, the
 # MLPerf checker (a process of its own), the environment (a child reads the kernels), the training loop.
-STARTER_NAMES = frozenset({"subprocess", "Popen", "check_output", "cli", "cli_argv", "run_cli", "torchrun",
+STARTER_NAMES = frozenset({"subprocess", "Popen", "check_output", "cli", "cli_argv", "cli_start", "run_cli", "forked_cli", "torchrun",
                            "train_seeds", "train_seeds_parallel", "run_sweep", "launch", "run_demo",
                            "check_log", "check_run", "capture_env", "run_benchmark",
                            "speechperf.train.loop", "speechperf.drive.reproduce",
@@ -111,10 +111,12 @@ def refuse_processes(monkeypatch, nodeid: str) -> None:
         return fail
 
     import speechperf.train.loop as loop
+    from tests import forked_cli
 
     # Python's platform module runs `uname -p` once per process, the first time anything asks
     # (capture_env's platform.platform()): asked here, before the net, it is no test's process
     # (otherwise whichever fast test first records an environment failed when run alone)
     platform.processor()
     monkeypatch.setattr(subprocess.Popen, "__init__", refused("starts a process"))
+    monkeypatch.setattr(forked_cli, "run", refused("starts a process"))  # a fork, no Popen
     monkeypatch.setattr(loop, "_train", refused("trains a whole run"))

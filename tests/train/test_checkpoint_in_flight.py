@@ -16,6 +16,7 @@ import torch
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
 from speechperf.results.events import read_events
+from tests.conftest import cli_start
 
 ARGS = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=1"]
 
@@ -56,9 +57,10 @@ sys.exit(main(sys.argv[3:]))
 
 def _train(*args, child: tuple[str, object] | None = None) -> subprocess.Popen:
     """``speechperf train --json ARGS``; ``child``: (how, marker) of CHILD's injected writes."""
-    head = [sys.executable, "-c", CHILD, *map(str, child)] if child else [sys.executable, "-m", "speechperf"]
-    return subprocess.Popen([*head, "train", "--json", *map(str, args)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    if child is None:
+        return cli_start("train", "--json", *args)
+    return subprocess.Popen([sys.executable, "-c", CHILD, *map(str, child), "train", "--json", *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _rows(run, sql):

@@ -7,7 +7,9 @@ from speechperf.results import ResultsDB
 from speechperf.results.events import read_events
 from tests.conftest import cli as run_cli
 
-cli = partial(run_cli, timeout=600, check=True)  # a command that fails fails the test, unless check=False
+# fresh interpreters, as a user's shell starts them (not forked from the suite's preloaded server);
+# a command that fails fails the test, unless check=False
+cli = partial(run_cli, timeout=600, check=True, fresh=True)
 
 
 def test_cli_end_to_end(tmp_path):

@@ -5,8 +5,6 @@ losses and evaluations of an uninterrupted run (CPU, one thread: bit for bit).""
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,6 +12,7 @@ import torch
 from speechperf.models import MODELS
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
+from tests.conftest import cli, cli_start
 from tests.train.test_external_model_run import EXT, outside_env
 
 # tiny sizes per model (``model.name=X`` starts from X's defaults: these narrow it)
@@ -55,18 +54,16 @@ def _kill_after_first_checkpoint(p, run):
 # by tests/train/test_resume_mid_epoch.py: here, every other model
 @pytest.mark.parametrize("name", [*(n for n in MODELS.names() if n != "ds2"), EXT])
 def test_every_model_trains_and_resumes_exactly(name, tiny_features, tmp_path):
-    cli = [sys.executable, "-m", "speechperf"]
     ref, run, env = tmp_path / "ref", tmp_path / "run", outside_env()
-    p = subprocess.run([*cli, *_args(name, tiny_features, ref)], capture_output=True, text=True, timeout=300, env=env)
+    p = cli(*_args(name, tiny_features, ref), env=env)
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout)
     summary = summary[0] if isinstance(summary, list) else summary
     assert summary["status"] in ("success", "max_epochs") and summary["iterations"] > 3
 
-    p = subprocess.Popen([*cli, *_args(name, tiny_features, run)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, env=env)
+    p = cli_start(*_args(name, tiny_features, run), env=env)
     assert _kill_after_first_checkpoint(p, run) == -signal.SIGKILL
-    p = subprocess.run([*cli, *_args(name, tiny_features, run)], capture_output=True, text=True, timeout=300, env=env)
+    p = cli(*_args(name, tiny_features, run), env=env)
     assert p.returncode == 0, p.stderr
 
     assert json.loads((run / "config.json").read_text())["model"]["name"] == name

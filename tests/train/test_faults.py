@@ -18,15 +18,14 @@ import torch
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
-from tests.conftest import cli, shared_folder
+from tests.conftest import cli, cli_start, shared_folder
 
 TINY = ["--preset", "tiny", "threads=1"]
 
 
 def _popen(*args, session: bool = False):
     """``speechperf train --json ARGS``; ``session``: in its own process group (as Slurm starts a job step)."""
-    return subprocess.Popen([sys.executable, "-m", "speechperf", "train", "--json", *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=session)
+    return cli_start("train", "--json", *args, session=session)
 
 
 def _rows(run, sql):

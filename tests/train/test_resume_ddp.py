@@ -15,6 +15,7 @@ from speechperf.drive.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
+from tests.conftest import cli_start
 
 ARGS = ["--preset", "tiny", "max_epochs=5", "threads=1", "checkpoint_every=4", "sentence_every=3"]
 # On a GPU the resume is exact only with deterministic kernels (cuDNN, cuBLAS, CTC).
@@ -23,8 +24,7 @@ DEVICES = [pytest.param(["device=cpu"], id="cpu"),
 
 
 def _train(*args):
-    return subprocess.Popen([sys.executable, "-m", "speechperf", "train", *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return cli_start("train", *args)
 
 
 def _rows(run, sql):

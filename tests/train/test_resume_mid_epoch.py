@@ -10,8 +10,6 @@ draw. A kill on an epoch boundary (tests/train/test_every_model.py) cannot see i
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -19,6 +17,7 @@ import torch
 
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
+from tests.conftest import cli, cli_start
 
 CONFORMER = ["model.name=conformer", "model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
              "model.subsampling_channels=4", "model.dropout=0.1", "model.attention_dropout=0.1"]
@@ -60,16 +59,14 @@ def _kill_after_a_mid_epoch_checkpoint(p, run):
 
 @pytest.mark.timeout(600)
 def test_a_run_with_dropout_and_specaugment_resumes_bit_exactly_inside_an_epoch(tiny_features, tmp_path):
-    cli = [sys.executable, "-m", "speechperf"]
     ref, run = tmp_path / "ref", tmp_path / "run"
-    p = subprocess.run([*cli, *_args(tiny_features, ref)], capture_output=True, text=True, timeout=300)
+    p = cli(*_args(tiny_features, ref))
     assert p.returncode == 0, p.stderr
 
-    p = subprocess.Popen([*cli, *_args(tiny_features, run)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True)
+    p = cli_start(*_args(tiny_features, run))
     assert _kill_after_a_mid_epoch_checkpoint(p, run) == -signal.SIGKILL
     assert load_checkpoint(run)["progress"]["start_batch"] > 0  # the resume starts inside an epoch
-    p = subprocess.run([*cli, *_args(tiny_features, run)], capture_output=True, text=True, timeout=300)
+    p = cli(*_args(tiny_features, run))
     assert p.returncode == 0, p.stderr
 
     sql = "SELECT iteration, loss FROM iterations WHERE run_id = ? ORDER BY iteration"

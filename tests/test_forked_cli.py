@@ -1,0 +1,40 @@
+"""conftest's cli() forks ``speechperf`` from a preloaded server (tests/forked_cli.py): what a
+command prints and returns is what a fresh ``python -m speechperf`` prints and returns, in the
+caller's folder and environment; a call whose environment (its own, or one a test changed)
+differs in a variable read when a library loads runs a fresh interpreter; a command past its
+timeout is killed."""
+import os
+import subprocess
+
+import pytest
+
+from tests import forked_cli
+from tests.conftest import cli
+
+
+def test_a_forked_command_prints_and_returns_what_a_fresh_one_does(tmp_path, monkeypatch):
+    for args in (["tta", "--help"], ["tta", "no-such-run"], ["train", "--no-such-option"]):
+        forked, fresh = cli(*args), cli(*args, fresh=True)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert cli("tta", "no-such-run").returncode == 2
+    monkeypatch.chdir(tmp_path)  # the caller's folder: a relative path is read from it
+    (tmp_path / "run").mkdir()
+    assert "run is not a run folder" in cli("tta", "run").stderr
+
+
+def test_a_variable_read_at_load_time_starts_a_fresh_interpreter(monkeypatch):
+    cli("tta", "--help", check=True)  # the server runs, with this environment
+    assert forked_cli.usable({}) and forked_cli.usable({"cwd": "."})
+    threads = str(int(os.environ.get("OMP_NUM_THREADS", "1")) + 1)
+    assert not forked_cli.usable({"env": {**os.environ, "OMP_NUM_THREADS": threads}})  # OpenMP read it on load
+    assert forked_cli.usable({"env": {**os.environ, "MLFLOW_TRACKING_URI": "x"}})  # read when used, in the child
+    added = {**os.environ, "PYTHONPATH": os.pathsep.join(["/elsewhere", os.environ.get("PYTHONPATH", "")])}
+    assert forked_cli.usable({"env": added})  # the child puts the folder on its path
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "SSE41-forked-cli-test")  # a test's own change counts as well
+    assert not forked_cli.usable({})
+
+
+def test_a_command_past_its_timeout_is_killed(tiny_features, tmp_path):
+    with pytest.raises(subprocess.TimeoutExpired):
+        forked_cli.run(["train", "--data", str(tiny_features), "--out", str(tmp_path / "run"), "--preset", "tiny"],
+                       timeout=0.2)
