@@ -19,6 +19,7 @@ import atexit
 import multiprocessing
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,8 +53,6 @@ def usable(kwargs: dict) -> bool:
     env = kwargs.get("env", os.environ)
     started = os.environ if _started_with is None else _started_with
     changed = {k for k in {*env, *started} if env.get(k) != started.get(k)} - SET_BY_TORCH - {"PYTHONPATH"}
-
-
     return not any(k.startswith(LOAD_TIME) for k in changed) and set(_paths(started)) <= set(_paths(env))
 
 
@@ -128,7 +127,7 @@ class Forked:
             os.kill(self.pid, sig)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
     def stdout_text(self) -> str:
         return self._out.read_text()

@@ -18,7 +18,8 @@ TESTS = str(Path(__file__).resolve().parent)
 # Names that, called or imported by a test's code, start a process or a whole training.
 # The library's own starters: seeds side by side, the sweep, the demo, reproduce's child, the
 # MLPerf checker (a process of its own), the environment (a child reads the kernels), the training loop.
-STARTER_NAMES = frozenset({"subprocess", "Popen", "check_output", "cli", "cli_argv", "cli_start", "run_cli", "forked_cli", "torchrun",
+STARTER_NAMES = frozenset({"subprocess", "Popen", "check_output", "cli", "cli_argv", "cli_start", "run_cli",
+                           "forked_cli", "torchrun",
                            "train_seeds", "train_seeds_parallel", "run_sweep", "launch", "run_demo",
                            "check_log", "check_run", "capture_env", "run_benchmark",
                            "speechperf.train.loop", "speechperf.drive.reproduce",
@@ -118,5 +119,5 @@ def refuse_processes(monkeypatch, nodeid: str) -> None:
     # (otherwise whichever fast test first records an environment failed when run alone)
     platform.processor()
     monkeypatch.setattr(subprocess.Popen, "__init__", refused("starts a process"))
-    monkeypatch.setattr(forked_cli, "run", refused("starts a process"))  # a fork, no Popen
+    monkeypatch.setattr(forked_cli.Forked, "__init__", refused("starts a process"))  # a fork, no Popen (cli, cli_start)
     monkeypatch.setattr(loop, "_train", refused("trains a whole run"))

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from speechperf.studies import busy as busy_module
 from speechperf.studies.time_parts import time_parts
 from speechperf.results import ResultsDB
 from speechperf.results.view import RunView
@@ -66,7 +67,7 @@ def test_the_parts_of_a_real_run_add_up_to_its_tta(tiny_run):
     # the tiny run's first evaluation takes tens of milliseconds, about the sampler's period: it holds
     # a sample or none, counted here from the rows themselves
     cpu = [s["t"] for s in samples if s["metric"] == "util_machine_pct"]
-    in_eval = sum(first["clock_s"] - first["eval_s"] < t <= first["clock_s"] + 1e-6 for t in cpu)
+    in_eval = sum(first["clock_s"] - first["eval_s"] < t <= first["clock_s"] + busy_module.EPS for t in cpu)
     assert busy["eval samples"] == in_eval and busy["training samples"] > 0
     assert busy["tta samples"] >= busy["training samples"] + in_eval
     assert all(0 < busy[f"{p} %"] <= 100 for p in ("tta", "training"))

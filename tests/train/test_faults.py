@@ -8,8 +8,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -155,9 +153,8 @@ def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_featur
     one = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     ref, run = tmp_path / "ref", tmp_path / "run"
 
-    def popen(*a, env):
-        return subprocess.Popen([sys.executable, "-m", "speechperf", "train", "--json", *map(str, a)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    def popen(*a, env):  # another OMP_NUM_THREADS: a fresh interpreter (tests/forked_cli.py)
+        return cli_start("train", "--json", *a, env=env)
 
     p = popen("--data", tiny_features, "--out", ref, *args, env=two)
     assert p.wait(timeout=300) == 0, p.stderr.read()
