@@ -125,6 +125,18 @@ def shared_folder(tmp_path_factory, name: str, build):
     return folder
 
 
+def prepared_files(folder: Path) -> dict[Path, bytes]:
+    """Every file of a features folder by its relative path, with its bytes, less the word LM a
+    decoder caches beside the features (decode/lm.py: lm.json, lm.arpa): the shared tiny features
+    hold it once any test has decoded with it, and prepare writes none (a prepare compared with
+    them file for file)."""
+    from speechperf.decode.flashlight import ARPA_NAME
+    from speechperf.decode.lm import LM_NAME
+
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.relative_to(folder) not in (Path(LM_NAME), Path(ARPA_NAME))}
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory):
     from speechperf.corpus.synth import synthesize
@@ -171,6 +183,35 @@ def cli_start(*args, session: bool = False, fresh: bool = False, env: dict | Non
         return forked_cli.Forked(argv, env=env, session=session)
     return subprocess.Popen(cli_argv(*argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=session, env=env)
+
+
+def torchrun_args(*args, procs: int = 2, port: int | None = None) -> list[str]:
+    """torchrun's arguments for ``speechperf ARGS`` in ``procs`` processes on this machine."""
+    from speechperf.drive.sweep import free_port
+
+    return ["--nproc-per-node", str(procs), "--master-port", str(port or free_port()), "-m", "speechperf",
+            *map(str, args)]
+
+
+def _torchrun_env(env: dict | None) -> dict:
+    """The workers' environment: one thread each (two ranks share the worker's cores)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+
+
+def torchrun(*argv, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``torchrun ARGV`` (``torchrun_args()``, or a launch of its own), as a user runs it, waited
+    for: its launcher forked from the preloaded server (tests/forked_cli.py: any environment
+    can, the launcher computes nothing), its workers fresh ``python -m speechperf`` processes
+    that torchrun starts itself with that environment."""
+    return forked_cli.run([*map(str, argv)], timeout, env=_torchrun_env(env), module="torch.distributed.run")
+
+
+def torchrun_start(*argv, output=None, env: dict | None = None):
+    """``torchrun ARGV`` started in the background as torchrun() starts it: a Forked (Popen's
+    interface); stdout and stderr appended to ``output`` when given, else ``p.stderr`` and
+    ``p.stdout_text()``."""
+    return forked_cli.Forked([*map(str, argv)], env=_torchrun_env(env), module="torch.distributed.run",
+                             output=output)
 
 
 def run_benchmark(*args) -> int:

@@ -12,7 +12,12 @@ things it cannot be, and where they matter a call runs a fresh interpreter inste
 whose libraries loaded with other variables (OMP_NUM_THREADS, the ISA caps: ``LOAD_TIME``; a
 folder added to PYTHONPATH is put on the child's path), and a first import of the package (an
 import error or circle the preloaded server would hide: ``cli(..., fresh=True)``, as the
-end-to-end test runs). Its sys.path is the test process's, plus PYTHONPATH's additions."""
+end-to-end test runs). Its sys.path is the test process's, plus PYTHONPATH's additions.
+
+torchrun's launcher (``torch.distributed.run``, conftest's ``torchrun()``) forks the same way:
+it imports torch for nothing but its agent, and each of its workers is a fresh ``python -m
+speechperf`` that it starts itself, from the environment it was given, so any environment can
+fork it."""
 from __future__ import annotations
 
 import atexit
@@ -23,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 # What a command imports before it works: imported once in the server, inherited by every fork.
@@ -65,10 +71,11 @@ def _server():
     return _context
 
 
-def _child(argv: list[str], cwd: str, env: dict, out: str, err: str, session: bool = False) -> None:
+def _child(argv: list[str], cwd: str, env: dict, out: str, err: str, session: bool, module: str) -> None:
     """In the forked process: the caller's folder, environment and output files (``session``:
-    its own process group, as Popen's start_new_session), then the package's __main__ as
-    ``python -m speechperf ARGV`` runs it (its SystemExit is the status)."""
+    its own process group, as Popen's start_new_session), then ``python -m MODULE ARGV``'s
+    __main__ (its SystemExit is the status; an uncaught exception is printed and exits 1, as
+    the interpreter does)."""
     if session:
         os.setsid()
     # multiprocessing made this process its child: make it a main process again, whose
@@ -81,12 +88,15 @@ def _child(argv: list[str], cwd: str, env: dict, out: str, err: str, session: bo
     os.environ.update(env)
     sys.path[1:1] = [p for p in _paths(env) if p not in sys.path]  # where a fresh interpreter puts PYTHONPATH
     for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY)
+        target = os.open(path, os.O_WRONLY | os.O_APPEND)  # out and err may be one file
         os.dup2(target, fd)
         os.close(target)
-    sys.argv = ["-m", *argv]  # runpy puts __main__.py's path first, as -m does
+    sys.argv = ["-m", *argv]  # runpy puts the module's path first, as -m does
     try:
-        runpy.run_module("speechperf", run_name="__main__", alter_sys=True)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except Exception:  # not multiprocessing's report ("Process ...:"): the interpreter's
+        traceback.print_exc()
+        raise SystemExit(1) from None
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -94,19 +104,24 @@ def _child(argv: list[str], cwd: str, env: dict, out: str, err: str, session: bo
 
 
 class Forked:
-    """A started ``speechperf ARGV``, with the part of subprocess.Popen's interface the tests use:
-    ``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``returncode`` and ``stderr``, a file
-    of what it wrote there so far (its stdout is kept too: ``stdout_text``)."""
+    """A started ``speechperf ARGV`` (``module``: another ``python -m MODULE``), with the part of
+    subprocess.Popen's interface the tests use: ``pid``, ``poll``, ``wait``, ``send_signal``,
+    ``kill``, ``returncode`` and ``stderr``, a file of what it wrote there so far (its stdout is
+    kept too: ``stdout_text``). ``output``: a file both are appended to instead (Popen's
+    ``stdout=open(output, "a"), stderr=STDOUT``)."""
 
-    def __init__(self, argv: list[str], cwd=None, env: dict | None = None, session: bool = False):
-        self.args = ["speechperf", *argv]
+    def __init__(self, argv: list[str], cwd=None, env: dict | None = None, session: bool = False,
+                 module: str = "speechperf", output: str | os.PathLike | None = None):
+        self.args = [module, *argv]
         self._tmp = tempfile.TemporaryDirectory(prefix="forked-cli-")
         self._out, err = Path(self._tmp.name, "stdout"), Path(self._tmp.name, "stderr")
+        if output is not None:
+            self._out = err = Path(output)
         self._out.touch()
         err.touch()
         self._p = _server().Process(target=_child, args=(argv, str(Path(cwd or os.getcwd()).resolve()),
                                                          dict(os.environ if env is None else env), str(self._out),
-                                                         str(err), session))
+                                                         str(err), session, module))
         self._p.start()
         self.pid, self.returncode = self._p.pid, None
         self.stderr = open(err, encoding="utf-8")
@@ -136,10 +151,11 @@ class Forked:
         self.stderr.close()
 
 
-def run(argv: list[str], timeout: float, cwd=None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``speechperf ARGV`` forked from the server, waited for up to ``timeout`` seconds
-    (killed then, raising subprocess.TimeoutExpired as subprocess.run does)."""
-    p = Forked(argv, cwd, env)
+def run(argv: list[str], timeout: float, cwd=None, env: dict | None = None,
+        module: str = "speechperf") -> subprocess.CompletedProcess:
+    """``speechperf ARGV`` (``python -m MODULE ARGV``) forked from the server, waited for up to
+    ``timeout`` seconds (killed then, raising subprocess.TimeoutExpired as subprocess.run does)."""
+    p = Forked(argv, cwd, env, module=module)
     try:
         p.wait(timeout)
     except subprocess.TimeoutExpired:

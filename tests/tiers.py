@@ -19,7 +19,7 @@ TESTS = str(Path(__file__).resolve().parent)
 # The library's own starters: seeds side by side, the sweep, the demo, reproduce's child, the
 # MLPerf checker (a process of its own), the environment (a child reads the kernels), the training loop.
 STARTER_NAMES = frozenset({"subprocess", "Popen", "check_output", "cli", "cli_argv", "cli_start", "run_cli",
-                           "forked_cli", "torchrun",
+                           "forked_cli", "torchrun", "torchrun_start",
                            "train_seeds", "train_seeds_parallel", "run_sweep", "launch", "run_demo",
                            "check_log", "check_run", "capture_env", "run_benchmark",
                            "speechperf.train.loop", "speechperf.drive.reproduce",
@@ -94,9 +94,13 @@ def mark_tiers(config, items) -> None:
     slow = [item for item in items if is_slow(item)]
     for item in slow:
         item.add_marker(pytest.mark.slow)
-    if not config.getoption("fast"):
-        return
     chosen = set(slow)
+    if not config.getoption("fast"):
+        # the slow tests first: pytest-xdist hands each worker a share in this order, so the long
+        # cases start early and the short ones fill the end (in path order, tests/train/'s
+        # torchrun and end-to-end cases came last and one worker waited on them alone)
+        items[:] = slow + [item for item in items if item not in chosen]
+        return
     kept = [item for item in items if item not in chosen]
     config.hook.pytest_deselected(items=slow)
     items[:] = kept

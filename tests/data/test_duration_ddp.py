@@ -1,18 +1,15 @@
 """Duration batches under torchrun: two processes plan the epoch together, deal its batches
 and run the same number of steps (a rank left without data would hang DDP's all-reduce)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from speechperf.config import load_preset
 from speechperf.data.loader import load_index
 from speechperf.data.plan import global_batch, plan_epoch
-from speechperf.drive.sweep import free_port
 from speechperf.results.events import read_events
 from speechperf.train.mlperf import check_log
+from tests.conftest import torchrun, torchrun_args
 
 SETTINGS = ["max_duration=12", "bucket_window=2"]
 
@@ -20,11 +17,8 @@ SETTINGS = ["max_duration=12", "bucket_window=2"]
 @pytest.mark.timeout(400)
 def test_two_ranks_same_steps_with_duration_batches(tiny_features, tmp_path):
     run = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                        str(free_port()), "-m", "speechperf", "train", "--data", str(tiny_features), "--out", str(run),
-                        "--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", *SETTINGS],
-                       capture_output=True, text=True, timeout=380, env=env)
+    p = torchrun(*torchrun_args("train", "--data", tiny_features, "--out", run, "--preset", "tiny", "max_epochs=1",
+                                "threads=1", "device=cpu", *SETTINGS), timeout=380)
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads((run / "summary.json").read_text())
     cfg = load_preset("tiny", SETTINGS)

@@ -15,6 +15,7 @@ from speechperf.errors import SpeechperfError
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.prepare import prepare
 from speechperf.features.shards import ShardError, load_index, read_shard, write_shard
+from tests.conftest import prepared_files
 
 
 def test_shard_round_trip_and_checksum(tmp_path):
@@ -160,8 +161,7 @@ def test_a_chain_of_sigkills_then_prepare_is_byte_identical(tiny_corpus, tiny_fe
         p.wait()
     assert kills >= 3
     prepare(tiny_corpus, out, workers=1, progress=False)
-    want = {p.relative_to(tiny_features): p.read_bytes() for p in tiny_features.rglob("*") if p.is_file()}
-    got = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    want, got = prepared_files(tiny_features), prepared_files(out)
     assert sorted(got) == sorted(want)
     assert [k for k in want if got[k] != want[k] and k != Path("prepare.json")] == []
     a, b = (json.loads(x.pop(Path("prepare.json"))) for x in (got, want))

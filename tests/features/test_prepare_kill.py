@@ -14,13 +14,8 @@ import time
 import psutil
 import pytest
 
-from speechperf.decode.flashlight import ARPA_NAME
-from speechperf.decode.lm import LM_NAME
 from speechperf.features.prepare import prepare
-
-
-def _files(folder):
-    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+from tests.conftest import prepared_files
 
 
 def _kill_after(cmd, out, shards: int) -> list[psutil.Process]:
@@ -61,10 +56,7 @@ def test_sigkill_after_k_shards_with_two_workers_then_rerun_is_byte_identical(ti
     kept = {p: p.stat().st_mtime_ns for p in out.glob("*/shard-*")}
     prepare(tiny_corpus, out, workers=2, progress=False)
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # finished shards were kept, not written again
-    # the shared features may hold the word LM a decoder caches beside them (decode/lm.py: lm.json,
-    # lm.arpa), built by whichever test decoded with it first; prepare writes none
-    want = {k: v for k, v in _files(tiny_features).items() if str(k) not in (LM_NAME, ARPA_NAME)}
-    got = _files(out)
+    want, got = prepared_files(tiny_features), prepared_files(out)
     assert sorted(got) == sorted(want)  # every shard once, nothing else (no temporary left)
     # shards, sidecars, every index.json and stats.json byte for byte (prepare.json records the seconds taken)
     assert [k for k in want if got[k] != want[k] and k.name != "prepare.json"] == []

@@ -4,19 +4,17 @@ tta and report beside a single-process run; bsp with sync_every=1 equals sync.""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from speechperf.config import load_preset
 from speechperf.models import build_model
-from speechperf.drive.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
 from speechperf.results.events import read_events
 from tests.train.test_elastic import assert_same_state
-from tests.conftest import shared_folder
+from tests.conftest import cli, shared_folder, torchrun, torchrun_args, torchrun_start
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=1000"]
 # where averaging models equals averaging gradients; 4 steps: CTC's summed loss has a large curvature,
@@ -38,10 +36,10 @@ RUNS = {  # name -> (processes, overrides)
 
 
 def _train(procs: int, *args, timeout=300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launch = ["-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-port", str(free_port())]
-    cmd = [sys.executable, *(launch if procs > 1 else []), "-m", "speechperf", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    """``speechperf ARGS`` in one process, or under torchrun in ``procs``, one thread each."""
+    if procs == 1:
+        return cli(*args, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return torchrun(*torchrun_args(*args, procs=procs), timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -162,10 +160,7 @@ def test_sigterm_to_torchrun_stops_a_bmuf_run_saved_recorded_and_the_same_comman
     ref, run = tmp_path / "ref", tmp_path / "run"
     p = _train(2, "train", "--data", tiny_features, "--out", ref, *args)
     assert p.returncode == 0, p.stderr[-3000:]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-           "-m", "speechperf", "train", "--data", str(tiny_features), "--out", str(run), *args]
-    torchrun = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    launcher = torchrun_start(*torchrun_args("train", "--data", tiny_features, "--out", run, *args))
     deadline = time.time() + 300
     while time.time() < deadline:  # stop it once a mid-run checkpoint exists
         try:
@@ -173,11 +168,11 @@ def test_sigterm_to_torchrun_stops_a_bmuf_run_saved_recorded_and_the_same_comman
                 break
         except CheckpointError:
             pass
-        assert torchrun.poll() is None, "training finished before it could be stopped"
+        assert launcher.poll() is None, "training finished before it could be stopped"
         time.sleep(0.02)
-    torchrun.send_signal(signal.SIGTERM)  # torchrun passes it on to every rank
-    err = torchrun.communicate(timeout=200)[1]
-    assert torchrun.returncode != 0
+    launcher.send_signal(signal.SIGTERM)  # torchrun passes it on to every rank
+    assert launcher.wait(timeout=200) != 0
+    err = launcher.stderr.read()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed: interrupted (SIGTERM)", err[-3000:]
     saved = load_checkpoint(run)

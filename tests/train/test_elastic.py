@@ -10,30 +10,24 @@ torch 2.13's CPU build, torchrun's own restart of a gloo group fails on this mac
 ``init_process_group`` (gloo connectFullMesh times out on the dead round's address, with
 the static and the c10d rendezvous alike), before any speechperf code runs."""
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 import torch
 
-from speechperf.drive.sweep import free_port
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
+from tests.conftest import torchrun_args, torchrun_start
 
 ARGS = ["--preset", "tiny", "max_epochs=3", "threads=1", "batch_size=4", "checkpoint_every=2", "sentence_every=3"]
 
 
-def _torchrun(feats, out, extra=()) -> subprocess.Popen:
-    """torchrun in the background, its output in OUT.log (a pipe nobody reads would fill and stall it)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--monitor-interval", "0.1",
-           "--master-port", str(free_port()),
-           "-m", "speechperf", "train", "--data", str(feats), "--out", str(out), *ARGS, *extra]
-    log = open(f"{out}.log", "a")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def _torchrun(feats, out, extra=()):
+    """torchrun in the background, its output in OUT.log."""
+    return torchrun_start("--monitor-interval", "0.1",
+                          *torchrun_args("train", "--data", feats, "--out", out, *ARGS, *extra), output=f"{out}.log")
 
 
 def _log(out) -> str:

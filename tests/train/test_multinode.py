@@ -3,9 +3,6 @@ rendezvous (here both on this machine), under DDP (sync) and DiLoCo (local SGD w
 optimizer, made for training across machines); the two-node DiLoCo run equals the same run as two
 processes of one node (tests/train/test_algorithms_run.py's, trained once for both files)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,19 +10,18 @@ import torch
 from speechperf.drive.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
+from tests.conftest import torchrun_start
 from tests.train.test_algorithms_run import ARGS as ONE_NODE_ARGS, RUNS, runs  # noqa: F401 (runs: a fixture)
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _nodes(feats, out, extra, port) -> list[subprocess.Popen]:
-    """``torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT``, twice."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test-{port}",
-           "-m", "speechperf", "train", "--data", str(feats), "--out", str(out), *ARGS, *extra]
-    return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-            for _ in range(2)]
+def _nodes(feats, out, extra, port) -> list:
+    """``torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT``,
+    twice, each one's output in OUT.nodeI.log."""
+    argv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-id", f"test-{port}", "-m", "speechperf", "train", "--data", feats, "--out", out, *ARGS, *extra]
+    return [torchrun_start(*argv, output=f"{out}.node{i}.log") for i in range(2)]
 
 
 @pytest.mark.timeout(400)
@@ -34,8 +30,8 @@ def test_two_nodes_of_one_process_train_one_run(name, tiny_features, tmp_path, r
     run = tmp_path / "two-nodes"
     extra = [] if name == "sync" else [*ONE_NODE_ARGS[len(ARGS):], *RUNS[name][1]]  # diloco: the one-node run's
     nodes = _nodes(tiny_features, run, extra, free_port())
-    outputs = [p.communicate(timeout=300)[0] for p in nodes]
-    assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    codes = [p.wait(timeout=300) for p in nodes]
+    assert codes == [0, 0], "\n".join(p.stdout_text()[-3000:] for p in nodes)
     summary = json.loads((run / "summary.json").read_text())
     env = json.loads((run / "env.json").read_text())
     assert summary["status"] == "success" and env["world_size"] == 2

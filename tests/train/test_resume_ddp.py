@@ -4,18 +4,15 @@ not fit the GPUs is refused."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from speechperf.drive.sweep import free_port
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import CheckpointError, load as load_checkpoint
 from speechperf.results.events import read_events
-from tests.conftest import cli_start
+from tests.conftest import cli_start, torchrun, torchrun_args
 
 ARGS = ["--preset", "tiny", "max_epochs=5", "threads=1", "checkpoint_every=4", "sentence_every=3"]
 # On a GPU the resume is exact only with deterministic kernels (cuDNN, cuBLAS, CTC).
@@ -84,10 +81,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(device, tiny_features, tm
 
 
 def _torchrun(nproc, *args, timeout=380):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                           "--master-port", str(free_port()), "-m", "speechperf", "train", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return torchrun(*torchrun_args("train", *args, procs=nproc), timeout=timeout)
 
 
 @pytest.mark.timeout(400)

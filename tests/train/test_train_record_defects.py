@@ -12,16 +12,13 @@ import time
 import pytest
 
 from speechperf.drive.sweep import free_port
-from tests.conftest import cli_argv
+from tests.conftest import cli_argv, torchrun, torchrun_args
 
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=1000"]
 
 
 def _torchrun(procs: int, *args, port: int | None = None, timeout=300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-port",
-           str(port or free_port()), "-m", "speechperf", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return torchrun(*torchrun_args(*args, procs=procs, port=port), timeout=timeout)
 
 
 def _said(p: subprocess.CompletedProcess) -> str:
