@@ -38,3 +38,18 @@ def test_a_command_past_its_timeout_is_killed(tiny_features, tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         forked_cli.run(["train", "--data", str(tiny_features), "--out", str(tmp_path / "run"), "--preset", "tiny"],
                        timeout=0.2)
+
+
+def test_a_forked_torchrun_prints_and_returns_what_a_fresh_one_does():
+    """torchrun's launcher forked from the server (conftest's torchrun()) answers as ``python -m
+    torch.distributed.run`` does: its help, and a refused option with its exit status."""
+    import sys
+
+    from tests.conftest import torchrun
+
+    for args in (["--help"], ["--no-such-option", "-m", "speechperf"]):
+        forked = torchrun(*args, timeout=60)
+        fresh = subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], capture_output=True,
+                               text=True, timeout=60)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.returncode == 2 and "--no-such-option" in forked.stderr
