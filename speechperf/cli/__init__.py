@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from speechperf.cli import bench_commands, data_commands, result_commands, train_commands
-from speechperf.cli.parsing import HelpFormatter, add_command
+from speechperf.cli.parsing import add_command
 from speechperf.errors import SpeechperfError
 
 _MODULES = (data_commands, train_commands, result_commands, bench_commands)

@@ -39,7 +39,7 @@ from speechperf.corpus import alphabet
 from speechperf.data import index as index_mod
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import Index
-from speechperf.data.plan import Plan, batch_frames, method, plan_epoch
+from speechperf.data.plan import Plan, batch_frames, plan_epoch
 from speechperf.features.shards import ShardError, read_rows
 from speechperf.features.stats import read_stats
 

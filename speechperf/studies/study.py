@@ -12,7 +12,7 @@ from speechperf.studies.curve import run_reproduction
 from speechperf.studies.aggregate import SeedRun, aggregate, outcome, speed_notes
 from speechperf.scoring.targets import METRICS, parse_targets
 from speechperf.studies.tta import evaluations, notes, tta_table
-from speechperf.results.layout import CONFIG_FILE, ENV_FILE, EVENTS_FILE
+from speechperf.results.layout import EVENTS_FILE
 from speechperf.results.labels import unique_labels
 from speechperf.results.view import RunView
 from speechperf.results.workload import workload, workload_label

@@ -6,8 +6,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import pytest
-
 from speechperf.results.run import Run
 
 ROOT = Path(__file__).resolve().parents[2]

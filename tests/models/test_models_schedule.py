@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from speechperf.features.fbank import deltas, stack_context, with_deltas

@@ -2,9 +2,6 @@
 (repeated runs over seeds: speechperf/studies/aggregate.py)."""
 from __future__ import annotations
 
-import json
-import statistics
-
 from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.studies.busy import busy, busy_text
 from speechperf.studies.time_parts import decoding, shares, step_vs_floor, time_parts

@@ -216,9 +216,9 @@ def throughput_table_section(ctx: Context) -> Section:
         for s in r["samples"]:
             if s["metric"] in figures.UTIL_UNITS:
                 by_series.setdefault((s["source"], s["metric"]), []).append(s["value"])
-        for (source, metric), values in sorted(by_series.items()):
-            util.append({**who(r), "source": source, "metric": metric, "samples": len(values),
-                         "mean %": statistics.mean(values), "max %": max(values), "unit": figures.util_unit(source, metric)})
+        for (source, name), values in sorted(by_series.items()):
+            util.append({**who(r), "source": source, "metric": name, "samples": len(values),
+                         "mean %": statistics.mean(values), "max %": max(values), "unit": figures.util_unit(source, name)})
     return Section("Throughput and utilization side by side", [
         Note("TFLOPS: the model's training FLOPs (forward and backward over the valid frames; padding, the loss, "
              "the optimizer, data loading and evaluation not counted) per second of training steps; MFU: that in % "

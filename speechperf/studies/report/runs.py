@@ -1,7 +1,6 @@
 """One run as the report sees it: its rows in its own results database and its run folder."""
 from __future__ import annotations
 
-from speechperf.results.layout import CONFIG_FILE, ENV_FILE
 from speechperf.results.view import RunView
 from speechperf.results.workload import workload, workload_label
 
