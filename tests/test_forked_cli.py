@@ -5,11 +5,12 @@ differs in a variable read when a library loads runs a fresh interpreter; a comm
 timeout is killed."""
 import os
 import subprocess
+import sys
 
 import pytest
 
 from tests import forked_cli
-from tests.conftest import cli
+from tests.conftest import cli, torchrun
 
 
 def test_a_forked_command_prints_and_returns_what_a_fresh_one_does(tmp_path, monkeypatch):
@@ -43,10 +44,6 @@ def test_a_command_past_its_timeout_is_killed(tiny_features, tmp_path):
 def test_a_forked_torchrun_prints_and_returns_what_a_fresh_one_does():
     """torchrun's launcher forked from the server (conftest's torchrun()) answers as ``python -m
     torch.distributed.run`` does: its help, and a refused option with its exit status."""
-    import sys
-
-    from tests.conftest import torchrun
-
     for args in (["--help"], ["--no-such-option", "-m", "speechperf"]):
         forked = torchrun(*args, timeout=60)
         fresh = subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], capture_output=True,

@@ -95,15 +95,15 @@ def mark_tiers(config, items) -> None:
     for item in slow:
         item.add_marker(pytest.mark.slow)
     chosen = set(slow)
+    fast = [item for item in items if item not in chosen]
     if not config.getoption("fast"):
         # the slow tests first: pytest-xdist hands each worker a share in this order, so the long
         # cases start early and the short ones fill the end (in path order, tests/train/'s
         # torchrun and end-to-end cases came last and one worker waited on them alone)
-        items[:] = slow + [item for item in items if item not in chosen]
+        items[:] = slow + fast
         return
-    kept = [item for item in items if item not in chosen]
     config.hook.pytest_deselected(items=slow)
-    items[:] = kept
+    items[:] = fast
 
 
 def refuse_processes(monkeypatch, nodeid: str) -> None:
