@@ -3,9 +3,12 @@
 A :class:`Registry` is a plain dict (name -> entry) filled by a decorator. It refuses a
 name registered twice (two modules claiming one name is a bug that would otherwise
 silently keep the later one), names the known entries when asked for an unknown one, and
-imports its built-in modules on first lookup, so that importing the registry does not
-import every model (torch, numba) and ``--help`` still lists every name. A registry given an
-entry-point group also imports, then, the modules installed packages list under it.
+imports its built-in modules only when asked: importing the registry imports no model
+(torch, numba), a lookup imports the built-in modules in order up to the one that registers
+the name (a run that evaluates with ``greedy`` does not import the beam searches' numba, 0.14 s
+of CPU in every training process), and listing the names imports them all, so that ``--help``
+lists every name. A registry given an entry-point group also imports, then, the modules
+installed packages list under it.
 """
 from __future__ import annotations
 
@@ -48,17 +51,21 @@ class Registry(dict):
         return deco
 
     def load(self) -> "Registry":
-        """Import the built-in modules (once); returns self."""
+        """Import the built-in modules and the entry points (once); returns self."""
         if not self._loaded:
             self._loaded = True
             for mod in self.builtin:
-                try:
-                    importlib.import_module(mod)
-                except ModuleNotFoundError as e:
-                    if e.name != mod:  # the module exists; something it imports does not
-                        raise
+                self._import(mod)
             self._load_entry_points()
         return self
+
+    @staticmethod
+    def _import(mod: str) -> None:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:  # the module exists; something it imports does not
+                raise
 
     def _load_entry_points(self) -> None:
         for ep in importlib.metadata.entry_points(group=self.group) if self.group else ():
@@ -73,7 +80,12 @@ class Registry(dict):
 
     def lookup(self, name: str):
         """The entry ``name``; :class:`UnknownName` listing the known names otherwise."""
-        self.load()
+        for mod in () if self._loaded else self.builtin:  # in order, up to the module that registers it
+            if dict.__contains__(self, name):
+                break
+            self._import(mod)
+        if not dict.__contains__(self, name):
+            self.load()  # the entry points too
         if not dict.__contains__(self, name):
             broken = f"; entry points of {self.group} that fail to import: {'; '.join(self.broken)}" if self.broken else ""
             raise UnknownName(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}{broken}{self.hint}")

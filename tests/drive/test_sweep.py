@@ -2,6 +2,8 @@
 count, and its table against the one worker; run again, it only reports."""
 import csv
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -10,12 +12,32 @@ from speechperf.errors import SpeechperfError
 from speechperf.cli.train_commands import sweep_request
 from speechperf.drive import sweep
 from speechperf.studies import speedups
+from tests import forked_cli
 
 SETS = ["--set", "max_epochs=1", "--set", "threads=1", "--set", "device=cpu", "--set", "final_splits=none"]
 
 
+def _forked_launches(monkeypatch) -> list[list[str]]:
+    """The sweep's ``python -m speechperf train`` and ``python -m torch.distributed.run`` commands
+    forked from the preloaded server (tests/forked_cli.py: torchrun's workers stay fresh
+    processes it starts itself), with their command lines as given; the list of them returned."""
+    real, commands = subprocess.run, []
+
+    def run(cmd, **kwargs):
+        commands.append(cmd)
+        env = kwargs.pop("env")
+        assert cmd[:2] == [sys.executable, "-m"] and kwargs == {"capture_output": True, "text": True}, cmd
+        if not forked_cli.usable({"env": env}):  # threads other than this process's: a fresh interpreter
+            return real(cmd, env=env, **kwargs)
+        return forked_cli.run(cmd[3:], timeout=300, env=env, module=cmd[2])
+
+    monkeypatch.setattr(sweep.subprocess, "run", run)
+    return commands
+
+
 @pytest.mark.timeout(600)
-def test_a_sweep_trains_each_algorithm_through_train_and_tabulates_it(tiny_features, tmp_path, capsys):
+def test_a_sweep_trains_each_algorithm_through_train_and_tabulates_it(tiny_features, tmp_path, capsys, monkeypatch):
+    launched = _forked_launches(monkeypatch)
     argv = ["--data", str(tiny_features), "--out", str(tmp_path / "sw"), "--algos", "sync,diloco", "--workers", "2",
             "--sync-every", "3", *SETS]
     rows = sweep.run_sweep(sweep_request(argv))
@@ -27,6 +49,7 @@ def test_a_sweep_trains_each_algorithm_through_train_and_tabulates_it(tiny_featu
         assert r["speedup"] > 0 and 0 < r["comm %"] < 100 and r["MFU %"] > 0 and r["status"] == "success"
         assert r["WER"] is not None and r["CER"] is not None and r["epochs"] == 1
     assert diloco["sync every"] == 3
+    assert [c[2] for c in launched] == ["speechperf", "torch.distributed.run", "torch.distributed.run"]
     config = json.loads((tmp_path / "sw" / "diloco-n2-h3" / "config.json").read_text())
     assert (config["algo"]["name"], config["algo"]["sync_every"], config["train"]["max_epochs"]) == ("diloco", 3, 1)
     checkpoints = {r["run"]: (tmp_path / "sw" / r["run"] / "checkpoint.pt").stat().st_mtime_ns for r in rows}
