@@ -12,7 +12,7 @@ things it cannot be, and where they matter a call runs a fresh interpreter inste
 whose libraries loaded with other variables (OMP_NUM_THREADS, the ISA caps: ``LOAD_TIME``; a
 folder added to PYTHONPATH is put on the child's path), and a first import of the package (an
 import error or circle the preloaded server would hide: ``cli(..., fresh=True)``, as the
-end-to-end test runs). Its sys.path is the test process's, plus PYTHONPATH's additions.
+end-to-end test runs each command's first call). Its sys.path is the test process's, plus PYTHONPATH's additions.
 
 torchrun's launcher (``torch.distributed.run``, conftest's ``torchrun()``) forks the same way:
 it imports torch for nothing but its agent, and each of its workers is a fresh ``python -m
@@ -163,3 +163,14 @@ def run(argv: list[str], timeout: float, cwd=None, env: dict | None = None,
         p.wait()
         raise subprocess.TimeoutExpired(p.args, timeout, p.stdout_text(), p.stderr.read()) from None
     return subprocess.CompletedProcess(p.args, p.returncode, p.stdout_text(), p.stderr.read())
+
+
+def start_processes(fn, args: tuple, nprocs: int) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs)``, its processes forked from the server
+    instead of spawned: ``fn(rank, *args)`` in each (``fn`` a module-level function, which the
+    child imports), from the environment the server started with, torch already imported (a
+    spawned process pays 2-3 s of CPU for it); joined, a failed process raising as spawn's does."""
+    import torch.multiprocessing as tmp
+
+    _server()  # the preloads set before the server starts
+    tmp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

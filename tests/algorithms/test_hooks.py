@@ -6,13 +6,13 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from speechperf.config import PRESET_DIR as PRESETS, ConfigError, RunConfig, load_preset
 from speechperf.drive.sweep import free_port
 from speechperf import algorithms as A
 from speechperf.algorithms import param_server
 from speechperf.algorithms.bmuf import bmuf_update
+from tests import forked_cli
 
 WORLD, STEPS, LR = 2, 6, 0.1
 
@@ -92,8 +92,9 @@ def worker(rank, port, out):
 
 
 def _spawned(fn, out):
-    """Every rank's results of ``fn`` run on WORLD gloo processes, each saved to ``out/rankR.pt``."""
-    mp.spawn(fn, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    """Every rank's results of ``fn`` run on WORLD gloo processes (forked from the suite's preloaded
+    server), each saved to ``out/rankR.pt``."""
+    forked_cli.start_processes(fn, (free_port(), str(out)), WORLD)
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
 
 

@@ -1,4 +1,5 @@
-"""``python tests/train/stop_child.py PHASE[:SIGINT] MARKER LEFT ARGS...``: ``speechperf ARGS`` that
+"""``python -m tests.train.stop_child PHASE[:SIGINT] MARKER LEFT ARGS...`` (tests/forked_cli.py forks it
+from the suite's server): ``speechperf ARGS`` that
 sends SIGTERM (or SIGINT) to its own process group (as Slurm's scancel and Kubernetes do: the readers get it too) at
 one precise phase of the run, writing the signal's wall-clock time into MARKER and, as the
 interpreter begins to exit, the pids of its child processes still alive into LEFT (JSON):

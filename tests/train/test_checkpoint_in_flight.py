@@ -6,8 +6,6 @@ uninterrupted run ends, bit for bit."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -16,51 +14,19 @@ import torch
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
 from speechperf.results.events import read_events
+from tests import forked_cli
 from tests.conftest import cli_start
 
 ARGS = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=1"]
 
-# `speechperf train` whose checkpoint writes go wrong as argv[1] says: "stall" puts half of the
-# first epoch-end checkpoint into its temporary file and stalls there (the marker file, argv[2],
-# says so) while the loop trains on; "fail-6" and "fail-final" fail the write of iteration 6's
-# checkpoint or of the final one (saved before the final evaluation) with an I/O error
-CHILD = r"""
-import errno, io, sys, threading, torch
-import speechperf.atomic as atomic
 
-real, how, marker = atomic.atomic_torch_save, sys.argv[1], sys.argv[2]
-
-def stall(obj, path):
-    def write(f):
-        data = io.BytesIO()
-        torch.save(obj, data)
-        f.write(data.getvalue()[: len(data.getvalue()) // 2])
-        f.flush()
-        with open(marker, "w") as m:
-            m.write(str(obj["progress"]["iteration"]))
-        threading.Event().wait()
-    atomic.atomic_write(path, write)
-
-def injected(obj, path):
-    p = obj["progress"]
-    if how == "stall" and p["epoch"] == 2 and p["start_batch"] == 0:
-        return stall(obj, path)
-    if (how == "fail-6" and p["iteration"] == 6) or (how == "fail-final" and p["status"] is not None):
-        raise OSError(errno.EIO, "Input/output error")
-    return real(obj, path)
-
-atomic.atomic_torch_save = injected
-from speechperf.cli import main
-sys.exit(main(sys.argv[3:]))
-"""
-
-
-def _train(*args, child: tuple[str, object] | None = None) -> subprocess.Popen:
-    """``speechperf train --json ARGS``; ``child``: (how, marker) of CHILD's injected writes."""
+def _train(*args, child: tuple[str, object] | None = None):
+    """``speechperf train --json ARGS`` started (Popen's interface); ``child``: (how, marker) of
+    tests/train/write_fault_child.py's injected writes."""
     if child is None:
         return cli_start("train", "--json", *args)
-    return subprocess.Popen([sys.executable, "-c", CHILD, *map(str, child), "train", "--json", *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return forked_cli.Forked([*map(str, child), "train", "--json", *map(str, args)],
+                             module="tests.train.write_fault_child")
 
 
 def _rows(run, sql):
@@ -132,8 +98,8 @@ def test_a_failed_background_write_fails_the_run_naming_the_file_and_the_same_co
     the last checkpoint that was written."""
     run = tmp_path / "run"
     p = _train("--data", tiny_features, "--out", run, *ARGS, child=(how, tmp_path / "unused"))
-    err = p.stderr.read()
-    assert p.wait(timeout=300) == 1, err
+    rc, err = p.wait(timeout=300), p.stderr.read()  # a file of what it wrote (tests/forked_cli.py)
+    assert rc == 1, err
     assert f"writing the checkpoint {run / 'checkpoint.pt'} failed (OSError: [Errno 5] Input/output error)" in err
     assert "Traceback" not in err
     summary = json.loads((run / "summary.json").read_text())

@@ -156,14 +156,15 @@ def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_featur
     def popen(*a, env):  # another OMP_NUM_THREADS: a fresh interpreter (tests/forked_cli.py)
         return cli_start("train", "--json", *a, env=env)
 
-    p = popen("--data", tiny_features, "--out", ref, *args, env=two)
+    # the run at one thread (forked from the suite's server where it runs at one), its resume at two
+    p = popen("--data", tiny_features, "--out", ref, *args, env=one)
     assert p.wait(timeout=300) == 0, p.stderr.read()
-    p = popen("--data", tiny_features, "--out", run, *args, env=two)
+    p = popen("--data", tiny_features, "--out", run, *args, env=one)
     assert _wait_checkpoint(run, p, 6), "the run finished before it could be killed"
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    assert load_checkpoint(run)["rng"]["threads"] == 2
-    p = popen("--resume", run, env=one)
+    assert load_checkpoint(run)["rng"]["threads"] == 1
+    p = popen("--resume", run, env=two)
     assert p.wait(timeout=300) == 0, p.stderr.read()
     sql = "SELECT iteration, loss FROM iterations WHERE run_id = ? ORDER BY iteration"
     assert _rows(run, sql) == _rows(ref, sql)

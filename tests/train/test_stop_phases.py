@@ -4,20 +4,17 @@ inside an evaluation: the process is gone within 10 s with exit 143 (130), recor
 and the same command then ends where an uninterrupted run ends, bit for bit."""
 import json
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
+from tests import forked_cli
 from tests.conftest import cli
 
 ARGS = ["--preset", "tiny", "threads=1", "max_epochs=3", "checkpoint_every=4", "sentence_every=50", "readers=1"]
-CHILD = Path(__file__).with_name("stop_child.py")
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +35,9 @@ def _rows(run, sql):
 def test_a_stop_signal_to_the_group_in_each_phase_ends_the_run_at_once_saved(tiny_features, reference, tmp_path, phase):
     run, marker, left = tmp_path / "run", tmp_path / "signalled", tmp_path / "left"
     name, code = ("SIGINT", 130) if phase.endswith("SIGINT") else ("SIGTERM", 143)
-    p = subprocess.Popen([sys.executable, str(CHILD), phase, marker, left, "train", "--json", "--data",
-                          tiny_features, "--out", run, *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+    # forked from the suite's preloaded server, in a session of its own (as Slurm starts a job step)
+    p = forked_cli.Forked([phase, str(marker), str(left), "train", "--json", "--data", str(tiny_features), "--out",
+                           str(run), *ARGS], session=True, module="tests.train.stop_child")
     rc = p.wait(timeout=600)
     ended, err = time.time(), p.stderr.read()
     assert rc == code, err
