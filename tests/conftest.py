@@ -174,15 +174,16 @@ def cli(*args, timeout: float = 300, check: bool = False, fresh: bool = False, *
     return p
 
 
-def cli_start(*args, session: bool = False, fresh: bool = False, env: dict | None = None):
-    """``speechperf ARGS`` started in the background as cli() starts it (``session``: in its own
-    process group, as Slurm starts a job step): a subprocess.Popen, or tests/forked_cli.py's
-    Forked, which answers the same calls; stdout is not kept, stderr is ``p.stderr``."""
+def cli_start(*args, session: bool = False, fresh: bool = False, env: dict | None = None, module: str = "speechperf"):
+    """``speechperf ARGS`` (``python -m MODULE ARGS``: a test's own child module, which wraps the
+    CLI) started in the background as cli() starts it (``session``: in its own process group, as
+    Slurm starts a job step): a subprocess.Popen, or tests/forked_cli.py's Forked, which answers
+    the same calls; stdout is not kept, stderr is ``p.stderr``."""
     argv = [*map(str, args)]
     if not fresh and forked_cli.usable({} if env is None else {"env": env}):
-        return forked_cli.Forked(argv, env=env, session=session)
-    return subprocess.Popen(cli_argv(*argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=session, env=env)
+        return forked_cli.Forked(argv, env=env, session=session, module=module)
+    return subprocess.Popen([sys.executable, "-m", module, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=session, env=env)
 
 
 def torchrun_args(*args, procs: int = 2, port: int | None = None) -> list[str]:

@@ -170,7 +170,7 @@ def start_processes(fn, args: tuple, nprocs: int) -> None:
     instead of spawned: ``fn(rank, *args)`` in each (``fn`` a module-level function, which the
     child imports), from the environment the server started with, torch already imported (a
     spawned process pays 2-3 s of CPU for it); joined, a failed process raising as spawn's does."""
-    import torch.multiprocessing as tmp
+    import torch.multiprocessing as torch_mp
 
     _server()  # the preloads set before the server starts
-    tmp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+    torch_mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

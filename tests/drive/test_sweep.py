@@ -2,7 +2,6 @@
 count, and its table against the one worker; run again, it only reports."""
 import csv
 import json
-import subprocess
 import sys
 
 import pytest
@@ -12,24 +11,24 @@ from speechperf.errors import SpeechperfError
 from speechperf.cli.train_commands import sweep_request
 from speechperf.drive import sweep
 from speechperf.studies import speedups
-from tests import forked_cli
+from tests.conftest import cli, torchrun
 
 SETS = ["--set", "max_epochs=1", "--set", "threads=1", "--set", "device=cpu", "--set", "final_splits=none"]
 
 
 def _forked_launches(monkeypatch) -> list[list[str]]:
     """The sweep's ``python -m speechperf train`` and ``python -m torch.distributed.run`` commands
-    forked from the preloaded server (tests/forked_cli.py: torchrun's workers stay fresh
-    processes it starts itself), with their command lines as given; the list of them returned."""
-    real, commands = subprocess.run, []
+    started as conftest's cli() and torchrun() start them (forked from the preloaded server;
+    torchrun's workers stay fresh processes it starts itself), with their command lines as
+    given; the list of them returned."""
+    commands, start = [], {"speechperf": cli, "torch.distributed.run": torchrun}
 
     def run(cmd, **kwargs):
         commands.append(cmd)
         env = kwargs.pop("env")
-        assert cmd[:2] == [sys.executable, "-m"] and kwargs == {"capture_output": True, "text": True}, cmd
-        if not forked_cli.usable({"env": env}):  # threads other than this process's: a fresh interpreter
-            return real(cmd, env=env, **kwargs)
-        return forked_cli.run(cmd[3:], timeout=300, env=env, module=cmd[2])
+        assert cmd[:2] == [sys.executable, "-m"] and cmd[2] in start, cmd
+        assert kwargs == {"capture_output": True, "text": True}, kwargs
+        return start[cmd[2]](*cmd[3:], env=env)
 
     monkeypatch.setattr(sweep.subprocess, "run", run)
     return commands

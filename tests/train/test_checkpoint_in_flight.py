@@ -14,7 +14,6 @@ import torch
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
 from speechperf.results.events import read_events
-from tests import forked_cli
 from tests.conftest import cli_start
 
 ARGS = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=1"]
@@ -25,8 +24,7 @@ def _train(*args, child: tuple[str, object] | None = None):
     tests/train/write_fault_child.py's injected writes."""
     if child is None:
         return cli_start("train", "--json", *args)
-    return forked_cli.Forked([*map(str, child), "train", "--json", *map(str, args)],
-                             module="tests.train.write_fault_child")
+    return cli_start(*child, "train", "--json", *args, module="tests.train.write_fault_child")
 
 
 def _rows(run, sql):
@@ -98,7 +96,7 @@ def test_a_failed_background_write_fails_the_run_naming_the_file_and_the_same_co
     the last checkpoint that was written."""
     run = tmp_path / "run"
     p = _train("--data", tiny_features, "--out", run, *ARGS, child=(how, tmp_path / "unused"))
-    rc, err = p.wait(timeout=300), p.stderr.read()  # a file of what it wrote (tests/forked_cli.py)
+    rc, err = p.wait(timeout=300), p.stderr.read()  # a forked child's stderr is a file: read it once it ended
     assert rc == 1, err
     assert f"writing the checkpoint {run / 'checkpoint.pt'} failed (OSError: [Errno 5] Input/output error)" in err
     assert "Traceback" not in err

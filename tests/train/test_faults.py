@@ -153,7 +153,7 @@ def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_featur
     one = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     ref, run = tmp_path / "ref", tmp_path / "run"
 
-    def popen(*a, env):  # another OMP_NUM_THREADS: a fresh interpreter (tests/forked_cli.py)
+    def popen(*a, env):  # forked where env is the suite server's, a fresh interpreter for another OMP_NUM_THREADS
         return cli_start("train", "--json", *a, env=env)
 
     # the run at one thread (forked from the suite's server where it runs at one), its resume at two

@@ -11,8 +11,7 @@ import torch
 
 from speechperf.results import ResultsDB
 from speechperf.results.checkpoint import load as load_checkpoint
-from tests import forked_cli
-from tests.conftest import cli
+from tests.conftest import cli, cli_start
 
 ARGS = ["--preset", "tiny", "threads=1", "max_epochs=3", "checkpoint_every=4", "sentence_every=50", "readers=1"]
 
@@ -35,9 +34,8 @@ def _rows(run, sql):
 def test_a_stop_signal_to_the_group_in_each_phase_ends_the_run_at_once_saved(tiny_features, reference, tmp_path, phase):
     run, marker, left = tmp_path / "run", tmp_path / "signalled", tmp_path / "left"
     name, code = ("SIGINT", 130) if phase.endswith("SIGINT") else ("SIGTERM", 143)
-    # forked from the suite's preloaded server, in a session of its own (as Slurm starts a job step)
-    p = forked_cli.Forked([phase, str(marker), str(left), "train", "--json", "--data", str(tiny_features), "--out",
-                           str(run), *ARGS], session=True, module="tests.train.stop_child")
+    p = cli_start(phase, marker, left, "train", "--json", "--data", tiny_features, "--out", run, *ARGS, session=True,
+                  module="tests.train.stop_child")
     rc = p.wait(timeout=600)
     ended, err = time.time(), p.stderr.read()
     assert rc == code, err
