@@ -202,15 +202,16 @@ def _torchrun_env(env: dict | None) -> dict:
 def torchrun(*argv, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """``torchrun ARGV`` (``torchrun_args()``, or a launch of its own), as a user runs it, waited
     for: its launcher forked from the preloaded server (tests/forked_cli.py: any environment
-    can, the launcher computes nothing), its workers fresh ``python -m speechperf`` processes
-    that torchrun starts itself with that environment."""
+    can, the launcher computes nothing), and its workers, which torchrun's agent starts, watches
+    and stops itself, forked from the same server where their environment allows (else fresh
+    ``python -u -m speechperf`` processes)."""
     return forked_cli.run([*map(str, argv)], timeout, env=_torchrun_env(env), module="torch.distributed.run")
 
 
 def torchrun_start(*argv, output=None, env: dict | None = None):
     """``torchrun ARGV`` started in the background as torchrun() starts it: a Forked (Popen's
-    interface); stdout and stderr appended to ``output`` when given, else ``p.stderr`` and
-    ``p.stdout_text()``."""
+    interface; ``p.workers()``: rank -> pid); stdout and stderr appended to ``output`` when given,
+    else ``p.stderr`` and ``p.stdout_text()``."""
     return forked_cli.Forked([*map(str, argv)], env=_torchrun_env(env), module="torch.distributed.run",
                              output=output)
 

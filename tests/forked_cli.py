@@ -15,12 +15,17 @@ import error or circle the preloaded server would hide: ``cli(..., fresh=True)``
 end-to-end test runs each command's first call). Its sys.path is the test process's, plus PYTHONPATH's additions.
 
 torchrun's launcher (``torch.distributed.run``, conftest's ``torchrun()``) forks the same way:
-it imports torch for nothing but its agent, and each of its workers is a fresh ``python -m
-speechperf`` that it starts itself, from the environment it was given, so any environment can
-fork it."""
+it imports torch for nothing but its agent, so any environment can fork it. Its agent starts
+each worker (``python -u -m speechperf``, in a session of its own) through one call,
+SubprocessHandler._popen, which the forked launcher answers with a fork from the same server
+where the worker's environment allows (torchrun's own variables are read when used), else with
+torchrun's Popen; the agent polls, signals (os.killpg) and waits on it as on its Popen. A worker
+is then the server's child, not the launcher's: the launcher notes each worker's rank and pid
+(``Forked.workers()``)."""
 from __future__ import annotations
 
 import atexit
+import io
 import multiprocessing
 import os
 import runpy
@@ -28,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -40,9 +46,11 @@ PRELOAD = ["torch", "torch._dynamo", "speechperf.cli", "speechperf.train.loop", 
 # environment; torch sets TORCHINDUCTOR_CACHE_DIR itself in a process that compiles.
 LOAD_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "ATEN_", "ONEDNN_", "DNNL_", "TORCH", "PYTORCH_", "CUDA_", "HIP_",
              "ROCR_", "ROCM_", "LD_", "MALLOC_", "OPENBLAS_", "NUMBA_", "PYTHON")
-SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
+SET_BY_TORCHRUN = "TORCHELASTIC_"  # its agent's variables for a worker (restart count, run id, ...)
 _context = None
 _started_with: dict | None = None  # the environment the server started with (this process's, then)
+_launcher: dict = {}  # in a forked torchrun launcher: its output files and where it notes its workers
 
 
 def _paths(env) -> list[str]:
@@ -59,7 +67,8 @@ def usable(kwargs: dict) -> bool:
     env = kwargs.get("env", os.environ)
     started = os.environ if _started_with is None else _started_with
     changed = {k for k in {*env, *started} if env.get(k) != started.get(k)} - SET_BY_TORCH - {"PYTHONPATH"}
-    return not any(k.startswith(LOAD_TIME) for k in changed) and set(_paths(started)) <= set(_paths(env))
+    loaded = any(k.startswith(LOAD_TIME) and not k.startswith(SET_BY_TORCHRUN) for k in changed)
+    return not loaded and set(_paths(started)) <= set(_paths(env))
 
 
 def _server():
@@ -71,11 +80,59 @@ def _server():
     return _context
 
 
-def _child(argv: list[str], cwd: str, env: dict, out: str, err: str, session: bool, module: str) -> None:
+def _join_server(started_with: dict) -> None:
+    """In a process forked from the server: start processes from that same server. Its address
+    and the pipe that keeps it alive are inherited (multiprocessing.forkserver's own globals);
+    multiprocessing, which did not start it here, would start a second one (ensure_running
+    knows a server by its pid, of which only the starting process can be the parent)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    global _context, _started_with
+    _context, _started_with = multiprocessing.get_context("forkserver"), started_with
+    forkserver._forkserver.ensure_running = resource_tracker.ensure_running
+
+
+def _worker_popen(handler, args: tuple, env: dict):
+    """torchrun's SubprocessHandler._popen in a forked launcher: the worker ``python -u -m MODULE
+    ARGS`` forked from the server in a session of its own (torchrun's start_new_session), its
+    output in the handler's files or the launcher's; torchrun's own Popen where the worker's
+    environment differs from the server's in a variable read at load time. Its rank and pid are
+    appended to the launcher's notes either way."""
+    exe, *rest = args
+    if exe == sys.executable and rest[:2] == ["-u", "-m"] and usable({"env": env}):
+        files = [f.name if f else own for f, own in ((handler._stdout, _launcher["out"]),
+                                                   (handler._stderr, _launcher["err"]))]
+        p = Forked(rest[3:], env=env, session=True, module=rest[2], files=files, unbuffered=True)
+    else:
+        p = _launcher["popen"](handler, args, env)
+    with open(_launcher["workers"], "a") as f:
+        f.write(f"{env.get('RANK')} {p.pid}\n")
+    return p
+
+
+def _as_launcher(out: str, err: str, workers: str) -> None:
+    """This process is torchrun's launcher: its agent's workers fork (``_worker_popen``)."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
+
+    _launcher.update(out=out, err=err, workers=workers, popen=SubprocessHandler._popen)
+    SubprocessHandler._popen = _worker_popen
+
+
+def _unbuffered() -> None:
+    """stdout and stderr written through at once, as ``python -u`` makes them."""
+    for name in ("stdout", "stderr"):
+        old = getattr(sys, name)
+        setattr(sys, name, io.TextIOWrapper(open(old.fileno(), "wb", buffering=0, closefd=False),
+                                            encoding=old.encoding, errors=old.errors, write_through=True))
+
+
+def _child(argv: list[str], cwd: str, env: dict, out: str, err: str, session: bool, module: str,
+           started_with: dict, unbuffered: bool, workers: str | None) -> None:
     """In the forked process: the caller's folder, environment and output files (``session``:
-    its own process group, as Popen's start_new_session), then ``python -m MODULE ARGV``'s
-    __main__ (its SystemExit is the status; an uncaught exception is printed and exits 1, as
-    the interpreter does)."""
+    its own process group, as Popen's start_new_session; ``unbuffered``: as ``python -u``), then
+    ``python -m MODULE ARGV``'s __main__ (its SystemExit is the status; an uncaught exception is
+    printed and exits 1, as the interpreter does). ``workers``: this is torchrun's launcher, which
+    notes its workers there."""
     if session:
         os.setsid()
     # multiprocessing made this process its child: make it a main process again, whose
@@ -83,6 +140,7 @@ def _child(argv: list[str], cwd: str, env: dict, out: str, err: str, session: bo
     multiprocessing.current_process().name = "MainProcess"
     multiprocessing.process._parent_process = None
     multiprocessing.set_start_method(None, force=True)
+    _join_server(started_with)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -91,6 +149,10 @@ def _child(argv: list[str], cwd: str, env: dict, out: str, err: str, session: bo
         target = os.open(path, os.O_WRONLY | os.O_APPEND)  # out and err may be one file
         os.dup2(target, fd)
         os.close(target)
+    if unbuffered:
+        _unbuffered()
+    if workers:
+        _as_launcher(out, err, workers)
     sys.argv = ["-m", *argv]  # runpy puts the module's path first, as -m does
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -103,28 +165,54 @@ def _child(argv: list[str], cwd: str, env: dict, out: str, err: str, session: bo
         atexit._run_exitfuncs()  # a fresh interpreter runs them at exit; multiprocessing's child does not
 
 
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:
+        return None
+
+
 class Forked:
     """A started ``speechperf ARGV`` (``module``: another ``python -m MODULE``), with the part of
-    subprocess.Popen's interface the tests use: ``pid``, ``poll``, ``wait``, ``send_signal``,
-    ``kill``, ``returncode`` and ``stderr``, a file of what it wrote there so far (its stdout is
-    kept too: ``stdout_text``). ``output``: a file both are appended to instead (Popen's
-    ``stdout=open(output, "a"), stderr=STDOUT``)."""
+    subprocess.Popen's interface the tests and torchrun's agent use: ``pid``, ``poll``, ``wait``,
+    ``send_signal``, ``kill``, ``returncode`` and ``stderr``, a file of what it wrote there so far
+    (its stdout is kept too: ``stdout_text``). ``output``: a file both are appended to instead
+    (Popen's ``stdout=open(output, "a"), stderr=STDOUT``); ``files``: two files, stdout's and
+    stderr's. A torchrun launcher notes its workers' pids (``workers``)."""
 
     def __init__(self, argv: list[str], cwd=None, env: dict | None = None, session: bool = False,
-                 module: str = "speechperf", output: str | os.PathLike | None = None):
+                 module: str = "speechperf", output: str | os.PathLike | None = None,
+                 files: list[str] | None = None, unbuffered: bool = False):
         self.args = [module, *argv]
-        self._tmp = tempfile.TemporaryDirectory(prefix="forked-cli-")
-        self._out, err = Path(self._tmp.name, "stdout"), Path(self._tmp.name, "stderr")
+        if files is not None:
+            self._out, err = map(Path, files)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="forked-cli-")
+            self._out, err = Path(self._tmp.name, "stdout"), Path(self._tmp.name, "stderr")
         if output is not None:
             self._out = err = Path(output)
         self._out.touch()
         err.touch()
-        self._p = _server().Process(target=_child, args=(argv, str(Path(cwd or os.getcwd()).resolve()),
-                                                         dict(os.environ if env is None else env), str(self._out),
-                                                         str(err), session, module))
+        self._workers = None
+        if module == "torch.distributed.run":
+            self._workers = Path(self._tmp.name, "workers")
+            self._workers.touch()
+        server = _server()
+        self._p = server.Process(target=_child, args=(argv, str(Path(cwd or os.getcwd()).resolve()),
+                                                      dict(os.environ if env is None else env), str(self._out),
+                                                      str(err), session, module, _started_with, unbuffered,
+                                                      self._workers and str(self._workers)))
         self._p.start()
         self.pid, self.returncode = self._p.pid, None
+        while session and self.poll() is None and _session(self.pid) != self.pid:
+            time.sleep(0.001)  # Popen returns once its child leads its session (os.killpg finds it)
         self.stderr = open(err, encoding="utf-8")
+
+    def workers(self) -> dict[int, int]:
+        """A torchrun launcher's workers so far: rank -> pid of the latest started (a restarted
+        group's)."""
+        lines = self._workers.read_text().split() if self._workers else []
+        return {int(rank): int(pid) for rank, pid in zip(lines[::2], lines[1::2])}
 
     def poll(self) -> int | None:
         if self.returncode is None and not self._p.is_alive():

@@ -2,15 +2,18 @@
 command prints and returns is what a fresh ``python -m speechperf`` prints and returns, in the
 caller's folder and environment; a call whose environment (its own, or one a test changed)
 differs in a variable read when a library loads runs a fresh interpreter; a command past its
-timeout is killed."""
+timeout is killed. torchrun's launcher forks, and its workers fork where theirs allows."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from tests import forked_cli
-from tests.conftest import cli, torchrun
+from tests.conftest import cli, torchrun, torchrun_start
 
 
 def test_a_forked_command_prints_and_returns_what_a_fresh_one_does(tmp_path, monkeypatch):
@@ -50,3 +53,30 @@ def test_a_forked_torchrun_prints_and_returns_what_a_fresh_one_does():
                                text=True, timeout=60)
         assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert forked.returncode == 2 and "--no-such-option" in forked.stderr
+
+
+@pytest.mark.parametrize("changed", [False, True], ids=["forked", "fresh"])
+def test_torchruns_workers_fork_where_their_environment_allows_and_end_with_the_launcher(changed):
+    """The forked launcher's agent starts each worker (``python -u -m MODULE``) forked from the
+    server, in a session of its own, noted by rank; a worker environment that differs in a
+    variable read at load time runs torchrun's own Popen (the launcher's child). SIGTERM to the
+    launcher ends every worker (the agent's os.killpg), and the launcher's status says so."""
+    if not changed and not forked_cli.usable({"env": {**os.environ, "OMP_NUM_THREADS": "1"}}):
+        pytest.skip("this process has other OpenMP threads than torchrun's workers (1): they run fresh")
+    env = {"PYTHON_FORKED_CLI_TEST": "1"} if changed else None  # PYTHON*: read by the interpreter at start
+    p = torchrun_start("--nproc-per-node", "2", "-m", "timeit", "-n", "1", "-r", "1", "import time; time.sleep(120)",
+                       env=env)
+    deadline = time.time() + 60
+    while len(p.workers()) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    workers = {rank: psutil.Process(pid) for rank, pid in p.workers().items()}
+    assert sorted(workers) == [0, 1]
+    server = psutil.Process(p.pid).ppid()
+    for w in workers.values():
+        assert w.ppid() == (p.pid if changed else server)
+        assert os.getsid(w.pid) == w.pid  # torchrun's start_new_session: os.killpg reaches it
+        assert ("timeit" in w.cmdline()) == changed  # a forked one shows the server's command line
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) != 0
+    gone, alive = psutil.wait_procs(workers.values(), timeout=30)
+    assert not alive

@@ -18,9 +18,9 @@ SETS = ["--set", "max_epochs=1", "--set", "threads=1", "--set", "device=cpu", "-
 
 def _forked_launches(monkeypatch) -> list[list[str]]:
     """The sweep's ``python -m speechperf train`` and ``python -m torch.distributed.run`` commands
-    started as conftest's cli() and torchrun() start them (forked from the preloaded server;
-    torchrun's workers stay fresh processes it starts itself), with their command lines as
-    given; the list of them returned."""
+    started as conftest's cli() and torchrun() start them (forked from the preloaded server,
+    torchrun's workers too, which its agent starts), with their command lines as given; the list
+    of them returned."""
     commands, start = [], {"speechperf": cli, "torch.distributed.run": torchrun}
 
     def run(cmd, **kwargs):

@@ -34,14 +34,14 @@ def _log(out) -> str:
     return "\n".join(ln for ln in open(f"{out}.log").read().splitlines() if not ln.startswith(("iter", "  ref", "  hyp")))
 
 
-def _rank(parent: psutil.Process, rank: int):
-    for p in parent.children(recursive=True):
-        try:
-            if p.environ().get("RANK") == str(rank) and "speechperf" in " ".join(p.cmdline()):
-                return p
-        except psutil.Error:
-            pass
-    return None
+def _rank(launcher, rank: int):
+    """The launcher's worker of ``rank``, as the launcher noted it (tests/forked_cli.py; a
+    worker forked from the test's server is not the launcher's child)."""
+    pid = launcher.workers().get(rank)
+    try:
+        return None if pid is None else psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
 
 
 # checkpoints every 2 steps, synchronizations every 3: the kill falls inside a block
@@ -68,7 +68,7 @@ def test_a_killed_worker_then_the_same_command_equals_an_uninterrupted_run(algo,
     while victim is None and time.time() < deadline:  # rank 1, once a mid-run checkpoint exists
         try:
             if load_checkpoint(tmp_path / "run")["progress"]["iteration"] >= 4:
-                victim = _rank(psutil.Process(p.pid), 1)
+                victim = _rank(p, 1)
         except CheckpointError:
             pass
         assert p.poll() is None, "training finished before a worker could be killed"
