@@ -2,10 +2,6 @@
 error raised at the next wait naming the file, a kill during the write leaving the previous
 checkpoint whole."""
 import errno
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -18,6 +14,7 @@ from speechperf.results import checkpoint
 from speechperf.results.checkpoint_writer import CheckpointWriteError, CheckpointWriter, HostBuffers
 from speechperf.results.progress import Progress
 from speechperf.results.run import Run
+from tests.conftest import cli_start
 
 CONFIG = {"preset": "tiny", "model": {"name": "ds2"}, "train": {"seed": 1}}
 ENV = {"cpu_model": "Test CPU", "cpu_cores_logical": 2, "gpus": []}
@@ -138,51 +135,18 @@ def test_host_buffers_are_reused_and_a_tensor_held_twice_stays_one():
     assert third["a"].data_ptr() != ptr and third["a"].dtype == torch.float64
 
 
-CHILD = r"""
-import os, sys, threading, torch
-from speechperf.atomic import atomic_write
-from speechperf.results import checkpoint
-from speechperf.results.progress import Progress
-from speechperf.results.run import Run
-
-folder, marker = sys.argv[1], sys.argv[2]
-run = Run.create(folder, kind="train", config={"preset": "tiny"}, env={"cpu_model": "Test CPU"}, label="probe")
-
-def stalls_half_way(obj, path):
-    # writes half of the file into the temporary file beside the checkpoint, then stalls there
-    def write(f):
-        import io
-        data = io.BytesIO()
-        torch.save(obj, data)
-        f.write(data.getvalue()[: len(data.getvalue()) // 2])
-        f.flush()
-        open(marker, "w").close()
-        threading.Event().wait()
-    atomic_write(path, write)
-
-writer = run.checkpoint_writer()
-checkpoint.save(run, Progress(iteration=3), {"model": {"w": torch.full((1000,), 3.0)}}, writer)
-writer.wait()
-writer = run.checkpoint_writer(stalls_half_way)
-checkpoint.save(run, Progress(iteration=6), {"model": {"w": torch.full((1000,), 6.0)}}, writer)
-print("saved", flush=True)  # save returned: the loop would train on while the write is in flight
-threading.Event().wait()
-"""
-
-
 @pytest.mark.timeout(120)
 def test_a_kill_while_a_write_is_in_flight_leaves_the_previous_checkpoint(tmp_path):
     folder, marker = tmp_path / "run", tmp_path / "in-flight"
-    p = subprocess.Popen([sys.executable, "-c", CHILD, str(folder), str(marker)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = cli_start(folder, marker, module="tests.results.in_flight_child")
     try:
-        assert p.stdout.readline().strip() == "saved", p.stderr.read()
         deadline = time.monotonic() + 60
-        while not marker.exists():  # half of the new file is on disk, the writer stalled there
+        # save returned (the loop would train on) and half of the new file is on disk, the writer stalled there
+        while not (marker.exists() and tmp_path.joinpath("in-flight.saved").exists()):
             assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
             time.sleep(0.01)
     finally:
-        os.kill(p.pid, signal.SIGKILL)
+        p.kill()
         p.wait()
     assert list(folder.glob(".checkpoint.pt.*.tmp"))  # the write the kill cut short
     ckpt = checkpoint.load(folder)  # the previous one, whole

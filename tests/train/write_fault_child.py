@@ -13,10 +13,10 @@ import torch
 
 import speechperf.atomic as atomic
 
-real, how, marker = atomic.atomic_torch_save, sys.argv[1], sys.argv[2]
 
-
-def stall(obj, path):
+def stall(obj, path, marker: str) -> None:
+    """Writes half of ``obj``'s file into the temporary file beside ``path``, then stalls there;
+    the ``marker`` file, which says so, holds the checkpoint's iteration."""
     def write(f):
         data = io.BytesIO()
         torch.save(obj, data)
@@ -28,16 +28,22 @@ def stall(obj, path):
     atomic.atomic_write(path, write)
 
 
-def injected(obj, path):
-    p = obj["progress"]
-    if how == "stall" and p["epoch"] == 2 and p["start_batch"] == 0:
-        return stall(obj, path)
-    if (how == "fail-6" and p["iteration"] == 6) or (how == "fail-final" and p["status"] is not None):
-        raise OSError(errno.EIO, "Input/output error")
-    return real(obj, path)
+def main(argv: list[str]) -> int:
+    how, marker, real = argv[0], argv[1], atomic.atomic_torch_save
+
+    def injected(obj, path):
+        p = obj["progress"]
+        if how == "stall" and p["epoch"] == 2 and p["start_batch"] == 0:
+            return stall(obj, path, marker)
+        if (how == "fail-6" and p["iteration"] == 6) or (how == "fail-final" and p["status"] is not None):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(obj, path)
+
+    atomic.atomic_torch_save = injected
+    from speechperf.cli import main as cli
+
+    return cli(argv[2:])
 
 
-atomic.atomic_torch_save = injected
-from speechperf.cli import main  # noqa: E402
-
-sys.exit(main(sys.argv[3:]))
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
