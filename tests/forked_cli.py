@@ -43,11 +43,12 @@ PRELOAD = ["torch", "torch._dynamo", "speechperf.cli", "speechperf.train.loop", 
 # Variables a library reads when it loads (OpenMP, MKL, oneDNN, ATen's dispatch, torch, CUDA and
 # ROCm, the dynamic loader, the allocator, Python itself): a server that loaded with other values
 # cannot stand for a fresh process. Others are read when used, in the child, from the caller's
-# environment; torch sets TORCHINDUCTOR_CACHE_DIR itself in a process that compiles.
+# environment.
 LOAD_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "ATEN_", "ONEDNN_", "DNNL_", "TORCH", "PYTORCH_", "CUDA_", "HIP_",
              "ROCR_", "ROCM_", "LD_", "MALLOC_", "OPENBLAS_", "NUMBA_", "PYTHON")
-SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
-SET_BY_TORCHRUN = "TORCHELASTIC_"  # its agent's variables for a worker (restart count, run id, ...)
+# Those of them read when used, which torch sets itself: the compile cache (in a process that
+# compiles) and torchrun's agent's variables for a worker (restart count, run id, NCCL's errors).
+READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 _context = None
 _started_with: dict | None = None  # the environment the server started with (this process's, then)
 _launcher: dict = {}  # in a forked torchrun launcher: its output files and where it notes its workers
@@ -66,8 +67,8 @@ def usable(kwargs: dict) -> bool:
         return False
     env = kwargs.get("env", os.environ)
     started = os.environ if _started_with is None else _started_with
-    changed = {k for k in {*env, *started} if env.get(k) != started.get(k)} - SET_BY_TORCH - {"PYTHONPATH"}
-    loaded = any(k.startswith(LOAD_TIME) and not k.startswith(SET_BY_TORCHRUN) for k in changed)
+    changed = {k for k in {*env, *started} if env.get(k) != started.get(k)} - {"PYTHONPATH"}
+    loaded = any(k.startswith(LOAD_TIME) and not k.startswith(READ_WHEN_USED) for k in changed)
     return not loaded and set(_paths(started)) <= set(_paths(env))
 
 

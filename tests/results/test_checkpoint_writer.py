@@ -5,6 +5,7 @@ import errno
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,7 +143,7 @@ def test_a_kill_while_a_write_is_in_flight_leaves_the_previous_checkpoint(tmp_pa
     try:
         deadline = time.monotonic() + 60
         # save returned (the loop would train on) and half of the new file is on disk, the writer stalled there
-        while not (marker.exists() and tmp_path.joinpath("in-flight.saved").exists()):
+        while not (marker.exists() and Path(f"{marker}.saved").exists()):  # in_flight_child's names
             assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
             time.sleep(0.01)
     finally:
