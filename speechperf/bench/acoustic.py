@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models.contract import planned_forward, unwrap
 from speechperf.config import load_preset
 from speechperf.models import MODELS, build_model, check_contract, model_config
 from speechperf.models.external import registered_name
+from speechperf.objectives import objective_of
 
 PRESET_OF = {"ds2": "paper"}  # models whose row takes a preset's sizes (the paper's DS2)
 FRAMES = (100, 400)  # frames per synthetic utterance, shortest and longest
@@ -64,13 +64,12 @@ def lengths(batch: int, min_frames: int = 1) -> torch.Tensor:
 
 
 def step(model: nn.Module, batch: int, dev: torch.device) -> torch.Tensor:
-    """The CTC loss of one synthetic batch, through the contract (lengths planned on the CPU)."""
+    """The loss of one synthetic batch under the model's objective (CTC: random letters, a third of
+    each utterance's frames), through the contract (lengths planned on the CPU)."""
     lens = lengths(batch, unwrap(model).min_frames)  # on the host, as a loader's
     x = torch.randn(batch, int(lens.max()), FEATURE_DIM, device=dev)  # (B, T, 93)
-    log_probs, out_lens = planned_forward(model, x, lens)  # (T', B, C) on dev; (B,) on the CPU
-    label_lens = (out_lens // 3).clamp(min=1)  # (B,): every label sequence fits its frames
-    labels = torch.randint(2, 28, (int(label_lens.sum()),), device=dev)  # letters a..z
-    return F.ctc_loss(log_probs.float(), labels, out_lens, label_lens, zero_infinity=True)
+    out, out_lens = planned_forward(model, x, lens)  # CTC: (T', B, C) on dev; (B,) on the CPU
+    return objective_of(model).synthetic_loss(model, out, out_lens, unwrap(model).cfg.num_classes)
 
 
 MFU_COLUMNS = ("tflops", "mfu_pct", "peak_tflops", "peak_source", "mfu_note")

@@ -27,6 +27,7 @@ from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.errors import ConfigError
 from speechperf.models import check_contract, config_class
 from speechperf.models.ds2 import DS2Config
+from speechperf.objectives import objective_of
 from speechperf.section import build_section
 from speechperf.config.training import TrainConfig
 
@@ -174,3 +175,7 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.cuda_graphs and cfg.model.name != "ds2":
         raise ConfigError(f"train.cuda_graphs=true needs model ds2 (a forward pass of static shapes, "
                           f"DeepSpeech2.masked), not model {cfg.model.name!r}")
+    objective = objective_of(cfg.model)  # its epochs and its final evaluation decode with train.eval_decoder
+    if cfg.train.eval_decoder not in objective.decoders:
+        raise ConfigError(f"train.eval_decoder={cfg.train.eval_decoder!r} cannot decode model {cfg.model.name!r} "
+                          f"({objective.name}); its decoders: {', '.join(objective.decoders)}")

@@ -12,7 +12,7 @@ SCHEDULES = ("epoch_decay", "step", "noam", "cosine", "newbob")  # train.lr_sche
 # own; AlgoPerf's ("algoperf": its frontend, SentencePiece outputs, models and padding) is not
 # implemented, so no run can claim it (scoring/targets.py refuses AlgoPerf's targets for these runs).
 PROTOCOLS = ("speechperf",)
-OPTIMIZERS = ("adadelta", "adamw", "sgd")  # train.optimizer values (train/step.py's make_optimizer)
+OPTIMIZERS = ("adadelta", "adamw", "sgd", "lamb")  # train.optimizer values (train/step.py's make_optimizer)
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,8 @@ class TrainConfig:
 
     protocol: str = "speechperf"  # the benchmark protocol the run follows (PROTOCOLS): which named TTA target sets apply
     seed: int = 1  # seeds model init, data order and dropout
-    optimizer: str = "adadelta"  # "adadelta" (paper), "adamw" or "sgd" (plain SGD, paper 003's local optimizer)
+    optimizer: str = "adadelta"  # "adadelta" (paper), "adamw", "sgd" (plain SGD, paper 003's local optimizer) or
+    # "lamb" (MLPerf's RNN-T: Adam's moments with a per-tensor trust ratio, train/lamb.py)
     lr: float = 1.0  # learning rate (AdaDelta's default 1.0)
     weight_decay: float = 0.0  # decoupled weight decay (adamw) / L2 (adadelta)
     warmup_iters: int = 0  # linear warm-up: step s (from 0) of the first N runs at lr x (s+1)/N, any schedule
@@ -105,6 +106,8 @@ class TrainConfig:
             (self.dist_backend in DIST_BACKENDS, f"train.dist_backend={self.dist_backend!r} must be one of {', '.join(DIST_BACKENDS)}"),
             (self.optimizer_impl in ("default", "foreach", "fused"),
              f"train.optimizer_impl={self.optimizer_impl!r} must be default, foreach or fused"),
+            (self.optimizer_impl == "default" or self.optimizer != "lamb",
+             f"train.optimizer_impl={self.optimizer_impl!r}: lamb has one implementation (default)"),
             (self.optimizer_impl != "fused" or self.optimizer == "adamw",
              f"train.optimizer_impl=fused needs optimizer=adamw (torch has no fused {self.optimizer})"),
             (self.eval_mode in WORDBEAM_MODES, f"train.eval_mode={self.eval_mode!r} must be one of {', '.join(WORDBEAM_MODES)}"),

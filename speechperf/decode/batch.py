@@ -90,6 +90,14 @@ class DecodePool:
         for b, n in enumerate(lens):
             self._pending.append(self._executor.submit(self._one, log_probs, b, n))
 
+    def done(self, texts: list[str], frames: int, busy_s: float, cpu_s: float) -> None:
+        """Texts decoded already, by a search that needs the model (a transducer's, on its device),
+        taken in submission order with the seconds and CPU seconds they took."""
+        finished: Future = Future()
+        finished.set_result((list(texts), busy_s, cpu_s))
+        self.frames += int(frames)
+        self._pending.append(finished)
+
     def _batch(self, log_probs: np.ndarray | Pending, lens: list[int]) -> tuple[list[str], float, float]:
         arrived = _arrived(log_probs)
         return _timed(lambda: self.decoder.decode_batch(arrived, lens))

@@ -43,6 +43,7 @@ from speechperf.models.contract import planned_forward
 from speechperf.telemetry.measured_peak import cpu_dtype, forget, training_peak
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model
+from speechperf.objectives import objective_of
 
 aten = torch.ops.aten
 MODULUS = 16  # fit lengths share their residue mod 16: exact for total strides dividing 16
@@ -109,16 +110,20 @@ def counter() -> FlopCounterMode:
     return FlopCounterMode(display=False, custom_mapping=CPU_FORMULAS)
 
 
-def count_step_flops(model: torch.nn.Module, lengths: list[int], input_dim: int) -> int:
-    """Training FLOPs (forward + backward, no optimizer) of one batch of utterances of
-    ``lengths`` frames, padded to the longest, counted by FlopCounterMode on ``model``
-    (on the CPU, in training mode). The RNG streams are left as they were."""
+def count_step_flops(model: torch.nn.Module, lengths: list[int], input_dim: int,
+                     label_lengths: list[int] | None = None) -> int:
+    """Training FLOPs (forward + backward, no optimizer, no loss kernel) of one batch of utterances of
+    ``lengths`` frames, padded to the longest, counted by FlopCounterMode on ``model`` (on the CPU,
+    in training mode) through its objective (``probe_loss``: a transducer's prediction and joint
+    networks over ``label_lengths`` labels too). The RNG streams are left as they were."""
     lens = torch.tensor(lengths, dtype=torch.long)
+    labels = torch.tensor(label_lengths, dtype=torch.long) if label_lengths is not None else None
     with torch.random.fork_rng(devices=[]):
         x = torch.randn(len(lengths), int(lens.max()), input_dim)  # (B, T, F)
         model.train()
         with counter() as fc:
-            planned_forward(model, x, lens)[0].float().sum().backward()  # as the step calls it
+            out, out_lens = planned_forward(model, x, lens)  # as the step calls it
+            objective_of(model).probe_loss(model, out, out_lens, labels).backward()
     model.zero_grad(set_to_none=True)
     return fc.get_total_flops()
 
@@ -136,25 +141,38 @@ def exact_quadratic(points: dict[int, int]) -> tuple[Fraction, Fraction, Fractio
 
 @dataclass(frozen=True)
 class FlopModel:
-    """Training FLOPs of one utterance of L input frames: ``a + b L + c L^2``."""
+    """Training FLOPs of one utterance of L input frames and U labels: ``a + b L + c L^2 + d U + e L U``
+    (``d``, ``e``: a transducer's prediction network over its labels and its joint over frames x
+    labels; 0 for CTC, whose FLOPs do not depend on the labels)."""
 
     model: str  # the model's registry name
     a: float  # FLOPs independent of length
     b: float  # per frame (convolutions, LSTMs, linear layers)
     c: float  # per frame squared (attention)
     fit_lengths: tuple[int, ...]  # where the three counts were made
+    d: float = 0.0  # per label (a transducer's prediction network)
+    e: float = 0.0  # per frame x label (a transducer's joint network)
+    fit_labels: tuple[int, ...] = ()  # the label counts of the label terms' fit (none: no label terms)
 
-    def utterance(self, frames: int) -> float:
-        return self.a + self.b * frames + self.c * frames * frames
+    def utterance(self, frames: int, labels: int = 0) -> float:
+        return self.a + self.b * frames + self.c * frames * frames + self.d * labels + self.e * frames * labels
 
-    def batch(self, feat_lens: torch.Tensor) -> float:
+    def batch(self, feat_lens: torch.Tensor, label_lens: torch.Tensor | None = None) -> float:
         """The FLOPs of a batch from the loader's CPU lengths (valid frames; padding not counted)."""
         lens = feat_lens.to(torch.float64)  # a CPU tensor: no device read
-        return self.a * len(lens) + self.b * float(lens.sum()) + self.c * float((lens * lens).sum())
+        flops = self.a * len(lens) + self.b * float(lens.sum()) + self.c * float((lens * lens).sum())
+        if self.fit_labels and label_lens is not None:
+            labels = label_lens.to(torch.float64)
+            flops += self.d * float(labels.sum()) + self.e * float((lens * labels).sum())
+        return flops
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "fit_lengths": list(self.fit_lengths),
-                "formula": "training FLOPs per utterance of L input frames = a + b L + c L^2"}
+        out = {**asdict(self), "fit_lengths": list(self.fit_lengths),
+               "formula": "training FLOPs per utterance of L input frames = a + b L + c L^2"}
+        if not self.fit_labels:  # CTC: as before objectives had label terms
+            return {k: v for k, v in out.items() if k not in ("d", "e", "fit_labels")}
+        return {**out, "fit_labels": list(self.fit_labels),
+                "formula": "training FLOPs per utterance of L input frames and U labels = a + b L + c L^2 + d U + e L U"}
 
 
 def fit_lengths(min_frames: int) -> list[int]:
@@ -163,12 +181,26 @@ def fit_lengths(min_frames: int) -> list[int]:
     return [first + k * FIT_STRIDE for k in range(3)]
 
 
+FIT_LABELS = (4, 12)  # label counts of a transducer's label terms' fit
+
+
 def fit_flop_model(model: torch.nn.Module, name: str, input_dim: int, min_frames: int) -> FlopModel:
-    """Count ``model`` at three lengths and fit the per-utterance quadratic through them."""
+    """Count ``model`` at three lengths and fit the per-utterance quadratic through them; a model
+    whose objective's FLOPs grow with the labels (``label_terms``) is counted at two label counts
+    as well, for ``d`` and ``e`` (two more counts: exact where the terms are those of the form)."""
     lengths = fit_lengths(min_frames)
-    counts = {n: count_step_flops(model, [n], input_dim) for n in lengths}
-    a, b, c = exact_quadratic(counts)
-    return FlopModel(name, float(a), float(b), float(c), tuple(lengths))
+    if not getattr(objective_of(model), "label_terms", False):
+        counts = {n: count_step_flops(model, [n], input_dim) for n in lengths}
+        a, b, c = exact_quadratic(counts)
+        return FlopModel(name, float(a), float(b), float(c), tuple(lengths))
+    u0, u1 = FIT_LABELS
+    counts = {n: count_step_flops(model, [n], input_dim, [u0]) for n in lengths}
+    a0, b0, c = exact_quadratic(counts)  # at u0 labels: a + d u0, b + e u0, c
+    (l0, f0), (l1, f1) = [(n, count_step_flops(model, [n], input_dim, [u1]) - counts[n]) for n in lengths[:2]]
+    e = Fraction(f1 - f0, (l1 - l0) * (u1 - u0))  # f(L) = (d + e L)(u1 - u0)
+    d = Fraction(f0, u1 - u0) - e * l0
+    return FlopModel(name, float(a0 - d * u0), float(b0 - e * u0), float(c), tuple(lengths), float(d), float(e),
+                     FIT_LABELS)
 
 
 def flop_model(model_cfg) -> FlopModel:
@@ -218,7 +250,7 @@ class RunFlops:
 
     def row(self, batch) -> float:
         """The iteration row's ``model_flops``: the batch's training FLOPs."""
-        return self.flops.batch(batch.feat_lens)
+        return self.flops.batch(batch.feat_lens, batch.label_lens)
 
     def summary(self, iterations: list[dict]) -> dict:
         """summary.json's MFU facts over the run's iteration rows (:func:`steps_achieved`). Steps that

@@ -13,17 +13,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from speechperf.config import ConfigError
 from speechperf.data.batching import Batching
 from speechperf.scoring.bootstrap import error_intervals
 from speechperf.scoring.error_rates import UtteranceErrors, scored
 from speechperf.metric import METRICS
-from speechperf.models.contract import autocast, planned_forward, to_device
+from speechperf.models.contract import autocast, planned_forward
+from speechperf.objectives import OBJECTIVES, objective_of
+from speechperf.objectives.ctc import host_copy  # noqa: F401 (evaluation's name for it, as before)
 from speechperf.data.index import Index
 from speechperf.data.loader import Batch, Loader, load_index, make_loader
 from speechperf.decode import get_decoder
-from speechperf.decode.batch import DecodePool, Pending, auto_threads
+from speechperf.decode.batch import DecodePool, auto_threads
 from speechperf.decode.lm import LM_NAME
 
 
@@ -67,7 +69,7 @@ def decoder_label(name: str, mode: str = "ngrams") -> str:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching, device: torch.device,
              decoder: str = "greedy", beam: int = 1, workers: int = 0, precision: str = "fp32",
-             keep_pairs: int = 0, mode: str = "ngrams", intervals: bool = True) -> dict:
+             keep_pairs: int = 0, mode: str = "ngrams", intervals: bool = True, units=None) -> dict:
     """Loss, every declared metric (speechperf/metric.py: WER, CER standard and paper, ...) and seconds
     of one pass over ``split`` in the batches ``batching.for_eval`` cuts; ``NAME_lo``, ``NAME_hi``:
     the 95% bootstrap interval of each counted metric over the split's utterances
@@ -92,12 +94,16 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching
     beam = 1 if decoder == "greedy" else beam
     was_training = model.training
     model.eval()
-    dec = make_decoder(decoder, beam, feats, mode)  # built once (the run's initialization) and reused
+    objective = objective_of(model)
+    check_decoder(objective, decoder)
+    # CTC's decoders are built once (the run's initialization) and reused; a transducer decodes with its model
+    dec = make_decoder(decoder, beam, feats, mode) if objective.name == "ctc" else None
     index = load_index(feats, [split])
     kept = _RESIDENT.get(_resident_key(feats, split, index, batching, device))
     batches = kept.batches if kept is not None else eval_batches(feats, split, batching, index)
     with DecodePool(dec, workers or decode_threads(batching)) as pool, _closing(batches):
-        loss, refs, ids = _forward_pass(model, batches, device, precision, pool)
+        search = Search(objective, decoder, beam, units)
+        loss, refs, ids = _forward_pass(model, batches, device, precision, pool, search)
         forward_end = time.perf_counter()
         hyps = pool.results()
         decoding = {"decode_threads": pool.threads, "decode_frames": pool.frames, "decode_busy_s": pool.busy_s,
@@ -114,22 +120,42 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching
             "pairs": [{"ref": r, "hyp": h} for r, h in zip(refs[:keep_pairs], hyps[:keep_pairs])]}
 
 
+@dataclass(frozen=True)
+class Search:
+    """How an evaluation turns outputs into text: the model's objective, the decoder's name and
+    width, and the run's output units (None: characters)."""
+
+    objective: object
+    decoder: str
+    beam: int
+    units: object = None
+
+
+def check_decoder(objective, decoder: str) -> None:
+    """Refuse a decoder the model's objective cannot decode with (CTC's word beam search on a transducer)."""
+    if decoder not in objective.decoders:
+        raise ConfigError(f"decoder {decoder!r} cannot decode a {objective.name} model; its decoders: "
+                          f"{', '.join(objective.decoders)}")
+
+
 def _forward_pass(model: torch.nn.Module, batches, device: torch.device, precision: str,
-                  pool: DecodePool) -> tuple[float, list[str], list[str]]:
-    """Every batch's forward pass, its log-probs handed to ``pool`` as it leaves the model; then the
-    mean loss (the pass's only device reads, after its loop). (loss, references, ids) in batch order."""
+                  pool: DecodePool, search: Search) -> tuple[float, list[str], list[str]]:
+    """Every batch's forward pass, its outputs handed to ``pool`` as they leave the model (CTC: the
+    pool's threads decode them beside the next forward passes); then the mean loss (CTC: the pass's
+    only device reads, after its loop). (loss, references, ids) in batch order."""
     refs: list[str] = []
     ids: list[str] = []
     outputs: list[tuple] = []  # per batch: what its loss needs, read after the loop
-    for batch in batches:  # launches only: no read of a device value in here
+    obj = search.objective
+    for batch in batches:  # CTC: launches only, no read of a device value in here
         with autocast(device, precision):
-            log_probs, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
-        log_probs = log_probs.float()  # (T', B, C)
-        pool.submit(host_copy(log_probs), out_lens.numpy())  # decodes beside the next forward passes
-        outputs.append((log_probs, batch.labels, out_lens, batch.label_lens))
+            out, out_lens = planned_forward(model, batch.feats, batch.feat_lens, device)  # out_lens on the CPU
+        kept = obj.eval_submit(model, out, out_lens, pool, search.decoder, search.beam, search.units)
+        outputs.append((kept, batch.labels, out_lens, batch.label_lens))
         refs += list(batch.transcripts)
         ids += list(batch.ids)
-    return mean_loss(outputs, device), refs, ids  # the device's log-probs freed on return: the decodes read copies
+    # the device's outputs freed on return: the decodes read copies
+    return mean_loss(outputs, device, model, precision), refs, ids
 
 
 def by_id(ids: list[str], refs: list[str], hyps: list[str]) -> tuple[list[str], list[str]]:
@@ -140,29 +166,16 @@ def by_id(ids: list[str], refs: list[str], hyps: list[str]) -> tuple[list[str], 
     return [refs[i] for i in order], [hyps[i] for i in order]
 
 
-def host_copy(log_probs: torch.Tensor) -> np.ndarray | Pending:
-    """(T', B, C) log-probs as the decode threads read them: on the CPU the tensor's own array;
-    from a CUDA device a :class:`Pending` pinned buffer that a non-blocking copy fills, ready
-    when the event recorded after it fires (the decode thread waits on it, not the caller); from
-    any other device a synchronous copy."""
-    if log_probs.device.type != "cuda":
-        return log_probs.cpu().numpy()
-    buf = torch.empty(log_probs.shape, dtype=log_probs.dtype, pin_memory=True)
-    buf.copy_(log_probs, non_blocking=True)
-    copied = torch.cuda.Event(blocking=True)  # a waiting decode thread sleeps instead of spinning
-    copied.record()
-    return Pending(buf.numpy(), copied)  # the array keeps the pinned tensor alive
-
-
-def mean_loss(outputs: list[tuple], device: torch.device) -> float:
-    """The CTC loss averaged over the utterances where it is finite, from each batch's
-    ``(log_probs, labels, out_lens, label_lens)`` in order: the evaluation's only device reads,
+def mean_loss(outputs: list[tuple], device: torch.device, model: torch.nn.Module | None = None,
+              precision: str = "fp32") -> float:
+    """The model's objective's loss averaged over the utterances where it is finite, from each
+    batch's ``(output, labels, out_lens, label_lens)`` in order: the evaluation's only device reads,
     all after its batch loop. CUDA's CTC copies its length lists with blocking copies (a wait
     for the stream), so the losses are computed here too, after every forward pass is queued."""
+    objective = objective_of(model) if model is not None else OBJECTIVES.lookup("ctc")  # None: CTC log-probs
     loss_sum, n_loss = 0.0, 0
-    for log_probs, labels, out_lens, label_lens in outputs:
-        losses = F.ctc_loss(log_probs, to_device(labels, device), out_lens, label_lens,
-                            blank=0, reduction="none", zero_infinity=False)  # (B,)
+    for out, labels, out_lens, label_lens in outputs:
+        losses = objective.eval_losses(model, out, out_lens, labels, label_lens, device, precision)  # (B,)
         finite = torch.isfinite(losses)
         loss_sum += float(losses[finite].sum())
         n_loss += int(finite.sum())

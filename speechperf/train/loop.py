@@ -173,7 +173,7 @@ def _train_batches(t: Trainer, loader) -> bool:
         _settle(t)
         # -- generating sentences
         if prog.iteration % tc.sentence_every == 0:
-            t.rec.sentences(batch, step)
+            t.rec.sentences(batch, step, t.model)
         # -- saving checkpoint
         if prog.iteration % tc.checkpoint_every == 0:
             t.checkpoint()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from speechperf import metric
-from speechperf.corpus import alphabet
+from speechperf.objectives import objective_of
 from speechperf.results.layout import EVENTS_FILE, SUMMARY_FILE
 from speechperf.results.run import Run
 from speechperf.results.checkpoint_writer import Written
@@ -108,7 +108,7 @@ class Recorder:
     def epoch_started(self) -> None: ...
     def iteration_row(self, batch, step_s: float, comm: tuple[float, int] = (0.0, 0)) -> dict | None: ...
     def steps_read(self, reads: list) -> None: ...
-    def sentences(self, batch, step) -> None: ...
+    def sentences(self, batch, step, model) -> None: ...
     def epoch_ended(self) -> None: ...
     def eval_started(self) -> None: ...
     def evaluated(self, r: dict, final: bool) -> None: ...
@@ -129,6 +129,7 @@ class RunRecorder(Recorder):
         self.machine = MachineRecord(run.rows, run.run_id)  # utilization samples and collection pauses
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
+        self.units = None  # the run's output units, which turn the logged sentences' ids into text (None: characters)
         self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
         self.ckpt_writer = run.checkpoint_writer()  # writes each checkpoint beside training (results/checkpoint_writer.py)
         self.resumed_at: int | None = None  # the iteration of the checkpoint a resumed run continues from
@@ -188,13 +189,10 @@ class RunRecorder(Recorder):
                                     self.last_row["utts_per_s"], evals[-1].get(self.target) if evals else None, self.now(),
                                     self.last_row["audio_s_per_s"])
 
-    def sentences(self, batch, step) -> None:
-        """The batch's first utterances greedy-decoded beside their transcripts."""
-        paths = step.log_probs.argmax(-1).cpu()  # (T', B)
-        pairs = []
-        for b in range(min(SENTENCE_PAIRS, paths.shape[1])):
-            hyp = alphabet.decode(alphabet.collapse(paths[: int(step.out_lens[b]), b].tolist()))
-            pairs.append({"ref": batch.transcripts[b], "hyp": hyp})
+    def sentences(self, batch, step, model) -> None:
+        """The batch's first utterances greedy-decoded (by the model's objective) beside their transcripts."""
+        hyps = objective_of(model).texts(model, step.out, step.out_lens, SENTENCE_PAIRS, self.units)
+        pairs = [{"ref": ref, "hyp": hyp} for ref, hyp in zip(batch.transcripts, hyps)]
         prog, loss = self.prog, self.last_row["loss"]
         self.run.log.append_sentences({"iteration": prog.iteration, "epoch": prog.epoch, "loss": loss, "pairs": pairs})
         self._say(f"iter {prog.iteration} epoch {prog.epoch} loss {loss:.3f}\n  ref: {pairs[0]['ref']}\n"

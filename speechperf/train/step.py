@@ -15,7 +15,7 @@ reads the flag on the host, is not used). The count of consecutive bad steps, an
 divergence abort at ``train.max_bad_losses``, are applied at the read point in step order,
 so they name the same iteration as a per-step check would.
 
-What remains on a GPU: PyTorch's CUDA CTC copies the length lists to the device with
+The loss is the model's objective's (speechperf/objectives/). What remains on a GPU: PyTorch's CUDA CTC copies the length lists to the device with
 blocking copies inside ``F.ctc_loss`` (forward and backward); the loop adds none.
 """
 from __future__ import annotations
@@ -23,12 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from speechperf.data import specaugment
 from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.errors import RunFailed
 from speechperf.models.contract import autocast, planned_forward, to_device
+from speechperf.objectives import objective_of
+from speechperf.train.lamb import Lamb
 
 
 class TrainingDiverged(RunFailed):
@@ -40,39 +41,24 @@ class TrainingDiverged(RunFailed):
 class StepOut:
     """What one step leaves: device values (read later) and host values (known now)."""
 
-    loss: torch.Tensor  # 0-dim fp32 on the device: CTC summed over the batch / possible utterances
+    loss: torch.Tensor  # 0-dim fp32 on the device: the loss summed over the batch / possible utterances
     bad: torch.Tensor  # 0-dim bool on the device: non-finite loss or gradient norm, update undone
     impossible: int  # utterances whose labels cannot fit their output frames (host: from lengths)
-    log_probs: torch.Tensor  # (T', B, C) fp32, detached
+    out: torch.Tensor  # the model's output, detached: CTC log-probs (T', B, C); transducer frames (B, T', J)
     out_lens: torch.Tensor  # (B,) output frames, on the CPU
 
 
 def train_step(model, batch, optimizer, scaler, device: torch.device, tc,
                augment: SpecAugmentConfig | None = None) -> StepOut:
-    """SpecAugment (``augment``, training batches only), forward, CTC, backward, clip, step;
-    a non-finite step is undone on the device."""
+    """SpecAugment (``augment``, training batches only), forward, the model's objective's loss
+    (objectives/: CTC, transducer), backward, clip, step; a non-finite step is undone on the device."""
     feats = to_device(batch.feats, device)  # queued, from pinned memory (the loader pins for a CUDA device)
     if augment is not None:
         feats = specaugment.apply(feats, batch.feat_lens, augment)  # masks drawn from the run's CPU RNG
     with autocast(device, tc.precision):
-        log_probs, out_lens = planned_forward(model, feats, batch.feat_lens, device)  # lengths planned on the CPU
-    log_probs = log_probs.float()  # (T', B, C): CTC in fp32 whatever the autocast dtype
-    # Labels never repeat a symbol (the separator splits doubles), so an alignment exists
-    # iff out_len >= label_len; impossible ones give inf, zeroed and counted, never averaged in.
-    impossible = int((out_lens < batch.label_lens).sum())  # CPU tensors: no device sync
-    valid = max(len(out_lens) - impossible, 1)
-    if tc.deterministic and device.type == "cuda":
-        # CUDA's CTC backward accumulates with atomics and has no deterministic variant: the
-        # CPU's is exact (the cost of determinism: a transfer and the CPU's CTC per step)
-        losses = F.ctc_loss(log_probs.cpu(), batch.labels, out_lens, batch.label_lens, blank=0, reduction="none",
-                            zero_infinity=True)
-        loss = (losses.sum() / valid).to(device)
-    else:
-        labels = to_device(batch.labels, device)
-        # lengths stay on the CPU: F.ctc_loss wants them there, a device copy would be read back
-        losses = F.ctc_loss(log_probs, labels, out_lens, batch.label_lens, blank=0, reduction="none",
-                            zero_infinity=True)
-        loss = losses.sum() / valid
+        out, out_lens = planned_forward(model, feats, batch.feat_lens, device)  # lengths planned on the CPU
+    # the loss over the possible utterances; impossible ones (from CPU lengths) are zeroed and counted
+    loss, impossible = objective_of(model).train_loss(model, out, out_lens, batch, device, tc)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()  # always: DDP needs every rank to reach the all-reduce
     scaler.unscale_(optimizer)
@@ -80,7 +66,7 @@ def train_step(model, batch, optimizer, scaler, device: torch.device, tc,
     ok = torch.isfinite(loss.detach()) & torch.isfinite(norm)
     masked_step(optimizer, ok)
     scaler.update()  # fp16: the scale shrinks after an overflow, from its own device flag
-    return StepOut(loss.detach(), ~ok, impossible, log_probs.detach(), out_lens)
+    return StepOut(loss.detach(), ~ok, impossible, out.detach(), out_lens)
 
 
 def masked_step(optimizer, ok: torch.Tensor) -> None:
@@ -185,8 +171,9 @@ def read_point(iteration: int, tc) -> bool:
 
 
 def make_optimizer(model, tc, device: torch.device):
-    """AdaDelta (the paper's), AdamW or plain SGD (paper 003's local optimizer, without
-    momentum); ``optimizer_impl`` picks torch's foreach or fused kernels. On a GPU the step
+    """AdaDelta (the paper's), AdamW, plain SGD (paper 003's local optimizer, without
+    momentum) or LAMB (MLPerf's RNN-T, train/lamb.py); ``optimizer_impl`` picks torch's foreach
+    or fused kernels. On a GPU the step
     counters live on the device (``capturable``), so that :func:`masked_step` can undo a
     step without reading a flag on the host (SGD has no step counter)."""
     kw = {}
@@ -198,6 +185,8 @@ def make_optimizer(model, tc, device: torch.device):
         return torch.optim.SGD(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, **kw)
     if device.type == "cuda" and tc.optimizer_impl != "fused":
         kw["capturable"] = True
+    if tc.optimizer == "lamb":  # its step counters are device tensors already
+        return Lamb(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     if tc.optimizer == "adadelta":
         return torch.optim.Adadelta(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, **kw)
     return torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, **kw)

@@ -23,7 +23,6 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from speechperf.corpus import alphabet
@@ -31,6 +30,7 @@ from speechperf.data.batching import Batching
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import ConfigError
+from speechperf.objectives import OBJECTIVES, objective_of
 from speechperf.telemetry.capability import model_support
 
 # Past this the initialization is reported with a warning: MLPerf's closed division allows
@@ -42,17 +42,14 @@ INIT_WARN_S = 600.0
 WARM_FRAMES = 64
 
 
-def warm_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams") -> None:
-    """Build decoder ``name`` for the features folder, once: every evaluation of the run reuses
+def warm_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams", classes: int = alphabet.NUM_SYMBOLS) -> None:
+    """Build CTC decoder ``name`` for the features folder, once: every evaluation of the run reuses
     it, dictionary and LM tables included (train/evaluate.py's ``make_decoder``); and decode a
-    small random batch, which compiles every kernel the evaluation will call (its dtypes)."""
+    small random batch of ``classes`` symbols, which compiles every kernel the evaluation will call."""
     from speechperf.train.evaluate import make_decoder
 
     dec = make_decoder(name, 1 if name == "greedy" else beam, feats, mode)
-    rng = np.random.default_rng(0)
-    logits = rng.standard_normal((WARM_FRAMES, 2, alphabet.NUM_SYMBOLS)).astype(np.float32)  # (T, B, C)
-    log_probs = logits - np.log(np.exp(logits).sum(axis=2, keepdims=True))
-    dec.decode_batch(log_probs.astype(np.float32), np.array([WARM_FRAMES, WARM_FRAMES // 2], dtype=np.int64))
+    OBJECTIVES.lookup("ctc").warm_decode(dec, classes, WARM_FRAMES)
 
 
 FEATURE_DIM = FeatureConfig().dim  # features per frame the loader delivers (80 log-mel + 13 MFCC)
@@ -82,8 +79,8 @@ def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
         x = torch.zeros(batch, frames, FEATURE_DIM, device=device)  # (B, T, 93): the model picks its columns
         lens = torch.full((batch,), frames)
         with autocast(device, cfg.train.precision):
-            log_probs, _ = planned_forward(model, x, lens, device)  # as train_step calls it: (T', B, C)
-        log_probs.float().sum().backward()
+            out, out_lens = planned_forward(model, x, lens, device)  # as train_step calls it
+        objective_of(model).probe_loss(model, out, out_lens).backward()  # its loss's kernels run (compiled) too
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
@@ -121,9 +118,10 @@ def initialize(model: torch.nn.Module, cfg, batching: Batching, feats: Path, dev
     tc = cfg.train
     parts: dict[str, float] = {}
     t = time.perf_counter()
-    warm_decoder("greedy", 1, feats)  # the sentences logged every ``sentence_every`` steps
-    if tc.eval_decoder != "greedy":
-        warm_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode)
+    if objective_of(cfg.model).name == "ctc":  # a transducer's search is the model's: warmed with it
+        warm_decoder("greedy", 1, feats, classes=cfg.model.num_classes)  # the sentences logged every ``sentence_every`` steps
+        if tc.eval_decoder != "greedy":
+            warm_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode, cfg.model.num_classes)
     parts["decoder_s"] = time.perf_counter() - t
     t = time.perf_counter()
     warm_model(model, cfg, device)

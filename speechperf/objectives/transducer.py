@@ -1,0 +1,105 @@
+"""The transducer (RNN-T, Graves 2012): the objective of models whose ``forward`` returns
+encoder frames ``(B, T', J)``; a prediction network reads the labels so far and a joint network
+scores every (frame, label position) pair, ``(B, T', U+1, V)``, which the RNN-T loss
+(``objectives/rnnt_loss.py``) sums over every alignment.
+
+What it costs unlike CTC: the joint's tensor grows with frames x labels x vocabulary, so memory
+and memory bandwidth set the step as much as GEMM rate. The joint runs in the step's precision
+(autocast) and the loss fuses its log-softmax with the gradient (one buffer the joint's size).
+
+The model's half of the contract (``models/transducer.py``): ``predict(targets (B, U)) -> (g (B,
+U+1, J), state)``, ``joint(enc (B, T', 1, J), g (B, 1, U+1, J)) -> logits (B, T', U+1, V)``; its
+decoding (``objectives/transducer_search.py``): batched greedy on the device, and a beam search.
+Every alignment of a standard transducer emits any number of labels per frame, so an utterance
+is impossible only without frames.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from speechperf.corpus import alphabet
+from speechperf.models.contract import autocast, to_device, unwrap
+from speechperf.objectives import register_objective
+from speechperf.objectives.rnnt_loss import rnnt_loss
+from speechperf.objectives.transducer_search import beam_search, greedy_batch
+
+
+def padded_targets(labels: torch.Tensor, label_lens: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """(sum L,) concatenated labels (any device) with CPU lengths (B,) -> (B, U) long on ``device``,
+    padded with the blank (0); the gather index is made on the host, so a device's labels are never read."""
+    lens = label_lens.to(torch.int64)
+    width = max(int(lens.max()) if len(lens) else 0, 1)
+    starts = torch.cumsum(lens, 0) - lens  # (B,)
+    pos = torch.arange(width).unsqueeze(0)  # (1, U)
+    inside = pos < lens.unsqueeze(1)  # (B, U)
+    index = torch.where(inside, starts.unsqueeze(1) + pos, 0)  # (B, U): padding reads label 0, then masked
+    flat = labels if labels.numel() else torch.zeros(1, dtype=torch.int64)
+    picked = to_device(flat, device).long()[to_device(index, device)]
+    return torch.where(to_device(inside, device), picked, 0)
+
+
+@register_objective("transducer")
+class Transducer:
+    """RNN-T over the model's encoder frames, prediction network and joint network."""
+
+    name = "transducer"
+    decoders = ("greedy", "beam")
+    label_terms = True  # its FLOPs grow with the labels: the prediction network, the joint (telemetry/mfu.py)
+
+    def losses(self, model, out, out_lens, labels, label_lens, device, precision: str) -> torch.Tensor:
+        """(B,) per-utterance negative log-likelihoods (inf for an utterance without frames)."""
+        core = unwrap(model)
+        targets = padded_targets(labels, label_lens, device)  # (B, U)
+        with autocast(device, precision):
+            g, _ = core.predict(targets)  # (B, U+1, J)
+            logits = core.joint(out.unsqueeze(2), g.unsqueeze(1))  # (B, T', 1, J) + (B, 1, U+1, J) -> (B, T', U+1, V)
+        return rnnt_loss(logits, targets.int(), to_device(out_lens.int(), device), to_device(label_lens.int(), device),
+                         blank=0, reduction="none")
+
+    def train_loss(self, model, out, out_lens, batch, device, tc) -> tuple[torch.Tensor, int]:
+        impossible = int((out_lens < 1).sum())  # CPU lengths: no device sync
+        losses = self.losses(model, out, out_lens, batch.labels, batch.label_lens, device, tc.precision)
+        losses = torch.where(torch.isfinite(losses), losses, 0.0)  # as CTC's zero_infinity; counted above
+        return losses.sum() / max(len(out_lens) - impossible, 1), impossible
+
+    def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str) -> torch.Tensor:
+        return self.losses(model, out, out_lens, labels, label_lens, device, precision)
+
+    def decode_ids(self, model, out, out_lens, decoder: str = "greedy", beam: int = 1) -> list[list[int]]:
+        """Token ids per utterance (no blanks): batched greedy on the device, or the beam search."""
+        core = unwrap(model)
+        with torch.no_grad():
+            if decoder == "greedy" or beam <= 1:
+                return greedy_batch(core, out, out_lens)
+            return [beam_search(core, out[b, : int(out_lens[b])], beam=beam) for b in range(len(out_lens))]
+
+    def texts(self, model, out, out_lens, count: int, units=None, decoder: str = "greedy", beam: int = 1) -> list[str]:
+        decode = units.decode if units is not None else alphabet.decode
+        n = min(count, len(out_lens))
+        return [decode(ids) for ids in self.decode_ids(model, out[:n], out_lens[:n], decoder, beam)]
+
+    def eval_submit(self, model, out, out_lens, pool, decoder: str, beam: int, units=None) -> torch.Tensor:
+        """Decode the batch now (the search needs the model: it runs on the evaluation's device,
+        not the pool's threads) and hand the texts to ``pool`` in order; keep the frames for the loss."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        texts = self.texts(model, out, out_lens, len(out_lens), units, decoder, beam)
+        pool.done(texts, int(out_lens.sum()), time.perf_counter() - wall, time.thread_time() - cpu)
+        return out
+
+    def probe_loss(self, model, out, out_lens, label_lens=None) -> torch.Tensor:
+        """The RNN-T loss of random labels (``label_lens``, default a quarter of each utterance's
+        frames): the prediction network, the joint and the loss kernel all run (warm-up compiles them)."""
+        core = unwrap(model)
+        lens = label_lens if label_lens is not None else (out_lens // 4).clamp(min=1)
+        classes = int(core.cfg.num_classes)
+        labels = torch.randint(1, classes, (int(lens.sum()),))
+        precision = "bf16" if out.dtype == torch.bfloat16 else "fp32"
+        return self.losses(model, out, out_lens, labels, lens, out.device, precision).sum()
+
+    def synthetic_loss(self, model, out, out_lens, classes: int) -> torch.Tensor:
+        return self.probe_loss(model, out, out_lens).float() / max(len(out_lens), 1)
+
+    def warm_decode(self, decoder, classes: int, frames: int) -> None:
+        """Nothing to compile apart from the model (its search is torch ops)."""
