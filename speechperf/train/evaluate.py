@@ -102,8 +102,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching
     kept = _RESIDENT.get(_resident_key(feats, split, index, batching, device))
     batches = kept.batches if kept is not None else eval_batches(feats, split, batching, index)
     with DecodePool(dec, workers or decode_threads(batching)) as pool, _closing(batches):
-        search = Search(objective, decoder, beam, units)
-        loss, refs, ids = _forward_pass(model, batches, device, precision, pool, search)
+        loss, refs, ids = _forward_pass(model, batches, device, precision, pool, Search(objective, decoder, beam, units))
         forward_end = time.perf_counter()
         hyps = pool.results()
         decoding = {"decode_threads": pool.threads, "decode_frames": pool.frames, "decode_busy_s": pool.busy_s,
