@@ -83,14 +83,22 @@ def _prepare_args(sp) -> None:
                     help="compute stats.json again over every prepared train-* split (needed to add a training "
                          "split; runs trained on the previous statistics then refuse to continue); without it "
                          "stats.json is never changed")
+    sp.add_argument("--units", type=csv_list(), default=[], metavar="SPEC[,SPEC]",
+                    help="also train output units: bpe:N, a SentencePiece BPE model of N pieces trained from the "
+                         "training splits' transcripts, into FEATS/units/bpe-N.model (a run asking for units the "
+                         "folder lacks trains them at its start instead)")
 
 
 def cmd_prepare(a) -> int:
+    from speechperf.data.units import parse_spec, prepare_units
     from speechperf.features.feature_config import FeatureConfig
     from speechperf.features.prepare import prepare
 
+    for spec in a.units:
+        parse_spec(spec, "--units")  # a bad spec is refused before any work
     summary = prepare(a.corpus and Path(a.corpus), Path(a.out), splits=a.splits, workers=a.workers, progress=not a.json,
                       recompute_stats=a.recompute_stats, config=FeatureConfig(compress=not a.raw), manifests=a.manifest)
+    prepare_units(Path(a.out), a.units, quiet=a.json)
     emit(summary["splits"], a.json, width=width(a))
     return 0
 

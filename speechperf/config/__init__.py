@@ -24,6 +24,7 @@ from speechperf.algorithms import DEFAULT as DEFAULT_ALGO, algo_config, config_c
 from speechperf.algorithms.base import AlgoConfig
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.specaugment import SpecAugmentConfig
+from speechperf.data.units import num_classes_of
 from speechperf.errors import ConfigError
 from speechperf.models import check_contract, config_class
 from speechperf.models.ds2 import DS2Config
@@ -172,6 +173,9 @@ def validate(cfg: RunConfig) -> None:
         for problem in section.problems():
             raise ConfigError(problem)
     check_contract(cfg.model)  # a model from outside the package: built on meta and tried, named if it falls short
+    if cfg.model.num_classes != num_classes_of(cfg.loader.units):  # the labels' classes are the model's outputs
+        raise ConfigError(f"model.num_classes={cfg.model.num_classes} does not match loader.units={cfg.loader.units!r} "
+                          f"({num_classes_of(cfg.loader.units)} classes)")
     if cfg.train.cuda_graphs and cfg.model.name != "ds2":
         raise ConfigError(f"train.cuda_graphs=true needs model ds2 (a forward pass of static shapes, "
                           f"DeepSpeech2.masked), not model {cfg.model.name!r}")

@@ -35,11 +35,11 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from speechperf.cpus import usable_cpus
-from speechperf.corpus import alphabet
 from speechperf.data import index as index_mod
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import Index
 from speechperf.data.plan import Plan, batch_frames, plan_epoch
+from speechperf.data.units import Units, load_units
 from speechperf.features.shards import ShardError, read_rows
 from speechperf.features.stats import read_stats
 
@@ -50,7 +50,7 @@ class Batch:
 
     feats: torch.Tensor  # (B, T, F) float32, normalized when the loader normalizes
     feat_lens: torch.Tensor  # (B,) int64 valid frames
-    labels: torch.Tensor  # (sum L,) int64 alphabet indices, concatenated
+    labels: torch.Tensor  # (sum L,) int64 labels of the run's units (data/units.py), concatenated
     label_lens: torch.Tensor  # (B,) int64
     ids: list[str]
     transcripts: list[str]
@@ -73,10 +73,10 @@ def load_index(feats: Path, splits: list[str]) -> Index:
 
 class _Reader:
     """Builds planned batches in one process, keeping the last ``bucket_window + 2`` shards
-    decompressed (float16, as stored: each row is converted when it is batched)."""
+    decompressed (float16, as stored: each row is converted when it is batched); labels in ``units``."""
 
-    def __init__(self, index: Index, feats_dir: Path, cfg: LoaderConfig, stats):
-        self.index, self.feats_dir, self.cfg, self.stats = index, feats_dir, cfg, stats
+    def __init__(self, index: Index, feats_dir: Path, cfg: LoaderConfig, stats, units: Units):
+        self.index, self.feats_dir, self.cfg, self.stats, self.units = index, feats_dir, cfg, stats, units
         self.cache: OrderedDict[int, tuple] = OrderedDict()
         self.reads: list[tuple[str, int]] = []  # decompressed since the last batch was built
 
@@ -143,7 +143,7 @@ class _Reader:
         for b, u in enumerate(utts.tolist()):
             self._place(u, xs[b, : lens[b]])
         texts = [ix.transcript(int(u)) for u in utts]
-        labels = [alphabet.encode_array(t) for t in texts]
+        labels = [self.units.encode(t) for t in texts]
         reads, self.reads = tuple(self.reads), []
         return Batch(x, torch.tensor(lens, dtype=torch.int64),
                      torch.from_numpy(np.concatenate(labels)),  # (sum L,) int64
@@ -285,17 +285,20 @@ class Loader:
 
 def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: int, seed: int,
                 start_batch: int = 0, rank: int = 0, world: int = 1, index: Index | None = None,
-                threads: int | None = None, pin_memory: bool = False) -> Loader:
+                threads: int | None = None, pin_memory: bool = False, units: Units | None = None) -> Loader:
     """An iterable of Batch for this rank's part of ``epoch``, from batch ``start_batch`` on
     (``index``: the splits' compact index when the caller holds it already; ``threads``: each
     reader's decompression threads, None: the idle readers' share, :func:`reader_threads`;
-    ``pin_memory``: batches in page-locked memory, for a CUDA device)."""
+    ``pin_memory``: batches in page-locked memory, for a CUDA device; ``units``: the labels' units
+    when the caller holds them, else ``cfg.units`` read from ``feats``, never trained: a run trains
+    BPE units before its first loader, data/units.py's ``ensure_units``)."""
     feats = Path(feats)
     splits = [splits] if isinstance(splits, str) else list(splits)
     index = index if index is not None else load_index(feats, splits)
     plan = plan_epoch(index, cfg, epoch, seed, rank, world).sliced(start_batch)
     stats = _stats(feats) if cfg.normalize else None
-    return Loader(plan, _Reader(index, feats, cfg, stats), cfg, _readers_generator(seed, epoch, rank), threads,
+    units = units if units is not None else load_units(feats, cfg.units)
+    return Loader(plan, _Reader(index, feats, cfg, stats, units), cfg, _readers_generator(seed, epoch, rank), threads,
                   pin_memory)
 
 

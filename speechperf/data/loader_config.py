@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speechperf.data.units import spec_problem
+
 
 @dataclass(frozen=True)
 class LoaderConfig:
@@ -26,6 +28,8 @@ class LoaderConfig:
     resident: bool = False  # keep the training split on the training device after the first epoch, which
     # streams as always; later epochs cut their batches from it, no readers (data/resident.py); a run
     # whose buffer does not fit the device's free memory is refused before it starts
+    units: str = "char"  # the labels' units (data/units.py): "char", the 30-symbol alphabet, or "bpe:N",
+    # SentencePiece BPE of N pieces trained from the training transcripts into FEATS/units/ (N + 1 classes)
 
     def problems(self) -> list[str]:
         """One message per invalid value, naming ``loader.FIELD=value``."""
@@ -42,5 +46,6 @@ class LoaderConfig:
             (self.pad_frames >= 1, f"loader.pad_frames={self.pad_frames} must be >= 1"),
             (self.mode in ("bucket", "pad"), f"loader.mode={self.mode!r} must be 'bucket' or 'pad'"),
             (isinstance(self.resident, bool), f"loader.resident={self.resident!r} must be true or false"),
+            (spec_problem(self.units) is None, spec_problem(self.units)),
         ]
         return [msg for ok, msg in checks if not ok]

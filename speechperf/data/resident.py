@@ -6,7 +6,7 @@ few host cores) measures the host. With ``loader.resident`` the first epoch stre
 it (loader.py, on the clock) and keeps every decoded utterance in one buffer on the training
 device (GPU memory; host memory for a CPU run): the features as stored (float16, one contiguous
 ``(frames, dims)`` tensor, utterance ``u`` at rows ``off[u]:off[u + 1]`` in index order) and the
-encoded labels likewise (uint8). Later epochs cut the same planned batches (data/plan.py, a pure
+encoded labels likewise (uint8 for characters, int16 for BPE units). Later epochs cut the same planned batches (data/plan.py, a pure
 function of (seed, epoch)) from it by index on the device: no reader process, no decompression,
 no host-to-device copy per batch (each epoch's plan crosses once). The cut normalizes as the
 readers do, ``(x - mean) / std`` in float32 from the float16 values, so every batch is the
@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from speechperf.corpus import alphabet
 from speechperf.cpus import usable_cpus
 from speechperf.data.index import Index
 from speechperf.data.loader import Batch, Loader, _Reader
 from speechperf.data.plan import Plan, batch_frames
+from speechperf.data.units import Units, load_units
 from speechperf.errors import SpeechperfError
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.shards import ShardError, read_rows
@@ -62,10 +62,17 @@ def feature_dims(feats: Path) -> int:
     return FeatureConfig(**{k: v for k, v in saved.items() if k in names}).dim
 
 
-def needed_bytes(index: Index, dims: int) -> int:
-    """Bytes of the buffer: every frame's ``dims`` float16 values, and the labels (uint8; at most
-    two symbols a transcript byte: a doubled letter gets a separator)."""
-    return int(index.frames.astype(np.int64).sum()) * dims * FEATURE_BYTES + 2 * len(index.text_bytes)
+def label_dtype(units: Units | None) -> np.dtype:
+    """The buffer's label type: uint8 for the 30 characters, int16 for BPE ids (data/units.py's MAX_BPE)."""
+    return np.dtype(np.uint8 if units is None or units.num_classes <= 256 else np.int16)
+
+
+def needed_bytes(index: Index, dims: int, units: Units | None = None) -> int:
+    """Bytes of the buffer: every frame's ``dims`` float16 values, and the labels (at most two a
+    transcript byte: a doubled letter gets a separator; a BPE piece holds a character or more,
+    or a word's boundary alone), of :func:`label_dtype` (``units`` None: characters)."""
+    return int(index.frames.astype(np.int64).sum()) * dims * FEATURE_BYTES + \
+        2 * len(index.text_bytes) * label_dtype(units).itemsize
 
 
 def free_bytes(device: torch.device) -> tuple[int, int]:
@@ -79,10 +86,10 @@ def free_bytes(device: torch.device) -> tuple[int, int]:
     return vm.available, vm.total
 
 
-def check_fits(index: Index, dims: int, device: torch.device, copies: int = 1) -> int:
+def check_fits(index: Index, dims: int, device: torch.device, copies: int = 1, units: Units | None = None) -> int:
     """The buffer's bytes, after refusing a run whose ``copies`` buffers (the processes on this
     host, for a CPU run) exceed the device's free memory less ``RESERVE`` of its total."""
-    need = needed_bytes(index, dims)
+    need = needed_bytes(index, dims, units)
     free, total = free_bytes(device)
     room = free - RESERVE * total
     if need * copies > room:
@@ -96,10 +103,12 @@ def check_fits(index: Index, dims: int, device: torch.device, copies: int = 1) -
 
 
 class Resident:
-    """The buffer of one process's training split on ``device`` and what of it is filled."""
+    """The buffer of one process's training split on ``device`` and what of it is filled; labels in
+    ``units`` (None: ``cfg.units`` read from ``feats``, never trained)."""
 
-    def __init__(self, index: Index, feats: Path, cfg, device: torch.device, dims: int):
+    def __init__(self, index: Index, feats: Path, cfg, device: torch.device, dims: int, units: Units | None = None):
         self.index, self.feats_dir, self.cfg, self.device = index, Path(feats), cfg, torch.device(device)
+        self.units = units if units is not None else load_units(feats, cfg.units)
         frames = index.frames.astype(np.int64)
         self.off = np.concatenate([[0], np.cumsum(frames)])  # (N + 1,) rows of each utterance
         self.feats = torch.empty((int(self.off[-1]), dims), dtype=torch.float16, device=self.device)
@@ -119,7 +128,7 @@ class Resident:
         the buffer is being filled by a ``first`` epoch, else cut from the buffer (completed first)."""
         if not self.full and first:
             stream.reader = _RawReader(stream.reader.index, stream.reader.feats_dir, stream.reader.cfg,
-                                       stream.reader.stats)
+                                       stream.reader.stats, stream.reader.units)
             return Filling(self, stream)
         self.complete()
         self._encode()  # once, when the loader is made (during the evaluation, started ahead), not in a step
@@ -166,13 +175,13 @@ class Resident:
 
     def _encode(self) -> tuple:
         """Every transcript's labels, encoded once, when the first cut epoch's loader is made (on the
-        clock, as the readers encode theirs): (uint8 labels, offsets, lengths) on the device, lengths
-        on the host."""
+        clock, as the readers encode theirs): (labels of :func:`label_dtype`, offsets, lengths) on the
+        device, lengths on the host."""
         if self.labels is None:
             ix = self.index
-            encoded = [alphabet.encode_array(ix.transcript(u)) for u in range(len(ix))]
+            encoded = [self.units.encode(ix.transcript(u)) for u in range(len(ix))]
             lens = np.array([len(e) for e in encoded], dtype=np.int64)
-            flat = torch.from_numpy(np.concatenate(encoded).astype(np.uint8)).to(self.device)
+            flat = torch.from_numpy(np.concatenate(encoded).astype(label_dtype(self.units))).to(self.device)
             on = [torch.from_numpy(a).to(self.device) for a in (np.cumsum(lens) - lens, lens)]
             self.labels = (flat, *on, lens)
         return self.labels

@@ -39,16 +39,24 @@ def check_log_probs(log_probs: np.ndarray, classes: int = 30) -> None:
         raise DecodeError("log-probabilities hold NaN or values > 0 (give log_softmax output, not logits)")
 
 
-def get_decoder(name: str, beam: int = 1, features: Path | None = None, lm=None, mode: str | None = None, **kw):
+def get_decoder(name: str, beam: int = 1, features: Path | None = None, lm=None, mode: str | None = None,
+                units=None, **kw):
     """The decoder ``name`` with beam width ``beam`` (1 = greedy for every beam decoder).
 
     ``lm``: a BigramLM, an lm.json path or (flashlight) an ARPA path; otherwise the LM
     stored beside the prepared ``features`` folder is loaded (built first if missing).
-    ``mode``: the word beam search mode (wordbeam only).
+    ``mode``: the word beam search mode (wordbeam only). ``units``: the model's output units
+    (data/units.py's ``Units``; None: the 30 characters). The beam decoders search characters
+    only: BPE units need ``greedy`` or beam width 1.
     """
     factory = DECODERS.lookup(name)
     if not isinstance(beam, (int, np.integer)) or beam < 1:
         raise DecodeError(f"beam width must be an integer >= 1, got {beam!r}")
+    if units is not None and not units.is_char:
+        if name != "greedy" and beam > 1:
+            raise DecodeError(f"decoder {name!r} (beam {beam}) searches the 30 characters only, not the units "
+                              f"{units.spec!r}: decode them with 'greedy' (or beam 1)")
+        return DECODERS.lookup("greedy")(beam=1, units=units)
     if lm is not None:
         kw["lm"] = lm
     if mode is not None:

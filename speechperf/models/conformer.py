@@ -85,8 +85,8 @@ class ConformerConfig:
         for field in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, field) < 1.0:
                 out.append(f"model.{field}={getattr(self, field)} not in [0, 1)")
-        if self.num_classes != NUM_SYMBOLS:
-            out.append(f"model.num_classes={self.num_classes} must be {NUM_SYMBOLS} (the alphabet the decoders read)")
+        if self.num_classes < 2:  # config.validate checks it against loader.units (30 for characters)
+            out.append(f"model.num_classes={self.num_classes} must be >= 2 (the CTC blank and the units)")
         return out
 
 

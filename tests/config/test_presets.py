@@ -165,3 +165,15 @@ def test_the_training_split_is_resident_but_for_the_paper_s_loader():
     assert load_preset("cpu", ["loader.resident=false"]).loader.resident is False
     with pytest.raises(ConfigError, match=r"loader\.resident"):
         load_preset("cpu", ["loader.resident=sometimes"])
+
+
+def test_the_model_s_classes_must_be_the_units():
+    """loader.units names the labels; the model's outputs must be their classes, blank included."""
+    assert load_preset("tiny").loader.units == "char"
+    with pytest.raises(ConfigError, match=r"^model\.num_classes=30 does not match loader\.units='bpe:500' \(501 "
+                                          r"classes\)$"):
+        load_preset("tiny", ["loader.units=bpe:500"])
+    cfg = load_preset("conformer-cpu", ["loader.units=bpe:256", "model.num_classes=257"])
+    assert (cfg.loader.units, cfg.model.num_classes) == ("bpe:256", 257)
+    with pytest.raises(ConfigError, match=r"loader\.units='bpe500' must be 'char' or 'bpe:N'"):
+        load_preset("tiny", ["loader.units=bpe500"])

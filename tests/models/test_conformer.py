@@ -152,7 +152,7 @@ def test_rotary_scores_depend_on_distance_only():
     ("input_dim", 94, r"model\.input_dim=94 must be in 1\.\.93"),
     ("dropout", 1.0, r"model\.dropout=1\.0 not in \[0, 1\)"),
     ("attention_dropout", -0.1, r"model\.attention_dropout=-0\.1 not in \[0, 1\)"),
-    ("num_classes", 29, r"model\.num_classes=29 must be 30"),
+    ("num_classes", 1, r"model\.num_classes=1 must be >= 2"),
 ])
 def test_problems_name_the_field_and_value(field, value, match):
     import re
