@@ -39,7 +39,7 @@ from speechperf.data import index as index_mod
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import Index
 from speechperf.data.plan import Plan, batch_frames, plan_epoch
-from speechperf.data.units import Units, load_units
+from speechperf.data.units import Units, UnitsError, load_units
 from speechperf.features.shards import ShardError, read_rows
 from speechperf.features.stats import read_stats
 
@@ -298,6 +298,8 @@ def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: 
     plan = plan_epoch(index, cfg, epoch, seed, rank, world).sliced(start_batch)
     stats = _stats(feats) if cfg.normalize else None
     units = units if units is not None else load_units(feats, cfg.units)
+    if units.spec != cfg.units:
+        raise UnitsError(f"loader.units={cfg.units!r}, but the loader was handed the units {units.spec!r}")
     return Loader(plan, _Reader(index, feats, cfg, stats, units), cfg, _readers_generator(seed, epoch, rank), threads,
                   pin_memory)
 

@@ -6,9 +6,10 @@ few host cores) measures the host. With ``loader.resident`` the first epoch stre
 it (loader.py, on the clock) and keeps every decoded utterance in one buffer on the training
 device (GPU memory; host memory for a CPU run): the features as stored (float16, one contiguous
 ``(frames, dims)`` tensor, utterance ``u`` at rows ``off[u]:off[u + 1]`` in index order) and the
-encoded labels likewise (uint8 for characters, int16 for BPE units). Later epochs cut the same planned batches (data/plan.py, a pure
-function of (seed, epoch)) from it by index on the device: no reader process, no decompression,
-no host-to-device copy per batch (each epoch's plan crosses once). The cut normalizes as the
+encoded labels likewise (uint8 for characters, int16 for BPE units over 255 pieces). Later epochs
+cut the same planned batches (data/plan.py, a pure function of (seed, epoch)) from it by index
+on the device: no reader process, no decompression, no host-to-device copy per batch (each
+epoch's plan crosses once). The cut normalizes as the
 readers do, ``(x - mean) / std`` in float32 from the float16 values, so every batch is the
 streaming loader's bit for bit; SpecAugment draws from the run's CPU RNG and the CPU lengths,
 which are the same (train/step.py).

@@ -47,7 +47,8 @@ SEED = 0  # SentencePiece's random generator (BPE draws nothing with these optio
 # kept at id 0 as SentencePiece requires (never produced: every character is a required one),
 # no normalization (transcripts are normalized already), every sentence in index order, none
 # cut for length (a LibriSpeech transcript reaches ~1,700 bytes, SentencePiece's default cut is 4,192).
-OPTIONS = {"model_type": "bpe", "character_coverage": 1.0, "required_chars": "".join(sorted(alphabet.TEXT_CHARS - {" "})),
+OPTIONS = {"model_type": "bpe", "character_coverage": 1.0,
+           "required_chars": "".join(sorted(alphabet.TEXT_CHARS - {" "})),
            "bos_id": -1, "eos_id": -1, "pad_id": -1, "unk_id": 0, "normalization_rule_name": "identity",
            "input_sentence_size": 0, "shuffle_input_sentence": False, "max_sentence_length": 1 << 20,
            "num_threads": 1}

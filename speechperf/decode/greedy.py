@@ -25,7 +25,8 @@ class GreedyDecoder:
         """(T, B, C) with valid lengths (B,) -> B texts (argmax is cheap: no threads)."""
         classes = self.units.num_classes
         if log_probs.ndim != 3 or log_probs.shape[2] != classes or len(lens) != log_probs.shape[1]:
-            raise DecodeError(f"expected (T, B, {classes}) log-probs with B lengths, got {log_probs.shape}, {len(lens)}")
+            raise DecodeError(f"expected (T, B, {classes}) log-probs with B lengths, got {log_probs.shape}, "
+                              f"{len(lens)}")
         best = log_probs.argmax(axis=2)  # (T, B)
         return [self.units.decode(self.units.collapse(best[: int(n), b])) for b, n in enumerate(lens)]
 

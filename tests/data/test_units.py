@@ -243,3 +243,16 @@ def test_resident_batches_carry_the_bpe_labels_bit_for_bit(bpe_feats):
     for a, b in zip(got, want):
         assert a.labels.dtype == b.labels.dtype and torch.equal(a.labels, b.labels)
         assert torch.equal(a.label_lens, b.label_lens) and a.transcripts == b.transcripts
+
+
+def test_prepare_trains_the_units_asked_for_and_refuses_a_bad_spec_first(tiny_corpus, bpe_feats, tmp_path, capsys):
+    from speechperf.cli import main
+
+    feats = tmp_path / "feats"
+    shutil.copytree(bpe_feats, feats, ignore=shutil.ignore_patterns("units"))  # prepared: no shard is made again
+    assert main(["prepare", str(tiny_corpus), str(tmp_path / "new"), "--units", "bpe:x"]) == 2
+    assert "--units='bpe:x' must be 'char' or 'bpe:N'" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()  # refused before any work
+    assert main(["prepare", str(tiny_corpus), str(feats), "--units", f"char,{SPEC}", "--workers", "1"]) == 0
+    assert f"({SPEC}, 101 classes, sha256" in capsys.readouterr().err
+    assert paths(feats, SPEC)[0].read_bytes() == paths(bpe_feats, SPEC)[0].read_bytes()  # the stats' splits: SPLITS
