@@ -226,8 +226,14 @@ def ensure_units(feats: Path, spec: str, splits: list[str]) -> Units:
     if found is not None:
         return found
     model_path, record_path = paths(feats, spec)
-    model_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(model_path.parent / f".{model_path.stem}.lock", "a") as lock:
+    try:
+        model_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(model_path.parent / f".{model_path.stem}.lock", "a")
+    except OSError as e:
+        raise UnitsError(f"{model_path.parent} cannot be written ({e.strerror or e}): the units {spec!r} are "
+                         "trained into the features folder; train them where it can be written, "
+                         f"`speechperf prepare CORPUS {feats} --units {spec}`") from e
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         found = _read(feats, spec)  # trained by the process that held the lock before
         if found is not None:

@@ -256,3 +256,14 @@ def test_prepare_trains_the_units_asked_for_and_refuses_a_bad_spec_first(tiny_co
     assert main(["prepare", str(tiny_corpus), str(feats), "--units", f"char,{SPEC}", "--workers", "1"]) == 0
     assert f"({SPEC}, 101 classes, sha256" in capsys.readouterr().err
     assert paths(feats, SPEC)[0].read_bytes() == paths(bpe_feats, SPEC)[0].read_bytes()  # the stats' splits: SPLITS
+
+
+def test_a_folder_that_cannot_be_written_is_named(bpe_feats, tmp_path, monkeypatch):
+    feats = index_only_copy(bpe_feats, tmp_path)
+
+    def refuse(self, *a, **kw):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(feats), "mkdir", refuse)  # root writes anywhere: chmod cannot show it
+    with pytest.raises(UnitsError, match=rf"{feats / 'units'} cannot be written \(Permission denied\)"):
+        ensure_units(feats, SPEC, SPLITS)
