@@ -179,6 +179,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.cuda_graphs and cfg.model.name != "ds2":
         raise ConfigError(f"train.cuda_graphs=true needs model ds2 (a forward pass of static shapes, "
                           f"DeepSpeech2.masked), not model {cfg.model.name!r}")
+    if cfg.loader.units != "char" and cfg.train.eval_decoder in ("beam", "wordbeam", "flashlight"):
+        raise ConfigError(f"train.eval_decoder={cfg.train.eval_decoder!r} searches characters; with "
+                          f"loader.units={cfg.loader.units!r} evaluate with train.eval_decoder='greedy'")
     objective = objective_of(cfg.model)  # its epochs and its final evaluation decode with train.eval_decoder
     if cfg.train.eval_decoder not in objective.decoders:
         raise ConfigError(f"train.eval_decoder={cfg.train.eval_decoder!r} cannot decode model {cfg.model.name!r} "

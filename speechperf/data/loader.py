@@ -39,7 +39,7 @@ from speechperf.data import index as index_mod
 from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.index import Index
 from speechperf.data.plan import Plan, batch_frames, plan_epoch
-from speechperf.data.units import Units, UnitsError, load_units
+from speechperf.data.units import Units, UnitsError, ctc_min_frames, load_units
 from speechperf.features.shards import ShardError, read_rows
 from speechperf.features.stats import read_stats
 
@@ -56,6 +56,8 @@ class Batch:
     transcripts: list[str]
     audio_seconds: float  # total audio in the batch
     reads: tuple = ()  # (shard key, bytes decompressed) of each shard its reader decompressed for it
+    ctc_frames: torch.Tensor | None = None  # (B,) int64 CPU: the frames a CTC alignment of each label sequence
+    # needs (its length plus one per repeated neighbour; data/units.py); None: units that never repeat (characters)
 
     def pin_memory(self) -> "Batch":
         """The batch with its tensors in page-locked memory (the DataLoader's pin thread calls
@@ -145,10 +147,10 @@ class _Reader:
         texts = [ix.transcript(int(u)) for u in utts]
         labels = [self.units.encode(t) for t in texts]
         reads, self.reads = tuple(self.reads), []
-        return Batch(x, torch.tensor(lens, dtype=torch.int64),
-                     torch.from_numpy(np.concatenate(labels)),  # (sum L,) int64
-                     torch.tensor([len(lab) for lab in labels], dtype=torch.int64),
-                     [ix.id(int(u)) for u in utts], texts, float(sum(ix.duration[utts].tolist())), reads)
+        flat, label_lens = torch.from_numpy(np.concatenate(labels)), torch.tensor([len(lab) for lab in labels])
+        need = None if self.units.is_char else ctc_min_frames(flat, label_lens)  # host arithmetic
+        return Batch(x, torch.tensor(lens, dtype=torch.int64), flat, label_lens,  # (sum L,) int64, (B,) int64
+                     [ix.id(int(u)) for u in utts], texts, float(sum(ix.duration[utts].tolist())), reads, need)
 
 
 def _zeros(shape: tuple[int, ...]) -> torch.Tensor:

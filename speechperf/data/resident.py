@@ -36,7 +36,7 @@ from speechperf.cpus import usable_cpus
 from speechperf.data.index import Index
 from speechperf.data.loader import Batch, Loader, _Reader
 from speechperf.data.plan import Plan, batch_frames
-from speechperf.data.units import Units, load_units
+from speechperf.data.units import Units, ctc_min_frames, load_units
 from speechperf.errors import SpeechperfError
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.shards import ShardError, read_rows
@@ -177,14 +177,15 @@ class Resident:
     def _encode(self) -> tuple:
         """Every transcript's labels, encoded once, when the first cut epoch's loader is made (on the
         clock, as the readers encode theirs): (labels of :func:`label_dtype`, offsets, lengths) on the
-        device, lengths on the host."""
+        device, lengths and the frames CTC needs (None for characters) on the host."""
         if self.labels is None:
             ix = self.index
             encoded = [self.units.encode(ix.transcript(u)) for u in range(len(ix))]
             lens = np.array([len(e) for e in encoded], dtype=np.int64)
+            need = None if self.units.is_char else ctc_min_frames(np.concatenate(encoded), lens)  # (N,) host
             flat = torch.from_numpy(np.concatenate(encoded).astype(label_dtype(self.units))).to(self.device)
             on = [torch.from_numpy(a).to(self.device) for a in (np.cumsum(lens) - lens, lens)]
-            self.labels = (flat, *on, lens)
+            self.labels = (flat, *on, lens, need)
         return self.labels
 
     def batch(self, utts: np.ndarray, utts_d: torch.Tensor) -> Batch:
@@ -194,7 +195,7 @@ class Resident:
         lens = ix.frames[utts].tolist()
         frames = batch_frames(lens, self.cfg)
         x = self._cut_host(utts, frames) if self.device.type == "cpu" else self._cut_device(utts_d, frames)
-        flat, lab_off, lab_lens, host_lens = self._encode()
+        flat, lab_off, lab_lens, host_lens, need = self._encode()
         ll = host_lens[utts]
         # position p of the concatenated labels belongs to the utterance whose span holds it
         ends = torch.cumsum(lab_lens[utts_d], 0)
@@ -203,7 +204,8 @@ class Resident:
         labels = flat[lab_off[utts_d][owner] + p - (ends - lab_lens[utts_d])[owner]].long()
         return Batch(x, torch.tensor(lens, dtype=torch.int64), labels, torch.from_numpy(ll.copy()),
                      [ix.id(int(u)) for u in utts], [ix.transcript(int(u)) for u in utts],
-                     float(sum(ix.duration[utts].tolist())), ())
+                     float(sum(ix.duration[utts].tolist())), (),
+                     None if need is None else torch.from_numpy(need[utts].copy()))
 
 
     def _cut_device(self, utts_d: torch.Tensor, frames: int) -> torch.Tensor:

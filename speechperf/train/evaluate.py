@@ -24,6 +24,7 @@ from speechperf.objectives import OBJECTIVES, objective_of
 from speechperf.objectives.ctc import host_copy  # noqa: F401 (evaluation's name for it, as before)
 from speechperf.data.index import Index
 from speechperf.data.loader import Batch, Loader, load_index, make_loader
+from speechperf.data.units import Units, load_units
 from speechperf.decode import get_decoder
 from speechperf.decode.batch import DecodePool, auto_threads
 from speechperf.decode.lm import LM_NAME
@@ -46,17 +47,19 @@ def _decoder_key(name: str, beam: int, feats: Path | None, mode: str) -> tuple:
     return name, beam, mode, str(Path(feats).resolve()) if feats is not None else None, state
 
 
-def make_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams"):
+def make_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams", units: Units | None = None):
     """The registry decoder ``name``; decoders that need a dictionary/LM get the dataset's;
-    ``mode`` is the word beam search mode (ignored by the other decoders). Built once per
-    (name, beam, mode, features, LM file): later calls return the same decoder."""
+    ``mode`` is the word beam search mode (ignored by the other decoders); ``units`` the run's
+    output units (None: characters). Built once per (name, beam, mode, features, LM file, units):
+    later calls return the same decoder."""
     mode = mode if name == "wordbeam" else "ngrams"
-    dec = _DECODERS.get(_decoder_key(name, beam, feats, mode))
+    unit_key = units.name if units is not None else "char"
+    dec = _DECODERS.get((*_decoder_key(name, beam, feats, mode), unit_key))
     if dec is None:
-        dec = get_decoder(name, beam=beam, features=feats, mode=mode if name == "wordbeam" else None)
+        dec = get_decoder(name, beam=beam, features=feats, mode=mode if name == "wordbeam" else None, units=units)
         while len(_DECODERS) >= _DECODERS_KEPT:
             del _DECODERS[next(iter(_DECODERS))]  # the oldest
-        _DECODERS[_decoder_key(name, beam, feats, mode)] = dec  # keyed after the build: it may write lm.json
+        _DECODERS[(*_decoder_key(name, beam, feats, mode), unit_key)] = dec  # keyed after the build: it may write lm.json
     return dec
 
 
@@ -94,10 +97,10 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching
     beam = 1 if decoder == "greedy" else beam
     was_training = model.training
     model.eval()
-    objective = objective_of(model)
+    objective, units = objective_of(model), units if units is not None else load_units(feats, batching.loader.units)
     check_decoder(objective, decoder)
     # CTC's decoders are built once (the run's initialization) and reused; a transducer decodes with its model
-    dec = make_decoder(decoder, beam, feats, mode) if objective.name == "ctc" else None
+    dec = make_decoder(decoder, beam, feats, mode, units) if objective.name == "ctc" else None
     index = load_index(feats, [split])
     kept = _RESIDENT.get(_resident_key(feats, split, index, batching, device))
     batches = kept.batches if kept is not None else eval_batches(feats, split, batching, index)

@@ -250,7 +250,7 @@ def _floor(t: Trainer) -> None:
 def _evaluate(model, t: Trainer, split: str, beam: int, **kw) -> dict:
     tc = t.cfg.train
     return evaluate(model, t.data, split, t.batching, t.group.device, decoder=tc.eval_decoder, beam=beam,
-                    precision=tc.precision, mode=tc.eval_mode, workers=tc.eval_threads, **kw)
+                    precision=tc.precision, mode=tc.eval_mode, workers=tc.eval_threads, units=t.units, **kw)
 
 
 def _epoch_eval(model, t: Trainer) -> tuple[str | None, float]:

@@ -118,7 +118,8 @@ class Recorder:
 class RunRecorder(Recorder):
     """Rank 0's recorder: writes the run folder through ``run``."""
 
-    def __init__(self, prog: Progress, run: Run, quiet: bool, target: str, check: Callable[[Run, str], dict] | None = None):
+    def __init__(self, prog: Progress, run: Run, quiet: bool, target: str, check: Callable[[Run, str], dict] | None = None,
+                 units=None):
         super().__init__(prog, run)
 
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
@@ -129,7 +130,7 @@ class RunRecorder(Recorder):
         self.machine = MachineRecord(run.rows, run.run_id)  # utilization samples and collection pauses
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
-        self.units = None  # the run's output units, which turn the logged sentences' ids into text (None: characters)
+        self.units = units  # the run's output units, which turn the logged sentences' ids into text (None: characters)
         self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
         self.ckpt_writer = run.checkpoint_writer()  # writes each checkpoint beside training (results/checkpoint_writer.py)
         self.resumed_at: int | None = None  # the iteration of the checkpoint a resumed run continues from
@@ -138,10 +139,11 @@ class RunRecorder(Recorder):
 
     @classmethod
     def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
-              quiet: bool, batch: tuple[int, dict], check: Callable[[Run, str], dict] | None = None) -> "RunRecorder":
+              quiet: bool, batch: tuple[int, dict], check: Callable[[Run, str], dict] | None = None,
+              units=None) -> "RunRecorder":
         """The recorder of ``run`` (made by ``Admission.begin`` as it planned), logging
-        initialization's start once (MLPerf has no resume)."""
-        rec = cls(prog, run, quiet, cfg.train.target_metric, check)
+        initialization's start once (MLPerf has no resume); ``units``: the run's output units."""
+        rec = cls(prog, run, quiet, cfg.train.target_metric, check, units)
         if plan != "resume":
             rec.events.start(C.INIT_START, time_ms=init_ms)
             log_run_config(rec.events, run.label, cfg, world, splits, batch)

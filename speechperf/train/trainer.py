@@ -21,6 +21,7 @@ from speechperf.config import RunConfig
 from speechperf.data.index import Index
 from speechperf.data.loader import Loader, load_index, make_loader
 from speechperf.data.resident import Resident, check_fits, feature_dims
+from speechperf.data.units import Units, ensure_units
 from speechperf.data.batching import Batching
 from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model
@@ -62,6 +63,7 @@ class Trainer:
     algo: Algorithm
     state: TrainState  # model, optimizer, scheduler, scaler
     prog_start: Progress  # where the run stands at the start (the checkpoint's, or a new run's)
+    units: Units  # the output units (loader.units: characters, or the folder's BPE model; data/units.py)
     run: Run | None = None  # rank 0: the run folder it writes (start); other ranks: None
     rec: Recorder | None = None  # rank 0: the run's recorder; other ranks: progress and clock only (start)
     meter: StepMeter | None = None  # the steps' device values not yet read
@@ -128,22 +130,23 @@ def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Pa
     """Everything before the recorder and the clock: splits, index, algorithm, model (restored
     from ``ckpt``, the run's loaded checkpoint, when ``plan`` is resume); ``data``: the features folder."""
     splits = verify_splits_of(data, cfg, batching)  # every split this run reads, before the model and the clock exist
+    units = ensure_units(data, cfg.loader.units, splits["train"])  # BPE trained once beside the features, before the clock
     index = load_index(data, splits["train"])  # once, before the clock (every epoch plans from it)
     algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device)  # a launch it cannot train (single x 2) stops here
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
     state, local, model = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
-    return Trainer(cfg, batching, group, data, plan, splits, index, local, model, algo, state, prog,
-                   resident=_resident(batching, group, data, index))
+    return Trainer(cfg, batching, group, data, plan, splits, index, local, model, algo, state, prog, units,
+                   resident=_resident(batching, group, data, index, units))
 
 
-def _resident(batching: Batching, group: distributed.Group, data: Path, index: Index) -> Resident | None:
+def _resident(batching: Batching, group: distributed.Group, data: Path, index: Index, units: Units) -> Resident | None:
     """loader.resident's buffer, allocated beside the built model (nothing read yet), or the run
     refused before it exists when it does not fit (a CPU run's processes on this host each hold one)."""
     if not batching.resident:
         return None
     dims = feature_dims(data)
-    check_fits(index, dims, group.device, group.env.local_world if group.device.type == "cpu" else 1)
-    return Resident(index, data, batching.loader, group.device, dims)
+    check_fits(index, dims, group.device, group.env.local_world if group.device.type == "cpu" else 1, units=units)
+    return Resident(index, data, batching.loader, group.device, dims, units=units)
 
 
 def start(t: Trainer, request: TrainRequest, admission: Admission | None, stop: StopSignals, init_t0: float,
@@ -160,7 +163,8 @@ def start(t: Trainer, request: TrainRequest, admission: Admission | None, stop: 
         t.run = admission.begin(config=config, env=env, progress=prog, data=t.data,
                                 label=request.run_label(env, config), shared_db=request.db_path)
         t.rec = RunRecorder.begin(t.run, t.plan, cfg, prog, world=group.world, splits=t.splits, init_ms=init_ms,
-                                  quiet=request.quiet, check=request.check, batch=t.batching.mlperf_batch(t.index))
+                                  quiet=request.quiet, check=request.check, batch=t.batching.mlperf_batch(t.index),
+                                  units=t.units)
     _initialize(t, init_t0)
 
 
@@ -195,7 +199,8 @@ def _env(t: Trainer, request: TrainRequest) -> dict:
     device = t.group.device
     return {**capture_env(str(device)), "world_size": t.group.world, "platform": request.platform,
             "precision_note": check_precision(t.cfg, device),
-            "features": {"sha256": features_sha256(t.data), "over": OVER}}
+            "features": {"sha256": features_sha256(t.data, units=t.cfg.loader.units), "over": OVER,
+                         "units": t.units.describe()}}
 
 
 def _initialize(t: Trainer, init_t0: float) -> None:

@@ -27,6 +27,7 @@ import torch
 
 from speechperf.corpus import alphabet
 from speechperf.data.batching import Batching
+from speechperf.data.units import Units, load_units
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import ConfigError
@@ -42,13 +43,15 @@ INIT_WARN_S = 600.0
 WARM_FRAMES = 64
 
 
-def warm_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams", classes: int = alphabet.NUM_SYMBOLS) -> None:
-    """Build CTC decoder ``name`` for the features folder, once: every evaluation of the run reuses
-    it, dictionary and LM tables included (train/evaluate.py's ``make_decoder``); and decode a
-    small random batch of ``classes`` symbols, which compiles every kernel the evaluation will call."""
+def warm_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams", units: Units | None = None) -> None:
+    """Build CTC decoder ``name`` for the features folder and the run's ``units`` (None: characters),
+    once: every evaluation of the run reuses it, dictionary and LM tables included
+    (train/evaluate.py's ``make_decoder``); and decode a small random batch, which compiles every
+    kernel the evaluation will call."""
     from speechperf.train.evaluate import make_decoder
 
-    dec = make_decoder(name, 1 if name == "greedy" else beam, feats, mode)
+    dec = make_decoder(name, 1 if name == "greedy" else beam, feats, mode, units)
+    classes = units.num_classes if units is not None else alphabet.NUM_SYMBOLS
     OBJECTIVES.lookup("ctc").warm_decode(dec, classes, WARM_FRAMES)
 
 
@@ -119,9 +122,10 @@ def initialize(model: torch.nn.Module, cfg, batching: Batching, feats: Path, dev
     parts: dict[str, float] = {}
     t = time.perf_counter()
     if objective_of(cfg.model).name == "ctc":  # a transducer's search is the model's: warmed with it
-        warm_decoder("greedy", 1, feats, classes=cfg.model.num_classes)  # the sentences logged every ``sentence_every`` steps
+        units = load_units(feats, cfg.loader.units)  # made by the trainer's build (never trained here)
+        warm_decoder("greedy", 1, feats, units=units)  # the sentences logged every ``sentence_every`` steps
         if tc.eval_decoder != "greedy":
-            warm_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode, cfg.model.num_classes)
+            warm_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode, units)
     parts["decoder_s"] = time.perf_counter() - t
     t = time.perf_counter()
     warm_model(model, cfg, device)

@@ -173,7 +173,9 @@ def test_the_model_s_classes_must_be_the_units():
     with pytest.raises(ConfigError, match=r"^model\.num_classes=30 does not match loader\.units='bpe:500' \(501 "
                                           r"classes\)$"):
         load_preset("tiny", ["loader.units=bpe:500"])
-    cfg = load_preset("conformer-cpu", ["loader.units=bpe:256", "model.num_classes=257"])
+    with pytest.raises(ConfigError, match=r"train\.eval_decoder='wordbeam' searches characters"):
+        load_preset("conformer-cpu", ["loader.units=bpe:256", "model.num_classes=257"])
+    cfg = load_preset("conformer-cpu", ["loader.units=bpe:256", "model.num_classes=257", "train.eval_decoder=greedy"])
     assert (cfg.loader.units, cfg.model.num_classes) == ("bpe:256", 257)
     with pytest.raises(ConfigError, match=r"loader\.units='bpe500' must be 'char' or 'bpe:N'"):
         load_preset("tiny", ["loader.units=bpe500"])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from speechperf.config import load_preset
+from speechperf.data.units import CHAR_UNITS
 from speechperf.data.batching import Batching
 from speechperf.data.index import librispeech_like
 from speechperf.data.loader import owners
@@ -152,7 +153,7 @@ def test_the_epoch_evaluation_computes_its_intervals_off_the_clock(tiny_features
     rec.initialized("fresh", 0.0, {})
     wall0, clock0 = time.perf_counter(), rec.now()
     trainer = SimpleNamespace(cfg=cfg, rec=rec, data=tiny_features, batching=Batching(cfg.loader),
-                              group=SimpleNamespace(device=CPU))  # what the epoch's evaluation reads of it
+                              group=SimpleNamespace(device=CPU), units=CHAR_UNITS)  # what the epoch's evaluation reads of it
     loop._epoch_eval(model, trainer)
     wall, (clock, r) = time.perf_counter() - wall0, rec.rows[0]
     assert "cer_lo" in r and "errors" not in r  # the row carries the intervals
