@@ -170,7 +170,7 @@ _COMPILED: dict = {}
 def kernels(jit=None) -> dict:
     """The three kernels compiled by ``jit`` (default ``numba.cuda.jit``, compiled once per process)."""
     if jit is not None:
-        return {k: jit(f) for k, f in (("rows", rows_kernel), ("alpha_beta", alpha_beta_kernel), ("grads", grads_kernel))}
+        return {"rows": jit(rows_kernel), "alpha_beta": jit(alpha_beta_kernel), "grads": jit(grads_kernel)}
     if not _COMPILED:
         _COMPILED.update(kernels(cuda.jit))
     return _COMPILED
