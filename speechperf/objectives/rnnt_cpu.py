@@ -25,6 +25,8 @@ float32 working copy, overwritten in place) and five (B, T, U+1) lattice arrays.
 from __future__ import annotations
 
 import math
+import os
+import threading
 from contextlib import contextmanager
 
 import numba
@@ -199,10 +201,33 @@ def threads(work: int):
         numba.set_num_threads(before)
 
 
+_ONE_AT_A_TIME = threading.Lock()  # numba's fork-safe workqueue layer is not thread-safe
+
+
+def fork_safe_threads() -> None:
+    """numba's threads from its fork-safe layer (``forksafe``: tbb where installed, else its workqueue)
+    unless NUMBA_THREADING_LAYER names one or a parallel kernel already ran. numba's default here is
+    GNU OpenMP, which kills a process forked after a parallel kernel when the child runs one
+    ("Terminating: fork() called from a process already using GNU OpenMP"; measured), and this
+    project forks processes from processes (the loader's readers, the tests' forked commands)."""
+    if "NUMBA_THREADING_LAYER" in os.environ:
+        return
+    try:
+        numba.threading_layer()  # raises before the first parallel launch
+    except ValueError:
+        numba.config.THREADING_LAYER = "forksafe"
+
+
 def run(acts: np.ndarray, grads: np.ndarray, targets: np.ndarray, tlen: np.ndarray, ulen: np.ndarray,
         blank: int, fused: bool, dtype=np.float64) -> np.ndarray:
     """The three passes on numpy arrays: the log-likelihood (B,) in float64; ``grads`` filled (it may
-    be ``acts`` itself)."""
+    be ``acts`` itself). One call at a time in a process (the lock)."""
+    fork_safe_threads()
+    with _ONE_AT_A_TIME:
+        return _passes(acts, grads, targets, tlen, ulen, blank, fused, dtype)
+
+
+def _passes(acts, grads, targets, tlen, ulen, blank: int, fused: bool, dtype) -> np.ndarray:
     B, T, U1, _ = acts.shape
     w = lattice(B, T, U1, dtype)
     ll = np.empty(B, np.float64)

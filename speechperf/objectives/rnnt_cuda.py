@@ -34,6 +34,7 @@ while a kernel runs.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numba
@@ -168,11 +169,11 @@ _COMPILED: dict = {}
 
 
 def kernels(jit=None) -> dict:
-    """The three kernels compiled by ``jit`` (default ``numba.cuda.jit``, compiled once per process)."""
+    """The three kernels compiled by ``jit`` (default ``numba.cuda.jit``, once per process and signature)."""
     if jit is not None:
         return {"rows": jit(rows_kernel), "alpha_beta": jit(alpha_beta_kernel), "grads": jit(grads_kernel)}
-    if not _COMPILED:
-        _COMPILED.update(kernels(cuda.jit))
+    if not _COMPILED:  # cached on disk beside this module, as the CPU kernel is
+        _COMPILED.update(kernels(functools.partial(cuda.jit, cache=True)))
     return _COMPILED
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -264,3 +266,11 @@ def test_the_cuda_kernels_equal_the_cpu_kernel_on_a_gpu(dtype):
     x = logits.cuda().requires_grad_()
     rnnt_loss(x, targets, tlen, ulen, reduction="sum").backward()
     assert x.grad.dtype == dtype and torch.isfinite(x.grad).all()
+
+
+def test_the_cpu_kernel_runs_on_a_fork_safe_threading_layer():
+    """numba's GNU OpenMP layer kills a forked child that runs a parallel kernel after its parent did;
+    the kernel picks the fork-safe layer unless the environment names one."""
+    logits, targets, tlen, ulen = batch()
+    rnnt_loss(logits, targets, tlen, ulen)
+    assert numba.threading_layer() in ("workqueue", "tbb") or "NUMBA_THREADING_LAYER" in os.environ
