@@ -40,6 +40,7 @@ SUITE = {
     "paper_vs_modern": "bench_paper_vs_modern",
     "workloads": "bench_workloads",
     "graph_shapes": "bench_graph_shapes",
+    "rnnt_loss": "bench_rnnt_loss",
 }
 
 
