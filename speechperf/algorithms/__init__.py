@@ -21,7 +21,7 @@ from speechperf.registry import Registry
 from speechperf.section import build_section
 
 # the order names are listed in messages
-_BUILTIN = ("single", "sync", "bsp", "bmuf", "diloco", "asgd", "easgd")
+_BUILTIN = ("single", "sync", "bsp", "bmuf", "diloco", "asgd", "easgd", "fsdp")
 
 ALGORITHMS = Registry("algorithm", [f"speechperf.algorithms.{m}" for m in _BUILTIN])
 DEFAULT = "sync"  # algo.name of a run that names none: DDP under torchrun, the model itself alone
@@ -86,11 +86,13 @@ def periodic(name: str) -> bool:
     return name in ALGORITHMS.load() and ALGORITHMS[name].periodic
 
 
-def make_algorithm(cfg, world: int, rank: int = 0, device=None):
-    """The configured algorithm for this process (``world`` processes in the run)."""
-    return algorithm_class(cfg.name)(cfg, world, rank, device)
+def make_algorithm(cfg, world: int, rank: int = 0, device=None, train=None):
+    """The configured algorithm for this process (``world`` processes in the run; ``train``: the
+    run's [train] section, which fsdp's mixed precision reads)."""
+    return algorithm_class(cfg.name)(cfg, world, rank, device, train)
 
 
-def check_launch(cfg, world: int) -> None:
-    """Refuse a launch the configured algorithm cannot train (``Algorithm.check_launch``)."""
-    algorithm_class(cfg.name).check_launch(cfg, world)
+def check_launch(cfg, world: int, train=None) -> None:
+    """Refuse a launch the configured algorithm cannot train (``Algorithm.check_launch``; ``train``:
+    the run's [train] section, for what the algorithm cannot combine with)."""
+    algorithm_class(cfg.name).check_launch(cfg, world, train)

@@ -34,7 +34,7 @@ class AsyncSGD(LocalSGD):
     model and version (rank 0) and every rank's own model, optimizer, RNG and last pull."""
 
     @classmethod
-    def check_launch(cls, cfg, world):
+    def check_launch(cls, cfg, world, train=None):
         ps.check_port(cfg.name)  # rank 0 hosts the server's rendezvous on MASTER_PORT + 1
 
     def server_alpha(self) -> float:

@@ -67,17 +67,21 @@ class Algorithm:
     name = "base"  # the registry key (set by register_algorithm)
     config = AlgoConfig  # its config dataclass (set by register_algorithm)
     periodic = False  # synchronizes every algo.sync_every steps (the local-SGD family); else every step or never
+    # wrap re-parameterizes the model (fsdp: DTensor shards): the trainer builds the optimizer after wrap,
+    # and saves and restores the model and optimizer through whole_state / load_whole_state (fsdp.py)
+    shards = False
 
-    def __init__(self, cfg: AlgoConfig, world: int, rank: int = 0, device: torch.device | None = None):
-        self.cfg, self.world, self.rank = cfg, world, rank
+    def __init__(self, cfg: AlgoConfig, world: int, rank: int = 0, device: torch.device | None = None, train=None):
+        self.cfg, self.world, self.rank, self.train = cfg, world, rank, train  # train: the run's [train] section (or None)
         self.device = torch.device("cpu") if device is None else device
         self.comm = CommMeter()
         self.core: torch.nn.Module | None = None  # the unwrapped model (set by wrap)
 
     @classmethod
-    def check_launch(cls, cfg: AlgoConfig, world: int) -> None:
+    def check_launch(cls, cfg: AlgoConfig, world: int, train=None) -> None:
         """Refuse (ConfigError) a launch this algorithm cannot train, before anything exists
-        (the loop asks on rank 0, before the run folder); nothing to refuse here."""
+        (the loop asks on rank 0, before the run folder; ``train``: the run's [train] section,
+        None where unknown); nothing to refuse here."""
 
     def wrap(self, local: torch.nn.Module) -> torch.nn.Module:
         """The module the step trains, from ``local`` (the model, compiled or not)."""

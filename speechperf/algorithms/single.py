@@ -17,12 +17,12 @@ class SingleConfig(AlgoConfig):
 
 @register_algorithm("single", SingleConfig)
 class Single(Algorithm):
-    def __init__(self, cfg, world, rank=0, device=None):
+    def __init__(self, cfg, world, rank=0, device=None, train=None):
         self.check_launch(cfg, world)
-        super().__init__(cfg, world, rank, device)
+        super().__init__(cfg, world, rank, device, train)
 
     @classmethod
-    def check_launch(cls, cfg, world):
+    def check_launch(cls, cfg, world, train=None):
         if world != 1:
             raise ConfigError(f"algo.name=single trains in one process, not {world}: use algo.name=sync "
                               "(or bsp, bmuf, diloco) under torchrun")

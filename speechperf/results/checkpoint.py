@@ -80,14 +80,19 @@ class TrainState:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
 
-    def state_dict(self) -> dict:
-        return {MODEL: self.model.state_dict(), OPTIMIZER: self.optimizer.state_dict(),
+    def state_dict(self, model: dict | None = None, optimizer: dict | None = None) -> dict:
+        """The state dicts; ``model``, ``optimizer``: theirs as the caller gathered them (a sharded
+        model's, whole: train/trainer.py), in place of the modules' own."""
+        return {MODEL: self.model.state_dict() if model is None else model,
+                OPTIMIZER: self.optimizer.state_dict() if optimizer is None else optimizer,
                 SCHEDULER: self.scheduler.state_dict(), SCALER: self.scaler.state_dict()}
 
-    def load(self, ckpt: dict) -> None:
-        """Restore the state and the RNG streams of ``ckpt`` (its progress is the caller's)."""
-        self.model.load_state_dict(ckpt[MODEL])
-        self.optimizer.load_state_dict(ckpt[OPTIMIZER])
+    def load(self, ckpt: dict, model_and_optimizer: bool = True) -> None:
+        """Restore the state and the RNG streams of ``ckpt`` (its progress is the caller's); without
+        ``model_and_optimizer`` those two are the caller's (a sharded model's: train/trainer.py)."""
+        if model_and_optimizer:
+            self.model.load_state_dict(ckpt[MODEL])
+            self.optimizer.load_state_dict(ckpt[OPTIMIZER])
         self.scheduler.load_state_dict(ckpt[SCHEDULER])
         self.scaler.load_state_dict(ckpt[SCALER])
         set_rng_state(ckpt[RNG])

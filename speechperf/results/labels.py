@@ -22,7 +22,7 @@ def _algorithm_part(algo, world: int) -> str | None:
     name = algo.get("name", "sync")
     if name in ("sync", "single") and world == 1:
         return None
-    every = f"/{algo.get('sync_every', 1)}" if name not in ("sync", "single") else ""
+    every = f"/{algo.get('sync_every', 1)}" if name not in ("sync", "single", "fsdp") else ""
     return f"{name}{every} x{world}"
 
 

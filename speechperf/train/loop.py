@@ -30,6 +30,7 @@ where the rows, status line, skip counters and divergence abort catch up in step
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -75,7 +76,8 @@ def train(request: TrainRequest) -> dict:
     admission = verdict = t = None
     try:
         check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
-        admission = admit(request, cfg, batching, check_launch) if denv.rank == 0 else None
+        launch = partial(check_launch, train=cfg.train)  # fsdp refuses what it cannot combine with (train.compile)
+        admission = admit(request, cfg, batching, launch) if denv.rank == 0 else None
         decision = group.broadcast(admission.decision if admission is not None else None)
         verdict = admission or follow(request, decision)  # other ranks: rank 0's verdict on the folder, no lock
         if verdict.error:

@@ -63,6 +63,8 @@ def train_step(model, batch, optimizer, scaler, device: torch.device, tc,
     scaler.scale(loss).backward()  # always: DDP needs every rank to reach the all-reduce
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip if tc.grad_clip > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):  # fsdp: a DTensor, the norm over every rank's shards, replicated
+        norm = norm.full_tensor()
     ok = torch.isfinite(loss.detach()) & torch.isfinite(norm)
     masked_step(optimizer, ok)
     scaler.update()  # fp16: the scale shrinks after an overflow, from its own device flag

@@ -120,9 +120,11 @@ class Trainer:
         """Every rank: the algorithm's state (a collective); then rank 0 saves its run's checkpoint
         (results/checkpoint.py), which its recorder records around the save (clock, events line, samples)."""
         algo_state = self.algo.state_dict(self.state)
+        whole = self.algo.whole_state(self.state.optimizer) if self.algo.shards else None  # fsdp: gathered, a collective
         if self.run is not None:
+            state = self.state.state_dict(*(whole or ()))  # a sharded model's state: the whole one gathered
             with self.rec.checkpointing() as writer:
-                checkpoint.save(self.run, self.prog, {**self.state.state_dict(), **(algo_state or {})}, writer)
+                checkpoint.save(self.run, self.prog, {**state, **(algo_state or {})}, writer)
 
 
 def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Path, plan: str,
@@ -132,7 +134,8 @@ def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Pa
     splits = verify_splits_of(data, cfg, batching)  # every split this run reads, before the model and the clock exist
     units = ensure_units(data, cfg.loader.units, splits["train"])  # BPE trained once beside the features, before the clock
     index = load_index(data, splits["train"])  # once, before the clock (every epoch plans from it)
-    algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device)  # a launch it cannot train (single x 2) stops here
+    algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device,
+                          train=cfg.train)  # a launch it cannot train (single x 2) stops here
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
     state, local, model = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
     return Trainer(cfg, batching, group, data, plan, splits, index, local, model, algo, state, prog, units,
@@ -175,10 +178,9 @@ def _model(cfg: RunConfig, batching: Batching, device, algo: Algorithm, ckpt: di
     tc = cfg.train
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
-    optimizer = make_optimizer(core, tc, device)
-    total_steps = tc.max_epochs * batching.steps_per_epoch(index, train_utterances(splits))
-    state = TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
-                       torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
+    if algo.shards:
+        return _sharded(cfg, batching, device, algo, core, ckpt, prog, splits, index)
+    state = _train_state(core, tc, device, batching, prog, splits, index)
     if ckpt is not None:
         state.load(ckpt)
     local = compiled(core) if tc.compile else core
@@ -192,6 +194,29 @@ def _model(cfg: RunConfig, batching: Batching, device, algo: Algorithm, ckpt: di
     if ckpt is not None:
         algo.load_state_dict(ckpt, state)  # bsp...easgd: this rank's own model, optimizer, RNG; the global state
     return state, local, model
+
+
+def _train_state(core: torch.nn.Module, tc, device, batching: Batching, prog: Progress, splits: dict,
+                 index: Index) -> TrainState:
+    """The model's optimizer (over its parameters as they are now), scheduler and scaler."""
+    optimizer = make_optimizer(core, tc, device)
+    total_steps = tc.max_epochs * batching.steps_per_epoch(index, train_utterances(splits))
+    return TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
+                      torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
+
+
+def _sharded(cfg: RunConfig, batching: Batching, device, algo: Algorithm, core: torch.nn.Module, ckpt: dict | None,
+             prog: Progress, splits: dict, index: Index):
+    """:func:`_model` for an algorithm that shards the model (fsdp): sharded first, so that the
+    optimizer holds the shards; resumed from the checkpoint's whole model and optimizer, whatever
+    world wrote them (its own keys, scheduler, scaler and RNG as for every run)."""
+    model = algo.wrap(core)  # fully_shard in place: core's parameters are this rank's shards from here on
+    state = _train_state(core, cfg.train, device, batching, prog, splits, index)
+    if ckpt is not None:
+        algo.load_whole_state(ckpt[checkpoint.MODEL], ckpt[checkpoint.OPTIMIZER], state.optimizer)
+        state.load(ckpt, model_and_optimizer=False)
+        algo.load_state_dict(ckpt, state)
+    return state, core, model
 
 
 def _env(t: Trainer, request: TrainRequest) -> dict:
@@ -219,6 +244,7 @@ def _initialize(t: Trainer, init_t0: float) -> None:
                 init_parts.update(t.local.prepare_eval(resident_shapes(), FEATURE_DIM, device))  # kept by initialize
     except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
         raise_as(e, t.rec.fail(e))
+    t.algo.comm.take()  # the warm-up's collectives (fsdp's gathers) are no step's
     t.rec.initialized(t.plan, time.perf_counter() - init_t0, init_parts)
 
 
