@@ -183,13 +183,30 @@ class FSDP(Algorithm):
                                                              set_optimizer_state_dict)
 
         options = StateDictOptions(full_state_dict=True)
+        # torch puts this rank's shards into the dicts it is given: copies, the caller's stay whole
+        model, optimizer_state = _copied(model), _copied(optimizer_state)
         set_model_state_dict(self.core, model, options=options)
+        if not any(torch.is_tensor(v) and v.dim() for s in optimizer_state.get("state", {}).values() for v in s.values()):
+            # a stateless optimizer (plain SGD): torch's loader finds the device from a state tensor and
+            # refuses; its groups' hyper-parameters are all there is (the parameters: the model's, in order)
+            for group, saved in zip(optimizer.param_groups, optimizer_state["param_groups"], strict=True):
+                group.update({k: v for k, v in saved.items() if k != "params"})
+            return
         set_optimizer_state_dict(self.core, optimizer, optimizer_state, options=options)
 
     def close(self, graceful=True):
         if getattr(self, "_own_group", False) and dist.is_initialized():
             dist.destroy_process_group()
             self._own_group = False
+
+
+def _copied(value):
+    """``value``'s dicts and lists copied, its tensors shared."""
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def _mesh(device: torch.device, world: int):

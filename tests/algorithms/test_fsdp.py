@@ -95,6 +95,7 @@ def worker(rank, port, out):
     res["resumed"] = train(model, opt, rank, range(3, STEPS))[0]
     res["resumed_whole"] = whole(algo, opt)
     res["masked"] = _masked(rank)
+    res["sgd"] = _stateless(rank)
     torch.save(res, f"{out}/rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
@@ -115,6 +116,24 @@ def _masked(rank) -> dict:
         step = train_step(model, batch(rank, 2, nan=rank == 1), opt, scaler, torch.device("cpu"), tc)
         out[impl] = {"bad": bool(step.bad), "before": before, "after": whole(algo, opt)}
     return out
+
+
+def _stateless(rank) -> dict:
+    """Plain SGD (no state): its whole state resumed (torch's loader alone refuses it)."""
+    tc = dataclasses.replace(TC, optimizer="sgd", lr=0.001)
+    states = []
+    for seed in (0, 7):
+        algo = A.make_algorithm(A.algo_config({"name": "fsdp"}), WORLD, rank, train=tc)
+        model = algo.wrap(core(seed))
+        opt = make_optimizer(model, tc, torch.device("cpu"))
+        if states:  # every rank reads the checkpoint rank 0 wrote
+            box = [states[0]]
+            dist.broadcast_object_list(box, src=0)
+            algo.load_whole_state(box[0]["model"], box[0]["optimizer"], opt)
+        else:
+            train(model, opt, rank, range(2), tc)
+        states.append(whole(algo, opt))
+    return {"saved": states[0], "resumed": states[1]}
 
 
 def one_rank(rank, out):
@@ -154,7 +173,7 @@ def _same(a, b, where=""):
 
 def test_fsdp_equals_ddp_on_the_same_batches(ranks):
     (r0, r1), _ = ranks
-    for r in (r0, r1):  # every rank's own loss, 5 steps of AdamW with the global norm clipped
+    for r in (r0, r1):  # every rank's own loss, 5 steps of AdamW, the global norm clipped (about 90 > 5)
         assert len(r["fsdp"]) == STEPS
         for a, b in zip(r["fsdp"], r["sync"]):
             assert abs(a - b) <= 1e-5 * abs(b), (r["fsdp"], r["sync"])
@@ -199,6 +218,10 @@ def test_communication_counted_per_step_from_the_shards(ranks):
 def test_whole_state_resumes_exactly_at_its_world_and_at_another(ranks):
     (r0, r1), one = ranks
     assert r0["resumed"] == r0["fsdp"][3:] and r1["resumed"] == r1["fsdp"][3:]  # bit for bit
+    sgd = r0["sgd"]  # a stateless optimizer too (an empty state per parameter, or none)
+    _same(sgd["resumed"]["model"], sgd["saved"]["model"])
+    _same(sgd["resumed"]["optimizer"]["param_groups"], sgd["saved"]["optimizer"]["param_groups"])
+    assert not any(sgd["resumed"]["optimizer"]["state"].values()) and not any(sgd["saved"]["optimizer"]["state"].values())
     _same(r0["resumed_whole"], r0["whole"])  # the model and AdamW's moments and steps
     assert set(r0["whole"]["optimizer"]["state"]) == set(r0["whole"]["model"]) - {
         k for k in r0["whole"]["model"] if "running" in k or "num_batches" in k}

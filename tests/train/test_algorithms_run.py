@@ -1,6 +1,8 @@
 """Every data-parallel algorithm trains through ``speechperf train`` (2 gloo ranks under
 torchrun, the tiny preset; asgd and easgd with their rpc parameter server): its communication in the iteration rows, its name in the label,
-tta and report beside a single-process run; bsp with sync_every=1 equals sync."""
+tta and report beside a single-process run; bsp with sync_every=1 equals sync; fsdp equals sync, and a
+rank of it killed, the same command resumes it to the uninterrupted run's state (and one process
+resumes its checkpoint too)."""
 import json
 import os
 import subprocess
@@ -28,6 +30,9 @@ RUNS = {  # name -> (processes, overrides)
     "diloco": (2, ["algo.name=diloco", "algo.sync_every=3"]),
     "asgd": (2, ["algo.name=asgd", "algo.sync_every=3"]),
     "easgd": (2, ["algo.name=easgd", "algo.sync_every=3", "algo.round_robin=true"]),
+    # sharded (FSDP2): the first epoch's steps are sync's; two epochs, a checkpoint every 2 steps: the
+    # uninterrupted run the SIGKILL case below resumes to
+    "fsdp": (2, [*SGD, "algo.name=fsdp", "max_epochs=2", "checkpoint_every=2"]),
     # any model: a Conformer (tests/train/test_every_model.py's tiny sizes) under diloco
     "conformer-diloco": (2, ["model.name=conformer", "model.d_model=16", "model.layers=1", "model.heads=2",
                              "model.conv_kernel=3", "model.subsampling_channels=4", "algo.name=diloco",
@@ -195,3 +200,78 @@ def test_sigterm_to_torchrun_stops_a_bmuf_run_saved_recorded_and_the_same_comman
             e["key"] in ("checkpoint", "checkpoint_written") and (e.get("metadata") or {}).get("iteration") == stop)]
 
     assert logged(run) == logged(ref)
+
+
+def _losses(run) -> list[float]:
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    with ResultsDB(run / "results.db", readonly=True) as db:
+        return [r["loss"] for r in db.query("SELECT loss FROM iterations WHERE run_id = ? ORDER BY iteration",
+                                            [run_id])]
+
+
+@pytest.mark.timeout(600)
+def test_fsdp_equals_sync_and_records_its_gathers_and_reduce_scatters(runs):
+    from speechperf.algorithms.fsdp import shard_units
+
+    fsdp, sync = _losses(runs / "fsdp"), _losses(runs / "sync")
+    assert len(fsdp) == 2 * len(sync) == 8
+    for a, b in zip(fsdp, sync):  # the first epoch: the same batches, the same update
+        assert abs(a - b) <= 1e-5 * abs(b), (fsdp, sync)
+    torch.manual_seed(1)
+    model = build_model(load_preset("tiny").model)
+    units = shard_units(model)
+
+    def padded(m):  # fp32 bytes, each parameter's first dimension padded to the 2 ranks
+        return sum(4 * -(-p.shape[0] // 2) * 2 * (p.numel() // p.shape[0]) for p in m.parameters())
+    unit_bytes, everything = sum(padded(u) for u in units), padded(model)
+    # units gathered for their forward and again for their backward, the root once, every gradient
+    # reduce-scattered once
+    per_step = 2 * unit_bytes + (everything - unit_bytes) + everything
+    assert all(r["comm_bytes"] == per_step and r["comm_s"] > 0 for r in _iterations(runs / "fsdp"))
+    saved = load_checkpoint(runs / "fsdp")
+    assert saved["model"].keys() == model.state_dict().keys() and "algo" not in saved  # the format of every run
+    assert json.loads((runs / "fsdp" / "summary.json").read_text())["status"] == "success"
+
+
+@pytest.mark.timeout(600)
+def test_fsdp_rank_killed_then_the_same_command_equals_the_uninterrupted_run(runs, tiny_features, tmp_path):
+    import shutil
+    import signal
+    import time
+
+    import psutil
+
+    from speechperf.results.checkpoint import CheckpointError
+
+    run, one = tmp_path / "run", tmp_path / "one"
+    args = ["train", "--data", tiny_features, "--out", run, *ARGS, *RUNS["fsdp"][1]]
+    launcher = torchrun_start(*torchrun_args(*args))
+    victim, deadline = None, time.time() + 300
+    while victim is None and time.time() < deadline:  # rank 1, once a mid-run checkpoint exists
+        try:
+            if load_checkpoint(run)["progress"]["iteration"] >= 2:
+                victim = launcher.workers().get(1)
+        except CheckpointError:
+            pass
+        assert launcher.poll() is None, "training finished before a rank could be killed"
+        time.sleep(0.02)
+    psutil.Process(victim).send_signal(signal.SIGKILL)
+    assert launcher.wait(timeout=200) != 0
+    killed = load_checkpoint(run)["progress"]["iteration"]
+    assert 2 <= killed < 8
+    shutil.copytree(run, one)
+    p = _train(2, *args)  # the same command
+    assert p.returncode == 0, p.stderr[-3000:]
+    a, b = load_checkpoint(runs / "fsdp"), load_checkpoint(run)
+    assert a["progress"]["iteration"] == b["progress"]["iteration"] == 8 and b["progress"]["status"] == "success"
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert _losses(run) == _losses(runs / "fsdp")
+    keys = [e["key"] for e in read_events(run / "events.log")]
+    assert keys.count("resume") == 1 and keys.count("run_stop") == 1
+    # the checkpoint of 2 ranks, resumed by one process: its shards are the whole tensors, from the same file
+    p = _train(1, *[one if a == run else a for a in args])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((one / "summary.json").read_text())["status"] == "success"
+    assert [e["key"] for e in read_events(one / "events.log")].count("resume") == 1
+    assert _losses(one)[:killed] == _losses(run)[:killed]  # the rows before the checkpoint kept
