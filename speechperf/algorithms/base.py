@@ -72,7 +72,8 @@ class Algorithm:
     shards = False
 
     def __init__(self, cfg: AlgoConfig, world: int, rank: int = 0, device: torch.device | None = None, train=None):
-        self.cfg, self.world, self.rank, self.train = cfg, world, rank, train  # train: the run's [train] section (or None)
+        self.cfg, self.world, self.rank = cfg, world, rank
+        self.train = train  # the run's [train] section (None: not known)
         self.device = torch.device("cpu") if device is None else device
         self.comm = CommMeter()
         self.core: torch.nn.Module | None = None  # the unwrapped model (set by wrap)

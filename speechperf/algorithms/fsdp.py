@@ -9,8 +9,9 @@ so a run equals ``sync`` within float rounding (tests/algorithms/test_fsdp.py).
 The units (:func:`shard_units`): the items of every ``nn.ModuleList`` holding at least
 ``algo.shard_share`` of the parameters (the repeated blocks: the Conformer's ``blocks``, DS2's
 LSTMs), and every other module holding that share none of whose own modules does (DS2's
-convolution); the root holds the rest. ``algo.shard_modules`` names them instead. With ``algo.checkpoint_blocks`` each unit is
-wrapped in torch's ``checkpoint_wrapper`` first (its activations recomputed in the backward).
+convolution); the root holds the rest. ``algo.shard_modules`` names them instead. With
+``algo.checkpoint_blocks`` each unit is wrapped in torch's ``checkpoint_wrapper`` first (its
+activations recomputed in the backward).
 
 Mixed precision (:func:`policy`): on a CUDA device with ``train.precision=bf16`` the parameters
 are all-gathered and computed in bf16 and the gradients reduced in fp32 (FSDP2's
@@ -47,10 +48,14 @@ class FSDPConfig(AlgoConfig):
     """How the model is sharded."""
 
     name: str = "fsdp"  # the registry key
-    shard_modules: str = "auto"  # the sharded units: auto (shard_units' rule), or module names, comma-separated (a ModuleList's name: its items)
-    shard_share: float = 0.1  # auto: a module outside the repeated blocks is a unit from this share of the parameters on
-    reshard_after_forward: bool = True  # free each unit's gathered parameters after its forward (gathered again for its backward): less memory, 1.5x the all-gathers
-    checkpoint_blocks: bool = False  # recompute each unit's activations in the backward (torch's checkpoint_wrapper) instead of keeping them
+    # the sharded units: auto (shard_units' rule), or module names, comma-separated (a ModuleList's: its items)
+    shard_modules: str = "auto"
+    shard_share: float = 0.1  # auto: a module outside the repeated blocks is a unit from this share of the parameters
+    # free each unit's gathered parameters after its forward, gathered again for its backward (less memory,
+    # 1.5x the all-gathers)
+    reshard_after_forward: bool = True
+    # recompute each unit's activations in its backward (torch's checkpoint_wrapper) instead of keeping them
+    checkpoint_blocks: bool = False
 
     def problems(self) -> list[str]:
         out = []
@@ -186,7 +191,8 @@ class FSDP(Algorithm):
         # torch puts this rank's shards into the dicts it is given: copies, the caller's stay whole
         model, optimizer_state = _copied(model), _copied(optimizer_state)
         set_model_state_dict(self.core, model, options=options)
-        if not any(torch.is_tensor(v) and v.dim() for s in optimizer_state.get("state", {}).values() for v in s.values()):
+        states = optimizer_state.get("state", {}).values()
+        if not any(torch.is_tensor(v) and v.dim() for state in states for v in state.values()):
             # a stateless optimizer (plain SGD): torch's loader finds the device from a state tensor and
             # refuses; its groups' hyper-parameters are all there is (the parameters: the model's, in order)
             for group, saved in zip(optimizer.param_groups, optimizer_state["param_groups"], strict=True):

@@ -120,7 +120,7 @@ class Trainer:
         """Every rank: the algorithm's state (a collective); then rank 0 saves its run's checkpoint
         (results/checkpoint.py), which its recorder records around the save (clock, events line, samples)."""
         algo_state = self.algo.state_dict(self.state)
-        whole = self.algo.whole_state(self.state.optimizer) if self.algo.shards else None  # fsdp: gathered, a collective
+        whole = self.algo.whole_state(self.state.optimizer) if self.algo.shards else None  # fsdp's: a collective
         if self.run is not None:
             state = self.state.state_dict(*(whole or ()))  # a sharded model's state: the whole one gathered
             with self.rec.checkpointing() as writer:

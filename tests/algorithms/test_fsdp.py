@@ -221,7 +221,8 @@ def test_whole_state_resumes_exactly_at_its_world_and_at_another(ranks):
     sgd = r0["sgd"]  # a stateless optimizer too (an empty state per parameter, or none)
     _same(sgd["resumed"]["model"], sgd["saved"]["model"])
     _same(sgd["resumed"]["optimizer"]["param_groups"], sgd["saved"]["optimizer"]["param_groups"])
-    assert not any(sgd["resumed"]["optimizer"]["state"].values()) and not any(sgd["saved"]["optimizer"]["state"].values())
+    assert not any(sgd["resumed"]["optimizer"]["state"].values())
+    assert not any(sgd["saved"]["optimizer"]["state"].values())
     _same(r0["resumed_whole"], r0["whole"])  # the model and AdamW's moments and steps
     assert set(r0["whole"]["optimizer"]["state"]) == set(r0["whole"]["model"]) - {
         k for k in r0["whole"]["model"] if "running" in k or "num_batches" in k}
