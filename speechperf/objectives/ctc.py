@@ -75,6 +75,9 @@ class CTC:
     def probe_loss(self, model, out, out_lens, label_lens=None) -> torch.Tensor:
         return out.float().sum()  # every log-probability's gradient: what the step's backward reaches
 
+    def check_memory(self, model, cfg, batching, index, units, device) -> None:
+        """Nothing beyond the model's activations: CTC's loss holds a (T', B, C) lattice, no joint."""
+
     def synthetic_loss(self, model, out, out_lens, classes: int) -> torch.Tensor:
         """The mean CTC loss of random letters, a third of each utterance's frames (``bench zoo``)."""
         label_lens = (out_lens // 3).clamp(min=1)  # (B,): every label sequence fits its frames

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+import psutil
 import torch
 
 from speechperf.corpus import alphabet
+from speechperf.errors import ConfigError
 from speechperf.models.contract import autocast, to_device, unwrap
 from speechperf.objectives import register_objective
-from speechperf.objectives.rnnt_loss import rnnt_loss
+from speechperf.objectives.rnnt_loss import joint_bytes, rnnt_loss
 from speechperf.objectives.transducer_search import beam_search, greedy_batch
 
 
@@ -55,8 +58,8 @@ class Transducer:
         with autocast(device, precision):
             g, _ = core.predict(targets)  # (B, U+1, J)
             logits = core.joint(out.unsqueeze(2), g.unsqueeze(1))  # (B, T', 1, J) + (B, 1, U+1, J) -> (B, T', U+1, V)
-        return rnnt_loss(logits, targets.int(), to_device(out_lens.int(), device), to_device(label_lens.int(), device),
-                         blank=0, reduction="none")
+        # lengths stay on the CPU: the loss checks them there and sends them to the device without waiting
+        return rnnt_loss(logits, targets.int(), out_lens.int(), label_lens.int(), blank=0, reduction="none")
 
     def train_loss(self, model, out, out_lens, batch, device, tc) -> tuple[torch.Tensor, int]:
         impossible = int((out_lens < 1).sum())  # CPU lengths: no device sync
@@ -103,3 +106,41 @@ class Transducer:
 
     def warm_decode(self, decoder, classes: int, frames: int) -> None:
         """Nothing to compile apart from the model (its search is torch ops)."""
+
+    def step_bytes(self, model, cfg, batching, index, units, dtype=torch.float32) -> tuple[int, int]:
+        """(bytes, batch number) of the largest joint an epoch's batches make: the joint's
+        (B, T', U+1, V) logits with the loss's gradient buffer (``rnnt_loss.joint_bytes``) and its
+        hidden (B, T', U+1, J) sum and tanh, for epoch 1's plan on rank 0 (every epoch cuts the same
+        sizes). U is bounded from the transcripts without encoding them: characters and separators
+        for character units, characters and word starts for subword units."""
+        core = unwrap(model)
+        plan = batching.plan(index, epoch=1)
+        chars = np.array([_label_bound(index.transcript(u), units) for u in range(len(index))], dtype=np.int64)
+        item = torch.empty((), dtype=dtype).element_size()
+        worst = (0, 0)
+        for b, utts in enumerate(plan.batches):
+            frames = int(core.output_lengths(torch.as_tensor(index.frames[utts]).long()).max())
+            cells = len(utts) * frames * (int(chars[utts].max()) + 1)
+            need = joint_bytes(len(utts), frames, int(chars[utts].max()) + 1, core.cfg.num_classes, dtype) + \
+                2 * cells * core.cfg.joint_dim * item
+            worst = max(worst, (need, b))
+        return worst
+
+    def check_memory(self, model, cfg, batching, index, units, device: torch.device) -> None:
+        """Refuse (ConfigError, exit 2, before the run folder exists) a run whose largest joint
+        would not fit the device's free memory (a CPU's available memory), naming the gigabytes."""
+        dtype = torch.float32 if cfg.train.precision == "fp32" else torch.bfloat16
+        need, b = self.step_bytes(model, cfg, batching, index, units, dtype)
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
+        if need > free:
+            raise ConfigError(f"the transducer's joint of batch {b} needs {need / 2**30:.1f} GB, above the "
+                              f"{free / 2**30:.1f} GB free on {device}: lower loader.batch_size or "
+                              "loader.max_duration, or model.joint_dim")
+
+
+def _label_bound(text: str, units) -> int:
+    """At least the labels ``text`` encodes to: characters and separators (a doubled letter gets one),
+    or for subword units characters and word starts."""
+    if units is None or units.is_char:
+        return len(text) + sum(a == b for a, b in zip(text, text[1:]))
+    return len(text) + text.count(" ") + 1

@@ -42,6 +42,7 @@ from speechperf.algorithms.base import Algorithm
 from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
 from speechperf.train.schedule import make_scheduler
 from speechperf.train.step import StepMeter, make_optimizer
+from speechperf.objectives import objective_of
 from speechperf.train.stop import StopSignals
 from speechperf.train.warmup import FEATURE_DIM, check_precision, initialize, warm_model
 
@@ -138,6 +139,7 @@ def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Pa
                           train=cfg.train)  # a launch it cannot train (single x 2) stops here
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
     state, local, model = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
+    objective_of(local).check_memory(local, cfg, batching, index, units, group.device)  # a transducer's joint
     return Trainer(cfg, batching, group, data, plan, splits, index, local, model, algo, state, prog, units,
                    resident=_resident(batching, group, data, index, units))
 
