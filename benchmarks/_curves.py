@@ -22,7 +22,7 @@ from speechperf.studies import curve, rcp  # noqa: E402
 from speechperf.results.view import RunView  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 from speechperf.telemetry.machine import hardware  # noqa: E402
-from speechperf.drive.reproduce import child_command  # noqa: E402
+from speechperf.drive.reproduce import child_command, recipe_precision  # noqa: E402
 from speechperf.drive.seeds import parse_seeds, seed_folder  # noqa: E402
 
 
@@ -51,7 +51,8 @@ def measure_curves(a, out: Path, env: dict) -> int:
     entries = []
     for seed in parse_seeds(a.seeds):
         folder = seed_folder(out, seed)
-        cmd = child_command(a.preset, a.data, seed, a.curves, folder, overrides, resume="auto")
+        cmd = child_command(a.preset, a.data, seed, a.curves, folder, overrides, resume="auto",
+                            precision=recipe_precision(ref))
         print(f"seed {seed}: {' '.join(cmd[3:])}", flush=True)
         done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
         if done.returncode != 0:

@@ -41,6 +41,12 @@ def _isa_cap(a) -> None:
     exec_capped(a.isa, sys.argv[1:])
 
 
+def _allow_emulated_arg(sp) -> None:
+    sp.add_argument("--allow-emulated", action="store_true",
+                    help="train in a precision this CPU only emulates (bf16 without AVX512-BF16 or AMX: many times "
+                         "slower than fp32); refused without it (exit 2). train.precision=auto never picks one")
+
+
 def _train_args(sp) -> None:
     _isa_arg(sp)
     named(sp.add_argument("--preset", default="cpu", type=preset, metavar="PRESET",
@@ -67,6 +73,7 @@ def _train_args(sp) -> None:
                     help="with --seeds: train K seeds at once, each its own process: one GPU each where CUDA is "
                          "(K at most the GPUs visible), else the CPUs shared (train.threads = CPUs // K unless "
                          "given); each seed's output in --out/seed-S.log; a failed seed stops the others, saved")
+    _allow_emulated_arg(sp)
     sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
 
 
@@ -77,7 +84,7 @@ def cmd_train(a) -> int:
     _isa_cap(a)
     request = TrainRequest(preset=a.preset, data=a.data or None, out=a.out or None, overrides=a.overrides,
                            resume=a.resume, db_path=a.db or None, quiet=a.json, platform=a.platform, label=a.label,
-                           label_suffix=a.label_suffix, check=run_check)
+                           label_suffix=a.label_suffix, check=run_check, allow_emulated=a.allow_emulated)
     if a.seeds is not None:
         return _train_seeds(a, request, RESUME_MODES)
     if a.parallel != 1:
@@ -106,7 +113,11 @@ def _emit_summaries(results: list[dict], as_json: bool, fit: int | None = WIDTH)
              **{m: r.get(f"last_{m}") for m in metric.targets()}} for r in results]
     emit(rows, False, width=fit, columns=[*(["seed"] if "seed" in rows[0] else []), "run", "status", "epochs",
                                           "iters", "min", "shared", *metric.targets(), "mfu %", "loop/floor"])
-    for column in ("status_note", "mfu_note", "precision_note", "shared_note"):
+    from speechperf.train.auto_precision import words  # the command has trained: torch is loaded
+
+    for r in rows:
+        r["precision_choice_note"] = words(r.get("precision_choice"))
+    for column in ("status_note", "precision_choice_note", "mfu_note", "precision_note", "shared_note"):
         notes(rows, column, width=fit)
 
 
@@ -225,6 +236,7 @@ def _demo_args(sp) -> None:
     sp.add_argument("--no-sweep", action="store_true",
                     help="skip the beam sweep on dev-clean after training (evaluation time and error rates per beam "
                          "width, Table 3 form): the TTA, the final splits and the report without it")
+    _allow_emulated_arg(sp)
     sp.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
 
 
@@ -234,7 +246,7 @@ def cmd_demo(a) -> int:
     _isa_cap(a)
 
     rows = run_demo(Path(a.out), hours=a.hours, minutes=a.minutes, preset=a.preset, overrides=a.overrides, quiet=a.json,
-                    seeds=a.seeds, parallel=a.parallel, sweep=not a.no_sweep)
+                    seeds=a.seeds, parallel=a.parallel, sweep=not a.no_sweep, allow_emulated=a.allow_emulated)
     if a.json:
         emit(rows, True)
     elif a.wide:

@@ -13,6 +13,8 @@ SCHEDULES = ("epoch_decay", "step", "noam", "cosine", "newbob")  # train.lr_sche
 # implemented, so no run can claim it (scoring/targets.py refuses AlgoPerf's targets for these runs).
 PROTOCOLS = ("speechperf",)
 OPTIMIZERS = ("adadelta", "adamw", "sgd", "lamb")  # train.optimizer values (train/step.py's make_optimizer)
+AUTO_PRECISION = "auto"  # train.precision: the fastest native precision, measured (train/auto_precision.py)
+PRECISIONS = (AUTO_PRECISION, "fp32", "bf16", "fp16")  # train.precision values
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class TrainConfig:
     target_metric: str = metric.DEFAULT_TARGET  # what the stop rule watches: a target metric of speechperf/metric.py
     target: float = 0.0  # stop once the median of the last target_epochs evals is <= this (percent); 0 = never
     target_epochs: int = 3  # e of TTA(a, e)
-    precision: str = "fp32"  # "fp32", "bf16" (autocast, CPU and GPU) or "fp16" (GPU, with a scaler)
+    precision: str = "fp32"  # "auto" (the fastest this device runs natively, measured on the run's own step before the clock; config.json records the one chosen), "fp32", "bf16" (autocast, CPU and GPU) or "fp16" (GPU, with a scaler)
     device: str = "auto"  # "auto" (cuda:LOCAL_RANK if CUDA, else cpu), "cpu", "cuda" (the local rank's GPU), "cuda:N"
     dist_backend: str = "auto"  # process group under torchrun: "auto" (gloo on CPU, "cpu:gloo,cuda:nccl" on GPU), "gloo", "nccl", "cpu:gloo,cuda:nccl"
     deterministic: bool = False  # deterministic kernels (cuDNN, cuBLAS workspace, CTC on the CPU): a resumed GPU run equals the uninterrupted one, slower
@@ -96,7 +98,7 @@ class TrainConfig:
             (self.max_bad_losses >= 0, f"train.max_bad_losses={self.max_bad_losses} must be >= 0"),
             (0 < self.max_skipped_fraction <= 1,
              f"train.max_skipped_fraction={self.max_skipped_fraction} must be in (0, 1]"),
-            (self.precision in ("fp32", "bf16", "fp16"), f"train.precision={self.precision!r} must be fp32, bf16 or fp16"),
+            (self.precision in PRECISIONS, f"train.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}"),
             (self.target_metric in metric.targets(),
              f"train.target_metric={self.target_metric!r} must be one of {', '.join(metric.targets())}"),
             (self.sentence_every >= 1 and self.checkpoint_every >= 1, "train.sentence_every and checkpoint_every must be >= 1"),

@@ -68,7 +68,8 @@ def pick_preset(cuda: bool | None = None) -> tuple[str, str]:
 
 
 def run_demo(out: Path, hours: float | None = None, minutes: float | None = None, preset: str | None = None,
-             overrides=(), quiet: bool = False, seeds=None, parallel: int = 1, sweep: bool = True) -> list[dict]:
+             overrides=(), quiet: bool = False, seeds=None, parallel: int = 1, sweep: bool = True,
+             allow_emulated: bool = False) -> list[dict]:
     """Run (or continue) the demo under ``out``; returns the TTA rows (CER then WER, the paper's
     targets; a row per seed's run), each naming the workload (model, parameters).
 
@@ -76,7 +77,8 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     audio hours from PRESET_HOURS, else DEFAULT_HOURS. ``seeds``: None, one run in ``DIR/run``
     with the preset's seed; else those seeds (:func:`demo_folder`),
     ``parallel`` at a time (drive/seed_slots.py: one GPU each, or the CPUs shared). ``sweep``
-    False: no beam sweep after training (a short check that needs the TTA and the report only)."""
+    False: no beam sweep after training (a short check that needs the TTA and the report only).
+    ``allow_emulated``: train in a precision this CPU only emulates (``--allow-emulated``; else exit 2)."""
     from speechperf.studies.tta import tta_table
 
     out = Path(out)
@@ -94,7 +96,7 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
         else:
             say(f"{'resuming' if has_checkpoint(run) else 'training'} preset {preset!r} -> {run} "
                 f"({time.perf_counter() - t0:.0f} s so far)")
-    _train_demo(preset, out, runs, overrides, seeds, parallel, quiet, say)
+    _train_demo(preset, out, runs, overrides, seeds, parallel, quiet, say, allow_emulated)
     if sweep:
         _beam_sweep(runs[0], say)  # Table 3 is the decoder's trade-off of one model: the first seed's
     _report(runs, out / "report", say)
@@ -137,14 +139,14 @@ def _corpus_and_features(out: Path, hours: float, quiet: bool, say, t0: float) -
 
 
 def _train_demo(preset: str, out: Path, runs: list[Path], overrides: list, seeds, parallel: int, quiet: bool,
-                say) -> None:
+                say, allow_emulated: bool = False) -> None:
     """Train (or continue) the demo's run, or its seeds ``parallel`` at a time."""
     from speechperf.drive.seeds import train_seeds
     from speechperf.studies.study import run_check
     from speechperf.train.loop import train
 
     request = TrainRequest(preset, out / "features", runs[0] if seeds is None else out, overrides, resume="auto",
-                           quiet=quiet, check=run_check)
+                           quiet=quiet, check=run_check, allow_emulated=allow_emulated)
     if seeds is None:
         train(request)
     elif parallel > 1:  # as below, `parallel` seeds at a time, each its own process

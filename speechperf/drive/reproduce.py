@@ -73,7 +73,8 @@ def reproduce(preset: str, data: Path, seed: int | None = None, epochs: int = DE
         if keep and (folder / RUN_FILE).exists():
             raise ReproduceError(f"{folder}: already holds a run; give a new --out (a reproduction trains from scratch)")
         start = time.perf_counter()
-        _train(preset, data, seed, epochs, folder, theirs, chosen.get("overrides", ref.get("overrides", [])), quiet)
+        _train(preset, data, seed, epochs, folder, theirs, chosen.get("overrides", ref.get("overrides", [])), quiet,
+               recipe_precision(ref))
         result = judge(folder, ref, chosen, epochs)
         return {"preset": preset, "seed": seed, **result, "run": str(folder) if keep else None,
                 "seconds": time.perf_counter() - start}
@@ -205,18 +206,28 @@ def _not_comparable(preset: str, seed: int, why: str) -> dict:
             "epochs": [], "differences": [why], "run": None, "seconds": 0.0}
 
 
+def recipe_precision(ref: dict) -> str:
+    """The precision a reference was measured in (its recipe's; every reference before
+    ``train.precision=auto`` was fp32): a reproduction trains in it, never in what ``auto`` picks here."""
+    return ref.get("recipe", {}).get("train.precision", "fp32")
+
+
 def child_command(preset: str, data: Path, seed: int, epochs: int, folder: Path, overrides,
-                  resume: str = "no") -> list[str]:
+                  resume: str = "no", precision: str = "fp32") -> list[str]:
     """The ``speechperf train`` command of a reproduction (the child process); ``overrides``:
-    the reference's (its recipe), before the settings a reproduction fixes."""
+    the reference's (its recipe), before the settings a reproduction fixes; ``precision``: the
+    reference's (:func:`recipe_precision`), forced over the preset's ``auto``."""
     return [sys.executable, "-m", "speechperf", "train", "--preset", preset, "--data", str(data), "--out", str(folder),
-            "--resume", resume, "--json", *overrides, f"train.seed={seed}", f"train.threads={curve.ONE_THREAD}",
+            "--resume", resume, "--json", *overrides, f"train.precision={precision}", f"train.seed={seed}",
+            f"train.threads={curve.ONE_THREAD}",
             f"train.stop_after_epochs={epochs}", "train.time_cap_minutes=0", "train.final_splits=none"]
 
 
-def _train(preset: str, data: Path, seed: int, epochs: int, folder: Path, theirs: dict, overrides, quiet: bool) -> None:
-    """Train the child under the reference's cap; its output goes to ``folder/reproduce.log``."""
-    cmd = child_command(preset, data, seed, epochs, folder, overrides)
+def _train(preset: str, data: Path, seed: int, epochs: int, folder: Path, theirs: dict, overrides, quiet: bool,
+           precision: str = "fp32") -> None:
+    """Train the child under the reference's cap, in the reference's ``precision``; its output goes
+    to ``folder/reproduce.log``."""
+    cmd = child_command(preset, data, seed, epochs, folder, overrides, precision=precision)
     if not quiet:
         print(f"reproduce: training {preset} seed {seed} for {epochs} epochs under the {theirs.get('cap')} cap at "
               f"1 thread (log: {folder / 'reproduce.log'})", file=sys.stderr, flush=True)

@@ -91,7 +91,7 @@ def seed_command(seed: int, request: TrainRequest) -> list[str]:
     for flag, value in (("--data", r.data), ("--label", r.label), ("--platform", r.platform), ("--db", r.db_path)):
         if value is not None:
             argv += [flag, str(value)]
-    return argv + list(r.overrides)
+    return argv + (["--allow-emulated"] if r.allow_emulated else []) + list(r.overrides)
 
 
 def train_seeds_parallel(seeds: Sequence[int], parallel: int, request: TrainRequest, *,

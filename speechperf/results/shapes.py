@@ -26,14 +26,18 @@ RUN = {"format": int, "run_id": str, "kind": OPT_STR, "label": OPT_STR, "host": 
        "data": {"given": OPT_STR, "resolved": OPT_STR, "relative": OPT_STR, "stats_sha256": OPT_STR}}
 CONFIG = {"preset": OPT_STR, "model": SECTION, "loader": SECTION, "train": SECTION, "augment": SECTION,
           "features": SECTION, "algo": SECTION}
+# train.precision=auto's choice (train/auto_precision.py): env.json and summary.json
+CHOICE = {"chosen": str, "candidates": {"*": NUM}, "cached": bool, "seconds": OPT_NUM, "shape": [NUM],
+          "not_native": {"*": OPT_STR}, "note": OPT_STR, "measured_at": OPT_STR}
 ENV = {"hostname": OPT_STR, "os": OPT_STR, "python": OPT_STR, "cpu_model": OPT_STR, "cpu_cores_physical": OPT_NUM,
        "cpu_cores_logical": OPT_NUM, "cpu_affinity": OPT_NUM, "memory_gb": OPT_NUM, "device": OPT_STR,
        "gpus": [{"index": OPT_NUM, "name": OPT_STR, "memory_gb": OPT_NUM, "*": SCALAR}],
        "cuda": OPT_STR, "cudnn": (str, int, type(None)), "torch_threads": OPT_NUM, "world_size": OPT_NUM,
        "libraries": {"*": OPT_STR}, "telemetry": (dict,), "cloud_instance": (dict, type(None)),
-       "platform": OPT_STR, "precision_note": OPT_STR}
+       "platform": OPT_STR, "precision_note": OPT_STR, "precision_choice": (CHOICE, type(None))}
 SUMMARY = {"run": OPT_STR, "run_id": OPT_STR, "status": str, "epochs": OPT_NUM, "iterations": OPT_NUM,
            "clock_min": OPT_NUM, "init_s": OPT_NUM, **{f"last_{name}": OPT_NUM for name in metric.targets()},
+           "precision_choice": (CHOICE, type(None)),
            "mfu_pct": OPT_NUM, "mfu_note": OPT_STR, "tflops": OPT_NUM, "peak_tflops": OPT_NUM, "convergence": (dict, type(None)),
            "floor": ({"epoch": OPT_NUM, "first_iteration": OPT_NUM, "steps": OPT_NUM, "floor_s": OPT_NUM, "loop_s": OPT_NUM,
                       "loop_over_floor": OPT_NUM, "utterances": OPT_NUM, "note": OPT_STR, "asked": OPT_NUM, "span": OPT_NUM,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from speechperf.config import ConfigError, RunConfig
+from speechperf.config.training import AUTO_PRECISION
 from speechperf.data.batching import Batching
 from speechperf.data.check import verify_run
 from speechperf.errors import SpeechperfError
@@ -66,6 +67,11 @@ class Admission:
         """The checkpoint of the run to resume (plan resume), read as data (results/checkpoint.py):
         every rank reads the same file; rank 0 alone writes it."""
         return checkpoint.load(self.folder)
+
+    def recorded_precision(self) -> str:
+        """The precision the run in the folder trains in (plan resume or restart): its config.json's,
+        kept whatever ``train.precision=auto`` would choose now (train/auto_precision.py)."""
+        return RunView.open(self.folder).config["train"]["precision"]
 
     def fault(self, e: OSError) -> SpeechperfError:
         """``e``, an OS error on this run's folder or disk, as the named failure of the run (train/faults.py)."""
@@ -164,7 +170,8 @@ def _plan(request: TrainRequest, cfg: RunConfig, batching: Batching,
                                   "or choose another --out")
         run = RunView.open(out, data=data)
         # read through the current RunConfig: a section the run lacks (augment) takes its default there too
-        differ = config_diff(RunConfig.from_dict(run.config).to_dict(), cfg.to_dict())
+        there = RunConfig.from_dict(run.config).to_dict()
+        differ = config_diff(there, _as_recorded(cfg.to_dict(), there))
         if differ:
             raise ConfigError(f"{out} holds a run of another configuration ({'; '.join(differ)}): repeat its "
                               "configuration to continue it, or choose another --out")
@@ -192,6 +199,14 @@ def _accept(cfg: RunConfig, world: int, db_path: Path | None, check_launch) -> N
         except OSError as e:  # its folder cannot be made: named as the --db it is, not as a stopped run
             raise SpeechperfError(f"--db {db_path}: cannot be written ({e.strerror or e}); give a database in a "
                                   "writable folder") from None
+
+
+def _as_recorded(here: dict, there: dict) -> dict:
+    """The request's configuration ``here`` as the run ``there`` recorded it: ``train.precision=auto``
+    is the precision chosen at the run's start (config.json records that one; a run never chooses again)."""
+    if here["train"]["precision"] != AUTO_PRECISION:
+        return here
+    return {**here, "train": {**here["train"], "precision": there["train"]["precision"]}}
 
 
 def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:

@@ -39,6 +39,7 @@ from speechperf.data.batching import Batching
 from speechperf.errors import SpeechperfError
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.train.admission import admit, follow
+from speechperf.train.auto_precision import settle
 from speechperf.train.request import RESUME_MODES, TrainRequest
 from speechperf.train import distributed, floor
 from speechperf.algorithms import check_launch
@@ -75,7 +76,7 @@ def train(request: TrainRequest) -> dict:
     group = distributed.setup(tc.device, tc.dist_backend, denv)  # checks the launch against the GPUs first
     admission = verdict = t = None
     try:
-        check_precision(cfg, group.device)  # a precision this device cannot run: refused now, exit 2
+        check_precision(cfg, group.device, request.allow_emulated)  # one this device cannot run (or emulates): exit 2
         launch = partial(check_launch, train=cfg.train)  # fsdp refuses what it cannot combine with (train.compile)
         admission = admit(request, cfg, batching, launch) if denv.rank == 0 else None
         decision = group.broadcast(admission.decision if admission is not None else None)
@@ -85,7 +86,9 @@ def train(request: TrainRequest) -> dict:
         if verdict.plan == "finished":
             return group.broadcast(admission.summary() if admission is not None else None)
         ckpt = verdict.checkpoint() if verdict.plan == "resume" else None  # every rank reads it; rank 0 alone writes
+        cfg, choice = settle(cfg, group, verdict)  # train.precision=auto: measured now (a new run) or the recorded one
         t = build(cfg, batching, group, Path(verdict.features), verdict.plan, ckpt)  # splits, index, algorithm, model: before the clock exists
+        t.precision_choice = choice
         if admission is None:  # other ranks: progress and clock only, their messages naming the run from the verdict
             t.rec = Recorder(t.prog_start, verdict)
         with StopSignals() as stop:

@@ -44,6 +44,7 @@ class TrainRequest:
     # for summary.json's "convergence" (studies/study.py's run_check, handed down by the command
     # that trains: cmd_train, the demo, the seeds commands); None: not checked (convergence null)
     check: Callable[[RunView, str], dict] | None = None
+    allow_emulated: bool = False  # --allow-emulated: train in a precision this CPU only emulates (else refused, exit 2)
 
     def __post_init__(self):
         for name in ("data", "out", "db_path"):

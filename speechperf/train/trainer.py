@@ -71,6 +71,7 @@ class Trainer:
     stop: StopSignals | None = None  # SIGINT / SIGTERM received
     ahead: tuple[int, Loader] | None = None  # (epoch, its loader) started during the evaluation before it
     resident: Resident | None = None  # loader.resident: the training split on the device (data/resident.py)
+    precision_choice: dict | None = None  # a new run at train.precision=auto: what it chose and measured (train/auto_precision.py)
 
     @property
     def prog(self) -> Progress:
@@ -225,7 +226,7 @@ def _env(t: Trainer, request: TrainRequest) -> dict:
     """The run's env.json: the machine, the launch, and what a reproduction compares (the features)."""
     device = t.group.device
     return {**capture_env(str(device)), "world_size": t.group.world, "platform": request.platform,
-            "precision_note": check_precision(t.cfg, device),
+            "precision_note": check_precision(t.cfg, device), "precision_choice": t.precision_choice,
             "features": {"sha256": features_sha256(t.data, units=t.cfg.loader.units), "over": OVER,
                          "units": t.units.describe()}}
 
@@ -241,6 +242,8 @@ def _initialize(t: Trainer, init_t0: float) -> None:
             else:
                 init_parts = warm_model(t.local, t.cfg, device) or {}
             init_parts.update(t.rec.count_flops(t.cfg, device))
+            if t.precision_choice is not None:  # made before the model was built, inside the initialization
+                init_parts["precision_s"] = t.precision_choice["seconds"]
             if isinstance(t.local, GraphedModel):  # every planned shape captured before the clock
                 init_parts.update(t.local.prepare(t.local.planned, FEATURE_DIM, device))  # planned in _model
                 init_parts.update(t.local.prepare_eval(resident_shapes(), FEATURE_DIM, device))  # kept by initialize

@@ -32,7 +32,8 @@ from speechperf.features.feature_config import FeatureConfig
 from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import ConfigError
 from speechperf.objectives import OBJECTIVES, objective_of
-from speechperf.telemetry.capability import model_support
+from speechperf.config.training import AUTO_PRECISION
+from speechperf.telemetry.capability import EMULATED, EMULATED_SLOWDOWN, model_support
 
 # Past this the initialization is reported with a warning: MLPerf's closed division allows
 # 30 minutes of initialization; a DS2 run that needs 10 has something wrong (a cold cache
@@ -94,14 +95,18 @@ def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def check_precision(cfg, device: torch.device) -> str | None:
+def check_precision(cfg, device: torch.device, allow_emulated: bool = True) -> str | None:
     """Refuse, before anything is written or timed, a ``train.precision`` this device cannot run
-    for the run's model (ConfigError, exit 2: why, and the way out); return the note of one it
-    only emulates ("emulated: no native bf16 on this CPU (AVX2)"), None when it is native.
+    for the run's model (ConfigError, exit 2: why, and the way out), and one this CPU only emulates
+    unless ``allow_emulated`` (``train --allow-emulated``); return the note of an emulated one
+    ("emulated: no native bf16 on this CPU (AVX2)"), None when it is native. ``auto`` is checked
+    by its choice, which takes native precisions only (train/auto_precision.py).
 
     Every bf16 path of a run (the step, the warm-up, the evaluations) runs the same model under
     the same autocast, so this one check covers them all (telemetry/capability.py)."""
     precision = cfg.train.precision
+    if precision == AUTO_PRECISION:
+        return None
     if precision == "fp16" and device.type != "cuda":  # its loss scaler is CUDA's
         raise ConfigError("train.precision=fp16 needs a CUDA device; on a CPU use train.precision=fp32 "
                           "(or bf16 where this CPU runs it)")
@@ -109,6 +114,10 @@ def check_precision(cfg, device: torch.device) -> str | None:
     if not can.runs:
         raise ConfigError(f"train.precision={precision} cannot train model {cfg.model.name} here: {can.note}; "
                           "use train.precision=fp32")
+    if can.level == EMULATED and device.type == "cpu" and not allow_emulated:
+        raise ConfigError(f"train.precision={precision} is emulated on this CPU ({can.reason}): "
+                          f"{EMULATED_SLOWDOWN}; use train.precision=auto (the fastest native one) or fp32, "
+                          "or give --allow-emulated to time it anyway")
     return can.note
 
 

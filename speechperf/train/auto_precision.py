@@ -1,0 +1,233 @@
+"""``train.precision=auto``: the fastest precision this device runs natively for the run's own
+training step, measured, never read from flags alone.
+
+The candidates are the precisions telemetry/capability.py calls native for the run's model on
+the run's device: fp32 always; bf16 where the CPU has AVX512-BF16 or AMX-BF16 (or a GPU of
+compute capability 8.0 or newer); fp16, with its loss scaler, on CUDA only. Where fp32 is the
+only one, it is chosen without measuring anything, and the choice says why. Otherwise each
+candidate trains :data:`STEPS` steps (after one warm-up step) of the run's own step
+(train/step.py's ``train_step``: SpecAugment aside, forward, CTC, backward, clipping, the run's
+optimizer) on one synthetic batch of the preset's typical shape (:func:`typical_shape`), the
+candidates' steps alternated so that a neighbour's load falls on all of them alike, and the
+lowest median step wins.
+
+The answer is the machine's, the torch build's and the workload's, so it is kept like the
+measured GEMM peak (telemetry/measured_peak.py), in ``precision_choice.json`` of the same cache
+folder (``$SPEECHPERF_CACHE``), keyed by device, threads, torch version, the candidates (a CPU
+flag forced off changes them), the model's and optimizer's configuration and the batch shape.
+A measurement while other processes took cores it needed serves its run, said so, and is not
+cached; an unreadable file is measured again and rewritten.
+
+The choice is made in initialization (train/loop.py, before the TTA clock; its seconds are an
+initialization part), on rank 0, and broadcast. The run's config.json records the precision
+chosen, so every reader of a run sees the precision it trained in, and env.json records the
+choice (``precision_choice``: chosen, the candidates' step seconds, cached, its cost). A resumed
+or restarted run keeps the precision of its start: ``auto`` then means the recorded one
+(train/admission.py compares it so).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from speechperf.atomic import atomic_write_text
+from speechperf.config import RunConfig
+from speechperf.config.training import AUTO_PRECISION
+from speechperf.data.loader import Batch
+from speechperf.features.feature_config import FeatureConfig
+from speechperf.models import build_model
+from speechperf.telemetry.capability import NATIVE, model_support
+from speechperf.telemetry.environment import cpu_model
+from speechperf.telemetry.measured_peak import busy_seconds, cache_path, contended, others_busy_pct
+from speechperf.train.step import make_optimizer, train_step
+
+CACHE_FILE = "precision_choice.json"
+STEPS = 3  # timed steps per candidate (after one warm-up step each): a CPU step's seconds vary by ~10%
+DROP = 1.5  # a candidate this many times slower than the best after a round is timed no more
+TYPICAL_FRAMES = 600  # frames of the synthetic batch's longest utterance outside pad mode (6 s: LibriSpeech's bucketed batches)
+FRAMES_PER_S = 100  # the features' 10 ms hop
+LABEL_FRAMES = 3  # output frames per label symbol of the made-up transcripts (CTC needs room)
+
+
+def candidates(cfg: RunConfig, device: torch.device) -> tuple[list[str], dict[str, str]]:
+    """(the precisions ``device`` runs natively for ``cfg``'s model, fp32 first; {every other
+    one: why it is no candidate})."""
+    native, others = ["fp32"], {}
+    for precision in ("bf16", "fp16"):
+        if precision == "fp16" and device.type != "cuda":
+            others[precision] = "its loss scaler is CUDA's"
+            continue
+        can = model_support(cfg.model, device, precision)
+        if can.level == NATIVE:
+            native.append(precision)
+        else:
+            others[precision] = can.note
+    return native, others
+
+
+def typical_shape(cfg: RunConfig, world: int = 1) -> tuple[int, int]:
+    """(utterances, frames of the longest) of one rank's typical batch: pad mode's exact shape;
+    else a :data:`TYPICAL_FRAMES` batch of ``loader.batch_size`` over the ranks, or as many as
+    ``loader.max_duration`` padded seconds hold."""
+    lc = cfg.loader
+    frames = lc.pad_frames if lc.mode == "pad" else TYPICAL_FRAMES
+    if lc.max_duration > 0:
+        return max(1, int(lc.max_duration * FRAMES_PER_S // frames)), frames
+    return max(1, lc.batch_size // max(world, 1)), frames
+
+
+def synthetic_batch(model, shape: tuple[int, int], device: torch.device) -> Batch:
+    """A batch of ``shape`` of random features, lengths from the longest down to 80% of it,
+    labels that fit each utterance's output frames (the model's own plan)."""
+    b, t = shape
+    lens = torch.linspace(t, max(1, int(0.8 * t)), b).round().long()  # (B,) on the host, as a loader's
+    lens = lens.clamp(min=model.min_frames)
+    out_lens, _ = model.plan(lens, int(lens.max()))
+    label_lens = (out_lens // LABEL_FRAMES).clamp(min=1)  # (B,)
+    feats = torch.randn(b, int(lens.max()), FeatureConfig().dim)  # (B, T, 93)
+    labels = torch.randint(2, 28, (int(label_lens.sum()),))  # letters a..z, concatenated
+    if device.type == "cuda":
+        feats = feats.pin_memory()
+    return Batch(feats, lens, labels, label_lens, [""] * b, [""] * b, float(lens.sum()) / FRAMES_PER_S)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _kit(cfg: RunConfig, device: torch.device, precision: str) -> tuple:
+    """(model, optimizer, scaler, train config) of one candidate, as the trainer builds them."""
+    model = build_model(cfg.model).to(device).train()
+    tc = replace(cfg.train, precision=precision)
+    return model, make_optimizer(model, tc, device), torch.amp.GradScaler("cuda", enabled=precision == "fp16"), tc
+
+
+def _step_s(kit: tuple, batch: Batch, device: torch.device) -> float:
+    model, opt, scaler, tc = kit
+    _sync(device)
+    t0 = time.perf_counter()
+    float(train_step(model, batch, opt, scaler, device, tc).loss)  # the step's end, on any device
+    return time.perf_counter() - t0
+
+
+def time_candidates(cfg: RunConfig, device: torch.device, precisions: list[str],
+                    shape: tuple[int, int]) -> dict[str, float]:
+    """{precision: median seconds of one training step} of ``cfg``'s model on ``device``: one
+    model, optimizer and scaler per precision, one warm-up step each, then :data:`STEPS` rounds
+    of one step each, alternated; a candidate :data:`DROP` times slower than the best after a
+    round is timed no more (it cannot win). Tests replace this function."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(cfg.train.seed)
+        kits = {p: _kit(cfg, device, p) for p in precisions}
+        batch = synthetic_batch(kits[precisions[0]][0], shape, device)
+        for kit in kits.values():  # oneDNN's primitives, cuDNN's algorithms, the optimizer's state
+            _step_s(kit, batch, device)
+        times: dict[str, list[float]] = {p: [] for p in precisions}
+        live = list(precisions)
+        for _ in range(STEPS):
+            for p in live:
+                times[p].append(_step_s(kits[p], batch, device))
+            best = min(statistics.median(times[p]) for p in live)
+            live = [p for p in live if statistics.median(times[p]) <= DROP * best]
+    return {p: statistics.median(ts) for p, ts in times.items()}
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else (cpu_model() or "unknown CPU")
+
+
+def cache_key(cfg: RunConfig, device: torch.device, native: list[str], shape: tuple[int, int]) -> str:
+    """The machine, the build, the candidates and the workload (model, optimizer, batch shape)."""
+    tc = cfg.train
+    workload = json.dumps({"model": cfg.to_dict()["model"], "optimizer": tc.optimizer, "impl": tc.optimizer_impl,
+                           "grad_clip": tc.grad_clip > 0, "shape": list(shape)}, sort_keys=True)
+    digest = hashlib.sha256(workload.encode()).hexdigest()[:16]
+    return (f"{device_name(device)} | {device.type} | {torch.get_num_threads()} threads | torch {torch.__version__} | "
+            f"{','.join(native)} | {cfg.model.name} {digest}")
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # missing or unreadable: measured again and rewritten
+
+
+def _valid(entry, native: list[str]) -> bool:
+    return (isinstance(entry, dict) and entry.get("chosen") in native and isinstance(entry.get("candidates"), dict)
+            and all(isinstance(entry["candidates"].get(p), (int, float)) for p in native))
+
+
+def choose(cfg: RunConfig, device: torch.device, world: int = 1, cache: Path | None = None) -> dict:
+    """The precision ``auto`` trains ``cfg`` in on ``device``: {"chosen", "candidates": {precision:
+    step seconds}, "cached", "seconds" (what choosing cost), "shape", "not_native": {precision:
+    why}, "note"} (the note: fp32 chosen unmeasured, or a measurement not cached)."""
+    t0 = time.perf_counter()
+    native, others = candidates(cfg, device)
+    shape = typical_shape(cfg, world)
+    base = {"shape": list(shape), "not_native": others, "note": None}
+    if native == ["fp32"]:
+        why = "; ".join(f"{p}: {note}" for p, note in others.items())
+        return {**base, "chosen": "fp32", "candidates": {}, "cached": False, "seconds": time.perf_counter() - t0,
+                "note": f"fp32: no other precision runs natively here ({why}); chosen without measuring"}
+    path, key = (cache or cache_path()) / CACHE_FILE, cache_key(cfg, device, native, shape)
+    known = _read(path)
+    if _valid(known.get(key), native):
+        entry = known[key]
+        return {**base, "chosen": entry["chosen"], "candidates": {p: entry["candidates"][p] for p in native},
+                "cached": True, "seconds": time.perf_counter() - t0, "measured_at": entry.get("at")}
+    before, m0 = busy_seconds(), time.perf_counter()
+    times = time_candidates(cfg, device, native, shape)
+    others_pct = others_busy_pct(before, busy_seconds(), time.perf_counter() - m0)
+    chosen = min(native, key=lambda p: times[p])
+    entry = {"chosen": chosen, "candidates": times, "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+             "others_busy_pct": others_pct}
+    if device.type == "cpu" and contended(others_pct, torch.get_num_threads()):
+        base["note"] = (f"other processes kept {others_pct:.0f}% of the CPUs busy while the candidates were timed: "
+                        "not cached")
+    else:
+        known[key] = entry
+        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True))
+    return {**base, "chosen": chosen, "candidates": times, "cached": False, "seconds": time.perf_counter() - t0,
+            "measured_at": entry["at"]}
+
+
+def with_precision(cfg: RunConfig, precision: str) -> RunConfig:
+    """``cfg`` training in ``precision``."""
+    return replace(cfg, train=replace(cfg.train, precision=precision))
+
+
+def settle(cfg: RunConfig, group, verdict) -> tuple[RunConfig, dict | None]:
+    """A run at ``auto`` in a concrete precision (every other run unchanged, no choice): a run
+    already in its folder (``verdict.plan`` resume or restart) in its recorded one (rank 0 reads it:
+    ``verdict.recorded_precision()``), a new one in the one :func:`choose` measures on rank 0.
+    Every rank gets rank 0's answer; returns (the configuration, the choice of a new run)."""
+    if cfg.train.precision != AUTO_PRECISION:
+        return cfg, None
+    answer = None
+    if group.env.rank == 0:
+        if verdict.plan in ("resume", "restart"):
+            answer = (verdict.recorded_precision(), None)
+        else:
+            choice = choose(cfg, group.device, group.world)
+            answer = (choice["chosen"], choice)
+    precision, choice = group.broadcast(answer)
+    return with_precision(cfg, precision), choice
+
+
+def words(choice: dict | None) -> str | None:
+    """The choice in one line ("auto: bf16 (fp32 0.412 s, bf16 0.288 s a step; measured now in 3.1 s)")."""
+    if not choice:
+        return None
+    steps = ", ".join(f"{p} {s:.3f} s" for p, s in choice["candidates"].items())
+    how = "cached" if choice.get("cached") else f"measured now in {choice.get('seconds', 0.0):.1f} s"
+    text = f"auto: {choice['chosen']}" + (f" ({steps} a step; {how})" if steps else "")
+    return text + (f"; {choice['note']}" if choice.get("note") else "")
