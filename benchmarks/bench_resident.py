@@ -29,6 +29,7 @@ import psutil
 import torch
 
 from speechperf.config import load_preset
+from speechperf.train.auto_precision import settled
 from speechperf.errors import SpeechperfError
 from speechperf.data.loader import load_index, make_loader
 from speechperf.data.resident import Resident, feature_dims, needed_bytes
@@ -82,8 +83,9 @@ def measure(a) -> dict:
     splits, feats = train_splits(a.data), a.data
     index = load_index(feats, splits)
     torch.set_num_threads(a.threads)
-    torch.manual_seed(cfg.train.seed)
     device = torch.device(a.device)
+    cfg = settled(cfg, device)  # train.precision=auto (the preset's): what a run here would train in
+    torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(device)
     model.train()
     state = (make_optimizer(model, cfg.train, device),

@@ -31,6 +31,7 @@ from speechperf.train.step import StepMeter, make_optimizer, read_point, train_s
 from speechperf.train.graphs import graphed
 from speechperf.train.warmup import FEATURE_DIM
 from speechperf.train.warmup import check_precision
+from speechperf.train.auto_precision import settled
 
 GOAL = ("docs/mlperf.md, docs/gpu.md: on a GPU the training loop's step within 5% of its floor "
         "(loop / floor <= 1.05)")
@@ -68,6 +69,9 @@ def load(preset: str, device: str, precision: str | None, overrides: list[str], 
     cfg = load_preset(preset, over)
     configure_determinism(cfg.train.deterministic)
     dev = pick_device(cfg.train.device, DistEnv())
+    if cfg.train.threads > 0:  # before the choice: it is the machine's at the run's threads
+        torch.set_num_threads(cfg.train.threads)
+    cfg = settled(cfg, dev)  # train.precision=auto (the preset's): what a run here would train in
     try:
         note = check_precision(cfg, dev)
     except SpeechperfError as e:

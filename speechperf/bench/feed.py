@@ -43,8 +43,7 @@ from speechperf.models import build_model
 from speechperf.train.distributed import DistEnv, pick_device
 from speechperf.train.step import make_optimizer, train_step
 from speechperf.train.warmup import check_precision
-from speechperf.train.auto_precision import choose, with_precision
-from speechperf.config.training import AUTO_PRECISION
+from speechperf.train.auto_precision import settled
 
 PROFILES = Path(__file__).resolve().parents[1] / "config" / "gpu_appetite.toml"
 FRAME_S = 0.01  # 10 ms hop (features/feature_config.py)
@@ -231,8 +230,7 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
     if dev is None and (device != "auto" or torch.cuda.is_available()):
         dev = pick_device(device, DistEnv())
     if dev is not None:
-        if cfg.train.precision == AUTO_PRECISION:  # the precision a run would choose here (cached per machine)
-            cfg = with_precision(cfg, choose(cfg, dev)["chosen"])
+        cfg = settled(cfg, dev)  # train.precision=auto: the one a run would choose here (cached per machine)
         note = check_precision(cfg, dev)  # a precision this device cannot run: refused, naming why
         app = appetite(cfg, dev, windows, steps, warmup)
         src = app["source"] + (f"; {note}" if note else "")

@@ -67,8 +67,10 @@ def _timing_args(sp, what: str) -> None:
 
 def _bench_ops_args(sp) -> None:
     sp.add_argument("--device", default="cpu")
-    named(sp.add_argument("--dtype", type=csv_list(choices=DTYPE_NAMES), default=["fp32"],
-                          help="data types, comma separated (%(dtypes)s)"), dtypes=DTYPE_NAMES)
+    named(sp.add_argument("--dtype", type=csv_list(choices=DTYPE_NAMES), default=None,
+                          help="data types, comma separated (%(dtypes)s); default fp32, and bf16 where the device "
+                               "runs it natively (AMX or AVX512-BF16 on a CPU), its peak beside fp32's"),
+          dtypes=DTYPE_NAMES)
     sp.add_argument("--threads", type=csv_list(int), default=None)
     sp.add_argument("--iters", type=int, default=None)
     sp.add_argument("--quick", action="store_true", help="small shapes only (smoke test)")

@@ -12,6 +12,7 @@ from speechperf.cli.result_commands import error_column
 from speechperf.errors import SpeechperfError
 from speechperf.tables import emit, emit_json, notes, print_lines
 from speechperf.telemetry import contention
+from speechperf.studies.precisions import choice_words
 
 
 def _seeds(text: str):
@@ -113,10 +114,8 @@ def _emit_summaries(results: list[dict], as_json: bool, fit: int | None = WIDTH)
              **{m: r.get(f"last_{m}") for m in metric.targets()}} for r in results]
     emit(rows, False, width=fit, columns=[*(["seed"] if "seed" in rows[0] else []), "run", "status", "epochs",
                                           "iters", "min", "shared", *metric.targets(), "mfu %", "loop/floor"])
-    from speechperf.train.auto_precision import words  # the command has trained: torch is loaded
-
     for r in rows:
-        r["precision_choice_note"] = words(r.get("precision_choice"))
+        r["precision_choice_note"] = choice_words(r.get("precision_choice"))
     for column in ("status_note", "precision_choice_note", "mfu_note", "precision_note", "shared_note"):
         notes(rows, column, width=fit)
 

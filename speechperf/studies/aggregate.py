@@ -30,6 +30,7 @@ from itertools import combinations
 
 from speechperf.algorithms import algo_config
 from speechperf.studies import rcp
+from speechperf.studies.precisions import each_at_best, precision
 from speechperf.scoring.interval import ratio_interval
 from speechperf.scoring.olympic import olympic_mean
 from speechperf.scoring.target_rule import epochs_to_target
@@ -53,6 +54,11 @@ class SeedRun:
     @property
     def seed(self):
         return self.config.get("train", {}).get("seed")
+
+    @property
+    def precision(self) -> str:
+        """The precision it trained in (config.json's: ``auto`` records the one chosen)."""
+        return precision(self.config)
 
     @property
     def preset(self) -> str | None:
@@ -139,7 +145,8 @@ def group_row(name: str, outcomes: list[Outcome], metric: str, window: int) -> d
     failed = sum(o.state == "never reached" for o in counted)
     score, rule = olympic_mean(reached, failed)
     first = outcomes[0].run
-    return {"group": name, "workload": first.workload, "machine": first.machine, "metric": metric,
+    return {"group": name, "workload": first.workload, "machine": first.machine, "precision": first.precision,
+            "metric": metric,
             "target": outcomes[0].target, "epochs": window, "runs": len(outcomes), "reached": len(reached),
             "never reached": failed, "unfinished": len(outcomes) - len(counted),
             "median TTA min": _median([o.tta_or_inf for o in counted]), "olympic TTA min": score, "olympic rule": rule,
@@ -183,7 +190,9 @@ def comparison_row(a: tuple[str, list[Outcome]], b: tuple[str, list[Outcome]]) -
     (name_a, oa), (name_b, ob) = a, b
     ca = [o for o in oa if o.state != "unfinished"]
     cb = [o for o in ob if o.state != "unfinished"]
+    best = each_at_best([oa[0].run.precision, ob[0].run.precision])  # None: one precision, like for like
     row = {"workload": oa[0].run.workload, "metric": None, "target": oa[0].target, "A": name_a, "B": name_b,
+           "precision A": oa[0].run.precision, "precision B": ob[0].run.precision, "precisions": best,
            "seeds A": len(ca), "seeds B": len(cb)}
     if not ca or not cb:
         return {**row, "verdict": "not compared: a group has no finished run"}
@@ -193,7 +202,8 @@ def comparison_row(a: tuple[str, list[Outcome]], b: tuple[str, list[Outcome]]) -
                    _median([o.min_per_epoch for o in cb if o.min_per_epoch]))
     return {**row, "TTA ratio A/B": iv.ratio, "95% low": iv.low, "95% high": iv.high,
             "coverage %": None if iv.coverage is None else 100 * iv.coverage,
-            "epochs ratio A/B": epochs, "min/epoch ratio A/B": speed, "verdict": verdict(name_a, name_b, iv, len(ca), len(cb), epochs, speed)}
+            "epochs ratio A/B": epochs, "min/epoch ratio A/B": speed,
+            "verdict": verdict(name_a, name_b, iv, len(ca), len(cb), epochs, speed) + (f"; {best}" if best else "")}
 
 
 def _ratio(x: float | None, y: float | None) -> float | None:

@@ -13,6 +13,7 @@ from speechperf.config.training import target_rule
 from speechperf.metric import per_epoch
 from speechperf.scoring.target_rule import tta_minutes
 from speechperf.results.view import RunView
+from speechperf.studies.precisions import each_at_best, precision
 from speechperf.results.workload import workload_label
 from speechperf.telemetry.machine import devices
 
@@ -23,7 +24,7 @@ def runs_table(folders: list[Path]) -> list[dict]:
     """One row per run folder; speedups against the first (the one worker)."""
     facts = [_facts(f) for f in folders]
     base = facts[0]["train_s_per_epoch"]
-    return [_row(f, base) for f in facts]
+    return [_row(f, base, facts[0]["precision"]) for f in facts]
 
 
 def report_rows(runs: list[dict]) -> list[dict]:
@@ -39,8 +40,9 @@ def report_rows(runs: list[dict]) -> list[dict]:
         facts = [run_facts(r["summary"], r["config"], r["env"], r["iterations"], r["evals"], r["label"]) for r in group]
         if all(f["workers"] == 1 and f["algo"] in ONE_PROCESS for f in facts):
             continue  # nothing parallel to compare in this workload on this machine
-        base = next((f["train_s_per_epoch"] for f in facts if f["workers"] == 1), None)
-        rows += [{"workload": work, "machine": machine, **_row(f, base)} for f in facts]
+        one = next((f for f in facts if f["workers"] == 1), None)
+        base = one["train_s_per_epoch"] if one else None
+        rows += [{"workload": work, "machine": machine, **_row(f, base, one and one["precision"])} for f in facts]
     return rows
 
 
@@ -70,12 +72,15 @@ def run_facts(summary: dict, config: dict, env: dict, its: list[dict], evals: li
             **{m.name: summary.get(f"last_{m.name}") for m in per_epoch()}, "tta_min": tta,
             "comm_pct": 100 * comm_s / train_s if train_s else None,
             "comm_mb_per_step": comm_bytes / len(its) / 1e6 if its else None, "mfu_pct": summary.get("mfu_pct"),
-            "status": summary.get("status"), "run": name}
+            "status": summary.get("status"), "run": name, "precision": precision(config)}
 
 
-def _row(f: dict, base: float | None) -> dict:
-    return {"algorithm": f["algo"], "workers": f["workers"], "sync every": f["sync_every"], "epochs": f["epochs"],
-            "train s/epoch": f["train_s_per_epoch"],
-            "speedup": base / f["train_s_per_epoch"] if base and f["train_s_per_epoch"] else None,
+def _row(f: dict, base: float | None, base_precision: str | None = None) -> dict:
+    """A run's row; its speedup against ``base`` seconds per epoch, said "each at its best" where
+    the base run (in ``base_precision``) trained in another precision."""
+    best = each_at_best([base_precision, f["precision"]]) if base and base_precision else None
+    return {"algorithm": f["algo"], "workers": f["workers"], "precision": f["precision"], "sync every": f["sync_every"],
+            "epochs": f["epochs"], "train s/epoch": f["train_s_per_epoch"],
+            "speedup": base / f["train_s_per_epoch"] if base and f["train_s_per_epoch"] else None, "speedup note": best,
             **{m.label: f.get(m.name) for m in per_epoch()}, "TTA min": f["tta_min"], "comm %": f["comm_pct"],
             "comm MB/step": f["comm_mb_per_step"], "MFU %": f["mfu_pct"], "status": f["status"], "run": f["run"]}

@@ -8,6 +8,7 @@ from typing import Sequence
 from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET, measured, metric as metric_of, per_epoch
 from speechperf.studies.busy import busy, busy_text
+from speechperf.studies.precisions import chosen_by, precision, precision_notes
 from speechperf.studies.time_parts import decoding, floor_short, shares, step_vs_floor, time_parts
 from speechperf.scoring.target_rule import epochs_to_target, relative_pct, tta_minutes
 from speechperf.scoring.targets import parse_targets
@@ -82,7 +83,8 @@ def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, pri
             price = price_columns(env, minutes, joules)
             if minutes is not None and joules is None:  # no sample measured energy or power: say why
                 price["price note"] = energy.explained(price["price note"], run.env)
-            rows.append({"run": label, "workload": name, "machine": machine_name(run.env), "metric": metric,
+            rows.append({"run": label, "workload": name, "machine": machine_name(run.env),
+                         "precision": precision(run.config), "precision by": chosen_by(run.env), "metric": metric,
                          "target": target, "median of": epochs, "epochs to target": reached, "minutes": minutes,
                          "relative": relative,
                          **at_target(rows_of_epochs[reached - 1] if reached else None, metric), "init s": init_s,
@@ -146,9 +148,12 @@ def evaluations(run, label: str) -> list[dict]:
 
 def notes(rows: list[dict]) -> list[str]:
     """What the text table leaves implicit: with runs of several workloads, that they are not
-    ranked against each other."""
+    ranked against each other; with runs of one workload in different precisions, that
+    'relative' compares each at its best (studies/precisions.py)."""
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    lines = precision_notes(rows)
     if len(workloads) < 2:
-        return []
+        return lines
     return [f"{len(workloads)} workloads ({'; '.join(workloads)}): different jobs, not ranked against each other; "
-            "'relative' is % of the first run of the same workload."]
+            "'relative' is % of the first run of the same workload.", *lines]
+

@@ -7,9 +7,10 @@ from __future__ import annotations
 from speechperf.metric import metric as metric_of
 from speechperf.scoring.bootstrap import with_interval
 from speechperf.studies.time_parts import PARTS, SHORT
+from speechperf.studies.precisions import precision_notes
 
 # the TTA table's columns, most important first (tables.fit leaves out the last ones first)
-COLUMNS = ("run", "target", "TTA min", "error [95%]", "epochs", "MFU %", "to accuracy", "most time")
+COLUMNS = ("run", "precision", "target", "TTA min", "error [95%]", "epochs", "MFU %", "to accuracy", "most time")
 UNMETERED = "none: unmetered"  # reached, but neither energy nor a price was known
 GROUP_COLUMNS = ("group", "target", "reached", "median TTA min", "olympic TTA min", "median epochs", "min/epoch")
 COMPARISON_COLUMNS = ("A", "B", "target", "TTA ratio A/B [95%]", "verdict")
@@ -17,7 +18,7 @@ COMPARISON_COLUMNS = ("A", "B", "target", "TTA ratio A/B [95%]", "verdict")
 
 def short_rows(rows: list[dict]) -> list[dict]:
     """One narrow row per TTA row (studies/tta.py's ``tta_table``), in :data:`COLUMNS`."""
-    return [{"run": r["run"], "target": target_text(r), "TTA min": tta_text(r),
+    return [{"run": r["run"], "precision": r.get("precision"), "target": target_text(r), "TTA min": tta_text(r),
              "error [95%]": error_text(r), "epochs": r["epochs to target"], "MFU %": _3g(r.get("MFU %")),
              "to accuracy": to_accuracy(r),
              "most time": largest_part(r.get("time parts s"))} for r in rows]
@@ -100,6 +101,7 @@ def short_notes(study: dict) -> list[str]:
     workloads = list(dict.fromkeys(r["workload"] for r in runs))
     if len(workloads) > 1:
         lines.append(f"{len(workloads)} workloads, each run ranked within its own: {'; '.join(workloads)}")
+    lines += precision_notes(runs)
     if runs:
         lines.append("every column and what each means: --wide; every value: --json")
     return lines

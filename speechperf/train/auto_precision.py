@@ -205,6 +205,12 @@ def with_precision(cfg: RunConfig, precision: str) -> RunConfig:
     return replace(cfg, train=replace(cfg.train, precision=precision))
 
 
+def settled(cfg: RunConfig, device: torch.device) -> RunConfig:
+    """``cfg`` in the precision a run on ``device`` would train in: ``auto`` chosen (:func:`choose`,
+    from the cache where it holds the answer), any other precision as given (benchmarks, bench feed)."""
+    return with_precision(cfg, choose(cfg, device)["chosen"]) if cfg.train.precision == AUTO_PRECISION else cfg
+
+
 def settle(cfg: RunConfig, group, verdict) -> tuple[RunConfig, dict | None]:
     """A run at ``auto`` in a concrete precision (every other run unchanged, no choice): a run
     already in its folder (``verdict.plan`` resume or restart) in its recorded one (rank 0 reads it:
@@ -222,12 +228,3 @@ def settle(cfg: RunConfig, group, verdict) -> tuple[RunConfig, dict | None]:
     precision, choice = group.broadcast(answer)
     return with_precision(cfg, precision), choice
 
-
-def words(choice: dict | None) -> str | None:
-    """The choice in one line ("auto: bf16 (fp32 0.412 s, bf16 0.288 s a step; measured now in 3.1 s)")."""
-    if not choice:
-        return None
-    steps = ", ".join(f"{p} {s:.3f} s" for p, s in choice["candidates"].items())
-    how = "cached" if choice.get("cached") else f"measured now in {choice.get('seconds', 0.0):.1f} s"
-    text = f"auto: {choice['chosen']}" + (f" ({steps} a step; {how})" if steps else "")
-    return text + (f"; {choice['note']}" if choice.get("note") else "")

@@ -70,7 +70,7 @@ def test_an_emulated_dtype_is_flagged_in_its_rows_and_notes(monkeypatch):
 def test_bench_ops_exits_1_when_nothing_was_measured(monkeypatch, capsys):
     from speechperf.cli import main
 
-    args = ["bench", "ops", "--quick", "--threads", "1", "--iters", "1", "--json"]
+    args = ["bench", "ops", "--quick", "--threads", "1", "--iters", "1", "--json", "--dtype", "fp32"]
     assert main(args + ["--dtype", "fp32,tf32"]) == 0
     capsys.readouterr()
     assert main(args + ["--dtype", "tf32"]) == 1
@@ -133,7 +133,7 @@ def test_cli_bench_ops_writes_json_csv_and_db(tmp_path, capsys):
     from speechperf.cli import main
     from speechperf.results import ResultsDB
 
-    code = main(["bench", "ops", "--quick", "--threads", "1", "--cpu-seconds", "0.05", "--json",
+    code = main(["bench", "ops", "--quick", "--threads", "1", "--cpu-seconds", "0.05", "--json", "--dtype", "fp32",
                  "--csv", str(tmp_path / "ops.csv"), "--db", str(tmp_path / "r.db")])
     assert code == 0
     rows = json.loads(capsys.readouterr().out)
@@ -177,7 +177,7 @@ def test_an_interrupted_sweep_keeps_the_rows_it_measured(tmp_path, monkeypatch):
 def test_rows_carry_the_method_and_the_database_the_measured_peak(tmp_path, capsys):
     from speechperf.results import ResultsDB
 
-    rows = ops.run_ops("cpu", threads=[1], quick=True, seconds=0.3, warmup_seconds=0.1, repeats=3,
+    rows = ops.run_ops("cpu", dtypes=["fp32"], threads=[1], quick=True, seconds=0.3, warmup_seconds=0.1, repeats=3,
                        db_path=tmp_path / "r.db")
     assert "bench ops" in capsys.readouterr().err  # the progress bar, on stderr
     r = rows[0]
@@ -186,3 +186,32 @@ def test_rows_carry_the_method_and_the_database_the_measured_peak(tmp_path, caps
     with ResultsDB(tmp_path / "r.db") as db:
         stored = db.query("SELECT op, measured_peak_tflops, repeats FROM bench_ops")
     assert len(stored) == 3 and all(x["measured_peak_tflops"] == rows[0]["measured_peak_tflops"] for x in stored)
+
+
+def test_bf16_is_measured_by_default_where_native_and_its_peak_shown_beside_fp32(monkeypatch):
+    from speechperf.telemetry import capability as cap
+
+    avx512 = frozenset({"avx", "avx2", "fma"}) | cap.AVX512_CORE
+    monkeypatch.setattr(cap, "probe", lambda kernel, dtype: None)
+    monkeypatch.setattr(cap, "_real_cpu_flags", lambda: avx512 | {"avx512_bf16"})
+    assert ops.default_dtypes("cpu") == ["fp32", "bf16"]
+    monkeypatch.setenv(cap.FORCE_ENV, "avx512_bf16")  # emulated: measured only when asked
+    assert ops.default_dtypes("cpu") == ["fp32"]
+    monkeypatch.delenv(cap.FORCE_ENV)
+    rows = ops.run_ops("cpu", threads=[1], quick=True, iters=1, warmup_seconds=0, progress=False)
+    assert {r["dtype"] for r in rows} == {"fp32", "bf16"}
+    (line,) = ops.precision_lines(rows)
+    assert line.startswith("bf16 beside fp32 on cpu, 1 thread(s): best measured ") and line.endswith(
+        "x); native (AVX512-BF16)")
+    emulated = [{**r, "precision_note": "emulated: no native bf16 on this CPU (AVX2)"} if r["dtype"] == "bf16" else r
+                for r in rows]
+    assert ops.precision_lines(emulated)[0].endswith("x); emulated: no native bf16 on this CPU (AVX2)")
+    assert ops.precision_lines([r for r in rows if r["dtype"] == "fp32"]) == []  # fp32 alone: nothing beside it
+
+
+def test_the_derived_bf16_peak_names_its_unit():
+    flags = frozenset({"avx2", "fma", "avx512f"})
+    assert flops_per_cycle(flags | {"avx512_bf16"}, "bf16") == 128 and flops_per_cycle(flags, "bf16") == 64
+    assert flops_per_cycle(flags | {"avx512_bf16", "amx_bf16"}, "bf16") == 1024
+    assert "bf16 on AMX-BF16, AMX tile multiply" in cpu_peak(2, 2.0, flags | {"amx_bf16"}, "bf16").source
+    assert "bf16 on AVX-512 (no native bf16: emulated)" in cpu_peak(2, 2.0, flags, "bf16").source

@@ -100,3 +100,24 @@ def test_under_three_runs_no_score_as_the_summarizer_says_without_asking_it():
         score, why = olympic_mean(reached, failed)
         assert score is None and f"needs {MIN_RUNS}" in why
     assert _olympic()([5.0, 6.0, 7.0], 0, MAX_DROPPED) == olympic_mean([5.0, 6.0, 7.0], 0)[0] == 6.0
+
+
+def _in(precision: str, r: SeedRun) -> SeedRun:
+    from dataclasses import replace
+
+    return replace(r, config={**r.config, "train": {**r.config["train"], "precision": precision}})
+
+
+def test_machines_each_at_their_best_say_so_beside_the_ratio():
+    fast = [_in("bf16", run("fast", s, 3)) for s in range(1, 6)]
+    slow = [_in("fp32", run("slow", s, 3)) for s in range(1, 6)]
+    _, groups, (c,) = rows(fast + slow)
+    assert [g["precision"] for g in groups] == ["bf16", "fp32"]
+    assert (c["precision A"], c["precision B"]) == ("bf16", "fp32")
+    assert c["precisions"] == "each at its best (bf16, fp32): not a like-for-like precision comparison"
+    assert c["verdict"].startswith("2-core fast cpu 2x faster than 2-core slow cpu") and c["verdict"].endswith(
+        "; each at its best (bf16, fp32): not a like-for-like precision comparison")
+    _, _, (same,) = rows([_in("bf16", r) for r in fast + slow])  # one precision: nothing extra
+    assert same["precisions"] is None and "each at its best" not in same["verdict"]
+    _, _, (old,) = rows([run("fast", 1, 3), run("slow", 1, 3)])  # recorded without a precision: fp32
+    assert (old["precision A"], old["precisions"]) == ("fp32", None)

@@ -82,3 +82,27 @@ def test_the_reference_is_exactly_100_percent_of_itself():
     m = 12.833805918266929
     assert 100 * m / m != 100.0 and relative_pct(m, m) == 100.0
     assert relative_pct(None, m) is None and relative_pct(m, None) is None and relative_pct(3.0, 2.0) == 150.0
+
+
+def test_each_run_shows_its_precision_and_different_ones_are_each_at_their_best(tmp_path, capsys):
+    from speechperf.cli import main
+    from speechperf.studies import tta_text
+    from speechperf.studies.tta import notes
+
+    a = _fake_run(tmp_path, "a", [(600, 9), (1200, 9), (1800, 9)])
+    b = _fake_run(tmp_path, "b", [(300, 9), (600, 9), (900, 9)])
+    (b / "config.json").write_text(json.dumps({"train": {"eval_split": "dev-clean", "precision": "bf16"}}))
+    choice = {"chosen": "bf16", "candidates": {"fp32": 0.4, "bf16": 0.25}, "cached": False, "seconds": 3.0}
+    (b / "env.json").write_text(json.dumps({"cpu_model": "Test CPU", "cpu_cores_logical": 2,
+                                            "precision_choice": choice}))
+    rows = tta_table([a, b], targets=[10])
+    assert [(r["precision"], r["precision by"]) for r in rows] == [("fp32", "given"), ("bf16", "auto")]
+    assert [r["precision"] for r in tta_text.short_rows(rows)] == ["fp32", "bf16"]
+    (line,) = [n for n in notes(rows) if "each at its best" in n]
+    assert line.endswith("'relative' sets runs in different precisions side by side, each at its best (fp32, bf16): "
+                         "not a like-for-like precision comparison")
+    assert main(["tta", str(a), str(b), "--targets", "10", "--json"]) == 0
+    assert [r["precision"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["fp32", "bf16"]
+    assert main(["tta", str(a), str(b), "--targets", "10"]) == 0
+    assert "each at its best (fp32, bf16)" in " ".join(capsys.readouterr().out.split())  # a wrapped note
+    assert not [n for n in notes(tta_table([a, a], targets=[10])) if "each at its best" in n]  # one precision

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.studies.busy import busy, busy_text
+from speechperf.studies.precisions import label as precision_label
 from speechperf.studies.time_parts import decoding, shares, step_vs_floor, time_parts
 from speechperf.scoring.target_rule import relative_pct, tta_minutes
 from speechperf.scoring.targets import METRICS, Targets
@@ -93,7 +94,8 @@ def tta_rows(runs: list[dict], targets: Targets = Targets()) -> list[dict]:
             reached = [(r, m) for r, m in mins if m is not None]
             ref = min(reached, key=lambda rm: (cheapest_first(of_run(rm[0]["env"])), rm[1]), default=(None, None))
             for r, m in mins:
-                rows.append({**who(r), "platform": of_run(r["env"]).name, "metric": metric.upper(),
+                rows.append({**who(r), "precision": precision_label(r["config"], r["env"]),
+                             "platform": of_run(r["env"]).name, "metric": metric.upper(),
                              "target %": target, "TTA minutes": m,
                              **shared_column(r, m * 60 if m is not None else None),
                              "relative %": relative_pct(m, ref[1]),

@@ -14,6 +14,7 @@ from speechperf.studies.report.sections import Context, Figure, Note, Section, T
 from speechperf.results.workload import by_workload
 from speechperf.telemetry.platforms import of_run, presets, table
 from speechperf.studies.aggregate import speed_notes
+from speechperf.studies.precisions import choice_words, each_at_best, label as precision_label, precision
 from speechperf.studies.study import seed_runs_table
 
 
@@ -118,6 +119,10 @@ def tta_section(ctx: Context) -> Section:
     for k, (name, runs) in enumerate(groups.items()):
         if len(groups) > 1:
             blocks.append(Note(f"Workload {name}: {', '.join(r['label'] for r in runs)}."))
+        best = each_at_best(precision(r["config"]) for r in runs)  # None: one precision, like for like
+        if best:
+            blocks.append(Note(f"Workload {name}: its runs trained in different precisions; 'relative %' compares "
+                               f"them {best}."))
         blocks.append(Table("tta.csv" if len(groups) == 1 else f"tta_{k + 1}_{_slug(name)}.csv",
                             tta_rows(runs, ctx.targets), f"the targets ({ctx.targets}) have none for {name}"))
     for m in metric.per_epoch():  # a run recorded before a metric existed has no TTA of it (no row), said here
@@ -189,7 +194,7 @@ def runs_section(ctx: Context) -> Section:
         env, gpus = r["env"], r["env"].get("gpus") or []
         rows.append({**who(r), "folder": r["run"], "status": r["row"].get("status"),
                      "preset": r["config"].get("preset") or r["row"].get("preset"),
-                     "precision": r["config"].get("train", {}).get("precision", "fp32"),
+                     "precision": precision_label(r["config"], env), "precision choice": choice_words(env.get("precision_choice")),
                      "precision note": r["env"].get("precision_note"), "seed": r["row"].get("seed"),
                      "processes": env.get("world_size"), "platform": of_run(env).name, "cpu": env.get("cpu_model"),
                      "cores": env.get("cpu_cores_logical"),
