@@ -57,6 +57,8 @@ class Platform:
     per_gpu: bool = False  # prices are per GPU and scale with the run's GPU count
     gpu_names: tuple[str, ...] = ()  # NVML/torch device names this profile prices
     instance_types: tuple[str, ...] = ()  # cloud instance types (DMI product name) this profile prices
+    cpu_names: tuple[str, ...] = ()  # CPU models (env.json cpu_model) only this instance type has: a CPU run matches per vCPU
+    vcpus: int = 0  # the instance's vCPUs: a run matched by its CPU model pays its logical CPUs' share of the rate
     note: str | None = None  # what the prices cover, or why there is none
     peak_tflops_fp32: float | None = None  # dense vendor peak of one GPU, fp32 (no tensor cores)
     peak_tflops_tf32: float | None = None  # dense, tf32 on tensor cores (sparsity figures halved)
@@ -93,7 +95,7 @@ def load(name: str) -> Platform:
     hourly = "usd_per_hour" in prices
     peaks = _peaks(where, facts, is_file, name)
     return Platform(key=name, name=facts["name"], devices=facts["devices"], gpus=facts.get("gpus", 0),
-                    per_gpu=facts.get("per_gpu", False),
+                    per_gpu=facts.get("per_gpu", False), vcpus=facts.get("vcpus", 0),
                     price_date=facts.get("price_date"), price_source=sources["purchase"],
                     hourly_date=dates["hourly"] if hourly else None, hourly_source=sources["hourly"] if hourly else None,
                     note=facts.get("note"), source="file" if is_file else "preset", **lists, **prices, **peaks)
@@ -122,13 +124,18 @@ def _check_fields(where: str, facts: dict) -> dict[str, tuple[str, ...]]:
     if per_gpu and gpus != 1:
         _fail(where, f"per_gpu = true prices one GPU, so gpus must be 1 (got {gpus})")
     lists = {}
-    for key in ("gpu_names", "instance_types"):
+    vcpus = facts.get("vcpus", 0)
+    if isinstance(vcpus, bool) or not isinstance(vcpus, int) or vcpus < 0:
+        _fail(where, f"vcpus = {vcpus!r} must be a non-negative integer")
+    for key in ("gpu_names", "instance_types", "cpu_names"):
         value = facts.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
             _fail(where, f"{key} must be a list of non-empty strings")
         lists[key] = tuple(value)
     if per_gpu and not lists["gpu_names"]:
         _fail(where, "per_gpu = true needs gpu_names (which GPUs it prices)")
+    if lists["cpu_names"] and not vcpus:
+        _fail(where, "cpu_names needs vcpus (a run matched by its CPU pays its logical CPUs' share of the rate)")
     for key in ("price_date", "price_source", "hourly_date", "hourly_source", "note", "peak_date", "peak_source"):
         if facts.get(key) is not None and (not isinstance(facts[key], str) or not facts[key].strip()):
             _fail(where, f"{key} must be a non-empty string")
@@ -218,9 +225,23 @@ def match(env: dict, candidates: list[Platform] | None = None) -> list[Platform]
         exact = [p for p in mine if not p.per_gpu and p.gpus == gpu_count(env)[0]]
         return exact or [p for p in mine if p.per_gpu]
     instance = instance_type(env)
-    if instance is None:
-        return []
-    return [p for p in candidates if not p.gpu_names and instance in p.instance_types]
+    if instance is not None:
+        return [p for p in candidates if not p.gpu_names and instance in p.instance_types]
+    cpu = _norm(env.get("cpu_model") or "")  # no instance recorded: a CPU model only one instance type has
+    return [p for p in candidates if not p.gpu_names and cpu and cpu in {_norm(n) for n in p.cpu_names}]
+
+
+def per_vcpu(profile: Platform, env: dict) -> Platform:
+    """``profile`` (an instance matched by the run's CPU model, not its instance type) priced for the
+    run's logical CPUs: its hourly rate x cores / the instance's vCPUs, as a per-GPU profile scales
+    by GPUs (the rest of the host not priced)."""
+    cores = env.get("cpu_cores_logical")
+    if not profile.vcpus or not cores or profile.usd_per_hour is None:
+        return profile
+    note = "; ".join(x for x in (f"{cores}/{profile.vcpus} of the {profile.name} rate: matched by its CPU model "
+                                 f"({env.get('cpu_model')}), priced per vCPU", profile.note) if x)
+    return dataclasses.replace(profile, name=f"{cores} vCPU of {profile.name}",
+                               usd_per_hour=profile.usd_per_hour * cores / profile.vcpus, note=note)
 
 
 def resolve(profile: Platform, env: dict) -> Platform:
@@ -247,7 +268,7 @@ def detect_from_env(env: dict) -> Platform:
     base = describe(env)
     if not found:
         return dataclasses.replace(base, note=f"no price for {hardware(env)}; give --price-per-hour")
-    p = resolve(found[0], env)
+    p = resolve(found[0], env) if found[0].gpu_names or instance_type(env) else per_vcpu(found[0], env)
     return dataclasses.replace(p, devices=base.devices, source=f"detected ({p.key})")
 
 
@@ -349,7 +370,8 @@ def profile_table(files: list[str | Path] = ()) -> list[dict]:
     rows = []
     for p in profiles() + [load(str(f)) for f in files]:
         per = "GPU" if p.per_gpu else "instance" if p.instance_types else f"{p.gpus}-GPU machine" if p.gpus else "machine"
-        rows.append({"profile": p.key, "name": p.name, "matches": ", ".join(p.gpu_names + p.instance_types) or None,
+        rows.append({"profile": p.key, "name": p.name,
+                     "matches": ", ".join(p.gpu_names + p.instance_types + p.cpu_names) or None,
                      "GPUs": p.gpus, "per": per, "$/hour": p.usd_per_hour, "hourly date": p.hourly_date,
                      "hourly source": p.hourly_source,
                      "purchase $": p.price_usd if p.price_usd is not None else p.price_gpus_usd,

@@ -116,6 +116,29 @@ def test_cpu_only_run_on_a_recorded_ec2_instance_type():
     assert not P.of_run(env(cloud_instance={"vendor": "QEMU", "product": "m7i.xlarge"})).priced
 
 
+def test_a_cpu_run_matches_a_cpu_profile_by_its_model_per_vcpu_as_a_gpu_run_by_its_gpus():
+    e = env(cpu_model="Intel(R) Xeon(R) Platinum 8488C", cpu_cores_logical=2)
+    p = P.of_run(e)
+    assert p.source == "detected (aws-m7i-xlarge)" and p.usd_per_hour == pytest.approx(0.2016 * 2 / 4)
+    assert p.name == "2 vCPU of AWS m7i.xlarge" and p.hourly_date == "2026-04"
+    assert p.note.startswith("2/4 of the AWS m7i.xlarge rate: matched by its CPU model (Intel(R) Xeon(R) Platinum "
+                             "8488C), priced per vCPU") and "c7i and r7i" in p.note
+    row = P.price_columns(e, 60.0)
+    assert row["cost to accuracy $"] == pytest.approx(0.1008) and row["platform"] == "2 vCPU of AWS m7i.xlarge"
+    whole = P.of_run({**e, "cloud_instance": {"vendor": "Amazon EC2", "product": "m7i.xlarge"}})
+    assert whole.usd_per_hour == 0.2016  # the instance type recorded: the whole instance's rate
+    amd = P.of_run(env(cpu_model="AMD EPYC 9R14", cpu_cores_logical=2))  # identified, no dated rate: says so
+    assert amd.source == "detected (aws-m7a-xlarge)" and not amd.priced and "--price-per-hour" in amd.note
+    assert not P.of_run(env(cpu_model="AMD EPYC", cpu_cores_logical=2)).priced  # a CPU model many machines have
+
+
+def test_cpu_names_need_vcpus(tmp_path):
+    f = tmp_path / "x.toml"
+    f.write_text('[platform]\nname = "x"\ndevices = "a CPU"\ncpu_names = ["Some CPU"]\n')
+    with pytest.raises(ConfigError, match="cpu_names needs vcpus"):
+        P.load(str(f))
+
+
 def test_cloud_instance_reads_dmi(tmp_path):
     from speechperf.telemetry.environment import cloud_instance
 
