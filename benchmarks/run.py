@@ -41,6 +41,7 @@ SUITE = {
     "workloads": "bench_workloads",
     "graph_shapes": "bench_graph_shapes",
     "rnnt_loss": "bench_rnnt_loss",
+    "precision": "bench_precision",
 }
 
 

@@ -73,7 +73,8 @@ def _tta_narrow(study: dict) -> None:
     holds several seeds, notes of one line each; everything fits 100 columns."""
     from speechperf.studies import tta_text
 
-    emit(tta_text.short_rows(study["runs"]), False, columns=tta_text.COLUMNS, width=WIDTH)
+    short = tta_text.short_rows(study["runs"])
+    emit(short, False, columns=tta_text.columns(short), width=WIDTH)
     if tta_text.several_seeds(study["groups"]):
         print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
         emit(tta_text.short_groups(study["groups"]), False, columns=tta_text.GROUP_COLUMNS, width=WIDTH)

@@ -259,7 +259,8 @@ def cmd_demo(a) -> int:
     else:  # a few columns, then what was timed and where it went in five lines (demo.summary)
         from speechperf.studies import tta_text
 
-        emit(tta_text.short_rows(rows), False, columns=tta_text.COLUMNS, width=WIDTH)
+        short = tta_text.short_rows(rows)
+        emit(short, False, columns=tta_text.columns(short), width=WIDTH)
         print_lines(["", *summary(rows, Path(a.out) / "report" / "index.html")])
     return 0
 

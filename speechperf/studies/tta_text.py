@@ -9,8 +9,9 @@ from speechperf.scoring.bootstrap import with_interval
 from speechperf.studies.time_parts import PARTS, SHORT
 from speechperf.studies.precisions import precision_notes
 
-# the TTA table's columns, most important first (tables.fit leaves out the last ones first)
-COLUMNS = ("run", "precision", "target", "TTA min", "error [95%]", "epochs", "MFU %", "to accuracy", "most time")
+# the TTA table's columns, most important first (tables.fit leaves out the last ones first); prec: the
+# precision the run trained in (a comparison of runs in different ones is each at its best: studies/precisions.py)
+COLUMNS = ("run", "prec", "target", "TTA min", "error [95%]", "epochs", "MFU %", "to accuracy", "most time")
 UNMETERED = "none: unmetered"  # reached, but neither energy nor a price was known
 GROUP_COLUMNS = ("group", "target", "reached", "median TTA min", "olympic TTA min", "median epochs", "min/epoch")
 COMPARISON_COLUMNS = ("A", "B", "target", "TTA ratio A/B [95%]", "verdict")
@@ -18,10 +19,17 @@ COMPARISON_COLUMNS = ("A", "B", "target", "TTA ratio A/B [95%]", "verdict")
 
 def short_rows(rows: list[dict]) -> list[dict]:
     """One narrow row per TTA row (studies/tta.py's ``tta_table``), in :data:`COLUMNS`."""
-    return [{"run": r["run"], "precision": r.get("precision"), "target": target_text(r), "TTA min": tta_text(r),
+    return [{"run": r["run"], "prec": r.get("precision"), "target": target_text(r), "TTA min": tta_text(r),
              "error [95%]": error_text(r), "epochs": r["epochs to target"], "MFU %": _3g(r.get("MFU %")),
              "to accuracy": to_accuracy(r),
              "most time": largest_part(r.get("time parts s"))} for r in rows]
+
+
+def columns(short: list[dict]) -> tuple[str, ...]:
+    """:data:`COLUMNS` for these :func:`short_rows`, less ``prec`` where every run's name already says
+    its precision (the default label: machine, preset, precision) and so 100 columns keep the rest."""
+    named = all(r["prec"] is None or r["prec"] in str(r["run"]).split() for r in short)
+    return tuple(c for c in COLUMNS if c != "prec" or not named)
 
 
 def tta_text(row: dict) -> str | None:

@@ -85,4 +85,5 @@ def cpu_peak(cores: int, ghz: float, flags: frozenset[str] | None = None, dtype:
     pipes = "AMX tile multiply" if dtype == "bf16" and "amx_bf16" in flags else "2 FMA pipes"
     if dtype == "bf16":
         isa = f"bf16 on {bf16_unit(flags) or f'{isa} (no native bf16: emulated)'}"
-    return Peak(cores * ghz * fpc / 1000.0, f"derived: {cores} cores x {ghz:.2f} GHz x {fpc} FLOP/cycle ({isa}, {pipes})")
+    return Peak(cores * ghz * fpc / 1000.0,
+                f"derived: {cores} cores x {ghz:.2f} GHz x {fpc} FLOP/cycle ({isa}, {pipes})")

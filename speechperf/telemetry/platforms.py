@@ -57,7 +57,7 @@ class Platform:
     per_gpu: bool = False  # prices are per GPU and scale with the run's GPU count
     gpu_names: tuple[str, ...] = ()  # NVML/torch device names this profile prices
     instance_types: tuple[str, ...] = ()  # cloud instance types (DMI product name) this profile prices
-    cpu_names: tuple[str, ...] = ()  # CPU models (env.json cpu_model) only this instance type has: a CPU run matches per vCPU
+    cpu_names: tuple[str, ...] = ()  # CPU models (env.json cpu_model) only this instance has: matched per vCPU
     vcpus: int = 0  # the instance's vCPUs: a run matched by its CPU model pays its logical CPUs' share of the rate
     note: str | None = None  # what the prices cover, or why there is none
     peak_tflops_fp32: float | None = None  # dense vendor peak of one GPU, fp32 (no tensor cores)

@@ -50,7 +50,7 @@ from speechperf.train.step import make_optimizer, train_step
 CACHE_FILE = "precision_choice.json"
 STEPS = 3  # timed steps per candidate (after one warm-up step each): a CPU step's seconds vary by ~10%
 DROP = 1.5  # a candidate this many times slower than the best after a round is timed no more
-TYPICAL_FRAMES = 600  # frames of the synthetic batch's longest utterance outside pad mode (6 s: LibriSpeech's bucketed batches)
+TYPICAL_FRAMES = 600  # frames of the synthetic batch's longest utterance outside pad mode (6 s, a bucketed batch's)
 FRAMES_PER_S = 100  # the features' 10 ms hop
 LABEL_FRAMES = 3  # output frames per label symbol of the made-up transcripts (CTC needs room)
 
@@ -117,12 +117,12 @@ def _step_s(kit: tuple, batch: Batch, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def time_candidates(cfg: RunConfig, device: torch.device, precisions: list[str],
-                    shape: tuple[int, int]) -> dict[str, float]:
+def time_candidates(cfg: RunConfig, device: torch.device, precisions: list[str], shape: tuple[int, int],
+                    steps: int = STEPS, drop: float = DROP) -> dict[str, float]:
     """{precision: median seconds of one training step} of ``cfg``'s model on ``device``: one
-    model, optimizer and scaler per precision, one warm-up step each, then :data:`STEPS` rounds
-    of one step each, alternated; a candidate :data:`DROP` times slower than the best after a
-    round is timed no more (it cannot win). Tests replace this function."""
+    model, optimizer and scaler per precision, one warm-up step each, then ``steps`` rounds of
+    one step each, alternated; a candidate ``drop`` times slower than the best after a round is
+    timed no more (it cannot win). Tests replace this function."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.train.seed)
         kits = {p: _kit(cfg, device, p) for p in precisions}
@@ -131,11 +131,11 @@ def time_candidates(cfg: RunConfig, device: torch.device, precisions: list[str],
             _step_s(kit, batch, device)
         times: dict[str, list[float]] = {p: [] for p in precisions}
         live = list(precisions)
-        for _ in range(STEPS):
+        for _ in range(steps):
             for p in live:
                 times[p].append(_step_s(kits[p], batch, device))
             best = min(statistics.median(times[p]) for p in live)
-            live = [p for p in live if statistics.median(times[p]) <= DROP * best]
+            live = [p for p in live if statistics.median(times[p]) <= drop * best]
     return {p: statistics.median(ts) for p, ts in times.items()}
 
 

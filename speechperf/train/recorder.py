@@ -260,7 +260,7 @@ class RunRecorder(Recorder):
         self.machine.stop()
         summary = self.summary(status)
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
-        summary["precision_choice"] = self.run.env.get("precision_choice")  # train.precision=auto: chosen, each candidate's step
+        summary["precision_choice"] = self.run.env.get("precision_choice")  # auto: chosen, each candidate's step
         summary["gc"] = self.machine.gc_pauses.figures()  # the interpreter's collection pauses while this process trained
         summary["floor"] = self.floor  # the step against its floor, where the run measured it (train/floor.py)
         summary["shared"] = contention.shared(self.run.rows.samples(), self.run.env.get("torch_threads"),  # others took

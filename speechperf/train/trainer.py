@@ -71,7 +71,7 @@ class Trainer:
     stop: StopSignals | None = None  # SIGINT / SIGTERM received
     ahead: tuple[int, Loader] | None = None  # (epoch, its loader) started during the evaluation before it
     resident: Resident | None = None  # loader.resident: the training split on the device (data/resident.py)
-    precision_choice: dict | None = None  # a new run at train.precision=auto: what it chose and measured (train/auto_precision.py)
+    precision_choice: dict | None = None  # a new run at train.precision=auto: its choice (train/auto_precision.py)
 
     @property
     def prog(self) -> Progress:

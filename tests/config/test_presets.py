@@ -90,10 +90,10 @@ def test_platform_profiles_are_table_2():
         load_preset("paper", platform="sys99")
 
 
-def test_gpu_preset_is_the_papers_model_in_bf16_on_buckets():
+def test_gpu_preset_is_the_papers_model_at_its_best_precision_on_buckets():
     gpu, paper = load_preset("gpu"), load_preset("paper")
     assert gpu.model == paper.model
-    assert (gpu.train.precision, gpu.loader.mode, gpu.train.optimizer) == ("bf16", "bucket", "adadelta")
+    assert (gpu.train.precision, gpu.loader.mode, gpu.train.optimizer) == ("auto", "bucket", "adadelta")
     assert gpu.train.sync_every > 1 and gpu.train.target == 10.0
 
 

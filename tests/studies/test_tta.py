@@ -97,7 +97,10 @@ def test_each_run_shows_its_precision_and_different_ones_are_each_at_their_best(
                                             "precision_choice": choice}))
     rows = tta_table([a, b], targets=[10])
     assert [(r["precision"], r["precision by"]) for r in rows] == [("fp32", "given"), ("bf16", "auto")]
-    assert [r["precision"] for r in tta_text.short_rows(rows)] == ["fp32", "bf16"]
+    short = tta_text.short_rows(rows)
+    assert [r["prec"] for r in short] == ["fp32", "bf16"] and "prec" in tta_text.columns(short)  # labels lack it
+    named = [{**r, "run": f"2-core EPYC cpu {r['prec']}"} for r in short]
+    assert "prec" not in tta_text.columns(named)  # default labels say it: the column gives way to the others
     (line,) = [n for n in notes(rows) if "each at its best" in n]
     assert line.endswith("'relative' sets runs in different precisions side by side, each at its best (fp32, bf16): "
                          "not a like-for-like precision comparison")

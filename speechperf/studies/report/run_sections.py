@@ -194,7 +194,8 @@ def runs_section(ctx: Context) -> Section:
         env, gpus = r["env"], r["env"].get("gpus") or []
         rows.append({**who(r), "folder": r["run"], "status": r["row"].get("status"),
                      "preset": r["config"].get("preset") or r["row"].get("preset"),
-                     "precision": precision_label(r["config"], env), "precision choice": choice_words(env.get("precision_choice")),
+                     "precision": precision_label(r["config"], env),
+                     "precision choice": choice_words(env.get("precision_choice")),
                      "precision note": r["env"].get("precision_note"), "seed": r["row"].get("seed"),
                      "processes": env.get("world_size"), "platform": of_run(env).name, "cpu": env.get("cpu_model"),
                      "cores": env.get("cpu_cores_logical"),
