@@ -31,6 +31,7 @@ import dataclasses
 import gzip
 import json
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -134,7 +135,7 @@ def _items(path: Path) -> Iterator[tuple[int, object]]:
                     raise ManifestError(f"{path}:{n}: not a lhotse manifest line ({type(e).__name__}: {e})") from None
     except FileNotFoundError:
         raise ManifestError(f"manifest {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:  # gzip's BadGzipFile is an OSError
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error) as e:  # BadGzipFile: OSError; cut short: EOFError
         raise ManifestError(f"manifest {path} cannot be read ({type(e).__name__}: {e})") from None
 
 
