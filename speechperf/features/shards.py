@@ -138,7 +138,7 @@ def load_index(split_dir: Path) -> dict:
                          f"prepare it with: {repair_command(path.parent)}")
     try:
         index = json.loads(path.read_text())
-    except (ValueError, RecursionError) as e:  # not JSON (JSONDecodeError, UnicodeDecodeError), an int past 4,300 digits
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, an integer past 4,300 digits: all ValueErrors
         raise ShardError(f"{path} is not valid JSON ({e}); rebuild it with: {repair_command(path.parent)}") from e
     shape = [f"{key!r} ({kind.__name__})" for key, kind in (("utterances", list), ("shards", dict))
              if not isinstance(index, dict) or not isinstance(index.get(key), kind)]
