@@ -158,8 +158,8 @@ def test_a_read_only_destination_is_refused_by_name_and_no_experiment_is_made(ti
 
     ro = tmp_path / "ro"
     (ro / "mlruns").mkdir(parents=True)
-    exports = [[sys.executable, "-m", "speechperf", "export", str(tiny_run), *where] for where in
-               (["--tensorboard", str(ro / "tb")], ["--mlflow", f"file:{ro / 'mlruns'}"], ["--mlflow", str(ro / "new")])]
+    wheres = (["--tensorboard", str(ro / "tb")], ["--mlflow", f"file:{ro / 'mlruns'}"], ["--mlflow", str(ro / "new")])
+    exports = [[sys.executable, "-m", "speechperf", "export", str(tiny_run), *where] for where in wheres]
     if os.geteuid() != 0:
         ro.chmod(0o555)
         (ro / "mlruns").chmod(0o555)
@@ -218,8 +218,8 @@ def test_a_run_still_training_exports_its_rows_so_far_and_stays_running_in_mlflo
         db.execute("UPDATE runs SET status = 'running'")
         db.execute("DELETE FROM evals WHERE epoch > 1 OR final = 1")
     uri = f"file:{tmp_path / 'mlruns'}"
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR)\n"
-                               "fcntl.lockf(fd, fcntl.LOCK_EX); print(flush=True); time.sleep(120)",
+    hold = "import fcntl, os, sys, time\nfcntl.lockf(os.open(sys.argv[1], os.O_RDWR), fcntl.LOCK_EX)\nprint(flush=True)\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold + "time.sleep(120)",
                                str(partial / ".speechperf.lock")], stdout=subprocess.PIPE, text=True)
     try:
         holder.stdout.readline()  # the lock is held: a training process
