@@ -218,8 +218,8 @@ def test_a_run_still_training_exports_its_rows_so_far_and_stays_running_in_mlflo
         db.execute("UPDATE runs SET status = 'running'")
         db.execute("DELETE FROM evals WHERE epoch > 1 OR final = 1")
     uri = f"file:{tmp_path / 'mlruns'}"
-    hold = "import fcntl, os, sys, time\nfcntl.lockf(os.open(sys.argv[1], os.O_RDWR), fcntl.LOCK_EX)\nprint(flush=True)\n"
-    holder = subprocess.Popen([sys.executable, "-c", hold + "time.sleep(120)",
+    hold = "import fcntl, os, sys, time\nfcntl.lockf(os.open(sys.argv[1], os.O_RDWR), fcntl.LOCK_EX)\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold + "print(flush=True)\ntime.sleep(120)",
                                str(partial / ".speechperf.lock")], stdout=subprocess.PIPE, text=True)
     try:
         holder.stdout.readline()  # the lock is held: a training process
