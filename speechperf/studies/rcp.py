@@ -31,6 +31,7 @@ from speechperf.algorithms import DEFAULT as DEFAULT_ALGO, algo_config
 from speechperf.config import SECTIONS, section_kind
 from speechperf.errors import SpeechperfError
 from speechperf.metric import is_target, targets as target_metrics
+from speechperf.models import external
 from speechperf.scoring.olympic import olympic_mean
 from speechperf.results.shapes import NUM, OPT_NUM, OPT_STR, ShapeError, check_shape
 
@@ -202,7 +203,8 @@ def _completed(flat: dict) -> dict:
     defaults = {}
     for section in SECTIONS:
         try:
-            defaults[section] = dataclasses.asdict(section_kind(section, named)())
+            with external.reading("a recorded recipe"):  # a run's or a reference's: its MODULE:NAME never imported
+                defaults[section] = dataclasses.asdict(section_kind(section, named)())
         except ValueError:  # a model or algorithm this code does not know (UnknownName, ConfigError): as recorded
             pass
     return {**recipe(defaults), **_own_algo_fields(flat)}
