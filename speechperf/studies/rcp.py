@@ -162,6 +162,8 @@ def _check_curve(curve: dict, field: str, where: str) -> None:
             bad(f"{field}.settings.{key}", curve["settings"].get(key), "a string")
     if curve["settings"].get("seed") is not None and not _count(curve["settings"]["seed"], 0):
         bad(f"{field}.settings.seed", curve["settings"]["seed"], "a whole number")
+    if curve["settings"].get("threads") is not None and not _count(curve["settings"]["threads"], 1):
+        bad(f"{field}.settings.threads", curve["settings"]["threads"], "a whole number of threads >= 1")
 
 
 def _refuse(where: str, field: str, value, want: str):
