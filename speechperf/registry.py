@@ -12,8 +12,10 @@ installed packages list under it.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
+import sys
 from typing import Callable, Iterable
 
 from speechperf.errors import SpeechperfError
@@ -70,13 +72,30 @@ class Registry(dict):
     def _load_entry_points(self) -> None:
         for ep in importlib.metadata.entry_points(group=self.group) if self.group else ():
             try:
-                ep.load()  # a module (or module:attribute) whose decorators register
+                with contextlib.redirect_stdout(sys.stderr):  # what it prints is no part of a command's --json
+                    ep.load()  # a module (or module:attribute) whose decorators register
             except Exception as e:  # whatever a third party's module raises while it runs
                 dist = f" (package {ep.dist.name})" if ep.dist else ""
                 self.broken.append(f"{ep.name} = {ep.value}{dist}: {type(e).__name__}: {e}")
 
     def names(self) -> list[str]:
         return sorted(self.load())
+
+    def builtin_entry(self, name: str):
+        """The entry ``name`` registered by a built-in module (those imported in order up to it),
+        else None: nothing outside the package is imported (neither an entry point nor a module
+        named elsewhere), whatever ``name`` says."""
+        for mod in self.builtin:
+            if dict.__contains__(self, name):
+                break
+            self._import(mod)
+        entry = dict.get(self, name)
+        return entry if entry is not None and self._owner(entry) in self.builtin else None
+
+    @staticmethod
+    def _owner(entry) -> str | None:
+        """The module that registered ``entry`` (a model's ``build``, a decoder's class...)."""
+        return getattr(getattr(entry, "build", entry), "__module__", None)
 
     def lookup(self, name: str):
         """The entry ``name``; :class:`UnknownName` listing the known names otherwise."""

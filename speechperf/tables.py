@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,20 +24,32 @@ LABEL = 24  # the first column is cut below this only when nothing else can be (
 GAP = "  "  # between columns
 
 
+# C0 and C1 control characters and DEL: a newline would break a row, an ANSI escape
+# (ESC [ ...) would recolour or move the terminal's cursor; shown escaped, as repr() spells them
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each control character written as its escape (``\\n``, ``\\x1b``): what
+    a run folder from elsewhere names (a label, a path) is shown, never obeyed by the terminal."""
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def _fmt(v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "NA"
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
-    return str(v)
+    return printable(str(v))
 
 
 def format_table(rows: Sequence[dict], columns: Sequence[str] | None = None, width: int | None = None) -> str:
     """``rows`` as aligned text; ``width`` (None: as wide as the cells): cut to fit it (:func:`fit`)."""
     if not rows:
         return "(no rows)"
-    columns = list(columns or rows[0].keys())
-    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    keys = list(columns or rows[0].keys())
+    cells = [[_fmt(r.get(c)) for c in keys] for r in rows]
+    columns = [printable(str(c)) for c in keys]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     left_out: list[str] = []
     if width is not None:
@@ -120,7 +133,7 @@ def print_lines(lines: Sequence[str], width: int | None = WIDTH, out=None) -> No
     import textwrap
 
     out = out or sys.stdout
-    for text in lines:
+    for text in map(printable, lines):
         wrapped = [text] if width is None or len(text) <= width else textwrap.wrap(
             text, width, subsequent_indent="  ", break_on_hyphens=False)
         out.write("\n".join(wrapped or [""]) + "\n")

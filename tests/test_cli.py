@@ -114,3 +114,37 @@ def test_version_is_the_package_version(capsys):
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out == f"speechperf {cli_version()}\n"
     assert cli_version() == version("speechperf")
+
+
+class _GoneReader:
+    """stdout whose reader went away (``| head``): every write and flush is EPIPE; its descriptor a pipe's."""
+
+    def __init__(self):
+        self.read_end, self.write_end = __import__("os").pipe()
+
+    def fileno(self):
+        return self.write_end
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    flush = write
+
+
+def test_a_reader_that_goes_away_ends_the_command_with_141_and_no_traceback(tmp_path, monkeypatch, capsys):
+    import os
+
+    from speechperf.results.run import Run
+
+    with Run.create(tmp_path / "run", kind="train", config={"preset": "tiny", "model": {"name": "ds2"}},
+                    env={"cpu_model": "Test CPU"}, label="r") as run:
+        run.rows.set_status("success")
+        run.write_summary({"status": "success", "init_s": 1.0})
+    gone = _GoneReader()
+    monkeypatch.setattr(sys, "stdout", gone)
+    assert main(["tta", str(tmp_path / "run")]) == 141  # 128 + SIGPIPE, as a process the signal ends
+    assert "Traceback" not in capsys.readouterr().err
+    os.write(gone.write_end, b"x")  # the descriptor now /dev/null's: the pipe never sees it
+    os.close(gone.write_end)
+    assert os.read(gone.read_end, 10) == b""
+    os.close(gone.read_end)

@@ -68,3 +68,18 @@ def test_pick_renames_and_orders_columns():
 
 def test_a_path_cut_keeps_its_end():
     assert tables.fit_line("/a/long/path/to/the/run", 10) == "~o/the/run" and tables.fit_line("ab cd", 4) == "ab ~"
+
+
+def test_control_characters_in_cells_headers_and_notes_are_shown_escaped():
+    """A label from a run folder made elsewhere (a newline, an ANSI escape) cannot break a row or
+    drive the terminal."""
+    label = "a\nb\x1b[31mred\x07"
+    text = tables.format_table([{"run": label, "x\rcol": 1}])
+    assert "\n" not in text.split("\n", 2)[2] and "\x1b" not in text and "\r" not in text and "\x07" not in text
+    assert "a\\nb\\x1b[31mred\\x07" in text and "x\\rcol" in text
+    out = io.StringIO()
+    tables.notes([{"run": label, "note": "ok\x1b[2J"}], "note", out=out)
+    assert out.getvalue() == "note: a\\nb\\x1b[31mred\\x07: ok\\x1b[2J\n"
+    out = io.StringIO()
+    tables.emit([{"run": label}], True, out=out)
+    assert json.loads(out.getvalue()) == [{"run": label}]  # --json keeps the value itself (JSON escapes it)

@@ -13,6 +13,8 @@ kind (data_commands, train_commands, result_commands, bench_commands), which lis
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from speechperf.cli import bench_commands, data_commands, result_commands, train_commands
@@ -89,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "parallel":  # and passed on as given to the sweep's own parser
         args.rest = [x for x in argv[argv.index(args.sub) + 1:] if x != "--json"]
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (| head) is then caught below
+        return code
     except SpeechperfError as e:  # 2: bad input; 1: a run that failed (RunFailed)
         # notes say where a multi-run command stopped (train --seeds): on the error's line
         print(f"speechperf: error: {'; '.join([str(e), *getattr(e, '__notes__', [])])}", file=sys.stderr)
@@ -97,3 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("speechperf: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return closed_stdout()
+
+
+def closed_stdout() -> int:
+    """The reader of stdout went away (``speechperf tta RUN | head -3``): Python's documented way
+    (the signal module's "Note on SIGPIPE"): stdout pointed at /dev/null, so that the interpreter's
+    own flush at exit has nowhere to fail, and the status a command killed by SIGPIPE has, 128 + 13,
+    as ``yes | head`` gives; no traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a descriptor (a test's): nothing left to flush into
+        pass
+    finally:
+        os.close(devnull)
+    return 128 + signal.SIGPIPE

@@ -129,3 +129,20 @@ def add_command(parent, command: Command) -> argparse.ArgumentParser:
 def width(a) -> int | None:
     """The columns a command's text output fits: None with ``--wide`` (every column, whole)."""
     return None if getattr(a, "wide", False) else WIDTH
+
+
+def trust_model_arg(sp) -> None:
+    """``--trust-model MODULE``: the opt-in to import a model module that a run folder names."""
+    sp.add_argument("--trust-model", action="append", default=[], metavar="MODULE",
+                    help="import the model module MODULE (on PYTHONPATH) that the run folder's model.name=MODULE:NAME "
+                         "names; a folder from elsewhere is data, and no module it names is imported without this "
+                         "(docs/reliability.md)")
+
+
+def trust_models(a, overrides=()) -> None:
+    """Trust the modules this command line names: ``--trust-model``, and a new run's own
+    ``model.name=MODULE:NAME`` override (its module is imported as the user asked)."""
+    from speechperf.models import external  # torch: only for the commands that build a model
+
+    named = [v for k, _, v in (o.partition("=") for o in overrides) if k in ("model.name", "name")]
+    external.trust([*getattr(a, "trust_model", []), *map(external.module_of, named)])

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from speechperf import metric
-from speechperf.cli.parsing import WIDTH, Command, Registry, csv_list, width
+from speechperf.cli.parsing import WIDTH, Command, Registry, csv_list, trust_model_arg, trust_models, width
 from speechperf.decode import WORDBEAM_MODES
 from speechperf.tables import emit, emit_json, notes, print_lines
 
@@ -146,10 +146,13 @@ def _eval_args(sp) -> None:
                     help="decoding threads (0: one per CPU this process may use, less the loader's readers, "
                          "at least half of them)")
     sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
+    trust_model_arg(sp)
 
 
 def cmd_eval(a) -> int:
     from speechperf.studies.evaluate_run import evaluate_run
+
+    trust_models(a)
 
     row = evaluate_run(Path(a.run), split=a.split, decoder=a.decoder, beam=a.beam, workers=a.workers,
                        mode=a.mode, data=Path(a.data) if a.data else None)
@@ -167,10 +170,13 @@ def _beam_sweep_args(sp) -> None:
                          "at least half of them)")
     sp.add_argument("--data", help="features folder (default: the one the run recorded, where it exists)")
     sp.add_argument("--db", help="a shared results database that also receives the rows")
+    trust_model_arg(sp)
 
 
 def cmd_beam_sweep(a) -> int:
     from speechperf.studies.evaluate_run import beam_sweep
+
+    trust_models(a)
 
     rows = beam_sweep(Path(a.run), widths=a.widths, split=a.split, decoder=a.decoder, workers=a.workers,
                       mode=a.mode, data=Path(a.data) if a.data else None, db_path=Path(a.db) if a.db else None)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from speechperf import metric
-from speechperf.cli.parsing import PRESETS, WIDTH, Command, named, preset, width
+from speechperf.cli.parsing import PRESETS, WIDTH, Command, named, preset, trust_model_arg, trust_models, width
 from speechperf.cli.result_commands import error_column
 from speechperf.errors import SpeechperfError
 from speechperf.tables import emit, emit_json, notes, print_lines
@@ -75,6 +75,7 @@ def _train_args(sp) -> None:
                          "(K at most the GPUs visible), else the CPUs shared (train.threads = CPUs // K unless "
                          "given); each seed's output in --out/seed-S.log; a failed seed stops the others, saved")
     _allow_emulated_arg(sp)
+    trust_model_arg(sp)
     sp.add_argument("overrides", nargs="*", help="key=value or section.key=value")
 
 
@@ -83,6 +84,7 @@ def cmd_train(a) -> int:
     from speechperf.train.loop import RESUME_MODES, TrainRequest, train
 
     _isa_cap(a)
+    trust_models(a, a.overrides)
     request = TrainRequest(preset=a.preset, data=a.data or None, out=a.out or None, overrides=a.overrides,
                            resume=a.resume, db_path=a.db or None, quiet=a.json, platform=a.platform, label=a.label,
                            label_suffix=a.label_suffix, check=run_check, allow_emulated=a.allow_emulated)

@@ -26,7 +26,7 @@ from speechperf.data.loader_config import LoaderConfig
 from speechperf.data.specaugment import SpecAugmentConfig
 from speechperf.data.units import num_classes_of
 from speechperf.errors import ConfigError
-from speechperf.models import check_contract, config_class
+from speechperf.models import check_contract, config_class, value_problems
 from speechperf.models.ds2 import DS2Config
 from speechperf.objectives import objective_of
 from speechperf.section import build_section
@@ -169,7 +169,9 @@ def validate(cfg: RunConfig) -> None:
             value = getattr(section, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{name}.{f.name}={value} must be a finite number")
-    for section in (cfg.model, cfg.augment, cfg.loader, cfg.train, cfg.algo):
+    for problem in value_problems(cfg.model):  # a model's own (one from outside the package: named if it raises)
+        raise ConfigError(problem)
+    for section in (cfg.augment, cfg.loader, cfg.train, cfg.algo):
         for problem in section.problems():
             raise ConfigError(problem)
     check_contract(cfg.model)  # a model from outside the package: built on meta and tried, named if it falls short

@@ -20,6 +20,7 @@ marker; a name that is a file and a folder. tarfile's ``data`` extraction filter
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ WORKDIR = ".fetch"  # OUT/.fetch: archives, .part files and extraction work fold
 MARKER = ".speechperf-fetch.json"  # in OUT/SPLIT: written before the folder appears
 HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
 NAME_MAX = 255  # bytes in one path component: Linux's ext4, xfs, btrfs and tmpfs, macOS's APFS
+PATH_MAX = 4096  # bytes in a whole path, its NUL included (Linux's), where the file system does not say
 
 
 class UnsafeArchive(FetchError):
@@ -69,10 +71,11 @@ def _extract(archive: Path, dest: Path, split: str, progress: bool) -> int:
     from tqdm import tqdm
 
     counted, kinds = [0], {}  # kinds: each name seen (its own or a folder's above it) -> is a folder
+    path_max = _path_max(dest) - len(os.fsencode(str(dest))) - 1  # the bytes a member's name may take under dest
 
     def members(tar):
         for member in tar:
-            _check_member(archive, member, split)
+            _check_member(archive, member, split, path_max)
             _check_kind(archive, member, kinds)
             counted[0] += 1
             yield member
@@ -88,16 +91,30 @@ def _extract(archive: Path, dest: Path, split: str, progress: bool) -> int:
     except (IsADirectoryError, NotADirectoryError, FileExistsError) as e:  # a backstop to _check_kind
         raise UnsafeArchive(f"{archive}: refused member {e.filename!r} ({e.strerror}); nothing of it was kept; "
                             "the archive is not a LibriSpeech part: delete it, check --mirror") from None
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG:  # a full disk, a read-only folder: the machine's, not the archive's
+            raise
+        raise UnsafeArchive(f"{archive}: refused member {e.filename!r} ({e.strerror}); nothing of it was kept; "
+                            "the archive is not a LibriSpeech part: delete it, check --mirror") from None
     except (tarfile.ReadError, EOFError, zlib.error) as e:
         raise FetchError(f"{archive} cannot be unpacked ({e}) although its checksum matched: delete it and run "
                          "again") from None
     return counted[0]
 
 
-def _check_member(archive: Path, member: tarfile.TarInfo, split: str) -> None:
+def _path_max(folder: Path) -> int:
+    """The bytes a path may take on ``folder``'s file system (Linux: 4,096, the terminating NUL included)."""
+    try:
+        return os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return PATH_MAX
+
+
+def _check_member(archive: Path, member: tarfile.TarInfo, split: str, path_max: int = PATH_MAX) -> None:
     """Names must be relative and stay inside (the data filter would only strip a leading "/"),
     members plain files and folders, and each in its place: ``LibriSpeech/``, a note file
-    ``LibriSpeech/NAME.TXT`` or anything under ``LibriSpeech/SPLIT``."""
+    ``LibriSpeech/NAME.TXT`` or anything under ``LibriSpeech/SPLIT``; the whole name, below the
+    extraction folder, within ``path_max`` bytes."""
     parts = Path(member.name).parts
     if os.path.isabs(member.name) or ".." in parts:
         why = "outside the folder"
@@ -108,6 +125,8 @@ def _check_member(archive: Path, member: tarfile.TarInfo, split: str) -> None:
         why = f"not under LibriSpeech/{split}/ nor a LibriSpeech/NAME.TXT note"
     elif any(len(os.fsencode(p)) > NAME_MAX for p in parts):
         why = f"a name longer than {NAME_MAX} bytes, which no file system here holds"
+    elif len(os.fsencode(member.name)) >= path_max:
+        why = f"a path of {len(os.fsencode(member.name))} bytes, longer than the file system's PATH_MAX holds"
     elif MARKER in parts:
         why = f"named like corpus fetch's own completion marker {MARKER}"
     else:

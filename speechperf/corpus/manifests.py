@@ -31,6 +31,7 @@ import dataclasses
 import gzip
 import json
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -70,13 +71,21 @@ class SplitManifests:
     recordings: Path | None = None
     supervisions: Path | None = None
     count: int = 0  # utterances whose transcript is kept (split_manifests' pass over every line)
+    in_order: bool = True  # that pass found them in the layout's scan order (scan_order): streamed as read
 
     @property
     def files(self) -> list[Path]:
         return [p for p in (self.cuts, self.recordings, self.supervisions) if p is not None]
 
     def utterances(self, problems: list[Problem]) -> Iterator[Utterance]:
-        """The split's utterances in manifest order, appending dropped ones to ``problems``."""
+        """The split's utterances in the LibriSpeech layout's scan order (:func:`scan_order`),
+        appending dropped ones to ``problems``: as read, a line at a time, where the manifest
+        holds them so (``in_order``); else held and sorted (lhotse's LibriSpeech recipe lists its
+        chapters in the order the file system gives, so the same corpus gives the same features)."""
+        found = self._read(problems)
+        yield from found if self.in_order else sorted(found, key=lambda u: scan_order(u.id))
+
+    def _read(self, problems: list[Problem]) -> Iterator[Utterance]:
         reader = _Reader(self.split, problems)
         if self.cuts is not None:
             yield from reader.cuts(self.cuts)
@@ -111,8 +120,16 @@ def split_manifests(pairs: list[tuple[str, Path]]) -> list[SplitManifests]:
         split_files = SplitManifests(split, **kinds)
         # every line read once before any work: a bad cut is refused in seconds, not after the
         # hours of features that precede it (LibriSpeech 960 h's 281,241 cuts: see docs/data.md)
-        out.append(dataclasses.replace(split_files, count=sum(1 for _ in split_files.utterances([]))))
+        keys = [scan_order(u.id) for u in split_files._read([])]
+        out.append(dataclasses.replace(split_files, count=len(keys), in_order=keys == sorted(keys)))
     return out
+
+
+def scan_order(uid: str) -> tuple[str, ...]:
+    """The LibriSpeech layout's order of an utterance id (``SPEAKER-CHAPTER-NNNN``): its speaker's
+    folder, its chapter's (corpus/librispeech.py sorts them by name), then the utterance; any
+    other id by its dash-separated parts the same way."""
+    return tuple(uid.split("-"))
 
 
 def _open(path: Path):
@@ -134,7 +151,7 @@ def _items(path: Path) -> Iterator[tuple[int, object]]:
                     raise ManifestError(f"{path}:{n}: not a lhotse manifest line ({type(e).__name__}: {e})") from None
     except FileNotFoundError:
         raise ManifestError(f"manifest {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:  # gzip's BadGzipFile is an OSError
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error) as e:  # BadGzipFile: OSError; cut short: EOFError
         raise ManifestError(f"manifest {path} cannot be read ({type(e).__name__}: {e})") from None
 
 
@@ -174,9 +191,19 @@ class _Reader:
                                     f"cut (one cut per supervision: lhotse's CutSet.trim_to_supervisions())")
             if cut.recording is None:
                 raise ManifestError(f"{where}: no recording (missing audio source)")
-            u = self._utterance(where, cut.id, cut.recording, cut.start, cut.duration, cut.channel, cut.supervisions[0])
+            uid = self._cut_id(cut, cut.supervisions[0])
+            u = self._utterance(where, uid, cut.recording, cut.start, cut.duration, cut.channel, cut.supervisions[0])
             if u is not None:
                 yield u
+
+    def _cut_id(self, cut, sup) -> str:
+        """The utterance's id: its supervision's where the cut is exactly that supervision and its
+        id only lhotse's counter added to it (``CutSet.from_manifests`` names cut k of a set
+        ``SUPERVISION-k``, which the LibriSpeech layout's ids lack); else the cut's own."""
+        rate = cut.recording.sampling_rate
+        whole = (self.num_samples(sup.start, rate) == 0
+                 and self.num_samples(sup.duration, rate) == self.num_samples(cut.duration, rate))
+        return sup.id if whole and re.fullmatch(re.escape(sup.id) + r"-\d+", cut.id) else cut.id
 
     def supervised(self, recordings: Path, supervisions: Path) -> Iterator[Utterance]:
         recs = {rec.id: rec for _, rec in _items(recordings)}

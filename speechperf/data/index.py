@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from speechperf.errors import SpeechperfError
-from speechperf.features.shards import load_index
+from speechperf.features.shards import load_index, repair_command
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,32 @@ def from_columns(keys: list[str], shas: list, shard, offset, frames, duration, i
                  text_bytes, text_off)
 
 
+def _columns(path: Path, utts: list, split: str, numbers: dict, cols: dict) -> None:
+    """The records ``utts`` of ``path`` appended to ``cols``; a record that is not one of speechperf's
+    (a field missing, of another type) is refused naming the file, not a KeyError in the loader."""
+    try:
+        cols["shard"].append(np.fromiter((numbers[f"{split}/{u['shard']}"] for u in utts), np.int32, len(utts)))
+    except KeyError as e:
+        if all(isinstance(u, dict) and "shard" in u for u in utts):
+            raise SpeechperfError(f"{path}: an utterance names shard {e}, which its shard list lacks") from None
+        raise SpeechperfError(f"{path}: an utterance record lacks its 'shard'; the index is not speechperf's "
+                              f"(rebuild it with: {repair_command(path.parent)})") from None
+    except TypeError as e:
+        raise SpeechperfError(f"{path}: an utterance record is not an object ({e}); the index is not speechperf's "
+                              f"(rebuild it with: {repair_command(path.parent)})") from None
+    try:
+        for col, field, dtype in (("offset", "offset", np.int32), ("frames", "frames", np.int32),
+                                  ("duration", "duration", np.float64)):
+            cols[col].append(np.fromiter((u[field] for u in utts), dtype, len(utts)))
+        ids, texts = [str(u["id"]) for u in utts], [str(u["transcript"]) for u in utts]
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise SpeechperfError(f"{path}: an utterance record lacks a field or holds another type "
+                              f"({type(e).__name__}: {e}); the index is not speechperf's "
+                              f"(rebuild it with: {repair_command(path.parent)})") from None
+    cols["ids"] += ids
+    cols["texts"] += texts
+
+
 def load(feats: Path, splits: list[str]) -> Index:
     """The compact index of ``splits`` of the prepared folder ``feats`` (each split's
     index.json read once and dropped before the next)."""
@@ -87,16 +113,7 @@ def load(feats: Path, splits: list[str]) -> Index:
             shas.append(sha)
         utts = index.pop("utterances")
         del index
-        try:
-            cols["shard"].append(np.fromiter((numbers[f"{split}/{u['shard']}"] for u in utts), np.int32, len(utts)))
-        except KeyError as e:
-            raise SpeechperfError(f"{Path(feats) / split / 'index.json'}: an utterance names shard {e}, "
-                                  f"which its shard list lacks") from None
-        for col, field, dtype in (("offset", "offset", np.int32), ("frames", "frames", np.int32),
-                                  ("duration", "duration", np.float64)):
-            cols[col].append(np.fromiter((u[field] for u in utts), dtype, len(utts)))
-        cols["ids"] += [u["id"] for u in utts]
-        cols["texts"] += [u["transcript"] for u in utts]
+        _columns(Path(feats) / split / "index.json", utts, split, numbers, cols)
         del utts
     if not cols["ids"]:
         raise SpeechperfError(f"no utterances in {', '.join(splits)} under {feats}")

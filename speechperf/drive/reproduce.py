@@ -30,8 +30,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from speechperf.config import SECTIONS, ConfigError, RunConfig, load_preset, validate
 from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.features.checksum import features_sha256
+from speechperf.models import external
 from speechperf.studies import curve, rcp
 from speechperf.results.layout import RUN_FILE
 from speechperf.telemetry.environment import cpu_model
@@ -95,11 +97,39 @@ def _reference(preset: str) -> tuple[dict, Path]:
     if not ref.get("recipe"):
         raise ReproduceError(f"{path}: field 'recipe' should be the reference's training settings (rcp.recipe of "
                              f"its config), found {ref.get('recipe', 'no such field')!r}")
+    check_recipe(ref, path, preset)
     if not curve.has_curves(ref):
         raise ReproduceError(f"{path} has no reference curves (per-epoch validation loss, CER and WER of its seeds): "
                              "it only says how many epochs each seed took; measure them with `python "
                              f"benchmarks/run.py convergence {preset} --seeds N --curves 2 --data FEATS --write`")
     return ref, path
+
+
+def check_recipe(ref: dict, path: Path, preset: str) -> None:
+    """Refuse (exit 2, naming the file and the field) a reference whose recipe or overrides this
+    release cannot train as written: an unknown section or field, a value of another type or an
+    invalid one (``"train.lr": "fast"``), before anything trains (a recipe that differs only
+    once the run is judged made a 2-epoch training end "not comparable", exit 3). A model module
+    the recipe names is not imported (models/external.py's ``reading``)."""
+    sections: dict[str, dict] = {}
+    for key, value in ref["recipe"].items():
+        section, _, name = key.partition(".")
+        if section not in SECTIONS or not name:
+            raise ReproduceError(f"{path}: field 'recipe.{key}' is not a configuration field (SECTION.FIELD, a section "
+                                 f"of {', '.join(SECTIONS)})")
+        sections.setdefault(section, {})[name] = value
+    lists = [("recipe", None), ("overrides", ref.get("overrides", []))]
+    lists += [(f"seeds[{i}].curves[{j}].overrides", c["overrides"]) for i, s in enumerate(ref["seeds"])
+              for j, c in enumerate(s.get("curves") or []) if "overrides" in c]
+    for field, overrides in lists:
+        try:
+            with external.reading(f"reference {path}"):
+                if overrides is None:
+                    validate(RunConfig.from_dict({"preset": preset, **sections}))
+                else:
+                    load_preset(preset, list(overrides))
+        except ConfigError as e:
+            raise ReproduceError(f"{path}: field {field!r} is not a configuration this release trains: {e}") from None
 
 
 def _curve_for(ref: dict, seed: int, data: Path, corpus: Path | None, quiet: bool) -> tuple[dict | str, Path]:

@@ -137,9 +137,15 @@ def load_index(split_dir: Path) -> dict:
         raise ShardError(f"{path} is missing: the split was not prepared (or prepare was interrupted); "
                          f"prepare it with: {repair_command(path.parent)}")
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        index = json.loads(path.read_text())
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, an integer past 4,300 digits: all ValueErrors
         raise ShardError(f"{path} is not valid JSON ({e}); rebuild it with: {repair_command(path.parent)}") from e
+    shape = [f"{key!r} ({kind.__name__})" for key, kind in (("utterances", list), ("shards", dict))
+             if not isinstance(index, dict) or not isinstance(index.get(key), kind)]
+    if shape:  # valid JSON of another shape (another tool's index.json): refused here, not a KeyError in a reader
+        raise ShardError(f"{path} is not a split index of speechperf's (it lacks {' and '.join(shape)}); "
+                         f"rebuild it with: {repair_command(path.parent)}")
+    return index
 
 
 def write_json(path: Path, obj) -> None:

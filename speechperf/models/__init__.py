@@ -61,6 +61,12 @@ def config_class(name: str) -> type:
     return _spec(name).config
 
 
+def value_problems(cfg) -> list[str]:
+    """One message per invalid value of a model config (its ``problems()``); a model from outside
+    the package whose ``problems()`` raises is named with the exception (models/external.py)."""
+    return cfg.problems() if _builtin(_spec(cfg.name)) else external.value_problems(cfg)
+
+
 def check_contract(cfg) -> None:
     """Refuse (exit 2, naming the model and what it lacks) a model from outside the package that
     does not meet the contract; built-in models are checked by their tests, not here."""
@@ -89,6 +95,15 @@ def model_config(values: dict | None = None):
 def build_model(cfg) -> nn.Module:
     """Build the model that ``cfg.name`` names."""
     return _spec(cfg.name).build(cfg)
+
+
+def describe_builtin(values: dict) -> dict | None:
+    """:func:`describe` of a recorded model section (config.json's ``model``) where it names a
+    built-in model; None for any other (``MODULE:NAME``, an entry point's, an unknown one): a
+    reader of a run folder from elsewhere imports nothing its files name."""
+    if MODELS.builtin_entry(str(values.get("name", "ds2"))) is None:
+        return None
+    return describe(values)
 
 
 def describe(cfg) -> dict:

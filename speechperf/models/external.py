@@ -13,9 +13,13 @@ run folder exists: its config class here (:func:`config_problems`), the model it
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import re
+import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -38,16 +42,59 @@ def registered_name(name: str) -> str:
     return name.rpartition(":")[2]
 
 
+class UntrustedModel(ModelContractError):
+    """A model module that only a run folder (or a reference file) names: never imported unless the
+    command line names it too (``--trust-model MODULE``)."""
+
+
+_TRUSTED: set[str] = set()  # modules the command line named (--trust-model, its own model.name=MODULE:NAME)
+_READING: list[str] = []  # what is being read, innermost last: a run folder, a checkpoint, a reference
+
+
+def trust(modules) -> None:
+    """Let a model module named by what a command reads be imported: the user named it on the
+    command line (``--trust-model MODULE``, or ``model.name=MODULE:NAME`` of a new run)."""
+    _TRUSTED.update(m for m in modules if m)
+
+
+def module_of(name: str) -> str | None:
+    """``MODULE`` of ``MODULE:NAME``; None for a built-in or an installed entry point's ``NAME``."""
+    return name.rpartition(":")[0] or None
+
+
+@contextmanager
+def reading(where) -> Iterator[None]:
+    """While the block reads ``where`` (a run folder, its checkpoint, a reference file): data from
+    elsewhere. A ``MODULE:NAME`` it names is imported only where the command line trusted MODULE;
+    else :class:`UntrustedModel` (exit 2) names the module and the flag."""
+    _READING.append(str(where))
+    try:
+        yield
+    finally:
+        _READING.pop()
+
+
+def _check_trusted(name: str, module: str) -> None:
+    if _READING and module not in _TRUSTED:
+        raise UntrustedModel(f"{_READING[-1]} names model {name!r}, whose module {module!r} speechperf does not "
+                             f"import from what it reads (a run folder is data and runs no code): give "
+                             f"--trust-model {module} (with {module} on PYTHONPATH) to import it")
+
+
 def import_model(registry, name: str):
     """The registry's entry for ``MODULE:NAME``, importing ``MODULE`` (on the Python path) first.
-    :class:`ModelContractError` naming ``name`` when it does not import or registers no ``NAME``."""
+    :class:`ModelContractError` naming ``name`` when it does not import or registers no ``NAME``;
+    :class:`UntrustedModel` while :func:`reading` a folder that names a module the command line did not.
+    What the module prints while it imports goes to stderr (stdout may be a command's ``--json``)."""
     module, _, short = name.rpartition(":")
     if not _MODULE.fullmatch(module) or not short:
         raise ModelContractError(f"model {name!r} is not MODULE:NAME (a module on the Python path, "
                                  f"then the model name its @register_model gives)")
+    _check_trusted(name, module)
     registry.load()  # the built-ins first: a module that claims one of their names is named so
     try:
-        importlib.import_module(module)
+        with contextlib.redirect_stdout(sys.stderr):
+            importlib.import_module(module)
     except Exception as e:  # whatever the user's module raises while it runs
         if isinstance(e, ModuleNotFoundError) and e.name and _within(module, e.name):  # not a dependency of it
             raise ModelContractError(f"model {name!r}: no module {e.name!r} on the Python path; "
@@ -79,6 +126,18 @@ def config_problems(name: str, kind: type) -> list[str]:
     if not callable(getattr(kind, "problems", None)):
         out.append(f"its config {kind.__name__} has no problems() (one message per invalid value)")
     return out
+
+
+def value_problems(cfg) -> list[str]:
+    """``cfg.problems()`` of a model config from outside the package, as messages: one that raises,
+    or returns anything but messages, is named with what it did (never a traceback from its code)."""
+    try:
+        found = list(cfg.problems())
+    except Exception as e:  # whatever the user's code raises
+        return [f"model {cfg.name!r}: its config's problems() raises {type(e).__name__}: {e}"]
+    if not all(isinstance(p, str) for p in found):
+        return [f"model {cfg.name!r}: its config's problems() returns {found!r}, not a list of messages"]
+    return found
 
 
 def model_problems(name: str, build, cfg) -> list[str]:

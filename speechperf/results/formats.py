@@ -27,16 +27,29 @@ def read_json(path: Path) -> dict:
     """The JSON object in one of a run folder's files; every reader of a run reads through
     here, so an unreadable file (cut short, not JSON, not an object) is refused by name."""
     try:
-        data = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = parse_json(Path(path).read_bytes().decode("utf-8"), path)
+    except UnicodeDecodeError as e:
         raise RunError(f"{path}: not valid JSON ({e}); the run folder is damaged") from e
-    except RecursionError:  # nested deeper than the parser's recursion (no file speechperf writes is)
-        raise RunError(f"{path}: nested too deeply to read; the run folder is damaged") from None
     except OSError as e:
         raise RunError(f"{path}: cannot be read ({e.strerror or e})") from e
     if not isinstance(data, dict):
         raise RunError(f"{path}: not a JSON object (found {type(data).__name__}); the run folder is damaged")
     return check_file(Path(path).name, data, str(path))  # valid JSON of the wrong shape: refused by field
+
+
+def parse_json(text: str, path) -> object:
+    """``text`` (of the run file ``path``) parsed; whatever the parser refuses is a :class:`RunError`
+    naming the file: not JSON, nested deeper than its recursion, an integer of more digits than
+    Python converts (``sys.get_int_max_str_digits()``, 4,300: a ``ValueError`` that is no
+    JSONDecodeError). No file speechperf writes holds any of them."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RunError(f"{path}: not valid JSON ({e}); the run folder is damaged") from e
+    except ValueError as e:  # int("1" * 5000): the digit limit of str -> int conversion
+        raise RunError(f"{path}: not readable as JSON ({e}); the run folder is damaged") from None
+    except RecursionError:
+        raise RunError(f"{path}: nested too deeply to read; the run folder is damaged") from None
 
 
 def read_info(folder: Path) -> dict:

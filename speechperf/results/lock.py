@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import struct
 from pathlib import Path
 
 from speechperf.errors import SpeechperfError
@@ -62,3 +63,29 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+# struct flock as Linux lays it out (l_type, l_whence, l_start, l_len, l_pid, padded to 32 bytes)
+_FLOCK = "hhqqi4x"
+
+
+def held(folder: Path) -> bool | None:
+    """Whether another process holds ``folder``'s lock now (a run training there), asked without
+    taking it and without writing (``F_GETLK`` on the file opened read-only: a reader of a
+    read-only or copied folder can ask). False where no lock file is there; None where the system
+    cannot say (not Linux's struct layout). The process asking never counts: a lock it holds is
+    its own, not another writer's."""
+    try:
+        fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        asked = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        found = struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_GETLK, asked))
+    except (OSError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+    return found[0] != fcntl.F_UNLCK

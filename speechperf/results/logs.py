@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from speechperf.results.formats import RunError
 from speechperf.results.layout import APPEND_LOGS, EVENTS_FILE, SENTENCES_FILE
 
 SENTENCES_SHOWN = 3  # last logged sentence batches a reader gets
@@ -31,6 +32,8 @@ class LogReader:
                 out.append(json.loads(line))
             except json.JSONDecodeError:  # a run killed mid-write leaves half a line: skip it
                 continue
+            except ValueError as e:  # an integer of more digits than Python converts: no line speechperf writes
+                raise RunError(f"{path}: a line is not readable as JSON ({e}); the run folder is damaged") from None
         return out
 
     def log_sizes(self) -> dict:

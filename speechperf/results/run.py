@@ -29,6 +29,7 @@ from speechperf.results.logs import RunLog
 from speechperf.results.progress import Progress
 from speechperf.results.rows import Rows
 from speechperf.results.view import RunView, check_files, eval_split
+from speechperf.results.workload import described
 
 
 
@@ -54,6 +55,7 @@ class Run(RunView):
                 "label": label or default_label(env, config), "host": env.get("hostname"), "created_at": time.time()}
         if data is not None:
             info["data"] = data_hint(data, folder)
+        info["workload"] = described(config)  # what readers show, never computed again from a module it names
         atomic_write_text(folder / CONFIG_FILE, json.dumps(config, indent=1))
         atomic_write_text(folder / ENV_FILE, json.dumps(env, indent=1, default=str))
         run = cls(folder, info, shared_db=shared_db)

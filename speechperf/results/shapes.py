@@ -23,7 +23,8 @@ OPT_NUM = (int, float, type(None))
 SECTION = {"*": (str, int, float, bool, type(None), list)}  # one stage's config: plain values
 
 RUN = {"format": int, "run_id": str, "kind": OPT_STR, "label": OPT_STR, "host": OPT_STR, "created_at": OPT_NUM,
-       "data": {"given": OPT_STR, "resolved": OPT_STR, "relative": OPT_STR, "stats_sha256": OPT_STR}}
+       "data": {"given": OPT_STR, "resolved": OPT_STR, "relative": OPT_STR, "stats_sha256": OPT_STR},
+       "workload": {"model": str, "params": (int, type(None))}}
 CONFIG = {"preset": OPT_STR, "model": SECTION, "loader": SECTION, "train": SECTION, "augment": SECTION,
           "features": SECTION, "algo": SECTION}
 # train.precision=auto's choice (train/auto_precision.py): env.json and summary.json

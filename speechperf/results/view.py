@@ -70,9 +70,9 @@ class RunView:
 
     @property
     def workload(self) -> dict:
-        """{"model": name, "params": count}: :func:`workload` of the run's configuration (the
-        folder's config.json)."""
-        return workload(self.config)
+        """{"model": name, "params": count}: :func:`workload` as run.json recorded it (else from
+        config.json, without importing a module it names)."""
+        return workload(self.config, self.info.get("workload"))
 
     def features(self) -> Path:
         """The prepared features folder (results/formats.py ``features_folder``)."""

@@ -1,4 +1,5 @@
-"""A run's workload: the model it trains and its parameter count, from its configuration.
+"""A run's workload: the model it trains and its parameter count, recorded in run.json when the
+run is made (read back without importing anything), else from its configuration.
 
 Runs of different workloads are different jobs (their own computation per step, their own
 route to a target), so tables group runs by workload and rank only within one.
@@ -13,29 +14,52 @@ from speechperf.errors import SpeechperfError
 UNRECORDED = "model not recorded"  # a config.json without a model section (runs written by hand, old tests)
 
 
-def workload(config: dict) -> dict:
-    """{"model": name, "params": count} of the model a run's configuration (config.json) trains:
-    the run's workload. Runs of different workloads are different jobs, never ranked as one."""
+def workload(config: dict, recorded: dict | None = None) -> dict:
+    """{"model": name, "params": count} of the model a run trains: the run's workload. Runs of
+    different workloads are different jobs, never ranked as one. ``recorded``: what the run
+    recorded when it was made (run.json's ``workload``, :func:`described`), the answer wherever
+    it is there; else (a run recorded before it was, a preset) from ``config`` (config.json) for
+    a built-in model, and the name alone, its parameters None (unknown), for any other: a reader
+    never imports a module a folder names (docs/reliability.md)."""
+    if isinstance(recorded, dict) and isinstance(recorded.get("model"), str):
+        return {"model": recorded["model"], "params": recorded.get("params")}
     model = config.get("model")
     if not isinstance(model, dict):
         return {"model": UNRECORDED, "params": None}
     return dict(_describe(json.dumps(model, sort_keys=True)))
 
 
+def described(config: dict) -> dict:
+    """The workload of a run being made (for run.json, what every later reader shows): its model
+    built on the meta device, the model's module imported by the run that trains it (a model from
+    outside the package too); params None where this release cannot build it."""
+    from speechperf.models import describe  # torch: only where a run is made or a model described
+    from speechperf.models.external import registered_name
+
+    model = config.get("model")
+    if not isinstance(model, dict):
+        return {"model": UNRECORDED, "params": None}
+    try:
+        return describe(model)
+    except SpeechperfError:
+        return {"model": registered_name(str(model.get("name", "ds2"))), "params": None}
+
+
 @functools.lru_cache(maxsize=64)
 def _describe(model_json: str) -> tuple:
-    """:func:`speechperf.models.describe` of a model config dict (JSON, for the cache); params
-    None for a model this release cannot build (a newer release's model, or its fields; a model
-    from outside the package whose module is not on this Python path: named by its NAME)."""
-    from speechperf.models import describe
+    """:func:`speechperf.models.describe_builtin` of a model config dict (JSON, for the cache);
+    params None for a model not built in (a module outside the package, an installed entry
+    point's: named by its NAME, nothing imported) or one this release cannot build (a newer
+    release's model, or its fields)."""
+    from speechperf.models import describe_builtin
     from speechperf.models.external import registered_name
 
     model = json.loads(model_json)
     try:
-        described = describe(model)
+        described = describe_builtin(model)
     except SpeechperfError:
-        described = {"model": registered_name(str(model.get("name", "ds2"))), "params": None}
-    return tuple(described.items())
+        described = None
+    return tuple((described or {"model": registered_name(str(model.get("name", "ds2"))), "params": None}).items())
 
 
 def workload_label(w: dict) -> str:

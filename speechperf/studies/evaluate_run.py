@@ -15,7 +15,7 @@ from speechperf import metric
 from speechperf.config import RunConfig
 from speechperf.data.batching import Batching
 from speechperf.features.stats import check_trained_on
-from speechperf.models import build_model
+from speechperf.models import build_model, external
 from speechperf.results import checkpoint
 from speechperf.results.run import Run
 from speechperf.results.view import RunView
@@ -27,7 +27,8 @@ def load_run_model(run, data: Path | None = None):
     r = run if not isinstance(run, (str, Path)) else RunView.open(Path(run), data=data)
     feats = r.features()  # a missing features folder fails before the checkpoint is read
     ckpt = checkpoint.load(r.folder)
-    cfg = RunConfig.from_dict(ckpt[checkpoint.CONFIG])
+    with external.reading(f"checkpoint of run {r.folder}"):  # its model's module: imported only where trusted
+        cfg = RunConfig.from_dict(ckpt[checkpoint.CONFIG])
     if cfg.loader.normalize:  # weights trained under one normalization are evaluated under it
         check_trained_on(feats, r.stats_sha256, r.folder)
     model = build_model(cfg.model)

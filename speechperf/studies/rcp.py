@@ -31,6 +31,7 @@ from speechperf.algorithms import DEFAULT as DEFAULT_ALGO, algo_config
 from speechperf.config import SECTIONS, section_kind
 from speechperf.errors import SpeechperfError
 from speechperf.metric import is_target, targets as target_metrics
+from speechperf.models import external
 from speechperf.scoring.olympic import olympic_mean
 from speechperf.results.shapes import NUM, OPT_NUM, OPT_STR, ShapeError, check_shape
 
@@ -161,6 +162,8 @@ def _check_curve(curve: dict, field: str, where: str) -> None:
             bad(f"{field}.settings.{key}", curve["settings"].get(key), "a string")
     if curve["settings"].get("seed") is not None and not _count(curve["settings"]["seed"], 0):
         bad(f"{field}.settings.seed", curve["settings"]["seed"], "a whole number")
+    if curve["settings"].get("threads") is not None and not _count(curve["settings"]["threads"], 1):
+        bad(f"{field}.settings.threads", curve["settings"]["threads"], "a whole number of threads >= 1")
 
 
 def _refuse(where: str, field: str, value, want: str):
@@ -202,7 +205,8 @@ def _completed(flat: dict) -> dict:
     defaults = {}
     for section in SECTIONS:
         try:
-            defaults[section] = dataclasses.asdict(section_kind(section, named)())
+            with external.reading("a recorded recipe"):  # a run's or a reference's: its MODULE:NAME never imported
+                defaults[section] = dataclasses.asdict(section_kind(section, named)())
         except ValueError:  # a model or algorithm this code does not know (UnknownName, ConfigError): as recorded
             pass
     return {**recipe(defaults), **_own_algo_fields(flat)}

@@ -20,11 +20,12 @@ from speechperf.telemetry.machine import machine_name
 
 
 def seed_run(label: str, config: dict, env: dict, status: str | None, evals: list[dict], metric: str,
-             folder: Path | None = None) -> SeedRun:
+             folder: Path | None = None, work: dict | None = None) -> SeedRun:
     """A run as aggregation sees it, from what every reader already holds (its label, config,
-    env, status and per-epoch evaluation rows); ``folder``: where its events.log names its corpus."""
-    return SeedRun(label=label, workload=workload_label(workload(config)), machine=machine_name(env), config=config,
-                   status=status, evals=tuple((e["clock_s"], e[metric]) for e in evals),
+    env, status and per-epoch evaluation rows); ``folder``: where its events.log names its corpus;
+    ``work``: its recorded workload (``RunView.workload``; None: from ``config``, built-in models only)."""
+    return SeedRun(label=label, workload=workload_label(work or workload(config)), machine=machine_name(env),
+                   config=config, status=status, evals=tuple((e["clock_s"], e[metric]) for e in evals),
                    corpus=rcp.corpus_of(Path(folder) / EVENTS_FILE) if folder else {},
                    reproduction=run_reproduction(config, env, evals))
 
@@ -62,7 +63,7 @@ def tta_study(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
 def _of_open(run, label: str, metric: str) -> SeedRun:
     """:func:`seed_run` of an open RunView."""
     return seed_run(label, run.config, run.env, run.rows.row().get("status"),
-                    run.rows.evals(), metric, run.folder)
+                    run.rows.evals(), metric, run.folder, run.workload)
 
 
 def study_notes(study: dict) -> list[str]:
@@ -88,7 +89,8 @@ def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dic
     metric ``spec`` has targets of: (per-run factor rows, group rows, comparison rows)."""
     out: tuple[list, list, list] = ([], [], [])
     for metric in METRICS:
-        runs = [seed_run(r["label"], r["config"], r["env"], r["row"].get("status"), r["evals"], metric, Path(r["run"]))
+        runs = [seed_run(r["label"], r["config"], r["env"], r["row"].get("status"), r["evals"], metric, Path(r["run"]),
+                         r["workload"])
                 for r in loaded if not r["evals"] or measured(r["evals"], metric)]  # not measured: not a seed of it
         runs = [r for r, targets in zip(runs, map(targets_for(spec, metric, required=False), runs)) if targets]
         for part, rows in zip(out, aggregate(runs, targets_for(spec, metric, required=False), metric, window)):
@@ -110,7 +112,7 @@ def run_check(run: RunView, status: str) -> dict:
     except rcp.ReferenceError as e:
         return {"reference": None, "check": str(e)}
     targets = (ref or {}).get("targets") or ([train["target"]] if train.get("target") else [])
-    run = seed_run(str(folder), config, env, status, evals, metric, folder)
+    run = seed_run(str(folder), config, env, status, evals, metric, folder, run.workload)
     checks = []
     for target in targets:
         o = outcome(run, target, window)

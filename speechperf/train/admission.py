@@ -23,6 +23,7 @@ from speechperf.data.batching import Batching
 from speechperf.data.check import verify_run
 from speechperf.errors import SpeechperfError
 from speechperf.features.stats import check_trained_on
+from speechperf.models import external
 from speechperf.results import checkpoint
 from speechperf.results.db import ResultsDB
 from speechperf.results.lock import LOCK_FILE, RunFolderBusy, RunLock
@@ -170,8 +171,7 @@ def _plan(request: TrainRequest, cfg: RunConfig, batching: Batching,
                                   "or choose another --out")
         run = RunView.open(out, data=data)
         # read through the current RunConfig: a section the run lacks (augment) takes its default there too
-        there = RunConfig.from_dict(run.config).to_dict()
-        differ = config_diff(there, _as_recorded(cfg.to_dict(), there))
+        differ = _differs(run, cfg)
         if differ:
             raise ConfigError(f"{out} holds a run of another configuration ({'; '.join(differ)}): repeat its "
                               "configuration to continue it, or choose another --out")
@@ -207,6 +207,19 @@ def _as_recorded(here: dict, there: dict) -> dict:
     if here["train"]["precision"] != AUTO_PRECISION:
         return here
     return {**here, "train": {**here["train"], "precision": there["train"]["precision"]}}
+
+
+def _differs(run: RunView, cfg: RunConfig) -> list[str]:
+    """How the folder's recorded configuration differs from ``cfg``, read through the current
+    RunConfig; another model is told by its name alone (the folder's ``MODULE:NAME`` never
+    imported for it; the same one is the module this command trusted: models/external.py)."""
+    model = run.config.get("model")
+    there = model.get("name", "ds2") if isinstance(model, dict) else "ds2"
+    if there != cfg.model.name:
+        return [f"model.name: {there!r} there, {cfg.model.name!r} now"]
+    with external.reading(f"run folder {run.folder}"):
+        there = RunConfig.from_dict(run.config).to_dict()
+        return config_diff(there, _as_recorded(cfg.to_dict(), there))
 
 
 def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from speechperf.config import ConfigError, RunConfig, load_preset
+from speechperf.models import external
 from speechperf.results.labels import default_label
 from speechperf.results.view import RunView
 
@@ -70,7 +71,8 @@ class TrainRequest:
         if self.resume_run is not None:  # --resume RUN: that run, with its recorded configuration
             if self.overrides:
                 raise ConfigError("a resumed run keeps its configuration; overrides are not allowed with --resume RUN")
-            return RunConfig.from_dict(RunView.open(self.resume_run).config)
+            with external.reading(f"run folder {self.resume_run}"):  # its model's module: only a trusted one
+                return RunConfig.from_dict(RunView.open(self.resume_run).config)
         if self.out is None:
             raise ConfigError("train needs --out RUN (and --data FEATS for a new run)")
         return load_preset(self.preset, list(self.overrides), self.platform)

@@ -274,11 +274,12 @@ def _both(*makers):
 
 D = "LibriSpeech/dev-clean-2/84"
 # issue 48: each was exit 1 with a traceback (IsADirectoryError, NotADirectoryError, ENAMETOOLONG,
-# IsADirectoryError writing the marker)
+# IsADirectoryError writing the marker); issue 61: a path past PATH_MAX (OSError ENAMETOOLONG)
 ODD = {"a file, then a folder of its name": (_both(_file(f"{D}/x"), _folder(f"{D}/x")), f"'{D}/x' is a file earlier"),
        "a folder, then a file of its name": (_both(_folder(f"{D}/x"), _file(f"{D}/x")), f"'{D}/x' is a folder earlier"),
        "a file, then a member inside it": (_both(_file(f"{D}/x"), _file(f"{D}/x/y.flac")), f"'{D}/x' is a file earlier"),
        "a 300-character name": (_file(f"{D}/{'a' * 300}.flac"), "a name longer than 255 bytes"),
+       "a path past PATH_MAX": (_file(f"{D}/{('b' * 200 + '/') * 21}x.flac"), "longer than the file system's PATH_MAX"),
        "a folder named like the marker": (_folder(f"LibriSpeech/dev-clean-2/{MARKER}"),
                                           f"named like corpus fetch's own completion marker {MARKER}")}
 

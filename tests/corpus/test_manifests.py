@@ -1,6 +1,7 @@
 """lhotse manifests as a corpus (corpus/manifests.py): the samples of a cut equal lhotse's own
 loading, and each bad manifest is refused naming its file and cut. The manifests are written
 with lhotse's own API."""
+import re
 import sys
 
 import numpy as np
@@ -143,6 +144,15 @@ def test_a_split_is_one_cutset_or_recordings_with_supervisions(tmp_path):
         split_manifests([("train", cuts), ("train", cuts)])
     with pytest.raises(ManifestError, match="split name '../x' is not a folder name"):
         split_manifests([("../x", cuts)])
+
+
+def test_a_gz_manifest_cut_short_is_refused_naming_it(tmp_path):
+    rec = _long_recording(tmp_path)
+    cuts = _write(tmp_path, [_cut(rec, f"c{i}", 0.1 * i, 0.5) for i in range(20)])
+    whole = cuts.read_bytes()
+    cuts.write_bytes(whole[:len(whole) - 30])  # the gzip stream's end and its trailer gone: EOFError
+    with pytest.raises(ManifestError, match=f"manifest {re.escape(str(cuts))} cannot be read \\(EOFError"):
+        split_manifests([("train", cuts)])
 
 
 def test_without_lhotse_the_refusal_names_the_extra(tmp_path, monkeypatch):

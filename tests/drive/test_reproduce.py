@@ -221,7 +221,21 @@ def test_a_reference_without_curves_is_refused(monkeypatch, tmp_path, tiny_featu
 @pytest.mark.parametrize("change,says", [(lambda r: r.pop("preset"), "field 'preset' should be 'tiny', found None"),
                                          (lambda r: r.update(preset="cpu"), "field 'preset' should be 'tiny', found 'cpu'"),
                                          (lambda r: r.pop("recipe"), "field 'recipe' should be the reference's "
-                                                                     "training settings")])
+                                                                     "training settings"),
+                                         # issue 61: each trained 2 epochs and ended "not comparable" (exit 3)
+                                         (lambda r: r["recipe"].update({"train.lr": "fast"}),
+                                          "field 'recipe' is not a configuration this release trains: [train] lr = "
+                                          "'fast': expected float"),
+                                         (lambda r: r["recipe"].update({"train.no_such_field": 1}),
+                                          "[train] unknown keys ['no_such_field']"),
+                                         (lambda r: r["recipe"].update({"nosuch.x": 1}),
+                                          "field 'recipe.nosuch.x' is not a configuration field"),
+                                         (lambda r: r["recipe"].update({"train.lr": -1.0}), "train.lr"),
+                                         (lambda r: r["seeds"][0]["curves"][0]["settings"].update(threads="one"),
+                                          "field 'seeds[0].curves[0].settings.threads' should be a whole number"),
+                                         (lambda r: r.update(overrides=["train.lr=fast"]),
+                                          "field 'overrides' is not a configuration this release trains: override "
+                                          "'train.lr=fast'")])
 def test_a_reference_of_another_preset_or_without_its_recipe_is_refused(monkeypatch, tmp_path, tiny_features, capsys,
                                                                          change, says):
     """Issue 48: a reference naming no preset or another one reproduced as "identical" (exit 0);
@@ -230,9 +244,10 @@ def test_a_reference_of_another_preset_or_without_its_recipe_is_refused(monkeypa
     change(ref)
     (tmp_path / "tiny.json").write_text(json.dumps(ref))
     monkeypatch.setattr(rcp, "RCP_DIR", tmp_path)
+    monkeypatch.setattr(rep, "_train", lambda *a, **k: pytest.fail("trained on a reference it should refuse"))
     assert main(["reproduce", "tiny", "--data", str(tiny_features)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{tmp_path / 'tiny.json'}: {says}" in err
+    assert err.count("\n") == 1 and f"{tmp_path / 'tiny.json'}: " in err and says in err, err
 
 
 def test_features_of_another_corpus_cannot_be_compared(tmp_path, tiny_features, capsys):

@@ -2,6 +2,7 @@
 manifests (written with lhotse's own API) prepares to the LibriSpeech layout's features, byte for
 byte; bad manifests are one line and exit 2."""
 import json
+from pathlib import Path
 
 import pytest
 from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
@@ -81,3 +82,29 @@ def test_a_bad_manifest_is_one_line_exit_2_naming_file_and_cut(tiny_corpus, tmp_
     p = cli("prepare", tiny_corpus, out, "--manifest", f"dev-clean={tmp_path / 'cuts.jsonl.gz'}")
     assert p.returncode == 2 and "not both" in p.stderr
     assert not out.exists()  # refused before anything was written
+
+
+def test_the_manifests_of_lhotses_librispeech_recipe_prepare_the_layouts_features(tiny_corpus, tiny_features,
+                                                                                   tmp_path):
+    """lhotse's own recipe (``prepare_librispeech``, then ``CutSet.from_manifests``) names cut k
+    ``UTTERANCE-k`` and lists chapters in the file system's order: the same features folder as the
+    layout's all the same (issue 61: the ids kept ``-0``, ``-1``..., the training shards another order)."""
+    from lhotse.recipes import prepare_librispeech
+
+    from speechperf.features.prepare import prepare
+    from tests.conftest import prepared_files
+
+    splits = find_splits(tiny_corpus)
+    made = prepare_librispeech(tiny_corpus, dataset_parts=splits, output_dir=tmp_path / "manifests", num_jobs=1)
+    pairs = []
+    for split in splits:
+        cuts = CutSet.from_manifests(recordings=made[split]["recordings"], supervisions=made[split]["supervisions"])
+        assert next(iter(cuts)).id.endswith("-0")  # the counter this test is about
+        cuts.to_file(tmp_path / f"cuts_{split}.jsonl.gz")
+        pairs.append((split, tmp_path / f"cuts_{split}.jsonl.gz"))
+    prepare(None, tmp_path / "feats", workers=1, progress=False, manifests=pairs)
+    ours, layout = prepared_files(tmp_path / "feats"), prepared_files(tiny_features)
+    ours.pop(Path("prepare.json"))  # it names the manifests it was made from
+    layout.pop(Path("prepare.json"))
+    assert sorted(ours) == sorted(layout)
+    assert [name for name in ours if ours[name] != layout[name]] == []  # shards, sidecars, indexes, stats: byte for byte

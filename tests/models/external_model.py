@@ -102,3 +102,16 @@ class WrongClasses(AcousticModel):
 @register_model("ext_wrong_classes", WrongClassesConfig)
 def build_wrong_classes(cfg):
     return WrongClasses(cfg)
+
+
+@dataclass(frozen=True)
+class RaisingProblemsConfig(ExtConvConfig):
+    name: str = "ext_raising_problems"
+
+    def problems(self) -> list[str]:  # a bug in the user's check: named, not a traceback
+        raise AttributeError("'RaisingProblemsConfig' object has no attribute 'widht'")
+
+
+@register_model("ext_raising_problems", RaisingProblemsConfig)
+def build_raising_problems(cfg):
+    return ExtConv(cfg)

@@ -78,3 +78,24 @@ def test_shapes_check_only_present_fields_and_any_field_of_a_section():
     check_shape({"model": {"name": "ds2", "lstm_hidden": 32, "dropout": 0.1}}, SPECS["config.json"], "w")
     with pytest.raises(ShapeError, match=r"w: field 'model.name' should be"):
         check_shape({"model": {"name": {"x": 1}}}, SPECS["config.json"], "w")
+
+
+# ---- an integer of more digits than Python converts (4,300): json's ValueError, no JSONDecodeError
+HUGE = "1" * 5000
+
+
+@pytest.mark.parametrize("name,content", [
+    ("summary.json", '{"status": "success", "init_s": %s}' % HUGE), ("config.json", '{"preset": %s}' % HUGE),
+    ("env.json", '{"cpu_cores_logical": %s}' % HUGE), ("run.json", '{"format": %s, "run_id": "r"}' % HUGE),
+    ("sentences.jsonl", '{"iteration": %s}\n' % HUGE),
+])
+@pytest.mark.parametrize("reader", ["tta", "report"])
+def test_an_integer_too_long_to_convert_is_refused_naming_the_file(reader, name, content, tmp_path, capsys):
+    if (reader, name) == ("tta", "sentences.jsonl"):
+        pytest.skip("tta shows no sentences")
+    run = _damaged_run(tmp_path / "demo" / "run", "summary.json")
+    run.joinpath("summary.json").write_text(json.dumps({"status": "success", "init_s": 1.0}))
+    run.joinpath(name).write_text(content)
+    assert main(_argv(reader, run, tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert f"{run / name}: " in err and "4300 digits" in err and err.count("\n") == 1, err

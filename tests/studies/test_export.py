@@ -119,7 +119,62 @@ def test_bad_input_is_one_line_and_exit_2(tiny_run, tmp_path, capsys, args, says
 def test_a_folder_that_is_no_run_is_refused_before_anything_is_written(tiny_run, tmp_path, capsys):
     assert main(["export", str(tiny_run), str(tmp_path / "nothing"), "--tensorboard", str(tmp_path / "tb")]) == 2
     assert "nothing" in capsys.readouterr().err
-    assert list((tmp_path / "tb").iterdir()) == []
+    assert not (tmp_path / "tb").exists()  # a refused export makes no folder (issue 61: it left an empty one)
+
+
+def test_a_destination_that_is_a_file_is_refused_before_anything_is_made(tmp_path, capsys):
+    import os
+
+    (tmp_path / "f").write_text("not a folder")
+    os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+    for where, says in ((["--tensorboard", str(tmp_path / "f")], f"--tensorboard: cannot write into {tmp_path / 'f'}"),
+                        (["--tensorboard", str(tmp_path / "f" / "tb")], f"cannot make {tmp_path / 'f' / 'tb'} in"),
+                        (["--mlflow", f"file:{tmp_path / 'f'}"], f"--mlflow file:{tmp_path / 'f'}: cannot write into"),
+                        (["--mlflow", str(tmp_path / "f" / "mlruns")], "it is a file, not a folder")):
+        assert main(["export", str(tmp_path / "nothing"), *where]) == 2  # before any run is read
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # nothing made: no mlruns, no experiment
+
+
+def _can_mount() -> bool:
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(__import__("os").geteuid() == 0 and not _can_mount(),
+                    reason="as root a read-only folder needs a read-only mount (unshare -m)")
+def test_a_read_only_destination_is_refused_by_name_and_no_experiment_is_made(tiny_run, tmp_path):
+    """As a user, a folder without write permission; as root (who writes anywhere), a read-only
+    tmpfs in a private mount namespace. Was a traceback, exit 1, after MLflow made its experiment."""
+    import os
+    import subprocess
+    import sys
+
+    ro = tmp_path / "ro"
+    (ro / "mlruns").mkdir(parents=True)
+    wheres = (["--tensorboard", str(ro / "tb")], ["--mlflow", f"file:{ro / 'mlruns'}"], ["--mlflow", str(ro / "new")])
+    exports = [[sys.executable, "-m", "speechperf", "export", str(tiny_run), *where] for where in wheres]
+    if os.geteuid() != 0:
+        ro.chmod(0o555)
+        (ro / "mlruns").chmod(0o555)
+        done = [subprocess.run(cmd, capture_output=True, text=True, timeout=300) for cmd in exports]
+        codes, err = [p.returncode for p in done], "".join(p.stderr for p in done)
+    else:
+        script = (f"mount -t tmpfs tmpfs {ro} && mkdir {ro / 'mlruns'} && mount -o remount,ro {ro} && "
+                  + " ; ".join(" ".join(cmd) + " ; echo rc=$?" for cmd in exports))
+        p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                           text=True, timeout=300)
+        codes, err = [int(line[3:]) for line in p.stdout.splitlines() if line.startswith("rc=")], p.stderr
+    assert codes == [2, 2, 2] and "Traceback" not in err, err
+    assert f"--tensorboard: cannot make {ro / 'tb'} in {ro}: permission denied" in err
+    assert f"--mlflow file:{ro / 'mlruns'}: cannot write into {ro / 'mlruns'}: permission denied" in err
+    assert f"--mlflow {ro / 'new'}: cannot make {ro / 'new'} in {ro}" in err
 
 
 def test_telemetry_is_binned_and_a_counter_becomes_power_within_its_segment():
@@ -144,8 +199,12 @@ def test_export_error_is_bad_input():
 
 
 def test_a_run_still_training_exports_its_rows_so_far_and_stays_running_in_mlflow(tiny_run, tmp_path, monkeypatch):
+    """Recorded running while a process holds the folder's lock (results/lock.py): RUNNING; the same
+    rows with no process left (a SIGKILLed run: nobody will ever record its end): KILLED."""
     import shutil
     import sqlite3
+    import subprocess
+    import sys
 
     from mlflow import MlflowClient
 
@@ -159,11 +218,22 @@ def test_a_run_still_training_exports_its_rows_so_far_and_stays_running_in_mlflo
         db.execute("UPDATE runs SET status = 'running'")
         db.execute("DELETE FROM evals WHERE epoch > 1 OR final = 1")
     uri = f"file:{tmp_path / 'mlruns'}"
-    (row,) = export_runs([partial], mlflow=uri, report=False, targets=f"{TARGET:g}", epochs=EPOCHS)
+    hold = "import fcntl, os, sys, time\nfcntl.lockf(os.open(sys.argv[1], os.O_RDWR), fcntl.LOCK_EX)\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold + "print(flush=True)\ntime.sleep(120)",
+                               str(partial / ".speechperf.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()  # the lock is held: a training process
+        (row,) = export_runs([partial], mlflow=uri, report=False, targets=f"{TARGET:g}", epochs=EPOCHS)
+    finally:
+        holder.kill()
+        holder.wait()
     assert row["to"] == "mlflow" and row["replaced"] is False
     client = MlflowClient(tracking_uri=uri)
     (found,) = client.search_runs([client.get_experiment_by_name("speechperf").experiment_id])
     assert found.info.status == "RUNNING" and found.data.tags["status"] == "running"
+    export_runs([partial], mlflow=uri, report=False, targets=f"{TARGET:g}", epochs=EPOCHS)  # its process gone
+    (found,) = client.search_runs([client.get_experiment_by_name("speechperf").experiment_id])
+    assert found.info.status == "KILLED" and found.data.tags["status"] == "running"
     assert [m.step for m in client.get_metric_history(found.info.run_id, f"valid/{metric.DEFAULT_TARGET}")] == [1]
     assert not [k for k in found.data.metrics if k.startswith("final/")]
 

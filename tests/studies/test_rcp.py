@@ -116,8 +116,9 @@ def test_run_check_for_summary_json(reference, tmp_path):
 
 
 def _finished_run(config: dict, evals: list[dict], folder) -> SimpleNamespace:
-    """What run_check reads of the recorder's Run: config, env, its evaluation rows, its folder."""
-    return SimpleNamespace(config=config, env={}, folder=folder, rows=SimpleNamespace(evals=lambda: evals))
+    """What run_check reads of the recorder's Run: config, env, its evaluation rows, its folder, its workload."""
+    return SimpleNamespace(config=config, env={}, folder=folder, rows=SimpleNamespace(evals=lambda: evals),
+                           workload={"model": "ds2", "params": None})
 
 
 def test_the_shipped_tiny_reference():

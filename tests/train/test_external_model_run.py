@@ -1,8 +1,9 @@
 """A model written outside the package (tests/models/external_model.py, named MODULE:NAME with
 its folder on PYTHONPATH), through the real CLI as a buyer runs it: refused before a run folder
 exists where it falls short; trained on the tiny corpus to its target with MFU; shown by its
-name in ``tta`` and ``report``; evaluated later and timed by ``bench zoo``, each a new process
-that imports it again from the name config.json keeps."""
+name in ``tta`` and ``report`` (from the workload run.json recorded: neither imports it); evaluated
+later (``eval --trust-model external_model``: a folder's module is imported only where the command
+line names it) and timed by ``bench zoo``, each a new process."""
 import json
 import os
 from functools import partial
@@ -45,7 +46,9 @@ def test_a_model_outside_the_package_trains_to_its_target_and_shows_by_its_name(
     ok("report", run, "--out", tmp_path / "report")
     assert "ext_conv, " in (tmp_path / "report" / "index.html").read_text(encoding="utf-8")
 
-    (dev,) = json.loads(ok("eval", run, "--decoder", "greedy", "--json").stdout)
+    p = cli("eval", run, "--decoder", "greedy", env=env)  # the folder names the module: not imported unasked
+    assert p.returncode == 2 and "--trust-model external_model" in p.stderr, p.stderr
+    (dev,) = json.loads(ok("eval", run, "--decoder", "greedy", "--trust-model", "external_model", "--json").stdout)
     assert dev["cer"] == pytest.approx(summary["last_cer"])  # the checkpoint's weights, in the same model again
 
     zoo = json.loads(ok("bench", "zoo", "--models", EXT, "--batch", "2", "--iters", "1", "--json").stdout)

@@ -19,6 +19,7 @@ from pathlib import Path
 from speechperf.errors import SpeechperfError
 from speechperf.metric import METRICS
 from speechperf.studies.tta import tta_table
+from speechperf.results.lock import held
 from speechperf.results.view import RunView
 from speechperf.telemetry.energy import POWER_METRICS
 
@@ -51,6 +52,9 @@ class RunSeries:
     tags: dict[str, str]  # words: status, machine, label, and each target's TTA where it is NA
     points: list[Point] = field(default_factory=list)  # the curves
     summary: dict[str, float] = field(default_factory=dict)  # one value each: TTA, MFU, final errors
+    # recorded running and a process holds the folder's lock (results/lock.py; or the system cannot
+    # say): still training. Recorded running with no holder: it was killed before it recorded its end
+    training: bool = False
 
 
 def flatten(config: dict, prefix: str = "") -> dict:
@@ -73,7 +77,8 @@ def collect(folder: Path, metric: str, targets, epochs: int, sample_s: float) ->
         series = RunSeries(run_id=run.run_id, label=run.label, folder=run.folder, started_at=row["started_at"] or 0.0,
                            params={**flatten(run.config), **flatten(run.workload, "workload.")},
                            tags={"speechperf.run_id": run.run_id, "label": run.label,
-                                 "status": str(row["status"]), "folder": str(run.folder)})
+                                 "status": str(row["status"]), "folder": str(run.folder)},
+                           training=row["status"] == "running" and held(run.folder) is not False)
         series.points += iteration_points(run.rows.iterations())
         series.points += epoch_points(run.rows.evals())
         series.points += sample_points(run.rows.samples(), sample_s)

@@ -8,6 +8,7 @@ bad folder leaves both destinations as they were.
 """
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -34,9 +35,12 @@ def export_runs(runs: Sequence[Path], tensorboard: Path | None = None, mlflow: s
         raise ExportError(f"--sample-s {sample_s}: the telemetry bin must be a positive number of seconds")
     if tensorboard is not None:
         tensorboard_writer.require()
-        check_folder(Path(tensorboard))
+        check_folder(Path(tensorboard), "--tensorboard")
     if mlflow is not None:
         mlflow_writer.require()
+        store = mlflow_writer.file_store(mlflow)
+        if store is not None:  # MLflow's file store: a folder, checked as the TensorBoard one is
+            check_folder(store, f"--mlflow {mlflow}")
     every = [collect(Path(r), metric, targets, epochs, sample_s) for r in runs]  # all read before any is written
     opened = mlflow_writer.Experiment(mlflow, experiment) if mlflow is not None else None  # a bad URI: nothing written
     rows = []
@@ -57,9 +61,17 @@ def to_mlflow(series, experiment: mlflow_writer.Experiment, report: bool, metric
         return experiment.write(series, Path(tmp))
 
 
-def check_folder(out: Path) -> None:
-    """The TensorBoard folder: made where missing; a file or an unwritable place refused by name."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"--tensorboard {out}: cannot make the folder ({e.strerror or e})") from None
+def check_folder(out: Path, option: str) -> None:
+    """A destination folder that the export can write, asked before anything is read or made
+    (a refused export leaves no folder behind): an existing one must be a writable folder, a
+    missing one must be creatable in the nearest folder above it that exists; a file, a
+    read-only place, or a file on the way is refused by name. The writers make it."""
+    if out.exists():
+        place, made = out, "write into"
+    else:
+        place = next((p for p in out.parents if p.exists()), Path("."))
+        made = f"make {out} in"
+    if not place.is_dir():
+        raise ExportError(f"{option}: cannot {made} {place}: it is a file, not a folder")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise ExportError(f"{option}: cannot {made} {place}: permission denied (a read-only folder)")

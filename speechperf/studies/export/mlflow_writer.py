@@ -18,13 +18,14 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from speechperf.errors import in_words
 from speechperf.studies.export.collect import ExportError, RunSeries, safe_name
 
 RUN_ID_TAG = "speechperf.run_id"
 PARAMS_PER_CALL, METRICS_PER_CALL = 100, 1000  # log_batch's limits
-# speechperf's statuses (the runs table) as MLflow's; "running" (a partial run) stays RUNNING
+# speechperf's statuses (the runs table) as MLflow's; "running" is RUNNING or KILLED (mlflow_status)
 STATUS = {"success": "FINISHED", "time_cap": "FINISHED", "max_epochs": "FINISHED"}
 
 
@@ -52,6 +53,15 @@ def environment(**values: str):
 def file_store_allowed(uri: str):
     """MLflow 3's opt-in to its file store, for a ``file:`` URI or a folder only."""
     return environment(**({"MLFLOW_ALLOW_FILE_STORE": "true"} if urlparse(uri).scheme in ("", "file") else {}))
+
+
+def file_store(uri: str) -> Path | None:
+    """The folder of a file-store URI (``file:/x/mlruns``, ``file:///x``, a plain path); None for a
+    tracking server or a database."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        return None
+    return Path(url2pathname(parsed.path) if parsed.scheme == "file" else uri)
 
 
 # The first call to a tracking server: MLflow's defaults retry an unreachable one for minutes (7 retries with
@@ -126,12 +136,22 @@ def log_run(client, exp_id: str, series: RunSeries, report: Path | None) -> str:
         client.log_batch(rid, metrics=metrics[i:i + METRICS_PER_CALL])
     if report is not None:
         client.log_artifacts(rid, str(report), "report")
-    status = STATUS.get(series.tags.get("status", ""))
-    if status is None and series.tags.get("status", "").startswith(("diverged", "failed")):
-        status = "FAILED"
-    if status is not None:  # a run still training (or stopped unrecorded) stays RUNNING: unfinished
+    status = mlflow_status(series)
+    if status != "RUNNING":  # a run still training stays RUNNING: unfinished
         client.set_terminated(rid, status, end_time=ms(end))
     return rid
+
+
+def mlflow_status(series: RunSeries) -> str:
+    """MLflow's status of the run: FINISHED (ended by its own rule), FAILED (diverged, failed),
+    RUNNING (recorded running and a process trains it), KILLED (recorded running, and no process
+    holds its folder: SIGKILLed, the machine lost, before it could record its end)."""
+    status = series.tags.get("status", "")
+    if status in STATUS:
+        return STATUS[status]
+    if status.startswith(("diverged", "failed")):
+        return "FAILED"
+    return "KILLED" if status == "running" and not series.training else "RUNNING"
 
 
 def ms(unix_s: float) -> int:
