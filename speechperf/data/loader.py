@@ -283,9 +283,10 @@ class Loader:
     def _dataloader(self) -> "_ReaderPool":
         readers, threads = self.readers_in_use(), self.reader_threads()
         prefetch = max(1, -(-self.cfg.prefetch_batches // readers))  # per reader, rounded up
+        # pin_memory: its thread calls Batch.pin_memory
         return _ReaderPool(_Readers(self.plan, self.reader, readers, threads), batch_size=None, num_workers=readers,
-                          prefetch_factor=prefetch, generator=self.generator, pin_memory=self.pin_memory,
-                          worker_init_fn=partial(_reader_init, os.getpid()))  # pin_memory: its thread calls Batch.pin_memory
+                           prefetch_factor=prefetch, generator=self.generator, pin_memory=self.pin_memory,
+                           worker_init_fn=partial(_reader_init, os.getpid()))
 
 
 def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: int, seed: int,
