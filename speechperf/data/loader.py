@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import multiprocessing
 import os
 import signal
 import sys
@@ -33,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data._utils import signal_handling
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from speechperf.cpus import usable_cpus
 from speechperf.data import index as index_mod
@@ -212,7 +215,7 @@ class Loader:
         something else. The batches and their order are the same (the plan is a pure function
         of (seed, epoch) and the readers' seeds come from the loader's own generator)."""
         if self.cfg.readers and self._items is None:
-            self._items = iter(self._dataloader())
+            self._items = _start(self._dataloader())
         return self
 
     def close(self) -> None:
@@ -252,7 +255,7 @@ class Loader:
                 batch = self.reader.batch(utts, self.reader_threads())
                 yield batch.pin_memory() if self.pin_memory else batch
             return
-        items = self._items if self._items is not None else iter(self._dataloader())
+        items = self._items if self._items is not None else _start(self._dataloader())
         self._items = items  # held while read: close() stops its readers when the epoch is abandoned
         pending, want = {}, 0  # readers' batches that arrived before their turn
         for pos, batch in items:
@@ -277,12 +280,13 @@ class Loader:
             return self.threads
         return reader_threads(self.cfg.readers, self.readers_in_use()) if self.cfg.readers else 1
 
-    def _dataloader(self) -> DataLoader:
+    def _dataloader(self) -> "_ReaderPool":
         readers, threads = self.readers_in_use(), self.reader_threads()
         prefetch = max(1, -(-self.cfg.prefetch_batches // readers))  # per reader, rounded up
-        return DataLoader(_Readers(self.plan, self.reader, readers, threads), batch_size=None, num_workers=readers,
-                          prefetch_factor=prefetch, generator=self.generator, pin_memory=self.pin_memory,
-                          worker_init_fn=partial(_reader_init, os.getpid()))  # pin_memory: its thread calls Batch.pin_memory
+        # pin_memory: its thread calls Batch.pin_memory
+        return _ReaderPool(_Readers(self.plan, self.reader, readers, threads), batch_size=None, num_workers=readers,
+                           prefetch_factor=prefetch, generator=self.generator, pin_memory=self.pin_memory,
+                           worker_init_fn=partial(_reader_init, os.getpid()))
 
 
 def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: int, seed: int,
@@ -306,6 +310,49 @@ def make_loader(feats: Path, splits: list[str] | str, cfg: LoaderConfig, epoch: 
                   pin_memory)
 
 
+class _ReaderPool(DataLoader):
+    """torch's DataLoader, its iterator known while it is being made (``building``): an error raised
+    while its readers start (a second stop signal's, or torch's SIGCHLD handler's) cannot leave
+    readers behind that no one stops (:func:`_start`)."""
+
+    building: _MultiProcessingDataLoaderIter | None = None
+
+    def _get_iterator(self) -> _MultiProcessingDataLoaderIter:
+        self.check_worker_number_rationality()
+        items = object.__new__(_MultiProcessingDataLoaderIter)
+        self.building = items
+        items.__init__(self)  # forks the readers
+        return items
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _start(pool: _ReaderPool) -> _MultiProcessingDataLoaderIter:
+    """``iter(pool)``: its readers forked with SIGINT and SIGTERM blocked, so that each starts with
+    both blocked and ignores them before it unblocks them (:func:`_reader_init`); a signal sent to the
+    whole group meanwhile waits in the reader and is discarded there. Unblocked, torch's worker sets
+    its own SIGTERM handler first thing, which dies of a signal its parent did not send, and only
+    then calls ``worker_init_fn``: a group SIGTERM in that gap killed the reader, and torch's SIGCHLD
+    handler turned it into "DataLoader worker (pid N) is killed by signal: Terminated" inside the
+    training process, which failed instead of stopping (issue 61: about half of such signals). This
+    thread's own signals wait until the readers are started; the process's other threads take them
+    meanwhile. An error raised while they start stops the readers already started: they ignore the
+    SIGTERM with which multiprocessing ends them at the interpreter's exit and joins them, which waited
+    for ever."""
+    started = set(multiprocessing.active_children())
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return iter(pool)
+    except BaseException:
+        new = [p for p in multiprocessing.active_children() if p not in started]
+        if pool.building is not None:
+            _stop_readers(pool.building, new)
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def _reader_init(parent: int, _worker_id: int) -> None:
     """A reader process ignores SIGTERM and SIGINT; the training process that owns it stops it
     (:meth:`Loader.close`), and the kernel kills it when that process is gone.
@@ -313,13 +360,16 @@ def _reader_init(parent: int, _worker_id: int) -> None:
     Slurm's scancel, a terminal's Ctrl-C and ``kill -- -PGID`` signal every process of the
     group: a reader that died of it made torch's SIGCHLD handler raise "DataLoader worker
     killed" inside the training process, which then failed (once inside a checkpoint's
-    torch.save: "unexpected pos") instead of stopping saved and recorded as interrupted. A reader
+    torch.save: "unexpected pos") instead of stopping saved and recorded as interrupted. The reader
+    was forked with both blocked (:func:`_start`): ignoring them discards one sent meanwhile, and only
+    then are they unblocked. A reader
     that ignores SIGTERM outlives a parent SIGKILLed (or one whose exit waited on it) unless it is
     told otherwise: Linux's PR_SET_PDEATHSIG sends it SIGKILL when the thread that started it
     ends (the training loop's main thread: the process). ``parent``: that process's id, checked
     after the call, since a parent gone before it sends nothing."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -331,24 +381,30 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 READER_JOIN_S = 5.0  # how long close() waits for a killed reader to be reaped
 
 
-def _stop_readers(items) -> None:
+def _stop_readers(items, started: list | None = None) -> None:
     """Stop a DataLoader iterator's readers now: killed, reaped, then torch's own shutdown of its
     queues and threads. Readers only read, so nothing of theirs needs saving; torch's shutdown alone
     waits up to 5 s for a reader still building a batch (a whole window's shards), then sends the
     SIGTERM readers ignore, and returns with the reader alive. Their pids leave torch's SIGCHLD watch
-    first: these deaths are no reader failure."""
-    workers = list(getattr(items, "_workers", ()))
-    if getattr(items, "_worker_pids_set", False):
-        from torch.utils.data._utils import signal_handling
-
-        signal_handling._remove_worker_pids(id(items))
+    first: these deaths are no reader failure. ``started``: the reader processes of an iterator whose
+    start was cut short (:func:`_start`), not all of them in its list yet and their pids perhaps in
+    torch's watch before it noted so."""
+    workers = list(dict.fromkeys([*getattr(items, "_workers", ()), *(started or ())]))
+    if getattr(items, "_worker_pids_set", False) or started is not None:
+        try:
+            signal_handling._remove_worker_pids(id(items))
+        except ValueError:  # a start cut short before its pids were watched
+            pass
         items._worker_pids_set = False
     for w in workers:
         if w.is_alive():
             w.kill()
     for w in workers:
         w.join(timeout=READER_JOIN_S)
-    items._shutdown_workers()
+    try:
+        items._shutdown_workers()
+    except AttributeError:  # a start cut short before its queues existed: its readers were all it had
+        items._shutdown = True  # and its __del__ has nothing left to shut down
 
 
 def _readers_generator(seed: int, epoch: int, rank: int) -> torch.Generator:

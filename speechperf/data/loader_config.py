@@ -49,3 +49,9 @@ class LoaderConfig:
             (spec_problem(self.units) is None, spec_problem(self.units)),
         ]
         return [msg for ok, msg in checks if not ok]
+
+
+# The environment variable naming the seeds started together on one host (``train --seeds N --parallel K``
+# on a CPU, drive/seed_slots.py), each filling its own loader.resident buffer from the same free memory:
+# data/resident.py's check counts them all.
+SIDE_BY_SIDE = "SPEECHPERF_RESIDENT_SIDE_BY_SIDE"

@@ -25,6 +25,7 @@ the device's free memory less ``RESERVE`` of its total.
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ import torch
 from speechperf.cpus import usable_cpus
 from speechperf.data.index import Index
 from speechperf.data.loader import Batch, Loader, _Reader
+from speechperf.data.loader_config import SIDE_BY_SIDE
 from speechperf.data.plan import Plan, batch_frames
 from speechperf.data.units import Units, ctc_min_frames, load_units
 from speechperf.errors import SpeechperfError
@@ -87,9 +89,22 @@ def free_bytes(device: torch.device) -> tuple[int, int]:
     return vm.available, vm.total
 
 
+def side_by_side() -> int:
+    """Processes started together beside this one that each fill a buffer of the same memory, itself
+    included (``train --seeds N --parallel K`` on a CPU: drive/seed_slots.py sets ``SIDE_BY_SIDE``
+    for the seeds it starts at once); 1 where nothing says so."""
+    try:
+        return max(1, int(os.environ.get(SIDE_BY_SIDE, "1")))
+    except ValueError:
+        return 1
+
+
 def check_fits(index: Index, dims: int, device: torch.device, copies: int = 1, units: Units | None = None) -> int:
     """The buffer's bytes, after refusing a run whose ``copies`` buffers (the processes on this
-    host, for a CPU run) exceed the device's free memory less ``RESERVE`` of its total."""
+    host, for a CPU run), times the seeds started beside it (:func:`side_by_side`), exceed the
+    device's free memory less ``RESERVE`` of its total: each seed of several side by side checking
+    only its own buffer against the same free memory, all of them ran (2 x 9.4 MB against 15 MB)."""
+    copies *= side_by_side()
     need = needed_bytes(index, dims, units)
     free, total = free_bytes(device)
     room = free - RESERVE * total

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 from speechperf.config import ConfigError, load_preset
 from speechperf.cpus import usable_cpus
+from speechperf.data.loader_config import SIDE_BY_SIDE
 from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.drive.seeds import check_seeds_command, seed_folder
 from speechperf.train.request import TrainRequest
@@ -111,12 +112,14 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, request: TrainRequ
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         while todo or running:
-            for slot in [k for k in range(len(slots)) if k not in running][:len(todo)]:
+            starting = [k for k in range(len(slots)) if k not in running][:len(todo)]
+            for slot in starting:
                 seed = todo.pop(0)
-                env, extra = slots[slot]
+                env, extra = _together(*slots[slot], len(starting))
                 log, run = out / f"seed-{seed}.log", folder(out, seed)
+                gpu = env.get("CUDA_VISIBLE_DEVICES")
                 say(f"seed {seed} ({len(done) + len(running) + 1} of {len(seeds)}) -> {run}"
-                    f"{' on GPU ' + env['CUDA_VISIBLE_DEVICES'] if env else ''}; its output: {log}")
+                    f"{' on GPU ' + gpu if gpu else ''}; its output: {log}")
                 with open(log, "ab") as f:
                     argv = command(seed, request.for_seed(seed, run, tuple(extra)))
                     # its own session: a terminal's Ctrl-C reaches this process only, which asks each
@@ -141,6 +144,15 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, request: TrainRequ
         for s, handler in previous.items():
             signal.signal(s, handler)
     return [done[s] for s in seeds]
+
+
+def _together(env: dict, extra: list, starting: int) -> tuple[dict, list]:
+    """A slot's environment for a seed started with ``starting`` seeds at once: on a CPU (no device
+    of its own) each is told how many fill a loader.resident buffer from the same free memory beside
+    it (data/resident.py ``check_fits``); the seeds already training hold theirs already."""
+    if env:  # its own GPU: its memory is its own
+        return env, extra
+    return {SIDE_BY_SIDE: str(starting)}, extra
 
 
 class _Stopped(SpeechperfError):

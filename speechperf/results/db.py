@@ -5,12 +5,17 @@ another machine carries everything it measured; a shared database (``--db``) may
 rows of many runs as well. The schema of every table lives in :mod:`speechperf.results.schema`.
 WAL mode and a busy timeout let several runs write one shared file at once and a reader (the
 report) open a file while a run writes it; readers open the file read-only and never create
-one.
+one. A run folder's own database is sealed when its run ends (:meth:`ResultsDB.seal`: the WAL
+folded into the file, rollback-journal mode), so that reading a finished run writes nothing
+beside it and works in a read-only folder; a run folder's database is opened only where it is a
+file of the folder itself (``nofollow``: a symbolic link is refused, never followed out of it).
 """
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
@@ -20,6 +25,8 @@ from speechperf.results import schema, upgrade
 from speechperf.atomic import DiskFullError, disk_full
 
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another writer's transaction (several runs, one file)
+SEAL_WAIT_S = 1.0  # how long a run's end waits to seal its database while a reader holds it (seal)
+BESIDE = ("-wal", "-shm", "-journal")  # the files SQLite keeps beside a database, by name
 # The runs table of the first release: every database speechperf ever wrote has it (a writer
 # creates every table), so a file with tables but not these is another program's.
 FIRST_RUNS_COLUMNS = frozenset({"run_id", "kind", "preset", "seed", "platform", "out_dir", "config_json", "env_json",
@@ -33,18 +40,23 @@ class ResultsError(SpeechperfError):
 class ResultsDB:
     """A thin wrapper over sqlite3 with the speechperf schema.
 
-    ``readonly``: open an existing file without writing or creating it (``mode=ro``); a
-    missing or corrupt file raises :class:`ResultsError` naming it instead of reading as empty.
+    ``readonly``: open an existing file without writing or creating it (``mode=ro``, and
+    ``immutable`` where nothing could be written beside it: :func:`read_uri`); a missing or
+    corrupt file raises :class:`ResultsError` naming it instead of reading as empty.
+    ``nofollow``: a run folder's own database, which must be a file of the folder itself, as must
+    SQLite's files beside it (:func:`refuse_links`).
     """
 
-    def __init__(self, path: str | Path, readonly: bool = False):
+    def __init__(self, path: str | Path, readonly: bool = False, nofollow: bool = False):
         self.path, self.readonly = Path(path), readonly
+        if nofollow:
+            refuse_links(self.path)
         try:
             if readonly:
                 if not self.path.is_file():
                     raise ResultsError(f"no results database at {self.path}")
                 check_header(self.path)
-                self.conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+                self.conn = sqlite3.connect(read_uri(self.path), uri=True, timeout=BUSY_TIMEOUT_S)
                 self._check_ours(readonly=True)
             else:
                 if self.path.is_file() and self.path.stat().st_size:
@@ -133,6 +145,20 @@ class ResultsDB:
         except sqlite3.DatabaseError as e:
             raise ResultsError(f"{self.path}: cannot read ({e})") from e
 
+    def seal(self) -> bool:
+        """Fold the write-ahead log into the file and leave it in rollback-journal mode (a run's own
+        database, as its run ends): complete in one file, which a reader opens read-only without
+        writing anything beside it (in WAL mode even a read-only reader makes -wal and -shm files,
+        and cannot open one in a read-only folder). The next writer turns WAL on again. False where
+        another connection (a reader of the running run) holds it: it stays in WAL mode, complete
+        and readable as before."""
+        try:
+            self.conn.execute(f"PRAGMA busy_timeout = {int(SEAL_WAIT_S * 1000)}")
+            mode = self.conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
+        except sqlite3.OperationalError:  # busy: another connection reads it
+            return False
+        return str(mode).lower() == "delete"
+
     def close(self) -> None:
         self.conn.close()
 
@@ -155,6 +181,43 @@ def _foreign(tables: list[str], missing: set[str], readonly: bool) -> str | None
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+WAL_VERSION = 2  # the header's read/write version bytes (offsets 18, 19) in WAL mode; 1: rollback journal
+
+
+def refuse_links(path: Path) -> None:
+    """Refuse a run folder's database that is not a file of the folder itself: ``path`` or one of
+    SQLite's files beside it (-wal, -shm, -journal) a symbolic link, a folder, a device or a fifo.
+    SQLite resolves a link before it opens the file (and makes its -wal and -shm files beside the
+    target), so a copied run folder's ``results.db -> /elsewhere/x.db`` would read, and write
+    beside, a database outside the folder. Checked with lstat before SQLite opens anything."""
+    for p in (path, *(path.with_name(path.name + end) for end in BESIDE)):
+        try:
+            mode = os.lstat(p).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise ResultsError(f"{p}: cannot read ({e.strerror or e})") from e
+        if stat.S_ISLNK(mode):
+            raise ResultsError(f"{p} is a symbolic link (to {os.readlink(p)}): a run folder's database is read only "
+                               "from the folder itself, never followed out of it; put the file itself there")
+        if not stat.S_ISREG(mode):
+            raise ResultsError(f"{p} is not a file: a run folder's database must be one")
+
+
+def read_uri(path: Path) -> str:
+    """The URI a reader opens ``path`` with: read-only (``mode=ro``); and ``immutable`` where SQLite
+    could write nothing beside it and nothing is in its WAL (a database in WAL mode whose -wal file is
+    gone, in a folder this process cannot write): there ``mode=ro`` alone cannot open it (a WAL reader
+    needs a -shm file). A sealed database (:meth:`ResultsDB.seal`, rollback-journal mode) opens
+    read-only and writes nothing; one in WAL mode with its -wal (a run that trains) is read as
+    SQLite reads a database another process writes."""
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    with open(path, "rb") as f:
+        head = f.read(20)
+    wal = len(head) == 20 and head[18] == WAL_VERSION
+    if wal and not path.with_name(path.name + "-wal").exists() and not os.access(path.parent, os.W_OK):
+        uri += "&immutable=1"
+    return uri
 
 
 def check_header(path: Path) -> None:

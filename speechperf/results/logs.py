@@ -36,6 +36,26 @@ class LogReader:
                 raise RunError(f"{path}: a line is not readable as JSON ({e}); the run folder is damaged") from None
         return out
 
+    def done(self) -> tuple[int, int]:
+        """(iteration of the last checkpoint written, per-epoch evaluations logged), as events.log
+        says (0, 0 where it says nothing): what a killed run's database must hold at least."""
+        path, iteration, epochs = self.folder / EVENTS_FILE, 0, set()
+        if not path.exists():
+            return 0, 0
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if not line.startswith(":::MLLOG "):
+                continue
+            try:
+                e = json.loads(line[len(":::MLLOG "):])
+                meta = e.get("metadata") or {}
+                if e.get("key") == "checkpoint_written" and isinstance(meta.get("iteration"), int):
+                    iteration = max(iteration, meta["iteration"])
+                elif e.get("key") == "eval_accuracy" and isinstance(meta.get("epoch_num"), int):
+                    epochs.add(meta["epoch_num"])
+            except (ValueError, AttributeError):  # a line cut by a kill, or not MLPerf's shape: says nothing
+                continue
+        return iteration, len(epochs)
+
     def log_sizes(self) -> dict:
         """Each append-only log's byte size (a checkpoint records them: :meth:`RunLog.truncate_logs`)."""
         return {n: (self.folder / n).stat().st_size for n in APPEND_LOGS if (self.folder / n).exists()}

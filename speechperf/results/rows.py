@@ -29,7 +29,7 @@ class RowQueries:
     def dbs(self) -> list[ResultsDB]:
         """The open databases, the run's own first (queried); a reader opens only that one."""
         if self._dbs is None:
-            self._dbs = [ResultsDB(self.db_path, readonly=True)]
+            self._dbs = [ResultsDB(self.db_path, readonly=True, nofollow=True)]
         return self._dbs
 
     @property
@@ -63,6 +63,21 @@ class RowQueries:
         """Every stored sample (t on the TTA clock) with its ``segment`` (the process that sampled it)."""
         return self._rows("samples", "ORDER BY t")
 
+    def short_of(self, iterations: int, epochs: int, by: Path) -> str | None:
+        """What the database lacks of a run that ``by`` (its checkpoint or summary) says did
+        ``iterations`` steps and ``epochs`` per-epoch evaluations (None: it holds them). A run folder
+        copied without its ``results.db-wal`` (or a database put back from an older copy) holds fewer
+        rows than its progress: a run continued over it, or a TTA read from it, would lack them."""
+        have = self.query("SELECT COUNT(*) AS n FROM iterations WHERE run_id = ? AND iteration <= ?",
+                          [self.run_id, iterations])[0]["n"]
+        evals = self.query("SELECT COUNT(DISTINCT epoch) AS n FROM evals WHERE run_id = ? AND final = 0 AND split = ?",
+                           [self.run_id, self.eval_split()])[0]["n"]
+        if have >= iterations and evals >= epochs:
+            return None
+        return (f"{self.db_path} holds {have} of the {iterations} iterations and {evals} of the {epochs} evaluations "
+                f"that {by} records: its rows were lost (a copy without results.db-wal?); copy the run's results.db "
+                "back with its results.db-wal, or remove the folder to start the run over")
+
     def beam_sweep(self) -> list[dict]:
         return self._rows("beam_sweep", "ORDER BY decoder, beam") if self.db.has_table("beam_sweep") else []
 
@@ -70,6 +85,12 @@ class RowQueries:
         for db in self._dbs or []:
             db.close()
         self._dbs = None
+
+    def seal(self) -> None:
+        """The run's own database left complete in one file (results/db.py ``ResultsDB.seal``), as its
+        run ends; a shared one (``--db``), which other runs write, stays as it is."""
+        if self._dbs:
+            self._dbs[0].seal()
 
 
 class Rows(RowQueries):
@@ -83,7 +104,7 @@ class Rows(RowQueries):
 
     def dbs(self) -> list[ResultsDB]:
         if self._dbs is None:
-            self._dbs = [ResultsDB(self.db_path)]
+            self._dbs = [ResultsDB(self.db_path, nofollow=True)]
             if self.shared_db is not None and self.shared_db.resolve() != self.db_path.resolve():
                 self._dbs.append(ResultsDB(self.shared_db))
         return self._dbs

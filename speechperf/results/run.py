@@ -64,18 +64,24 @@ class Run(RunView):
         return run
 
     @classmethod
-    def open(cls, folder: Path, *, data: Path | None = None, shared_db: Path | None = None) -> "Run":
+    def open(cls, folder: Path, *, data: Path | None = None, shared_db: Path | None = None,
+             progress: Progress | None = None) -> "Run":
         """An existing run folder, to write: every file checked, every database it will write
         (results/db.py) holding its row. ``data``: the features folder to use instead of the
-        recorded one; ``shared_db``: also write rows there. Readers open a :class:`RunView`."""
+        recorded one; ``shared_db``: also write rows there; ``progress``: the checkpoint's of a run
+        to continue, whose rows the database must hold (:func:`check_holds`, read-only, before
+        anything is opened to write). Readers open a :class:`RunView`."""
         run = cls(Path(folder), read_info(folder), shared_db=shared_db, data=data)
         check_files(run, writer=True)
+        if progress is not None:
+            check_holds(run, progress)
         check_registered(run)
         return run
 
     def continue_from(self, progress: Progress) -> None:
         """Continue this run from ``progress``, its checkpoint's (a restart, without one: a new
-        run's): the rows and log lines written after it cut, the status running again."""
+        run's): the rows and log lines written after it cut, the status running again (``Run.open``
+        with ``progress`` refused a database short of it)."""
         self.log.truncate_logs(progress.log_sizes)
         self.rows.forget_after(progress)
         self.rows.set_status("running")
@@ -92,8 +98,11 @@ class Run(RunView):
         atomic_write_text(self.folder / name, json.dumps(summary, indent=1))
 
     def close(self) -> None:
+        """The run's end (finished, failed or stopped): rows written, logs closed, its database sealed
+        (complete in one file: reading it writes nothing, results/db.py)."""
         self.rows.flush()
         self.log.close()
+        self.rows.seal()
         self.rows.close()
 
 
@@ -106,6 +115,19 @@ def register(run: Run, started_at: float | None = None) -> None:
                              "out_dir": str(run.folder.resolve()), "config_json": config, "env_json": dict(env),
                              "label": run.label, "started_at": started_at if started_at is not None else time.time(),
                              "status": "running"})
+
+
+def check_holds(run: RunView, progress: Progress) -> None:
+    """Refuse to continue a run whose database holds fewer rows than its checkpoint's ``progress``
+    (results/rows.py ``short_of``; exit 2): a run folder SIGKILLed and copied without its
+    results.db-wal continued from checkpoint.pt and ended as a success, iterations and an evaluation
+    missing from its database. Read through a read-only view: a refused database is left as it was."""
+    if not progress.iteration and not progress.evals:
+        return
+    with RunView(run.folder, run.info) as view:
+        short = view.rows.short_of(progress.iteration, len(progress.evals), run.folder / CHECKPOINT_FILE)
+    if short:
+        raise RunError(f"run {run.run_id!r} cannot continue: {short}")
 
 
 def check_registered(run: Run) -> None:

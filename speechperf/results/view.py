@@ -10,12 +10,13 @@ resolved and relative to the run folder, and used only where it exists (readers 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from speechperf.results.db import ResultsDB
 from speechperf.results import upgrade
 from speechperf.results.formats import RunError, features_folder, label_hint, read_info, read_json
-from speechperf.results.layout import CONFIG_FILE, DB_FILE, ENV_FILE, JSON_FILES, SUMMARY_FILE
+from speechperf.results.layout import CONFIG_FILE, DB_FILE, ENV_FILE, EVENTS_FILE, JSON_FILES, SUMMARY_FILE
 from speechperf.results.logs import LogReader
 from speechperf.results.rows import RowQueries
 from speechperf.results.workload import workload
@@ -94,6 +95,20 @@ class RunView:
         path = self.folder / SUMMARY_FILE
         return read_json(path) if path.exists() else None  # read anew: a writer changes it
 
+    def check_rows(self) -> None:
+        """Refuse a run whose database holds fewer rows than the run did (results/rows.py
+        ``short_of``), as its summary says, or where it has none (a killed run), as its events.log
+        says: the last checkpoint written (rows are committed before a checkpoint is) and the
+        evaluations logged (each logged after its row). Its TTA would be read from what is left."""
+        summary = self.summary() or {}
+        if isinstance(summary.get("iterations"), int) and isinstance(summary.get("epochs"), int):
+            short = self.rows.short_of(summary["iterations"], summary["epochs"], self.folder / SUMMARY_FILE)
+        else:
+            iterations, epochs = self.log.done()
+            short = self.rows.short_of(iterations, epochs, self.folder / EVENTS_FILE)
+        if short:
+            raise RunError(f"run {label_hint(self.info)}: {short}")
+
     def close(self) -> None:
         self.rows.close()
 
@@ -113,9 +128,10 @@ def check_files(view: RunView, writer: bool = False) -> None:
     """Read every JSON file the folder holds (config, env, summary) and open its database
     read-only, so that every command refuses an unreadable one by name before it shows,
     computes or writes anything (a missing summary is an unfinished run's; a database not
-    speechperf's is left unchanged, results/db.py; a ``writer`` recreates a missing one)."""
+    speechperf's is left unchanged, results/db.py; a ``writer`` recreates a missing one). A database
+    that is a symbolic link is refused, for a writer too, before anything opens it."""
     for name in JSON_FILES:
         if (view.folder / name).exists():
             view.summary() if name == SUMMARY_FILE else view._json(name)
-    if not writer or view.db_path.exists():
-        ResultsDB(view.db_path, readonly=True).close()
+    if not writer or os.path.lexists(view.db_path):
+        ResultsDB(view.db_path, readonly=True, nofollow=True).close()

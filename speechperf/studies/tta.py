@@ -21,8 +21,9 @@ from speechperf.results.workload import by_workload
 
 def epoch_rows(run) -> list[dict]:
     """Per-epoch validation rows of an open :class:`~speechperf.results.view.RunView`, in epoch order; a
-    run whose rows are not in its database is an error, never an empty list."""
+    run whose rows are not in its database, or only some of them, is an error, never an empty or short list."""
     run.rows.row()
+    run.check_rows()
     return run.rows.evals()
 
 

@@ -60,7 +60,7 @@ class Admission:
         if self.plan == "fresh":
             return Run.create(self.folder, kind="train", config=config, env=env, data=data, label=label,
                               shared_db=shared_db)
-        run = Run.open(self.folder, data=data, shared_db=shared_db)
+        run = Run.open(self.folder, data=data, shared_db=shared_db, progress=progress)  # its rows checked read-only
         run.continue_from(progress)
         return run
 

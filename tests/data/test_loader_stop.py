@@ -74,3 +74,20 @@ def test_readers_die_with_a_sigkilled_parent(tiny_features):
     except psutil.TimeoutExpired:
         reader.kill()
         pytest.fail("a reader outlived its SIGKILLed training process")
+
+
+def test_an_error_while_readers_start_leaves_none_running(tiny_features, monkeypatch):
+    """Issue 61: an error raised as the readers start (a second stop signal's, torch's SIGCHLD handler's)
+    stops the readers already started: they ignore the SIGTERM multiprocessing ends them with at exit."""
+    from torch.utils.data._utils import signal_handling
+
+    def fail():
+        raise RuntimeError("a signal handler raised")
+
+    monkeypatch.setattr(signal_handling, "_set_SIGCHLD_handler", fail)  # called once the readers are forked
+    before = _readers()
+    loader = make_loader(tiny_features, ["train-clean", "train-other"], replace(CFG, bucket_window=1), epoch=1, seed=0)
+    with pytest.raises(RuntimeError, match="a signal handler raised"):
+        loader.start()
+    assert not _readers() - before
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # this thread's signals unblocked again

@@ -144,3 +144,17 @@ def test_on_a_cuda_device_the_batches_are_the_streaming_ones(tiny_features):
     cut = list(res.loader(stream(tiny_features, cfg, 2, ix=ix), first=False))
     assert all(b.feats.is_cuda and b.labels.is_cuda and not b.feat_lens.is_cuda for b in cut)
     assert_same(cut, stream(tiny_features, cfg, 2, ix=ix))
+
+
+def test_seeds_started_side_by_side_count_every_buffer(tiny_features, monkeypatch):
+    """Issue 61: ``train --seeds N --parallel K`` on a CPU: each seed's check counts the buffers of the
+    seeds started with it (drive/seed_slots.py says how many), not only its own."""
+    from speechperf.data.loader_config import SIDE_BY_SIDE
+
+    ix = load_index(tiny_features, SPLITS)
+    need = needed_bytes(ix, 93)
+    monkeypatch.setattr(resident_mod, "free_bytes", lambda device: (int(1.6 * need), int(1.6 * need)))  # 1.2 x room
+    assert check_fits(ix, 93, torch.device("cpu")) == need  # alone it fits
+    monkeypatch.setenv(SIDE_BY_SIDE, "2")
+    with pytest.raises(ResidentMemoryError, match=r"\(2 processes x "):
+        check_fits(ix, 93, torch.device("cpu"))

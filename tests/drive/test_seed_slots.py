@@ -140,3 +140,28 @@ def test_a_diverged_seed_is_named_with_its_status(tiny_features, tmp_path):
                         "max_epochs=1", "lr=1e30"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 1
     assert "its run's status 'diverged: " in p.stderr and str(tmp_path / "out" / "seed-") in p.stderr, p.stderr
+
+
+# a seed's process as a stand-in that writes down how many seeds it was told started beside it, then
+# ends: seed 1 fails once seed 2 has written (the command stops there)
+TOLD = r"""
+import os, sys, time, pathlib
+seed, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+(out / f"told-{seed}").write_text(os.environ.get("SPEECHPERF_RESIDENT_SIDE_BY_SIDE", "none"))
+waited = time.time() + 20
+while seed == 1 and not (out / "told-2").exists() and time.time() < waited:
+    time.sleep(0.01)
+sys.exit(1 if seed == 1 else 0)
+"""
+
+
+def test_cpu_seeds_started_together_are_told_how_many_fill_a_buffer(tmp_path):
+    """Issue 61: loader.resident's check counts the seeds started beside it (data/resident.py)."""
+    from speechperf.data.loader_config import SIDE_BY_SIDE
+
+    assert SIDE_BY_SIDE == "SPEECHPERF_RESIDENT_SIDE_BY_SIDE"
+    told = lambda seed, request: [sys.executable, "-c", TOLD, str(seed), str(request.out.parent)]  # noqa: E731
+    with pytest.raises(RunFailed):
+        train_seeds_parallel([1, 2], 2, TrainRequest("tiny", out=tmp_path, overrides=["threads=1"]), command=told,
+                             cuda_devices=[], cores=2)
+    assert [(tmp_path / f"told-{s}").read_text() for s in (1, 2)] == ["2", "2"]

@@ -6,7 +6,12 @@ interpreter begins to exit, the pids of its child processes still alive into LEF
 
 - ``step``: during training step 6 (epoch 1 holds more than 6 batches);
 - ``eval``: inside epoch 1's evaluation, the next epoch's readers started ahead;
-- ``checkpoint``: while epoch 1's end-of-epoch checkpoint is written on the writer thread.
+- ``checkpoint``: while epoch 1's end-of-epoch checkpoint is written on the writer thread;
+- ``ahead-readers``, ``eval-readers``, ``final-readers``: from inside the first reader process started
+  ahead for epoch 2, by epoch 1's evaluation (none on the tiny preset: its batches are kept), by the
+  final evaluation, the moment torch's worker has
+  set its own signal handlers and before the loader's ``worker_init_fn`` runs (issue 61: a reader
+  signalled there died of it and the run failed).
 """
 import atexit
 import json
@@ -17,6 +22,8 @@ import time
 
 import speechperf.atomic as atomic
 import speechperf.train.loop as loop
+import speechperf.train.trainer as trainer
+from torch.utils.data._utils import signal_handling
 
 import psutil
 
@@ -71,6 +78,30 @@ def kept(real):
     return build
 
 
+def staged(real, stage: str):
+    """``real``, noting that ``stage`` runs while it does: a reader forked meanwhile reads its copy."""
+    def wrapped(*args, **kwargs):
+        STAGE[0] = stage
+        try:
+            return real(*args, **kwargs)
+        finally:
+            STAGE[0] = None
+    return wrapped
+
+
+def in_reader_start(stage: str):
+    """torch's worker's own signal handlers set, in a reader forked during ``stage``: the first such
+    reader signals the group there, before the loader's worker_init_fn runs."""
+    real = signal_handling._set_worker_signal_handlers
+
+    def wrapped():
+        real()
+        if STAGE[0] == stage and not os.path.exists(marker):
+            stop()
+    return wrapped
+
+
+STAGE = [None]
 KEPT = []
 loop.build = kept(loop.build)
 if phase == "step":
@@ -79,6 +110,12 @@ elif phase == "eval":
     loop._epoch_eval = on_call(loop._epoch_eval, 1, pause=0.5)  # the signal taken inside the evaluation
 elif phase == "checkpoint":
     atomic.atomic_torch_save = on_epoch_checkpoint(atomic.atomic_torch_save)
+elif phase.endswith("-readers"):
+    stage = phase.removesuffix("-readers")
+    trainer.Trainer.start_ahead = staged(trainer.Trainer.start_ahead, "ahead")
+    loop._epoch_eval = staged(loop._epoch_eval, "eval")
+    loop._final_eval = staged(loop._final_eval, "final")
+    signal_handling._set_worker_signal_handlers = in_reader_start(stage)
 else:
     raise SystemExit(f"unknown phase {phase}")
 
