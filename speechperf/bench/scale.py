@@ -45,6 +45,7 @@ CPU_BATCH_S, GPU_BATCH_S = (30.0,), (None,)  # seconds of audio per batch: a CPU
 INDEX_UTTERANCES = 4096  # the generated LibriSpeech-like index the batches are planned over (64 shards)
 LONGEST_S = 16.7  # utterances over this are left out: NeMo's FastConformer recipe's train_ds.max_duration for LibriSpeech
 DOES_NOT_FIT = "does not fit"  # a row's status where the estimate exceeds the memory
+FRAME_S = 0.01  # seconds per feature frame (10 ms hop)
 FRAMES_PER_LABEL = 2  # labels CTC can align at 8x: one per two output frames
 COLUMNS = ("workload", "params_m", "nemo_params_m", "batch_s", "utterances", "padded_s", "device", "precision",
            "world", "utt_per_s", "audio_s_per_s", "step_s", "steps", "tflops", "mfu_pct", "peak_gb", "estimate_gb",
@@ -135,12 +136,11 @@ def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) 
                          checkpointing=cfg.model.activation_checkpointing, weight_decay=cfg.train.weight_decay)
     est = memory.estimate(cfg.model, memory.Batch(len(widest[0]), int(widest[0].max()),
                                                   int(widest[0].max()) // 8 // FRAMES_PER_LABEL), setup)
-    row = {"workload": workload, "params_m": describe(cfg.model)["params"] / 1e6,
+    row = {**dict.fromkeys(COLUMNS), "workload": workload, "params_m": describe(cfg.model)["params"] / 1e6,
            "nemo_params_m": nemo_parameter_count(cfg.model) / 1e6, "batch_s": cfg.loader.max_duration,
            "utterances": float(np.mean([len(f) for f, _ in batches])), "device": str(dev), "precision": precision,
-           "world": req.world, "estimate_gb": est.peak() / memory.GB, **dict.fromkeys(COLUMNS[9:15]),
-           "peak_gb": None, "estimate_ratio": None, **dict.fromkeys(COLUMNS[18:22]), "memory_method": None,
-           "padded_s": float(np.mean([len(f) * int(f.max()) for f, _ in batches])) * 0.01, "status": "ok"}
+           "padded_s": float(np.mean([len(f) * int(f.max()) for f, _ in batches])) * FRAME_S, "world": req.world,
+           "estimate_gb": est.peak() / memory.GB, "status": "ok"}
     try:
         memory.check_fits(est, _free_bytes(req, dev))
         row.update(_measured(cfg, precision, batches, req, dev, est))

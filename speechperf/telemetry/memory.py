@@ -110,6 +110,21 @@ class MemoryEstimate:
         return {**{n: getattr(self, n) / GB for n in names}, "peak": self.peak() / GB}
 
 
+def run_setup(cfg, device_type: str, world: int = 1, sharding: str = "none") -> Setup:
+    """The :class:`Setup` of a run's configuration (``cfg``: a RunConfig) on ``device_type``."""
+    t = cfg.train
+    return Setup(t.optimizer, t.optimizer_impl, t.precision, device_type, world, sharding,
+                 bool(getattr(cfg.model, "activation_checkpointing", False)), t.weight_decay)
+
+
+def duration_batch(max_duration: float, longest_s: float, frame_s: float = 0.01, labels_per_s: float = 6.25) -> Batch:
+    """The widest batch ``loader.max_duration`` seconds allow when the longest utterance is ``longest_s``:
+    as many of the longest as fit (the planner's cost: utterances x the longest), each padded to it;
+    labels at ``labels_per_s`` (one per two 80 ms frames)."""
+    frames = int(round(longest_s / frame_s))
+    return Batch(max(1, int(max_duration // longest_s)), frames, max(1, int(longest_s * labels_per_s)))
+
+
 def activation_units(cfg, attention: str) -> tuple[int, int, int]:
     """Per block, per (utterance, output frame): (elements kept in the activations' dtype, dropout mask
     elements, attention-weight elements per frame of the other frames) of a ConformerBlock."""

@@ -74,6 +74,15 @@ def test_fsdp_divides_parameters_gradients_and_state_and_gathers_one_block():
     assert fsdp.unsharded > 0 and fsdp.activations == ddp.activations
     sgd = memory.estimate(cfg, batch, memory.Setup(optimizer="sgd"))
     assert sgd.optimizer == 0
+    joint = memory.estimate(cfg, batch, memory.Setup(optimizer="sgd"), joint_bytes=10**9)  # the transducer's hook
+    assert joint.peak() - sgd.peak() == 10**9
+
+
+def test_a_runs_setup_and_its_widest_duration_batch():
+    cfg = load_preset("fastconformer-l", ["model.activation_checkpointing=true"])
+    setup = memory.run_setup(cfg, "cuda", world=4, sharding="fsdp")
+    assert (setup.optimizer, setup.optimizer_impl, setup.precision, setup.checkpointing) == ("adamw", "fused", "bf16", True)
+    assert memory.duration_batch(cfg.loader.max_duration, 16.7) == memory.Batch(119, 1670, 104)
 
 
 def test_a_run_that_does_not_fit_is_refused_naming_the_gigabytes_and_what_would_fit():
