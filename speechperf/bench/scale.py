@@ -133,7 +133,7 @@ def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) 
     batches = planned_batches(cfg, req.warmup + req.steps, req.seed)
     widest = max(batches, key=lambda b: len(b[0]) * int(b[0].max()))
     setup = memory.Setup(cfg.train.optimizer, cfg.train.optimizer_impl, precision, dev.type,
-                         checkpointing=cfg.model.activation_checkpointing, weight_decay=cfg.train.weight_decay)
+                         checkpointing=cfg.model.activation_checkpointing)
     est = memory.estimate(cfg.model, memory.Batch(len(widest[0]), int(widest[0].max()),
                                                   int(widest[0].max()) // 8 // FRAMES_PER_LABEL), setup)
     row = {**dict.fromkeys(COLUMNS), "workload": workload, "params_m": describe(cfg.model)["params"] / 1e6,
