@@ -42,6 +42,7 @@ SUITE = {
     "graph_shapes": "bench_graph_shapes",
     "rnnt_loss": "bench_rnnt_loss",
     "precision": "bench_precision",
+    "scale": "bench_scale",
 }
 
 

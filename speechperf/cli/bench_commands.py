@@ -1,4 +1,4 @@
-"""The hardware benchmarks: ``bench ops``, ``bench zoo`` and ``bench feed``; each one's
+"""The hardware benchmarks: ``bench ops``, ``bench zoo``, ``bench feed`` and ``bench scale``; each one's
 arguments declared right above it."""
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ ZOO_NARROW = {"model": "model", "batch": "batch", "precision": "prec", "device":
 FEED_NARROW = {"preset": "preset", "batch": "batch", "mean utt s": "mean utt s", "appetite audio s/s": "appetite s/s",
                "supply audio s/s per reader": "supply s/s/reader", "readers per GPU": "readers/GPU",
                "host cores": "cores", "GPUs this host feeds": "GPUs fed"}
+SCALE_NARROW = {"workload": "workload", "params_m": "M params", "batch_s": "batch s", "utterances": "utts",
+                "audio_s_per_s": "audio s/s", "utt_per_s": "utt/s", "mfu_pct": "MFU %", "peak_gb": "peak GB",
+                "estimate_gb": "est GB", "power_w": "W", "wh_per_audio_h": "Wh/audio h", "status": "status"}
 
 
 def _table(a, rows: list[dict], columns, narrow: dict[str, str], lines: list[str] | None) -> None:
@@ -145,6 +148,36 @@ def cmd_bench_feed(a) -> int:
     return 0
 
 
+def _bench_scale_args(sp) -> None:
+    sp.add_argument("--workloads", type=csv_list(), default=None,
+                    help="at-scale presets, comma separated (default: fastconformer-l,fastconformer-xl)")
+    sp.add_argument("--batch-seconds", type=csv_list(float), default=None,
+                    help="seconds of audio per batch (loader.max_duration), comma separated (default: 30 on a CPU, "
+                    "the preset's on a GPU)")
+    sp.add_argument("--steps", type=int, default=3, help="timed training steps per row")
+    sp.add_argument("--warmup", type=int, default=1, help="untimed training steps first")
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16"),
+                    help="default: fp32 on a CPU, the preset's on a GPU")
+    sp.add_argument("--world", type=int, default=1, help="devices (1 until the sharded training loop)")
+    sp.add_argument("--memory-limit-gb", type=float, default=None,
+                    help="rows whose estimated peak exceeds this are not run (default: the device's free memory)")
+    sp.add_argument("--no-memory", action="store_true", help="skip the measured peak (one profiled step a row)")
+    sp.add_argument("overrides", nargs="*", help="key=value overrides of every workload's preset")
+
+
+def cmd_bench_scale(a) -> int:
+    from speechperf.bench.outcome import check_measured
+    from speechperf.bench.scale import COLUMNS, WORKLOADS, Request, notes, run_scale
+
+    req = Request(tuple(a.workloads or WORKLOADS), tuple(a.batch_seconds) if a.batch_seconds else None, a.steps,
+                  a.warmup, a.device, a.precision, a.world, a.memory_limit_gb, not a.no_memory, tuple(a.overrides))
+    rows = run_scale(req)
+    _table(a, rows, COLUMNS, SCALE_NARROW, notes(rows))
+    check_measured(rows, "bench scale")
+    return 0
+
+
 GROUPS = {"bench": "accelerator characterization"}
 COMMANDS = [
     Command("ops", "operator FLOPS against peak", cmd_bench_ops, _bench_ops_args, group="bench"),
@@ -152,4 +185,7 @@ COMMANDS = [
     Command("feed", "how many CPU cores feed one GPU: the preset's training step's appetite (audio s/s on batches "
             "on the device, LibriSpeech lengths) against the loader's supply per reader", cmd_bench_feed,
             _bench_feed_args, group="bench"),
+    Command("scale", "the at-scale workloads (FastConformer L and XL): audio s/s, MFU, peak memory beside its "
+            "estimate, energy per audio hour, batches by duration at LibriSpeech's lengths", cmd_bench_scale,
+            _bench_scale_args, group="bench"),
 ]

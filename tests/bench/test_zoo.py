@@ -224,7 +224,8 @@ def test_every_registered_acoustic_model_has_a_row_through_the_contract(monkeypa
     _known_peak(monkeypatch, tmp_path)
     small = {"dnn": {"hidden": 64, "layers": 2},  # small widths: the emulated bf16 rows of the paper's sizes took a minute
              "cldnn": {"conv_maps": 8, "lstm_cells": 64, "lstm_proj": 32, "dnn_hidden": 64},
-             "conformer": {"d_model": 32, "layers": 1, "heads": 2, "subsampling_channels": 8}}
+             "conformer": {"d_model": 32, "layers": 1, "heads": 2, "subsampling_channels": 8},
+             "fastconformer": {"d_model": 32, "layers": 1, "heads": 2, "subsampling_channels": 8}}
     monkeypatch.setattr(acoustic, "config", lambda name: load_preset("tiny").model if name == "ds2"
                         else model_config({"name": name, **small.get(name, {})}))
     monkeypatch.setenv(cap.FORCE_ENV, "avx512f,avx512_bf16,amx_bf16")

@@ -15,6 +15,7 @@ SMALL = {
     "dnn": {"hidden": 16, "layers": 2},
     "cldnn": {"conv_maps": 4, "lstm_cells": 8, "lstm_proj": 4, "dnn_hidden": 8},
     "conformer": {"d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3, "subsampling_channels": 4},
+    "fastconformer": {"d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3, "subsampling_channels": 4},
 }
 
 

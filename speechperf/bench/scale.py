@@ -1,0 +1,224 @@
+"""``speechperf bench scale``: the at-scale workloads (the models users train on many GPUs, whose
+TTA takes days) measured on real shapes: utterances and audio seconds per second, MFU, peak
+memory per device beside the estimate made before the run, power and energy per audio hour.
+
+Why not rows of ``bench zoo``: the zoo steps fixed counts of 1-4 s synthetic utterances through
+every registered model at several batch sizes and precisions; an at-scale row is batches planned
+by seconds of audio (``loader.max_duration``) from LibriSpeech's duration spread by the loader's
+own planner (``data.batching.Batching``, over ``data.index.librispeech_like``: 960 h's spread),
+trained by the training loop's own step (``train.step.train_step``: CTC, clipping, the masked
+AdamW step), with its memory estimated (``telemetry.memory``) and measured, and one row can take
+minutes on a CPU.
+
+Features are random of the planned shapes (throughput does not depend on their values); labels
+are of a length CTC can align at 8x subsampling (2 frames per label: LibriSpeech's ~15
+characters per second do not fit in 12.5 frames per second, the subword vocabulary NeMo trains
+with does). One device: a world of N is the sharded loop's (not built yet), refused here.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import psutil
+import torch
+from tqdm import tqdm
+
+from speechperf.config import load_preset
+from speechperf.data.batching import Batching
+from speechperf.data.index import from_columns, librispeech_like
+from speechperf.data.loader import Batch
+from speechperf.errors import SpeechperfError, in_words
+from speechperf.features.feature_config import FeatureConfig
+from speechperf.models import build_model, describe
+from speechperf.models.fastconformer import nemo_parameter_count, training_flops
+from speechperf.telemetry import memory
+from speechperf.telemetry.measured_peak import training_peak
+from speechperf.telemetry.mfu import achieved
+from speechperf.telemetry.power import PowerMeter
+from speechperf.train.step import make_optimizer, train_step
+
+WORKLOADS = ("fastconformer-l", "fastconformer-xl")  # presets; the transducer head's rows come with it
+CPU_BATCH_S, GPU_BATCH_S = (30.0,), (None,)  # seconds of audio per batch: a CPU's smallest; None: the preset's
+INDEX_UTTERANCES = 4096  # the generated LibriSpeech-like index the batches are planned over (64 shards)
+LONGEST_S = 16.7  # utterances over this are left out: NeMo's FastConformer recipe's train_ds.max_duration for LibriSpeech
+DOES_NOT_FIT = "does not fit"  # a row's status where the estimate exceeds the memory
+FRAME_S = 0.01  # seconds per feature frame (10 ms hop)
+FRAMES_PER_LABEL = 2  # labels CTC can align at 8x: one per two output frames
+COLUMNS = ("workload", "params_m", "nemo_params_m", "batch_s", "utterances", "padded_s", "device", "precision",
+           "world", "utt_per_s", "audio_s_per_s", "step_s", "steps", "tflops", "mfu_pct", "peak_gb", "estimate_gb",
+           "estimate_ratio", "power_w", "wh_per_audio_h", "energy", "peak_source", "memory_method", "status")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one ``bench scale`` asks for."""
+
+    workloads: tuple[str, ...] = WORKLOADS  # presets of at-scale workloads
+    batch_seconds: tuple[float | None, ...] | None = None  # loader.max_duration per row; None: the device's default
+    steps: int = 3  # timed steps per row
+    warmup: int = 1  # untimed steps first
+    device: str = "cpu"
+    precision: str | None = None  # None: fp32 on a CPU, the preset's on a GPU
+    world: int = 1  # devices (1 only until the sharded loop)
+    memory_limit_gb: float | None = None  # refuse rows whose estimate exceeds this (default: free memory)
+    measure_memory: bool = True  # measure the peak (one more, profiled step on a CPU)
+    overrides: tuple[str, ...] = ()  # key=value overrides of every workload's preset
+    seed: int = 0
+
+    def problems(self) -> list[str]:
+        out = [f"--{k}={getattr(self, k)} must be >= {lo}" for k, lo in (("steps", 1), ("warmup", 0), ("world", 1))
+               if getattr(self, k) < lo]
+        if self.world > 1:
+            out.append(f"--world={self.world}: bench scale measures one device; N devices need the sharded training "
+                       "loop (FSDP2 under torchrun), not built yet")
+        return out
+
+
+def planned_batches(cfg, n: int, seed: int) -> list[np.ndarray]:
+    """(frames, seconds) of the first ``n`` batches the loader's planner cuts for ``cfg.loader`` from a
+    LibriSpeech-like index (epoch 1, the run's order), its utterances up to ``LONGEST_S``."""
+    full = librispeech_like(seed, splits=(INDEX_UTTERANCES,))
+    keep = np.flatnonzero(full.duration <= LONGEST_S)
+    index = from_columns(full.keys, full.shas, full.shard[keep], full.offset[keep], full.frames[keep],
+                         full.duration[keep], [full.id(i) for i in keep], ["a"] * len(keep))
+    plan = Batching(cfg.loader, seed).plan(index, epoch=1)
+    if len(plan) < n:
+        raise SpeechperfError(f"loader.max_duration={cfg.loader.max_duration:g} plans {len(plan)} batches over "
+                              f"{INDEX_UTTERANCES} utterances, fewer than the {n} steps asked")
+    return [(index.frames[b], index.duration[b]) for b in plan.batches[:n]]
+
+
+def synthetic(frames: np.ndarray, seconds: np.ndarray, model, device: torch.device) -> Batch:
+    """A batch of random features at the planned lengths, labels that CTC can align."""
+    lens = torch.tensor(frames, dtype=torch.long)
+    label_lens = (model.output_lengths(lens) // FRAMES_PER_LABEL).clamp(min=1)
+    feats = torch.randn(len(lens), int(lens.max()), FeatureConfig().dim, device=device)  # (B, T, 93)
+    labels = torch.randint(2, 28, (int(label_lens.sum()),), device=device)
+    return Batch(feats, lens, labels, label_lens, [""] * len(lens), [""] * len(lens), float(seconds.sum()))
+
+
+def run_scale(req: Request, progress: bool = True) -> list[dict]:
+    """One row per workload and batch duration (see the module docstring)."""
+    bad = req.problems()
+    if bad:
+        raise SpeechperfError("; ".join(bad))
+    dev = torch.device(req.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpeechperfError(f"device {req.device!r} requested but no CUDA device is available")
+    seconds = req.batch_seconds or (GPU_BATCH_S if dev.type == "cuda" else CPU_BATCH_S)
+    todo = [(w, s) for w in req.workloads for s in seconds]
+    rows = []
+    for w, s in tqdm(todo, desc="bench scale", unit="row", file=sys.stderr, disable=not progress):
+        rows.append(_row(req, w, s, dev))
+    if all(r["status"].startswith(DOES_NOT_FIT) for r in rows):  # nothing could run: bad input, exit 2
+        raise memory.DoesNotFit("; ".join(r["status"] for r in rows))
+    return rows
+
+
+def _config(req: Request, workload: str, batch_s: float | None, dev: torch.device):
+    over = list(req.overrides) + ([f"loader.max_duration={batch_s}"] if batch_s else [])
+    cfg = load_preset(workload, over)
+    if cfg.model.name != "fastconformer":
+        raise SpeechperfError(f"bench scale: preset {workload!r} trains model {cfg.model.name!r}; its rows are the "
+                              "at-scale workloads' (fastconformer)")
+    precision = req.precision or ("fp32" if dev.type == "cpu" else cfg.train.precision)
+    return cfg, precision
+
+
+def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) -> dict:
+    cfg, precision = _config(req, workload, batch_s, dev)
+    batches = planned_batches(cfg, req.warmup + req.steps, req.seed)
+    widest = max(batches, key=lambda b: len(b[0]) * int(b[0].max()))
+    setup = memory.Setup(cfg.train.optimizer, cfg.train.optimizer_impl, precision, dev.type,
+                         checkpointing=cfg.model.activation_checkpointing)
+    est = memory.estimate(cfg.model, memory.Batch(len(widest[0]), int(widest[0].max()),
+                                                  int(widest[0].max()) // 8 // FRAMES_PER_LABEL), setup)
+    row = {**dict.fromkeys(COLUMNS), "workload": workload, "params_m": describe(cfg.model)["params"] / 1e6,
+           "nemo_params_m": nemo_parameter_count(cfg.model) / 1e6, "batch_s": cfg.loader.max_duration,
+           "utterances": float(np.mean([len(f) for f, _ in batches])), "device": str(dev), "precision": precision,
+           "padded_s": float(np.mean([len(f) * int(f.max()) for f, _ in batches])) * FRAME_S, "world": req.world,
+           "estimate_gb": est.peak() / memory.GB, "status": "ok"}
+    try:
+        memory.check_fits(est, _free_bytes(req, dev))
+        row.update(_measured(cfg, precision, batches, req, dev, est))
+    except memory.DoesNotFit as e:
+        row["status"] = f"{DOES_NOT_FIT}: {workload} at {cfg.loader.max_duration:g} s: {e}"
+    except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as e:
+        row["status"] = f"failed: {in_words(e)}"
+    return row
+
+
+def _free_bytes(req: Request, dev: torch.device) -> int:
+    if req.memory_limit_gb is not None:
+        return int(req.memory_limit_gb * memory.GB)
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0]
+    return psutil.virtual_memory().available
+
+
+def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est) -> dict:
+    """Warm-up, the memory step (profiled, untimed), then the timed steps with the power meter."""
+    tc = replace(cfg.train, precision=precision)
+    torch.manual_seed(req.seed)
+    model = build_model(cfg.model).to(dev).train()
+    opt = make_optimizer(model, tc, dev)
+    scaler = torch.amp.GradScaler(dev.type, enabled=precision == "fp16")
+    data = [synthetic(f, s, model, dev) for f, s in batches]
+    step = lambda b: train_step(model, b, opt, scaler, dev, tc)  # noqa: E731
+    for b in data[: req.warmup]:
+        step(b)
+    out = {}
+    if req.measure_memory:  # the widest planned batch, the one the estimate is made for
+        out.update(_peak(model, opt, max(data, key=lambda b: b.feats.shape[0] * b.feats.shape[1]), step, dev, est))
+    timed = data[req.warmup:]
+    with PowerMeter() as power:
+        t0 = time.perf_counter()
+        for b in timed:
+            step(b)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        wall = time.perf_counter() - t0
+    audio = sum(b.audio_seconds for b in timed)
+    flops = sum(training_flops(cfg.model, int(n)) for b in timed for n in b.feat_lens)
+    peak = training_peak(dev, precision, torch.get_num_threads())
+    energy = power.result(audio)
+    wh = energy["energy_j"] / 3600 / (audio / 3600) if energy["energy_j"] is not None else None
+    return {**out, "utt_per_s": sum(len(b.feat_lens) for b in timed) / wall, "audio_s_per_s": audio / wall,
+            "step_s": wall / len(timed), "steps": len(timed), **_mfu(flops, wall, peak),
+            "power_w": energy["power_w"], "wh_per_audio_h": wh, "energy": energy["energy"]}
+
+
+def _mfu(flops: float, wall: float, peak) -> dict:
+    got = achieved(flops, wall, peak.tflops)
+    return {"tflops": got["tflops"], "mfu_pct": got["mfu_pct"], "peak_source": got["mfu_note"] or peak.source}
+
+
+def _peak(model, opt, batch: Batch, step, dev: torch.device, est) -> dict:
+    """The measured peak of one step: on CUDA torch's ``max_memory_allocated``; on a CPU what was
+    allocated when the step began (parameters, gradients, optimizer state, the batch) plus the
+    profiler's peak above it (``telemetry.memory.allocated_peak``)."""
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        step(batch)
+        torch.cuda.synchronize(dev)
+        got, how = torch.cuda.max_memory_allocated(dev), "torch.cuda.max_memory_allocated"
+    else:
+        state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+        live = memory.tensor_bytes([*model.parameters(), *(p.grad for p in model.parameters()), *state, batch.feats])
+        got = live + memory.allocated_peak(lambda: step(batch))
+        how = "live tensors + torch.profiler's allocator peak"
+    return {"peak_gb": got / memory.GB, "estimate_ratio": est.peak() / got, "memory_method": how}
+
+
+def notes(rows: list[dict]) -> list[str]:
+    """Under the table: what each figure is, the power source, the rows not run and why."""
+    lines = ["estimate_gb: telemetry/memory.py before the run, the widest planned batch; peak_gb measured "
+             f"({rows[0]['memory_method']})" if rows and rows[0].get("memory_method") else
+             "estimate_gb: telemetry/memory.py before the run, the widest planned batch"]
+    lines += sorted({f"MFU peak: {r['peak_source']}" for r in rows if r.get("peak_source")})
+    lines += sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
+    lines += [f"{r['workload']} {r['batch_s']:g} s: {r['status']}" for r in rows if r["status"] != "ok"]
+    return lines

@@ -1,0 +1,51 @@
+"""``bench scale`` end to end at a tiny size: batches planned by duration, throughput, MFU, the
+measured peak beside the estimate; the refusals."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speechperf.bench import scale
+from speechperf.cli import main
+from speechperf.telemetry import measured_peak
+
+TINY = ["model.d_model=32", "model.layers=1", "model.heads=2", "model.subsampling_channels=8"]
+
+
+@pytest.fixture
+def known_peak(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPEECHPERF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(measured_peak, "measure_gemm", lambda threads, dtype="fp32": {
+        "tflops": 0.1, "n": 1024, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0})
+
+
+def test_bench_scale_measures_a_tiny_workload_end_to_end(known_peak, capsys):
+    assert main(["bench", "scale", "--workloads", "fastconformer-l", "--batch-seconds", "40", "--steps", "1",
+                 "--warmup", "0", "--json", *TINY]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["status"] == "ok" and row["batch_s"] == 40 and row["utterances"] >= 2
+    assert row["padded_s"] <= 40 and row["audio_s_per_s"] > 0 and row["utt_per_s"] > 0 and row["mfu_pct"] > 0
+    # at 1 block of width 32 what no rule counts weighs more than at scale (tests/telemetry/test_memory.py: 15%)
+    assert 0.75 < row["estimate_ratio"] < 1.25 and row["peak_gb"] > 0
+    assert row["power_w"] is None or row["wh_per_audio_h"] > 0
+
+
+def test_batches_are_the_planners_cut_by_seconds_of_audio():
+    from speechperf.config import load_preset
+
+    cfg = load_preset("fastconformer-l", ["loader.max_duration=60"])
+    batches = scale.planned_batches(cfg, 4, seed=0)
+    assert all(len(f) * int(f.max()) * 0.01 <= 60 and s.max() <= scale.LONGEST_S for f, s in batches)
+    assert len({len(f) for f, _ in batches}) > 1 or len(batches[0][0]) > 2  # several utterances a batch
+
+
+def test_a_world_of_several_devices_and_a_run_that_cannot_fit_are_refused(known_peak):
+    from speechperf.errors import SpeechperfError
+    from speechperf.telemetry.memory import DoesNotFit
+
+    with pytest.raises(SpeechperfError, match="--world=2: bench scale measures one device"):
+        scale.run_scale(scale.Request(world=2), progress=False)
+    req = scale.Request(workloads=("fastconformer-xl",), batch_seconds=(30.0,), memory_limit_gb=8.0)
+    with pytest.raises(DoesNotFit, match=r"fastconformer-xl at 30 s: the run needs 1\d\.\d GB per device"):
+        scale.run_scale(req, progress=False)

@@ -1,0 +1,106 @@
+"""The memory of a training step estimated before anything is allocated, against the peak a CPU
+step measures (torch.profiler's allocator events), and the refusal of a run that will not fit."""
+import dataclasses
+
+import pytest
+import torch
+
+from speechperf.config import load_preset
+from speechperf.data.loader import Batch
+from speechperf.errors import SpeechperfError
+from speechperf.models import build_model
+from speechperf.models.fastconformer import FastConformerConfig, parameter_count
+from speechperf.telemetry import memory
+from speechperf.train.step import make_optimizer, train_step
+
+GB = memory.GB
+
+
+def test_the_profiled_peak_counts_what_a_block_allocates():
+    def step():
+        a = torch.ones(1000, 1000)  # 4 MB
+        b = a + 1  # 8 MB live
+        del a
+        return torch.ones(250, 1000) + b[:250]  # 4 + 1 + 1 MB at most
+    assert abs(memory.allocated_peak(step) - 8_000_000) < 100  # and a scalar or two
+
+
+def _measured(cfg: FastConformerConfig, utterances: int, frames: int) -> tuple[int, memory.MemoryEstimate]:
+    """The peak of a training step (the second: optimizer state and previous gradients alive)."""
+    tc = dataclasses.replace(load_preset("fastconformer-l").train, precision="fp32")
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    opt = make_optimizer(model, tc, torch.device("cpu"))
+    lens = torch.linspace(frames, frames * 0.8, utterances).long()
+    label_lens = (model.output_lengths(lens) // 2).clamp(min=1)
+    batch = Batch(torch.randn(utterances, frames, 93), lens, torch.randint(2, 28, (int(label_lens.sum()),)),
+                  label_lens, [""] * utterances, [""] * utterances, 1.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    train_step(model, batch, opt, scaler, torch.device("cpu"), tc)
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    live = memory.tensor_bytes([*model.parameters(), *(p.grad for p in model.parameters()), *state, batch.feats])
+    peak = live + memory.allocated_peak(lambda: train_step(model, batch, opt, scaler, torch.device("cpu"), tc))
+    setup = memory.Setup(tc.optimizer, tc.optimizer_impl, "fp32", "cpu", checkpointing=cfg.activation_checkpointing)
+    return peak, memory.estimate(cfg, memory.Batch(utterances, frames, int(label_lens.max())), setup)
+
+
+@pytest.mark.parametrize("d,channels,layers,checkpointing", [(128, 16, 2, False), (32, 64, 1, True)])
+def test_the_estimate_is_within_15_percent_of_the_measured_peak(d, channels, layers, checkpointing):
+    # wide blocks over a narrow front end: the forward pass's end is the peak; a wide front end with
+    # checkpointed blocks: the front end's backward
+    cfg = FastConformerConfig(d_model=d, layers=layers, heads=4, subsampling_channels=channels,
+                              activation_checkpointing=checkpointing)
+    peak, est = _measured(cfg, utterances=2, frames=400)
+    assert abs(est.peak() - peak) / peak < 0.15, (est.parts(), peak / GB)
+    moment = est.front_backward if checkpointing else est.activations
+    assert moment == max(est.activations, est.front_backward)
+
+
+def test_checkpointing_keeps_only_each_blocks_input():
+    cfg = load_preset("fastconformer-l").model
+    batch = memory.Batch(16, 1600, 100)
+    full = memory.estimate(cfg, batch, memory.Setup(device_type="cuda", precision="bf16"))
+    ck = memory.estimate(cfg, batch, memory.Setup(device_type="cuda", precision="bf16", checkpointing=True))
+    assert ck.activations < full.activations / 3 and ck.parameters == full.parameters
+
+
+def test_fsdp_divides_parameters_gradients_and_state_and_gathers_one_block():
+    cfg = load_preset("fastconformer-xl").model
+    n, batch = parameter_count(cfg), memory.Batch(8, 1600, 100)
+    ddp = memory.estimate(cfg, batch, memory.Setup(world=8, precision="bf16", device_type="cuda"))
+    fsdp = memory.estimate(cfg, batch, memory.Setup(world=8, sharding="fsdp", precision="bf16", device_type="cuda"))
+    assert (ddp.parameters, ddp.gradients, ddp.optimizer, ddp.casts) == (4 * n, 4 * n, 8 * n, 2 * n)
+    assert (fsdp.parameters, fsdp.optimizer, fsdp.casts) == (4 * n // 8, 8 * n // 8, 0)
+    assert fsdp.unsharded > 0 and fsdp.activations == ddp.activations
+    sgd = memory.estimate(cfg, batch, memory.Setup(optimizer="sgd"))
+    assert sgd.optimizer == 0
+    joint = memory.estimate(cfg, batch, memory.Setup(optimizer="sgd"), joint_bytes=10**9)  # the transducer's hook
+    assert joint.peak() - sgd.peak() == 10**9
+
+
+def test_a_runs_setup_and_its_widest_duration_batch():
+    cfg = load_preset("fastconformer-l", ["model.activation_checkpointing=true"])
+    setup = memory.run_setup(cfg, "cuda", world=4, sharding="fsdp")
+    assert (setup.optimizer, setup.optimizer_impl, setup.precision, setup.checkpointing) == ("adamw", "fused", "bf16", True)
+    assert memory.duration_batch(cfg.loader.max_duration, 16.7) == memory.Batch(119, 1670, 104)
+
+
+def test_a_run_that_does_not_fit_is_refused_naming_the_gigabytes_and_what_would_fit():
+    cfg = load_preset("fastconformer-xl").model
+    est = memory.estimate(cfg, memory.Batch(16, 1670, 100), memory.Setup(precision="bf16", device_type="cuda"))
+    memory.check_fits(est, est.peak())  # fits exactly: no error
+    with pytest.raises(memory.DoesNotFit) as e:
+        memory.check_fits(est, 16 * 10**9)
+    msg = str(e.value)
+    assert e.value.exit_code == 2 and f"needs {est.peak() / GB:.1f} GB" in msg and "16.0 GB free" in msg
+    assert "2 ranks sharded (fsdp); activation checkpointing per block; batches of at most 65%" in msg
+    with pytest.raises(memory.DoesNotFit, match="what would fit: nothing at this model size"):
+        memory.check_fits(est, 10**9)
+
+
+def test_bad_setups_and_models_without_a_rule_are_named():
+    cfg = FastConformerConfig()
+    with pytest.raises(SpeechperfError, match="sharding 'zero3'"):
+        memory.estimate(cfg, memory.Batch(1, 100), memory.Setup(sharding="zero3"))
+    with pytest.raises(SpeechperfError, match="model 'conformer': no activation rule"):
+        memory.activation_bytes(load_preset("conformer").model, memory.Batch(1, 100), memory.Setup())
