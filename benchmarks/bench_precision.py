@@ -22,7 +22,7 @@ from speechperf.telemetry.capability import isa, cpu_flags, model_support
 from speechperf.train.auto_precision import candidates, time_candidates, typical_shape
 
 GOAL = ("train.precision=auto picks the faster of the cpu preset's fp32 and bf16 steps on this machine "
-        "(issue 60: bf16 on an AMX Xeon, fp32 on AVX2)")
+        "(docs/presets.md, precision: bf16 on an AMX Xeon, fp32 on AVX2)")
 REFERENCE = "the same preset's training step in fp32, alternated with bf16 in this process"
 RATIO = "bf16 step / fp32 step (below 1: bf16 faster)"
 DATA = False
