@@ -86,7 +86,7 @@ def planned_batches(cfg, n: int, seed: int) -> list[np.ndarray]:
                          full.duration[keep], [full.id(i) for i in keep], ["a"] * len(keep))
     plan = Batching(cfg.loader, seed).plan(index, epoch=1)
     if len(plan) < n:
-        raise SpeechperfError(f"loader.max_duration={cfg.loader.max_duration:g} plans {len(plan)} batches over "
+        raise SpeechperfError(f"loader.max_duration={Batching(cfg.loader).batch_seconds:g} plans {len(plan)} batches over "
                               f"{INDEX_UTTERANCES} utterances, fewer than the {n} steps asked")
     return [(index.frames[b], index.duration[b]) for b in plan.batches[:n]]
 
@@ -137,7 +137,7 @@ def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) 
     est = memory.estimate(cfg.model, memory.Batch(len(widest[0]), int(widest[0].max()),
                                                   int(widest[0].max()) // 8 // FRAMES_PER_LABEL), setup)
     row = {**dict.fromkeys(COLUMNS), "workload": workload, "params_m": describe(cfg.model)["params"] / 1e6,
-           "nemo_params_m": nemo_parameter_count(cfg.model) / 1e6, "batch_s": cfg.loader.max_duration,
+           "nemo_params_m": nemo_parameter_count(cfg.model) / 1e6, "batch_s": Batching(cfg.loader).batch_seconds,
            "utterances": float(np.mean([len(f) for f, _ in batches])), "device": str(dev), "precision": precision,
            "padded_s": float(np.mean([len(f) * int(f.max()) for f, _ in batches])) * FRAME_S, "world": req.world,
            "estimate_gb": est.peak() / memory.GB, "status": "ok"}
@@ -145,7 +145,7 @@ def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) 
         memory.check_fits(est, _free_bytes(req, dev))
         row.update(_measured(cfg, precision, batches, req, dev, est))
     except memory.DoesNotFit as e:
-        row["status"] = f"{DOES_NOT_FIT}: {workload} at {cfg.loader.max_duration:g} s: {e}"
+        row["status"] = f"{DOES_NOT_FIT}: {workload} at {Batching(cfg.loader).batch_seconds:g} s: {e}"
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as e:
         row["status"] = f"failed: {in_words(e)}"
     return row

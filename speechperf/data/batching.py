@@ -37,6 +37,11 @@ class Batching:
         return method(self.loader)
 
     @property
+    def batch_seconds(self) -> float:
+        """Padded seconds of audio per batch per rank where batches are cut by duration; 0: by count."""
+        return self.loader.max_duration
+
+    @property
     def resident(self) -> bool:
         """Whether the training split stays on the device after epoch 1 (data/resident.py)."""
         return self.loader.resident

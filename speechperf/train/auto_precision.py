@@ -39,6 +39,7 @@ import torch
 from speechperf.atomic import atomic_write_text
 from speechperf.config import RunConfig
 from speechperf.config.training import AUTO_PRECISION
+from speechperf.data.batching import Batching
 from speechperf.data.loader import Batch
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model
@@ -77,8 +78,9 @@ def typical_shape(cfg: RunConfig, world: int = 1) -> tuple[int, int]:
     ``loader.max_duration`` padded seconds hold."""
     lc = cfg.loader
     frames = lc.pad_frames if lc.mode == "pad" else TYPICAL_FRAMES
-    if lc.max_duration > 0:
-        return max(1, int(lc.max_duration * FRAMES_PER_S // frames)), frames
+    seconds = Batching(lc).batch_seconds
+    if seconds > 0:
+        return max(1, int(seconds * FRAMES_PER_S // frames)), frames
     return max(1, lc.batch_size // max(world, 1)), frames
 
 

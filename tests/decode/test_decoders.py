@@ -133,7 +133,7 @@ def test_bad_inputs():
 def test_lm_build_load_and_corruption(tmp_path):
     split = tmp_path / "train-clean"
     split.mkdir()
-    (split / "index.json").write_text(json.dumps({"utterances": [{"transcript": t} for t in TEXTS]}))
+    (split / "index.json").write_text(json.dumps({"shards": {}, "utterances": [{"transcript": t} for t in TEXTS]}))
     row = build_lm_for_features(tmp_path)
     assert row["words"] == len(set(" ".join(TEXTS).split()))
     assert load_lm(tmp_path).words == lm_of().words
@@ -146,7 +146,7 @@ def test_lm_build_load_and_corruption(tmp_path):
     (tmp_path / "lm.json").write_text("{not json")
     with pytest.raises(LMError, match="lm.json"):
         load_lm(tmp_path)
-    (split / "index.json").write_text(json.dumps({"utterances": [{"transcript": "caf\u00e9 ole"}]}))
+    (split / "index.json").write_text(json.dumps({"shards": {}, "utterances": [{"transcript": "caf\u00e9 ole"}]}))
     with pytest.raises(LMError, match="caf"):
         build_lm_for_features(tmp_path)
 
@@ -266,6 +266,6 @@ def test_lm_build_errors_name_the_folder(tmp_path):
     with pytest.raises(LMError, match="no prepared train"):
         build_lm_for_features(tmp_path)
     (tmp_path / "train-x").mkdir()
-    (tmp_path / "train-x" / "index.json").write_text(json.dumps({"utterances": [{"id": "u1"}]}))
+    (tmp_path / "train-x" / "index.json").write_text(json.dumps({"shards": {}, "utterances": [{"id": "u1"}]}))
     with pytest.raises(LMError, match="transcript"):
         build_lm_for_features(tmp_path)

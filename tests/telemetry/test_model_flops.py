@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from speechperf.telemetry.mfu import count_step_flops, counter
-from speechperf.models import MODELS, build_model, model_config
+from speechperf.models import MODELS, build_model, fastconformer, model_config
 
 FEATS = 93  # prepared feature columns; each model reads its first input_dim
 
@@ -100,6 +100,9 @@ ANALYTIC = {
     "cldnn": ({"name": "cldnn", "conv_maps": 8, "lstm_cells": 64, "lstm_proj": 32, "dnn_hidden": 64}, _cldnn),
     "conformer": ({"name": "conformer", "d_model": 64, "layers": 2, "heads": 4, "conv_kernel": 15,
                    "subsampling_channels": 16, "attention_dropout": 0.0}, _conformer),
+    # its own formula (models/fastconformer.py), written from NeMo's layout and checked against the counter here
+    "fastconformer": ({"name": "fastconformer", "d_model": 32, "layers": 2, "heads": 4, "subsampling_channels": 16,
+                       "attention_dropout": 0.0}, lambda cfg, frames: fastconformer.training_flops(cfg, frames)),
 }
 
 
