@@ -245,7 +245,7 @@ class ConformerBlock(nn.Module):
 
 class ConformerLayers:
     """Subsampling -> dropout -> Conformer blocks: features (B, T, F) to (B, T', d_model), what the
-    CTC :class:`Conformer` and the transducer's Conformer encoder (models/transducer.py) share.
+    CTC :class:`Conformer` and the transducer's Conformer encoder (models/rnnt.py) share.
     A mixin of an ``nn.Module``, so that the CTC model keeps its parameter names (``subsample``,
     ``blocks``: checkpoints' keys) and its creation order (the same RNG draws at init)."""
 

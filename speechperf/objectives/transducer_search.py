@@ -1,4 +1,4 @@
-"""Decoding a transducer (speechperf/models/transducer.py): batched greedy search on the device
+"""Decoding a transducer (speechperf/models/rnnt.py): batched greedy search on the device
 for the per-epoch evaluation, and a beam search for the final one.
 
 Both read the model through four calls only: ``predict_step(tokens (B,), state) -> (g (B, J),

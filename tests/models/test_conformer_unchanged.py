@@ -1,5 +1,5 @@
 """The CTC Conformer stays what it was before its encoder was shared with the transducer
-(speechperf/models/transducer.py): the same parameter names in the same order (checkpoints'
+(speechperf/models/rnnt.py): the same parameter names in the same order (checkpoints'
 state_dict keys), the same initial values (the same RNG draws at init: a run's reference
 curve depends on them), the same outputs in eval and in training mode (dropout's draws).
 

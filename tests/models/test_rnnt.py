@@ -1,4 +1,4 @@
-"""The transducer model (speechperf/models/transducer.py): shapes and lengths of both encoders
+"""The transducer model (speechperf/models/rnnt.py): shapes and lengths of both encoders
 and both prediction networks, padding, its parameter count and FLOPs by formula against the
 built model and torch's counter, and a forward that reads no device values on the host."""
 import re
@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from speechperf.models import MODELS, build_model, describe, model_config
 from speechperf.models.contract import TooShortError, planned_forward
-from speechperf.models.transducer import (LSTMEncoder, Transducer, TransducerConfig, flops, parameter_count,
+from speechperf.models.rnnt import (LSTMEncoder, Transducer, TransducerConfig, flops, parameter_count,
                                           stack_frames)
 from speechperf.telemetry.mfu import counter
 

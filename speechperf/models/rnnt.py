@@ -1,4 +1,5 @@
-"""A transducer (RNN-T, Graves 2012): encoder, prediction network and joint network.
+"""A transducer (RNN-T, Graves 2012): encoder, prediction network and joint network; registered
+as ``transducer`` (this module is ``rnnt``: ``objectives/transducer.py`` is its objective's).
 
 - **Encoder** (``encoder``): the Conformer's subsampling and blocks (models/conformer.py's
   layers, without its CTC head), or MLPerf RNN-T's LSTM encoder: ``frame_stack`` consecutive
@@ -54,6 +55,7 @@ class TransducerConfig:
     """A transducer; the defaults are NeMo's Conformer-Transducer small (encoder as the Conformer's
     defaults, one LSTM layer of 320 in the prediction network, joint 320)."""
 
+    objective = "transducer"  # not a field: the objective its output is made for (speechperf/objectives)
     name: str = "transducer"  # registry key in speechperf.models.MODELS
     input_dim: int = 80  # feature columns read: the 80 log-mel (not the 13 MFCC after them)
     num_classes: int = NUM_SYMBOLS  # output units incl. the blank at 0 (30 characters; BPE units give more)
