@@ -243,19 +243,19 @@ class ConformerBlock(nn.Module):
         return self.norm(x)
 
 
-class Conformer(AcousticModel):
-    """Subsampling -> Conformer blocks -> linear CTC head; meets the model contract."""
+class ConformerLayers:
+    """Subsampling -> dropout -> Conformer blocks: features (B, T, F) to (B, T', d_model), what the
+    CTC :class:`Conformer` and the transducer's Conformer encoder (models/rnnt.py) share.
+    A mixin of an ``nn.Module``, so that the CTC model keeps its parameter names (``subsample``,
+    ``blocks``: checkpoints' keys) and its creation order (the same RNG draws at init)."""
 
-    min_frames = 1  # padding 1 on both sides: one frame gives one output frame per stage
-
-    def __init__(self, cfg: ConformerConfig):
-        super().__init__()
+    def build_layers(self, cfg: ConformerConfig) -> None:
+        """Create the layers, in the order the CTC Conformer always has."""
         self.cfg = cfg
         self.stages = int(math.log2(cfg.subsampling))
         self.subsample = Subsampling(cfg)
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.layers))
-        self.head = nn.Linear(cfg.d_model, cfg.num_classes)
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """(L - 1) // 2 + 1 per stride-2 stage: the subsampling convs' own arithmetic."""
@@ -263,16 +263,45 @@ class Conformer(AcousticModel):
             lengths = halve(lengths)
         return lengths
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor, **planned) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, T, 93) features, lengths: (B,) -> log-probs (T', B, C), out lengths (B,)."""
-        if lengths.device.type == "cpu":  # a CPU read costs nothing; on a GPU plan() checked it
-            self.check_lengths(lengths)
+    def encode(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, 93) features, lengths: (B,) -> hidden (B, T', D), out lengths (B,)."""
         h = self.drop(self.subsample(x[..., : self.cfg.input_dim], lengths))  # (B, T', D)
         out_lens = self.output_lengths(lengths)
         valid = valid_frames(out_lens, h.shape[1])  # (B, T') on x's device
         cos, sin = rotary(h.shape[1], self.cfg.d_model // self.cfg.heads, h.device)
         for block in self.blocks:
             h = block(h, valid, cos, sin)
+        return h, out_lens
+
+
+class ConformerEncoder(ConformerLayers, nn.Module):
+    """The Conformer's layers alone, a submodule of another model: forward is :meth:`encode`."""
+
+    min_frames = 1  # padding 1 on both sides: one frame gives one output frame per stage
+
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        self.build_layers(cfg)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encode(x, lengths)
+
+
+class Conformer(ConformerLayers, AcousticModel):
+    """Subsampling -> Conformer blocks -> linear CTC head; meets the model contract."""
+
+    min_frames = 1  # padding 1 on both sides: one frame gives one output frame per stage
+
+    def __init__(self, cfg: ConformerConfig):
+        super().__init__()
+        self.build_layers(cfg)
+        self.head = nn.Linear(cfg.d_model, cfg.num_classes)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, **planned) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, 93) features, lengths: (B,) -> log-probs (T', B, C), out lengths (B,)."""
+        if lengths.device.type == "cpu":  # a CPU read costs nothing; on a GPU plan() checked it
+            self.check_lengths(lengths)
+        h, out_lens = self.encode(x, lengths)
         logits = self.head(h).transpose(0, 1)  # (B, T', C) -> (T', B, C)
         return logits.float().log_softmax(-1), out_lens
 

@@ -7,7 +7,7 @@ What it costs unlike CTC: the joint's tensor grows with frames x labels x vocabu
 and memory bandwidth set the step as much as GEMM rate. The joint runs in the step's precision
 (autocast) and the loss fuses its log-softmax with the gradient (one buffer the joint's size).
 
-The model's half of the contract (``models/transducer.py``): ``predict(targets (B, U)) -> (g (B,
+The model's half of the contract (``models/rnnt.py``): ``predict(targets (B, U)) -> (g (B,
 U+1, J), state)``, ``joint(enc (B, T', 1, J), g (B, 1, U+1, J)) -> logits (B, T', U+1, V)``; its
 decoding (``objectives/transducer_search.py``): batched greedy on the device, and a beam search.
 Every alignment of a standard transducer emits any number of labels per frame, so an utterance

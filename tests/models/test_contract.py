@@ -16,6 +16,8 @@ SMALL = {
     "cldnn": {"conv_maps": 4, "lstm_cells": 8, "lstm_proj": 4, "dnn_hidden": 8},
     "conformer": {"d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3, "subsampling_channels": 4},
     "fastconformer": {"d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3, "subsampling_channels": 4},
+    "transducer": {"d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3, "subsampling_channels": 4,
+                   "pred_dim": 8, "joint_dim": 8},
 }
 
 
@@ -35,9 +37,12 @@ def test_every_model_meets_the_contract(name):
     assert torch.equal(out_lens, model.output_lengths(lens))
     with torch.no_grad():
         log_probs, got_lens = planned_forward(model, x, lens)
-    assert log_probs.shape == (int(out_lens.max()), 3, model.cfg.num_classes)  # (T', B, C)
     assert torch.equal(got_lens, out_lens)
-    assert torch.allclose(log_probs.exp().sum(-1), torch.ones(log_probs.shape[:2]), atol=1e-4)
+    if hasattr(model, "joint"):  # a transducer: the encoder output its joint reads (tests/models/test_transducer.py)
+        assert log_probs.shape == (3, int(out_lens.max()), model.cfg.joint_dim)  # (B, T', J)
+    else:
+        assert log_probs.shape == (int(out_lens.max()), 3, model.cfg.num_classes)  # (T', B, C)
+        assert torch.allclose(log_probs.exp().sum(-1), torch.ones(log_probs.shape[:2]), atol=1e-4)
     if model.min_frames > 1:
         with pytest.raises(TooShortError, match=f"needs at least {model.min_frames}"):
             model.plan(torch.tensor([80, model.min_frames - 1]), 80)

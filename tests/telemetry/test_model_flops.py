@@ -8,12 +8,16 @@ the features (no gradient wanted: x2). Attention: QK^T and AV, 2 L^2 d each forw
 An LSTM step: 4 gates x (input + recurrent) multiply-adds, x3; an LSTMP adds its projection.
 Element-wise work, normalization, pooling, the loss and biases are not counted (mfu.py's
 contract)."""
+import importlib.util
+
 import pytest
 import torch
 import torch.nn as nn
 
 from speechperf.telemetry.mfu import count_step_flops, counter
-from speechperf.models import MODELS, build_model, fastconformer, model_config
+from speechperf.models import MODELS, build_model, fastconformer, model_config, rnnt
+
+RNNT_LOSS = importlib.util.find_spec("speechperf.objectives.rnnt_loss") is not None  # the transducer's loss
 
 FEATS = 93  # prepared feature columns; each model reads its first input_dim
 
@@ -92,6 +96,15 @@ def _conformer(cfg, frames: int) -> float:
     return flops + 3 * cfg.layers * per_block + 3 * 2 * t * d * cfg.num_classes
 
 
+def _transducer(cfg, frames: int) -> float:
+    """Its forward by formula (models/rnnt.py: encoder, prediction network over U+1 labels,
+    joint over T' x (U+1)) x3, less the weight-only first convolution's input gradient; the
+    labels as the objective's probe draws them (a quarter of the output frames)."""
+    out = int(build_model(cfg).output_lengths(torch.tensor([frames]))[0])
+    t, f = (frames - 1) // 2 + 1, (cfg.input_dim - 1) // 2 + 1
+    return 3 * rnnt.flops(cfg, frames, max(out // 4, 1)) - 2 * cfg.subsampling_channels * 9 * t * f
+
+
 # Small configurations of every registered model and their analytic counts.
 ANALYTIC = {
     "ds2": ({"name": "ds2", "conv_channels": 32, "conv_kernel": 11, "conv_stride": 2, "lstm_layers": 2,
@@ -103,6 +116,8 @@ ANALYTIC = {
     # its own formula (models/fastconformer.py), written from NeMo's layout and checked against the counter here
     "fastconformer": ({"name": "fastconformer", "d_model": 32, "layers": 2, "heads": 4, "subsampling_channels": 16,
                        "attention_dropout": 0.0}, lambda cfg, frames: fastconformer.training_flops(cfg, frames)),
+    "transducer": ({"name": "transducer", "d_model": 32, "layers": 2, "heads": 4, "conv_kernel": 15,
+                    "subsampling_channels": 16, "attention_dropout": 0.0, "pred_dim": 24, "joint_dim": 20}, _transducer),
 }
 
 
@@ -113,6 +128,8 @@ def test_every_registered_model_has_an_analytic_count():
 @pytest.mark.filterwarnings("ignore:TF32 acceleration")  # torch's note when the oneDNN flags are switched
 @pytest.mark.parametrize("name", sorted(ANALYTIC))
 def test_training_flops_match_the_analytic_count(name):
+    if name == "transducer" and not RNNT_LOSS:
+        pytest.skip("the transducer's objective needs the RNN-T loss (speechperf/objectives/rnnt_loss.py)")
     values, analytic = ANALYTIC[name]
     cfg = model_config(values)
     model = build_model(cfg)

@@ -22,6 +22,8 @@ SIZES = {
               "model.dnn_layers=1", "model.dnn_hidden=16"],  # one of each: its LSTMP runs unsubsampled frames
     "conformer": ["model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
                   "model.subsampling_channels=4"],
+    "transducer": ["model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
+                   "model.subsampling_channels=4", "model.pred_dim=16", "model.joint_dim=16"],
     EXT: ["model.channels=16", "model.hidden=16"],  # tests/models/external_model.py
 }
 
