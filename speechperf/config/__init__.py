@@ -32,6 +32,8 @@ from speechperf.objectives import objective_of
 from speechperf.section import build_section
 from speechperf.config.training import TrainConfig
 
+CHAR_SEARCHES = ("beam", "wordbeam", "flashlight")  # CTC decoders that search the character alphabet
+
 PRESET_DIR = Path(__file__).with_name("presets")
 PLATFORM_DIR = Path(__file__).with_name("platforms")
 # model: the default model's (each model has its own); augment: SpecAugment on training batches
@@ -181,10 +183,10 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.cuda_graphs and cfg.model.name != "ds2":
         raise ConfigError(f"train.cuda_graphs=true needs model ds2 (a forward pass of static shapes, "
                           f"DeepSpeech2.masked), not model {cfg.model.name!r}")
-    if cfg.loader.units != "char" and cfg.train.eval_decoder in ("beam", "wordbeam", "flashlight"):
+    objective = objective_of(cfg.model)  # its epochs and its final evaluation decode with train.eval_decoder
+    if objective.name == "ctc" and cfg.loader.units != "char" and cfg.train.eval_decoder in CHAR_SEARCHES:
         raise ConfigError(f"train.eval_decoder={cfg.train.eval_decoder!r} searches characters; with "
                           f"loader.units={cfg.loader.units!r} evaluate with train.eval_decoder='greedy'")
-    objective = objective_of(cfg.model)  # its epochs and its final evaluation decode with train.eval_decoder
     if cfg.train.eval_decoder not in objective.decoders:
         raise ConfigError(f"train.eval_decoder={cfg.train.eval_decoder!r} cannot decode model {cfg.model.name!r} "
                           f"({objective.name}); its decoders: {', '.join(objective.decoders)}")
