@@ -151,9 +151,17 @@ def _front_elements(cfg, frames: int) -> tuple[int, int]:
     return kept, cfg.d_model * times[-1]
 
 
+RULES = ("fastconformer",)  # the models whose activations have a rule here
+
+
+def has_rule(cfg) -> bool:
+    """Whether :func:`estimate` can size model ``cfg``'s activations."""
+    return getattr(cfg, "name", None) in RULES
+
+
 def activation_bytes(cfg, batch: Batch, setup: Setup) -> int:
     """What autograd keeps of one batch for the backward pass of a FastConformer (``cfg``)."""
-    if getattr(cfg, "name", None) != "fastconformer":
+    if not has_rule(cfg):
         raise SpeechperfError(f"model {getattr(cfg, 'name', cfg)!r}: no activation rule (known: fastconformer)")
     e = PRECISION_BYTES[setup.precision]
     m = e if setup.device_type == "cpu" else 1

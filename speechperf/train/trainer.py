@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 
 from speechperf.config import RunConfig
@@ -43,6 +44,7 @@ from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
 from speechperf.train.schedule import make_scheduler
 from speechperf.train.step import StepMeter, make_optimizer
 from speechperf.objectives import objective_of
+from speechperf.telemetry import memory
 from speechperf.train.stop import StopSignals
 from speechperf.train.warmup import FEATURE_DIM, check_precision, initialize, warm_model
 
@@ -141,8 +143,25 @@ def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Pa
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
     state, local, model = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
     objective_of(local).check_memory(local, cfg, batching, index, units, group.device)  # a transducer's joint
+    check_fits_device(cfg, batching, index, group.device, group.world, algo.shards)  # at-scale models' whole step
     return Trainer(cfg, batching, group, data, plan, splits, index, local, model, algo, state, prog, units,
                    resident=_resident(batching, group, data, index, units))
+
+
+def check_fits_device(cfg: RunConfig, batching: Batching, index: Index, device: torch.device, world: int,
+                      sharded: bool, free_bytes: int | None = None) -> None:
+    """A model whose step memory telemetry/memory.py can estimate (the FastConformer sizes) refused before
+    the run exists when its widest batch would not fit the device's free memory (``free_bytes``, default
+    the device's): exit 2 naming the gigabytes and what would fit (more ranks, checkpointing, shorter batches)."""
+    if not memory.has_rule(cfg.model):
+        return
+    longest = float(index.duration.max())
+    seconds = batching.batch_seconds
+    batch = memory.duration_batch(seconds if seconds > 0 else longest * max(1, cfg.loader.batch_size // world), longest)
+    setup = memory.run_setup(cfg, device.type, world, "fsdp" if sharded else "none")
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
+    memory.check_fits(memory.estimate(cfg.model, batch, setup), free_bytes)
 
 
 def _resident(batching: Batching, group: distributed.Group, data: Path, index: Index, units: Units) -> Resident | None:
