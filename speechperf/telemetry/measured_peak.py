@@ -93,7 +93,8 @@ def measure_gemm(threads: int, dtype: str = "fp32") -> dict:
             "at": time.strftime("%Y-%m-%d %H:%M:%S"), "others_busy_pct": others}
 
 
-def _read(path: Path) -> dict:
+def read_cache(path: Path) -> dict:
+    """A JSON cache file of measurements as a dict; missing, unreadable or of another shape: empty."""
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
@@ -105,7 +106,7 @@ def cpu_gemm_peak(threads: int, dtype: str = "fp32", cache: Path | None = None) 
     """This CPU's measured GEMM peak at ``threads`` threads, from the cache or measured now."""
     path = (cache or cache_path()) / CACHE_FILE
     key = cache_key(threads, dtype)
-    known = _read(path)
+    known = read_cache(path)
     entry = known.get(key)
     valid = (isinstance(entry, dict) and isinstance(entry.get("tflops"), (int, float)) and entry["tflops"] > 0
              and isinstance(entry.get("others_busy_pct"), (int, float)))  # measured with the load beside it
@@ -134,7 +135,7 @@ def forget(threads: int, dtype: str = "fp32", cache: Path | None = None) -> bool
     """Drop the cached peak of ``threads`` and ``dtype`` (a run beat it: it was measured low);
     True where there was one. The next run measures it again."""
     path = (cache or cache_path()) / CACHE_FILE
-    known = _read(path)
+    known = read_cache(path)
     if known.pop(cache_key(threads, dtype), None) is None:
         return False
     atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True))

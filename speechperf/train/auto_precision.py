@@ -45,7 +45,7 @@ from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model
 from speechperf.telemetry.capability import NATIVE, model_support
 from speechperf.telemetry.environment import cpu_model
-from speechperf.telemetry.measured_peak import busy_seconds, cache_path, contended, others_busy_pct
+from speechperf.telemetry.measured_peak import busy_seconds, cache_path, contended, others_busy_pct, read_cache
 from speechperf.train.step import make_optimizer, train_step
 
 CACHE_FILE = "precision_choice.json"
@@ -155,14 +155,6 @@ def cache_key(cfg: RunConfig, device: torch.device, native: list[str], shape: tu
             f"{','.join(native)} | {cfg.model.name} {digest}")
 
 
-def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # missing or unreadable: measured again and rewritten
-
-
 def _valid(entry, native: list[str]) -> bool:
     return (isinstance(entry, dict) and entry.get("chosen") in native and isinstance(entry.get("candidates"), dict)
             and all(isinstance(entry["candidates"].get(p), (int, float)) for p in native))
@@ -181,7 +173,7 @@ def choose(cfg: RunConfig, device: torch.device, world: int = 1, cache: Path | N
         return {**base, "chosen": "fp32", "candidates": {}, "cached": False, "seconds": time.perf_counter() - t0,
                 "note": f"fp32: no other precision runs natively here ({why}); chosen without measuring"}
     path, key = (cache or cache_path()) / CACHE_FILE, cache_key(cfg, device, native, shape)
-    known = _read(path)
+    known = read_cache(path)
     if _valid(known.get(key), native):
         entry = known[key]
         return {**base, "chosen": entry["chosen"], "candidates": {p: entry["candidates"][p] for p in native},
