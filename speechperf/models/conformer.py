@@ -69,25 +69,34 @@ class ConformerConfig:
 
     def problems(self) -> list[str]:
         """One message per invalid value, naming ``model.FIELD=value``."""
-        out = []
-        for field in ("d_model", "layers", "heads", "ff_mult", "subsampling_channels"):
-            if getattr(self, field) < 1:
-                out.append(f"model.{field}={getattr(self, field)} must be >= 1")
-        if not 1 <= self.input_dim <= FEATURE_DIM:
-            out.append(f"model.input_dim={self.input_dim} must be in 1..{FEATURE_DIM} (the feature columns)")
-        if self.heads >= 1 and (self.d_model % self.heads or (self.d_model // self.heads) % 2):
-            out.append(f"model.d_model={self.d_model} must be an even multiple of model.heads={self.heads} "
-                       f"(RoPE rotates pairs of each head's dimensions)")
-        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
-            out.append(f"model.conv_kernel={self.conv_kernel} must be odd and >= 1 (same-length convolution)")
+        out = shape_problems(self)
         if self.subsampling not in SUBSAMPLING:
             out.append(f"model.subsampling={self.subsampling} must be one of {', '.join(map(str, SUBSAMPLING))}")
-        for field in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, field) < 1.0:
-                out.append(f"model.{field}={getattr(self, field)} not in [0, 1)")
-        if self.num_classes < 2:  # config.validate checks it against loader.units (30 for characters)
-            out.append(f"model.num_classes={self.num_classes} must be >= 2 (the CTC blank and the units)")
-        return out
+        return out + rate_problems(self)
+
+
+def shape_problems(cfg) -> list[str]:
+    """The Conformer blocks' size checks, shared by every config built of them (this one, the
+    FastConformer's): positive sizes, the feature columns, RoPE's even head width, an odd kernel."""
+    out = [f"model.{f}={getattr(cfg, f)} must be >= 1" for f in
+           ("d_model", "layers", "heads", "ff_mult", "subsampling_channels") if getattr(cfg, f) < 1]
+    if not 1 <= cfg.input_dim <= FEATURE_DIM:
+        out.append(f"model.input_dim={cfg.input_dim} must be in 1..{FEATURE_DIM} (the feature columns)")
+    if cfg.heads >= 1 and (cfg.d_model % cfg.heads or (cfg.d_model // cfg.heads) % 2):
+        out.append(f"model.d_model={cfg.d_model} must be an even multiple of model.heads={cfg.heads} "
+                   f"(RoPE rotates pairs of each head's dimensions)")
+    if cfg.conv_kernel < 1 or cfg.conv_kernel % 2 == 0:
+        out.append(f"model.conv_kernel={cfg.conv_kernel} must be odd and >= 1 (same-length convolution)")
+    return out
+
+
+def rate_problems(cfg) -> list[str]:
+    """The dropout rates and the output classes of a config built of Conformer blocks."""
+    out = [f"model.{f}={getattr(cfg, f)} not in [0, 1)" for f in ("dropout", "attention_dropout")
+           if not 0.0 <= getattr(cfg, f) < 1.0]
+    if cfg.num_classes < 2:  # config.validate checks it against loader.units (30 for characters)
+        out.append(f"model.num_classes={cfg.num_classes} must be >= 2 (the CTC blank and the units)")
+    return out
 
 
 def halve(lengths: torch.Tensor) -> torch.Tensor:

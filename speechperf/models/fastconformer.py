@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from speechperf.corpus.alphabet import NUM_SYMBOLS
 from speechperf.models import register_model
 from speechperf.models.contract import AcousticModel
-from speechperf.models.conformer import FEATURE_DIM, ConformerBlock, halve, rotary, valid_frames
+from speechperf.models.conformer import ConformerBlock, halve, rate_problems, rotary, shape_problems, valid_frames
 from speechperf.models.dropout import Dropout
 
 STAGES = 3  # stride-2 stages of the front end: 8x in time
@@ -62,22 +62,8 @@ class FastConformerConfig:
     num_classes: int = NUM_SYMBOLS  # output classes incl. CTC blank: 30 for characters, N + 1 for loader.units=bpe:N
 
     def problems(self) -> list[str]:
-        """One message per invalid value, naming ``model.FIELD=value``."""
-        out = [f"model.{f}={getattr(self, f)} must be >= 1" for f in
-               ("d_model", "layers", "heads", "ff_mult", "subsampling_channels") if getattr(self, f) < 1]
-        if not 1 <= self.input_dim <= FEATURE_DIM:
-            out.append(f"model.input_dim={self.input_dim} must be in 1..{FEATURE_DIM} (the feature columns)")
-        if self.heads >= 1 and (self.d_model % self.heads or (self.d_model // self.heads) % 2):
-            out.append(f"model.d_model={self.d_model} must be an even multiple of model.heads={self.heads} "
-                       f"(RoPE rotates pairs of each head's dimensions)")
-        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
-            out.append(f"model.conv_kernel={self.conv_kernel} must be odd and >= 1 (same-length convolution)")
-        for f in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, f) < 1.0:
-                out.append(f"model.{f}={getattr(self, f)} not in [0, 1)")
-        if self.num_classes < 2:  # config.validate checks it against loader.units (30 for characters)
-            out.append(f"model.num_classes={self.num_classes} must be >= 2 (the CTC blank and the units)")
-        return out
+        """One message per invalid value, naming ``model.FIELD=value`` (the Conformer blocks' checks)."""
+        return shape_problems(self) + rate_problems(self)
 
 
 def stage_sizes(size: int) -> list[int]:
