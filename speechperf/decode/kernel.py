@@ -24,7 +24,8 @@ MODE_WORDS, MODE_NGRAMS, MODE_FORECAST, MODE_SAMPLE = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True)
-def _lse(a, b):
+def log_add(a, b):
+    """log(exp(a) + exp(b)), -inf-safe (the beam searches' and the RNN-T lattice's)."""
     if a == NEG_INF:
         return b
     if b == NEG_INF:
@@ -118,22 +119,22 @@ def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, s
         nc = 0
         for i in range(nb):
             p, pb, pnb = b_id[i], b_pb[i], b_pnb[i]
-            tot = _lse(pb, pnb)
+            tot = log_add(pb, pnb)
             last = label[p]
             if stamp[p] != t:
                 stamp[p], pos[p] = t, nc
                 c_id[nc], c_pb[nc], c_pnb[nc] = p, NEG_INF, NEG_INF
                 nc += 1
             k = pos[p]
-            c_pb[k] = _lse(c_pb[k], tot + f[0])
+            c_pb[k] = log_add(c_pb[k], tot + f[0])
             if last >= 0:
-                c_pnb[k] = _lse(c_pnb[k], pnb + f[last])
+                c_pnb[k] = log_add(c_pnb[k], pnb + f[last])
             nd = node[p]
             for j in range(n_act):
                 c = act[j]
                 if c == space and (p == 0 or last == space):
                     # ending in space either way; after a space label the repeat is counted above
-                    c_pnb[k] = _lse(c_pnb[k], (pb if last == space else tot) + f[c])
+                    c_pnb[k] = log_add(c_pnb[k], (pb if last == space else tot) + f[c])
                     continue
                 tree_next = -1
                 if constrained:
@@ -169,7 +170,7 @@ def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, s
                     c_id[nc], c_pb[nc], c_pnb[nc] = q, NEG_INF, NEG_INF
                     nc += 1
                 k = pos[q]
-                c_pnb[k] = _lse(c_pnb[k], (pb if c == last else tot) + f[c])
+                c_pnb[k] = log_add(c_pnb[k], (pb if c == last else tot) + f[c])
         nb = _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b_id, b_pb, b_pnb, score, inside)
     return _best(b_id, b_pb, b_pnb, nb, constrained, mode, lm_weight, parent, label, node, hist, done, lm_base,
                  lm_fc, node_word, uni, row_start, row_word, row_disc, backoff)
@@ -186,7 +187,7 @@ def _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b
     top = NEG_INF
     for k in range(nc):
         q = c_id[k]
-        score[k] = _lse(c_pb[k], c_pnb[k]) + lm_weight * (lm_base[q] + lm_fc[q])
+        score[k] = log_add(c_pb[k], c_pnb[k]) + lm_weight * (lm_base[q] + lm_fc[q])
         top = max(top, score[k])
     cut = top - score_gap
     n_in = 0
@@ -213,7 +214,7 @@ def _best(b_id, b_pb, b_pnb, nb, constrained, mode, lm_weight, parent, label, no
     for i in range(nb):
         p = b_id[i]
         lm = lm_base[p] + lm_fc[p]
-        s = _lse(b_pb[i], b_pnb[i])
+        s = log_add(b_pb[i], b_pnb[i])
         if s + lm_weight * lm > fallback_score:
             fallback, fallback_score = p, s + lm_weight * lm
         w = -1

@@ -35,6 +35,8 @@ import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
+from speechperf.decode.kernel import log_add  # the beam searches' -inf-safe log-add, one numba function for both
+
 NEG_INF = -np.inf
 # expf by Cody-Waite reduction and a degree-7 polynomial (Cephes' coefficients): 2^k e^r, k = round(x / ln 2)
 LOG2E, LN2_HI, LN2_LO = np.float32(1.4426950408889634), np.float32(0.693359375), np.float32(-2.12194440e-4)
@@ -85,18 +87,6 @@ def _exp_row_typed(x, m, out, k):
     return _exp_row_f32 if x.dtype == types.float32 else _exp_row_any
 
 
-@njit(cache=True, nogil=True)
-def _lse(a, b):
-    """log(exp(a) + exp(b)), -inf-safe."""
-    if a == NEG_INF:
-        return b
-    if b == NEG_INF:
-        return a
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
-
-
 @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
 def _rows(acts, targets, tlen, ulen, blank, fused, grads, lpb, lpy, logs):
     """Per node: ``logs`` = log sum exp(x - max), ``lpb``/``lpy`` = blank's / the next label's log-probability;
@@ -141,7 +131,7 @@ def _alpha_beta(lpb, lpy, tlen, ulen, alpha, beta, ll):
                 if t > 0:
                     a = alpha[b, t - 1, u] + lpb[b, t - 1, u]
                 if u > 0:
-                    a = _lse(a, alpha[b, t, u - 1] + lpy[b, t, u - 1])
+                    a = log_add(a, alpha[b, t, u - 1] + lpy[b, t, u - 1])
                 alpha[b, t, u] = a
         for t in range(Tb - 1, -1, -1):
             for u in range(Ub, -1, -1):
@@ -149,7 +139,7 @@ def _alpha_beta(lpb, lpy, tlen, ulen, alpha, beta, ll):
                 if t < Tb - 1:
                     c = beta[b, t + 1, u] + lpb[b, t, u]
                 if u < Ub:
-                    c = _lse(c, beta[b, t, u + 1] + lpy[b, t, u])
+                    c = log_add(c, beta[b, t, u + 1] + lpy[b, t, u])
                 beta[b, t, u] = c
         ll[b] = alpha[b, Tb - 1, Ub] + lpb[b, Tb - 1, Ub]
 

@@ -6,7 +6,7 @@ no gap, and candidates at -inf."""
 import numpy as np
 import pytest
 
-from speechperf.decode.kernel import NEG_INF, _lse, _select
+from speechperf.decode.kernel import NEG_INF, _select, log_add
 
 
 def plain(scores: np.ndarray, beam: int, gap: float) -> list[int]:
@@ -33,5 +33,5 @@ def test_the_cut_keeps_what_its_definition_keeps(seed):
     lm = np.zeros(nc)
     b_id, b_pb, b_pnb = np.zeros(beam, np.int32), np.zeros(beam), np.zeros(beam)
     nb = _select(c_id, c_pb, c_pnb, nc, lm, lm, 1.0, beam, gap, b_id, b_pb, b_pnb, np.empty(nc), np.empty(nc))
-    scores = np.array([_lse(a, b) for a, b in zip(c_pb, c_pnb)])
+    scores = np.array([log_add(a, b) for a, b in zip(c_pb, c_pnb)])
     assert list(b_id[:nb]) == plain(scores, beam, gap)

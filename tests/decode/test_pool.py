@@ -66,7 +66,7 @@ def test_results_can_be_taken_batch_by_batch_and_frames_are_counted():
 def test_the_kernel_releases_the_gil():
     from speechperf.decode import kernel
 
-    for f in (kernel.beam_search, kernel._select, kernel._best, kernel._forecast, kernel._prob, kernel._lse):
+    for f in (kernel.beam_search, kernel._select, kernel._best, kernel._forecast, kernel._prob, kernel.log_add):
         assert f.targetoptions.get("nogil") is True, f.py_func.__name__
 
 
