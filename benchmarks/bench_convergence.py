@@ -41,6 +41,7 @@ from speechperf.atomic import atomic_write_text
 from speechperf.config import load_preset
 from speechperf.errors import SpeechperfError
 from speechperf.studies import rcp
+from speechperf.studies.precisions import precision
 from speechperf.scoring.olympic import olympic_mean
 from speechperf.scoring.target_rule import epochs_to_target
 from speechperf.results.formats import read_json
@@ -133,7 +134,7 @@ def summary(a, entries: list[dict]) -> list[dict]:
 
 def write(a, entries: list[dict], config: dict, corpus: dict) -> Path:
     """Merge ``entries`` into the preset's reference file (same recipe, metric, window, corpus)."""
-    path = rcp.reference_path(a.preset)
+    path = rcp.reference_path(a.preset, precision(config))  # a bf16 batch: PRESET.bf16.json
     new = {"format": rcp.FORMAT, "preset": a.preset, "metric": a.metric, "window": config["train"]["target_epochs"],
            "targets": [a.target], "recipe": rcp.recipe(config), "overrides": a.set,
            "corpus": {"fingerprint": corpus, "data": str(a.data), **synth_params(a.data)}, "how": "benchmarks/run.py convergence", "seeds": []}

@@ -18,6 +18,7 @@ import math
 
 from speechperf.metric import metric
 from speechperf.studies import rcp
+from speechperf.studies.precisions import precision
 
 METRICS = rcp.CURVE_METRICS  # what a curve holds per epoch (evals columns); rcp checks a reference's on load
 # settings that must be equal for a curve to be reproducible, in the order they are reported
@@ -142,7 +143,7 @@ def run_reproduction(config: dict, env: dict, evals: list[dict]) -> dict | None:
     or, for a run that could have matched (cap, 1 thread, same torch, same features) and did
     not, a flagged "differs from epoch k ..."; a run that could not match says why."""
     try:
-        ref = rcp.load_reference(config.get("preset"))
+        ref = rcp.load_reference(config.get("preset"), precision(config))
     except rcp.ReferenceError:
         return None  # study.run_check names a damaged reference file
     if not ref or not has_curves(ref):

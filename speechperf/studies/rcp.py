@@ -33,6 +33,7 @@ from speechperf.errors import SpeechperfError
 from speechperf.metric import is_target, targets as target_metrics
 from speechperf.models import external
 from speechperf.scoring.olympic import olympic_mean
+from speechperf.studies.precisions import precision as run_precision
 from speechperf.results.shapes import NUM, OPT_NUM, OPT_STR, ShapeError, check_shape
 
 RCP_DIR = Path(__file__).resolve().parents[1] / "config" / "rcp"
@@ -70,13 +71,21 @@ class ReferenceError(SpeechperfError):
     """A reference file that cannot be read as one (names the file)."""
 
 
-def reference_path(preset: str | None) -> Path | None:
-    return RCP_DIR / f"{preset}.json" if preset else None
+def reference_path(preset: str | None, precision: str | None = None) -> Path | None:
+    """A preset's reference in one precision: fp32's is ``PRESET.json`` (every reference measured before
+    ``train.precision=auto``), another's ``PRESET.PRECISION.json`` (``cpu.bf16.json``): a run is checked
+    against the seeds trained in its own precision, never another's epochs. An unresolved ``auto`` (a
+    config never trained: a run records the precision chosen) reads the base file, whose recipe decides."""
+    if not preset:
+        return None
+    base = precision in (None, "fp32", "auto")
+    return RCP_DIR / (f"{preset}.json" if base else f"{preset}.{precision}.json")
 
 
-def load_reference(preset: str | None) -> dict | None:
-    """The reference of ``preset``, None when it has none; a damaged file is refused by name."""
-    path = reference_path(preset)
+def load_reference(preset: str | None, precision: str | None = None) -> dict | None:
+    """The reference of ``preset`` in ``precision`` (None: fp32), None when it has none; a damaged file is
+    refused by name."""
+    path = reference_path(preset, precision)
     if path is None or not path.is_file():
         return None
     return _read(str(path), path.stat().st_mtime_ns)
@@ -238,7 +247,9 @@ def applies(ref: dict | None, preset: str | None, config: dict, corpus: dict, me
             target: float) -> str | None:
     """None when ``ref`` covers a run of this configuration, corpus and target; else why not."""
     if ref is None:
-        return f"no reference for preset {preset!r}" if preset else "no reference: the run names no preset"
+        numerics = run_precision(config)
+        kind = "" if numerics in ("fp32", "auto") else f"{numerics} "  # a bf16 run is never checked against fp32's epochs
+        return f"no {kind}reference for preset {preset!r}" if preset else "no reference: the run names no preset"
     if (ref.get("metric"), ref.get("window")) != (metric, window):
         return f"reference is of {str(ref.get('metric')).upper()} over {ref.get('window')} epochs"
     mine, theirs = _completed(recipe(config)), _completed(ref.get("recipe", {}))
@@ -300,7 +311,7 @@ def check(ref: dict, target: float, reached: list[int], failed: int) -> dict:
 def check_outcomes(outcomes: list, metric: str, window: int) -> dict:
     """{"runs": a check per outcome, "group": the check of them together} at one target."""
     first = outcomes[0].run
-    ref = load_reference(first.preset)
+    ref = load_reference(first.preset, run_precision(first.config))
     why = applies(ref, first.preset, first.config, first.corpus, metric, window, outcomes[0].target)
     if why is not None:
         return {"runs": [{"check": why} for _ in outcomes], "group": {"check": why}}

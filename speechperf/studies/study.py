@@ -8,6 +8,7 @@ from typing import Sequence
 from speechperf.config.training import target_rule
 from speechperf.metric import DEFAULT_TARGET, measured
 from speechperf.studies import rcp
+from speechperf.studies.precisions import precision
 from speechperf.studies.curve import run_reproduction
 from speechperf.studies.aggregate import SeedRun, aggregate, outcome, speed_notes
 from speechperf.scoring.targets import METRICS, parse_targets
@@ -108,7 +109,7 @@ def run_check(run: RunView, status: str) -> dict:
     train = config.get("train", {})
     metric, _, window = target_rule(train)
     try:
-        ref = rcp.load_reference(config.get("preset"))
+        ref = rcp.load_reference(config.get("preset"), precision(config))
     except rcp.ReferenceError as e:
         return {"reference": None, "check": str(e)}
     targets = (ref or {}).get("targets") or ([train["target"]] if train.get("target") else [])
@@ -118,7 +119,7 @@ def run_check(run: RunView, status: str) -> dict:
         o = outcome(run, target, window)
         checks.append({"target": target, "metric": metric, "epochs to target": o.epochs,
                        **rcp.columns(rcp.check_outcomes([o], metric, window)["runs"][0])})
-    path = rcp.reference_path(config.get("preset"))
+    path = rcp.reference_path(config.get("preset"), precision(config))
     return {"reference": path.name if ref else None, "checks": checks,
             "check": None if ref else f"no reference for preset {config.get('preset')!r}",
             "reproduction": run_reproduction(config, env, evals)}  # its first epochs against the reference curve

@@ -178,7 +178,27 @@ def test_every_field_of_a_reference_file_is_checked_on_load(tmp_path, monkeypatc
 
 def test_every_shipped_reference_passes_its_checks():
     for path in sorted(rcp.RCP_DIR.glob("*.json")):
-        assert rcp.load_reference(path.stem)["preset"] == path.stem
+        preset, _, numerics = path.stem.partition(".")  # cpu.json: fp32; cpu.bf16.json: bf16
+        ref = rcp.load_reference(preset, numerics or None)
+        assert ref["preset"] == preset and rcp.reference_path(preset, numerics or None) == path
+        assert ref["recipe"].get("train.precision", "fp32") == (numerics or "fp32"), path
+
+
+def test_a_run_is_checked_against_the_reference_of_its_own_precision(tmp_path, monkeypatch):
+    fp32 = json.loads(rcp.reference_path("tiny").read_text())
+    bf16 = {**fp32, "recipe": {**fp32["recipe"], "train.precision": "bf16"},
+            "seeds": [{**s, "epochs": {k: 1 for k in s["epochs"]}} for s in fp32["seeds"]]}
+    (tmp_path / "tiny.json").write_text(json.dumps(fp32))
+    monkeypatch.setattr(rcp, "RCP_DIR", tmp_path)
+    assert rcp.reference_path("tiny", "bf16") == tmp_path / "tiny.bf16.json"
+    assert rcp.reference_path("tiny", "fp32") == rcp.reference_path("tiny") == tmp_path / "tiny.json"
+    config = {"preset": "tiny", "train": {"precision": "bf16"}}
+    assert rcp.load_reference("tiny", "bf16") is None  # never fp32's epochs for a bf16 run
+    said = rcp.applies(None, "tiny", config, {}, "cer", 3, 10.0)
+    assert said == "no bf16 reference for preset 'tiny'"
+    (tmp_path / "tiny.bf16.json").write_text(json.dumps(bf16))
+    assert rcp.epochs_of(rcp.load_reference("tiny", "bf16"), fp32["targets"][0])[0] == 1
+    assert rcp.epochs_of(rcp.load_reference("tiny"), fp32["targets"][0]) == rcp.epochs_of(fp32, fp32["targets"][0])
 
 
 @pytest.mark.parametrize("value", ["x", None])
