@@ -19,6 +19,7 @@ import math
 from speechperf.metric import metric
 from speechperf.studies import rcp
 from speechperf.studies.precisions import precision
+from speechperf.telemetry import kernel_fingerprint
 
 METRICS = rcp.CURVE_METRICS  # what a curve holds per epoch (evals columns); rcp checks a reference's on load
 # settings that must be equal for a curve to be reproducible, in the order they are reported
@@ -48,7 +49,7 @@ def settings_of(config: dict, env: dict) -> dict:
             "MKL_CBWR": isa.get("MKL_CBWR"), "torch": (env.get("libraries") or {}).get("torch"),
             "numpy": (env.get("libraries") or {}).get("numpy"),
             "features_sha256": (env.get("features") or {}).get("sha256"),
-            "cpu_vendor": cpu_vendor(env.get("cpu_model"))}
+            "cpu_vendor": cpu_vendor(env.get("cpu_model")), **kernel_fingerprint.as_settings(isa.get("kernels"))}
 
 
 def cpu_vendor(cpu_model: str | None) -> str | None:
@@ -82,6 +83,9 @@ def differences(mine: dict, theirs: dict) -> list[str]:
         a, b = mine.get(key), theirs.get(key)
         if a != b and (key in MUST_MATCH or (a is not None and b is not None)):
             out.append(f"{key} {a} (reference {b})")
+    families = kernel_fingerprint.differing(mine, theirs)  # None: a side without fingerprints (before they existed)
+    if families:
+        out.append(f"kernels that compute otherwise: {', '.join(families)}")
     return out
 
 
@@ -95,8 +99,11 @@ def comparable(mine: dict, theirs: dict) -> str | None:
         return f"ran on {'all cores' if not threads else f'{threads} threads'}; {rerun}"
     if not mine.get("cap"):
         return f"no ISA cap; {rerun}"  # without one, the kernels follow the machine
-    missing = [d for d in differences(mine, theirs) if d.split(" ", 1)[0] in ("torch", "threads", "features_sha256",
-                                                                                "seed", "cap", "MKL_CBWR", "cpu_vendor")]
+    found = differences(mine, theirs)
+    missing = [d for d in found if d.split(" ", 1)[0] in ("torch", "threads", "features_sha256",
+                                                          "seed", "cap", "MKL_CBWR", "cpu_vendor")]
+    if missing and kernel_fingerprint.differing(mine, theirs) is not None:  # another maker: which kernels differ
+        missing += [d for d in found if d.startswith("kernels")] or ["the kernels' fingerprints agree"]
     return "; ".join(missing) if missing else None
 
 

@@ -114,12 +114,17 @@ def mkl_version() -> str | None:
 
 def effective() -> dict:
     """The kernels this process runs: {"cpu_capability", "onednn_isa", "onednn", "mkl", "cap",
-    ONEDNN_VAR, ATEN_VAR, MKL_VAR} (the last three as set, None when not)."""
+    ONEDNN_VAR, ATEN_VAR, MKL_VAR (as set, None when not), "kernels"} (under a cap, the fingerprint of
+    each kernel family: telemetry/kernel_fingerprint.py; None without one)."""
     import torch
 
+    from speechperf.telemetry.kernel_fingerprint import fingerprints  # loads torch: only where a run records this
+
+    cap = cap_of(os.environ)
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "onednn_isa": onednn_isa(),
-            "onednn": onednn_version(), "mkl": mkl_version(), "cap": cap_of(os.environ),
-            **{var: os.environ.get(var) for var in CAP_VARS}}
+            "onednn": onednn_version(), "mkl": mkl_version(), "cap": cap,
+            **{var: os.environ.get(var) for var in CAP_VARS},
+            "kernels": fingerprints() if cap else None}  # which kernel families compute otherwise on two machines
 
 
 def exec_capped(isa: str | None, argv: list[str]) -> None:
