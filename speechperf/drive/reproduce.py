@@ -134,8 +134,11 @@ def check_recipe(ref: dict, path: Path, preset: str) -> None:
 
 def _curve_for(ref: dict, seed: int, data: Path, corpus: Path | None, quiet: bool) -> tuple[dict | str, Path]:
     """(the curve of ``seed`` on the features ``data``, data), or (why there is none and what to
-    do, data); with ``corpus``, a miss prepares it into ``DATA-reproduce`` and tries that."""
-    features = features_sha256(data)
+    do, data); with ``corpus``, a miss prepares it into ``DATA-reproduce`` and tries that. The checksum
+    covers the reference's own units (a character recipe: none), as its run recorded it: BPE units another
+    run trained into the folder change nothing here."""
+    units = ref.get("recipe", {}).get("loader.units", "char")
+    features = features_sha256(data, units)
     if features is None:
         raise ReproduceError(f"{data}: not a prepared features folder (no stats.json, no SPLIT/index.json)")
     chosen = curve.pick(ref, seed, features, _vendor())
@@ -149,7 +152,7 @@ def _curve_for(ref: dict, seed: int, data: Path, corpus: Path | None, quiet: boo
     if not quiet:
         print(f"reproduce: preparing {corpus} into {fresh}", file=sys.stderr, flush=True)
     prepare(Path(corpus), fresh, progress=not quiet)
-    features = features_sha256(fresh)
+    features = features_sha256(fresh, units)
     chosen = curve.pick(ref, seed, features, _vendor())
     return (chosen, fresh) if chosen is not None else (features_differ(fresh, features, ref, seed), fresh)
 

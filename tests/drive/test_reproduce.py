@@ -260,6 +260,22 @@ def test_features_of_another_corpus_cannot_be_compared(tmp_path, tiny_features, 
     assert "another corpus or preparation" in capsys.readouterr().out
 
 
+@needs_reference_stack
+def test_units_another_run_trained_into_the_folder_leave_a_character_curve_comparable(tmp_path, tiny_features):
+    """A transducer run at loader.units=bpe:N writes FEATS/units/bpe-N.json beside the features: a
+    character reference's curve is still the one of these features (its checksum covers its own units)."""
+    other = tmp_path / "features"
+    shutil.copytree(tiny_features, other)
+    ref = rcp.load_reference("tiny")
+    before, _ = rep._curve_for(ref, 1, other, None, True)
+    assert isinstance(before, dict)
+    (other / "units").mkdir(exist_ok=True)
+    (other / "units" / "bpe-64.json").write_text('{"sha256": "x"}')
+    assert features_sha256(other) != features_sha256(other, "char")  # the whole folder's checksum moved
+    after, _ = rep._curve_for(ref, 1, other, None, True)
+    assert after is before
+
+
 def test_features_prepared_by_a_cpu_dependent_speechperf_are_named(tmp_path, tiny_features, capsys):
     """Features from a prepare without made_with (float32 features, whose float16 values followed
     MKL's kernels on that CPU): the answer names that and the next step, prepare again."""
