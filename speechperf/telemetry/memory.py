@@ -206,7 +206,8 @@ def _head_bytes(cfg, batch: Batch, t: int, setup: Setup) -> int:
         return decoder_bytes(cfg, batch, t, setup)
     if cfg.name == "transducer":  # enc_proj's input and output; the prediction network's layers and projection
         u = batch.label_length + 1
-        return t * (cfg.d_model + cfg.joint_dim) * e + u * (cfg.pred_dim * (2 + 6 * cfg.pred_layers) + cfg.joint_dim) * e
+        pred = cfg.pred_dim * (2 + 6 * cfg.pred_layers) + cfg.joint_dim
+        return t * (cfg.d_model + cfg.joint_dim) * e + u * pred * e
     head = t * (cfg.d_model * e + cfg.num_classes * 4 * 2)  # the head's input; fp32 log-probs and the logits
     return head + t * (2 * batch.label_length + 1) * 4  # CTC's forward variables (T', 2 L + 1), fp32
 

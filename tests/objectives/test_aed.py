@@ -107,7 +107,8 @@ def test_a_wide_beam_finds_the_best_length_normalised_sequence():
                 for seq in itertools.product(range(1, 6), repeat=k):
                     ended = k < limit
                     path = [0, *seq]
-                    logp = model.decode(torch.tensor([path]), enc, torch.ones(1, 8, dtype=torch.bool))[0].log_softmax(-1)
+                    valid = torch.ones(1, 8, dtype=torch.bool)
+                    logp = model.decode(torch.tensor([path]), enc, valid)[0].log_softmax(-1)
                     score = sum(float(logp[i, t]) for i, t in enumerate(seq)) + (float(logp[k, 0]) if ended else 0.0)
                     best = max(best, (score / (k + ended) ** penalty, list(seq)))
             assert beam_search(model, enc, beam=200) == best[1], penalty

@@ -26,8 +26,8 @@ def _measured(cfg, utterances: int, frames: int, labels_per_frame: float) -> tup
     opt = make_optimizer(model, tc, torch.device("cpu"))
     lens = torch.linspace(frames, frames * 0.8, utterances).long()
     label_lens = (model.output_lengths(lens) * labels_per_frame).long().clamp(min=1)
-    batch = Batch(torch.randn(utterances, frames, 93), lens, torch.randint(1, cfg.num_classes, (int(label_lens.sum()),)),
-                  label_lens, [""] * utterances, [""] * utterances, 1.0)
+    labels = torch.randint(1, cfg.num_classes, (int(label_lens.sum()),))
+    batch = Batch(torch.randn(utterances, frames, 93), lens, labels, label_lens, [""] * utterances, [""] * utterances, 1.0)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     train_step(model, batch, opt, scaler, torch.device("cpu"), tc)
     state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]

@@ -127,8 +127,8 @@ ANALYTIC = {
                        "attention_dropout": 0.0}, lambda cfg, frames: fastconformer.training_flops(cfg, frames)),
     "transducer": ({"name": "transducer", "d_model": 32, "layers": 2, "heads": 4, "conv_kernel": 15,
                     "subsampling_channels": 16, "attention_dropout": 0.0, "pred_dim": 24, "joint_dim": 20}, _transducer),
-    "aed": ({"name": "aed", "d_model": 32, "layers": 2, "heads": 4, "subsampling_channels": 16, "attention_dropout": 0.0,
-             "dec_layers": 2, "dec_heads": 4, "dec_dropout": 0.0}, _aed),
+    "aed": ({"name": "aed", "d_model": 32, "layers": 2, "heads": 4, "subsampling_channels": 16,
+             "attention_dropout": 0.0, "dec_layers": 2, "dec_heads": 4, "dec_dropout": 0.0}, _aed),
 }
 
 
