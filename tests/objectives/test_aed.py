@@ -133,3 +133,30 @@ def test_a_tiny_model_learns_its_labels_and_decodes_them():
         assert obj.decode_ids(model, enc, out_lens) == [[1, 2, 3, 4], [5, 4, 3]]
         assert obj.decode_ids(model, enc, out_lens, "beam", 4) == [[1, 2, 3, 4], [5, 4, 3]]
         assert obj.texts(model, enc, out_lens, 1) == [alphabet.decode([1, 2, 3, 4])]  # no units given: characters
+
+
+def test_a_run_whose_largest_decoder_output_would_not_fit_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    from speechperf.config import load_preset
+    from speechperf.data.batching import Batching
+    from speechperf.data.index import from_columns, librispeech_like
+    from speechperf.errors import ConfigError
+
+    cfg = load_preset("canary-aed-sizes", ["loader.max_duration=100", "train.precision=fp32"])
+    full = librispeech_like(0, splits=(256,))
+    index = from_columns(full.keys, full.shas, full.shard, full.offset, full.frames, full.duration,
+                         [full.id(i) for i in range(len(full))], ["ab ccd"] * len(full))
+    batching = Batching(cfg.loader, 0)
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    obj = objective_of(model)
+    need, b = obj.step_bytes(model, cfg, batching, index, None)
+    widest = max(len(u) for u in batching.plan(index, epoch=1).batches)
+    # characters: 6 and one for the doubled "cc"; U + 1 positions x 1,025 classes x (logits + 3 fp32 tensors)
+    assert need == widest * (7 + 1) * 1025 * (4 + 12) and len(batching.plan(index, epoch=1).batches[b]) == widest
+    monkeypatch.setattr("speechperf.objectives.aed.psutil.virtual_memory", lambda: SimpleNamespace(available=need))
+    obj.check_memory(model, cfg, batching, index, None, CPU)  # fits exactly
+    monkeypatch.setattr("speechperf.objectives.aed.psutil.virtual_memory", lambda: SimpleNamespace(available=need - 1))
+    with pytest.raises(ConfigError, match=f"the decoder's outputs of batch {b} need"):
+        obj.check_memory(model, cfg, batching, index, None, CPU)
