@@ -6,12 +6,14 @@ Why not rows of ``bench zoo``: the zoo steps fixed counts of 1-4 s synthetic utt
 every registered model at several batch sizes and precisions; an at-scale row is batches planned
 by seconds of audio (``loader.max_duration``) from LibriSpeech's duration spread by the loader's
 own planner (``data.batching.Batching``, over ``data.index.librispeech_like``: 960 h's spread),
-trained by the training loop's own step (``train.step.train_step``: CTC, clipping, the masked
-AdamW step), with its memory estimated (``telemetry.memory``) and measured, and one row can take
-minutes on a CPU.
+trained by the training loop's own step (``train.step.train_step``: the workload's objective,
+clipping, the masked AdamW step), with its memory estimated (``telemetry.memory``) and measured, and
+one row can take minutes on a CPU. The three objective families on the FastConformer encoder are
+rows: CTC (``fastconformer-l``, ``fastconformer-xl``), the transducer (``parakeet-rnnt-sizes``) and
+the attention encoder-decoder (``canary-aed-sizes``).
 
 Features are random of the planned shapes (throughput does not depend on their values); labels
-are of a length CTC can align at 8x subsampling (2 frames per label: LibriSpeech's ~15
+(random subword units) are of a length CTC can align at 8x subsampling (2 frames per label: LibriSpeech's ~15
 characters per second do not fit in 12.5 frames per second, the subword vocabulary NeMo trains
 with does). One device: a world of N is the sharded loop's (not built yet), refused here.
 """
@@ -32,15 +34,15 @@ from speechperf.data.index import from_columns, librispeech_like
 from speechperf.data.loader import Batch
 from speechperf.errors import SpeechperfError, in_words
 from speechperf.features.feature_config import FeatureConfig
-from speechperf.models import build_model, describe
-from speechperf.models.fastconformer import nemo_parameter_count, training_flops
+from speechperf.models import build_model, describe, encdec, rnnt
+from speechperf.models.fastconformer import forward_flops, nemo_parameter_count, training_flops
 from speechperf.telemetry import memory
 from speechperf.telemetry.measured_peak import training_peak
 from speechperf.telemetry.mfu import achieved
 from speechperf.telemetry.power import PowerMeter
 from speechperf.train.step import make_optimizer, train_step
 
-WORKLOADS = ("fastconformer-l", "fastconformer-xl")  # presets; the transducer head's rows come with it
+WORKLOADS = ("fastconformer-l", "fastconformer-xl", "parakeet-rnnt-sizes", "canary-aed-sizes")  # CTC, RNN-T, AED
 CPU_BATCH_S, GPU_BATCH_S = (30.0,), (None,)  # seconds of audio per batch: a CPU's smallest; None: the preset's
 INDEX_UTTERANCES = 4096  # the generated LibriSpeech-like index the batches are planned over (64 shards)
 LONGEST_S = 16.7  # utterances over this are left out: NeMo's FastConformer recipe's train_ds.max_duration for LibriSpeech
@@ -92,11 +94,11 @@ def planned_batches(cfg, n: int, seed: int) -> list[np.ndarray]:
 
 
 def synthetic(frames: np.ndarray, seconds: np.ndarray, model, device: torch.device) -> Batch:
-    """A batch of random features at the planned lengths, labels that CTC can align."""
+    """A batch of random features at the planned lengths, labels that CTC can align (units 2..27)."""
     lens = torch.tensor(frames, dtype=torch.long)
     label_lens = (model.output_lengths(lens) // FRAMES_PER_LABEL).clamp(min=1)
     feats = torch.randn(len(lens), int(lens.max()), FeatureConfig().dim, device=device)  # (B, T, 93)
-    labels = torch.randint(2, 28, (int(label_lens.sum()),), device=device)
+    labels = torch.randint(2, min(28, model.cfg.num_classes), (int(label_lens.sum()),), device=device)
     return Batch(feats, lens, labels, label_lens, [""] * len(lens), [""] * len(lens), float(seconds.sum()))
 
 
@@ -121,9 +123,9 @@ def run_scale(req: Request, progress: bool = True) -> list[dict]:
 def _config(req: Request, workload: str, batch_s: float | None, dev: torch.device):
     over = list(req.overrides) + ([f"loader.max_duration={batch_s}"] if batch_s else [])
     cfg = load_preset(workload, over)
-    if cfg.model.name != "fastconformer":
+    if not memory.has_rule(cfg.model):
         raise SpeechperfError(f"bench scale: preset {workload!r} trains model {cfg.model.name!r}; its rows are the "
-                              "at-scale workloads' (fastconformer)")
+                              f"at-scale workloads' ({', '.join(memory.RULES)})")
     precision = req.precision or ("fp32" if dev.type == "cpu" else cfg.train.precision)
     return cfg, precision
 
@@ -137,7 +139,7 @@ def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) 
     est = memory.estimate(cfg.model, memory.Batch(len(widest[0]), int(widest[0].max()),
                                                   int(widest[0].max()) // 8 // FRAMES_PER_LABEL), setup)
     row = {**dict.fromkeys(COLUMNS), "workload": workload, "params_m": describe(cfg.model)["params"] / 1e6,
-           "nemo_params_m": nemo_parameter_count(cfg.model) / 1e6, "batch_s": Batching(cfg.loader).batch_seconds,
+           "nemo_params_m": nemo_params(cfg.model) / 1e6, "batch_s": Batching(cfg.loader).batch_seconds,
            "utterances": float(np.mean([len(f) for f, _ in batches])), "device": str(dev), "precision": precision,
            "padded_s": float(np.mean([len(f) * int(f.max()) for f, _ in batches])) * FRAME_S, "world": req.world,
            "estimate_gb": est.peak() / memory.GB, "status": "ok"}
@@ -182,13 +184,30 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
             torch.cuda.synchronize(dev)
         wall = time.perf_counter() - t0
     audio = sum(b.audio_seconds for b in timed)
-    flops = sum(training_flops(cfg.model, int(n)) for b in timed for n in b.feat_lens)
+    flops = sum(utterance_flops(cfg.model, int(n), int(u)) for b in timed for n, u in zip(b.feat_lens, b.label_lens))
     peak = training_peak(dev, precision, torch.get_num_threads())
     energy = power.result(audio)
     wh = energy["energy_j"] / 3600 / (audio / 3600) if energy["energy_j"] is not None else None
     return {**out, "utt_per_s": sum(len(b.feat_lens) for b in timed) / wall, "audio_s_per_s": audio / wall,
             "step_s": wall / len(timed), "steps": len(timed), **_mfu(flops, wall, peak),
             "power_w": energy["power_w"], "wh_per_audio_h": wh, "energy": energy["energy"]}
+
+
+def nemo_params(cfg) -> int:
+    """The parameters of NeMo's model at ``cfg``'s sizes and vocabulary: this one's, plus per encoder
+    block Transformer-XL attention's positional projection and biases (RoPE here), d^2 + 2 d."""
+    if cfg.name == "fastconformer":
+        return nemo_parameter_count(cfg)
+    return describe(cfg)["params"] + cfg.layers * (cfg.d_model * cfg.d_model + 2 * cfg.d_model)
+
+
+def utterance_flops(cfg, frames: int, labels: int) -> float:
+    """Training FLOPs of one utterance as telemetry/mfu.py counts them (tests/telemetry/test_model_flops.py):
+    the forward by the model's formula x3, but the first convolution's (its input needs no gradient: x2)."""
+    if cfg.name == "fastconformer":
+        return training_flops(cfg, frames)
+    forward = (rnnt.flops if cfg.name == "transducer" else encdec.flops)(cfg, frames, labels)
+    return 3 * forward - forward_flops(cfg, frames)["first"]
 
 
 def _mfu(flops: float, wall: float, peak) -> dict:

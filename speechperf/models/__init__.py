@@ -21,7 +21,7 @@ from speechperf.models import external
 from speechperf.registry import Registry
 from speechperf.section import build_section
 
-_BUILTIN = ("ds2", "dnn", "cldnn", "conformer", "fastconformer", "rnnt")
+_BUILTIN = ("ds2", "dnn", "cldnn", "conformer", "fastconformer", "rnnt", "encdec")
 
 
 @dataclass(frozen=True)

@@ -99,18 +99,20 @@ class DwStridingSubsampling(nn.Module):
         return self.out(h.permute(0, 2, 1, 3).reshape(b, t, c * f))  # (B, T', C*F') -> (B, T', D)
 
 
-class FastConformer(AcousticModel):
-    """dw_striding subsampling -> Conformer blocks -> linear CTC head; meets the model contract."""
+class FastConformerEncoder(AcousticModel):
+    """dw_striding subsampling -> Conformer blocks: the encoder without a head, (B, T', d_model);
+    the CTC model's, the transducer's (models/rnnt.py ``encoder="fastconformer"``) and the
+    attention encoder-decoder's (models/aed.py). ``cfg``: any config with FastConformerConfig's
+    encoder fields."""
 
     min_frames = 1  # padding 1 on both sides: one frame gives one output frame per stage
 
-    def __init__(self, cfg: FastConformerConfig):
+    def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
         self.subsample = DwStridingSubsampling(cfg)
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.layers))
-        self.head = nn.Linear(cfg.d_model, cfg.num_classes)
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """(L - 1) // 2 + 1 per stride-2 stage: the subsampling convs' own arithmetic."""
@@ -130,6 +132,19 @@ class FastConformer(AcousticModel):
         for block in self.blocks:
             h = checkpoint(block, h, valid, cos, sin, use_reentrant=False) if recompute else block(h, valid, cos, sin)
         return h, out_lens
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, **planned) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, 93) features, lengths: (B,) -> encoder output (B, T', d_model), out lengths (B,)."""
+        return self.encode(x, lengths)
+
+
+class FastConformer(FastConformerEncoder):
+    """The encoder -> linear CTC head; meets the model contract (its modules and their order, so
+    its initialization, as before the encoder was shared)."""
+
+    def __init__(self, cfg: FastConformerConfig):
+        super().__init__(cfg)
+        self.head = nn.Linear(cfg.d_model, cfg.num_classes)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, **planned) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, T, 93) features, lengths: (B,) -> log-probs (T', B, C), out lengths (B,)."""
@@ -159,6 +174,11 @@ def parameter_count(cfg: FastConformerConfig, classes: int | None = None) -> int
     front = (9 * c + c) + (STAGES - 1) * ((9 * c + c) + (c * c + c)) + (c * stage_sizes(cfg.input_dim)[-1] * d + d)
     head = d * (classes or cfg.num_classes) + (classes or cfg.num_classes)
     return front + cfg.layers * block_parameters(d, cfg.ff_mult * d, cfg.conv_kernel) + head
+
+
+def encoder_parameters(cfg) -> int:
+    """The encoder's parameters (front end and blocks, no head): :class:`FastConformerEncoder`'s."""
+    return parameter_count(cfg, classes=1) - (cfg.d_model + 1)
 
 
 def nemo_parameter_count(cfg: FastConformerConfig, vocabulary: int = NEMO_VOCABULARY) -> int:

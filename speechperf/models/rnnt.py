@@ -2,7 +2,8 @@
 as ``transducer`` (this module is ``rnnt``: ``objectives/transducer.py`` is its objective's).
 
 - **Encoder** (``encoder``): the Conformer's subsampling and blocks (models/conformer.py's
-  layers, without its CTC head), or MLPerf RNN-T's LSTM encoder: ``frame_stack`` consecutive
+  layers, without its CTC head), the FastConformer's (models/fastconformer.py's encoder: 8x
+  dw_striding subsampling, Parakeet's), or MLPerf RNN-T's LSTM encoder: ``frame_stack`` consecutive
   frames side by side (stacking x3 and subsampling x3 at the input), ``enc_pre_layers`` LSTM
   layers, a time stack (``time_stack`` adjacent outputs side by side, halving T), then
   ``enc_post_layers`` LSTM layers. Either one is projected to ``joint_dim``.
@@ -43,8 +44,10 @@ from speechperf.models import register_model
 from speechperf.models.conformer import FEATURE_DIM, ConformerConfig, ConformerEncoder, valid_frames
 from speechperf.models.contract import AcousticModel
 from speechperf.models.dropout import Dropout
+from speechperf.models.fastconformer import (FastConformerConfig, FastConformerEncoder, encoder_parameters,
+                                             forward_flops, stage_sizes)
 
-ENCODERS = ("conformer", "lstm")
+ENCODERS = ("conformer", "lstm", "fastconformer")
 PREDICTORS = ("lstm", "stateless")
 BLANK = 0  # the blank symbol, also the prediction network's start symbol
 State = tuple[torch.Tensor, ...]  # a predictor's state: tensors with the batch in dimension 0
@@ -59,8 +62,8 @@ class TransducerConfig:
     name: str = "transducer"  # registry key in speechperf.models.MODELS
     input_dim: int = 80  # feature columns read: the 80 log-mel (not the 13 MFCC after them)
     num_classes: int = NUM_SYMBOLS  # output units incl. the blank at 0 (30 characters; BPE units give more)
-    encoder: str = "conformer"  # "conformer" (models/conformer.py's layers) or "lstm" (MLPerf RNN-T's)
-    # the Conformer encoder (encoder="conformer"): ConformerConfig's fields and meanings
+    encoder: str = "conformer"  # "conformer" (models/conformer.py's), "lstm" (MLPerf RNN-T's), "fastconformer"
+    # the Conformer encoder (encoder="conformer"; "fastconformer": the same fields, subsampling 8 by dw_striding)
     d_model: int = 176  # width of the residual stream
     layers: int = 16  # Conformer blocks
     heads: int = 4  # attention heads (d_model / heads must be even: RoPE rotates pairs)
@@ -69,6 +72,7 @@ class TransducerConfig:
     subsampling: int = 4  # time reduction of the conv front end: 4 (Conformer), 8 (FastConformer), 2
     subsampling_channels: int = 176  # channels of the subsampling convs (narrow ones are cheap on CPU)
     attention_dropout: float = 0.1  # dropout on the attention weights (off SDPA's fused CPU path if > 0)
+    activation_checkpointing: bool = False  # encoder="fastconformer": recompute each block in the backward pass
     # the LSTM encoder (encoder="lstm"): MLPerf RNN-T's shape
     frame_stack: int = 3  # input frames side by side, one stacked frame per frame_stack (MLPerf: 3)
     enc_pre_layers: int = 2  # LSTM layers before the time stack (MLPerf: 2)
@@ -98,6 +102,11 @@ class TransducerConfig:
             out.append(f"model.pred={self.pred!r} must be one of {', '.join(PREDICTORS)}")
         if self.encoder == "conformer":
             out += conformer_config(self).problems()
+        elif self.encoder == "fastconformer":
+            out += fastconformer_config(self).problems()
+            if self.subsampling != 8:
+                out.append(f"model.subsampling={self.subsampling} must be 8 for model.encoder=fastconformer "
+                           "(three stride-2 dw_striding stages)")
         elif self.encoder == "lstm":
             out += [f"model.{k}={getattr(self, k)} must be >= 1" for k in
                     ("frame_stack", "enc_pre_layers", "time_stack", "enc_post_layers", "enc_hidden")
@@ -119,6 +128,15 @@ def conformer_config(cfg: TransducerConfig) -> ConformerConfig:
                            conv_kernel=cfg.conv_kernel, ff_mult=cfg.ff_mult, subsampling=cfg.subsampling,
                            subsampling_channels=cfg.subsampling_channels, dropout=cfg.dropout,
                            attention_dropout=cfg.attention_dropout)
+
+
+def fastconformer_config(cfg: TransducerConfig) -> FastConformerConfig:
+    """The FastConformer encoder's config (encoder="fastconformer"): the transducer's fields of the same names."""
+    return FastConformerConfig(input_dim=cfg.input_dim, d_model=cfg.d_model, layers=cfg.layers, heads=cfg.heads,
+                               conv_kernel=cfg.conv_kernel, ff_mult=cfg.ff_mult,
+                               subsampling_channels=cfg.subsampling_channels, dropout=cfg.dropout,
+                               attention_dropout=cfg.attention_dropout,
+                               activation_checkpointing=cfg.activation_checkpointing)
 
 
 def ceil_div(lengths: torch.Tensor, factor: int) -> torch.Tensor:
@@ -218,6 +236,8 @@ class Transducer(AcousticModel):
         self.cfg = cfg
         if cfg.encoder == "conformer":
             self.encoder, width = ConformerEncoder(conformer_config(cfg)), cfg.d_model
+        elif cfg.encoder == "fastconformer":
+            self.encoder, width = FastConformerEncoder(fastconformer_config(cfg)), cfg.d_model
         else:
             self.encoder, width = LSTMEncoder(cfg), cfg.enc_hidden
         self.enc_proj = nn.Linear(width, cfg.joint_dim)
@@ -276,6 +296,8 @@ def _lstm_parameters(inputs: int, hidden: int) -> int:
 def _encoder_parameters(cfg: TransducerConfig) -> int:
     if cfg.encoder == "conformer":
         return _conformer_parameters(cfg)
+    if cfg.encoder == "fastconformer":
+        return encoder_parameters(fastconformer_config(cfg))
     h = cfg.enc_hidden
     pre = _lstm_parameters(cfg.frame_stack * cfg.input_dim, h) + (cfg.enc_pre_layers - 1) * _lstm_parameters(h, h)
     return pre + _lstm_parameters(cfg.time_stack * h, h) + (cfg.enc_post_layers - 1) * _lstm_parameters(h, h)
@@ -283,7 +305,7 @@ def _encoder_parameters(cfg: TransducerConfig) -> int:
 
 def parameter_count(cfg: TransducerConfig) -> int:
     """Trainable parameters by formula: encoder, projections, prediction network, joint output."""
-    width = cfg.d_model if cfg.encoder == "conformer" else cfg.enc_hidden
+    width = cfg.enc_hidden if cfg.encoder == "lstm" else cfg.d_model
     p, j = cfg.pred_dim, cfg.joint_dim
     if cfg.pred == "lstm":
         pred = cfg.num_classes * p + cfg.pred_layers * _lstm_parameters(p, p)
@@ -308,6 +330,12 @@ def _conformer_flops(cfg: TransducerConfig, frames: int) -> tuple[float, int]:
     return flops + cfg.layers * block, t
 
 
+def _fastconformer_flops(cfg: TransducerConfig, frames: int) -> tuple[float, int]:
+    """Forward FLOPs of the FastConformer encoder (models/fastconformer.py's count, its head left out)."""
+    parts = forward_flops(fastconformer_config(cfg), frames)
+    return sum(v for k, v in parts.items() if k != "head"), stage_sizes(frames)[-1]
+
+
 def _lstm_flops(cfg: TransducerConfig, frames: int) -> tuple[float, int]:
     """Forward FLOPs of the LSTM encoder over ``frames`` input frames, and its output frames."""
     h = cfg.enc_hidden
@@ -324,8 +352,9 @@ def flops(cfg: TransducerConfig, frames: int, labels: int) -> float:
     labels: the encoder and its projection, the prediction network over labels + 1 steps and its
     projection, the joint's output layer over T' x (labels + 1) positions. Element-wise work
     (tanh, the additions, normalization, softmax), embeddings and biases are not counted."""
-    enc, t = (_conformer_flops if cfg.encoder == "conformer" else _lstm_flops)(cfg, frames)
-    width = cfg.d_model if cfg.encoder == "conformer" else cfg.enc_hidden
+    enc, t = {"conformer": _conformer_flops, "lstm": _lstm_flops, "fastconformer": _fastconformer_flops}[cfg.encoder](
+        cfg, frames)
+    width = cfg.enc_hidden if cfg.encoder == "lstm" else cfg.d_model
     p, j, u = cfg.pred_dim, cfg.joint_dim, labels + 1
     if cfg.pred == "lstm":
         pred = cfg.pred_layers * 2 * 4 * p * 2 * p

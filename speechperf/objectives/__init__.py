@@ -24,7 +24,7 @@ import torch
 from speechperf.models.contract import unwrap
 from speechperf.registry import Registry
 
-OBJECTIVES = Registry("objective", [f"speechperf.objectives.{m}" for m in ("ctc", "transducer")])
+OBJECTIVES = Registry("objective", [f"speechperf.objectives.{m}" for m in ("ctc", "transducer", "aed")])
 
 
 def register_objective(name: str):

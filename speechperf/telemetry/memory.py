@@ -24,13 +24,26 @@ projection's input) or 6 d on the math path plus 3 (B, H, T', T') weight tensors
 dropout mask, dropped weights: a CPU with attention dropout takes this path), the convolution
 module 8 d, the final norm d; and one dropout mask per dropout (2 ff + 4 d: on a CPU a float
 mask in the activations' dtype, models/dropout.py; elsewhere torch's bool mask).
+
+The three heads on that encoder (the three objective families): CTC's linear head, its fp32
+log-probabilities and lattice; the transducer's joint (``rnnt_loss.joint_bytes``: the (B, T', U+1, V)
+logits, the loss's gradient buffer, a half-precision joint's fp32 copy, the lattice; and the joint's
+tanh output, (B, T', U+1, joint_dim)) and its prediction network; the attention decoder's layers
+(enumerated with saved-tensor hooks as the blocks were: per layer and label position 12 d + ff kept,
+one ff more and 3 d + ff of masks with dropout, two LayerNorm statistics per norm and SDPA's
+log-sum-exp per head; per layer and encoder frame the cross-attention's keys and values, 2 d) and its
+output ((B, U+1, V) logits, their fp32 copy, the log-softmax the cross-entropy keeps).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from speechperf.errors import SpeechperfError
-from speechperf.models.fastconformer import block_parameters, parameter_count, stage_sizes
+from speechperf.models import encdec, fastconformer, rnnt
+from speechperf.models.fastconformer import block_parameters, stage_sizes
+from speechperf.objectives.rnnt_loss import joint_bytes as rnnt_joint_bytes
 
 GB = 1e9
 SHARDINGS = ("none", "fsdp")
@@ -151,30 +164,77 @@ def _front_elements(cfg, frames: int) -> tuple[int, int]:
     return kept, cfg.d_model * times[-1]
 
 
-RULES = ("fastconformer",)  # the models whose activations have a rule here
+RULES = ("fastconformer", "transducer (encoder=fastconformer)", "aed")  # the models with a rule here
 
 
 def has_rule(cfg) -> bool:
-    """Whether :func:`estimate` can size model ``cfg``'s activations."""
-    return getattr(cfg, "name", None) in RULES
+    """Whether :func:`estimate` can size model ``cfg``'s activations: the FastConformer encoder under
+    each of the three heads (CTC, a transducer's joint, an attention decoder)."""
+    name = getattr(cfg, "name", None)
+    return name in ("fastconformer", "aed") or (name == "transducer" and cfg.encoder == "fastconformer")
+
+
+def model_parameters(cfg) -> int:
+    """The parameters of a model with a rule, by its own formula."""
+    return {"fastconformer": fastconformer.parameter_count, "transducer": rnnt.parameter_count,
+            "aed": encdec.parameter_count}[cfg.name](cfg)
 
 
 def activation_bytes(cfg, batch: Batch, setup: Setup) -> int:
-    """What autograd keeps of one batch for the backward pass of a FastConformer (``cfg``)."""
+    """What autograd keeps of one batch for the backward pass of a FastConformer encoder and its head
+    (``cfg``: the CTC model, a transducer on it, the attention encoder-decoder); a transducer's joint
+    apart (:func:`transducer_joint_bytes`)."""
     if not has_rule(cfg):
-        raise SpeechperfError(f"model {getattr(cfg, 'name', cfg)!r}: no activation rule (known: fastconformer)")
+        raise SpeechperfError(f"model {getattr(cfg, 'name', cfg)!r}: no activation rule (known: {', '.join(RULES)})")
     e = PRECISION_BYTES[setup.precision]
     m = e if setup.device_type == "cpu" else 1
     t = stage_sizes(batch.frames)[-1]
     kept, masks, weights = activation_units(cfg, attention_path(cfg, setup))
     block = t * (kept * e + masks * m) + t * t * weights * (2 * e + m)
     front_kept, front_masks = _front_elements(cfg, batch.frames)
-    head = t * (cfg.d_model * e + cfg.num_classes * 4 * 2)  # the head's input; fp32 log-probs and the logits
-    ctc = t * (2 * batch.label_length + 1) * 4  # CTC's forward variables (T', 2 L + 1), fp32
-    per_utt = front_kept * e + front_masks * m + head + ctc
+    per_utt = front_kept * e + front_masks * m + _head_bytes(cfg, batch, t, setup)
     if setup.checkpointing:  # each block's input kept, one block's activations rebuilt at a time
         return batch.utterances * (per_utt + cfg.layers * t * cfg.d_model * e + block)
     return batch.utterances * (per_utt + cfg.layers * block)
+
+
+def _head_bytes(cfg, batch: Batch, t: int, setup: Setup) -> int:
+    """One utterance's head: CTC's (its input, fp32 logits and log-probabilities, the lattice), a
+    transducer's projections and prediction network, or the attention decoder (:func:`decoder_bytes`)."""
+    e = PRECISION_BYTES[setup.precision]
+    if cfg.name == "aed":
+        return decoder_bytes(cfg, batch, t, setup)
+    if cfg.name == "transducer":  # enc_proj's input and output; the prediction network's layers and projection
+        u = batch.label_length + 1
+        pred = cfg.pred_dim * (2 + 6 * cfg.pred_layers) + cfg.joint_dim
+        return t * (cfg.d_model + cfg.joint_dim) * e + u * pred * e
+    head = t * (cfg.d_model * e + cfg.num_classes * 4 * 2)  # the head's input; fp32 log-probs and the logits
+    return head + t * (2 * batch.label_length + 1) * 4  # CTC's forward variables (T', 2 L + 1), fp32
+
+
+def decoder_bytes(cfg, batch: Batch, t: int, setup: Setup) -> int:
+    """One utterance's attention decoder over U + 1 positions and its T' encoder frames (module docstring)."""
+    e = PRECISION_BYTES[setup.precision]
+    m = e if setup.device_type == "cpu" else 1
+    d, ff, u, v = cfg.d_model, cfg.dec_ff_mult * cfg.d_model, batch.label_length + 1, cfg.num_classes
+    dropout = cfg.dec_dropout > 0
+    layer = u * ((12 * d + ff * (1 + dropout)) * e + (3 * d + ff) * m * dropout + (6 + 2 * cfg.dec_heads) * 4)
+    layer += t * 2 * d * e  # the cross-attention's keys and values
+    embed = u * d * (e + m * dropout)  # the embedding with its positions, its dropout mask
+    out = u * (2 * d * e + v * (e + (4 if e < 4 else 0) + 4))  # final norm, logits, their fp32 copy, log-softmax
+    return cfg.dec_layers * layer + embed + out
+
+
+def transducer_joint_bytes(cfg, batch: Batch, setup: Setup) -> int:
+    """A transducer's joint at the loss (``rnnt_loss.joint_bytes``) and its tanh output (B, T', U+1, J),
+    in the step's dtype; 0 for the other heads."""
+    if getattr(cfg, "name", None) != "transducer":
+        return 0
+    dtype = torch.float32 if setup.precision == "fp32" else torch.bfloat16
+    t, u = stage_sizes(batch.frames)[-1], batch.label_length + 1
+    cells = batch.utterances * t * u
+    return rnnt_joint_bytes(batch.utterances, t, u, cfg.num_classes, dtype) + cells * cfg.joint_dim * \
+        PRECISION_BYTES[setup.precision]
 
 
 def front_backward_bytes(cfg, batch: Batch, setup: Setup) -> int:
@@ -206,12 +266,12 @@ def _step_temporaries(n: int, states: int, setup: Setup, world: int) -> int:
 def estimate(model_cfg, batch: Batch, setup: Setup = Setup(), parameters: int | None = None,
              joint_bytes: int = 0) -> MemoryEstimate:
     """Bytes per device of a training step of ``model_cfg`` on ``batch`` under ``setup``, from shapes
-    alone (``parameters``: the model's count, default its formula; ``joint_bytes``: a transducer
-    head's joint tensor and its gradient, which the transducer's own rule gives)."""
+    alone (``parameters``: the model's count, default its formula; ``joint_bytes``: bytes added to the
+    joint's, to a transducer's own rule, :func:`transducer_joint_bytes`)."""
     bad = setup.problems()
     if bad:
         raise SpeechperfError("; ".join(bad))
-    n = parameters if parameters is not None else parameter_count(model_cfg)
+    n = parameters if parameters is not None else model_parameters(model_cfg)
     w = setup.world if setup.sharding == "fsdp" else 1
     states = OPTIMIZER_STATES[setup.optimizer]
     low = PRECISION_BYTES[setup.precision]
@@ -224,7 +284,7 @@ def estimate(model_cfg, batch: Batch, setup: Setup = Setup(), parameters: int | 
     inputs = batch.utterances * (batch.frames * FEATURES * 4 + 8 * batch.label_length)  # int64 labels
     return MemoryEstimate(parameters=4 * n // w, gradients=4 * n // w, optimizer=4 * states * n // w,
                           unsharded=unsharded, casts=casts, activations=activation_bytes(model_cfg, batch, setup),
-                          joint=joint_bytes, batch_bytes=inputs,
+                          joint=joint_bytes + transducer_joint_bytes(model_cfg, batch, setup), batch_bytes=inputs,
                           front_backward=front_backward_bytes(model_cfg, batch, setup),
                           step_temporaries=_step_temporaries(n, states, setup, w), setup=setup,
                           batch=batch, model=model_cfg, parameter_count=n)
@@ -258,7 +318,8 @@ def _summary(e: MemoryEstimate) -> str:
 
 def _rebuilt(e: MemoryEstimate, setup: Setup, batch: Batch) -> MemoryEstimate:
     """``e`` for another setup or batch (the model's parameters and joint rule kept)."""
-    return estimate(e.model, batch, setup, parameters=e.parameter_count, joint_bytes=e.joint)
+    extra = e.joint - transducer_joint_bytes(e.model, e.batch, e.setup)  # what the caller added; the rule's again
+    return estimate(e.model, batch, setup, parameters=e.parameter_count, joint_bytes=extra)
 
 
 def _fits(e: MemoryEstimate, setup: Setup, free_bytes: int) -> bool:

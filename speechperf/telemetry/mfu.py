@@ -141,9 +141,10 @@ def exact_quadratic(points: dict[int, int]) -> tuple[Fraction, Fraction, Fractio
 
 @dataclass(frozen=True)
 class FlopModel:
-    """Training FLOPs of one utterance of L input frames and U labels: ``a + b L + c L^2 + d U + e L U``
-    (``d``, ``e``: a transducer's prediction network over its labels and its joint over frames x
-    labels; 0 for CTC, whose FLOPs do not depend on the labels)."""
+    """Training FLOPs of one utterance of L input frames and U labels: ``a + b L + c L^2 + d U + e L U
+    + f U^2`` (``d``, ``e``: a transducer's prediction network over its labels and its joint over frames
+    x labels, an attention decoder's layers and its cross-attention; ``f``: an attention decoder's
+    self-attention; 0 for CTC, whose FLOPs do not depend on the labels)."""
 
     model: str  # the model's registry name
     a: float  # FLOPs independent of length
@@ -153,9 +154,11 @@ class FlopModel:
     d: float = 0.0  # per label (a transducer's prediction network)
     e: float = 0.0  # per frame x label (a transducer's joint network)
     fit_labels: tuple[int, ...] = ()  # the label counts of the label terms' fit (none: no label terms)
+    f: float = 0.0  # per label squared (an attention decoder's self-attention; objectives' ``label_squares``)
 
     def utterance(self, frames: int, labels: int = 0) -> float:
-        return self.a + self.b * frames + self.c * frames * frames + self.d * labels + self.e * frames * labels
+        return (self.a + self.b * frames + self.c * frames * frames + self.d * labels + self.e * frames * labels
+                + self.f * labels * labels)
 
     def batch(self, feat_lens: torch.Tensor, label_lens: torch.Tensor | None = None) -> float:
         """The FLOPs of a batch from the loader's CPU lengths (valid frames; padding not counted)."""
@@ -164,13 +167,18 @@ class FlopModel:
         if self.fit_labels and label_lens is not None:
             labels = label_lens.to(torch.float64)
             flops += self.d * float(labels.sum()) + self.e * float((lens * labels).sum())
+            flops += self.f * float((labels * labels).sum())
         return flops
 
     def to_dict(self) -> dict:
         out = {**asdict(self), "fit_lengths": list(self.fit_lengths),
                "formula": "training FLOPs per utterance of L input frames = a + b L + c L^2"}
         if not self.fit_labels:  # CTC: as before objectives had label terms
-            return {k: v for k, v in out.items() if k not in ("d", "e", "fit_labels")}
+            return {k: v for k, v in out.items() if k not in ("d", "e", "f", "fit_labels")}
+        if len(self.fit_labels) > 2:  # an attention decoder's self-attention: U^2
+            return {**out, "fit_labels": list(self.fit_labels), "formula": "training FLOPs per utterance of L input "
+                    "frames and U labels = a + b L + c L^2 + d U + e L U + f U^2"}
+        out.pop("f")  # a transducer's: as before the U^2 term
         return {**out, "fit_labels": list(self.fit_labels),
                 "formula": "training FLOPs per utterance of L input frames and U labels = a + b L + c L^2 + d U + e L U"}
 
@@ -182,6 +190,7 @@ def fit_lengths(min_frames: int) -> list[int]:
 
 
 FIT_LABELS = (4, 12)  # label counts of a transducer's label terms' fit
+SQUARE_LABELS = 20  # the third label count where the objective's FLOPs grow with U^2 too (``label_squares``)
 
 
 def fit_flop_model(model: torch.nn.Module, name: str, input_dim: int, min_frames: int) -> FlopModel:
@@ -197,10 +206,24 @@ def fit_flop_model(model: torch.nn.Module, name: str, input_dim: int, min_frames
     counts = {n: count_step_flops(model, [n], input_dim, [u0]) for n in lengths}
     a0, b0, c = exact_quadratic(counts)  # at u0 labels: a + d u0, b + e u0, c
     (l0, f0), (l1, f1) = [(n, count_step_flops(model, [n], input_dim, [u1]) - counts[n]) for n in lengths[:2]]
-    e = Fraction(f1 - f0, (l1 - l0) * (u1 - u0))  # f(L) = (d + e L)(u1 - u0)
+    e = Fraction(f1 - f0, (l1 - l0) * (u1 - u0))  # f(L) = (d + e L)(u1 - u0) [+ f (u1^2 - u0^2)]
     d = Fraction(f0, u1 - u0) - e * l0
+    if getattr(objective_of(model), "label_squares", False):
+        return _with_squares(model, name, input_dim, lengths, counts, (a0, b0, c, d, e))
     return FlopModel(name, float(a0 - d * u0), float(b0 - e * u0), float(c), tuple(lengths), float(d), float(e),
                      FIT_LABELS)
+
+
+def _with_squares(model, name: str, input_dim: int, lengths: list[int], counts: dict, fit: tuple) -> FlopModel:
+    """The fit of :func:`fit_flop_model` with an ``f U^2`` term: one more count at ``SQUARE_LABELS``
+    labels separates ``d`` from ``f`` (at u1 the fit's ``d`` is d + f (u0 + u1))."""
+    a0, b0, c, d01, e = fit
+    (u0, u1), u2, l0 = FIT_LABELS, SQUARE_LABELS, lengths[0]
+    d02 = Fraction(count_step_flops(model, [l0], input_dim, [u2]) - counts[l0], u2 - u0) - e * l0  # d + f (u0 + u2)
+    f = (d02 - d01) / (u2 - u1)
+    d = d01 - f * (u0 + u1)
+    return FlopModel(name, float(a0 - d * u0 - f * u0 * u0), float(b0 - e * u0), float(c), tuple(lengths),
+                     float(d), float(e), (*FIT_LABELS, u2), float(f))
 
 
 def flop_model(model_cfg) -> FlopModel:

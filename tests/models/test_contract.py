@@ -18,6 +18,8 @@ SMALL = {
     "fastconformer": {"d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3, "subsampling_channels": 4},
     "transducer": {"d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3, "subsampling_channels": 4,
                    "pred_dim": 8, "joint_dim": 8},
+    "aed": {"d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3, "subsampling_channels": 4, "dec_layers": 1,
+            "dec_heads": 2},
 }
 
 
@@ -40,6 +42,8 @@ def test_every_model_meets_the_contract(name):
     assert torch.equal(got_lens, out_lens)
     if hasattr(model, "joint"):  # a transducer: the encoder output its joint reads (tests/models/test_transducer.py)
         assert log_probs.shape == (3, int(out_lens.max()), model.cfg.joint_dim)  # (B, T', J)
+    elif hasattr(model, "decode"):  # an attention encoder-decoder: the encoder frames its decoder attends to
+        assert log_probs.shape == (3, int(out_lens.max()), model.cfg.d_model)  # (B, T', D)
     else:
         assert log_probs.shape == (int(out_lens.max()), 3, model.cfg.num_classes)  # (T', B, C)
         assert torch.allclose(log_probs.exp().sum(-1), torch.ones(log_probs.shape[:2]), atol=1e-4)
@@ -64,7 +68,7 @@ def test_model_name_override_switches_to_that_models_fields():
     assert cfg.model == model_config({"name": "dnn", "hidden": 64})
     with pytest.raises(ConfigError, match="no field 'conv_channels'"):
         load_preset("tiny", ["model.name=dnn", "model.conv_channels=3"])
-    with pytest.raises(UnknownName, match="unknown model 'nope'; known: cldnn"):
+    with pytest.raises(UnknownName, match="unknown model 'nope'; known: aed, cldnn"):
         load_preset("tiny", ["model.name=nope"])
     with pytest.raises(ConfigError, match="model.lstm_hidden=0 must be >= 1"):
         load_preset("tiny", ["model.lstm_hidden=0"])

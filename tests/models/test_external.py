@@ -81,7 +81,7 @@ def test_a_name_that_does_not_import_or_falls_short_is_refused_naming_what_it_la
 
 
 def test_an_unknown_name_says_how_to_name_a_model_outside_the_package():
-    with pytest.raises(UnknownName, match="known: cldnn.*model.name=MODULE:NAME"):
+    with pytest.raises(UnknownName, match="known: aed, cldnn.*model.name=MODULE:NAME"):
         load_preset("tiny", ["model.name=my_encoder"])
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from speechperf.telemetry.mfu import count_step_flops, counter
-from speechperf.models import MODELS, build_model, fastconformer, model_config, rnnt
+from speechperf.models import MODELS, build_model, encdec, fastconformer, model_config, rnnt
 
 RNNT_LOSS = importlib.util.find_spec("speechperf.objectives.rnnt_loss") is not None  # the transducer's loss
 
@@ -105,6 +105,15 @@ def _transducer(cfg, frames: int) -> float:
     return 3 * rnnt.flops(cfg, frames, max(out // 4, 1)) - 2 * cfg.subsampling_channels * 9 * t * f
 
 
+def _aed(cfg, frames: int) -> float:
+    """Its forward by formula (models/encdec.py: encoder, decoder over U+1 positions, its cross-attention
+    over T' x (U+1)) x3, less the weight-only first convolution's input gradient; the labels as the
+    objective's probe draws them (a quarter of the output frames)."""
+    out = int(build_model(cfg).output_lengths(torch.tensor([frames]))[0])
+    t, f = (frames - 1) // 2 + 1, (cfg.input_dim - 1) // 2 + 1
+    return 3 * encdec.flops(cfg, frames, max(out // 4, 1)) - 2 * cfg.subsampling_channels * 9 * t * f
+
+
 # Small configurations of every registered model and their analytic counts.
 ANALYTIC = {
     "ds2": ({"name": "ds2", "conv_channels": 32, "conv_kernel": 11, "conv_stride": 2, "lstm_layers": 2,
@@ -118,6 +127,8 @@ ANALYTIC = {
                        "attention_dropout": 0.0}, lambda cfg, frames: fastconformer.training_flops(cfg, frames)),
     "transducer": ({"name": "transducer", "d_model": 32, "layers": 2, "heads": 4, "conv_kernel": 15,
                     "subsampling_channels": 16, "attention_dropout": 0.0, "pred_dim": 24, "joint_dim": 20}, _transducer),
+    "aed": ({"name": "aed", "d_model": 32, "layers": 2, "heads": 4, "subsampling_channels": 16,
+             "attention_dropout": 0.0, "dec_layers": 2, "dec_heads": 4, "dec_dropout": 0.0}, _aed),
 }
 
 

@@ -24,6 +24,8 @@ SIZES = {
                   "model.subsampling_channels=4"],
     "transducer": ["model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
                    "model.subsampling_channels=4", "model.pred_dim=16", "model.joint_dim=16"],
+    "aed": ["model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
+            "model.subsampling_channels=4", "model.dec_layers=1", "model.dec_heads=2"],  # greedy decoding: tokens up to 2 per encoder frame
     EXT: ["model.channels=16", "model.hidden=16"],  # tests/models/external_model.py
 }
 
