@@ -113,7 +113,7 @@ def policy(precision: str, device: torch.device):
     device; otherwise fp32 throughout (None: the parameters' own dtype)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if precision == "bf16" and device.type == "cuda":
+    if precision in ("bf16", "fp8") and device.type == "cuda":  # fp8: bf16 outside its float8 products
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
 

@@ -34,7 +34,7 @@ from speechperf.data.index import from_columns, librispeech_like
 from speechperf.data.loader import Batch
 from speechperf.errors import SpeechperfError, in_words
 from speechperf.features.feature_config import FeatureConfig
-from speechperf.models import build_model, describe, encdec, rnnt
+from speechperf.models import build_model, describe, encdec, fp8, rnnt
 from speechperf.models.fastconformer import forward_flops, nemo_parameter_count, training_flops
 from speechperf.telemetry import memory
 from speechperf.telemetry.measured_peak import training_peak
@@ -166,6 +166,7 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
     tc = replace(cfg.train, precision=precision)
     torch.manual_seed(req.seed)
     model = build_model(cfg.model).to(dev).train()
+    fp8.prepare(model, precision, dev)  # fp8: torchao's float8 Linear layers (emulated off CUDA)
     opt = make_optimizer(model, tc, dev)
     scaler = torch.amp.GradScaler(dev.type, enabled=precision == "fp16")
     data = [synthetic(f, s, model, dev) for f, s in batches]

@@ -14,7 +14,7 @@ SCHEDULES = ("epoch_decay", "step", "noam", "cosine", "newbob")  # train.lr_sche
 PROTOCOLS = ("speechperf",)
 OPTIMIZERS = ("adadelta", "adamw", "sgd", "lamb")  # train.optimizer values (train/step.py's make_optimizer)
 AUTO_PRECISION = "auto"  # train.precision: the fastest native precision, measured (train/auto_precision.py)
-PRECISIONS = (AUTO_PRECISION, "fp32", "bf16", "fp16")  # train.precision values
+PRECISIONS = (AUTO_PRECISION, "fp32", "bf16", "fp16", "fp8")  # train.precision values
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class TrainConfig:
     target_metric: str = metric.DEFAULT_TARGET  # what the stop rule watches: a target metric of speechperf/metric.py
     target: float = 0.0  # stop once the median of the last target_epochs evals is <= this (percent); 0 = never
     target_epochs: int = 3  # e of TTA(a, e)
-    precision: str = "fp32"  # "auto" (the fastest this device runs natively, measured on the run's own step before the clock; config.json records the one chosen), "fp32", "bf16" (autocast, CPU and GPU) or "fp16" (GPU, with a scaler)
+    precision: str = "fp32"  # "auto" (the fastest this device runs natively, measured on the run's own step before the clock; config.json records the one chosen), "fp32", "bf16" (autocast, CPU and GPU) "fp16" (GPU, with a scaler) or "fp8" (bf16 autocast with torchao's float8 Linear layers, models/fp8.py: native on CUDA compute capability 8.9+, emulated on a CPU)
     device: str = "auto"  # "auto" (cuda:LOCAL_RANK if CUDA, else cpu), "cpu", "cuda" (the local rank's GPU), "cuda:N"
     dist_backend: str = "auto"  # process group under torchrun: "auto" (gloo on CPU, "cpu:gloo,cuda:nccl" on GPU), "gloo", "nccl", "cpu:gloo,cuda:nccl"
     deterministic: bool = False  # deterministic kernels (cuDNN, cuBLAS workspace, CTC on the CPU): a resumed GPU run equals the uninterrupted one, slower

@@ -29,9 +29,10 @@ def autocast(device: torch.device, precision: str):
     warm-up and ``bench zoo`` run every model under it."""
     if precision == "fp32":
         return nullcontext()
-    if precision not in ("bf16", "fp16"):  # "auto" is settled before any step (train/auto_precision.py)
-        raise ValueError(f"no autocast for precision {precision!r} (fp32, bf16 or fp16)")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    if precision not in ("bf16", "fp16", "fp8"):  # "auto" is settled before any step (train/auto_precision.py)
+        raise ValueError(f"no autocast for precision {precision!r} (fp32, bf16, fp16 or fp8)")
+    # fp8: bf16 around the float8 Linear layers (models/fp8.py swaps them when the model is built)
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 

@@ -15,6 +15,11 @@ where the flags are not the whole truth, from a tiny cached probe of the kernel 
   fp16, whatever the autocast dtype: torch's autocast wrapper of cuDNN's RNN casts the input,
   states and weights to half (aten/src/ATen/cudnn/AutocastRNN.cpp), and no loss scaler guards
   a bf16 run. The precision is native, with that caveat in the run's note.
+- fp8 (models/fp8.py: torchao's float8 Linear layers inside bf16 autocast): native on a GPU with
+  FP8 tensor cores (compute capability 8.9, Ada, and newer), unsupported on an older GPU
+  (``torch._scaled_mm`` refuses it), emulated by torchao on a CPU (as slow as its bf16 and its
+  casts, :data:`EMULATED_COST`); unsupported wherever its bf16 is (an LSTM on AVX2), where torchao
+  is not installed, and for a model none of whose Linear layers fp8 can swap.
 
 Tests force a feature off with the environment variable ``SPEECHPERF_CPU_WITHOUT``
 (comma-separated /proc/cpuinfo flag names, e.g. ``avx512f,avx512_bf16,amx_bf16``) or by
@@ -23,6 +28,7 @@ CPU; a feature forced off is never probed (the probe would see the real CPU).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -35,9 +41,14 @@ NATIVE_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "am
 # torch.cpu.get_capabilities() names -> /proc/cpuinfo names, for machines without /proc
 TORCH_NAMES = {"avx512_f": "avx512f", "avx512_bw": "avx512bw", "avx512_vl": "avx512vl", "avx512_dq": "avx512dq",
                "fma3": "fma"}
-KNOWN = ("fp32", "tf32", "bf16", "fp16")
+KNOWN = ("fp32", "tf32", "bf16", "fp16", "fp8")
+FP8_CC = (8, 9)  # the first CUDA compute capability with FP8 tensor cores (Ada; Hopper is 9.0)
 # What an emulated bf16 costs, measured (the module's docstring): said where one is refused
 EMULATED_SLOWDOWN = "measured: a DS2 step 27x slower in bf16 than in fp32 on an AVX2 CPU (an AMD EPYC, 2 threads)"
+# ... and an emulated fp8 (benchmarks/bench_fp8.py, docs/bench.md): said where one is refused
+EMULATED_COST = {"bf16": EMULATED_SLOWDOWN, "fp16": EMULATED_SLOWDOWN,
+                 "fp8": "measured: a Linear-heavy step 2.4x slower in emulated fp8 than in bf16 on this 2-core AVX2 "
+                        "CPU (benchmarks/bench_fp8.py)"}
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,8 @@ def probe(kernel: str, dtype: str) -> str | None:
 
 
 def _cpu(precision: str, lstm: bool) -> Support:
+    if precision == "fp8":
+        return _cpu_fp8(lstm)
     flags, off = cpu_flags(), forced_off()
     here = f"this CPU: {isa(flags)}"
     if precision == "fp32":
@@ -150,6 +163,15 @@ def _cpu(precision: str, lstm: bool) -> Support:
     return Support(precision, "cpu", NATIVE) if native else emulated
 
 
+def _cpu_fp8(lstm: bool) -> Support:
+    """fp8 on a CPU: torchao's emulation, inside bf16 autocast (so never better than bf16 here)."""
+    bf16 = _cpu("bf16", lstm)
+    if not bf16.runs:
+        return Support("fp8", "cpu", UNSUPPORTED, f"its bf16 autocast does not run: {bf16.reason}")
+    return Support("fp8", "cpu", EMULATED, f"no FP8 tensor cores on a CPU ({isa(cpu_flags())}): torchao emulates "
+                                           "the float8 casts, its products run in fp32")
+
+
 # ---- GPUs -------------------------------------------------------------------------------
 def cuda_capability(device: str) -> tuple[int, int]:
     """(major, minor) compute capability of a CUDA device (monkeypatched in tests)."""
@@ -170,6 +192,10 @@ def _cuda(precision: str, device: str, lstm: bool = False) -> Support:
     if precision == "tf32":
         return (Support(precision, device, NATIVE) if major >= 8 else
                 Support(precision, device, UNSUPPORTED, f"tf32 needs compute capability 8.0 or newer (this GPU: {cc})"))
+    if precision == "fp8":
+        return (Support(precision, device, NATIVE, caveat=CUDNN_RNN_FP16 if lstm else "") if (major, minor) >= FP8_CC
+                else Support(precision, device, UNSUPPORTED, f"no FP8 tensor cores on this GPU ({cc}; 8.9 or newer "
+                                                             "has them)"))
     if precision == "bf16":
         return (Support(precision, device, NATIVE, caveat=CUDNN_RNN_FP16 if lstm else "") if major >= 8 else
                 Support(precision, device, EMULATED, f"no native bf16 on this GPU ({cc}; 8.0 or newer has it)"))
@@ -196,16 +222,56 @@ def onednn_lstm(model) -> bool:
 
 
 def support(device, precision: str, model=None) -> Support:
-    """How ``precision`` ("fp32", "tf32", "bf16", "fp16") runs on ``device`` for ``model``
+    """How ``precision`` ("fp32", "tf32", "bf16", "fp16", "fp8") runs on ``device`` for ``model``
     (an ``nn.Module``, on any device including meta; None: plain matrix products)."""
     if precision not in KNOWN:
         raise ValueError(f"unknown precision {precision!r} (one of {', '.join(KNOWN)})")
     device = str(device)
+    if precision == "fp8":
+        return _fp8(device, model)
     if device.startswith("cuda"):
         return _cuda(precision, device, model is not None and has_lstm(model))
     if device.startswith("cpu"):
         return _cpu(precision, model is not None and onednn_lstm(model))
     return Support(precision, device, UNSUPPORTED, f"device {device!r} is neither a CPU nor a CUDA GPU")
+
+
+def _fp8(device: str, model) -> Support:
+    """fp8 for ``model`` on ``device``: refused where torchao or a swappable layer is missing; else the
+    device's answer, its note saying which layers train in float8 (models/fp8.py)."""
+    from speechperf.models import fp8
+
+    refused = _fp8_refused(model)
+    if refused:
+        return Support("fp8", device, UNSUPPORTED, refused)
+    if device.startswith("cuda"):
+        can = _cuda("fp8", device, model is not None and has_lstm(model))
+    elif device.startswith("cpu"):
+        can = _cpu("fp8", model is not None and onednn_lstm(model))
+    else:
+        return Support("fp8", device, UNSUPPORTED, f"device {device!r} is neither a CPU nor a CUDA GPU")
+    if model is None or not can.runs:
+        return can
+    swap = fp8.summary(fp8.plan(model))
+    if can.level == NATIVE:
+        return dataclasses.replace(can, caveat="; ".join(filter(None, (swap, can.caveat))))
+    return dataclasses.replace(can, reason=f"{can.reason}; {swap}")
+
+
+def _fp8_refused(model) -> str | None:
+    """Why fp8 cannot train ``model`` anywhere (torchao missing, no Linear layer it can swap), else None."""
+    from speechperf.models import fp8
+
+    missing = fp8.available()
+    if missing:
+        return missing
+    if model is None:
+        return None
+    layers = fp8.plan(model)
+    if not any(layer.swapped for layer in layers):
+        why = "; ".join(f"{layer.name}: {layer.reason}" for layer in layers[:3]) or "it has none"
+        return f"no Linear layer of this model can train in float8 ({why}): it would train in bf16"
+    return None
 
 
 def model_support(model_cfg, device, precision: str) -> Support:

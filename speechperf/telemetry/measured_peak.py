@@ -143,10 +143,11 @@ def forget(threads: int, dtype: str = "fp32", cache: Path | None = None) -> bool
 
 
 def gpu_dtype(precision: str) -> str:
-    """The peak column a run's precision uses: fp32 runs multiply in tf32 when torch allows it."""
+    """The peak column a run's precision uses: fp32 runs multiply in tf32 when torch allows it; fp8
+    runs against the bf16 peak (only their Linear layers multiply in float8; the rest is bf16)."""
     if precision == "fp32" and torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
-    return precision
+    return "bf16" if precision == "fp8" else precision
 
 
 def training_peak(device: torch.device, precision: str, threads: int) -> Peak:
@@ -158,7 +159,8 @@ def training_peak(device: torch.device, precision: str, threads: int) -> Peak:
 
 
 def cpu_dtype(precision: str) -> str:
-    """The dtype of a CPU run's measured peak: bf16 runs multiply in bf16, the others in fp32."""
+    """The dtype of a CPU run's measured peak: bf16 runs multiply in bf16, the others in fp32 (fp8's
+    emulated products too)."""
     return "bf16" if precision == "bf16" else "fp32"
 
 

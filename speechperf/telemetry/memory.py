@@ -49,7 +49,7 @@ GB = 1e9
 SHARDINGS = ("none", "fsdp")
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "adadelta": 2, "sgd": 0}  # fp32 tensors per parameter (SGD: no momentum)
 FEATURES = 93  # columns of a batch's features (80 log-mel + 13 MFCC), fp32
-PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # fp8: its bf16 autocast's (models/fp8.py)
 
 
 class DoesNotFit(SpeechperfError):

@@ -3,7 +3,10 @@ training step, measured, never read from flags alone.
 
 The candidates are the precisions telemetry/capability.py calls native for the run's model on
 the run's device: fp32 always; bf16 where the CPU has AVX512-BF16 or AMX-BF16 (or a GPU of
-compute capability 8.0 or newer); fp16, with its loss scaler, on CUDA only. Where fp32 is the
+compute capability 8.0 or newer); fp16, with its loss scaler, on CUDA only; fp8 (torchao's float8
+Linear layers in bf16 autocast, models/fp8.py) on a GPU with FP8 tensor cores (compute capability
+8.9 or newer) where torchao is installed and the model has a Linear layer it can swap, never on
+a CPU (emulated there). Where fp32 is the
 only one, it is chosen without measuring anything, and the choice says why. Otherwise each
 candidate trains :data:`STEPS` steps (after one warm-up step) of the run's own step
 (train/step.py's ``train_step``: SpecAugment aside, forward, CTC, backward, clipping, the run's
@@ -42,7 +45,7 @@ from speechperf.config.training import AUTO_PRECISION
 from speechperf.data.batching import Batching
 from speechperf.data.loader import Batch
 from speechperf.features.feature_config import FeatureConfig
-from speechperf.models import build_model
+from speechperf.models import build_model, fp8
 from speechperf.telemetry.capability import NATIVE, model_support
 from speechperf.telemetry.environment import cpu_model
 from speechperf.telemetry.measured_peak import busy_seconds, cache_path, contended, others_busy_pct, read_cache
@@ -60,7 +63,7 @@ def candidates(cfg: RunConfig, device: torch.device) -> tuple[list[str], dict[st
     """(the precisions ``device`` runs natively for ``cfg``'s model, fp32 first; {every other
     one: why it is no candidate})."""
     native, others = ["fp32"], {}
-    for precision in ("bf16", "fp16"):
+    for precision in ("bf16", "fp16", "fp8"):
         if precision == "fp16" and device.type != "cuda":
             others[precision] = "its loss scaler is CUDA's"
             continue
@@ -107,6 +110,7 @@ def _sync(device: torch.device) -> None:
 def _kit(cfg: RunConfig, device: torch.device, precision: str) -> tuple:
     """(model, optimizer, scaler, train config) of one candidate, as the trainer builds them."""
     model = build_model(cfg.model).to(device).train()
+    fp8.prepare(model, precision, device)
     tc = replace(cfg.train, precision=precision)
     return model, make_optimizer(model, tc, device), torch.amp.GradScaler("cuda", enabled=precision == "fp16"), tc
 

@@ -25,7 +25,7 @@ from speechperf.data.resident import Resident, check_fits, feature_dims
 from speechperf.data.units import Units, ensure_units
 from speechperf.data.batching import Batching
 from speechperf.features.checksum import OVER, features_sha256
-from speechperf.models import build_model
+from speechperf.models import build_model, fp8
 from speechperf.models.contract import compiled
 from speechperf.results import checkpoint
 from speechperf.train.admission import Admission, verify_splits_of
@@ -200,6 +200,7 @@ def _model(cfg: RunConfig, batching: Batching, device, algo: Algorithm, ckpt: di
     tc = cfg.train
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
+    fp8.prepare(core, tc.precision, device)  # fp8: torchao's float8 Linear layers, before any wrap or shard
     if algo.shards:
         return _sharded(cfg, batching, device, algo, core, ckpt, prog, splits, index)
     state = _train_state(core, tc, device, batching, prog, splits, index)

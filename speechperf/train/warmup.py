@@ -33,7 +33,7 @@ from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import ConfigError
 from speechperf.objectives import OBJECTIVES, objective_of
 from speechperf.config.training import AUTO_PRECISION
-from speechperf.telemetry.capability import EMULATED, EMULATED_SLOWDOWN, model_support
+from speechperf.telemetry.capability import EMULATED, EMULATED_COST, model_support
 
 # Past this the initialization is reported with a warning: MLPerf's closed division allows
 # 30 minutes of initialization; a DS2 run that needs 10 has something wrong (a cold cache
@@ -116,7 +116,7 @@ def check_precision(cfg, device: torch.device, allow_emulated: bool = True) -> s
                           "use train.precision=fp32")
     if can.level == EMULATED and device.type == "cpu" and not allow_emulated:
         raise ConfigError(f"train.precision={precision} is emulated on this CPU ({can.reason}): "
-                          f"{EMULATED_SLOWDOWN}; use train.precision=auto (the fastest native one) or fp32, "
+                          f"{EMULATED_COST[precision]}; use train.precision=auto (the fastest native one) or fp32, "
                           "or give --allow-emulated to time it anyway")
     return can.note
 
