@@ -269,7 +269,7 @@ def _fp8_refused(model) -> str | None:
         return None
     layers = fp8.plan(model)
     if not any(layer.swapped for layer in layers):
-        why = "; ".join(f"{layer.name}: {layer.reason}" for layer in layers[:3]) or "it has none"
+        why = "; ".join(f"{layer.name or 'the model'}: {layer.reason}" for layer in layers[:3]) or "it has none"
         return f"no Linear layer of this model can train in float8 ({why}): it would train in bf16"
     return None
 

@@ -3,6 +3,7 @@ cached probe; each path proven on any CPU by forcing flags off (env var or monke
 import pytest
 import torch
 
+from speechperf.config import load_preset
 from speechperf.errors import in_words
 from speechperf.telemetry import capability as cap
 
@@ -78,7 +79,7 @@ def test_gpu_rules_from_compute_capability(monkeypatch):
     assert cap.support("cuda:0", "tf32").note.startswith("unsupported on this GPU: tf32 needs compute capability 8.0")
     assert cap.support("cuda:0", "fp16").level == "native"
     monkeypatch.setattr(cap, "cuda_capability", lambda device: (9, 0))  # H100
-    assert {cap.support("cuda:0", p, torch.nn.LSTM(4, 4)).level for p in cap.KNOWN} == {"native"}
+    assert {cap.support("cuda:0", p, torch.nn.LSTM(4, 4)).level for p in cap.KNOWN if p != "fp8"} == {"native"}
     # native, but a model's LSTMs run in fp16 under bf16 autocast: the run's note says so
     lstm_model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LSTM(4, 4))
     assert cap.support("cuda:0", "bf16", lstm_model).note.startswith("its LSTMs run in fp16 under bf16 autocast")
@@ -112,3 +113,45 @@ def test_the_lstm_note_holds_for_this_torch():
         y, _ = lstm(x)
         z = torch.nn.functional.linear(x, lstm.weight_ih_l0)
     assert (y.dtype, z.dtype) == (torch.float16, torch.bfloat16)
+
+
+FP8_MODEL = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 30))
+FP8_SWAP = "1 of 2 Linear layers in float8, the others in bf16 (2: out_features 30 not a multiple of 16)"
+
+
+def test_fp8_is_native_only_from_compute_capability_8_9(monkeypatch):
+    for cc, level in (((8, 0), "unsupported"), ((8, 6), "unsupported"), ((8, 9), "native"), ((9, 0), "native"),
+                      ((10, 0), "native")):
+        monkeypatch.setattr(cap, "cuda_capability", lambda device, cc=cc: cc)
+        assert cap.support("cuda:0", "fp8", FP8_MODEL).level == level, cc
+    monkeypatch.setattr(cap, "cuda_capability", lambda device: (8, 0))  # A100
+    assert cap.support("cuda:0", "fp8", FP8_MODEL).note == ("unsupported on this GPU: no FP8 tensor cores on this GPU "
+                                                            "(compute capability 8.0; 8.9 or newer has them)")
+    monkeypatch.setattr(cap, "cuda_capability", lambda device: (9, 0))  # H100: the swap is the note
+    assert cap.support("cuda:0", "fp8", FP8_MODEL).note == FP8_SWAP
+
+
+def test_fp8_on_a_cpu_is_emulated_and_unsupported_where_its_bf16_or_its_layers_are(cpu):
+    cpu(AVX512 | {"avx512_bf16", "amx_bf16", "amx_tile"})  # bf16 native: fp8 is still emulated on a CPU
+    s = cap.support("cpu", "fp8", FP8_MODEL)
+    assert s.level == "emulated" and s.note == ("emulated: no FP8 tensor cores on a CPU (AVX-512 with AMX): torchao "
+                                                f"emulates the float8 casts, its products run in fp32; {FP8_SWAP}")
+    cpu(AVX2, lstm_error="no kernel")  # DS2-like: an LSTM under bf16 autocast has no kernel here
+    lstm = torch.nn.Sequential(torch.nn.LSTM(32, 32), torch.nn.Linear(32, 32))
+    assert cap.support("cpu", "fp8", lstm).note == ("unsupported on this CPU: its bf16 autocast does not run: torch's "
+                                                    "oneDNN LSTM has no bf16 kernel without AVX-512 (this CPU: AVX2)")
+    s = cap.support("cpu", "fp8", torch.nn.Linear(32, 30))
+    assert s.level == "unsupported" and s.reason == ("no Linear layer of this model can train in float8 (the "
+                                                     "model: out_features 30 not a multiple of 16): it would train in bf16")
+    assert cap.model_support(load_preset("tiny").model, "cpu", "fp8").reason.startswith(
+        "no Linear layer of this model can train in float8 (fc: out_features 30 not a multiple of 16)")
+
+
+def test_fp8_without_torchao_is_unsupported_naming_the_extra(cpu, monkeypatch):
+    from speechperf.models import fp8
+
+    cpu(AVX512)
+    monkeypatch.setattr(fp8, "available", lambda: "train.precision=fp8 needs torchao (...): " + fp8.EXTRA)
+    for device in ("cpu", "cuda:0"):
+        s = cap.support(device, "fp8", FP8_MODEL)
+        assert s.level == "unsupported" and s.reason.endswith("pip install 'speechperf[fp8]' (torchao)")

@@ -162,3 +162,29 @@ def test_a_run_records_its_choice_and_a_resumed_run_keeps_it(flags, timer, tiny_
     assert summary["precision_choice"] == choice
     with RunView.open(run) as r:
         assert r.config["train"]["precision"] == "fp32"
+
+
+CONFORMER = ["model.name=conformer", "model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
+             "model.subsampling_channels=4"]
+
+
+def test_fp8_is_a_candidate_only_on_a_gpu_with_fp8_tensor_cores(flags, monkeypatch):
+    cfg = tiny(*CONFORMER)
+    monkeypatch.setattr(cap, "cuda_capability", lambda device: (9, 0))  # H100
+    native, _ = ap.candidates(cfg, torch.device("cuda:0"))
+    assert native == ["fp32", "bf16", "fp16", "fp8"]
+    monkeypatch.setattr(cap, "cuda_capability", lambda device: (8, 0))  # A100
+    native, others = ap.candidates(cfg, torch.device("cuda:0"))
+    assert native == ["fp32", "bf16", "fp16"] and others["fp8"].startswith("unsupported on this GPU: no FP8 tensor")
+    flags(BF16)  # a CPU with native bf16: fp8 is emulated there, no candidate
+    native, others = ap.candidates(cfg, CPU)
+    assert native == ["fp32", "bf16"] and others["fp8"].startswith("emulated: no FP8 tensor cores on a CPU")
+
+
+def test_an_fp8_candidate_is_timed_with_its_layers_swapped():
+    from speechperf.models import fp8
+
+    cfg = tiny(*CONFORMER)
+    assert fp8.swapped(ap._kit(cfg, CPU, "fp8")[0]) == 9 and fp8.swapped(ap._kit(cfg, CPU, "bf16")[0]) == 0
+    times = ap.time_candidates(cfg, CPU, ["bf16", "fp8"], (2, 60), steps=1)
+    assert set(times) == {"bf16", "fp8"} and all(t > 0 for t in times.values())
