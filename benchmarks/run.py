@@ -43,6 +43,7 @@ SUITE = {
     "rnnt_loss": "bench_rnnt_loss",
     "precision": "bench_precision",
     "scale": "bench_scale",
+    "fp8": "bench_fp8",
 }
 
 
