@@ -9,7 +9,8 @@
 # cap beside them) -> a short conformer run (bf16, MFU) -> `bench feed` for gpu and conformer
 # and the gpu preset's step floor (`benchmarks/run.py step_floor`) -> the GPU-sensitive test
 # files -> then, only with the budget left: the gpu preset with 2 readers, the conformer's step
-# floor, the floor at twice the batch, and last the conformer floor under torch.compile (given
+# floor, the floor at twice the batch, fp8 against bf16 on fastconformer-xl (`benchmarks/run.py fp8`,
+# compiled, ~150 s: an estimate), and last the conformer floor under torch.compile (given
 # what is left: its summary row says when compilation did not finish) -> one summary table
 # (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last; the benchmarks'
 # ledger lines in $OUT/ledger.jsonl (append them to benchmarks/ledger.jsonl).
@@ -71,6 +72,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
     READERS_ARGS=(--preset tiny loader.readers=2 train.max_epochs=1 train.final_splits=none); READERS_T=120
     GRAPHS=0  # a run refuses train.cuda_graphs without a CUDA device; floor_graphs runs the padded step eagerly
+    FP8_ARGS=(--device cpu --preset fastconformer-l --layers 1 --seconds 12 --steps 1 --warmup 1); FP8_T=90
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
     DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
@@ -94,6 +96,9 @@ else
     # decode threads in each evaluation, 6 fewer processes beside the thread that launches the kernels
     READERS_ARGS=(--preset gpu loader.readers=2 train.time_cap_minutes=2 train.final_splits=none); READERS_T=170
     GRAPHS=1  # the gpu preset trained from CUDA graphs (train/graphs.py) on the demo's features
+    # fp8 against bf16 (benchmarks/bench_fp8.py): fastconformer-xl compiled, 500 s batches (both models resident);
+    # torchao travels among the wheels: bash ../shared/gpu/wheels.sh torchao==0.18.0
+    FP8_ARGS=(--seconds 500 --steps 5 --warmup 2); FP8_T=150
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -197,6 +202,8 @@ step readers_tta 30 $PY -m speechperf tta --json "$WORK/readers"
 step floor_conformer 40 "${BENCH[@]}" step_floor --data "$WORK/demo/features" "${CONF_FLOOR[@]}"
 step floor_doubled "$FLOOR_T" "${BENCH[@]}" step_floor --data "$WORK/demo/features" --preset "$FLOOR_PRESET" \
     "${FLOOR_ARGS[@]}" "${FLOOR_DOUBLED[@]}"
+# fp8 against bf16 on fastconformer-xl (goal: fp8 >= 1.3x bf16's throughput); alone: ONLY="env fp8" BUDGET=200
+step fp8 "$FP8_T" "${BENCH[@]}" fp8 "${FP8_ARGS[@]}"
 [ "$COMPILE" = 1 ] && step floor_conformer_compile "$BUDGET" "${BENCH[@]}" step_floor --data "$WORK/demo/features" \
     "${CONF_FLOOR[@]}" train.compile=true
 

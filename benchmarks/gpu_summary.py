@@ -31,7 +31,7 @@ from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
          "feed_gpu", "floor", "floor_graphs", "graphs", "graphs_tta", "feed_conformer", "feed_tiny", "tests_gpu_files",
-         "readers", "readers_tta", "floor_conformer", "floor_doubled", "floor_conformer_compile"]
+         "readers", "readers_tta", "floor_conformer", "floor_doubled", "fp8", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -120,6 +120,17 @@ def compile_figures(text: str | None) -> str:
     """The compiled floor's table, or how long compilation ran before the step's timeout cut it."""
     cut = re.search(r"exit (?:124|137) after (\d+)s", text or "")
     return f"compile did not finish in {cut.group(1)} s" if cut else floor_figures(text)
+
+
+def fp8_figures(text: str | None) -> str:
+    """benchmarks/bench_fp8.py's medians and ratio (fp8 / bf16 throughput, with its verdict or why not run)."""
+    steps = dict(re.findall(r"^\s+(bf16|fp8): median step ([\d.]+) s", text or "", re.M))
+    ratio = re.search(r"^fp8/bf16 throughput: ([\d.]+) .*; (.*)$", text or "", re.M)
+    if not ratio:
+        why = re.search(r"^fp8 does not run here: (.*)$", text or "", re.M)
+        return f"not run: {why.group(1)}" if why else "no fp8 figures"
+    return (f"bf16 {steps.get('bf16', '?')} s/step, fp8 {steps.get('fp8', '?')} s/step: fp8/bf16 throughput "
+            f"{ratio.group(1)} ({ratio.group(2)})")
 
 
 PRESET = re.compile(r"^== preset (\S+?): ", re.M)
@@ -274,6 +285,8 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = profile_figures(text)
         elif name == "floor_conformer_compile":
             figs = compile_figures(text)
+        elif name == "fp8":
+            figs = fp8_figures(text)
         elif name == "floor" or name.startswith("floor_"):
             figs = floor_figures(text)
         elif name.startswith("tests_"):

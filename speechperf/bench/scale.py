@@ -19,6 +19,7 @@ with does). One device: a world of N is the sharded loop's (not built yet), refu
 """
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -51,7 +52,9 @@ FRAME_S = 0.01  # seconds per feature frame (10 ms hop)
 FRAMES_PER_LABEL = 2  # labels CTC can align at 8x: one per two output frames
 COLUMNS = ("workload", "params_m", "nemo_params_m", "batch_s", "utterances", "padded_s", "device", "precision",
            "world", "utt_per_s", "audio_s_per_s", "step_s", "steps", "tflops", "mfu_pct", "peak_gb", "estimate_gb",
-           "estimate_ratio", "power_w", "wh_per_audio_h", "energy", "peak_source", "memory_method", "status")
+           "estimate_ratio", "power_w", "wh_per_audio_h", "energy", "peak_source", "memory_method", "status",
+           "audio_s_per_s_min", "audio_s_per_s_median", "audio_s_per_s_max")  # the timed steps' own rates
+SPREAD = {"min": min, "median": statistics.median, "max": max}  # of the timed steps' audio s/s
 
 
 @dataclass(frozen=True)
@@ -178,12 +181,14 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
         out.update(_peak(model, opt, max(data, key=lambda b: b.feats.shape[0] * b.feats.shape[1]), step, dev, est))
     timed = data[req.warmup:]
     with PowerMeter() as power:
-        t0 = time.perf_counter()
+        t0, ends = time.perf_counter(), []
         for b in timed:
             step(b)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        wall = time.perf_counter() - t0
+            if dev.type == "cuda":  # each step's end: its own rate (the spread a cost carries, studies/cost.py)
+                torch.cuda.synchronize(dev)
+            ends.append(time.perf_counter())
+        wall = ends[-1] - t0
+    rates = [b.audio_seconds / (end - start) for b, start, end in zip(timed, [t0, *ends], ends)]
     audio = sum(b.audio_seconds for b in timed)
     flops = sum(utterance_flops(cfg.model, int(n), int(u)) for b in timed for n, u in zip(b.feat_lens, b.label_lens))
     peak = training_peak(dev, precision, torch.get_num_threads())
@@ -191,6 +196,7 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
     wh = energy["energy_j"] / 3600 / (audio / 3600) if energy["energy_j"] is not None else None
     return {**out, "utt_per_s": sum(len(b.feat_lens) for b in timed) / wall, "audio_s_per_s": audio / wall,
             "step_s": wall / len(timed), "steps": len(timed), **_mfu(flops, wall, peak),
+            **{f"audio_s_per_s_{k}": f(rates) for k, f in SPREAD.items()},
             "power_w": energy["power_w"], "wh_per_audio_h": wh, "energy": energy["energy"]}
 
 

@@ -1,5 +1,6 @@
 """Commands that read run folders: ``tta``, ``eval``, ``beam-sweep``, ``check-log``, ``report``,
-``export`` and ``platforms`` (the prices they apply); each one's arguments declared right above it."""
+``export``, ``platforms`` (the prices they apply) and ``cost`` (a training run's, from a measured
+throughput); each one's arguments declared right above it."""
 from __future__ import annotations
 
 import argparse
@@ -245,6 +246,38 @@ def cmd_platforms(a) -> int:
     return 0
 
 
+def _cost_args(sp) -> None:
+    sp.add_argument("workload", help="a preset (the at-scale ones: fastconformer-l, fastconformer-xl)")
+    sp.add_argument("--hours", type=float, required=True, help="the corpus's hours of audio")
+    sp.add_argument("--epochs", type=float, default=None, help="passes over the corpus (or --steps)")
+    sp.add_argument("--steps", type=int, default=None, help="training steps of the measured batches (or --epochs)")
+    sp.add_argument("--devices", type=int, default=8, help="N: the device count priced beside 1")
+    sp.add_argument("--efficiency", type=float, default=None,
+                    help="N devices' scaling efficiency where none was measured (default 1.0, said to be an assumption)")
+    sp.add_argument("--from", dest="source", type=Path, default=None,
+                    help="a saved `bench scale --json` output or a one-device run folder, read as data (default: "
+                    "measure now with bench scale at its smallest batch)")
+    sp.add_argument("--platform", default=None, help="a platform profile (speechperf platforms) or FILE.toml")
+    sp.add_argument("--price-per-hour", type=float, default=None, help="dollars per device-hour (wins)")
+    sp.add_argument("--device", default="cpu", help="measured now: the device")
+    sp.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16", "fp8"),
+                    help="measured now: the precision (default: bench scale's)")
+    sp.add_argument("overrides", nargs="*", help="measured now: key=value overrides of the workload's preset")
+
+
+def cmd_cost(a) -> int:
+    from speechperf.studies.cost import COLUMNS, CostRequest, cost, narrow
+
+    got = cost(CostRequest(a.workload, a.hours, a.epochs, a.steps, a.devices, a.efficiency, a.source, a.platform,
+                           a.price_per_hour, a.device, a.precision, tuple(a.overrides)))
+    if a.json:
+        emit_json(got)
+        return 0
+    emit(got["rows"] if a.wide else narrow(got["rows"]), False, columns=COLUMNS if a.wide else None, width=width(a))
+    print_lines(got["assumptions"], width(a))
+    return 0
+
+
 COMMANDS = [
     Command("tta", "time-to-accuracy table (Table 4 form)", cmd_tta, _tta_args),
     Command("eval", "evaluate a run's checkpoint on a split", cmd_eval, _eval_args),
@@ -257,4 +290,6 @@ COMMANDS = [
             _export_args),
     Command("platforms", "platform profiles: what each matches, prices with their date and source", cmd_platforms,
             _platforms_args),
+    Command("cost", "what training a workload costs: device-hours, kWh and dollars at 1 and N devices, from a "
+            "measured throughput with its spread", cmd_cost, _cost_args),
 ]
