@@ -194,6 +194,8 @@ def _report_args(sp) -> None:
     sp.add_argument("--metric", choices=metric.targets(), default=metric.DEFAULT_TARGET,
                     help="the metric of explicit --targets numbers")
     _targets_args(sp)
+    sp.add_argument("--cost", action="append", default=[], type=Path,
+                    help="a `speechperf cost --json` output to draw against device count (repeatable)")
 
 
 def cmd_report(a) -> int:
@@ -201,7 +203,7 @@ def cmd_report(a) -> int:
 
     path = build_report([Path(r) for r in a.runs], Path(a.out), db_path=Path(a.db) if a.db else None,
                         price_per_hour=a.price_per_hour, platform_file=a.platform_file, targets=a.targets,
-                        metric=a.metric)
+                        metric=a.metric, costs=a.cost)
     print(path)
     return 0
 

@@ -109,11 +109,14 @@ def estimate(audio_s: float, rate: float, devices: int, efficiency: float, power
             "usd": None if usd_per_device_h is None else usd_per_device_h * device_h}
 
 
-def rows(audio_s: float, t: Throughput, devices: int, efficiency: float, usd_per_device_h: float | None) -> list[dict]:
-    """One row per device count (1 and ``devices``): the median step's figures, and the low and high
-    ends from the fastest and the slowest step's rate."""
+def rows(audio_s: float, t: Throughput, devices: int, efficiency: float, usd_per_device_h: float | None,
+         counts: list[int] | None = None) -> list[dict]:
+    """One row per device count (``counts``; default 1 and ``devices``; every count but 1 at
+    ``efficiency``): the median step's figures, and the low and high ends from the fastest and the
+    slowest step's rate."""
     out = []
-    for n, e in sorted({1: 1.0, devices: efficiency if devices > 1 else 1.0}.items()):
+    for n in sorted(set(counts or (1, devices))):
+        e = 1.0 if n == 1 else efficiency
         low, mid, high = (estimate(audio_s, r, n, e, t.power_w, usd_per_device_h) for r in (t.rates[2], t.rates[1],
                                                                                            t.rates[0]))
         row = {"devices": n, "efficiency": e, "wall_h": mid["wall_h"]}
@@ -302,9 +305,34 @@ def cost(req: CostRequest, t: Throughput | None = None) -> dict:
              f"throughput: {t.source}; audio s/s per step min {lo:.2f}, median {mid:.2f}, max {hi:.2f} "
              "(the range columns: max -> low, min -> high)" + (f"; {t.spread_note}" if t.spread_note else ""),
              scaled, priced, f"power: {t.power_note}", UNCOUNTED]
-    return {"rows": rows(audio, t, req.devices, e, usd), "assumptions": lines,
+    return {"rows": rows(audio, t, req.devices, e, usd), "assumptions": lines, "workload": req.workload,
+            "curve": rows(audio, t, req.devices, e, usd, curve_counts(req.devices)),
             "throughput": {"min": lo, "median": mid, "max": hi, "steps": t.steps, "source": t.source,
                            "power_w": t.power_w, "usd_per_device_h": usd, "audio_s": audio}}
+
+
+def curve_counts(devices: int) -> list[int]:
+    """The device counts the report's figure draws: the powers of two up to ``devices``, and it."""
+    return sorted({2 ** k for k in range(devices.bit_length()) if 2 ** k <= devices} | {devices})
+
+
+def read_cost(path: Path) -> dict:
+    """A saved ``speechperf cost --json`` output (the report's cost figure), checked as data: its
+    workload, assumptions, and rows of positive device counts and device-hours; else CostError naming it."""
+    try:
+        got = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CostError(f"{path}: not a speechperf cost --json output ({type(e).__name__}: {e})") from e
+    ok = (isinstance(got, dict) and isinstance(got.get("workload"), str) and isinstance(got.get("assumptions"), list)
+          and all(isinstance(x, str) for x in got["assumptions"]))
+    for key in ("rows", "curve"):
+        ok = ok and isinstance(got.get(key), list) and bool(got[key]) and all(
+            isinstance(r, dict) and _number(r.get("devices")) and r["devices"] >= 1 and _number(r.get("device_h"))
+            and r["device_h"] > 0 and all(r.get(k) is None or _number(r[k]) for k in COLUMNS) for r in got[key])
+    if not ok:
+        raise CostError(f"{path}: not a speechperf cost --json output (workload, assumptions, rows and curve of "
+                        "devices and device_h)")
+    return got
 
 
 def narrow(rows_: list[dict]) -> list[dict]:

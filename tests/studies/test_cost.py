@@ -138,3 +138,15 @@ def test_bad_files_are_one_line_naming_them(tmp_path, capsys):
     assert "nowhere: no such file or run folder" in capsys.readouterr().err
     assert main(["cost", "fastconformer-l", "--hours", "1", "--epochs", "1", "--from", str(tmp_path)]) == 2
     assert "neither a run folder nor a bench scale --json file" in capsys.readouterr().err
+
+
+def test_measured_now_by_bench_scale_at_its_smallest_batch():
+    small = ("model.layers=1", "model.d_model=64", "model.heads=2", "model.subsampling_channels=16")
+    got = C.cost(C.CostRequest("fastconformer-l", hours=1, epochs=1, devices=2, overrides=small))
+    t = got["throughput"]
+    assert t["source"] == "measured now by bench scale: fastconformer-l, device cpu, fp32, 30 s batches, 3 steps"
+    assert 0 < t["min"] <= t["median"] <= t["max"] and t["steps"] == 3
+    assert got["rows"][0]["device_h"] == pytest.approx(1 / t["median"], rel=1e-12)  # 3,600 s / rate / 3,600
+    assert got["assumptions"][4].startswith("no price: no price for ") and "dollars not computed" in got["assumptions"][4]
+    with pytest.raises(C.CostError, match="overrides model.layers=1 apply to a measurement made now, not to"):
+        C.cost(C.CostRequest("fastconformer-l", hours=1, epochs=1, overrides=small[:1], source=FIXTURE))

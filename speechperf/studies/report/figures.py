@@ -209,3 +209,30 @@ def time_parts(rows: list[dict], path: Path) -> tuple[Path | None, str]:
     ax.legend(fontsize=8, ncol=len(PART_COLORS), loc="upper center", bbox_to_anchor=(0.5, -0.25))
     ax.grid(alpha=0.3, axis="x")
     return save_png(fig, path), ""
+
+
+def cost_by_devices(costs: list[tuple[str, dict]], path: Path) -> tuple[Path | None, str]:
+    """A training run's cost against device count, one line per ``speechperf cost --json`` output
+    (``(name, cost)``): device-hours, dollars (where priced) and wall-clock hours, bars from the
+    fastest to the slowest measured step's rate (studies/cost.py)."""
+    if not any(c["curve"] for _, c in costs):
+        return None, "the cost files hold no device counts"
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for k, (name, c) in enumerate(costs):
+        curve = sorted(c["curve"], key=lambda r: r["devices"])
+        n = [r["devices"] for r in curve]
+        for ax, key in ((axes[0], "device_h"), (axes[1], "usd")):
+            if any(r.get(key) is None for r in curve):
+                continue
+            y = np.array([r[key] for r in curve])
+            err = [y - [r[f"{key}_low"] for r in curve], [r[f"{key}_high"] for r in curve] - y]
+            ax.errorbar(n, y, yerr=err, marker="o", capsize=3, color=f"C{k % 10}", label=f"{name}: {c['workload']}")
+        axes[2].plot(n, [r["wall_h"] for r in curve], marker="o", color=f"C{k % 10}", label=name)
+    for ax, title in zip(axes, ("device-hours", "dollars (priced files only)", "wall-clock hours")):
+        ax.set_title(title, fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("devices")
+        ax.grid(alpha=0.3)
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    return save_png(fig, path), ""

@@ -15,6 +15,7 @@ from pathlib import Path
 from speechperf.atomic import atomic_write_text
 from speechperf.errors import SpeechperfError
 from speechperf.metric import DEFAULT_TARGET
+from speechperf.studies.cost import read_cost
 from speechperf.studies.report.runs import legend, load_run
 from speechperf.studies.report.sections import Context, Figure, Note, Section, Table, ordered
 from speechperf.results import ResultsDB
@@ -35,7 +36,8 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}"
 
 
 def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price_per_hour: float | None = None,
-                 platform_file: Path | None = None, targets="paper", metric: str = DEFAULT_TARGET) -> Path:
+                 platform_file: Path | None = None, targets="paper", metric: str = DEFAULT_TARGET,
+                 costs: list[Path] = ()) -> Path:
     """Write ``out/index.html`` (+ PNG and CSV files) for ``runs``; returns its path.
 
     Each run's rows come from its own folder (runs from different machines side by side);
@@ -44,11 +46,13 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
     ``platform_file``: prices that override what the runs recorded
     (:func:`speechperf.telemetry.platforms.of_run`). ``targets``: the TTA targets, a set
     (``paper``, ``algoperf``) or numbers of ``metric`` (:func:`speechperf.scoring.targets.parse_targets`).
+    ``costs``: saved ``speechperf cost --json`` outputs, drawn against device count (read before anything is written).
     """
     if not runs:
         raise SpeechperfError("report needs at least one run folder")
     out = Path(out)
     spec = parse_targets(targets, metric)
+    cost_data = tuple((Path(c).name, read_cost(Path(c))) for c in costs)  # a malformed one refused first, named
     opened = [RunView.open(Path(r)) for r in runs]
     try:
         loaded = [load_run(r, label) for r, label in zip(opened, unique_labels(opened))]
@@ -60,7 +64,7 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
         db = shared or opened[0].rows.db
         try:
             out.mkdir(parents=True, exist_ok=True)
-            ctx = Context(loaded, out, db, spec)
+            ctx = Context(loaded, out, db, spec, cost_data)
             sections = [builder(ctx) for _, builder in ordered()]
         finally:
             if shared is not None:

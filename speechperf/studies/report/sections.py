@@ -52,6 +52,7 @@ class Context:
     out: Path  # report folder (PNG and CSV files go here)
     db: ResultsDB  # the results database of the runs (bench and parallel tables too)
     targets: Targets = Targets()  # the TTA targets (a named set or numbers: scoring/targets.py)
+    costs: tuple = ()  # (file name, its `speechperf cost --json` output) per report --cost FILE (studies/cost.py)
 
 
 Builder = Callable[[Context], Section]
@@ -108,3 +109,19 @@ def parallel_section(ctx: Context) -> Section:
                     "no workload among these runs has a run of a parallel algorithm beside its one-process runs "
                     "(speechperf parallel sweep, or train under torchrun with algo.name=...)")]
     return Section(title, blocks)
+
+
+@register_section("cost", 320)
+def cost_section(ctx: Context) -> Section:
+    from speechperf.studies.report.figures import cost_by_devices
+
+    title = "Cost of a training run against device count (speechperf cost)"
+    if not ctx.costs:
+        why = "no cost data: give report --cost COST.json (a `speechperf cost ... --json` output)"
+        return Section(title, [Figure("cost.png", None, why), Table("cost.csv", [], why)])
+    path, why = cost_by_devices(ctx.costs, ctx.out / "cost.png")
+    table = [{"file": name, "workload": c["workload"], **r} for name, c in ctx.costs for r in c["rows"]]
+    notes = [Note(f"{name}: {line}") for name, c in ctx.costs for line in c["assumptions"]]
+    return Section(title, [Figure("cost.png", path, why, caption="device-hours, dollars and wall hours against "
+                                  "device count; bars: the fastest to the slowest measured step"),
+                           Table("cost.csv", table, "no rows"), *notes])

@@ -7,6 +7,7 @@ show reads the wrong rows (a renamed metric, a renamed column): the report must 
 "not measured" beside data the run holds.
 """
 import csv
+import json
 import re
 
 import pytest
@@ -87,8 +88,19 @@ def full_page(tmp_path_factory):
     root = tmp_path_factory.mktemp("full")
     runs = [_training_run(root, f"seed{s}", s) for s in (1, 2)]  # two seeds: the repeated-runs table has a group
     _bench_and_parallel_rows(runs[0])
-    index = build_report(runs, root / "report")
+    index = build_report(runs, root / "report", costs=[_cost_file(root)])
     return index
+
+
+def _cost_file(root):
+    """A `speechperf cost --json` output (a training's cost at 1..8 devices, priced, with power)."""
+    from speechperf.studies import cost
+
+    t = cost.Throughput((40.0, 50.0, 80.0), 3, 300.0, "hand", power_w=300.0, power_note="300 W measured")
+    got = cost.cost(cost.CostRequest("fastconformer-l", hours=100, epochs=1, devices=8, price_per_hour=2.0), t)
+    path = root / "cost.json"
+    path.write_text(json.dumps(got))
+    return path
 
 
 def test_no_section_says_not_measured_beside_data_the_runs_hold(full_page):
