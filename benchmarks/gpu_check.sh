@@ -96,7 +96,7 @@ else
     # decode threads in each evaluation, 6 fewer processes beside the thread that launches the kernels
     READERS_ARGS=(--preset gpu loader.readers=2 train.time_cap_minutes=2 train.final_splits=none); READERS_T=170
     GRAPHS=1  # the gpu preset trained from CUDA graphs (train/graphs.py) on the demo's features
-    # fp8 against bf16 (benchmarks/bench_fp8.py): fastconformer-xl compiled, 500 s batches (both models resident);
+    # fp8 against bf16 (benchmarks/run.py fp8): fastconformer-xl compiled, 500 s batches (both models resident);
     # torchao travels among the wheels: bash ../shared/gpu/wheels.sh torchao==0.18.0
     FP8_ARGS=(--seconds 500 --steps 5 --warmup 2); FP8_T=150
 fi

@@ -123,7 +123,7 @@ def compile_figures(text: str | None) -> str:
 
 
 def fp8_figures(text: str | None) -> str:
-    """benchmarks/bench_fp8.py's medians and ratio (fp8 / bf16 throughput, with its verdict or why not run)."""
+    """benchmarks/run.py fp8's medians and ratio (fp8 / bf16 throughput, with its verdict or why not run)."""
     steps = dict(re.findall(r"^\s+(bf16|fp8): median step ([\d.]+) s", text or "", re.M))
     ratio = re.search(r"^fp8/bf16 throughput: ([\d.]+) .*; (.*)$", text or "", re.M)
     if not ratio:

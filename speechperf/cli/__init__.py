@@ -25,7 +25,8 @@ _MODULES = (data_commands, train_commands, result_commands, bench_commands)
 COMMANDS = [c for m in _MODULES for c in m.COMMANDS]
 GROUPS = {name: text for m in _MODULES for name, text in getattr(m, "GROUPS", {}).items()}
 # the order --help lists the top level's commands (and groups) in
-ORDER = ("corpus", "prepare", "train", "tta", "eval", "beam-sweep", "lm", "check-log", "report", "export", "platforms", "cost", "bench",
+ORDER = ("corpus", "prepare", "train", "tta", "eval", "beam-sweep", "lm", "check-log", "report", "export", "platforms",
+         "cost", "bench",
          "parallel", "reproduce", "demo")
 
 
@@ -36,7 +37,8 @@ ABOUT = ("speechperf measures how fast a machine trains a speech recognition mod
 # --help's listing of the top level's commands, by what a user is doing (every ORDER name once)
 SECTIONS = (("start here", ("demo",)), ("data", ("corpus", "prepare", "lm")),
             ("training", ("train", "parallel", "reproduce")),
-            ("results", ("tta", "eval", "beam-sweep", "check-log", "report", "export", "platforms", "cost")), ("hardware", ("bench",)))
+            ("results", ("tta", "eval", "beam-sweep", "check-log", "report", "export", "platforms", "cost")),
+            ("hardware", ("bench",)))
 
 
 def version() -> str:

@@ -255,7 +255,8 @@ def _cost_args(sp) -> None:
     sp.add_argument("--steps", type=int, default=None, help="training steps of the measured batches (or --epochs)")
     sp.add_argument("--devices", type=int, default=8, help="N: the device count priced beside 1")
     sp.add_argument("--efficiency", type=float, default=None,
-                    help="N devices' scaling efficiency where none was measured (default 1.0, said to be an assumption)")
+                    help="N devices' scaling efficiency where none was measured (default 1.0, said to be an "
+                    "assumption)")
     sp.add_argument("--from", dest="source", type=Path, default=None,
                     help="a saved `bench scale --json` output or a one-device run folder, read as data (default: "
                     "measure now with bench scale at its smallest batch)")

@@ -45,10 +45,10 @@ KNOWN = ("fp32", "tf32", "bf16", "fp16", "fp8")
 FP8_CC = (8, 9)  # the first CUDA compute capability with FP8 tensor cores (Ada; Hopper is 9.0)
 # What an emulated bf16 costs, measured (the module's docstring): said where one is refused
 EMULATED_SLOWDOWN = "measured: a DS2 step 27x slower in bf16 than in fp32 on an AVX2 CPU (an AMD EPYC, 2 threads)"
-# ... and an emulated fp8 (benchmarks/bench_fp8.py, docs/bench.md): said where one is refused
+# ... and an emulated fp8 (benchmarks/run.py fp8, docs/bench.md): said where one is refused
 EMULATED_COST = {"bf16": EMULATED_SLOWDOWN, "fp16": EMULATED_SLOWDOWN,
                  "fp8": "measured: an at-scale FastConformer step 2.3x slower in emulated fp8 than in bf16 on a 2-core "
-                        "AMX Xeon (benchmarks/bench_fp8.py, docs/bench.md)"}
+                        "AMX Xeon (benchmarks/run.py fp8, docs/bench.md)"}
 
 
 @dataclass(frozen=True)

@@ -189,3 +189,18 @@ def test_the_autocast_probe_joins_the_head():
 def test_a_run_s_decodes_read_as_threads_rate_and_core_share():
     assert gs.decode_figures({"threads": 8, "frames per thread-s": 12345.6, "core share %": 41.26}) == \
         "decode 8 threads, 12,346 frames/s per thread-second, 41.3 % of a core each"
+
+
+def test_the_fp8_row_reads_the_benchmarks_medians_and_ratio():
+    text = ("fastconformer-l: fastconformer d_model 512 x 2 layers, batch 10 x 600 frames, cpu, torch 2.13.0+cpu, 2 "
+            "threads, compile False; fp8: emulated (...)\n"
+            "  bf16: median step 10.453 s (min 9.015, max 12.420), 0.96 utterances/s\n"
+            "  fp8: median step 23.580 s (min 19.341, max 47.103), 0.42 utterances/s\n"
+            "fp8/bf16 throughput: 0.443 (17 of 18 Linear layers in float8, the others in bf16 (head: out_features 1025 "
+            "not a multiple of 16)); emulated: what torchao's emulation costs here, not a measure of fp8\n"
+            "exit 0 after 301s (timeout 90s)\n")
+    assert gs.fp8_figures(text) == ("bf16 10.453 s/step, fp8 23.580 s/step: fp8/bf16 throughput 0.443 (emulated: what "
+                                    "torchao's emulation costs here, not a measure of fp8)")
+    assert gs.fp8_figures("fp8 does not run here: unsupported on this GPU: no FP8 tensor cores\nexit 0") == (
+        "not run: unsupported on this GPU: no FP8 tensor cores")
+    assert gs.fp8_figures(None) == "no fp8 figures"

@@ -141,8 +141,9 @@ def test_fp8_on_a_cpu_is_emulated_and_unsupported_where_its_bf16_or_its_layers_a
     assert cap.support("cpu", "fp8", lstm).note == ("unsupported on this CPU: its bf16 autocast does not run: torch's "
                                                     "oneDNN LSTM has no bf16 kernel without AVX-512 (this CPU: AVX2)")
     s = cap.support("cpu", "fp8", torch.nn.Linear(32, 30))
-    assert s.level == "unsupported" and s.reason == ("no Linear layer of this model can train in float8 (the "
-                                                     "model: out_features 30 not a multiple of 16): it would train in bf16")
+    assert s.level == "unsupported" and s.reason == (
+        "no Linear layer of this model can train in float8 (the model: out_features 30 not a multiple of 16): it would "
+        "train in bf16")
     assert cap.model_support(load_preset("tiny").model, "cpu", "fp8").reason.startswith(
         "no Linear layer of this model can train in float8 (fc: out_features 30 not a multiple of 16)")
 
