@@ -38,6 +38,7 @@ from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model, describe, encdec, fp8, rnnt
 from speechperf.models.fastconformer import forward_flops, nemo_parameter_count, training_flops
 from speechperf.telemetry import memory
+from speechperf.telemetry.capability import model_support
 from speechperf.telemetry.measured_peak import training_peak
 from speechperf.telemetry.mfu import achieved
 from speechperf.telemetry.power import PowerMeter
@@ -130,6 +131,10 @@ def _config(req: Request, workload: str, batch_s: float | None, dev: torch.devic
         raise SpeechperfError(f"bench scale: preset {workload!r} trains model {cfg.model.name!r}; its rows are the "
                               f"at-scale workloads' ({', '.join(memory.RULES)})")
     precision = req.precision or ("fp32" if dev.type == "cpu" else cfg.train.precision)
+    if precision == "fp8":  # torchao's float8 Linear layers: refused where they cannot run (exit 2)
+        can = model_support(cfg.model, dev, precision)
+        if not can.runs:
+            raise SpeechperfError(f"bench scale --precision fp8: {workload}: {can.note}")
     return cfg, precision
 
 
@@ -247,4 +252,6 @@ def notes(rows: list[dict]) -> list[str]:
     lines += sorted({f"MFU peak: {r['peak_source']}" for r in rows if r.get("peak_source")})
     lines += sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
     lines += [f"{r['workload']} {r['batch_s']:g} s: {r['status']}" for r in rows if r["status"] != "ok"]
+    lines += sorted({f"{r['workload']}: fp8 on {r['device']} is torchao's emulation: its rates are not fp8's" for r in rows
+                     if r["precision"] == "fp8" and not str(r["device"]).startswith("cuda")})
     return lines

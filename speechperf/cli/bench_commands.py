@@ -157,8 +157,8 @@ def _bench_scale_args(sp) -> None:
     sp.add_argument("--steps", type=int, default=3, help="timed training steps per row")
     sp.add_argument("--warmup", type=int, default=1, help="untimed training steps first")
     sp.add_argument("--device", default="cpu")
-    sp.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16"),
-                    help="default: fp32 on a CPU, the preset's on a GPU")
+    sp.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16", "fp8"),
+                    help="default: fp32 on a CPU, the preset's on a GPU (fp8: torchao's float8, emulated on a CPU)")
     sp.add_argument("--world", type=int, default=1, help="devices (1 until the sharded training loop)")
     sp.add_argument("--memory-limit-gb", type=float, default=None,
                     help="rows whose estimated peak exceeds this are not run (default: the device's free memory)")
