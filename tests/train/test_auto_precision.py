@@ -68,7 +68,9 @@ def test_auto_picks_the_faster_measured_one_and_the_cache_is_reused(flags, timer
     timer(fp32=0.4, bf16=0.25)
     first = ap.choose(tiny(), CPU, cache=tmp_path)
     assert first["chosen"] == "bf16" and first["candidates"] == {"fp32": 0.4, "bf16": 0.25} and not first["cached"]
-    assert timer.calls == [["fp32", "bf16"]] and first["not_native"] == {"fp16": "its loss scaler is CUDA's"}
+    assert timer.calls == [["fp32", "bf16"]] and first["not_native"] == {
+        "fp16": "its loss scaler is CUDA's", "fp8": "unsupported on this CPU: no Linear layer of this model can train in "
+        "float8 (fc: out_features 30 not a multiple of 16): it would train in bf16"}
     timer(fp32=0.1, bf16=9.0)  # a second measurement would pick fp32
     again = ap.choose(tiny(), CPU, cache=tmp_path)
     assert (again["chosen"], again["cached"], again["candidates"]) == ("bf16", True, first["candidates"])
