@@ -190,3 +190,15 @@ def test_an_fp8_candidate_is_timed_with_its_layers_swapped():
     assert fp8.swapped(ap._kit(cfg, CPU, "fp8")[0]) == 9 and fp8.swapped(ap._kit(cfg, CPU, "bf16")[0]) == 0
     times = ap.time_candidates(cfg, CPU, ["bf16", "fp8"], (2, 60), steps=1)
     assert set(times) == {"bf16", "fp8"} and all(t > 0 for t in times.values())
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(cap, "cuda_capability", lambda device: (8, 0))  # A100
+    with pytest.raises(ConfigError) as e:
+        check_precision(tiny(*CONFORMER, "train.precision=fp8"), torch.device("cuda:0"))
+    assert str(e.value) == ("train.precision=fp8 cannot train model conformer here: unsupported on this GPU: no FP8 "
+                            "tensor cores on this GPU (compute capability 8.0; 8.9 or newer has them); use "
+                            "train.precision=fp32")
+    monkeypatch.setattr(cap, "cuda_capability", lambda device: (9, 0))  # H100: native, its swap in the run's note
+    assert check_precision(tiny(*CONFORMER, "train.precision=fp8"), torch.device("cuda:0")).startswith(
+        "9 of 10 Linear layers in float8")
