@@ -29,6 +29,23 @@ def test_bench_scale_measures_a_tiny_workload_end_to_end(known_peak, capsys):
     # at 1 block of width 32 what no rule counts weighs more than at scale (tests/telemetry/test_memory.py: 15%)
     assert 0.75 < row["estimate_ratio"] < 1.25 and row["peak_gb"] > 0
     assert row["power_w"] is None or row["wh_per_audio_h"] > 0
+    # the one timed step's own rate: its audio over its seconds, so min = median = max = the row's rate
+    assert row["audio_s_per_s_min"] == row["audio_s_per_s_median"] == row["audio_s_per_s_max"]
+    assert row["audio_s_per_s_median"] == pytest.approx(row["audio_s_per_s"], rel=1e-9)
+
+
+def test_fp8_rows_say_emulation_and_a_gpu_without_it_is_refused(known_peak, monkeypatch):
+    from speechperf.telemetry import capability
+
+    (row,) = scale.run_scale(scale.Request(("fastconformer-l",), (40,), steps=2, warmup=0, precision="fp8",
+                                           measure_memory=False, overrides=tuple(TINY)), progress=False)
+    assert row["status"] == "ok" and row["precision"] == "fp8"
+    assert row["audio_s_per_s_min"] <= row["audio_s_per_s_median"] <= row["audio_s_per_s_max"]
+    assert "fastconformer-l: fp8 on cpu is torchao's emulation: its rates are not fp8's" in scale.notes([row])
+    monkeypatch.setattr(capability, "cuda_capability", lambda device: (8, 0))
+    with pytest.raises(scale.SpeechperfError, match="bench scale --precision fp8: fastconformer-l: unsupported on this "
+                                                    "GPU: no FP8 tensor cores"):
+        scale._config(scale.Request(precision="fp8"), "fastconformer-l", None, scale.torch.device("cuda:0"))
 
 
 def test_batches_are_the_planners_cut_by_seconds_of_audio():
