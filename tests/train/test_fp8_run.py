@@ -1,7 +1,8 @@
 """``train.precision=fp8`` through the real loop on the CPU (torchao's emulation): refused in one line
 before a run folder exists unless ``--allow-emulated`` and for a model with no layer fp8 can swap; a run
 killed after a mid-epoch checkpoint resumes bit for bit, and its checkpoint is data only (no torchao
-object pickled), the plain model's keys."""
+object pickled), the plain model's keys; sharded (fsdp) on 2 gloo ranks under torchrun it trains and
+saves the same data-only checkpoint."""
 import json
 import signal
 import zipfile
@@ -10,7 +11,7 @@ import torch
 
 from speechperf.cli import main
 from speechperf.results.checkpoint import load as load_checkpoint
-from tests.conftest import cli, cli_start
+from tests.conftest import cli, cli_start, torchrun, torchrun_args
 from tests.train.test_resume_mid_epoch import CONFORMER, _kill_after_a_mid_epoch_checkpoint, _rows
 
 FP8 = ["train.precision=fp8"]
@@ -62,3 +63,14 @@ def test_an_fp8_run_resumes_bit_exactly_and_its_checkpoint_is_data_only(tiny_fea
     note = json.loads((ref / "env.json").read_text())["precision_note"]
     assert note.startswith("emulated: no FP8 tensor cores on a CPU") and note.endswith(
         "9 of 10 Linear layers in float8, the others in bf16 (head: out_features 30 not a multiple of 16)")
+
+
+def test_fp8_sharded_on_two_ranks_trains_and_saves_a_plain_checkpoint(tiny_features, tmp_path):
+    run = tmp_path / "run"
+    p = torchrun(*torchrun_args(*_args(tiny_features, run, "algo.name=fsdp", "max_epochs=1", "--allow-emulated")))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)[0]["status"] == "success"
+    ckpt = load_checkpoint(run)
+    assert b"torchao" not in _globals(run / "checkpoint.pt") and ckpt["config"]["algo"]["name"] == "fsdp"
+    assert all(type(v) is torch.Tensor for v in ckpt["model"].values())  # noqa: E721 (whole, unsharded)
+    assert ckpt["model"]["blocks.0.ff1.net.1.weight"].shape == (64, 16)
