@@ -137,7 +137,6 @@ class GraphedModel(nn.Module):
         self.prepared = False  # prepare() ran: the clock may be running, no capture after it
         self.eager_steps = 0  # steps of a shape not captured before the clock, run eagerly (with capture only)
         self.capture_s = 0.0  # seconds of every capture so far
-        self.planned: set[tuple[int, int]] = set()  # the (utterances, frames) shapes the run's epochs plan
 
     def shape(self, batch: int, frames: int) -> tuple[int, int]:
         """The grid shape a (utterances, frames) batch is padded to."""

@@ -92,8 +92,9 @@ class Recorder:
     def summary(self, status: str) -> dict:
         return _summary(self.run_id, self.out, status, self.prog, self.now())
 
-    def finish(self, status: str) -> dict:
-        """The run ended with ``status``: its summary row."""
+    def finish(self, status: str, graphs: dict | None = None) -> dict:  # noqa: ARG002 (rank 0 records them)
+        """The run ended with ``status``: its summary row. ``graphs``: train.cuda_graphs' figures
+        (train/graphs.py ``graph_figures``; None: the steps ran without CUDA graphs)."""
         return self.summary(status)
 
     def fail(self, e: BaseException, meter=None) -> BaseException:
@@ -135,7 +136,6 @@ class RunRecorder(Recorder):
         self.ckpt_writer = run.checkpoint_writer()  # writes each checkpoint beside training (results/checkpoint_writer.py)
         self.resumed_at: int | None = None  # the iteration of the checkpoint a resumed run continues from
         self.floor: dict | None = None  # the step against its floor (train/floor.py), measured after training
-        self.graphs: dict | None = None  # train.cuda_graphs: shapes captured, seconds, steps run eagerly (train/graphs.py)
 
     @classmethod
     def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
@@ -160,7 +160,7 @@ class RunRecorder(Recorder):
         else:
             self.events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
             self.events.start(C.RUN_START)
-        self.machine.start(self.now)
+        self.machine.start(self.clock)
 
     def count_flops(self, cfg, device) -> dict:
         """The FLOP model and the device's peak, for MFU (initialization, outside the clock);
@@ -255,7 +255,7 @@ class RunRecorder(Recorder):
         self._written(self.ckpt_writer.wait())
         self.events.end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
 
-    def finish(self, status: str) -> dict:
+    def finish(self, status: str, graphs: dict | None = None) -> dict:
         self.ckpt_writer.wait()  # written by stopped(); a finished run has its last checkpoint on disk
         self.machine.stop()
         summary = self.summary(status)
@@ -265,7 +265,7 @@ class RunRecorder(Recorder):
         summary["floor"] = self.floor  # the step against its floor, where the run measured it (train/floor.py)
         summary["shared"] = contention.shared(self.run.rows.samples(), self.run.env.get("torch_threads"),  # others took
                                               self.run.env.get("cpu_cores_logical"))  # its cores (telemetry/contention.py)
-        summary["cuda_graphs"] = self.graphs  # None: the steps ran without CUDA graphs
+        summary["cuda_graphs"] = graphs  # shapes captured, seconds, steps run eagerly; None: no CUDA graphs
         summary.update(self.flops.summary(self.run.rows.iterations()))  # TFLOPS and MFU over every training step
         summary["convergence"] = self.check(self.run, status) if self.check is not None else None  # the preset's RCPs
         self.run.rows.set_status(status)
