@@ -16,7 +16,10 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
+from importlib.metadata import PackageNotFoundError, version as installed
 
+from speechperf import __version__
 from speechperf.cli import bench_commands, data_commands, result_commands, train_commands
 from speechperf.cli.parsing import add_command
 from speechperf.errors import SpeechperfError
@@ -25,8 +28,8 @@ _MODULES = (data_commands, train_commands, result_commands, bench_commands)
 COMMANDS = [c for m in _MODULES for c in m.COMMANDS]
 GROUPS = {name: text for m in _MODULES for name, text in getattr(m, "GROUPS", {}).items()}
 # the order --help lists the top level's commands (and groups) in
-ORDER = ("corpus", "prepare", "train", "tta", "eval", "beam-sweep", "lm", "check-log", "report", "export", "platforms", "bench",
-         "parallel", "reproduce", "demo")
+ORDER = ("corpus", "prepare", "train", "tta", "eval", "beam-sweep", "lm", "check-log", "report", "export", "platforms",
+         "bench", "parallel", "reproduce", "demo")
 
 
 # what --help says first, to someone who has not used speechperf
@@ -36,25 +39,20 @@ ABOUT = ("speechperf measures how fast a machine trains a speech recognition mod
 # --help's listing of the top level's commands, by what a user is doing (every ORDER name once)
 SECTIONS = (("start here", ("demo",)), ("data", ("corpus", "prepare", "lm")),
             ("training", ("train", "parallel", "reproduce")),
-            ("results", ("tta", "eval", "beam-sweep", "check-log", "report", "export", "platforms")), ("hardware", ("bench",)))
+            ("results", ("tta", "eval", "beam-sweep", "check-log", "report", "export", "platforms")),
+            ("hardware", ("bench",)))
 
 
 def version() -> str:
     """The installed package's version; this source tree's where it is not installed."""
-    from importlib.metadata import PackageNotFoundError, version as installed
-
     try:
         return installed("speechperf")
     except PackageNotFoundError:
-        from speechperf import __version__
-
         return __version__
 
 
 def description(width: int = 100) -> str:
     """--help's text: :data:`ABOUT`, then each section's commands with their one-line help."""
-    import textwrap
-
     helps = {c.name: c.help for c in COMMANDS if c.group is None} | GROUPS
     lines = textwrap.wrap(ABOUT, width)
     for title, names in SECTIONS:

@@ -10,18 +10,16 @@ validation and test split. As in MLPerf, the TTA clock starts after initializati
 compiled, one warm-up step; see train/warmup.py), whose seconds are reported beside the
 TTA; it only runs while this process runs, so a resumed run does not count the time it was
 down. The run opened (configuration, process group, the folder's admission and lock, the Run,
-the recorder): train/opening.py; what a process trains with: train/trainer.py; what happened: the recorder (train/recorder.py) into the run folder
-(results/run.py); the checkpoint: results/checkpoint.py. SIGINT and SIGTERM stop the run at the
-next read point, saved and recorded (train/stop.py); the learning rate: train/schedule.py.
+the recorder): train/opening.py; what a process trains with: train/trainer.py; what happened:
+the recorder (train/recorder.py) into the run folder (results/run.py); the checkpoint:
+results/checkpoint.py. SIGINT and SIGTERM stop the run at the next read point, saved and
+recorded (train/stop.py); the learning rate: train/schedule.py.
 
 Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the algorithm of ``algo.name``
 (speechperf/algorithms) trains: ``sync`` (the default) wraps the model in DDP; bsp, bmuf,
-diloco, asgd and easgd let every rank train its own model and combine them after steps
-(asgd, easgd: through a parameter server) and before evaluations, and put every rank's state
-into the checkpoints; their hooks are one line each below (``algo.``).
-train/distributed.py picks each process's device (``cuda:LOCAL_RANK``) and backend (gloo on CPU,
-gloo+NCCL on GPU) and refuses a launch that does not fit the GPUs before any work; rank 0 alone
-writes files, evaluates and decides to stop.
+diloco, asgd and easgd let every rank train its own model and combine them after steps and
+before evaluations; their hooks are one line each below (``algo.``). Each process's device and
+backend: train/distributed.py; rank 0 alone writes files, evaluates and decides to stop.
 
 Host synchronization: a step leaves its loss and skip flag on the device (train/step.py), read
 together every ``train.sync_every`` steps and where needed (sentences, checkpoints, epoch end),
@@ -103,8 +101,9 @@ def _epochs(t: Trainer) -> str:
     why training stopped (success, time_cap, max_epochs). A signal stops it at a read point."""
     tc, prog = t.cfg.train, t.prog
     t.model.train()
-    # newbob's stopping rule ends training as the last epoch would (train/schedule.py)
-    last_epoch = min(tc.max_epochs, tc.stop_after_epochs or tc.max_epochs)  # stop_after_epochs: the schedule stays max_epochs
+    # newbob's stopping rule ends training as the last epoch would (train/schedule.py); stop_after_epochs
+    # stops it earlier, the schedule staying max_epochs
+    last_epoch = min(tc.max_epochs, tc.stop_after_epochs or tc.max_epochs)
     try:
         while prog.status is None and prog.epoch <= last_epoch and not schedule_ended(tc, prog.eval_losses):
             if _train_epoch(t):

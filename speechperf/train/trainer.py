@@ -203,7 +203,8 @@ def _model(cfg: RunConfig, batching: Batching, device, algo: Algorithm, ckpt: di
     local, planned = compiled(core) if tc.compile else core, None
     if tc.cuda_graphs:
         if device.type != "cuda" or batching.world > 1:
-            raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {batching.world} process(es) on {device}")
+            raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {batching.world} process(es) "
+                              f"on {device}")
         local = graphed(core, tc, device)
         planned = planned_shapes(local, index, batching, tc.max_epochs)
         check_memory(local, planned, FEATURE_DIM, torch.cuda.mem_get_info(device)[0])  # before the run exists
