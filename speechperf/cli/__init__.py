@@ -16,7 +16,10 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
+from importlib.metadata import PackageNotFoundError, version as installed
 
+from speechperf import __version__
 from speechperf.cli import bench_commands, data_commands, result_commands, train_commands
 from speechperf.cli.parsing import add_command
 from speechperf.errors import SpeechperfError
@@ -43,20 +46,14 @@ SECTIONS = (("start here", ("demo",)), ("data", ("corpus", "prepare", "lm")),
 
 def version() -> str:
     """The installed package's version; this source tree's where it is not installed."""
-    from importlib.metadata import PackageNotFoundError, version as installed
-
     try:
         return installed("speechperf")
     except PackageNotFoundError:
-        from speechperf import __version__
-
         return __version__
 
 
 def description(width: int = 100) -> str:
     """--help's text: :data:`ABOUT`, then each section's commands with their one-line help."""
-    import textwrap
-
     helps = {c.name: c.help for c in COMMANDS if c.group is None} | GROUPS
     lines = textwrap.wrap(ABOUT, width)
     for title, names in SECTIONS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from speechperf.bench.outcome import check_measured
 from speechperf.cli.parsing import WIDTH, Command, Registry, csv_list, named, preset
 from speechperf.tables import emit, pick, print_lines
 
@@ -12,7 +13,8 @@ from speechperf.tables import emit, pick, print_lines
 OPS_NARROW = {"dtype": "dtype", "threads": "thr", "op": "op", "shape": "shape", "ms_median": "ms", "tflops": "TFLOPS",
               "pct_peak": "% peak", "pct_measured_peak": "% best", "power_w": "W", "status": "status"}
 ZOO_NARROW = {"model": "model", "batch": "batch", "precision": "prec", "device": "device", "samples_per_s": "samples/s",
-              "mfu_pct": "MFU %", "step_s": "step s", "power_w": "W", "joules_per_sample": "J/sample", "status": "status"}
+              "mfu_pct": "MFU %", "step_s": "step s", "power_w": "W", "joules_per_sample": "J/sample",
+              "status": "status"}
 FEED_NARROW = {"preset": "preset", "batch": "batch", "mean utt s": "mean utt s", "appetite audio s/s": "appetite s/s",
                "supply audio s/s per reader": "supply s/s/reader", "readers per GPU": "readers/GPU",
                "host cores": "cores", "GPUs this host feeds": "GPUs fed"}
@@ -33,13 +35,13 @@ def _table(a, rows: list[dict], columns, narrow: dict[str, str], lines: list[str
 
 
 def _zoo_models():
-    from speechperf.bench.zoo import ZOO
+    from speechperf.bench.zoo import ZOO  # torch: read when --help shows the names
 
     return ZOO
 
 
 def _dtypes():
-    from speechperf.bench.ops import DTYPES
+    from speechperf.bench.ops import DTYPES  # torch: read when --help shows them
 
     return DTYPES
 
@@ -83,8 +85,7 @@ def _bench_ops_args(sp) -> None:
 
 
 def cmd_bench_ops(a) -> int:
-    from speechperf.bench.ops import COLUMNS, notes, run_ops
-    from speechperf.bench.outcome import check_measured
+    from speechperf.bench.ops import COLUMNS, notes, run_ops  # torch: this command's only
 
     rows = run_ops(device=a.device, dtypes=a.dtype, threads=a.threads, iters=a.iters, db_path=a.db, quick=a.quick,
                    seconds=a.seconds, csv_path=a.csv, warmup_seconds=a.warmup_seconds, repeats=a.repeats,
@@ -110,8 +111,7 @@ def _bench_zoo_args(sp) -> None:
 
 
 def cmd_bench_zoo(a) -> int:
-    from speechperf.bench.outcome import check_measured
-    from speechperf.bench.zoo import COLUMNS, notes, run_zoo
+    from speechperf.bench.zoo import COLUMNS, notes, run_zoo  # torch: this command's only
 
     rows = run_zoo(models=a.models, batches=a.batch, precisions=a.precision, device=a.device, iters=a.iters,
                    db_path=a.db, csv_path=a.csv, warmup=a.warmup, seconds=a.seconds, warmup_seconds=a.warmup_seconds,
@@ -139,7 +139,7 @@ def _bench_feed_args(sp) -> None:
 
 
 def cmd_bench_feed(a) -> int:
-    from speechperf.bench.feed import COLUMNS, notes, run_feed
+    from speechperf.bench.feed import COLUMNS, notes, run_feed  # torch: this command's only
 
     row = run_feed(a.preset, a.overrides, data=Path(a.data) if a.data else None, device=a.device, profile=a.profile,
                    readers=a.readers, windows=a.windows, steps=a.steps, warmup=a.warmup,
@@ -167,8 +167,7 @@ def _bench_scale_args(sp) -> None:
 
 
 def cmd_bench_scale(a) -> int:
-    from speechperf.bench.outcome import check_measured
-    from speechperf.bench.scale import COLUMNS, WORKLOADS, Request, notes, run_scale
+    from speechperf.bench.scale import COLUMNS, WORKLOADS, Request, notes, run_scale  # torch: this command's only
 
     req = Request(tuple(a.workloads or WORKLOADS), tuple(a.batch_seconds) if a.batch_seconds else None, a.steps,
                   a.warmup, a.device, a.precision, a.world, a.memory_limit_gb, not a.no_memory, tuple(a.overrides))

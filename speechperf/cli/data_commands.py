@@ -6,6 +6,10 @@ import argparse
 from pathlib import Path
 
 from speechperf.cli.parsing import Command, csv_list, width
+from speechperf.corpus import synth  # synth.synthesize looked up when called
+from speechperf.corpus.librispeech import check_corpus
+from speechperf.features.feature_config import FeatureConfig
+from speechperf.features.prepare import prepare
 from speechperf.tables import emit
 
 
@@ -16,9 +20,7 @@ def _corpus_synth_args(sp) -> None:
 
 
 def cmd_corpus_synth(a) -> int:
-    from speechperf.corpus.synth import synthesize
-
-    summary = synthesize(Path(a.out), hours=a.hours, seed=a.seed, progress=not a.json)
+    summary = synth.synthesize(Path(a.out), hours=a.hours, seed=a.seed, progress=not a.json)
     emit(summary["splits"], a.json, width=width(a))
     return 0
 
@@ -29,8 +31,6 @@ def _corpus_check_args(sp) -> None:
 
 
 def cmd_corpus_check(a) -> int:
-    from speechperf.corpus.librispeech import check_corpus
-
     rows = check_corpus(Path(a.corpus), splits=a.splits)
     emit(rows, a.json, width=width(a))
     return 0
@@ -49,7 +49,7 @@ def _corpus_fetch_args(sp) -> None:
 
 
 def cmd_corpus_fetch(a) -> int:
-    from speechperf.corpus.fetch import fetch_corpus
+    from speechperf.corpus.fetch import fetch_corpus  # ssl, http, tarfile: the download command's only
 
     rows = fetch_corpus(a.corpus, Path(a.out), parts=a.parts, mirror=a.mirror, keep_archives=a.keep_archives,
                         timeout=a.timeout, progress=not a.json)
@@ -90,9 +90,7 @@ def _prepare_args(sp) -> None:
 
 
 def cmd_prepare(a) -> int:
-    from speechperf.data.units import parse_spec, prepare_units
-    from speechperf.features.feature_config import FeatureConfig
-    from speechperf.features.prepare import prepare
+    from speechperf.data.units import parse_spec, prepare_units  # torch and sentencepiece: this command's only
 
     for spec in a.units:
         parse_spec(spec, "--units")  # a bad spec is refused before any work
@@ -109,7 +107,7 @@ def _lm_build_args(sp) -> None:
 
 
 def cmd_lm_build(a) -> int:
-    from speechperf.decode.lm import build_lm_for_features
+    from speechperf.decode.lm import build_lm_for_features  # torch: this command's only
 
     emit([build_lm_for_features(Path(a.features), split=a.split)], a.json, width=width(a))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import textwrap
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,7 +51,7 @@ def named(action: argparse.Action, **registries: Registry) -> argparse.Action:
 
 
 def _presets():
-    from speechperf.config import preset_names
+    from speechperf.config import preset_names  # torch (config resolves models): read when --help shows them
 
     return preset_names()
 
@@ -87,8 +88,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _split_lines(self, text, width):
         # names such as conformer-cpu stay whole (argparse's wrap breaks lines at hyphens)
-        import textwrap
-
         return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
     def _expand_help(self, action):

@@ -8,14 +8,15 @@ from pathlib import Path
 
 from speechperf import metric
 from speechperf.cli.parsing import WIDTH, Command, Registry, csv_list, trust_model_arg, trust_models, width
-from speechperf.decode import WORDBEAM_MODES
+from speechperf.decode import DECODERS, WORDBEAM_MODES
+from speechperf.scoring.bootstrap import with_interval
+from speechperf.scoring.targets import TargetError, parse_targets
+from speechperf.studies import tta_text
 from speechperf.tables import emit, emit_json, notes, print_lines
 
 
 def _decoders():
-    from speechperf.decode import DECODERS
-
-    return DECODERS.names()
+    return DECODERS.names()  # the registry read (numba) when --help shows the names
 
 
 DECODER_NAMES = Registry(_decoders)
@@ -23,8 +24,6 @@ DECODER_NAMES = Registry(_decoders)
 
 def _targets(text: str):
     """A target set (paper, algoperf) or comma-separated error rates, each finite and in (0, 100]."""
-    from speechperf.scoring.targets import TargetError, parse_targets
-
     try:
         return parse_targets(text).name or text  # numbers are bound to --metric by the library
     except TargetError as e:
@@ -56,7 +55,7 @@ def _tta_args(sp) -> None:
 
 
 def cmd_tta(a) -> int:
-    from speechperf.studies.study import tta_study
+    from speechperf.studies.study import tta_study  # torch: the commands that read runs
 
     study = tta_study([Path(r) for r in a.runs], metric=a.metric, targets=a.targets, epochs=a.epochs,
                       price_per_hour=a.price_per_hour, platform_file=a.platform_file)
@@ -72,8 +71,6 @@ def cmd_tta(a) -> int:
 def _tta_narrow(study: dict) -> None:
     """The default text: a few columns a run (studies/tta_text.py), the groups only where one
     holds several seeds, notes of one line each; everything fits 100 columns."""
-    from speechperf.studies import tta_text
-
     short = tta_text.short_rows(study["runs"])
     emit(short, False, columns=tta_text.columns(short), width=WIDTH)
     if tta_text.several_seeds(study["groups"]):
@@ -87,13 +84,13 @@ def _tta_narrow(study: dict) -> None:
 
 def _tta_wide(study: dict) -> None:
     """``--wide``: every column of every table, and every note whole."""
-    from speechperf.studies.study import study_notes
+    from speechperf.studies.study import study_notes  # torch: the commands that read runs
 
     error_column(study["runs"])
     emit(study["runs"], False, width=None, columns=[
-        "run", "workload", "machine", "metric", "target", "median of", "minutes", "shared", "relative", "error at TTA [95%]",
-        "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %", "platform", "cost to accuracy $",
-        "TTA x price ($ min)", "energy to accuracy kWh", "time parts", "price note"])
+        "run", "workload", "machine", "metric", "target", "median of", "minutes", "shared", "relative",
+        "error at TTA [95%]", "epochs to target", "min/epoch", "RCP check", "init s", "TFLOPS", "MFU %", "platform",
+        "cost to accuracy $", "TTA x price ($ min)", "energy to accuracy kWh", "time parts", "price note"])
     notes(study["runs"], "MFU note")
     notes(study["runs"], "shared note")
     print("\nSeeds per group (workload, configuration apart from train.seed, machine):")
@@ -112,8 +109,6 @@ def _tta_wide(study: dict) -> None:
 def error_column(rows: list[dict]) -> None:
     """The text tables' one column for the error where the target was declared and its 95%
     interval (``9.36 [8.10, 10.70]``; --json keeps the three numbers)."""
-    from speechperf.scoring.bootstrap import with_interval
-
     for row in rows:
         row["error at TTA [95%]"] = with_interval(row["error at TTA"], row["error 95% low"], row["error 95% high"])
 
@@ -123,7 +118,7 @@ def _check_log_args(sp) -> None:
 
 
 def cmd_check_log(a) -> int:
-    from speechperf.train.mlperf import check_run
+    from speechperf.train.mlperf import check_run  # mlperf-logging, yaml: this command's only
 
     row = check_run(Path(a.run))
     emit([row], a.json, width=width(a))
@@ -151,7 +146,7 @@ def _eval_args(sp) -> None:
 
 
 def cmd_eval(a) -> int:
-    from speechperf.studies.evaluate_run import evaluate_run
+    from speechperf.studies.evaluate_run import evaluate_run  # torch: this command's only
 
     trust_models(a)
 
@@ -175,7 +170,7 @@ def _beam_sweep_args(sp) -> None:
 
 
 def cmd_beam_sweep(a) -> int:
-    from speechperf.studies.evaluate_run import beam_sweep
+    from speechperf.studies.evaluate_run import beam_sweep  # torch: this command's only
 
     trust_models(a)
 
@@ -199,7 +194,7 @@ def _report_args(sp) -> None:
 
 
 def cmd_report(a) -> int:
-    from speechperf.studies.report.html import build_report
+    from speechperf.studies.report.html import build_report  # torch, matplotlib: this command's only
 
     path = build_report([Path(r) for r in a.runs], Path(a.out), db_path=Path(a.db) if a.db else None,
                         price_per_hour=a.price_per_hour, platform_file=a.platform_file, targets=a.targets,
@@ -225,7 +220,7 @@ def _export_args(sp) -> None:
 
 
 def cmd_export(a) -> int:
-    from speechperf.studies.export.exporter import export_runs
+    from speechperf.studies.export.exporter import export_runs  # torch: this command's only
 
     rows = export_runs([Path(r) for r in a.runs], tensorboard=Path(a.tensorboard) if a.tensorboard else None,
                        mlflow=a.mlflow, experiment=a.experiment, metric=a.metric, targets=a.targets, epochs=a.epochs,
@@ -239,7 +234,7 @@ def _platforms_args(sp) -> None:
 
 
 def cmd_platforms(a) -> int:
-    from speechperf.telemetry.platforms import profile_table
+    from speechperf.telemetry.platforms import profile_table  # torch: this command's only
 
     emit(profile_table(a.file), a.json, width=width(a), columns=None if a.json or a.wide else
          ["profile", "matches", "per", "$/hour", "hourly date", "purchase $", "price date"])

@@ -12,12 +12,14 @@ from speechperf.cli.result_commands import error_column
 from speechperf.errors import SpeechperfError
 from speechperf.tables import emit, emit_json, notes, print_lines
 from speechperf.telemetry import contention
+from speechperf.studies import tta_text
 from speechperf.studies.precisions import choice_words
+from speechperf.telemetry.isa_cap import CAPS, exec_capped
 
 
 def _seeds(text: str):
     """--seeds: a count N (seeds 1..N), a list 3,7 or a range 6-10 (drive/seeds.py)."""
-    from speechperf.drive.seeds import parse_seeds
+    from speechperf.drive.seeds import parse_seeds  # torch: loaded only where --seeds is given
 
     try:
         return parse_seeds(text)
@@ -26,8 +28,6 @@ def _seeds(text: str):
 
 
 def _isa_arg(sp) -> None:
-    from speechperf.telemetry.isa_cap import CAPS
-
     sp.add_argument("--isa", choices=sorted(CAPS), default=None,
                     help="cap the instruction set of oneDNN and of torch's own kernels and fix MKL's code path "
                          "(ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_CBWR=COMPATIBLE; the command restarts "
@@ -37,8 +37,6 @@ def _isa_arg(sp) -> None:
 
 def _isa_cap(a) -> None:
     """--isa: this command again, the process replaced by one under the whole cap (telemetry/isa_cap.py)."""
-    from speechperf.telemetry.isa_cap import exec_capped
-
     exec_capped(a.isa, sys.argv[1:])
 
 
@@ -80,8 +78,9 @@ def _train_args(sp) -> None:
 
 
 def cmd_train(a) -> int:
-    from speechperf.studies.study import run_check
-    from speechperf.train.loop import RESUME_MODES, TrainRequest, train
+    from speechperf.studies.study import run_check  # torch: the commands that train
+    from speechperf.train.distributed import DistEnv  # torch, as the loop
+    from speechperf.train.loop import RESUME_MODES, TrainRequest, train  # torch, mlperf-logging: as above
 
     _isa_cap(a)
     trust_models(a, a.overrides)
@@ -94,8 +93,6 @@ def cmd_train(a) -> int:
         raise SpeechperfError(f"--parallel {a.parallel} without --seeds: it places seeds side by side; one run "
                               "trains with all the devices it is given (torchrun for several)")
     result = train(request)
-    from speechperf.train.distributed import DistEnv
-
     # every rank of a torchrun job returns rank 0's summary (one exit status); one prints it
     if DistEnv.from_env().rank == 0:
         _emit_summaries([result], a.json, width(a))
@@ -133,8 +130,8 @@ def _status_columns(status: str | None) -> dict:
 def _train_seeds(a, request, resume_modes) -> int:
     """``train --seeds``: one run folder per seed under --out; a seed that fails stops the
     command (train_seeds raises: exit 1 naming the seed's folder)."""
-    from speechperf.train.distributed import DistEnv
-    from speechperf.drive.seeds import train_seeds
+    from speechperf.drive.seeds import train_seeds  # torch: the commands that train
+    from speechperf.train.distributed import DistEnv  # torch, as train_seeds
 
     if a.resume not in resume_modes:
         raise SpeechperfError(f"--resume {a.resume} with --seeds: --resume takes {', '.join(resume_modes)} there "
@@ -144,7 +141,7 @@ def _train_seeds(a, request, resume_modes) -> int:
     say = print if rank0 and not a.json else None
     say_seeds = (lambda msg: say(f"[seeds] {msg}", flush=True)) if say else None
     if a.parallel > 1:
-        from speechperf.drive.seed_slots import train_seeds_parallel
+        from speechperf.drive.seed_slots import train_seeds_parallel  # torch: seeds side by side only
 
         if env.world > 1:
             raise SpeechperfError("--parallel places one seed per device itself: run it without torchrun")
@@ -176,7 +173,7 @@ def sweep_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def sweep_request(argv: list[str]):
     """The sweep ``argv`` asks for (``Sweep``)."""
-    from speechperf.drive.sweep import Sweep
+    from speechperf.drive.sweep import Sweep  # torch: the sweep's commands only
 
     a = sweep_parser().parse_args(argv)
     return Sweep(data=a.data, out=a.out, preset=a.preset, algos=a.algos, workers=a.workers,
@@ -188,7 +185,7 @@ def _sweep_parents() -> list[argparse.ArgumentParser]:
 
 
 def cmd_parallel_sweep(a) -> int:
-    from speechperf.drive.sweep import run_sweep
+    from speechperf.drive.sweep import run_sweep  # torch: this command's only
 
     rows = run_sweep(sweep_request(a.rest))
     emit(rows, a.json, width=width(a))
@@ -207,7 +204,7 @@ def _reproduce_args(sp) -> None:
 
 
 def cmd_reproduce(a) -> int:
-    from speechperf.drive.reproduce import EXIT, reproduce
+    from speechperf.drive.reproduce import EXIT, reproduce  # torch: this command's only
 
     result = reproduce(a.preset, Path(a.data), seed=a.seed, epochs=a.epochs, out=Path(a.out) if a.out else None,
                        quiet=a.json, corpus=Path(a.prepare) if a.prepare else None)
@@ -242,7 +239,7 @@ def _demo_args(sp) -> None:
 
 
 def cmd_demo(a) -> int:
-    from speechperf.drive.demo import run_demo, summary
+    from speechperf.drive.demo import run_demo, summary  # torch: this command's only
 
     _isa_cap(a)
 
@@ -259,8 +256,6 @@ def cmd_demo(a) -> int:
         notes(rows, "MFU note")
         notes(rows, "shared note")
     else:  # a few columns, then what was timed and where it went in five lines (demo.summary)
-        from speechperf.studies import tta_text
-
         short = tta_text.short_rows(rows)
         emit(short, False, columns=tta_text.columns(short), width=WIDTH)
         print_lines(["", *summary(rows, Path(a.out) / "report" / "index.html")])

@@ -19,13 +19,29 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from speechperf.config import ConfigError, load_preset
+from speechperf.corpus import synth  # synth.synthesize and features_prepare.prepare looked up when called
+from speechperf.drive.seed_slots import train_seeds_parallel
+from speechperf.drive.seeds import refuse_seed_override, train_seeds
+from speechperf.features import prepare as features_prepare
 from speechperf.metric import held, metric as metric_of
+from speechperf.scoring.bootstrap import with_interval
 from speechperf.scoring.targets import PAPER  # the demo's targets: the paper's, of its metrics (cer, wer)
-from speechperf.results.layout import has_checkpoint
-from speechperf.train.request import TrainRequest
+from speechperf.results.layout import has_checkpoint, is_run
+from speechperf.results.view import RunView
 from speechperf.results.workload import workload, workload_label
+from speechperf.studies.evaluate_run import beam_sweep
+from speechperf.studies.rcp import epochs_of, load_reference
+from speechperf.studies.report.html import build_report
+from speechperf.studies.study import run_check, tta_study
+from speechperf.studies.time_parts import PARTS, SHORT
+from speechperf.studies.tta import tta_table
+from speechperf.studies.tta_text import target_text, to_accuracy
 from speechperf.tables import fit_line, print_lines
+from speechperf.train.loop import train
+from speechperf.train.request import TrainRequest
 
 DEFAULT_HOURS = 1.5  # hours of train-clean audio synthesized for the demo (CPU-sized presets: cpu, tiny, conformer-cpu)
 # Presets sized for a GPU, whose model needs more audio than the CPU demo's to be busy and to
@@ -37,8 +53,6 @@ SWEEP_WIDTHS = (1, 16, 64, 256)  # Table 3 form on dev-clean: greedy (1) against
 def one_seed(preset: str) -> str:
     """What a one-seed TTA cannot tell, with the spread of the preset's reference seeds where
     it has a reference (config/rcp)."""
-    from speechperf.studies.rcp import epochs_of, load_reference
-
     ref, spread = load_reference(preset), ""
     if ref is not None:
         target = ref["targets"][0]
@@ -57,12 +71,8 @@ def demo_folder(out: Path, seed: int) -> Path:
 def pick_preset(cuda: bool | None = None) -> tuple[str, str]:
     """The demo's preset for this machine and why: ``gpu`` with CUDA, else ``cpu``."""
     if cuda is None:
-        import torch
-
         cuda = torch.cuda.is_available()
     if cuda:
-        import torch
-
         return "gpu", f"CUDA device {torch.cuda.get_device_name(0)!r} found"
     return "cpu", "no CUDA device"
 
@@ -79,8 +89,6 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
     ``parallel`` at a time (drive/seed_slots.py: one GPU each, or the CPUs shared). ``sweep``
     False: no beam sweep after training (a short check that needs the TTA and the report only).
     ``allow_emulated``: train in a precision this CPU only emulates (``--allow-emulated``; else exit 2)."""
-    from speechperf.studies.tta import tta_table
-
     out = Path(out)
     preset, why, cfg, overrides = _demo_config(preset, list(overrides), minutes, seeds, parallel)
     say = (lambda msg: None) if quiet else _say
@@ -112,8 +120,6 @@ def run_demo(out: Path, hours: float | None = None, minutes: float | None = None
 def _demo_config(preset: str | None, overrides: list, minutes: float | None, seeds, parallel: int):
     """(preset, why it was chosen, its RunConfig, the overrides): a bad preset, seed override or
     ``--parallel`` refused before minutes of synthesis."""
-    from speechperf.drive.seeds import refuse_seed_override
-
     if seeds is not None:
         refuse_seed_override(overrides)
     if parallel != 1 and seeds is None:
@@ -129,29 +135,20 @@ def _demo_config(preset: str | None, overrides: list, minutes: float | None, see
 
 def _corpus_and_features(out: Path, hours: float, quiet: bool, say, t0: float) -> None:
     """The demo's synthetic corpus and its features (each kept where already made)."""
-    from speechperf.corpus.synth import synthesize
-    from speechperf.features.prepare import prepare
-
     say(f"corpus -> {out / 'corpus'}")
-    synthesize(out / "corpus", hours=hours, seed=1, progress=not quiet)
+    synth.synthesize(out / "corpus", hours=hours, seed=1, progress=not quiet)
     say(f"features -> {out / 'features'} ({time.perf_counter() - t0:.0f} s so far)")
-    prepare(out / "corpus", out / "features", progress=not quiet)
+    features_prepare.prepare(out / "corpus", out / "features", progress=not quiet)
 
 
 def _train_demo(preset: str, out: Path, runs: list[Path], overrides: list, seeds, parallel: int, quiet: bool,
                 say, allow_emulated: bool = False) -> None:
     """Train (or continue) the demo's run, or its seeds ``parallel`` at a time."""
-    from speechperf.drive.seeds import train_seeds
-    from speechperf.studies.study import run_check
-    from speechperf.train.loop import train
-
     request = TrainRequest(preset, out / "features", runs[0] if seeds is None else out, overrides, resume="auto",
                            quiet=quiet, check=run_check, allow_emulated=allow_emulated)
     if seeds is None:
         train(request)
     elif parallel > 1:  # as below, `parallel` seeds at a time, each its own process
-        from speechperf.drive.seed_slots import train_seeds_parallel
-
         train_seeds_parallel(seeds, parallel, request, folder=demo_folder, say=say)
     else:  # finished seeds are only read again; the first seed that fails stops the demo (exit 1)
         train_seeds(seeds, request, folder=demo_folder)
@@ -168,8 +165,6 @@ def summary(rows: list[dict], report: Path) -> list[str]:
     the first run (the tightest target of the first metric it reached, else its first), where
     that time went, the efficiency, and where the report is; each within 100 characters but
     the report's path, which stays whole."""
-    from speechperf.studies.tta_text import to_accuracy
-
     first = [r for r in rows if r["run"] == rows[0]["run"] and r["metric"] == rows[0]["metric"]]
     row = ([r for r in first if r["minutes"] is not None] or first[:1])[-1]
     targets = {r["metric"]: "/".join(f"{x['target']:g}" for x in rows if x["run"] == row["run"]
@@ -187,9 +182,6 @@ def summary(rows: list[dict], report: Path) -> list[str]:
 
 def _tta_words(row: dict) -> str:
     """``CER 10 in 3.21 min (8 epochs; error 9.36 [8.10, 10.70])``, or what to do where it was not reached."""
-    from speechperf.scoring.bootstrap import with_interval
-    from speechperf.studies.tta_text import target_text
-
     if row["minutes"] is None:
         return f"{target_text(row)} not reached: train longer (--minutes) or on more audio (--hours)"
     epochs = row["epochs to target"]
@@ -200,8 +192,6 @@ def _tta_words(row: dict) -> str:
 
 def _parts_words(parts: dict | None) -> str:
     """``steps 70%, data 17%, eval 7%``: the shares of the time, largest first, those under 1% left out."""
-    from speechperf.studies.time_parts import PARTS, SHORT
-
     if not parts or not parts.get("total s"):
         return "not recorded"
     shares = sorted(((100 * parts[f"{p} s"] / parts["total s"], SHORT[p]) for p in PARTS), reverse=True)
@@ -215,8 +205,6 @@ def _fmt(value, spec: str, unit: str) -> str:
 def _say_groups(runs: list[Path], say) -> None:
     """The seeds aggregated, per target reached by any: how many reached it, median TTA and the
     epochs to target per seed (their spread is the recipe's, not the machine's)."""
-    from speechperf.studies.study import tta_study
-
     for metric in PAPER:
         for g in tta_study(runs, metric=metric, targets="paper")["groups"]:
             if g["reached"]:
@@ -228,8 +216,6 @@ def _say_groups(runs: list[Path], say) -> None:
 
 def _say_reproduction(runs: list[Path], say) -> None:
     """Each run's first epochs against its reference seed's curve (studies/curve.py), where it has one."""
-    from speechperf.results.view import RunView
-
     for run in runs:
         with RunView.open(run) as r:
             found = ((r.summary() or {}).get("convergence") or {}).get("reproduction")
@@ -240,9 +226,6 @@ def _say_reproduction(runs: list[Path], say) -> None:
 def _finished_status(run: Path) -> str | None:
     """The status of a finished run in ``run`` (None: none there, or one to continue); a
     damaged run folder is refused by name (RunView reads every JSON file it holds)."""
-    from speechperf.results.layout import is_run
-    from speechperf.results.view import RunView
-
     if not is_run(run):
         return None
     with RunView.open(run) as r:
@@ -251,9 +234,6 @@ def _finished_status(run: Path) -> str | None:
 
 def _beam_sweep(run: Path, say) -> None:
     """Evaluation seconds and every declared metric per beam width of the final model, once per run."""
-    from speechperf.results.view import RunView
-    from speechperf.studies.evaluate_run import beam_sweep
-
     with RunView.open(run) as r:
         if r.rows.beam_sweep():
             return
@@ -264,7 +244,5 @@ def _beam_sweep(run: Path, say) -> None:
 
 
 def _report(runs: list[Path], out: Path, say) -> None:
-    from speechperf.studies.report.html import build_report
-
     path = build_report(runs, out)
     say(f"report: {path}")

@@ -22,6 +22,7 @@ the references' corpus again, which ``--prepare CORPUS`` does before training. B
 """
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -31,11 +32,14 @@ from importlib import metadata
 from pathlib import Path
 
 from speechperf.config import SECTIONS, ConfigError, RunConfig, load_preset, validate
+from speechperf.corpus.librispeech import is_train_split
 from speechperf.errors import RunFailed, SpeechperfError
 from speechperf.features.checksum import features_sha256
+from speechperf.features.prepare import prepare
 from speechperf.models import external
 from speechperf.studies import curve, rcp
 from speechperf.results.layout import RUN_FILE
+from speechperf.results.view import RunView
 from speechperf.telemetry.environment import cpu_model
 from speechperf.telemetry.isa_cap import cap_env
 
@@ -73,7 +77,8 @@ def reproduce(preset: str, data: Path, seed: int | None = None, epochs: int = DE
     folder = Path(out) if keep else Path(tempfile.mkdtemp(prefix=f"reproduce-{preset}-"))
     try:
         if keep and (folder / RUN_FILE).exists():
-            raise ReproduceError(f"{folder}: already holds a run; give a new --out (a reproduction trains from scratch)")
+            raise ReproduceError(f"{folder}: already holds a run; give a new --out (a reproduction trains from "
+                                 "scratch)")
         start = time.perf_counter()
         _train(preset, data, seed, epochs, folder, theirs, chosen.get("overrides", ref.get("overrides", [])), quiet,
                recipe_precision(ref))
@@ -146,8 +151,6 @@ def _curve_for(ref: dict, seed: int, data: Path, corpus: Path | None, quiet: boo
         return chosen, data
     if corpus is None:
         return features_differ(data, features, ref, seed), data
-    from speechperf.features.prepare import prepare
-
     fresh = data.with_name(f"{data.name}-reproduce")
     if not quiet:
         print(f"reproduce: preparing {corpus} into {fresh}", file=sys.stderr, flush=True)
@@ -202,8 +205,6 @@ def features_differ(data: Path, features: str, ref: dict, seed: int) -> str:
 
 
 def _features_json(data: Path) -> dict:
-    import json
-
     try:
         return json.loads((data / "features.json").read_text())
     except (OSError, ValueError):
@@ -212,10 +213,6 @@ def _features_json(data: Path) -> dict:
 
 def _train_counts(data: Path) -> dict | None:
     """{split: utterances} of the features' training splits (their indexes); None if unreadable."""
-    import json
-
-    from speechperf.corpus.librispeech import is_train_split
-
     try:
         return {p.name: len(json.loads((p / "index.json").read_text())["utterances"])
                 for p in data.iterdir() if p.is_dir() and is_train_split(p.name) and (p / "index.json").is_file()}
@@ -276,8 +273,6 @@ def judge(folder: Path, ref: dict, chosen: dict, epochs: int) -> dict:
     """The run in ``folder`` against the curve ``chosen`` over ``epochs`` epochs, as recorded
     (its config.json, env.json and results.db): {"verdict", "text", "epochs", "differences",
     "settings", "reference settings"}."""
-    from speechperf.results.view import RunView
-
     with RunView.open(Path(folder)) as run:
         config, env, evals = run.config, run.env, run.rows.evals()
     mine, theirs = curve.settings_of(config, env), chosen["settings"]

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+import torch
+
 from speechperf.config import ConfigError, load_preset
 from speechperf.cpus import usable_cpus
 from speechperf.data.loader_config import SIDE_BY_SIDE
@@ -74,8 +76,6 @@ def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform
 
 
 def _visible_gpus() -> list[str]:
-    import torch
-
     if not torch.cuda.is_available():
         return []
     named = os.environ.get("CUDA_VISIBLE_DEVICES")

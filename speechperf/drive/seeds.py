@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 from speechperf.config import ConfigError
 from speechperf.errors import RunFailed, SpeechperfError
+from speechperf.train import loop  # loop.train looked up when called
 from speechperf.train.request import TrainRequest
 
 SEED_KEYS = ("train.seed", "seed")  # how an override can name the seed (load_preset resolves a bare field)
@@ -94,8 +95,6 @@ def train_seeds(seeds: Sequence[int], request: TrainRequest, *, folder: Callable
     seed's run folder (:func:`seed_folder`; the demo has its own). Each run's label gets `` seed S``
     (the derived one too, so that tables name the seed): :meth:`TrainRequest.for_seed`. Stops at
     the first seed that did not train to its end: exit 1, naming it."""
-    from speechperf.train.loop import train
-
     out = check_seeds_command(request.out, request.overrides)
     say = say or (lambda msg: None)
     summaries = []
@@ -103,7 +102,7 @@ def train_seeds(seeds: Sequence[int], request: TrainRequest, *, folder: Callable
         run = folder(out, seed)
         say(f"seed {seed} ({k + 1} of {len(seeds)}) -> {run}")
         try:
-            summary = train(request.for_seed(seed, run))
+            summary = loop.train(request.for_seed(seed, run))
         except SpeechperfError as e:
             e.add_note(_stopped_at(seeds, k, run))  # the CLI prints notes on the error's line
             raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -46,8 +47,6 @@ def free_port() -> int:
     """A TCP port nobody uses now, and the next one free too (torchrun's store; the parameter
     server of asgd/easgd takes MASTER_PORT + 1: a port the OS handed out with its neighbour held by
     another process's connection failed a CI run's torchrun with 'Address already in use')."""
-    import socket
-
     def bindable(port: int) -> bool:
         with socket.socket() as s:
             try:

@@ -5,6 +5,7 @@ continues the same log and several runs in one process (tests) never mix their l
 """
 from __future__ import annotations
 
+import json
 import logging
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,8 +73,6 @@ C = constants  # re-exported keys: C.RUN_START, C.RUN_STOP, C.EVAL_ACCURACY, ...
 
 def read_events(path: Path) -> list[dict]:
     """Parse an events.log back into dicts (for tests, resume checks and the report)."""
-    import json
-
     out = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.startswith(":::MLLOG "):

@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS iterations (
     loss REAL, batch_size INTEGER, frames INTEGER, audio_s REAL,
     step_s REAL, utts_per_s REAL, audio_s_per_s REAL,
     model_flops REAL,             -- the batch's training FLOPs, valid frames only (telemetry/mfu.py)
-    comm_s REAL,                  -- rank 0's communication seconds in the step (speechperf/algorithms; NULL: results/upgrade.py)
+    comm_s REAL,                  -- rank 0's communication seconds in the step (speechperf/algorithms;
+                                  -- NULL: results/upgrade.py)
     comm_bytes INTEGER,           -- bytes rank 0 sent in the step (an all-reduce counted once)
     data_s REAL,                  -- of step_s, seconds waiting for the loader's batch (NULL: upgrade.py)
     ckpt_s REAL,                  -- seconds writing checkpoints since the previous row: inside step_s, but for an
@@ -51,7 +52,8 @@ EVALS_METRICS = metric.columns()
 EVALS_PARTS = ("eval_forward_s", "eval_decode_s", "eval_score_s")
 # How its decodes ran (decode/batch.py's DecodePool): threads, valid frames, thread-seconds inside the
 # decoder and their CPU seconds (below the thread-seconds where the threads waited for a core or the GIL)
-EVALS_DECODE = {"decode_threads": "INTEGER", "decode_frames": "INTEGER", "decode_busy_s": "REAL", "decode_cpu_s": "REAL"}
+EVALS_DECODE = {"decode_threads": "INTEGER", "decode_frames": "INTEGER", "decode_busy_s": "REAL",
+                "decode_cpu_s": "REAL"}
 EVALS = f"""
 CREATE TABLE IF NOT EXISTS evals (
     run_id TEXT, epoch INTEGER, split TEXT, decoder TEXT, beam INTEGER,
@@ -91,9 +93,11 @@ BENCH_ZOO = """
 CREATE TABLE IF NOT EXISTS bench_zoo (
     at REAL, model TEXT, batch INTEGER, precision TEXT, multiply TEXT, accumulate TEXT, device TEXT, libraries TEXT,
     params_m REAL, paper_params_m REAL, unit TEXT,
-    samples_per_s REAL, step_s REAL, iters INTEGER, spread_pct REAL, power_w REAL, joules_per_sample REAL, energy TEXT, torch TEXT, threads INTEGER,
+    samples_per_s REAL, step_s REAL, iters INTEGER, spread_pct REAL, power_w REAL, joules_per_sample REAL,
+    energy TEXT, torch TEXT, threads INTEGER,
     status TEXT,
-    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT,
+    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL,
+    noisy INTEGER, timer TEXT,
     precision_note TEXT, tflops REAL, mfu_pct REAL, peak_tflops REAL, peak_source TEXT, mfu_note TEXT
 );
 """
@@ -102,9 +106,11 @@ BENCH_OPS = """
 CREATE TABLE IF NOT EXISTS bench_ops (
     at REAL, device TEXT, dtype TEXT, accumulate TEXT, threads INTEGER, op TEXT, shape TEXT, gflop REAL,
     iters INTEGER, ms_mid REAL, ms_median REAL, spread_pct REAL, tflops REAL, pct_peak REAL,
-    peak_tflops REAL, peak_source TEXT, torch TEXT, libraries TEXT, power_w REAL, joules_per_call REAL, gflops_per_w REAL,
+    peak_tflops REAL, peak_source TEXT, torch TEXT, libraries TEXT, power_w REAL, joules_per_call REAL,
+    gflops_per_w REAL,
     energy TEXT, status TEXT, measured_peak_tflops REAL, pct_measured_peak REAL, env_json TEXT,
-    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL, noisy INTEGER, timer TEXT,
+    warmup_steps INTEGER, warmup_s REAL, warm INTEGER, window_s REAL, repeats INTEGER, repeat_iqr_pct REAL,
+    noisy INTEGER, timer TEXT,
     precision_note TEXT
 );
 """

@@ -39,17 +39,20 @@ ENV = {"hostname": OPT_STR, "os": OPT_STR, "python": OPT_STR, "cpu_model": OPT_S
 SUMMARY = {"run": OPT_STR, "run_id": OPT_STR, "status": str, "epochs": OPT_NUM, "iterations": OPT_NUM,
            "clock_min": OPT_NUM, "init_s": OPT_NUM, **{f"last_{name}": OPT_NUM for name in metric.targets()},
            "precision_choice": (CHOICE, type(None)),
-           "mfu_pct": OPT_NUM, "mfu_note": OPT_STR, "tflops": OPT_NUM, "peak_tflops": OPT_NUM, "convergence": (dict, type(None)),
-           "floor": ({"epoch": OPT_NUM, "first_iteration": OPT_NUM, "steps": OPT_NUM, "floor_s": OPT_NUM, "loop_s": OPT_NUM,
-                      "loop_over_floor": OPT_NUM, "utterances": OPT_NUM, "note": OPT_STR, "asked": OPT_NUM, "span": OPT_NUM,
-                      "windows": OPT_NUM, "epochs": OPT_NUM, "last_iteration": OPT_NUM, "loop_over_floor_p10": OPT_NUM,
-                      "loop_over_floor_p90": OPT_NUM, "outliers": [{"iteration": NUM, "last": NUM, "ratio": NUM}],
+           "mfu_pct": OPT_NUM, "mfu_note": OPT_STR, "tflops": OPT_NUM, "peak_tflops": OPT_NUM,
+           "convergence": (dict, type(None)),
+           "floor": ({"epoch": OPT_NUM, "first_iteration": OPT_NUM, "steps": OPT_NUM, "floor_s": OPT_NUM,
+                      "loop_s": OPT_NUM, "loop_over_floor": OPT_NUM, "utterances": OPT_NUM, "note": OPT_STR,
+                      "asked": OPT_NUM, "span": OPT_NUM, "windows": OPT_NUM, "epochs": OPT_NUM,
+                      "last_iteration": OPT_NUM, "loop_over_floor_p10": OPT_NUM, "loop_over_floor_p90": OPT_NUM,
+                      "outliers": [{"iteration": NUM, "last": NUM, "ratio": NUM}],
                       "outlier_count": OPT_NUM, "floor_tflops": OPT_NUM, "loop_tflops": OPT_NUM,
                       "run_over_floor": OPT_NUM, "replay_s": OPT_NUM, "clock_s": OPT_NUM,
                       "replay_others_pct": OPT_NUM, "replay_shared": (bool, type(None))}, type(None)),
            "shared": ({"shared": bool, "contended %": NUM, "others % mean": NUM, "samples": NUM, "first s": OPT_NUM,
                        "last s": OPT_NUM, "threads": NUM, "cpus": NUM}, type(None)),
-           "cuda_graphs": ({"shapes": NUM, "eval shapes": NUM, "capture s": NUM, "eager steps": NUM, "grid": [NUM]}, type(None))}
+           "cuda_graphs": ({"shapes": NUM, "eval shapes": NUM, "capture s": NUM, "eager steps": NUM, "grid": [NUM]},
+                           type(None))}
 SPECS = {RUN_FILE: RUN, CONFIG_FILE: CONFIG, ENV_FILE: ENV, SUMMARY_FILE: SUMMARY}
 # Fields a file cannot lack: every summary says how its run ended (readers default the rest).
 REQUIRED = {SUMMARY_FILE: ("status",)}

@@ -34,7 +34,7 @@ def described(config: dict) -> dict:
     built on the meta device, the model's module imported by the run that trains it (a model from
     outside the package too); params None where this release cannot build it."""
     from speechperf.models import describe  # torch: only where a run is made or a model described
-    from speechperf.models.external import registered_name
+    from speechperf.models.external import registered_name  # torch, as describe
 
     model = config.get("model")
     if not isinstance(model, dict):
@@ -51,8 +51,8 @@ def _describe(model_json: str) -> tuple:
     params None for a model not built in (a module outside the package, an installed entry
     point's: named by its NAME, nothing imported) or one this release cannot build (a newer
     release's model, or its fields)."""
-    from speechperf.models import describe_builtin
-    from speechperf.models.external import registered_name
+    from speechperf.models import describe_builtin  # torch: only where a model is described
+    from speechperf.models.external import registered_name  # torch, as describe_builtin
 
     model = json.loads(model_json)
     try:

@@ -13,7 +13,7 @@ or ``Run.open`` and ``Run.continue_from``), so that the trainer holds a Run, nev
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -148,8 +148,7 @@ def _admit(request: TrainRequest, cfg: RunConfig, batching: Batching, check_laun
     if planned.plan in (None, "finished"):
         lock.release()
         return planned
-    planned.lock, planned.made = lock, made
-    return planned
+    return replace(planned, lock=lock, made=made)
 
 
 def _plan(request: TrainRequest, cfg: RunConfig, batching: Batching,

@@ -94,7 +94,8 @@ def pick_device(name: str, env: DistEnv, backend: str = "auto", gpus: int | None
     if name.startswith("cuda:"):
         index = int(name[5:])
         if index >= gpus:
-            raise DistributedSetupError(f"train.device={name} but only {gpus} GPU(s) are visible (cuda:0..cuda:{gpus - 1})")
+            raise DistributedSetupError(f"train.device={name} but only {gpus} GPU(s) are visible "
+                                        f"(cuda:0..cuda:{gpus - 1})")
         if env.local_world > 1 and nccl:
             raise DistributedSetupError(
                 f"train.device={name} puts all {env.local_world} processes of this node on one GPU, which NCCL "

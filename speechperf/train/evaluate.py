@@ -59,7 +59,8 @@ def make_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams", units:
         dec = get_decoder(name, beam=beam, features=feats, mode=mode if name == "wordbeam" else None, units=units)
         while len(_DECODERS) >= _DECODERS_KEPT:
             del _DECODERS[next(iter(_DECODERS))]  # the oldest
-        _DECODERS[(*_decoder_key(name, beam, feats, mode), unit_key)] = dec  # keyed after the build: it may write lm.json
+        # keyed after the build: it may write lm.json
+        _DECODERS[(*_decoder_key(name, beam, feats, mode), unit_key)] = dec
     return dec
 
 
@@ -105,7 +106,7 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching
     kept = _RESIDENT.get(_resident_key(feats, split, index, batching, device))
     batches = kept.batches if kept is not None else eval_batches(feats, split, batching, index)
     with DecodePool(dec, workers or decode_threads(batching)) as pool, _closing(batches):
-        loss, refs, ids = _forward_pass(model, batches, device, precision, pool, Search(objective, decoder, beam, units))
+        loss, refs, ids = _forward(model, batches, device, precision, pool, Search(objective, decoder, beam, units))
         forward_end = time.perf_counter()
         hyps = pool.results()
         decoding = {"decode_threads": pool.threads, "decode_frames": pool.frames, "decode_busy_s": pool.busy_s,
@@ -140,7 +141,7 @@ def check_decoder(objective, decoder: str) -> None:
                           f"{', '.join(objective.decoders)}")
 
 
-def _forward_pass(model: torch.nn.Module, batches, device: torch.device, precision: str,
+def _forward(model: torch.nn.Module, batches, device: torch.device, precision: str,
                   pool: DecodePool, search: Search) -> tuple[float, list[str], list[str]]:
     """Every batch's forward pass, its outputs handed to ``pool`` as they leave the model (CTC: the
     pool's threads decode them beside the next forward passes); then the mean loss (CTC: the pass's

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from speechperf.atomic import DiskFullError, disk_full
 from speechperf.errors import MachineFault, RunFailed, SpeechperfError, in_words
@@ -46,9 +47,9 @@ def as_fault(e: BaseException, out: Path) -> RunFailed | None:
     if isinstance(e, SpeechperfError) or not isinstance(e, (OSError, RuntimeError)):
         return None
     if _peer_lost(e):
-        return PeerLost(f"rank {os.environ.get('RANK', '0')} lost its process group ({in_words(e)}): another process of "
-                        f"the run in {out} stopped; under torchrun --max-restarts the group restarts and continues from "
-                        "the last checkpoint, else run the same command again")
+        return PeerLost(f"rank {os.environ.get('RANK', '0')} lost its process group ({in_words(e)}): another "
+                        f"process of the run in {out} stopped; under torchrun --max-restarts the group restarts and "
+                        "continues from the last checkpoint, else run the same command again")
     if disk_full(e, Path(out)):
         return DiskFullError.writing(getattr(e, "filename", None) or out, str(e))
     if isinstance(e, OSError):
@@ -65,8 +66,6 @@ class PeerLost(RunFailed):
 def _peer_lost(e: BaseException) -> bool:
     """A collective's failure: torch's DistError (DistBackendError, DistNetworkError), or the
     RuntimeError older gloo transports raise when a peer's connection closes."""
-    import torch.distributed as dist
-
     if isinstance(e, getattr(dist, "DistError", ())):
         return True
     text = str(e)

@@ -194,7 +194,8 @@ def measure(t, iterations: list[dict]) -> dict:
     timed = [r for rows in windows[:len(times)] for r in rows[1:]]
     return {"steps": len(timed), "asked": steps, "span": span, "windows": len(units),
             "epochs": len({r["epoch"] for r in timed}), "first_iteration": min(r["iteration"] for r in timed),
-            "last_iteration": max(r["iteration"] for r in timed), "floor_s": sum(u["floor_s"] for u in units) / len(timed),
+            "last_iteration": max(r["iteration"] for r in timed),
+            "floor_s": sum(u["floor_s"] for u in units) / len(timed),
             "loop_s": sum(u["loop_s"] for u in units) / len(timed),
             "utterances": sum(r["batch_size"] for r in timed) / len(timed), **compare(units, run_rate(iterations)),
             "window_s": [[u["iteration"], round(u["loop_s"], 5), round(u["floor_s"], 5)]  # each window, by iteration

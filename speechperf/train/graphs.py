@@ -3,8 +3,8 @@
 Why: the `gpu` preset's step is set by the host's kernel launches, not by the GPU. cuDNN's
 LSTM launches its kernels per time step per layer: 6,304 launches a step, ~38 ms of kernels
 in a 77 ms step on an H200 whose host launches one per 12 us, so the GPU is busy under half of
-the training phases (ledger: bench_step_profile, gpu_check; docs/gpu.md). A CUDA graph replays a captured pass's kernels with one
-launch from the host.
+the training phases (ledger: bench_step_profile, gpu_check; docs/gpu.md). A CUDA graph replays a
+captured pass's kernels with one launch from the host.
 
 How: a graph replays fixed shapes, and the loader's length-bucketed batches vary in
 utterances and frames. So each training batch is padded up to a grid (frames to a multiple
@@ -137,7 +137,6 @@ class GraphedModel(nn.Module):
         self.prepared = False  # prepare() ran: the clock may be running, no capture after it
         self.eager_steps = 0  # steps of a shape not captured before the clock, run eagerly (with capture only)
         self.capture_s = 0.0  # seconds of every capture so far
-        self.planned: set[tuple[int, int]] = set()  # the (utterances, frames) shapes the run's epochs plan
 
     def shape(self, batch: int, frames: int) -> tuple[int, int]:
         """The grid shape a (utterances, frames) batch is padded to."""

@@ -9,19 +9,17 @@ validation and test split. As in MLPerf, the TTA clock starts after initializati
 (``init_start``..``init_stop``: every split verified, the model built, the decoder kernels
 compiled, one warm-up step; see train/warmup.py), whose seconds are reported beside the
 TTA; it only runs while this process runs, so a resumed run does not count the time it was
-down. The run folder's admission and lock: train/admission.py; what a process trains with:
-train/trainer.py; what happened: the recorder (train/recorder.py) into the run folder
-(results/run.py); the checkpoint: results/checkpoint.py. SIGINT and SIGTERM stop the run at the
-next read point, saved and recorded (train/stop.py); the learning rate: train/schedule.py.
+down. The run opened (configuration, process group, the folder's admission and lock, the Run,
+the recorder): train/opening.py; what a process trains with: train/trainer.py; what happened:
+the recorder (train/recorder.py) into the run folder (results/run.py); the checkpoint:
+results/checkpoint.py. SIGINT and SIGTERM stop the run at the next read point, saved and
+recorded (train/stop.py); the learning rate: train/schedule.py.
 
 Data parallel: launched by torchrun (``WORLD_SIZE`` > 1) the algorithm of ``algo.name``
 (speechperf/algorithms) trains: ``sync`` (the default) wraps the model in DDP; bsp, bmuf,
-diloco, asgd and easgd let every rank train its own model and combine them after steps
-(asgd, easgd: through a parameter server) and before evaluations, and put every rank's state
-into the checkpoints; their hooks are one line each below (``algo.``).
-train/distributed.py picks each process's device (``cuda:LOCAL_RANK``) and backend (gloo on CPU,
-gloo+NCCL on GPU) and refuses a launch that does not fit the GPUs before any work; rank 0 alone
-writes files, evaluates and decides to stop.
+diloco, asgd and easgd let every rank train its own model and combine them after steps and
+before evaluations; their hooks are one line each below (``algo.``). Each process's device and
+backend: train/distributed.py; rank 0 alone writes files, evaluates and decides to stop.
 
 Host synchronization: a step leaves its loss and skip flag on the device (train/step.py), read
 together every ``train.sync_every`` steps and where needed (sentences, checkpoints, epoch end),
@@ -30,28 +28,21 @@ where the rows, status line, skip counters and divergence abort catch up in step
 from __future__ import annotations
 
 import time
-from functools import partial
-from pathlib import Path
 
 import torch
 
-from speechperf.data.batching import Batching
 from speechperf.errors import SpeechperfError
 from speechperf.scoring.target_rule import tta_minutes
-from speechperf.train.admission import admit, follow
-from speechperf.train.auto_precision import settle
-from speechperf.train.request import RESUME_MODES, TrainRequest
-from speechperf.train import distributed, floor
-from speechperf.algorithms import check_launch
+from speechperf.train import floor
 from speechperf.train.evaluate import evaluate, release_resident, with_intervals
 from speechperf.train.faults import check_trained
 from speechperf.train.graphs import graph_figures
-from speechperf.train.recorder import Recorder
+from speechperf.train.opening import Opening, begin, opened
+from speechperf.train.request import RESUME_MODES, TrainRequest
 from speechperf.train.schedule import schedule_ended
 from speechperf.train.step import TrainingDiverged, count_steps, read_point, train_step
 from speechperf.train.stop import StopSignals, interrupted
-from speechperf.train.trainer import Trainer, build, raise_as, start
-from speechperf.train.warmup import check_precision
+from speechperf.train.trainer import Trainer, build, raise_as
 
 __all__ = ["train", "TrainRequest", "TrainingDiverged", "RESUME_MODES"]
 
@@ -59,51 +50,24 @@ __all__ = ["train", "TrainRequest", "TrainingDiverged", "RESUME_MODES"]
 def train(request: TrainRequest) -> dict:
     """Train (or continue) the run ``request`` asks for; returns its summary row.
 
-    Rank 0 alone looks at the run folder (train/admission.py: fresh, restart, resume or
-    finished, under its lock for the whole run; across machines only its disk holds it) and
-    tells every rank what to do, or the error that stops them all. The same command, repeated
+    Rank 0 alone looks at the run folder (train/opening.py, train/admission.py: fresh, restart,
+    resume or finished, under its lock for the whole run; across machines only its disk holds it)
+    and tells every rank what to do, or the error that stops them all. The same command, repeated
     by ``torchrun --max-restarts``, so recovers from a dead worker."""
     if not isinstance(request, TrainRequest):  # a typo'd call fails here, not deep in the loop
         raise TypeError(f"train takes one TrainRequest, not {type(request).__name__}")
-    init_t0, init_ms = time.perf_counter(), int(time.time() * 1000)  # init_start
-    denv = distributed.DistEnv.from_env()
-    cfg = request.configuration()
-    tc = cfg.train
-    batching = Batching(cfg.loader, tc.seed, denv.world)  # the run's batches, described once for every reader
-    distributed.configure_determinism(tc.deterministic)  # before CUDA starts (cuBLAS workspace)
-    if tc.threads > 0:
-        torch.set_num_threads(tc.threads)
-    group = distributed.setup(tc.device, tc.dist_backend, denv)  # checks the launch against the GPUs first
-    admission = verdict = t = None
-    try:
-        check_precision(cfg, group.device, request.allow_emulated)  # one this device cannot run (or emulates): exit 2
-        launch = partial(check_launch, train=cfg.train)  # fsdp refuses what it cannot combine with (train.compile)
-        admission = admit(request, cfg, batching, launch) if denv.rank == 0 else None
-        decision = group.broadcast(admission.decision if admission is not None else None)
-        verdict = admission or follow(request, decision)  # other ranks: rank 0's verdict on the folder, no lock
-        if verdict.error:
-            raise SpeechperfError(verdict.error)
-        if verdict.plan == "finished":
-            return group.broadcast(admission.summary() if admission is not None else None)
-        ckpt = verdict.checkpoint() if verdict.plan == "resume" else None  # every rank reads it; rank 0 alone writes
-        cfg, choice = settle(cfg, group, verdict)  # train.precision=auto: measured now (a new run) or the recorded one
-        t = build(cfg, batching, group, Path(verdict.features), verdict.plan, ckpt)  # splits, index, algorithm, model: before the clock exists
-        t.precision_choice = choice
-        if admission is None:  # other ranks: progress and clock only, their messages naming the run from the verdict
-            t.rec = Recorder(t.prog_start, verdict)
-        with StopSignals() as stop:
-            start(t, request, admission, stop, init_t0, init_ms)  # rank 0's run and its recorder, initialization; then the clock starts
-            return group.broadcast(_train(t))  # rank 0's summary on every rank (one exit status)
-    except OSError as e:  # before the run exists (a disk full as the run is made, say): named, exit 1
-        if isinstance(e, SpeechperfError) or verdict is None:  # admit names its own (a read-only --out)
-            raise
-        raise verdict.fault(e) from e
-    finally:
-        t = None  # noqa: F841 (its DDP model holds the group: dropped after destroy_process_group, the
-        # group's destructor joined gloo's thread while holding the GIL that thread waited for: a hang)
-        if admission is not None:
-            admission.release()
-        group.close()
+    with opened(request) as o:  # configuration, process group, the folder admitted; released at its end
+        return o.finished if o.plan == "finished" else _trained(o)
+
+
+def _trained(o: Opening) -> dict:
+    """The run opened as ``o``, built, begun and trained: rank 0's summary on every rank (one exit
+    status). The trainer lives in this frame, which ends before the opening closes the process
+    group (its DDP model holds the group: dropped after destroy_process_group, the group's
+    destructor joined gloo's thread while holding the GIL that thread waited for: a hang)."""
+    built = build(o.cfg, o.batching, o.group, o.features, o.ckpt)  # before the clock and the signals' handlers
+    with StopSignals() as stop:  # the Run, its recorder, initialization (then the clock starts); the epochs
+        return o.group.broadcast(_train(begin(o, built, stop)))
 
 
 def _train(t: Trainer) -> dict:
@@ -120,7 +84,6 @@ def _train(t: Trainer) -> dict:
         if group.env.rank == 0:
             _final_eval(evaluated, t, t.splits["final"], stop)
             _floor(t)
-            rec.graphs = graph_figures(t.local)
         asked = max(group.gather_int(stop.requested or 0))  # a signal during the final evaluation
         if asked:  # stops it (saved: the same command evaluates again), never ends as a success
             raise interrupted(asked, f"in {rec.out} during the final evaluation")
@@ -130,7 +93,7 @@ def _train(t: Trainer) -> dict:
     except BaseException as e:
         t.algo.close(graceful=False)  # asgd, easgd: this rank's rpc ends without waiting for the others
         raise_as(e, rec.fail(e, t.meter))
-    return rec.finish(status)
+    return rec.finish(status, graph_figures(t.local))
 
 
 def _epochs(t: Trainer) -> str:
@@ -138,8 +101,9 @@ def _epochs(t: Trainer) -> str:
     why training stopped (success, time_cap, max_epochs). A signal stops it at a read point."""
     tc, prog = t.cfg.train, t.prog
     t.model.train()
-    # newbob's stopping rule ends training as the last epoch would (train/schedule.py)
-    last_epoch = min(tc.max_epochs, tc.stop_after_epochs or tc.max_epochs)  # stop_after_epochs: the schedule stays max_epochs
+    # newbob's stopping rule ends training as the last epoch would (train/schedule.py); stop_after_epochs
+    # stops it earlier, the schedule staying max_epochs
+    last_epoch = min(tc.max_epochs, tc.stop_after_epochs or tc.max_epochs)
     try:
         while prog.status is None and prog.epoch <= last_epoch and not schedule_ended(tc, prog.eval_losses):
             if _train_epoch(t):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
 
+from speechperf.results.progress import Clock
 from speechperf.results.rows import Rows
 from speechperf.telemetry.gc_pauses import GcPauses
 from speechperf.telemetry.sampler import Sampler
@@ -30,13 +30,13 @@ class MachineRecord:
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
         self.gc_pauses = GcPauses()  # this process's garbage collections from the clock's start (summary "gc")
 
-    def start(self, now: Callable[[], float]) -> None:
-        """The sampler and the collection count started; ``now``: the TTA clock, read once both run."""
+    def start(self, clock: Clock) -> None:
+        """The sampler and the collection count started; ``clock``: the TTA clock, read once both run."""
         self.segment = time.time()  # one per process: its counters are differenced only among its samples
         self.sampler = Sampler(os.getpid()).start()
         self.gc_pauses.start()
         self.p0 = time.perf_counter()  # a sample's t from here (the sampler's start, to a few ms)
-        self.t0 = now()
+        self.t0 = clock.now()
 
     def store_so_far(self) -> None:
         """Every sample so far, made final now (Sampler.flush) and stored: a killed run keeps its

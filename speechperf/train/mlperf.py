@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import mlperf_logging.compliance_checker as cc
 import yaml
 
 from speechperf import metric
@@ -52,8 +53,6 @@ def rules_config(folder: Path) -> Path:
     """Write the checker config into ``folder`` (a temporary one); returns the file to give
     ``--config``: the stock training common rules of ``RULESET`` whose division rule
     enqueues speechperf's benchmark rules instead of MLPerf's list of benchmarks."""
-    import mlperf_logging.compliance_checker as cc
-
     stock = Path(cc.__file__).with_name(f"training_{RULESET}") / "common.yaml"
     records = yaml.load(stock.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
     bench = Path(folder) / "speechperf_benchmark.yaml"

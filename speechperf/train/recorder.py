@@ -92,8 +92,9 @@ class Recorder:
     def summary(self, status: str) -> dict:
         return _summary(self.run_id, self.out, status, self.prog, self.now())
 
-    def finish(self, status: str) -> dict:
-        """The run ended with ``status``: its summary row."""
+    def finish(self, status: str, graphs: dict | None = None) -> dict:  # noqa: ARG002 (rank 0 records them)
+        """The run ended with ``status``: its summary row. ``graphs``: train.cuda_graphs' figures
+        (train/graphs.py ``graph_figures``; None: the steps ran without CUDA graphs)."""
         return self.summary(status)
 
     def fail(self, e: BaseException, meter=None) -> BaseException:
@@ -118,24 +119,24 @@ class Recorder:
 class RunRecorder(Recorder):
     """Rank 0's recorder: writes the run folder through ``run``."""
 
-    def __init__(self, prog: Progress, run: Run, quiet: bool, target: str, check: Callable[[Run, str], dict] | None = None,
-                 units=None):
+    def __init__(self, prog: Progress, run: Run, quiet: bool, target: str,
+                 check: Callable[[Run, str], dict] | None = None, units=None):
         super().__init__(prog, run)
 
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
-        self.check = check  # check(run, status): the finished run against its reference (TrainRequest.check); None: none
+        # check(run, status): the finished run against its reference (TrainRequest.check); None: none
+        self.check = check
         self.target = target  # train.target_metric: eval_accuracy's value and the status line's
         self.events = run.log.events()
         self.status_line = None if quiet else StatusLine(target)
         self.machine = MachineRecord(run.rows, run.run_id)  # utilization samples and collection pauses
         self.last_row: dict = {}
         self.flops = None  # RunFlops: the model's FLOPs per batch and the device's peak (MFU)
-        self.units = units  # the run's output units, which turn the logged sentences' ids into text (None: characters)
+        self.units = units  # the run's output units: the logged sentences' ids into text (None: characters)
         self.ckpt_s = 0.0  # checkpoint seconds since the last iteration row: the next row's
-        self.ckpt_writer = run.checkpoint_writer()  # writes each checkpoint beside training (results/checkpoint_writer.py)
+        self.ckpt_writer = run.checkpoint_writer()  # each checkpoint written beside training (checkpoint_writer.py)
         self.resumed_at: int | None = None  # the iteration of the checkpoint a resumed run continues from
         self.floor: dict | None = None  # the step against its floor (train/floor.py), measured after training
-        self.graphs: dict | None = None  # train.cuda_graphs: shapes captured, seconds, steps run eagerly (train/graphs.py)
 
     @classmethod
     def begin(cls, run: Run, plan: str, cfg, prog: Progress, *, world: int, splits: dict, init_ms: int,
@@ -160,7 +161,7 @@ class RunRecorder(Recorder):
         else:
             self.events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
             self.events.start(C.RUN_START)
-        self.machine.start(self.now)
+        self.machine.start(self.clock)
 
     def count_flops(self, cfg, device) -> dict:
         """The FLOP model and the device's peak, for MFU (initialization, outside the clock);
@@ -187,8 +188,8 @@ class RunRecorder(Recorder):
             self.last_row = r.row
         if self.status_line and reads:
             evals = self.prog.evals
-            self.status_line.update(self.prog.epoch, reads[-1].iteration, reads[-1].loss,
-                                    self.last_row["utts_per_s"], evals[-1].get(self.target) if evals else None, self.now(),
+            self.status_line.update(self.prog.epoch, reads[-1].iteration, reads[-1].loss, self.last_row["utts_per_s"],
+                                    evals[-1].get(self.target) if evals else None, self.now(),
                                     self.last_row["audio_s_per_s"])
 
     def sentences(self, batch, step, model) -> None:
@@ -255,17 +256,18 @@ class RunRecorder(Recorder):
         self._written(self.ckpt_writer.wait())
         self.events.end(C.RUN_STOP, None, status="success" if status == "success" else "aborted", reason=status)
 
-    def finish(self, status: str) -> dict:
+    def finish(self, status: str, graphs: dict | None = None) -> dict:
         self.ckpt_writer.wait()  # written by stopped(); a finished run has its last checkpoint on disk
         self.machine.stop()
         summary = self.summary(status)
-        summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so beside the result
+        summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so
         summary["precision_choice"] = self.run.env.get("precision_choice")  # auto: chosen, each candidate's step
-        summary["gc"] = self.machine.gc_pauses.figures()  # the interpreter's collection pauses while this process trained
+        summary["gc"] = self.machine.gc_pauses.figures()  # the collection pauses while this process trained
         summary["floor"] = self.floor  # the step against its floor, where the run measured it (train/floor.py)
-        summary["shared"] = contention.shared(self.run.rows.samples(), self.run.env.get("torch_threads"),  # others took
-                                              self.run.env.get("cpu_cores_logical"))  # its cores (telemetry/contention.py)
-        summary["cuda_graphs"] = self.graphs  # None: the steps ran without CUDA graphs
+        # what others took of its cores (telemetry/contention.py)
+        summary["shared"] = contention.shared(self.run.rows.samples(), self.run.env.get("torch_threads"),
+                                              self.run.env.get("cpu_cores_logical"))
+        summary["cuda_graphs"] = graphs  # shapes captured, seconds, steps run eagerly; None: no CUDA graphs
         summary.update(self.flops.summary(self.run.rows.iterations()))  # TFLOPS and MFU over every training step
         summary["convergence"] = self.check(self.run, status) if self.check is not None else None  # the preset's RCPs
         self.run.rows.set_status(status)
@@ -284,8 +286,8 @@ class RunRecorder(Recorder):
         fault = as_fault(e, self.out)
         reason, status = str(fault or e), failure_status(fault or e)
         unsaved = []
-        for what, write in (("checkpoint", lambda: self._written(self.ckpt_writer.wait())), ("rows", self.run.rows.flush),
-                            ("status", lambda: self.run.rows.set_status(status)),
+        for what, write in (("checkpoint", lambda: self._written(self.ckpt_writer.wait())),
+                            ("rows", self.run.rows.flush), ("status", lambda: self.run.rows.set_status(status)),
                             (EVENTS_FILE, lambda: self.events.end(C.RUN_STOP, None, status="aborted", reason=reason)),
                             (SUMMARY_FILE, lambda: self.run.write_summary(self._stopped_summary(status))),
                             ("samples", self.machine.stop)):

@@ -15,8 +15,9 @@ reads the flag on the host, is not used). The count of consecutive bad steps, an
 divergence abort at ``train.max_bad_losses``, are applied at the read point in step order,
 so they name the same iteration as a per-step check would.
 
-The loss is the model's objective's (speechperf/objectives/). What remains on a GPU: PyTorch's CUDA CTC copies the length lists to the device with
-blocking copies inside ``F.ctc_loss`` (forward and backward); the loop adds none.
+The loss is the model's objective's (speechperf/objectives/). What remains on a GPU: PyTorch's
+CUDA CTC copies the length lists to the device with blocking copies inside ``F.ctc_loss``
+(forward and backward); the loop adds none.
 """
 from __future__ import annotations
 

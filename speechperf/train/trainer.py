@@ -2,17 +2,18 @@
 
 :func:`build` verifies every split the run reads, loads the training index, makes the
 data-parallel algorithm (speechperf/algorithms/) and the model, optimizer, scheduler and scaler,
-restored from the checkpoint the loop loaded when resuming (results/checkpoint.py); :func:`start`
-has rank 0's admission begin its run (``Admission.begin``: created, or reopened to continue, as
-planned, train/admission.py) and makes the recorder of it, and does initialization's one-time
-work, after which the clock starts. Neither takes the run folder: the trainer holds the run:
-:meth:`Trainer.checkpoint` hands it to results/checkpoint.py's ``save``, the file's one owner.
+restored from the checkpoint the opening read when resuming (results/checkpoint.py): a
+:class:`Built`. The run-opening stage (train/opening.py's ``begin``) then makes the Run and its
+recorder and the :class:`Trainer` from them, complete (no field of it is filled in later), and
+:func:`run_initialization` does initialization's one-time work, after which the clock starts.
+Nothing here takes the run folder: the trainer holds the run: :meth:`Trainer.checkpoint` hands it
+to results/checkpoint.py's ``save``, the file's one owner.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -24,35 +25,49 @@ from speechperf.data.loader import Loader, load_index, make_loader
 from speechperf.data.resident import Resident, check_fits, feature_dims
 from speechperf.data.units import Units, ensure_units
 from speechperf.data.batching import Batching
-from speechperf.features.checksum import OVER, features_sha256
 from speechperf.models import build_model, fp8
 from speechperf.models.contract import compiled
 from speechperf.results import checkpoint
-from speechperf.train.admission import Admission, verify_splits_of
+from speechperf.train.admission import verify_splits_of
 from speechperf.results.checkpoint import TrainState
 from speechperf.results.progress import Progress
-from speechperf.train.request import TrainRequest
 from speechperf.results.run import Run
-from speechperf.telemetry.environment import capture_env
 from speechperf.errors import ConfigError
 from speechperf.train import distributed
 from speechperf.train.graphs import GraphedModel, check_memory, graphed, planned_shapes
 from speechperf.train.evaluate import resident_shapes
 from speechperf.algorithms import make_algorithm
 from speechperf.algorithms.base import Algorithm
-from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
+from speechperf.train.recorder import Recorder, train_utterances
 from speechperf.train.schedule import make_scheduler
 from speechperf.train.step import StepMeter, make_optimizer
 from speechperf.objectives import objective_of
 from speechperf.telemetry import memory
 from speechperf.train.stop import StopSignals
-from speechperf.train.warmup import FEATURE_DIM, check_precision, initialize, warm_model
+from speechperf.train.warmup import FEATURE_DIM, initialize, warm_model
+
+
+@dataclass(frozen=True)
+class Built:
+    """What :func:`build` makes before the run exists: the model side of a :class:`Trainer`."""
+
+    splits: dict  # every split the run reads, verified (data/check.py)
+    index: Index  # the training splits' compact index, loaded once (every epoch plans from it)
+    units: Units  # the output units (loader.units: characters, or the folder's BPE model; data/units.py)
+    algo: Algorithm
+    state: TrainState  # model, optimizer, scheduler, scaler
+    local: torch.nn.Module  # the model without DDP's hooks: what the warm-up runs
+    model: torch.nn.Module  # what the step trains: the algorithm's wrap of the (compiled) model
+    prog: Progress  # where the run stands at the start (the checkpoint's, or a new run's)
+    resident: Resident | None  # loader.resident: the training split on the device (data/resident.py)
+    planned: set | None  # train.cuda_graphs: the (utterances, frames) shapes the run's epochs plan (train/graphs.py)
 
 
 @dataclass
 class Trainer:
-    """What one process trains with, built once by :func:`build`; the state machine's
-    functions (train/loop.py) read it (``t``)."""
+    """What one process trains with, complete when made (train/opening.py's ``begin``); the state
+    machine's functions (train/loop.py) read it (``t``). Only its own methods change it: the
+    readers started ahead, the resident split released."""
 
     cfg: RunConfig
     batching: Batching  # the run's batches (data/batching.py): epochs, schedule, MLPerf's batch, evaluation
@@ -61,19 +76,19 @@ class Trainer:
     plan: str  # fresh, restart (no checkpoint yet) or resume (train/admission.py)
     splits: dict  # every split the run reads, verified (data/check.py)
     index: Index  # the training splits' compact index, loaded once (every epoch plans from it)
+    units: Units  # the output units (loader.units: characters, or the folder's BPE model; data/units.py)
     local: torch.nn.Module  # the model without DDP's hooks: what the warm-up runs
     model: torch.nn.Module  # what the step trains: the algorithm's wrap of the (compiled) model
     algo: Algorithm
     state: TrainState  # model, optimizer, scheduler, scaler
-    prog_start: Progress  # where the run stands at the start (the checkpoint's, or a new run's)
-    units: Units  # the output units (loader.units: characters, or the folder's BPE model; data/units.py)
-    run: Run | None = None  # rank 0: the run folder it writes (start); other ranks: None
-    rec: Recorder | None = None  # rank 0: the run's recorder; other ranks: progress and clock only (start)
-    meter: StepMeter | None = None  # the steps' device values not yet read
-    stop: StopSignals | None = None  # SIGINT / SIGTERM received
-    ahead: tuple[int, Loader] | None = None  # (epoch, its loader) started during the evaluation before it
-    resident: Resident | None = None  # loader.resident: the training split on the device (data/resident.py)
-    precision_choice: dict | None = None  # a new run at train.precision=auto: its choice (train/auto_precision.py)
+    resident: Resident | None  # loader.resident: the training split on the device (data/resident.py)
+    planned: set | None  # train.cuda_graphs: the batch shapes to capture before the clock (train/graphs.py)
+    run: Run | None  # rank 0: the run folder it writes; other ranks: None
+    rec: Recorder  # rank 0: the run's recorder; other ranks: progress and clock only
+    stop: StopSignals  # SIGINT / SIGTERM received
+    precision_choice: dict | None  # a new run at train.precision=auto: its choice (train/auto_precision.py)
+    meter: StepMeter = field(default_factory=StepMeter)  # the steps' device values not yet read
+    ahead: tuple[int, Loader] | None = field(default=None, init=False)  # (epoch, its loader) started ahead
 
     @property
     def prog(self) -> Progress:
@@ -131,21 +146,20 @@ class Trainer:
                 checkpoint.save(self.run, self.prog, {**state, **(algo_state or {})}, writer)
 
 
-def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Path, plan: str,
-          ckpt: dict | None) -> Trainer:
-    """Everything before the recorder and the clock: splits, index, algorithm, model (restored
-    from ``ckpt``, the run's loaded checkpoint, when ``plan`` is resume); ``data``: the features folder."""
-    splits = verify_splits_of(data, cfg, batching)  # every split this run reads, before the model and the clock exist
-    units = ensure_units(data, cfg.loader.units, splits["train"])  # BPE trained once beside the features, before the clock
+def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Path, ckpt: dict | None) -> Built:
+    """Everything before the run, its recorder and the clock: splits, index, algorithm, model
+    (restored from ``ckpt``, a resumed run's loaded checkpoint); ``data``: the features folder."""
+    splits = verify_splits_of(data, cfg, batching)  # every split this run reads, before the model and the clock
+    units = ensure_units(data, cfg.loader.units, splits["train"])  # BPE trained once beside the features
     index = load_index(data, splits["train"])  # once, before the clock (every epoch plans from it)
     algo = make_algorithm(cfg.algo, group.world, group.env.rank, group.device,
                           train=cfg.train)  # a launch it cannot train (single x 2) stops here
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
-    state, local, model = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
+    state, local, model, planned = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
     objective_of(local).check_memory(local, cfg, batching, index, units, group.device)  # a transducer's joint
     check_fits_device(cfg, batching, index, group.device, group.world, algo.shards)  # at-scale models' whole step
-    return Trainer(cfg, batching, group, data, plan, splits, index, local, model, algo, state, prog, units,
-                   resident=_resident(batching, group, data, index, units))
+    return Built(splits, index, units, algo, state, local, model, prog, _resident(batching, group, data, index, units),
+                 planned)
 
 
 def check_fits_device(cfg: RunConfig, batching: Batching, index: Index, device: torch.device, world: int,
@@ -174,49 +188,31 @@ def _resident(batching: Batching, group: distributed.Group, data: Path, index: I
     return Resident(index, data, batching.loader, group.device, dims, units=units)
 
 
-def start(t: Trainer, request: TrainRequest, admission: Admission | None, stop: StopSignals, init_t0: float,
-          init_ms: int) -> None:
-    """Rank 0 (``admission``: its own): the run its admission begins (``Admission.begin``) and its
-    recorder; other ranks (None) keep the recorder of progress and clock only the loop gave them.
-    Then initialization: the clock starts. ``init_t0``, ``init_ms``: perf_counter() and wall-clock
-    milliseconds at init_start."""
-    cfg, group, prog = t.cfg, t.group, t.prog_start
-    t.meter, t.stop = StepMeter(), stop
-    if admission is not None:
-        env = _env(t, request)
-        config = cfg.to_dict()
-        t.run = admission.begin(config=config, env=env, progress=prog, data=t.data,
-                                label=request.run_label(env, config), shared_db=request.db_path)
-        t.rec = RunRecorder.begin(t.run, t.plan, cfg, prog, world=group.world, splits=t.splits, init_ms=init_ms,
-                                  quiet=request.quiet, check=request.check, batch=t.batching.mlperf_batch(t.index),
-                                  units=t.units)
-    _initialize(t, init_t0)
-
-
 def _model(cfg: RunConfig, batching: Batching, device, algo: Algorithm, ckpt: dict | None, prog: Progress,
            splits: dict, index: Index):
-    """(state, the model without DDP's hooks: what the warm-up runs, the module the step trains),
-    restored from ``ckpt`` when resuming."""
+    """(state, the model without DDP's hooks: what the warm-up runs, the module the step trains, the
+    batch shapes train.cuda_graphs captures before the clock or None), restored from ``ckpt`` when resuming."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
     fp8.prepare(core, tc.precision, device)  # fp8: torchao's float8 Linear layers, before any wrap or shard
     if algo.shards:
-        return _sharded(cfg, batching, device, algo, core, ckpt, prog, splits, index)
+        return (*_sharded(cfg, batching, device, algo, core, ckpt, prog, splits, index), None)
     state = _train_state(core, tc, device, batching, prog, splits, index)
     if ckpt is not None:
         state.load(ckpt)
-    local = compiled(core) if tc.compile else core
+    local, planned = compiled(core) if tc.compile else core, None
     if tc.cuda_graphs:
         if device.type != "cuda" or batching.world > 1:
-            raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {batching.world} process(es) on {device}")
+            raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {batching.world} process(es) "
+                              f"on {device}")
         local = graphed(core, tc, device)
-        local.planned = planned_shapes(local, index, batching, tc.max_epochs)
-        check_memory(local, local.planned, FEATURE_DIM, torch.cuda.mem_get_info(device)[0])  # before the run exists
+        planned = planned_shapes(local, index, batching, tc.max_epochs)
+        check_memory(local, planned, FEATURE_DIM, torch.cuda.mem_get_info(device)[0])  # before the run exists
     model = algo.wrap(local)  # sync: DDP (several processes); the others: the model, from rank 0's weights
     if ckpt is not None:
         algo.load_state_dict(ckpt, state)  # bsp...easgd: this rank's own model, optimizer, RNG; the global state
-    return state, local, model
+    return state, local, model, planned
 
 
 def _train_state(core: torch.nn.Module, tc, device, batching: Batching, prog: Progress, splits: dict,
@@ -242,16 +238,7 @@ def _sharded(cfg: RunConfig, batching: Batching, device, algo: Algorithm, core: 
     return state, core, model
 
 
-def _env(t: Trainer, request: TrainRequest) -> dict:
-    """The run's env.json: the machine, the launch, and what a reproduction compares (the features)."""
-    device = t.group.device
-    return {**capture_env(str(device)), "world_size": t.group.world, "platform": request.platform,
-            "precision_note": check_precision(t.cfg, device), "precision_choice": t.precision_choice,
-            "features": {"sha256": features_sha256(t.data, units=t.cfg.loader.units), "over": OVER,
-                         "units": t.units.describe()}}
-
-
-def _initialize(t: Trainer, init_t0: float) -> None:
+def run_initialization(t: Trainer, init_t0: float) -> None:
     """One-time work outside the TTA clock and outside the run's RNG (a first run on a machine
     measures and caches what later runs read: both must train alike); then the clock starts."""
     device = t.group.device
@@ -265,7 +252,7 @@ def _initialize(t: Trainer, init_t0: float) -> None:
             if t.precision_choice is not None:  # made before the model was built, inside the initialization
                 init_parts["precision_s"] = t.precision_choice["seconds"]
             if isinstance(t.local, GraphedModel):  # every planned shape captured before the clock
-                init_parts.update(t.local.prepare(t.local.planned, FEATURE_DIM, device))  # planned in _model
+                init_parts.update(t.local.prepare(t.planned, FEATURE_DIM, device))  # planned in _model
                 init_parts.update(t.local.prepare_eval(resident_shapes(), FEATURE_DIM, device))  # kept by initialize
     except BaseException as e:  # the run exists: it ends recorded as failed, not "running"
         raise_as(e, t.rec.fail(e))

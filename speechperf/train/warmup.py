@@ -34,6 +34,7 @@ from speechperf.config import ConfigError
 from speechperf.objectives import OBJECTIVES, objective_of
 from speechperf.config.training import AUTO_PRECISION
 from speechperf.telemetry.capability import EMULATED, EMULATED_COST, model_support
+from speechperf.train.evaluate import keep_resident, make_decoder
 
 # Past this the initialization is reported with a warning: MLPerf's closed division allows
 # 30 minutes of initialization; a DS2 run that needs 10 has something wrong (a cold cache
@@ -49,8 +50,6 @@ def warm_decoder(name: str, beam: int, feats: Path, mode: str = "ngrams", units:
     once: every evaluation of the run reuses it, dictionary and LM tables included
     (train/evaluate.py's ``make_decoder``); and decode a small random batch, which compiles every
     kernel the evaluation will call."""
-    from speechperf.train.evaluate import make_decoder
-
     dec = make_decoder(name, 1 if name == "greedy" else beam, feats, mode, units)
     classes = units.num_classes if units is not None else alphabet.NUM_SYMBOLS
     OBJECTIVES.lookup("ctc").warm_decode(dec, classes, WARM_FRAMES)
@@ -125,8 +124,6 @@ def initialize(model: torch.nn.Module, cfg, batching: Batching, feats: Path, dev
     """Warm the decoders the run evaluates with and the model, keep the evaluation split's
     batches (cut as ``batching``, data/batching.py, cuts them for evaluation); returns seconds per
     part (and the kept batches' MiB)."""
-    from speechperf.train.evaluate import keep_resident
-
     tc = cfg.train
     parts: dict[str, float] = {}
     t = time.perf_counter()

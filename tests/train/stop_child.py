@@ -71,11 +71,11 @@ def kept(real):
     """The trainer kept referenced to the end (as a reference cycle would keep it until the
     collector runs at exit, where torch no longer stops readers): its loaders must have been
     closed by the loop itself."""
-    def build(*args, **kwargs):
+    def begin(*args, **kwargs):
         t = real(*args, **kwargs)
         KEPT.append(t)
         return t
-    return build
+    return begin
 
 
 def staged(real, stage: str):
@@ -103,7 +103,7 @@ def in_reader_start(stage: str):
 
 STAGE = [None]
 KEPT = []
-loop.build = kept(loop.build)
+loop.begin = kept(loop.begin)
 if phase == "step":
     loop.train_step = on_call(loop.train_step, 6)
 elif phase == "eval":
