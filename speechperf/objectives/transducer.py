@@ -102,13 +102,18 @@ class Transducer:
 
     def probe_loss(self, model, out, out_lens, label_lens=None) -> torch.Tensor:
         """The RNN-T loss of random labels (``label_lens``, default a quarter of each utterance's
-        frames): the prediction network, the joint and the loss kernel all run (warm-up compiles them)."""
+        frames): the prediction network, the joint and the loss kernel all run (warm-up compiles them),
+        and the auxiliary CTC head where the model has one."""
         core = unwrap(model)
         lens = label_lens if label_lens is not None else (out_lens // 4).clamp(min=1)
         classes = int(core.cfg.num_classes)
         labels = torch.randint(1, classes, (int(lens.sum()),))
         precision = "bf16" if out.dtype == torch.bfloat16 else "fp32"
-        return self.losses(model, out, out_lens, labels, lens, out.device, precision).sum()
+        loss = self.losses(model, out, out_lens, labels, lens, out.device, precision).sum()
+        if core.cfg.ctc_weight > 0:  # the step runs the auxiliary CTC head too: its FLOPs and warm-up
+            with autocast(out.device, precision):
+                loss = loss + core.ctc_log_probs(out).sum()
+        return loss
 
     def synthetic_loss(self, model, out, out_lens, classes: int) -> torch.Tensor:
         return self.probe_loss(model, out, out_lens).float() / max(len(out_lens), 1)

@@ -70,3 +70,12 @@ def test_the_head_leaves_the_other_parameters_initial_values_unchanged():
     plain, aux = _model().state_dict(), _model(ctc_weight=0.3).state_dict()
     assert set(aux) - set(plain) == {"ctc_head.weight", "ctc_head.bias"}
     assert all(torch.equal(plain[k], aux[k]) for k in plain)
+
+
+def test_the_probe_loss_reaches_the_ctc_head():
+    """Warm-up and the FLOP count differentiate the probe: with the head, it runs too."""
+    model = _model(ctc_weight=0.3)
+    feats, lens, _ = _batch()
+    out, out_lens = model(feats, lens)
+    objective_of(model).probe_loss(model, out, out_lens).backward()
+    assert model.ctc_head.weight.grad is not None and model.ctc_head.weight.grad.abs().sum() > 0
