@@ -89,6 +89,8 @@ class TransducerConfig:
     # the joint network
     joint_dim: int = 320  # width the encoder and prediction outputs are projected to and added in
     joint_dropout: float = 0.0  # dropout on tanh(enc + g), a (B, T', U+1, joint_dim) tensor: costly on a CPU
+    # auxiliary CTC (NeMo's hybrid RNNT-CTC, icefall's CTC aux): a linear head on the encoder output
+    ctc_weight: float = 0.0  # training loss (1 - w) x RNN-T + w x CTC of that head; 0: no head (no parameters)
 
     def problems(self) -> list[str]:
         """One message per invalid value, naming ``model.FIELD=value``."""
@@ -115,6 +117,8 @@ class TransducerConfig:
                 out.append(f"model.input_dim={self.input_dim} must be in 1..{FEATURE_DIM} (the feature columns)")
             if not 0.0 <= self.dropout < 1.0:
                 out.append(f"model.dropout={self.dropout} not in [0, 1)")
+        if not 0.0 <= self.ctc_weight < 1.0:
+            out.append(f"model.ctc_weight={self.ctc_weight} not in [0, 1) (the RNN-T loss keeps a share)")
         for field in ("pred_dropout", "joint_dropout"):
             if not 0.0 <= getattr(self, field) < 1.0:
                 out.append(f"model.{field}={getattr(self, field)} not in [0, 1)")
@@ -245,6 +249,8 @@ class Transducer(AcousticModel):
         self.pred_proj = nn.Linear(cfg.pred_dim, cfg.joint_dim)
         self.joint_drop = Dropout(cfg.joint_dropout)
         self.out = nn.Linear(cfg.joint_dim, cfg.num_classes)
+        # made last, so that the other parameters draw the same initial values with or without it
+        self.ctc_head = nn.Linear(cfg.joint_dim, cfg.num_classes) if cfg.ctc_weight > 0 else None
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """Encoder frames for input frames ``lengths`` (CPU arithmetic)."""
@@ -273,6 +279,11 @@ class Transducer(AcousticModel):
     def joint(self, enc: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """enc (B, T, 1, J) and g (B, 1, U+1, J), or any broadcastable pair -> logits (B, T, U+1, V)."""
         return self.out(self.joint_drop(torch.tanh(enc + g)))
+
+    def ctc_log_probs(self, enc: torch.Tensor) -> torch.Tensor:
+        """enc (B, T', joint_dim), the forward's output -> the auxiliary CTC head's log-probabilities
+        (T', B, V) in float32 (``ctc_weight`` > 0 only: the head exists then)."""
+        return self.ctc_head(enc).float().log_softmax(-1).transpose(0, 1)
 
 
 def _conformer_parameters(cfg: TransducerConfig) -> int:
@@ -311,7 +322,9 @@ def parameter_count(cfg: TransducerConfig) -> int:
         pred = cfg.num_classes * p + cfg.pred_layers * _lstm_parameters(p, p)
     else:
         pred = cfg.num_classes * p + (p * cfg.context_size if cfg.context_size > 1 else 0)
-    return _encoder_parameters(cfg) + (width * j + j) + pred + (p * j + j) + (j * cfg.num_classes + cfg.num_classes)
+    heads = 2 if cfg.ctc_weight > 0 else 1  # the joint's output layer, and the auxiliary CTC head's
+    outputs = heads * (j * cfg.num_classes + cfg.num_classes)
+    return _encoder_parameters(cfg) + (width * j + j) + pred + (p * j + j) + outputs
 
 
 def _conformer_flops(cfg: TransducerConfig, frames: int) -> tuple[float, int]:
@@ -350,7 +363,8 @@ def _lstm_flops(cfg: TransducerConfig, frames: int) -> tuple[float, int]:
 def flops(cfg: TransducerConfig, frames: int, labels: int) -> float:
     """Forward FLOPs (2 per multiply-add) of one utterance of ``frames`` input frames and ``labels``
     labels: the encoder and its projection, the prediction network over labels + 1 steps and its
-    projection, the joint's output layer over T' x (labels + 1) positions. Element-wise work
+    projection, the joint's output layer over T' x (labels + 1) positions, the auxiliary CTC head
+    over T' frames where there is one (``ctc_weight`` > 0). Element-wise work
     (tanh, the additions, normalization, softmax), embeddings and biases are not counted."""
     enc, t = {"conformer": _conformer_flops, "lstm": _lstm_flops, "fastconformer": _fastconformer_flops}[cfg.encoder](
         cfg, frames)
@@ -360,7 +374,8 @@ def flops(cfg: TransducerConfig, frames: int, labels: int) -> float:
         pred = cfg.pred_layers * 2 * 4 * p * 2 * p
     else:
         pred = 2 * p * cfg.context_size if cfg.context_size > 1 else 0
-    return float(enc + 2 * width * j * t + u * (pred + 2 * p * j) + t * u * 2 * j * cfg.num_classes)
+    ctc = 2 * j * cfg.num_classes * t if cfg.ctc_weight > 0 else 0
+    return float(enc + 2 * width * j * t + u * (pred + 2 * p * j) + t * u * 2 * j * cfg.num_classes + ctc)
 
 
 @register_model("transducer", TransducerConfig)

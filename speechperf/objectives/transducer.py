@@ -20,11 +20,13 @@ import time
 import numpy as np
 import psutil
 import torch
+import torch.nn.functional as F
 
 from speechperf.corpus import alphabet
 from speechperf.errors import ConfigError
 from speechperf.models.contract import autocast, to_device, unwrap
 from speechperf.objectives import register_objective
+from speechperf.objectives.ctc import needed_frames
 from speechperf.objectives.rnnt_loss import joint_bytes, rnnt_loss
 from speechperf.objectives.transducer_search import beam_search, greedy_batch
 
@@ -62,10 +64,17 @@ class Transducer:
         return rnnt_loss(logits, targets.int(), out_lens.int(), label_lens.int(), blank=0, reduction="none")
 
     def train_loss(self, model, out, out_lens, batch, device, tc) -> tuple[torch.Tensor, int]:
+        """The batch's mean RNN-T loss over its possible utterances; with the model's auxiliary CTC
+        head (``model.ctc_weight`` w > 0), (1 - w) x that + w x the head's mean CTC loss (NeMo's hybrid
+        RNNT-CTC), the CTC's impossible utterances (too few frames) zeroed and left out of its mean."""
         impossible = int((out_lens < 1).sum())  # CPU lengths: no device sync
         losses = self.losses(model, out, out_lens, batch.labels, batch.label_lens, device, tc.precision)
         losses = torch.where(torch.isfinite(losses), losses, 0.0)  # as CTC's zero_infinity; counted above
-        return losses.sum() / max(len(out_lens) - impossible, 1), impossible
+        loss = losses.sum() / max(len(out_lens) - impossible, 1)
+        weight = unwrap(model).cfg.ctc_weight
+        if weight > 0:
+            loss = (1.0 - weight) * loss + weight * ctc_aux_loss(model, out, out_lens, batch, device, tc.precision)
+        return loss, impossible
 
     def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str) -> torch.Tensor:
         return self.losses(model, out, out_lens, labels, label_lens, device, precision)
@@ -93,13 +102,18 @@ class Transducer:
 
     def probe_loss(self, model, out, out_lens, label_lens=None) -> torch.Tensor:
         """The RNN-T loss of random labels (``label_lens``, default a quarter of each utterance's
-        frames): the prediction network, the joint and the loss kernel all run (warm-up compiles them)."""
+        frames): the prediction network, the joint and the loss kernel all run (warm-up compiles them),
+        and the auxiliary CTC head where the model has one."""
         core = unwrap(model)
         lens = label_lens if label_lens is not None else (out_lens // 4).clamp(min=1)
         classes = int(core.cfg.num_classes)
         labels = torch.randint(1, classes, (int(lens.sum()),))
         precision = "bf16" if out.dtype == torch.bfloat16 else "fp32"
-        return self.losses(model, out, out_lens, labels, lens, out.device, precision).sum()
+        loss = self.losses(model, out, out_lens, labels, lens, out.device, precision).sum()
+        if core.cfg.ctc_weight > 0:  # the step runs the auxiliary CTC head too: its FLOPs and warm-up
+            with autocast(out.device, precision):
+                loss = loss + core.ctc_log_probs(out).sum()
+        return loss
 
     def synthetic_loss(self, model, out, out_lens, classes: int) -> torch.Tensor:
         return self.probe_loss(model, out, out_lens).float() / max(len(out_lens), 1)
@@ -136,6 +150,18 @@ class Transducer:
             raise ConfigError(f"the transducer's joint of batch {b} needs {need / 2**30:.1f} GB, above the "
                               f"{free / 2**30:.1f} GB free on {device}: lower loader.batch_size or "
                               "loader.max_duration, or model.joint_dim")
+
+
+def ctc_aux_loss(model, out, out_lens, batch, device, precision: str) -> torch.Tensor:
+    """The auxiliary CTC head's loss (objectives/ctc.py's, on ``model.ctc_log_probs(out)``, the head in
+    the step's precision): summed over the utterances with enough frames for their labels, divided by
+    their count."""
+    with autocast(device, precision):
+        log_probs = unwrap(model).ctc_log_probs(out)  # (T', B, V) float32
+    valid = max(int((out_lens >= needed_frames(batch)).sum()), 1)  # CPU lengths: no device sync
+    losses = F.ctc_loss(log_probs, to_device(batch.labels, device), out_lens, batch.label_lens, blank=0,
+                        reduction="none", zero_infinity=True)
+    return losses.sum() / valid
 
 
 def _label_bound(text: str, units) -> int:

@@ -143,9 +143,10 @@ def test_gradients_reach_every_parameter(encoder, pred):
 
 
 @pytest.mark.parametrize("encoder, pred", KINDS)
-@pytest.mark.parametrize("subsampling", [4, 8])
-def test_parameter_count_by_formula(encoder, pred, subsampling):
-    cfg = cfg_of(encoder, pred, subsampling=subsampling, context_size=3 if subsampling == 4 else 1, frame_stack=2)
+@pytest.mark.parametrize("subsampling, ctc_weight", [(4, 0.0), (8, 0.0), (8, 0.3)])
+def test_parameter_count_by_formula(encoder, pred, subsampling, ctc_weight):
+    cfg = cfg_of(encoder, pred, subsampling=subsampling, context_size=3 if subsampling == 4 else 1, frame_stack=2,
+                 ctc_weight=ctc_weight)
     assert parameter_count(cfg) == sum(p.numel() for p in build_model(cfg).parameters()) == describe(cfg)["params"]
 
 
@@ -171,6 +172,18 @@ def test_flops_match_torchs_counter(encoder, pred):
             g, _ = model.predict(torch.randint(1, 7, (1, labels)))
             model.joint(enc[:, :, None], g[:, None])
         assert fc.get_total_flops() == flops(model.cfg, frames, labels) > 0, (frames, labels)
+
+
+def test_flops_count_the_auxiliary_ctc_head():
+    """With ``ctc_weight`` > 0 the step also runs the CTC head over the encoder's frames: counted by
+    torch's counter on that head alone, added to the formula; without it, no head and no term."""
+    model = small("conformer", "lstm", ctc_weight=0.3)
+    for frames in (64, 77):
+        enc, _ = model(torch.randn(1, frames, 93), torch.tensor([frames]))
+        with torch.no_grad(), counter() as fc:
+            model.ctc_log_probs(enc)
+        assert fc.get_total_flops() == flops(model.cfg, frames, 5) - flops(cfg_of("conformer", "lstm"), frames, 5) > 0
+    assert small("conformer", "lstm").ctc_head is None
 
 
 def test_flops_grow_with_the_joints_lattice():
@@ -230,6 +243,7 @@ def test_bf16_autocast_on_cpu():
     ("context_size", 0, r"model\.context_size=0 must be >= 1"),
     ("pred_dropout", 1.0, r"model\.pred_dropout=1\.0 not in \[0, 1\)"),
     ("joint_dropout", -0.5, r"model\.joint_dropout=-0\.5 not in \[0, 1\)"),
+    ("ctc_weight", 1.0, r"model\.ctc_weight=1\.0 not in \[0, 1\)"),
     ("heads", 3, r"model\.d_model=176 must be an even multiple of model\.heads=3"),
     ("subsampling", 6, r"model\.subsampling=6 must be one of 2, 4, 8"),
 ])
