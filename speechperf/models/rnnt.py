@@ -89,6 +89,9 @@ class TransducerConfig:
     # the joint network
     joint_dim: int = 320  # width the encoder and prediction outputs are projected to and added in
     joint_dropout: float = 0.0  # dropout on tanh(enc + g), a (B, T', U+1, joint_dim) tensor: costly on a CPU
+    # TDT (Xu et al. 2023, Parakeet-TDT's head): the frames a token or blank may advance, comma-separated
+    # ("0,1,2,3,4"), the joint emitting one duration logit each after the V token logits; "" = plain RNN-T
+    durations: str = ""
 
     def problems(self) -> list[str]:
         """One message per invalid value, naming ``model.FIELD=value``."""
@@ -118,7 +121,7 @@ class TransducerConfig:
         for field in ("pred_dropout", "joint_dropout"):
             if not 0.0 <= getattr(self, field) < 1.0:
                 out.append(f"model.{field}={getattr(self, field)} not in [0, 1)")
-        return out
+        return out + duration_problems(self.durations)
 
 
 def conformer_config(cfg: TransducerConfig) -> ConformerConfig:
@@ -244,7 +247,7 @@ class Transducer(AcousticModel):
         self.predictor = LSTMPredictor(cfg) if cfg.pred == "lstm" else StatelessPredictor(cfg)
         self.pred_proj = nn.Linear(cfg.pred_dim, cfg.joint_dim)
         self.joint_drop = Dropout(cfg.joint_dropout)
-        self.out = nn.Linear(cfg.joint_dim, cfg.num_classes)
+        self.out = nn.Linear(cfg.joint_dim, outputs(cfg))
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """Encoder frames for input frames ``lengths`` (CPU arithmetic)."""
@@ -311,7 +314,7 @@ def parameter_count(cfg: TransducerConfig) -> int:
         pred = cfg.num_classes * p + cfg.pred_layers * _lstm_parameters(p, p)
     else:
         pred = cfg.num_classes * p + (p * cfg.context_size if cfg.context_size > 1 else 0)
-    return _encoder_parameters(cfg) + (width * j + j) + pred + (p * j + j) + (j * cfg.num_classes + cfg.num_classes)
+    return _encoder_parameters(cfg) + (width * j + j) + pred + (p * j + j) + (j * outputs(cfg) + outputs(cfg))
 
 
 def _conformer_flops(cfg: TransducerConfig, frames: int) -> tuple[float, int]:
@@ -350,7 +353,8 @@ def _lstm_flops(cfg: TransducerConfig, frames: int) -> tuple[float, int]:
 def flops(cfg: TransducerConfig, frames: int, labels: int) -> float:
     """Forward FLOPs (2 per multiply-add) of one utterance of ``frames`` input frames and ``labels``
     labels: the encoder and its projection, the prediction network over labels + 1 steps and its
-    projection, the joint's output layer over T' x (labels + 1) positions. Element-wise work
+    projection, the joint's output layer (V tokens and the TDT's durations) over T' x (labels + 1)
+    positions. Element-wise work
     (tanh, the additions, normalization, softmax), embeddings and biases are not counted."""
     enc, t = {"conformer": _conformer_flops, "lstm": _lstm_flops, "fastconformer": _fastconformer_flops}[cfg.encoder](
         cfg, frames)
@@ -360,9 +364,33 @@ def flops(cfg: TransducerConfig, frames: int, labels: int) -> float:
         pred = cfg.pred_layers * 2 * 4 * p * 2 * p
     else:
         pred = 2 * p * cfg.context_size if cfg.context_size > 1 else 0
-    return float(enc + 2 * width * j * t + u * (pred + 2 * p * j) + t * u * 2 * j * cfg.num_classes)
+    return float(enc + 2 * width * j * t + u * (pred + 2 * p * j) + t * u * 2 * j * outputs(cfg))
 
 
 @register_model("transducer", TransducerConfig)
 def build_transducer(cfg: TransducerConfig) -> Transducer:
     return Transducer(cfg)
+
+
+def durations_of(cfg: TransducerConfig) -> tuple[int, ...]:
+    """The TDT's durations (``model.durations`` parsed); () for a plain RNN-T. Assumes a valid config."""
+    return tuple(int(d) for d in cfg.durations.split(",")) if cfg.durations.strip() else ()
+
+
+def outputs(cfg: TransducerConfig) -> int:
+    """The joint's output width: the V token logits, then one logit per TDT duration."""
+    return cfg.num_classes + len(durations_of(cfg))
+
+
+def duration_problems(durations: str) -> list[str]:
+    """``model.durations``: empty, or distinct integers >= 0 that include 1 (a blank of one frame)."""
+    if not durations.strip():
+        return []
+    try:
+        ds = [int(d) for d in durations.split(",")]
+    except ValueError:
+        ds = []
+    if not ds or len(set(ds)) != len(ds) or min(ds) < 0 or 1 not in ds:
+        return [f"model.durations={durations!r} must be comma-separated distinct integers >= 0 including 1 "
+                "(e.g. \"0,1,2,3,4\"), or empty for RNN-T"]
+    return []
