@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from speechperf.objectives import tdt_cpu
+from speechperf.objectives import tdt_cpu, tdt_cuda
 from speechperf.objectives.rnnt_loss import RNNTInputError
-from speechperf.objectives.tdt_loss import TDTLossFunction, possible, tdt_loss
+from speechperf.objectives.tdt_loss import TDTLossFunction, kernel_forward, possible, tdt_loss
 from speechperf.objectives.tdt_reference import tdt_loss_reference
 
 SETS = [(0, 1, 2, 3, 4), (1, 2, 3, 4), (0, 1), (1,), (0, 2), (2, 3)]
@@ -195,3 +195,63 @@ def test_bad_inputs_are_refused_naming_the_value():
         tdt_loss(logits, targets, tlen, ulen, SETS[0], blank=5)  # 10 logits: 5 tokens, 5 durations
     with pytest.raises(RNNTInputError, match=r"expected \(B, T, U\+1, V\+D\)"):
         tdt_loss(logits[..., :5], targets, tlen, ulen, SETS[0])
+
+
+@pytest.mark.parametrize("durations", [(0, 1, 2, 3, 4), (1, 2)])
+def test_cuda_kernels_in_the_simulator_equal_the_cpu_kernel(durations):
+    """The CUDA kernels run by numba's CUDA simulator (no GPU), row blocks of 4 threads over V = 5 and
+    recursion blocks of 2 over U + 1 = 3 so that both stride loops wrap; in place (a half-precision
+    joint's buffer) with the fused softmaxes and sigma, into a new buffer without."""
+    D = len(durations)
+    logits, targets, tlen, ulen = batch(B=4, T=4, U=2, V=5, D=D, seed=4, tlen=(4, 2, 0, 2), ulen=(2, 0, 1, 2))
+    args = (targets.numpy(), tlen.numpy(), ulen.numpy(), np.array(durations), 0)
+    for fused, inplace, sigma in ((True, True, 0.05), (False, False, 0.0)):
+        acts = (logits if fused else torch.cat(split(logits, D), -1).float()).numpy()
+        want_grads = np.empty_like(acts)
+        want = tdt_cpu.run(acts, want_grads, *args, fused, sigma)
+        work = acts.copy()
+        grads = work if inplace else np.full_like(acts, np.nan)
+        got = tdt_cuda.simulate(work, grads, *args, fused, sigma, threads=4, lattice=2)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        np.testing.assert_allclose(grads, want_grads, atol=1e-6)
+        assert np.isinf(want[2]) and (durations[0] != 1 or np.isinf(want[3]))  # no frames; 2 labels in 2 frames
+
+
+def test_the_cuda_kernels_compile_for_a_gpu():
+    """numba.cuda types and compiles the three kernels and their helpers to PTX for sm_90 (no GPU needed,
+    but NVVM: the simulator runs them as Python and would not see a typing error the real compiler makes)."""
+    from numba import cuda, types
+
+    f32, f64, i64 = types.float32, types.float64, types.int64
+    acts, lat, hold = types.Array(f32, 4, "C"), types.Array(f64, 3, "C"), types.Array(f32, 3, "C")
+    lat4, tgt, lens, ll = types.Array(f64, 4, "C"), types.Array(i64, 2, "C"), types.Array(i64, 1, "C"), \
+        types.Array(f64, 1, "C")
+    sigs = {tdt_cuda.rows_kernel: (acts, tgt, lens, lens, i64, types.boolean, f64, acts, lat, lat, lat4, lat, hold),
+            tdt_cuda.alpha_beta_kernel: (lens, lat, lat, lat4, lens, lens, lat, lat, ll),
+            tdt_cuda.grads_kernel: (lens, tgt, lens, lens, i64, types.boolean, lat, lat, lat, lat, lat4, lat, ll, hold,
+                                    acts)}
+    tdt_cuda.use_helpers(lambda f: cuda.jit(f, device=True, inline=True))
+    try:
+        for kernel, sig in sigs.items():
+            try:
+                ptx, _ = cuda.compile_ptx(kernel, sig, cc=(9, 0))
+            except Exception as e:  # noqa: BLE001 - numba's errors for a missing NVVM vary by version
+                if "nvvm" in str(e).lower() or "nvrtc" in str(e).lower() or "cuda" in type(e).__module__.lower():
+                    pytest.skip(f"no NVVM to compile with here: {type(e).__name__}")
+                raise
+            assert ".entry" in ptx, kernel.__name__
+    finally:
+        tdt_cuda.use_helpers(lambda f: f)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cuda_kernels_equal_the_cpu_kernel_on_a_gpu(dtype):
+    logits, targets, tlen, ulen = batch(B=4, T=40, U=12, V=300, seed=6, tlen=(40, 17, 0, 33), ulen=(12, 3, 5, 0))
+    targets = targets.clamp(min=1)
+    logits = logits.to(dtype)
+    want, want_grad = kernel_forward(logits, targets, tlen, ulen, SETS[0], 0, True, 0.0)
+    got, grad = kernel_forward(logits.cuda(), targets, tlen, ulen, SETS[0], 0, True, 0.0)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad.float().cpu(), want_grad.float(), atol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                               rtol=1e-2 if dtype == torch.bfloat16 else 1e-4)
