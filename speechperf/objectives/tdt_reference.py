@@ -34,6 +34,10 @@ def log_likelihood(lp_tok, lpd, targets, logit_lengths, target_lengths, duration
     """log P(targets) (B,) from token log-probabilities (B, T, U+1, V) and duration ones (B, T, U+1, D)."""
     B, T, U1, _ = lp_tok.shape
     blank_w, label_w = _arcs(lp_tok, lpd, targets, blank, sigma)
+    # per frame and duration (B, U+1) / (B, U) views by unbind, whose backward is one stack (an index per
+    # step would have autograd write a zero tensor of the whole lattice for each)
+    blank_f = [w.unbind(-1) for w in blank_w.unbind(1)]
+    label_f = [w.unbind(-1) for w in label_w.unbind(1)]
     dev, dt = lp_tok.device, lp_tok.dtype
     start = F.pad(torch.zeros(B, 1, dtype=dt, device=dev), (0, U1 - 1), value=FAR)  # (B, U+1): (0, 0) only
     alphas = []
@@ -43,11 +47,11 @@ def log_likelihood(lp_tok, lpd, targets, logit_lengths, target_lengths, duration
             s = t - d
             if d == 0 or s < 0:
                 continue
-            terms.append(alphas[s] + blank_w[:, s, :, k])  # blank from (s, u)
-            terms.append(F.pad(alphas[s][:, :-1] + label_w[:, s, :, k], (1, 0), value=FAR))  # label from (s, u-1)
+            terms.append(alphas[s] + blank_f[s][k])  # blank from (s, u)
+            terms.append(F.pad(alphas[s][:, :-1] + label_f[s][k], (1, 0), value=FAR))  # label from (s, u-1)
         a = torch.logsumexp(torch.stack(terms), 0) if terms else torch.full((B, U1), FAR, dtype=dt, device=dev)
         if 0 in durations:
-            w = label_w[:, t, :, durations.index(0)]  # (B, U): the d=0 label arc from (t, j)
+            w = label_f[t][durations.index(0)]  # (B, U): the d=0 label arc from (t, j)
             c = F.pad(torch.cumsum(w, 1), (1, 0))  # (B, U+1): C[u]
             a = c + torch.logcumsumexp(a - c, 1)
         alphas.append(a.clamp(min=FAR))
