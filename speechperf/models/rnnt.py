@@ -354,8 +354,8 @@ def flops(cfg: TransducerConfig, frames: int, labels: int) -> float:
     """Forward FLOPs (2 per multiply-add) of one utterance of ``frames`` input frames and ``labels``
     labels: the encoder and its projection, the prediction network over labels + 1 steps and its
     projection, the joint's output layer (V tokens and the TDT's durations) over T' x (labels + 1)
-    positions. Element-wise work
-    (tanh, the additions, normalization, softmax), embeddings and biases are not counted."""
+    positions. Element-wise work (tanh, the additions, normalization, softmax), embeddings and biases
+    are not counted."""
     enc, t = {"conformer": _conformer_flops, "lstm": _lstm_flops, "fastconformer": _fastconformer_flops}[cfg.encoder](
         cfg, frames)
     width = cfg.enc_hidden if cfg.encoder == "lstm" else cfg.d_model
