@@ -18,12 +18,17 @@ and optimized_transducer (csukuangfj/transducer-loss-benchmarking; their step in
 forward and backward, which this one leaves out: a lower bound for ours, so within 2x is a necessary
 condition only). The reference runs there too where its memory fits.
 
+TDT (speechperf/objectives/tdt_loss.py, durations 0-4): the same rows for the TDT loss's kernels
+against ``tdt_loss_reference``, on the same shapes with 5 duration logits after the V token logits
+(``tdt_cpu``, ``tdt_gpu`` in the figures; the headline ratio stays RNN-T's).
+
 Usage: python benchmarks/run.py rnnt_loss [--shapes 8x100x30x128,16x200x50x256] [--repeats 5]
        [--gpu-shapes 30x400x100x500] [--dtype float32] [--threads N]
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import re
 import statistics
@@ -36,6 +41,8 @@ import torch
 import _timing
 from speechperf.objectives.rnnt_loss import joint_bytes, rnnt_loss
 from speechperf.objectives.rnnt_reference import rnnt_loss_reference
+from speechperf.objectives.tdt_loss import tdt_loss
+from speechperf.objectives.tdt_reference import tdt_loss_reference
 
 GOAL = ("docs/workloads.md: the RNN-T loss's CPU kernel >= 3x faster than a pure-torch reference of the same loss "
         "(forward + backward, same shapes, one process); on a GPU within 2x of full-lattice losses' published step "
@@ -45,6 +52,10 @@ RATIO = "reference / kernel wall seconds per forward + backward (CPU, the first 
 DATA = False
 PUBLISHED_S = (0.38, 0.60)  # full-lattice losses' step at the GPU shapes (csukuangfj/transducer-loss-benchmarking)
 STATUS = Path("/proc/self/status")
+TDT_DURATIONS = (0, 1, 2, 3, 4)  # Parakeet-TDT's
+LOSSES = {"rnnt": {"kernel": rnnt_loss, "reference": rnnt_loss_reference},
+          "tdt": {"kernel": functools.partial(tdt_loss, durations=TDT_DURATIONS),
+                  "reference": functools.partial(tdt_loss_reference, durations=TDT_DURATIONS)}}
 
 
 def shapes(text: str) -> list[tuple[int, int, int, int]]:
@@ -62,11 +73,12 @@ def arguments(p) -> None:
                    help="torch's threads, which the CPU kernel follows (0: torch's default)")
 
 
-def inputs(shape, dtype, device, seed=0):
-    """Random logits (B, T, U+1, V) needing a gradient, targets and full lengths."""
+def inputs(shape, dtype, device, seed=0, extra: int = 0):
+    """Random logits (B, T, U+1, V + extra) needing a gradient (``extra``: a TDT's duration logits),
+    targets and full lengths."""
     B, T, U, V = shape
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(B, T, U + 1, V, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    logits = torch.randn(B, T, U + 1, V + extra, generator=g).to(device=device, dtype=dtype).requires_grad_()
     targets = torch.randint(1, V, (B, U), generator=g)
     return logits, targets, torch.full((B,), T), torch.full((B,), U)
 
@@ -114,9 +126,13 @@ def timed(loss, args) -> tuple[float, float]:
     return time.perf_counter() - t, time.process_time() - c
 
 
-def cpu_row(shape, dtype, repeats: int) -> dict:
-    args = inputs(shape, dtype, "cpu")
-    fns = {"kernel": rnnt_loss, "reference": rnnt_loss_reference}
+def _extra(kind: str) -> int:
+    return len(TDT_DURATIONS) if kind == "tdt" else 0
+
+
+def cpu_row(shape, dtype, repeats: int, kind: str = "rnnt") -> dict:
+    args = inputs(shape, dtype, "cpu", extra=_extra(kind))
+    fns = LOSSES[kind]
     for f in fns.values():
         step(f, args)  # warm-up: numba's compile or cache load, first pages
     runs = {k: [] for k in fns}
@@ -133,12 +149,12 @@ def cpu_row(shape, dtype, repeats: int) -> dict:
     return row
 
 
-def gpu_row(shape, dtype, repeats: int) -> dict:
+def gpu_row(shape, dtype, repeats: int, kind: str = "rnnt") -> dict:
     dev = torch.device("cuda")
-    args = inputs(shape, dtype, dev)
+    args = inputs(shape, dtype, dev, extra=_extra(kind))
     row = {"shape BxTxUxV": "x".join(map(str, shape)), "dtype": str(dtype).removeprefix("torch."),
-           "joint_bytes_gb": joint_bytes(*shape[:2], shape[2] + 1, shape[3], dtype) / 1e9}
-    for name, f in (("kernel", rnnt_loss), ("reference", rnnt_loss_reference)):
+           "joint_bytes_gb": joint_bytes(*shape[:2], shape[2] + 1, shape[3] + _extra(kind), dtype) / 1e9}
+    for name, f in LOSSES[kind].items():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
         base = torch.cuda.memory_allocated(dev)
@@ -157,20 +173,20 @@ def run(a) -> dict:
     dtype = getattr(torch, a.dtype)
     if a.threads:
         torch.set_num_threads(a.threads)
-    figures = {"cpu": [], "gpu": [], "threads": torch.get_num_threads()}
-    for shape in a.shapes:
-        r = cpu_row(shape, dtype, a.repeats)
-        figures["cpu"].append(r)
-        print(f"  cpu {r['shape BxTxUxV']:>16} {r['dtype']}: kernel {r['kernel_s'] * 1e3:.1f} ms "
+    figures = {"cpu": [], "gpu": [], "tdt_cpu": [], "tdt_gpu": [], "threads": torch.get_num_threads()}
+    for kind, shape in [(k, s) for k in LOSSES for s in a.shapes]:
+        r = cpu_row(shape, dtype, a.repeats, kind)
+        figures["cpu" if kind == "rnnt" else "tdt_cpu"].append(r)
+        print(f"  {kind} cpu {r['shape BxTxUxV']:>16} {r['dtype']}: kernel {r['kernel_s'] * 1e3:.1f} ms "
               f"({r['kernel_cpu_s'] * 1e3:.1f} CPU-ms, peak +{r['kernel_peak_mb']:.0f} MB), reference "
               f"{r['reference_s'] * 1e3:.1f} ms ({r['reference_cpu_s'] * 1e3:.1f} CPU-ms, peak "
               f"+{r['reference_peak_mb']:.0f} MB): {r['ratio']:.2f}x wall, {r['cpu_ratio']:.2f}x CPU", flush=True)
     if torch.cuda.is_available():
-        for shape in a.gpu_shapes:
-            r = gpu_row(shape, dtype, a.repeats)
-            figures["gpu"].append(r)
+        for kind, shape in [(k, s) for k in LOSSES for s in a.gpu_shapes]:
+            r = gpu_row(shape, dtype, a.repeats, kind)
+            figures["gpu" if kind == "rnnt" else "tdt_gpu"].append(r)
             ref = "out of memory" if r["reference_s"] is None else f"{r['reference_s'] * 1e3:.1f} ms"
-            print(f"  cuda {r['shape BxTxUxV']:>16} {r['dtype']}: kernel {r['kernel_s'] * 1e3:.1f} ms, peak "
+            print(f"  {kind} cuda {r['shape BxTxUxV']:>16} {r['dtype']}: kernel {r['kernel_s'] * 1e3:.1f} ms, peak "
                   f"{r['kernel_peak_gb']:.2f} GB (joint_bytes {r['joint_bytes_gb']:.2f} GB); reference {ref}; "
                   f"kernel / published {PUBLISHED_S[0]} s = {r['over_published']:.3f}", flush=True)
     else:

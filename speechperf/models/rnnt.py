@@ -91,6 +91,9 @@ class TransducerConfig:
     joint_dropout: float = 0.0  # dropout on tanh(enc + g), a (B, T', U+1, joint_dim) tensor: costly on a CPU
     # auxiliary CTC (NeMo's hybrid RNNT-CTC, icefall's CTC aux): a linear head on the encoder output
     ctc_weight: float = 0.0  # training loss (1 - w) x RNN-T + w x CTC of that head; 0: no head (no parameters)
+    # TDT (Xu et al. 2023, Parakeet-TDT's head): the frames a token or blank may advance, comma-separated
+    # ("0,1,2,3,4"), the joint emitting one duration logit each after the V token logits; "" = plain RNN-T
+    durations: str = ""
 
     def problems(self) -> list[str]:
         """One message per invalid value, naming ``model.FIELD=value``."""
@@ -122,7 +125,7 @@ class TransducerConfig:
         for field in ("pred_dropout", "joint_dropout"):
             if not 0.0 <= getattr(self, field) < 1.0:
                 out.append(f"model.{field}={getattr(self, field)} not in [0, 1)")
-        return out
+        return out + duration_problems(self.durations)
 
 
 def conformer_config(cfg: TransducerConfig) -> ConformerConfig:
@@ -248,7 +251,7 @@ class Transducer(AcousticModel):
         self.predictor = LSTMPredictor(cfg) if cfg.pred == "lstm" else StatelessPredictor(cfg)
         self.pred_proj = nn.Linear(cfg.pred_dim, cfg.joint_dim)
         self.joint_drop = Dropout(cfg.joint_dropout)
-        self.out = nn.Linear(cfg.joint_dim, cfg.num_classes)
+        self.out = nn.Linear(cfg.joint_dim, outputs(cfg))
         # made last, so that the other parameters draw the same initial values with or without it
         self.ctc_head = nn.Linear(cfg.joint_dim, cfg.num_classes) if cfg.ctc_weight > 0 else None
 
@@ -322,9 +325,9 @@ def parameter_count(cfg: TransducerConfig) -> int:
         pred = cfg.num_classes * p + cfg.pred_layers * _lstm_parameters(p, p)
     else:
         pred = cfg.num_classes * p + (p * cfg.context_size if cfg.context_size > 1 else 0)
-    heads = 2 if cfg.ctc_weight > 0 else 1  # the joint's output layer, and the auxiliary CTC head's
-    outputs = heads * (j * cfg.num_classes + cfg.num_classes)
-    return _encoder_parameters(cfg) + (width * j + j) + pred + (p * j + j) + outputs
+    # the joint's output layer (V tokens and the TDT's durations), and the auxiliary CTC head's where there is one
+    heads = (j * outputs(cfg) + outputs(cfg)) + ((j * cfg.num_classes + cfg.num_classes) if cfg.ctc_weight > 0 else 0)
+    return _encoder_parameters(cfg) + (width * j + j) + pred + (p * j + j) + heads
 
 
 def _conformer_flops(cfg: TransducerConfig, frames: int) -> tuple[float, int]:
@@ -363,9 +366,9 @@ def _lstm_flops(cfg: TransducerConfig, frames: int) -> tuple[float, int]:
 def flops(cfg: TransducerConfig, frames: int, labels: int) -> float:
     """Forward FLOPs (2 per multiply-add) of one utterance of ``frames`` input frames and ``labels``
     labels: the encoder and its projection, the prediction network over labels + 1 steps and its
-    projection, the joint's output layer over T' x (labels + 1) positions, the auxiliary CTC head
-    over T' frames where there is one (``ctc_weight`` > 0). Element-wise work
-    (tanh, the additions, normalization, softmax), embeddings and biases are not counted."""
+    projection, the joint's output layer (V tokens and the TDT's durations) over T' x (labels + 1)
+    positions, the auxiliary CTC head over T' frames where there is one (``ctc_weight`` > 0). Element-wise
+    work (tanh, the additions, normalization, softmax), embeddings and biases are not counted."""
     enc, t = {"conformer": _conformer_flops, "lstm": _lstm_flops, "fastconformer": _fastconformer_flops}[cfg.encoder](
         cfg, frames)
     width = cfg.enc_hidden if cfg.encoder == "lstm" else cfg.d_model
@@ -375,9 +378,33 @@ def flops(cfg: TransducerConfig, frames: int, labels: int) -> float:
     else:
         pred = 2 * p * cfg.context_size if cfg.context_size > 1 else 0
     ctc = 2 * j * cfg.num_classes * t if cfg.ctc_weight > 0 else 0
-    return float(enc + 2 * width * j * t + u * (pred + 2 * p * j) + t * u * 2 * j * cfg.num_classes + ctc)
+    return float(enc + 2 * width * j * t + u * (pred + 2 * p * j) + t * u * 2 * j * outputs(cfg) + ctc)
 
 
 @register_model("transducer", TransducerConfig)
 def build_transducer(cfg: TransducerConfig) -> Transducer:
     return Transducer(cfg)
+
+
+def durations_of(cfg: TransducerConfig) -> tuple[int, ...]:
+    """The TDT's durations (``model.durations`` parsed); () for a plain RNN-T. Assumes a valid config."""
+    return tuple(int(d) for d in cfg.durations.split(",")) if cfg.durations.strip() else ()
+
+
+def outputs(cfg: TransducerConfig) -> int:
+    """The joint's output width: the V token logits, then one logit per TDT duration."""
+    return cfg.num_classes + len(durations_of(cfg))
+
+
+def duration_problems(durations: str) -> list[str]:
+    """``model.durations``: empty, or distinct integers >= 0 that include 1 (a blank of one frame)."""
+    if not durations.strip():
+        return []
+    try:
+        ds = [int(d) for d in durations.split(",")]
+    except ValueError:
+        ds = []
+    if not ds or len(set(ds)) != len(ds) or min(ds) < 0 or 1 not in ds:
+        return [f"model.durations={durations!r} must be comma-separated distinct integers >= 0 including 1 "
+                "(e.g. \"0,1,2,3,4\"), or empty for RNN-T"]
+    return []

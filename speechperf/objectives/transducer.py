@@ -27,8 +27,8 @@ from speechperf.errors import ConfigError
 from speechperf.models.contract import autocast, to_device, unwrap
 from speechperf.objectives import register_objective
 from speechperf.objectives.ctc import needed_frames
-from speechperf.objectives.rnnt_loss import joint_bytes, rnnt_loss
-from speechperf.objectives.transducer_search import beam_search, greedy_batch
+from speechperf.objectives.rnnt_loss import joint_bytes
+from speechperf.objectives.tdt import decode, head_loss, impossible as impossible_count
 
 
 def padded_targets(labels: torch.Tensor, label_lens: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -61,13 +61,13 @@ class Transducer:
             g, _ = core.predict(targets)  # (B, U+1, J)
             logits = core.joint(out.unsqueeze(2), g.unsqueeze(1))  # (B, T', 1, J) + (B, 1, U+1, J) -> (B, T', U+1, V)
         # lengths stay on the CPU: the loss checks them there and sends them to the device without waiting
-        return rnnt_loss(logits, targets.int(), out_lens.int(), label_lens.int(), blank=0, reduction="none")
+        return head_loss(core, logits, targets.int(), out_lens.int(), label_lens.int())  # RNN-T, or TDT (durations)
 
     def train_loss(self, model, out, out_lens, batch, device, tc) -> tuple[torch.Tensor, int]:
         """The batch's mean RNN-T loss over its possible utterances; with the model's auxiliary CTC
         head (``model.ctc_weight`` w > 0), (1 - w) x that + w x the head's mean CTC loss (NeMo's hybrid
         RNNT-CTC), the CTC's impossible utterances (too few frames) zeroed and left out of its mean."""
-        impossible = int((out_lens < 1).sum())  # CPU lengths: no device sync
+        impossible = impossible_count(unwrap(model), out_lens, batch.label_lens)  # CPU lengths: no device sync
         losses = self.losses(model, out, out_lens, batch.labels, batch.label_lens, device, tc.precision)
         losses = torch.where(torch.isfinite(losses), losses, 0.0)  # as CTC's zero_infinity; counted above
         loss = losses.sum() / max(len(out_lens) - impossible, 1)
@@ -83,9 +83,7 @@ class Transducer:
         """Token ids per utterance (no blanks): batched greedy on the device, or the beam search."""
         core = unwrap(model)
         with torch.no_grad():
-            if decoder == "greedy" or beam <= 1:
-                return greedy_batch(core, out, out_lens)
-            return [beam_search(core, out[b, : int(out_lens[b])], beam=beam) for b in range(len(out_lens))]
+            return decode(core, out, out_lens, decoder, beam)  # a TDT's greedy search, or RNN-T's searches
 
     def texts(self, model, out, out_lens, count: int, units=None, decoder: str = "greedy", beam: int = 1) -> list[str]:
         decode = units.decode if units is not None else alphabet.decode
@@ -135,7 +133,7 @@ class Transducer:
         for b, utts in enumerate(plan.batches):
             frames = int(core.output_lengths(torch.as_tensor(index.frames[utts]).long()).max())
             cells = len(utts) * frames * (int(chars[utts].max()) + 1)
-            need = joint_bytes(len(utts), frames, int(chars[utts].max()) + 1, core.cfg.num_classes, dtype) + \
+            need = joint_bytes(len(utts), frames, int(chars[utts].max()) + 1, core.out.out_features, dtype) + \
                 2 * cells * core.cfg.joint_dim * item
             worst = max(worst, (need, b))
         return worst

@@ -226,14 +226,15 @@ def decoder_bytes(cfg, batch: Batch, t: int, setup: Setup) -> int:
 
 
 def transducer_joint_bytes(cfg, batch: Batch, setup: Setup) -> int:
-    """A transducer's joint at the loss (``rnnt_loss.joint_bytes``) and its tanh output (B, T', U+1, J),
+    """A transducer's joint at the loss (``rnnt_loss.joint_bytes``; a TDT's V + D outputs, its lattice's
+    D float64 duration log-probabilities per cell, 40 bytes at D = 5, left out) and its tanh output (B, T', U+1, J),
     in the step's dtype; 0 for the other heads."""
     if getattr(cfg, "name", None) != "transducer":
         return 0
     dtype = torch.float32 if setup.precision == "fp32" else torch.bfloat16
     t, u = stage_sizes(batch.frames)[-1], batch.label_length + 1
     cells = batch.utterances * t * u
-    return rnnt_joint_bytes(batch.utterances, t, u, cfg.num_classes, dtype) + cells * cfg.joint_dim * \
+    return rnnt_joint_bytes(batch.utterances, t, u, rnnt.outputs(cfg), dtype) + cells * cfg.joint_dim * \
         PRECISION_BYTES[setup.precision]
 
 

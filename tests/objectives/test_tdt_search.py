@@ -1,0 +1,74 @@
+"""The TDT's greedy search (objectives/tdt.py): batched against a one-utterance-at-a-time loop written
+from the paper's rule, on a joint whose answers are set per frame (so the path is known), and on a
+real tiny model; the same tokens whether or not it stops early; the objective dispatches on durations."""
+import torch
+
+from speechperf.models import build_model, model_config
+from speechperf.objectives import objective_of
+from speechperf.objectives.tdt import greedy_tdt
+
+V, DURS = 6, (0, 1, 2, 3, 4)
+
+
+class Table:
+    """A joint that ignores the prediction network: its logits are the encoder frame's (B, V + D)."""
+
+    cfg = type("C", (), {"num_classes": V})()
+
+    def predict_step(self, tokens, state):
+        return torch.zeros(tokens.shape[0], V + len(DURS)), (torch.zeros(tokens.shape[0], 1),)
+
+    def joint(self, enc, g):
+        return enc + g
+
+
+def frame(token, duration):
+    x = torch.zeros(V + len(DURS))
+    x[token], x[V + DURS.index(duration)] = 5.0, 5.0
+    return x
+
+
+def one_by_one(model, enc, length, max_symbols=5):
+    """The rule, one utterance: argmax token and duration at the pointer; a label is emitted; a blank, or
+    the max_symbols-th label at one frame, moves at least one frame."""
+    g, state = model.predict_step(torch.zeros(1, dtype=torch.long), None)
+    t, here, out = 0, 0, []
+    while t < length:
+        logits = model.joint(enc[None, t], g)[0]
+        k, d = int(logits[:V].argmax()), DURS[int(logits[V:].argmax())]
+        if k != 0:
+            out.append(k)
+            g, state = model.predict_step(torch.tensor([k]), state)
+            here += 1
+        if k == 0 or here >= max_symbols:
+            d = max(d, 1)
+        t, here = t + d, (0 if d > 0 else here)
+    return out
+
+
+def test_a_set_path_is_followed():
+    # t0: label 3 for 2 frames; t2: blank for 1; t3: label 4 staying (d=0): the cap of 5 moves it on; t4: 2, 3 frames
+    frames = [frame(3, 2), frame(1, 0), frame(0, 1), frame(4, 0), frame(2, 3), frame(5, 1), frame(5, 1)]
+    enc = torch.stack(frames)[None]  # (1, 7, V + D)
+    want = [3, 4, 4, 4, 4, 4, 2]  # t5, t6 are skipped by t4's duration 3
+    assert one_by_one(Table(), enc[0], 7) == want
+    for stop in (True, False):
+        assert greedy_tdt(Table(), enc, torch.tensor([7]), DURS, stop_early=stop) == [want]
+    assert greedy_tdt(Table(), enc, torch.tensor([3]), DURS) == [[3]]  # t3 is past its 3 frames
+
+
+def test_batched_equals_one_at_a_time_on_a_real_model():
+    torch.manual_seed(0)
+    cfg = model_config({"name": "transducer", "encoder": "conformer", "d_model": 16, "layers": 1, "heads": 2,
+                        "conv_kernel": 3, "subsampling_channels": 4, "pred_dim": 16, "joint_dim": 16, "num_classes": V,
+                        "durations": "0,1,2,3,4"})
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.out.parameters():
+            p.mul_(8.0)  # sharper argmaxes: labels and durations of every kind appear
+        enc, lens = model(torch.randn(4, 120, 93), torch.tensor([120, 90, 33, 4]))
+        want = [one_by_one(model, enc[b], int(lens[b])) for b in range(4)]
+        assert sum(map(len, want)) > 4
+        for stop in (True, False):
+            assert greedy_tdt(model, enc, lens, DURS, stop_early=stop) == want
+        assert objective_of(model).decode_ids(model, enc, lens, "beam", 4) == want  # the beam is greedy
