@@ -123,7 +123,7 @@ def _check_log_args(sp) -> None:
 
 
 def cmd_check_log(a) -> int:
-    from speechperf.train.mlperf import check_run
+    from speechperf.results.mlperf import check_run
 
     row = check_run(Path(a.run))
     emit([row], a.json, width=width(a))
@@ -239,7 +239,7 @@ def _platforms_args(sp) -> None:
 
 
 def cmd_platforms(a) -> int:
-    from speechperf.telemetry.platforms import profile_table
+    from speechperf.hardware.platforms import profile_table
 
     emit(profile_table(a.file), a.json, width=width(a), columns=None if a.json or a.wide else
          ["profile", "matches", "per", "$/hour", "hourly date", "purchase $", "price date"])

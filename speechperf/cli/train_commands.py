@@ -26,7 +26,7 @@ def _seeds(text: str):
 
 
 def _isa_arg(sp) -> None:
-    from speechperf.telemetry.isa_cap import CAPS
+    from speechperf.hardware.isa_cap import CAPS
 
     sp.add_argument("--isa", choices=sorted(CAPS), default=None,
                     help="cap the instruction set of oneDNN and of torch's own kernels and fix MKL's code path "
@@ -36,8 +36,8 @@ def _isa_arg(sp) -> None:
 
 
 def _isa_cap(a) -> None:
-    """--isa: this command again, the process replaced by one under the whole cap (telemetry/isa_cap.py)."""
-    from speechperf.telemetry.isa_cap import exec_capped
+    """--isa: this command again, the process replaced by one under the whole cap (hardware/isa_cap.py)."""
+    from speechperf.hardware.isa_cap import exec_capped
 
     exec_capped(a.isa, sys.argv[1:])
 

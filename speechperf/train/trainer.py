@@ -33,7 +33,7 @@ from speechperf.results.checkpoint import TrainState
 from speechperf.results.progress import Progress
 from speechperf.train.request import TrainRequest
 from speechperf.results.run import Run
-from speechperf.telemetry.environment import capture_env
+from speechperf.hardware.environment import capture_env
 from speechperf.errors import ConfigError
 from speechperf.train import distributed
 from speechperf.train.graphs import GraphedModel, check_memory, graphed, planned_shapes
@@ -44,7 +44,7 @@ from speechperf.train.recorder import Recorder, RunRecorder, train_utterances
 from speechperf.train.schedule import make_scheduler
 from speechperf.train.step import StepMeter, make_optimizer
 from speechperf.objectives import objective_of
-from speechperf.telemetry import memory
+from speechperf.hardware import memory
 from speechperf.train.stop import StopSignals
 from speechperf.train.warmup import FEATURE_DIM, check_precision, initialize, warm_model
 
@@ -150,7 +150,7 @@ def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Pa
 
 def check_fits_device(cfg: RunConfig, batching: Batching, index: Index, device: torch.device, world: int,
                       sharded: bool, free_bytes: int | None = None) -> None:
-    """A model whose step memory telemetry/memory.py can estimate (the FastConformer sizes) refused before
+    """A model whose step memory hardware/memory.py can estimate (the FastConformer sizes) refused before
     the run exists when its widest batch would not fit the device's free memory (``free_bytes``, default
     the device's): exit 2 naming the gigabytes and what would fit (more ranks, checkpointing, shorter batches)."""
     if not memory.has_rule(cfg.model):
