@@ -2,7 +2,7 @@
 state, mixed-precision copies, activations (with and without activation checkpointing per block)
 and, for a transducer, its joint tensor; and the refusal of a run that will not fit.
 
-Why here (telemetry, beside ``mfu``): it is knowledge about a run's configuration read from the
+Why here (hardware, beside ``mfu``): it is knowledge about a run's configuration read from the
 model's layer shapes and the batch's padded frames, like the FLOP count, needed both by the
 run's admission (``train/``) and by ``bench scale`` (``bench/``), which both sit above this tier.
 
