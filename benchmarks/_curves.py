@@ -21,7 +21,7 @@ from speechperf.features.checksum import OVER, features_sha256  # noqa: E402
 from speechperf.studies import curve, rcp  # noqa: E402
 from speechperf.results.view import RunView  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
-from speechperf.telemetry.machine import hardware  # noqa: E402
+from speechperf.hardware.machine import hardware  # noqa: E402
 from speechperf.drive.reproduce import child_command, recipe_precision  # noqa: E402
 from speechperf.drive.seeds import parse_seeds, seed_folder  # noqa: E402
 

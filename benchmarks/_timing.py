@@ -37,12 +37,12 @@ def measure(fn, repeats: int = 5, warmup: int = 1, device=None) -> dict:
 
 
 def machine() -> dict:
-    """The machine in the package's words (telemetry.machine's rules over capture_env) and the
+    """The machine in the package's words (hardware.machine's rules over capture_env) and the
     versions that move figures: python, torch, CUDA."""
     import torch
 
-    from speechperf.telemetry.environment import capture_env
-    from speechperf.telemetry.machine import hardware, machine_name
+    from speechperf.hardware.environment import capture_env
+    from speechperf.hardware.machine import hardware, machine_name
 
     env = capture_env("cuda" if torch.cuda.is_available() else "cpu")
     return {"name": machine_name(env), "hardware": hardware(env), "python": env["python"],

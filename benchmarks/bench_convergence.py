@@ -12,7 +12,7 @@ The ratio: the slowest seed's TTA over the fastest's (docs/convergence.md: max/m
 trained in the same call.
 
 ``--curves N`` trains each seed's first N epochs under the whole AVX2 cap (ONEDNN_MAX_CPU_ISA
-and ATEN_CPU_CAPABILITY, telemetry/isa_cap.py) at 1 thread, as ``speechperf reproduce`` does
+and ATEN_CPU_CAPABILITY, hardware/isa_cap.py) at 1 thread, as ``speechperf reproduce`` does
 (train.stop_after_epochs: the schedule is the reference's), and ``--write`` stores each
 seed's per-epoch validation loss, CER and WER (full precision, from the run's results.db)
 with its settings as a curve of that seed (one per features folder: its checksum,
@@ -48,8 +48,8 @@ from speechperf.results.formats import read_json
 from speechperf.results.view import RunView
 from speechperf.tables import emit
 from speechperf.drive.seeds import parse_seeds, seed_folder  # the layout of train --seeds
-from speechperf.telemetry.machine import hardware
-from speechperf.telemetry.isa_cap import ATEN_VAR, CAPS, ONEDNN_VAR, cap_env
+from speechperf.hardware.machine import hardware
+from speechperf.hardware.isa_cap import ATEN_VAR, CAPS, ONEDNN_VAR, cap_env
 
 GOAL = ("docs/convergence.md: a preset's seeds reach its target with margin; the TTA spread over seeds "
         "max/min <= 1.3")

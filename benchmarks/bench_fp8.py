@@ -10,7 +10,7 @@ precision from the same seed, ``--warmup`` untimed steps each (on a GPU torch.co
 default: torchao's casts are fast only fused), then ``--steps`` rounds of one step per precision.
 
 On a GPU with FP8 tensor cores (compute capability 8.9+) the goal is fp8 >= 1.3x bf16's throughput.
-Elsewhere fp8 is torchao's emulation (telemetry/capability.py says "emulated"): the ratio is what
+Elsewhere fp8 is torchao's emulation (hardware/capability.py says "emulated"): the ratio is what
 emulation costs, printed as such, never a verdict on fp8. On a CPU the defaults are small (2 of the
 preset's blocks, 60 s batches, 3 rounds) so that it takes under 3 minutes on 2 cores.
 
@@ -28,7 +28,7 @@ import torch
 from speechperf.config import load_preset
 from speechperf.models import build_model, fp8
 from speechperf.models.contract import compiled
-from speechperf.telemetry.capability import NATIVE, model_support
+from speechperf.hardware.capability import NATIVE, model_support
 from speechperf.train.auto_precision import synthetic_batch, typical_shape
 from speechperf.train.step import make_optimizer, train_step
 

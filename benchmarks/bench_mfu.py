@@ -6,7 +6,7 @@ For each preset: its model and optimizer as ``train`` builds them, one real-shap
 training splits; else ``batch_size`` utterances of 6.0-7.0 s, a bucketed batch of the
 embedded corpus's typical length), the real training step (``train.step.train_step``:
 forward, CTC, backward, clipping, optimizer). Warm-up steps first, then ``--repeats`` timed
-steps: median and spread (min..max). Model FLOPs: telemetry/mfu.py (valid frames, forward +
+steps: median and spread (min..max). Model FLOPs: hardware/mfu.py (valid frames, forward +
 backward; padding, CTC and the optimizer not counted); the GEMM peak: ``bench ops``'
 fp32 matmul at the same thread count, measured here (not the cache) before and after each
 preset's timing, the higher of the two used. MFU = achieved / peak, both in this process:
@@ -25,13 +25,13 @@ import torch
 
 from _timing import measure
 from speechperf.bench.breakdown import step_breakdown
-from speechperf.telemetry.measured_peak import measure_gemm
+from speechperf.hardware.measured_peak import measure_gemm
 from speechperf.config import load_preset
 from speechperf.data.loader import Batch, load_index
 from speechperf.data.plan import plan_epoch
 from speechperf.data.check import parse_splits, train_splits_of
 from speechperf.features.feature_config import FeatureConfig
-from speechperf.telemetry.mfu import count_step_flops, flop_model
+from speechperf.hardware.mfu import count_step_flops, flop_model
 from speechperf.models import build_model
 from speechperf.train.step import make_optimizer, train_step
 

@@ -6,7 +6,7 @@ on the synthetic batch ``auto`` measures (train/auto_precision.py's ``typical_sh
 preset's ``batch_size`` utterances of up to 600 frames), one model per precision, one warm-up step
 each, then ``--steps`` rounds of one step per precision, alternated so that a neighbour's load
 falls on both alike (``auto``'s own timer, without its early drop of a slow candidate). ``auto``'s
-rule: the lowest median among the precisions telemetry/capability.py calls native here; bf16 is
+rule: the lowest median among the precisions hardware/capability.py calls native here; bf16 is
 timed where it runs at all (an emulated one too, when --emulated), fp32 always.
 
 Usage: python benchmarks/run.py precision [--preset cpu] [--steps 5] [--threads N] [--emulated]
@@ -18,7 +18,7 @@ import math
 import torch
 
 from speechperf.config import load_preset
-from speechperf.telemetry.capability import isa, cpu_flags, model_support
+from speechperf.hardware.capability import isa, cpu_flags, model_support
 from speechperf.train.auto_precision import candidates, time_candidates, typical_shape
 
 GOAL = ("train.precision=auto picks the faster of the cpu preset's fp32 and bf16 steps on this machine "

@@ -3,7 +3,7 @@ the memory estimated before the run against the peak the same step measured.
 
 Goals (docs/bench.md): each at-scale workload's row finishes in under 5 minutes on a 2-core CPU at
 its smallest batch (a few steps), so the suite can run it small; the estimate within 15% of the
-measured peak (telemetry/memory.py against torch.profiler's allocator events, the same step). A
+measured peak (hardware/memory.py against torch.profiler's allocator events, the same step). A
 workload whose estimate exceeds ``--memory-limit-gb`` (default 8: a shared 24 GB machine) is not
 run and says so; ``--sgd`` measures it with SGD (no optimizer state), which checks the estimate
 at its size. Wall clock on a shared machine: noisy.

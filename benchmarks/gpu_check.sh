@@ -142,7 +142,7 @@ import json, os, subprocess, sys
 from pathlib import Path
 from speechperf.corpus.synth import synthesize
 from speechperf.features.checksum import features_sha256
-from speechperf.telemetry import isa_cap
+from speechperf.hardware import isa_cap
 root = Path(sys.argv[1])
 synthesize(root / "corpus", hours=0.03, seed=3, progress=False)  # tests/conftest.py: TINY_HOURS, seed 3
 subprocess.run([sys.executable, "-m", "speechperf", "prepare", "--workers", "1", str(root / "corpus"), str(root / "feats")],

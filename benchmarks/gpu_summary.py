@@ -21,8 +21,8 @@ import re
 import sys
 from pathlib import Path
 
-from speechperf.telemetry.measured_peak import recorded_peak
-from speechperf.telemetry.mfu import steps_achieved
+from speechperf.hardware.measured_peak import recorded_peak
+from speechperf.hardware.mfu import steps_achieved
 from speechperf.errors import SpeechperfError
 from speechperf.config.training import target_rule
 from speechperf.results.view import RunView
@@ -186,7 +186,7 @@ def run_figures(run: Path) -> str:
     evaluation where the run never reached it), inside its training phases and inside its
     evaluations (studies/busy.py, as `tta --json` shows it), how its evaluations decoded where
     the run recorded it (threads, rate, the share of a core they had), and the step MFU over its iteration
-    rows (telemetry/mfu.py, against the peak its summary holds or, for a run stopped before it wrote
+    rows (hardware/mfu.py, against the peak its summary holds or, for a run stopped before it wrote
     one, the recorded GPU's); and the garbage collector's pauses where its summary holds them."""
     if not (run / "results.db").is_file():
         return f"no {run / 'results.db'}"

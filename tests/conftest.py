@@ -92,7 +92,7 @@ def _a_machine_without_gpu(request, monkeypatch):
 
 @pytest.fixture(autouse=True, scope="session")
 def _peak_cache(tmp_path_factory):
-    """Training runs measure this CPU's GEMM peak once and cache it (telemetry/measured_peak.py):
+    """Training runs measure this CPU's GEMM peak once and cache it (hardware/measured_peak.py):
     in a folder of the test session (inherited by CLI subprocesses), never the user's home."""
     import os
 
@@ -127,11 +127,11 @@ def shared_folder(tmp_path_factory, name: str, build):
 
 def prepared_files(folder: Path) -> dict[Path, bytes]:
     """Every file of a features folder by its relative path, with its bytes, less the word LM a
-    decoder caches beside the features (decode/lm.py: lm.json, lm.arpa): the shared tiny features
+    decoder caches beside the features (data/lm.py: lm.json, lm.arpa): the shared tiny features
     hold it once any test has decoded with it, and prepare writes none (a prepare compared with
     them file for file)."""
     from speechperf.decode.flashlight import ARPA_NAME
-    from speechperf.decode.lm import LM_NAME
+    from speechperf.data.lm import LM_NAME
 
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*"))
             if p.is_file() and p.relative_to(folder) not in (Path(LM_NAME), Path(ARPA_NAME))}

@@ -10,7 +10,7 @@ models their config's defaults. A batch of B holds utterances of lengths spread 
 number: throughput does not depend on the features' values.
 
 MFU beside samples/s (:func:`mfu_columns`) comes from the MFU module,
-``speechperf.telemetry.mfu`` (``flop_model`` counts a model's training FLOPs per utterance,
+``speechperf.hardware.mfu`` (``flop_model`` counts a model's training FLOPs per utterance,
 ``zoo_mfu`` sets them against the device's peak); where that module is absent the columns
 are None and ``mfu_note`` says so.
 """
@@ -78,14 +78,14 @@ MFU_COLUMNS = ("tflops", "mfu_pct", "peak_tflops", "peak_source", "mfu_note")
 def mfu_columns(name: str, model: nn.Module, batch: int, step_s: float, dev: torch.device, multiply: str,
                 cache: dict) -> dict:
     """Achieved TFLOPS and MFU of a measured acoustic row: the model FLOPs of its batch (valid
-    frames; ``speechperf.telemetry.mfu.flop_model``, fitted once per model and kept in ``cache``)
+    frames; ``speechperf.hardware.mfu.flop_model``, fitted once per model and kept in ``cache``)
     over its median step time, against the peak a training run on ``dev`` in ``multiply``
     precision is measured against (``zoo_mfu``). None, with ``mfu_note`` saying why, where
     the MFU module is not in this version."""
     try:
-        from speechperf.telemetry.mfu import flop_model, zoo_mfu
+        from speechperf.hardware.mfu import flop_model, zoo_mfu
     except ImportError:
-        return {**dict.fromkeys(MFU_COLUMNS), "mfu_note": "not computed: speechperf.telemetry.mfu is not in this version"}
+        return {**dict.fromkeys(MFU_COLUMNS), "mfu_note": "not computed: speechperf.hardware.mfu is not in this version"}
     if name not in cache:
         cache[name] = flop_model(config(name))
     flops = cache[name].batch(lengths(batch, unwrap(model).min_frames))

@@ -20,16 +20,16 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from speechperf.telemetry.peaks import Peak, cpu_peak, gpu_peak
+from speechperf.hardware.peaks import Peak, cpu_peak, gpu_peak
 from speechperf.bench.store import SweepStore
 from speechperf.telemetry.timing import (DTYPES, TIMING_COLUMNS, Method, Op, matmul_op, measure, method,
                                          middle_third, noisy_notes)
 from speechperf.errors import SpeechperfError, in_words
 from speechperf.results import schema
 from speechperf.tables import write_csv
-from speechperf.telemetry.capability import NATIVE, cpu_flags, support
-from speechperf.telemetry.peaks import bf16_unit
-from speechperf.telemetry.environment import capture_env
+from speechperf.hardware.capability import NATIVE, cpu_flags, support
+from speechperf.hardware.peaks import bf16_unit
+from speechperf.hardware.environment import capture_env
 
 LSTM_FRAMES = 830  # output frames of a 1670-frame utterance after the stride-2 conv
 PAPER_BATCHES = (24, 60, 150)  # per GPU on Sys1$, Sys2$, Sys10$

@@ -7,7 +7,7 @@ every registered model at several batch sizes and precisions; an at-scale row is
 by seconds of audio (``loader.max_duration``) from LibriSpeech's duration spread by the loader's
 own planner (``data.batching.Batching``, over ``data.index.librispeech_like``: 960 h's spread),
 trained by the training loop's own step (``train.step.train_step``: the workload's objective,
-clipping, the masked AdamW step), with its memory estimated (``telemetry.memory``) and measured, and
+clipping, the masked AdamW step), with its memory estimated (``hardware.memory``) and measured, and
 one row can take minutes on a CPU. The three objective families on the FastConformer encoder are
 rows: CTC (``fastconformer-l``, ``fastconformer-xl``), the transducer (``parakeet-rnnt-sizes``) and
 the attention encoder-decoder (``canary-aed-sizes``).
@@ -37,10 +37,10 @@ from speechperf.errors import SpeechperfError, in_words
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model, describe, encdec, fp8, rnnt
 from speechperf.models.fastconformer import forward_flops, nemo_parameter_count, training_flops
-from speechperf.telemetry import memory
-from speechperf.telemetry.capability import model_support
-from speechperf.telemetry.measured_peak import training_peak
-from speechperf.telemetry.mfu import achieved
+from speechperf.hardware import memory
+from speechperf.hardware.capability import model_support
+from speechperf.hardware.measured_peak import training_peak
+from speechperf.hardware.mfu import achieved
 from speechperf.telemetry.power import PowerMeter
 from speechperf.train.step import make_optimizer, train_step
 
@@ -214,7 +214,7 @@ def nemo_params(cfg) -> int:
 
 
 def utterance_flops(cfg, frames: int, labels: int) -> float:
-    """Training FLOPs of one utterance as telemetry/mfu.py counts them (tests/telemetry/test_model_flops.py):
+    """Training FLOPs of one utterance as hardware/mfu.py counts them (tests/hardware/test_model_flops.py):
     the forward by the model's formula x3, but the first convolution's (its input needs no gradient: x2)."""
     if cfg.name == "fastconformer":
         return training_flops(cfg, frames)
@@ -230,7 +230,7 @@ def _mfu(flops: float, wall: float, peak) -> dict:
 def _peak(model, opt, batch: Batch, step, dev: torch.device, est) -> dict:
     """The measured peak of one step: on CUDA torch's ``max_memory_allocated``; on a CPU what was
     allocated when the step began (parameters, gradients, optimizer state, the batch) plus the
-    profiler's peak above it (``telemetry.memory.allocated_peak``)."""
+    profiler's peak above it (``hardware.memory.allocated_peak``)."""
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
         step(batch)
@@ -246,9 +246,9 @@ def _peak(model, opt, batch: Batch, step, dev: torch.device, est) -> dict:
 
 def notes(rows: list[dict]) -> list[str]:
     """Under the table: what each figure is, the power source, the rows not run and why."""
-    lines = ["estimate_gb: telemetry/memory.py before the run, the widest planned batch; peak_gb measured "
+    lines = ["estimate_gb: hardware/memory.py before the run, the widest planned batch; peak_gb measured "
              f"({rows[0]['memory_method']})" if rows and rows[0].get("memory_method") else
-             "estimate_gb: telemetry/memory.py before the run, the widest planned batch"]
+             "estimate_gb: hardware/memory.py before the run, the widest planned batch"]
     lines += sorted({f"MFU peak: {r['peak_source']}" for r in rows if r.get("peak_source")})
     lines += sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
     lines += [f"{r['workload']} {r['batch_s']:g} s: {r['status']}" for r in rows if r["status"] != "ok"]

@@ -13,7 +13,7 @@ sizes default to Table 8's; acoustic models without a Table 8 entry to small one
 
 A precision the device cannot run for a model (bf16 for an LSTM on a CPU without AVX-512)
 gives a row "unsupported on this CPU: ..." and is not tried; one it only emulates is
-measured and flagged in ``precision_note`` (telemetry/capability.py).
+measured and flagged in ``precision_note`` (hardware/capability.py).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from speechperf.bench.vision import vision_models
 from speechperf.errors import SpeechperfError, in_words
 from speechperf.models.contract import autocast
 from speechperf.results import schema
-from speechperf.telemetry.capability import support
+from speechperf.hardware.capability import support
 from speechperf.tables import write_csv
 
 PAPER_PARAMS_M = {"resnet50": 26, "inception_v3": 27, "vgg16": 138, "lstm": 66, "ds2": 27, "transformer": 65}

@@ -107,7 +107,7 @@ def _lm_build_args(sp) -> None:
 
 
 def cmd_lm_build(a) -> int:
-    from speechperf.decode.lm import build_lm_for_features  # torch: this command's only
+    from speechperf.data.lm import build_lm_for_features  # torch: this command's only
 
     emit([build_lm_for_features(Path(a.features), split=a.split)], a.json, width=width(a))
     return 0

@@ -118,7 +118,7 @@ def _check_log_args(sp) -> None:
 
 
 def cmd_check_log(a) -> int:
-    from speechperf.train.mlperf import check_run  # mlperf-logging, yaml: this command's only
+    from speechperf.results.mlperf import check_run  # mlperf-logging, yaml: this command's only
 
     row = check_run(Path(a.run))
     emit([row], a.json, width=width(a))
@@ -234,7 +234,7 @@ def _platforms_args(sp) -> None:
 
 
 def cmd_platforms(a) -> int:
-    from speechperf.telemetry.platforms import profile_table  # torch: this command's only
+    from speechperf.hardware.platforms import profile_table  # torch: this command's only
 
     emit(profile_table(a.file), a.json, width=width(a), columns=None if a.json or a.wide else
          ["profile", "matches", "per", "$/hour", "hourly date", "purchase $", "price date"])

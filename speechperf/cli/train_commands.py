@@ -14,7 +14,7 @@ from speechperf.tables import emit, emit_json, notes, print_lines
 from speechperf.telemetry import contention
 from speechperf.studies import tta_text
 from speechperf.studies.precisions import choice_words
-from speechperf.telemetry.isa_cap import CAPS, exec_capped
+from speechperf.hardware.isa_cap import CAPS, exec_capped
 
 
 def _seeds(text: str):
@@ -36,7 +36,7 @@ def _isa_arg(sp) -> None:
 
 
 def _isa_cap(a) -> None:
-    """--isa: this command again, the process replaced by one under the whole cap (telemetry/isa_cap.py)."""
+    """--isa: this command again, the process replaced by one under the whole cap (hardware/isa_cap.py)."""
     exec_capped(a.isa, sys.argv[1:])
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from speechperf.corpus import alphabet
 from speechperf.decode import check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
-from speechperf.decode.lm import LM_NAME, BigramLM, LMError, load_lm, write_arpa
+from speechperf.data.lm import LM_NAME, BigramLM, LMError, load_lm, write_arpa
 from speechperf.errors import SpeechperfError
 from speechperf.decode.greedy import GreedyDecoder
 

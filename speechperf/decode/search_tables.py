@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speechperf.corpus import alphabet
-from speechperf.decode.lm import DISCOUNT, START, BigramLM, LMError
+from speechperf.data.lm import DISCOUNT, START, BigramLM, LMError
 
 # Characters that may stand between words: the space, and the apostrophe and separator
 # where they are not part of a dictionary word (a tree child wins over a non-word reading).

@@ -21,7 +21,7 @@ from speechperf.decode import WORDBEAM_MODES, check_log_probs, register_decoder
 from speechperf.decode.batch import decode_parallel
 from speechperf.decode.beam import GAP
 from speechperf.decode.kernel import beam_search
-from speechperf.decode.lm import BigramLM, load_lm
+from speechperf.data.lm import BigramLM, load_lm
 from speechperf.decode.search_tables import build_tables
 from speechperf.errors import SpeechperfError
 from speechperf.decode.greedy import GreedyDecoder

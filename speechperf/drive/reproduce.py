@@ -3,7 +3,7 @@ did? Train a reference seed for its first epochs under the ISA cap at 1 thread a
 each epoch's validation loss, CER and WER with the reference curve, bit for bit.
 
 The training runs in a child process (``speechperf train``): the cap's variables
-(telemetry/isa_cap.py) take effect only at process start (ATen reads its capability at
+(hardware/isa_cap.py) take effect only at process start (ATen reads its capability at
 ``import torch``). It trains the reference's recipe (the reference file's overrides) with
 ``train.stop_after_epochs=N``, which ends the run after N epochs without shortening the
 schedule (a cosine's length is ``train.max_epochs``): its first N epochs are the reference
@@ -40,8 +40,8 @@ from speechperf.models import external
 from speechperf.studies import curve, rcp
 from speechperf.results.layout import RUN_FILE
 from speechperf.results.view import RunView
-from speechperf.telemetry.environment import cpu_model
-from speechperf.telemetry.isa_cap import cap_env
+from speechperf.hardware.environment import cpu_model
+from speechperf.hardware.isa_cap import cap_env
 
 EXIT = {curve.IDENTICAL: 0, curve.DIFFERS: 1, curve.NOT_COMPARABLE: 3}  # bad input: 2 (SpeechperfError)
 DEFAULT_EPOCHS = 2

@@ -134,7 +134,7 @@ def _check_config(out: Path, config: FeatureConfig) -> None:
 
 MADE_WITH = "made_with"  # features.json's record of what computed the features (not part of the FeatureConfig)
 PRECISION = "float64"  # the arithmetic of features/extract.py, recorded in made_with
-CAP_VARS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_CBWR")  # telemetry/isa_cap.py's variables
+CAP_VARS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_CBWR")  # hardware/isa_cap.py's variables
 
 
 def made_with() -> dict:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from speechperf.features.fbank import with_deltas
+from speechperf.models.fbank import with_deltas
 from speechperf.models import register_model
 from speechperf.models.contract import AcousticModel
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from speechperf.features.fbank import stack_context, with_deltas
+from speechperf.models.fbank import stack_context, with_deltas
 from speechperf.models import register_model
 from speechperf.models.contract import AcousticModel
 

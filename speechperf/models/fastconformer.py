@@ -205,7 +205,7 @@ def forward_flops(cfg: FastConformerConfig, frames: int) -> dict[str, int]:
 
 
 def training_flops(cfg: FastConformerConfig, frames: int) -> int:
-    """Training FLOPs (forward + backward) of one utterance, as :mod:`speechperf.telemetry.mfu`
+    """Training FLOPs (forward + backward) of one utterance, as :mod:`speechperf.hardware.mfu`
     counts them: every layer's backward twice its forward (input and weight gradients), but the
     first convolution's, whose input needs no gradient (its weight gradient only: once)."""
     parts = forward_flops(cfg, frames)

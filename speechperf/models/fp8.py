@@ -9,7 +9,7 @@ weight; e5m2, max 57,344, for the gradient), saturated at the format's max, and 
 with ``torch._scaled_mm`` on FP8 tensor cores (CUDA compute capability 8.9 and newer). On any
 other device torchao emulates it (``Float8LinearConfig(emulate=True)``): the same casts, the
 products in fp32 of the cast values; its numerics are the GPU's, its speed is not
-(telemetry/capability.py: ``emulated``).
+(hardware/capability.py: ``emulated``).
 
 Only layers whose both dimensions are multiples of :data:`ALIGN` are swapped (the FP8 GEMM's
 alignment; torchao's own filter's first rule): :func:`plan` says for each Linear layer whether it

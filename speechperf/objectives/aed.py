@@ -57,7 +57,7 @@ class AttentionED:
 
     name = "aed"
     decoders = ("greedy", "beam")
-    label_terms = True  # its FLOPs grow with the labels: the decoder over U + 1 positions (telemetry/mfu.py)
+    label_terms = True  # its FLOPs grow with the labels: the decoder over U + 1 positions (hardware/mfu.py)
     label_squares = True  # and with U^2: the decoder's self-attention (mfu.FlopModel's f)
 
     def losses(self, model, out, out_lens, labels, label_lens, device, precision: str,

@@ -51,7 +51,7 @@ class Transducer:
 
     name = "transducer"
     decoders = ("greedy", "beam")
-    label_terms = True  # its FLOPs grow with the labels: the prediction network, the joint (telemetry/mfu.py)
+    label_terms = True  # its FLOPs grow with the labels: the prediction network, the joint (hardware/mfu.py)
 
     def losses(self, model, out, out_lens, labels, label_lens, device, precision: str) -> torch.Tensor:
         """(B,) per-utterance negative log-likelihoods (inf for an utterance without frames)."""

@@ -2,7 +2,7 @@
 precision, data-parallel algorithm) and labels made unique over several runs."""
 from __future__ import annotations
 
-from speechperf.telemetry.machine import machine_name
+from speechperf.hardware.machine import machine_name
 
 
 def default_label(env: dict, config: dict) -> str:

@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS iterations (
     clock_s REAL,                 -- TTA clock (seconds since run_start, after initialization; down time excluded)
     loss REAL, batch_size INTEGER, frames INTEGER, audio_s REAL,
     step_s REAL, utts_per_s REAL, audio_s_per_s REAL,
-    model_flops REAL,             -- the batch's training FLOPs, valid frames only (telemetry/mfu.py)
+    model_flops REAL,             -- the batch's training FLOPs, valid frames only (hardware/mfu.py)
     comm_s REAL,                  -- rank 0's communication seconds in the step (speechperf/algorithms;
                                   -- NULL: results/upgrade.py)
     comm_bytes INTEGER,           -- bytes rank 0 sent in the step (an all-reduce counted once)

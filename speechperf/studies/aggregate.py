@@ -3,7 +3,7 @@ seeds, not one (MLPerf Training times each benchmark several times; AlgoPerf tak
 median of 5 studies).
 
 A *group* is the runs of one workload, one configuration apart from ``train.seed``, on one
-machine (:func:`speechperf.telemetry.machine.machine_name`). Per group and target: runs,
+machine (:func:`speechperf.hardware.machine.machine_name`). Per group and target: runs,
 runs that reached it, median TTA, MLPerf's olympic mean (mlperf-logging's result
 summarizer: drop the fastest and the slowest), min-max and epochs to target per seed.
 TTA = epochs to target x minutes per epoch, both shown for every run and group: the

@@ -31,7 +31,8 @@ from speechperf.config import load_preset, preset_names
 from speechperf.errors import ConfigError, SpeechperfError
 from speechperf.results import layout
 from speechperf.results.view import RunView
-from speechperf.telemetry import energy, platforms
+from speechperf.telemetry import energy
+from speechperf.hardware import platforms
 
 COLUMNS = ("devices", "efficiency", "wall_h", "device_h", "device_h_low", "device_h_high", "kwh", "kwh_low",
            "kwh_high", "usd", "usd_low", "usd_high")
@@ -216,7 +217,7 @@ def measure_now(workload: str, device: str, precision: str | None, overrides: tu
     """``bench scale`` at its smallest batch on this machine, now (its module imported here: torch's
     training step is no part of reading a saved measurement)."""
     from speechperf.bench.scale import Request, run_scale
-    from speechperf.telemetry.environment import capture_env
+    from speechperf.hardware.environment import capture_env
 
     (row,) = run_scale(Request((workload,), None, steps=3, warmup=1, device=device, precision=precision,
                                measure_memory=False, overrides=overrides))

@@ -19,7 +19,7 @@ import math
 from speechperf.metric import metric
 from speechperf.studies import rcp
 from speechperf.studies.precisions import precision
-from speechperf.telemetry import kernel_fingerprint
+from speechperf.hardware import kernel_fingerprint
 
 METRICS = rcp.CURVE_METRICS  # what a curve holds per epoch (evals columns); rcp checks a reference's on load
 # settings that must be equal for a curve to be reproducible, in the order they are reported

@@ -15,7 +15,7 @@ from speechperf.scoring.target_rule import tta_minutes
 from speechperf.results.view import RunView
 from speechperf.studies.precisions import each_at_best, precision
 from speechperf.results.workload import workload_label
-from speechperf.telemetry.machine import devices
+from speechperf.hardware.machine import devices
 
 ONE_PROCESS = ("single", "sync")  # algo.name of an ordinary run (sync on one process is a plain run)
 

@@ -17,7 +17,7 @@ from speechperf.results.layout import EVENTS_FILE
 from speechperf.results.labels import unique_labels
 from speechperf.results.view import RunView
 from speechperf.results.workload import workload, workload_label
-from speechperf.telemetry.machine import machine_name
+from speechperf.hardware.machine import machine_name
 
 
 def seed_run(label: str, config: dict, env: dict, status: str | None, evals: list[dict], metric: str,

@@ -15,7 +15,7 @@ from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
 from speechperf.results.view import RunView
 from speechperf.telemetry import contention
-from speechperf.telemetry.machine import machine_name
+from speechperf.hardware.machine import machine_name
 from speechperf.results.workload import by_workload
 
 
@@ -31,9 +31,9 @@ def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
               price_per_hour: float | None = None, platform_file: Path | None = None) -> list[dict]:
     """Table 4 form: one row per (run, target) with minutes and % of the first run of the same
     workload (the reference), the initialization seconds kept outside the clock, the achieved
-    TFLOPS and MFU of its training steps (telemetry/mfu.py) with the peak behind it, and the run's
+    TFLOPS and MFU of its training steps (hardware/mfu.py) with the peak behind it, and the run's
     platform with cost to accuracy and TTA x price (``price_per_hour``/``platform_file``
-    override what the run recorded; :func:`speechperf.telemetry.platforms.of_run`).
+    override what the run recorded; :func:`speechperf.hardware.platforms.of_run`).
 
     ``targets``: a target set (``paper``, ``algoperf``: its targets depend on the run's model;
     refused for a run of another protocol) or numbers (:func:`speechperf.scoring.targets.parse_targets`). Rows are grouped per
@@ -58,9 +58,9 @@ def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
 def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, price_per_hour,
                    platform_file) -> list[dict]:
     """The rows of the runs of one workload; relative % against the first of them."""
-    from speechperf.telemetry.mfu import mfu_columns
+    from speechperf.hardware.mfu import mfu_columns
     from speechperf.telemetry import energy
-    from speechperf.telemetry.platforms import price_columns, with_price_overrides
+    from speechperf.hardware.platforms import price_columns, with_price_overrides
 
     rows: list[dict] = []
     first: dict[float, float | None] = {}

@@ -4,7 +4,7 @@ The sampler records, once a second, the share of the machine's CPUs that process
 the run (its process and its loader readers) used: ``cpu:others_pct``, from the machine's busy
 CPU seconds (/proc/stat: user, system, nice, irq, softirq, steal) less the run's own. One rule
 says when that share took cores the run needed (:func:`took_needed`, also the one the CPU's
-measured peak uses, telemetry/measured_peak.py): more than the cores the run's training threads left
+measured peak uses, hardware/measured_peak.py): more than the cores the run's training threads left
 free, plus :data:`SLACK` of the machine (a daemon's blips). On 2 cores with 2 training threads,
 another process using more than 0.2 of a core is contention; with 1 thread, one using the other
 core is not.

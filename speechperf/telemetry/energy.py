@@ -103,11 +103,11 @@ def to_accuracy(samples, tta_s: float | None, name: str = "the run") -> float | 
     return joules
 
 
-MISSING = "no energy counter or power samples"  # telemetry/platforms.py's price note where energy_j is None
+MISSING = "no energy counter or power samples"  # hardware/platforms.py's price note where energy_j is None
 
 
 def explained(note: str | None, env: dict) -> str | None:
-    """A price note (telemetry/platforms.py) with the reason beside its missing energy."""
+    """A price note (hardware/platforms.py) with the reason beside its missing energy."""
     return note.replace(MISSING, f"{MISSING} ({why_missing(env)})") if note else note
 
 

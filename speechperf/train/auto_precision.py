@@ -1,7 +1,7 @@
 """``train.precision=auto``: the fastest precision this device runs natively for the run's own
 training step, measured, never read from flags alone.
 
-The candidates are the precisions telemetry/capability.py calls native for the run's model on
+The candidates are the precisions hardware/capability.py calls native for the run's model on
 the run's device: fp32 always; bf16 where the CPU has AVX512-BF16 or AMX-BF16 (or a GPU of
 compute capability 8.0 or newer); fp16, with its loss scaler, on CUDA only; fp8 (torchao's float8
 Linear layers in bf16 autocast, models/fp8.py) on a GPU with FP8 tensor cores (compute capability
@@ -15,7 +15,7 @@ candidates' steps alternated so that a neighbour's load falls on all of them ali
 lowest median step wins.
 
 The answer is the machine's, the torch build's and the workload's, so it is kept like the
-measured GEMM peak (telemetry/measured_peak.py), in ``precision_choice.json`` of the same cache
+measured GEMM peak (hardware/measured_peak.py), in ``precision_choice.json`` of the same cache
 folder (``$SPEECHPERF_CACHE``), keyed by device, threads, torch version, the candidates (a CPU
 flag forced off changes them), the model's and optimizer's configuration and the batch shape.
 A measurement while other processes took cores it needed serves its run, said so, and is not
@@ -46,9 +46,9 @@ from speechperf.data.batching import Batching
 from speechperf.data.loader import Batch
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model, fp8
-from speechperf.telemetry.capability import NATIVE, model_support
-from speechperf.telemetry.environment import cpu_model
-from speechperf.telemetry.measured_peak import busy_seconds, cache_path, contended, others_busy_pct, read_cache
+from speechperf.hardware.capability import NATIVE, model_support
+from speechperf.hardware.environment import cpu_model
+from speechperf.hardware.measured_peak import busy_seconds, cache_path, contended, others_busy_pct, read_cache
 from speechperf.train.step import make_optimizer, train_step
 
 CACHE_FILE = "precision_choice.json"

@@ -27,7 +27,7 @@ from speechperf.data.loader import Batch, Loader, load_index, make_loader
 from speechperf.data.units import Units, load_units
 from speechperf.decode import get_decoder
 from speechperf.decode.batch import DecodePool, auto_threads
-from speechperf.decode.lm import LM_NAME
+from speechperf.data.lm import LM_NAME
 
 
 # Decoders built so far, by (name, beam, mode, features folder, LM file state): the run's

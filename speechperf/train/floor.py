@@ -53,7 +53,7 @@ import numpy as np
 import psutil
 import torch
 
-from speechperf.telemetry.measured_peak import busy_seconds
+from speechperf.hardware.measured_peak import busy_seconds
 from speechperf.results.checkpoint import RNG
 from speechperf.telemetry import contention
 from speechperf.rng import rng_state
@@ -206,7 +206,7 @@ def measure(t, iterations: list[dict]) -> dict:
 
 def _others(before: tuple[float, float], after: tuple[float, float], wall_s: float) -> float:
     """The share (%) of the machine's CPUs other processes used while the replay ran, between two
-    telemetry/measured_peak.busy_seconds readings: a floor measured beside a neighbour is said to be."""
+    hardware/measured_peak.busy_seconds readings: a floor measured beside a neighbour is said to be."""
     return contention.others_pct(after[0] - before[0], after[1] - before[1], wall_s, psutil.cpu_count() or 1)
 
 

@@ -28,7 +28,7 @@ from speechperf.config import RunConfig
 from speechperf.data.batching import Batching
 from speechperf.errors import SpeechperfError
 from speechperf.features.checksum import OVER, features_sha256
-from speechperf.telemetry.environment import capture_env
+from speechperf.hardware.environment import capture_env
 from speechperf.train import distributed
 from speechperf.train.admission import Admission, admit, follow
 from speechperf.train.auto_precision import settle

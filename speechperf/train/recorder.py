@@ -29,12 +29,12 @@ from speechperf.results.run import Run
 from speechperf.results.checkpoint_writer import Written
 from speechperf.results.events import C
 from speechperf.train.faults import as_fault, failure_status
-from speechperf.train.mlperf import log_submission
+from speechperf.results.mlperf import log_submission
 from speechperf.results.progress import Clock, Progress
 from speechperf.results.schema import EVALS_DECODE, EVALS_PARTS
 from speechperf.train.machine_record import MachineRecord
 from speechperf.train.warmup import warn_if_slow
-from speechperf.telemetry.mfu import RunFlops
+from speechperf.hardware.mfu import RunFlops
 from speechperf.telemetry import contention
 from speechperf.telemetry.status import StatusLine
 from speechperf.tables import print_lines
@@ -356,7 +356,7 @@ def _others(r: dict, logged: str) -> dict:
 
 
 def log_run_config(events, label: str, cfg, world: int, splits: dict, batch: tuple[int, dict]) -> None:
-    """The submission keys and hyperparameters MLPerf's training rules ask for (train/mlperf.py),
+    """The submission keys and hyperparameters MLPerf's training rules ask for (results/mlperf.py),
     and the splits the run reads (verified). ``batch``: MLPerf's global batch size and its
     metadata, as the run's batching gives them (data/batching.py ``Batching.mlperf_batch``)."""
     log_submission(events, label)

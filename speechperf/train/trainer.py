@@ -42,7 +42,7 @@ from speechperf.train.recorder import Recorder, train_utterances
 from speechperf.train.schedule import make_scheduler
 from speechperf.train.step import StepMeter, make_optimizer
 from speechperf.objectives import objective_of
-from speechperf.telemetry import memory
+from speechperf.hardware import memory
 from speechperf.train.stop import StopSignals
 from speechperf.train.warmup import FEATURE_DIM, initialize, warm_model
 
@@ -164,7 +164,7 @@ def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Pa
 
 def check_fits_device(cfg: RunConfig, batching: Batching, index: Index, device: torch.device, world: int,
                       sharded: bool, free_bytes: int | None = None) -> None:
-    """A model whose step memory telemetry/memory.py can estimate (the FastConformer sizes) refused before
+    """A model whose step memory hardware/memory.py can estimate (the FastConformer sizes) refused before
     the run exists when its widest batch would not fit the device's free memory (``free_bytes``, default
     the device's): exit 2 naming the gigabytes and what would fit (more ranks, checkpointing, shorter batches)."""
     if not memory.has_rule(cfg.model):

@@ -33,7 +33,7 @@ from speechperf.models.contract import autocast, planned_forward
 from speechperf.config import ConfigError
 from speechperf.objectives import OBJECTIVES, objective_of
 from speechperf.config.training import AUTO_PRECISION
-from speechperf.telemetry.capability import EMULATED, EMULATED_COST, model_support
+from speechperf.hardware.capability import EMULATED, EMULATED_COST, model_support
 from speechperf.train.evaluate import keep_resident, make_decoder
 
 # Past this the initialization is reported with a warning: MLPerf's closed division allows
@@ -102,7 +102,7 @@ def check_precision(cfg, device: torch.device, allow_emulated: bool = True) -> s
     by its choice, which takes native precisions only (train/auto_precision.py).
 
     Every bf16 path of a run (the step, the warm-up, the evaluations) runs the same model under
-    the same autocast, so this one check covers them all (telemetry/capability.py)."""
+    the same autocast, so this one check covers them all (hardware/capability.py)."""
     precision = cfg.train.precision
     if precision == AUTO_PRECISION:
         return None

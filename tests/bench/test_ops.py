@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from speechperf.bench import ops
-from speechperf.telemetry.peaks import cpu_peak, flops_per_cycle, gpu_peak
+from speechperf.hardware.peaks import cpu_peak, flops_per_cycle, gpu_peak
 from speechperf.telemetry.timing import method
 from speechperf.errors import SpeechperfError
 
@@ -58,7 +58,7 @@ def test_quick_sweep_rows_and_unsupported_dtype():
 
 
 def test_an_emulated_dtype_is_flagged_in_its_rows_and_notes(monkeypatch):
-    from speechperf.telemetry import capability as cap
+    from speechperf.hardware import capability as cap
 
     monkeypatch.setattr(cap, "_real_cpu_flags", lambda: frozenset({"avx", "avx2", "fma", "avx512_bf16"}))
     monkeypatch.setenv(cap.FORCE_ENV, "avx512_bf16")  # bf16 products run everywhere, natively only with these
@@ -189,7 +189,7 @@ def test_rows_carry_the_method_and_the_database_the_measured_peak(tmp_path, caps
 
 
 def test_bf16_is_measured_by_default_where_native_and_its_peak_shown_beside_fp32(monkeypatch):
-    from speechperf.telemetry import capability as cap
+    from speechperf.hardware import capability as cap
 
     avx512 = frozenset({"avx", "avx2", "fma"}) | cap.AVX512_CORE
     monkeypatch.setattr(cap, "probe", lambda kernel, dtype: None)

@@ -8,7 +8,7 @@ import pytest
 
 from speechperf.bench import scale
 from speechperf.cli import main
-from speechperf.telemetry import measured_peak
+from speechperf.hardware import measured_peak
 
 TINY = ["model.d_model=32", "model.layers=1", "model.heads=2", "model.subsampling_channels=8"]
 
@@ -26,7 +26,7 @@ def test_bench_scale_measures_a_tiny_workload_end_to_end(known_peak, capsys):
     (row,) = json.loads(capsys.readouterr().out)
     assert row["status"] == "ok" and row["batch_s"] == 40 and row["utterances"] >= 2
     assert row["padded_s"] <= 40 and row["audio_s_per_s"] > 0 and row["utt_per_s"] > 0 and row["mfu_pct"] > 0
-    # at 1 block of width 32 what no rule counts weighs more than at scale (tests/telemetry/test_memory.py: 15%)
+    # at 1 block of width 32 what no rule counts weighs more than at scale (tests/hardware/test_memory.py: 15%)
     assert 0.75 < row["estimate_ratio"] < 1.25 and row["peak_gb"] > 0
     assert row["power_w"] is None or row["wh_per_audio_h"] > 0
     # the one timed step's own rate: its audio over its seconds, so min = median = max = the row's rate
@@ -35,7 +35,7 @@ def test_bench_scale_measures_a_tiny_workload_end_to_end(known_peak, capsys):
 
 
 def test_fp8_rows_say_emulation_and_a_gpu_without_it_is_refused(known_peak, monkeypatch):
-    from speechperf.telemetry import capability
+    from speechperf.hardware import capability
 
     (row,) = scale.run_scale(scale.Request(("fastconformer-l",), (40,), steps=2, warmup=0, precision="fp8",
                                            measure_memory=False, overrides=tuple(TINY)), progress=False)
@@ -59,7 +59,7 @@ def test_batches_are_the_planners_cut_by_seconds_of_audio():
 
 def test_a_world_of_several_devices_and_a_run_that_cannot_fit_are_refused(known_peak):
     from speechperf.errors import SpeechperfError
-    from speechperf.telemetry.memory import DoesNotFit
+    from speechperf.hardware.memory import DoesNotFit
 
     with pytest.raises(SpeechperfError, match="--world=2: bench scale measures one device"):
         scale.run_scale(scale.Request(world=2), progress=False)

@@ -11,8 +11,8 @@ from speechperf.bench import scale
 from speechperf.cli import main
 from speechperf.config import load_preset
 from speechperf.models import build_model
-from speechperf.telemetry import measured_peak
-from speechperf.telemetry.mfu import count_step_flops
+from speechperf.hardware import measured_peak
+from speechperf.hardware.mfu import count_step_flops
 
 ENCODER = ["model.d_model=32", "model.layers=1", "model.heads=2", "model.subsampling_channels=8"]
 TINY = {"parakeet-rnnt-sizes": [*ENCODER, "model.pred_dim=16", "model.pred_layers=1", "model.joint_dim=16"],

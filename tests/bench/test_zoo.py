@@ -8,7 +8,7 @@ import torch
 from speechperf.bench import zoo
 from speechperf.errors import SpeechperfError
 from speechperf.tables import write_csv
-from speechperf.telemetry import capability as cap
+from speechperf.hardware import capability as cap
 
 
 HAVE_TV = importlib.util.find_spec("torchvision") is not None
@@ -202,10 +202,10 @@ def test_an_interrupted_zoo_sweep_keeps_the_rows_it_measured(tmp_path, monkeypat
 
 def _known_peak(monkeypatch, tmp_path):
     """The CPU's GEMM peak, a fixed figure in a cache of this test: the rows' MFU columns are
-    not what it checks (tests/telemetry/test_measured_peak.py measures the peak). Measured, a 2-thread
+    not what it checks (tests/hardware/test_measured_peak.py measures the peak). Measured, a 2-thread
     peak beside the suite's other worker is contended, never cached, and measured again for each
     model: 7 times, 66 s of this test (bf16 emulated: 18 s each)."""
-    from speechperf.telemetry import measured_peak
+    from speechperf.hardware import measured_peak
 
     monkeypatch.setenv("SPEECHPERF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(measured_peak, "measure_gemm", lambda threads, dtype="fp32": {
@@ -256,8 +256,8 @@ def test_acoustic_rows_carry_mfu_beside_samples_per_s(monkeypatch):
 
     monkeypatch.setattr(acoustic, "config", lambda name: load_preset("tiny").model)
     row = zoo.run_zoo(models=["ds2"], batches=[3], iters=1, warmup=0, progress=False)[0]
-    if importlib.util.find_spec("speechperf.telemetry.mfu") is None:
-        assert row["mfu_pct"] is None and row["mfu_note"].startswith("not computed: speechperf.telemetry.mfu")
+    if importlib.util.find_spec("speechperf.hardware.mfu") is None:
+        assert row["mfu_pct"] is None and row["mfu_note"].startswith("not computed: speechperf.hardware.mfu")
     fitted, seen = [], []
 
     class Flops:
@@ -265,11 +265,11 @@ def test_acoustic_rows_carry_mfu_beside_samples_per_s(monkeypatch):
             seen.append(lens.tolist())
             return 1e9 * float(lens.sum())
 
-    fake = types.ModuleType("speechperf.telemetry.mfu")
+    fake = types.ModuleType("speechperf.hardware.mfu")
     fake.flop_model = lambda cfg: fitted.append(cfg.name) or Flops()
     fake.zoo_mfu = lambda flops, step_s, dev, precision: {"tflops": flops / step_s / 1e12, "peak_tflops": 2.0,
                                                           "mfu_pct": 50 * flops / step_s / 1e12, "peak_source": precision}
-    monkeypatch.setitem(sys.modules, "speechperf.telemetry.mfu", fake)
+    monkeypatch.setitem(sys.modules, "speechperf.hardware.mfu", fake)
     rows = zoo.run_zoo(models=["ds2"], batches=[3, 2], iters=1, warmup=0, progress=False)
     assert fitted == ["ds2"] and seen == [[400, 250, 100], [400, 100]]  # fitted once; the batches' own lengths
     for r, frames in zip(rows, (750, 500)):

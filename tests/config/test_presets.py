@@ -78,7 +78,7 @@ def test_configs_are_frozen():
 def test_platform_profiles_are_table_2():
     from speechperf.config import load_platform, platform_names
 
-    assert {"sys1", "sys10", "sys2"} <= set(platform_names())  # today's machines: tests/telemetry/test_platforms.py
+    assert {"sys1", "sys10", "sys2"} <= set(platform_names())  # today's machines: tests/hardware/test_platforms.py
     table2 = {"sys1": (96, 8, 40, 2605.29), "sys2": (240, 16, 100, 5699.95), "sys10": (300, 16, 100, 25999.00)}
     for name, (batch, readers, buffer, price) in table2.items():
         cfg = load_preset("paper", platform=name)

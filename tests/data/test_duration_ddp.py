@@ -8,7 +8,7 @@ from speechperf.config import load_preset
 from speechperf.data.loader import load_index
 from speechperf.data.plan import global_batch, plan_epoch
 from speechperf.results.events import read_events
-from speechperf.train.mlperf import check_log
+from speechperf.results.mlperf import check_log
 from tests.conftest import torchrun, torchrun_args
 
 SETTINGS = ["max_duration=12", "bucket_window=2"]

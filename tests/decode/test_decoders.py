@@ -7,7 +7,7 @@ import pytest
 from speechperf.corpus import alphabet
 from speechperf.decode import get_decoder
 from speechperf.decode.beam import prefix_beam_search
-from speechperf.decode.lm import BigramLM, LMError, build_lm_for_features, count, load_lm
+from speechperf.data.lm import BigramLM, LMError, build_lm_for_features, count, load_lm
 from speechperf.decode.wordbeam import MODES, WordBeamDecoder
 from speechperf.errors import SpeechperfError
 
@@ -248,7 +248,7 @@ def test_lm_file_from_another_alphabet_is_rejected(tmp_path):
 def test_flashlight_agrees_on_peaked_matrices(tmp_path):
     pytest.importorskip("flashlight.lib.text.decoder")
     from speechperf.decode.flashlight import arpa_words
-    from speechperf.decode.lm import write_arpa
+    from speechperf.data.lm import write_arpa
 
     write_arpa(lm_of(), tmp_path / "lm.arpa")
     assert sorted(arpa_words(tmp_path / "lm.arpa")) == lm_of().words

@@ -21,7 +21,7 @@ import pytest
 from speechperf.cli import main
 from speechperf.features.checksum import features_sha256
 from speechperf.studies import curve, rcp
-from speechperf.telemetry import isa_cap
+from speechperf.hardware import isa_cap
 from speechperf.drive import reproduce as rep
 
 HAS_AVX2 = "avx2" in open("/proc/cpuinfo").read() if sys.platform == "linux" else False
@@ -49,7 +49,7 @@ needs_reference_stack = pytest.mark.skipif(NOT_THE_REFERENCE_STACK is not None, 
 
 
 def child_effective(env: dict) -> dict:
-    code = "import json; from speechperf.telemetry.isa_cap import effective; print(json.dumps(effective()))"
+    code = "import json; from speechperf.hardware.isa_cap import effective; print(json.dumps(effective()))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -85,7 +85,7 @@ def test_a_cap_reaches_both_dispatchers_of_a_child(monkeypatch):
 
 
 def test_env_json_records_the_kernels():
-    from speechperf.telemetry.environment import capture_env
+    from speechperf.hardware.environment import capture_env
 
     isa = capture_env()["isa"]
     assert set(isa) >= {"cpu_capability", "onednn_isa", "onednn", "mkl", "cap", "ONEDNN_MAX_CPU_ISA",

@@ -11,7 +11,7 @@ from speechperf.config import load_preset
 from speechperf.models import MODELS, build_model, describe
 from speechperf.models.encdec import AED, AEDConfig, flops, parameter_count, sinusoids
 from speechperf.models.fastconformer import FastConformerEncoder
-from speechperf.telemetry.mfu import MODULUS, count_step_flops, counter, fit_flop_model
+from speechperf.hardware.mfu import MODULUS, count_step_flops, counter, fit_flop_model
 
 TINY = AEDConfig(d_model=32, layers=2, heads=2, subsampling_channels=8, dec_layers=2, dec_heads=2, num_classes=11,
                  dropout=0.0, attention_dropout=0.0, dec_dropout=0.0)

@@ -10,7 +10,7 @@ from speechperf.models import MODELS, build_model, describe
 from speechperf.models.contract import planned_forward
 from speechperf.models.fastconformer import (FastConformerConfig, flops_per_audio_second, nemo_parameter_count,
                                              parameter_count, training_flops)
-from speechperf.telemetry.mfu import count_step_flops
+from speechperf.hardware.mfu import count_step_flops
 
 TINY = FastConformerConfig(d_model=32, layers=2, heads=2, subsampling_channels=8)
 # Published counts (model cards and NeMo's recipe, read 2026-12):

@@ -1,6 +1,6 @@
 import torch
 
-from speechperf.features.fbank import deltas, stack_context, with_deltas
+from speechperf.models.fbank import deltas, stack_context, with_deltas
 from speechperf.models import build_model
 from speechperf.models.cldnn import CLDNNConfig, cldnn_parameter_count
 from speechperf.models.dnn import DNNConfig, dnn_parameter_count

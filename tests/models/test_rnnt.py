@@ -11,7 +11,7 @@ from speechperf.models import MODELS, build_model, describe, model_config
 from speechperf.models.contract import TooShortError, planned_forward
 from speechperf.models.rnnt import (LSTMEncoder, Transducer, TransducerConfig, flops, parameter_count,
                                           stack_frames)
-from speechperf.telemetry.mfu import counter
+from speechperf.hardware.mfu import counter
 
 CONFORMER = {"encoder": "conformer", "d_model": 16, "layers": 2, "heads": 2, "conv_kernel": 5,
              "subsampling_channels": 4}

@@ -9,7 +9,7 @@ import torch
 from speechperf.config import load_preset
 from speechperf.models import build_model, describe, model_config
 from speechperf.models.rnnt import durations_of, flops, parameter_count
-from speechperf.telemetry.mfu import counter
+from speechperf.hardware.mfu import counter
 
 TINY = {"name": "transducer", "encoder": "fastconformer", "subsampling": 8, "d_model": 32, "layers": 2, "heads": 2,
         "subsampling_channels": 8, "pred_dim": 12, "pred_layers": 2, "joint_dim": 10, "num_classes": 9,

@@ -13,7 +13,7 @@ from speechperf.results.formats import FORMAT
 from speechperf.results.progress import Progress
 from speechperf.results.run import Run
 from speechperf.results.view import RunView
-from speechperf.telemetry.machine import machine_name, short_cpu, short_gpu
+from speechperf.hardware.machine import machine_name, short_cpu, short_gpu
 
 CPU_ENV = {"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_cores_logical": 2, "device": "cpu", "gpus": [],
            "hostname": "box-a"}

@@ -287,7 +287,7 @@ def test_amd_samples_read_as_nvidia_ones_downstream():
 def test_the_environment_reads_the_driver_through_amdsmi_on_rocm(monkeypatch):
     import sys
 
-    from speechperf.telemetry.environment import _driver
+    from speechperf.hardware.environment import _driver
 
     smi = FakeAMDSMI()
     smi.amdsmi_get_gpu_driver_info = lambda h: {"driver_name": "amdgpu", "driver_version": "6.12.12",

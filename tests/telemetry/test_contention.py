@@ -1,7 +1,7 @@
 """Whether a run shared its machine (telemetry/contention.py): the rule, the share, the flag."""
 import pytest
 
-from speechperf.telemetry.measured_peak import contended
+from speechperf.hardware.measured_peak import contended
 from speechperf.telemetry import contention
 
 

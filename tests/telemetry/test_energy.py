@@ -130,7 +130,7 @@ def test_no_energy_sample_is_none_and_says_why_samples_after_the_tta_are_an_erro
 
 
 def test_the_price_note_says_why_the_energy_is_missing():
-    from speechperf.telemetry.platforms import load, price_performance
+    from speechperf.hardware.platforms import load, price_performance
 
     note = price_performance(2.0, load("sys1"))["price note"]
     env = {"telemetry": {"unavailable": {"rapl": "no RAPL zones under /sys/class/powercap"}}}

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from speechperf.telemetry.environment import capture_env
+from speechperf.hardware.environment import capture_env
 from speechperf.telemetry.sample import Sample
 from speechperf.telemetry.sampler import Sampler, SamplerConfig
 

@@ -1,6 +1,6 @@
 """train.precision=auto: the fastest native precision, measured on the run's own step, cached per
 machine, build and workload, recorded by the run and kept by a resumed one. Proven on any CPU by
-forcing the CPU's flags (telemetry/capability.py) and replacing the step timer."""
+forcing the CPU's flags (hardware/capability.py) and replacing the step timer."""
 import json
 import os
 import signal
@@ -12,7 +12,7 @@ from speechperf.cli import main
 from speechperf.config import ConfigError, load_preset, preset_names
 from speechperf.drive.reproduce import child_command, recipe_precision
 from speechperf.results.view import RunView
-from speechperf.telemetry import capability as cap
+from speechperf.hardware import capability as cap
 from speechperf.train import auto_precision as ap
 from speechperf.train import loop
 from speechperf.train.admission import _as_recorded

@@ -6,7 +6,7 @@ import torch
 from speechperf.config import load_preset
 from speechperf.data.batching import Batching
 from speechperf.data.index import librispeech_like
-from speechperf.telemetry.memory import GB, DoesNotFit
+from speechperf.hardware.memory import GB, DoesNotFit
 from speechperf.train.trainer import check_fits_device
 
 CPU = torch.device("cpu")

@@ -5,7 +5,7 @@ import math
 
 from speechperf.cli import main
 from speechperf.config import load_preset
-from speechperf.telemetry.mfu import flop_model
+from speechperf.hardware.mfu import flop_model
 from speechperf.results import ResultsDB
 from speechperf.train.loop import TrainRequest, train
 

@@ -11,7 +11,7 @@ from speechperf.results import ResultsDB
 from speechperf.train import loop, trainer
 from speechperf.train.request import TrainRequest
 from speechperf.results.events import read_events
-from speechperf.train.mlperf import check_log
+from speechperf.results.mlperf import check_log
 
 TINY = ["max_epochs=2", "threads=1", "checkpoint_every=3"]
 
@@ -146,7 +146,7 @@ def test_a_wer_target_run_logs_wer_as_eval_accuracy_and_complies(wer_run):
 
 def test_the_checker_accepts_every_target_metric_and_refuses_another(wer_run, tmp_path):
     from speechperf.metric import WER, targets
-    from speechperf.train.mlperf import benchmark_rules
+    from speechperf.results.mlperf import benchmark_rules
 
     assert f" v['metadata']['metric'] in {list(targets())!r} " in benchmark_rules()
     text = (wer_run / "events.log").read_text()

@@ -3,7 +3,7 @@ summary.json and the report's runs table (bf16 units forced off, so on any CPU).
 import json
 
 from speechperf.cli import main
-from speechperf.telemetry import capability as cap
+from speechperf.hardware import capability as cap
 
 EMULATED = "emulated: no native bf16 on this CPU (AVX2)"
 

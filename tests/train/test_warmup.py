@@ -32,7 +32,7 @@ def test_warm_shape_is_the_training_shape_for_padded_gpu_batches():
 
 def test_a_precision_the_cpu_cannot_run_is_refused_with_the_way_out(monkeypatch):
     from speechperf.config import ConfigError
-    from speechperf.telemetry import capability as cap
+    from speechperf.hardware import capability as cap
     from speechperf.train.warmup import check_precision
 
     monkeypatch.setenv(cap.FORCE_ENV, "avx512f")  # any CPU behaves as one without AVX-512
@@ -47,7 +47,7 @@ def test_a_precision_the_cpu_cannot_run_is_refused_with_the_way_out(monkeypatch)
 
 
 def test_an_emulated_precision_is_named(monkeypatch):
-    from speechperf.telemetry import capability as cap
+    from speechperf.hardware import capability as cap
     from speechperf.train.warmup import check_precision
 
     monkeypatch.setattr(cap, "_real_cpu_flags", lambda: frozenset({"avx2", "fma"}) | cap.AVX512_CORE)
@@ -58,7 +58,7 @@ def test_an_emulated_precision_is_named(monkeypatch):
 
 def test_train_refuses_before_writing_anything(monkeypatch, tmp_path, capsys):
     from speechperf.cli import main
-    from speechperf.telemetry import capability as cap
+    from speechperf.hardware import capability as cap
 
     monkeypatch.setenv(cap.FORCE_ENV, "avx512f")
     code = main(["train", "--preset", "tiny", "--data", str(tmp_path / "feats"), "--out", str(tmp_path / "run"),

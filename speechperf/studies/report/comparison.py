@@ -10,7 +10,7 @@ from speechperf.scoring.target_rule import relative_pct, tta_minutes
 from speechperf.scoring.targets import METRICS, Targets
 from speechperf.telemetry import contention, energy
 from speechperf.studies.report.runs import who
-from speechperf.telemetry.platforms import Platform, load, of_run, price_columns, price_performance
+from speechperf.hardware.platforms import Platform, load, of_run, price_columns, price_performance
 
 # The paper's TTA to dev-clean CER 10 on LibriSpeech (docs/spec.md D), for orientation beside ours.
 PAPER_TTA_CER10 = {"sys1": 820.0, "sys2": 672.0, "sys10": 511.0}

@@ -20,7 +20,7 @@ from speechperf.studies.report.runs import legend, load_run
 from speechperf.studies.report.sections import Context, Figure, Note, Section, Table, ordered
 from speechperf.results import ResultsDB
 from speechperf.tables import _fmt, write_csv
-from speechperf.telemetry.platforms import with_price_overrides
+from speechperf.hardware.platforms import with_price_overrides
 from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
 from speechperf.results.view import RunView
@@ -44,7 +44,7 @@ def build_report(runs: list[Path], out: Path, db_path: Path | None = None, price
     ``db_path``: a shared database for the database-wide sections (benchmarks, parallel
     sweeps); default for those sections: the first run's database. ``price_per_hour``,
     ``platform_file``: prices that override what the runs recorded
-    (:func:`speechperf.telemetry.platforms.of_run`). ``targets``: the TTA targets, a set
+    (:func:`speechperf.hardware.platforms.of_run`). ``targets``: the TTA targets, a set
     (``paper``, ``algoperf``) or numbers of ``metric`` (:func:`speechperf.scoring.targets.parse_targets`).
     ``costs``: saved ``speechperf cost --json`` outputs, drawn against device count (read before anything is written).
     """

@@ -6,13 +6,13 @@ import re
 import statistics
 
 from speechperf import metric
-from speechperf.telemetry.mfu import mfu_columns
+from speechperf.hardware.mfu import mfu_columns
 from speechperf.studies.report import figures
 from speechperf.studies.report.comparison import energy_by_source, price_rows, time_rows, tta_rows
 from speechperf.studies.report.runs import who
 from speechperf.studies.report.sections import Context, Figure, Note, Section, Table, register_section
 from speechperf.results.workload import by_workload
-from speechperf.telemetry.platforms import of_run, presets, table
+from speechperf.hardware.platforms import of_run, presets, table
 from speechperf.studies.aggregate import speed_notes
 from speechperf.studies.precisions import choice_words, each_at_best, label as precision_label, precision
 from speechperf.studies.study import seed_runs_table

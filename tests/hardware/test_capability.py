@@ -5,7 +5,7 @@ import torch
 
 from speechperf.config import load_preset
 from speechperf.errors import in_words
-from speechperf.telemetry import capability as cap
+from speechperf.hardware import capability as cap
 
 AVX2 = frozenset({"sse", "sse2", "avx", "avx2", "fma"})
 AVX512 = AVX2 | cap.AVX512_CORE

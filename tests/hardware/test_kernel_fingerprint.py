@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from speechperf.studies import curve
-from speechperf.telemetry import isa_cap, kernel_fingerprint as kf
+from speechperf.hardware import isa_cap, kernel_fingerprint as kf
 
 
 def test_fingerprints_are_stable_and_leave_the_random_state_and_threads_alone():

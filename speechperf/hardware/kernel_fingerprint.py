@@ -1,6 +1,6 @@
 """Which kernels compute a training otherwise on two machines: a fingerprint per kernel family.
 
-Under the whole ISA cap (telemetry/isa_cap.py), at one thread, with the same torch and
+Under the whole ISA cap (hardware/isa_cap.py), at one thread, with the same torch and
 features, a reference seed's curve still differs between an Intel Xeon and an AMD EPYC
 (docs/reproduce.md), while two AMD generations agree. Three libraries could follow the maker:
 MKL (float32 matrix products), oneDNN (convolutions and LSTMs: some of its kernels pick their

@@ -8,7 +8,7 @@ import torch
 from speechperf.config import load_preset
 from speechperf.data.loader import Batch
 from speechperf.models import build_model, describe, model_config
-from speechperf.telemetry import memory
+from speechperf.hardware import memory
 from speechperf.train.step import make_optimizer, train_step
 
 TRANSDUCER = {"name": "transducer", "encoder": "fastconformer", "subsampling": 8, "d_model": 64, "layers": 2,

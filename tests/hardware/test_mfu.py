@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speechperf.config import load_preset
-from speechperf.telemetry.mfu import (FlopModel, RunFlops, achieved, count_step_flops, counter, exact_quadratic,
+from speechperf.hardware.mfu import (FlopModel, RunFlops, achieved, count_step_flops, counter, exact_quadratic,
                                     fit_flop_model, fit_lengths, mfu_columns)
 from speechperf.models import build_model
 from speechperf.models.ds2 import flops_per_frame
@@ -176,7 +176,7 @@ def test_conformer_fit_is_quadratic_and_exact_at_another_length():
 def test_steps_above_their_peak_get_no_mfu_and_drop_a_cpu_peak(tmp_path, monkeypatch):
     """A demo on a 2-core EPYC read MFU 204%: its CPU peak was cached from a busy machine.
     Above 100% the MFU is refused, said so, and the cached peak is dropped for the next run."""
-    from speechperf.telemetry import measured_peak as mp
+    from speechperf.hardware import measured_peak as mp
 
     over = achieved(2e12, 1.0, 1.0)
     assert over["mfu_pct"] is None and over["mfu_note"] == (

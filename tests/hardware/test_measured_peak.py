@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from speechperf.telemetry import measured_peak as mp
+from speechperf.hardware import measured_peak as mp
 
 
 def test_measures_once_then_reads_the_cache(tmp_path, monkeypatch):

@@ -115,10 +115,10 @@ def mkl_version() -> str | None:
 def effective() -> dict:
     """The kernels this process runs: {"cpu_capability", "onednn_isa", "onednn", "mkl", "cap",
     ONEDNN_VAR, ATEN_VAR, MKL_VAR (as set, None when not), "kernels"} (under a cap, the fingerprint of
-    each kernel family: telemetry/kernel_fingerprint.py; None without one)."""
+    each kernel family: hardware/kernel_fingerprint.py; None without one)."""
     import torch
 
-    from speechperf.telemetry.kernel_fingerprint import fingerprints  # loads torch: only where a run records this
+    from speechperf.hardware.kernel_fingerprint import fingerprints  # loads torch: only where a run records this
 
     cap = cap_of(os.environ)
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "onednn_isa": onednn_isa(),

@@ -2,7 +2,7 @@
 price matching all read it, with its two GPU counts (used, paid for) side by side."""
 import pytest
 
-from speechperf.telemetry import machine as M
+from speechperf.hardware import machine as M
 
 EPYC = {"cpu_model": "AMD EPYC 9454 48-Core Processor", "cpu_cores_logical": 96, "memory_gb": 755.5}
 H100 = {"name": "NVIDIA H100 80GB HBM3"}
@@ -27,7 +27,7 @@ def test_gpu_counts_and_names(env, used, paid, name, words):
 
 def test_every_reader_uses_the_one_rule():
     from speechperf.results import labels
-    from speechperf.telemetry import platforms
+    from speechperf.hardware import platforms
 
     assert labels.machine_name is M.machine_name and platforms.hardware is M.hardware and platforms.gpu_count is M.gpu_count
     env = {**EPYC, "device": "cuda:0", "world_size": 1, "gpus": [H100] * 2}

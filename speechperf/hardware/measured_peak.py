@@ -2,7 +2,7 @@
 
 GPU: the dense vendor peak of the platform profile whose ``gpu_names`` the device matches
 (``peak_tflops_<dtype>`` in ``config/platforms/*.toml``), else the older GPUs of
-``telemetry.peaks.DEVICE_PEAKS``; fp32 counts as tf32 when torch lets matmuls use TF32.
+``hardware.peaks.DEVICE_PEAKS``; fp32 counts as tf32 when torch lets matmuls use TF32.
 
 CPU: no vendor figure fits (clocks under vector load vary), so the peak is measured: the
 GEMM rate of ``bench ops`` (an N x N matmul in the run's dtype, at the training thread
@@ -19,7 +19,7 @@ MFU 204%). So the measurement records the share of the CPUs other processes used
 than the cores the measurement left free, plus :data:`SLACK` of the machine, the peak serves
 the run that measured it, said so, and is not cached; an entry without that figure (an older
 release's) is measured again. A run whose steps then
-beat the peak anyway gets no MFU (telemetry/mfu.py's ``achieved``) and its entry is dropped
+beat the peak anyway gets no MFU (hardware/mfu.py's ``achieved``) and its entry is dropped
 (:func:`forget`), so the next run measures again.
 """
 from __future__ import annotations
@@ -34,10 +34,10 @@ import psutil
 import torch
 
 from speechperf.atomic import atomic_write_text
-from speechperf.telemetry.peaks import Peak, gpu_peak
+from speechperf.hardware.peaks import Peak, gpu_peak
 from speechperf.telemetry.timing import DTYPES, matmul_op, method, middle_third, timed, warm_up
 from speechperf.telemetry import contention
-from speechperf.telemetry.environment import cpu_model
+from speechperf.hardware.environment import cpu_model
 
 CACHE_FILE = "gemm_peak.json"
 SLACK = contention.SLACK  # of the machine's CPUs, what other processes may take beyond the cores a measurement leaves free

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speechperf.config import ConfigError, load_platform, platform_names
-from speechperf.telemetry.machine import devices, gpu_count, hardware, instance_type
+from speechperf.hardware.machine import devices, gpu_count, hardware, instance_type
 
 PURCHASE_KEYS = ("price_usd", "price_gpus_usd", "price_cpus_usd")  # what buying it costs
 HOURLY_KEYS = ("usd_per_hour",)  # what renting it costs

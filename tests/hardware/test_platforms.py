@@ -7,7 +7,7 @@ import pytest
 
 from speechperf.cli import main
 from speechperf.config import ConfigError, platform_names
-from speechperf.telemetry import platforms as P
+from speechperf.hardware import platforms as P
 
 GPU_PROFILES = {"h100-sxm", "h100-pcie", "h200", "a100-40gb-sxm", "a100-80gb-sxm", "a100-80gb-pcie", "l40s", "l4",
                 "rtx-4090", "mi300x", "mi325x", "mi355x"}
@@ -140,7 +140,7 @@ def test_cpu_names_need_vcpus(tmp_path):
 
 
 def test_cloud_instance_reads_dmi(tmp_path):
-    from speechperf.telemetry.environment import cloud_instance
+    from speechperf.hardware.environment import cloud_instance
 
     assert cloud_instance(str(tmp_path / "none")) is None
     (tmp_path / "sys_vendor").write_text("Amazon EC2\n")

@@ -113,8 +113,8 @@ def capture_env(device: str = "cpu") -> dict:
 
 
 def _isa() -> dict:
-    """telemetry/isa_cap.py's effective values; a failure is recorded, never fatal."""
-    from speechperf.telemetry.isa_cap import effective
+    """hardware/isa_cap.py's effective values; a failure is recorded, never fatal."""
+    from speechperf.hardware.isa_cap import effective
 
     try:
         return effective()

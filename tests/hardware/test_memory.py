@@ -10,7 +10,7 @@ from speechperf.data.loader import Batch
 from speechperf.errors import SpeechperfError
 from speechperf.models import build_model
 from speechperf.models.fastconformer import FastConformerConfig, parameter_count
-from speechperf.telemetry import memory
+from speechperf.hardware import memory
 from speechperf.train.step import make_optimizer, train_step
 
 GB = memory.GB

@@ -2,7 +2,7 @@
 state, mixed-precision copies, activations (with and without activation checkpointing per block)
 and, for a transducer, its joint tensor; and the refusal of a run that will not fit.
 
-Why here (telemetry, beside ``mfu``): it is knowledge about a run's configuration read from the
+Why here (hardware, beside ``mfu``): it is knowledge about a run's configuration read from the
 model's layer shapes and the batch's padded frames, like the FLOP count, needed both by the
 run's admission (``train/``) and by ``bench scale`` (``bench/``), which both sit above this tier.
 
@@ -16,7 +16,7 @@ block's parameters are gathered unsharded (in the mixed-precision policy's dtype
 
 Activations are counted tensor by tensor from what autograd keeps for the backward pass of
 :class:`speechperf.models.conformer.ConformerBlock` (enumerated with saved-tensor hooks, torch 2.13;
-tests/telemetry/test_memory.py checks the sum against a measured peak), in units of one
+tests/hardware/test_memory.py checks the sum against a measured peak), in units of one
 (B, T', d_model) tensor per block: two feed-forwards keep 2 d + 2 ff each (their input, its
 norm, the hidden layer's input to SiLU and the second linear's input), attention 9 d on the
 fused path (input, norm, rotated q and k, the qkv output v is a view of, the output and its

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from speechperf.telemetry.mfu import count_step_flops, counter
+from speechperf.hardware.mfu import count_step_flops, counter
 from speechperf.models import MODELS, build_model, encdec, fastconformer, model_config, rnnt
 
 RNNT_LOSS = importlib.util.find_spec("speechperf.objectives.rnnt_loss") is not None  # the transducer's loss

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speechperf.telemetry.capability import cpu_flags
+from speechperf.hardware.capability import cpu_flags
 
 # name -> ({dtype: TFLOPS}, source)
 DEVICE_PEAKS: dict[str, tuple[dict[str, float], str]] = {
@@ -35,7 +35,7 @@ class Peak:
 def gpu_peak(device_name: str, dtype: str) -> Peak:
     """The platform profile naming the device (e.g. 'NVIDIA H100 80GB HBM3') first, else the
     table here by a substring of its name (e.g. 'Tesla V100-SXM2-16GB')."""
-    from speechperf.telemetry.platforms import gpu_peak_tflops
+    from speechperf.hardware.platforms import gpu_peak_tflops
 
     found = gpu_peak_tflops(device_name, dtype)
     if found is not None:

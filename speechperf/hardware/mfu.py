@@ -40,7 +40,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_flop_count
 
 from speechperf.models.contract import planned_forward
-from speechperf.telemetry.measured_peak import cpu_dtype, forget, training_peak
+from speechperf.hardware.measured_peak import cpu_dtype, forget, training_peak
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model
 from speechperf.objectives import objective_of
@@ -277,7 +277,7 @@ class RunFlops:
 
     def summary(self, iterations: list[dict]) -> dict:
         """summary.json's MFU facts over the run's iteration rows (:func:`steps_achieved`). Steps that
-        beat a CPU's measured peak drop its cache entry (telemetry/measured_peak.py): the next run measures it."""
+        beat a CPU's measured peak drop its cache entry (hardware/measured_peak.py): the next run measures it."""
         out = {**steps_achieved(iterations, self.peak_tflops), "model_flops_fit": self.flops.to_dict(),
                "peak_tflops": self.peak_tflops, "peak_source": self.peak_source}
         if out["mfu_note"] and self.cpu_peak is not None and forget(*self.cpu_peak):
