@@ -21,9 +21,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from speechperf.atomic import atomic_write, atomic_write_text
 from speechperf.corpus.espeak import ENGLISH_VOICES, ESpeak, Voice, available_variants
+from speechperf.corpus.sentences import SentenceGenerator
 from speechperf.errors import SpeechperfError
 
 TARGET_RATE = 16000
@@ -107,8 +109,6 @@ def plan(out: Path, hours: float, seed: int) -> list[SpeakerJob]:
 
 def synthesize(out: Path, hours: float = 1.5, seed: int = 1, progress: bool = True, workers: int = 0) -> dict:
     """Synthesize (or complete) the corpus under ``out``; returns {"splits": rows}."""
-    from tqdm import tqdm
-
     out = Path(out)
     if hours <= 0:
         raise SpeechperfError(f"--hours must be > 0, got {hours}")
@@ -120,7 +120,8 @@ def synthesize(out: Path, hours: float = 1.5, seed: int = 1, progress: bool = Tr
         if done["params"] != want:
             differ = sorted(k for k in set(want) | set(done["params"]) if want.get(k) != done["params"].get(k))
             raise SpeechperfError(f"{out} holds a corpus made with other parameters ({', '.join(differ)}: "
-                                  f"{ {k: done['params'].get(k) for k in differ} } there, { {k: want.get(k) for k in differ} } "
+                                  f"{ {k: done['params'].get(k) for k in differ} } there, "
+                                  f"{ {k: want.get(k) for k in differ} } "
                                   "now): choose another folder, or delete it and the "
                                   "features and runs made from it")
         return {"splits": done["splits"]}
@@ -169,8 +170,6 @@ def _run_job(job: SpeakerJob) -> int:
 
 def _synthesize_raw(job: SpeakerJob) -> dict[int, list[tuple[str, np.ndarray]]]:
     """Chapter -> [(text, float32 audio at 16 kHz)], sentences drawn until the time is filled."""
-    from speechperf.corpus.sentences import SentenceGenerator
-
     engine = ESpeak.get()
     engine.set_voice(job.voice)
     gen = SentenceGenerator(seed=job.seed * 100_003 + job.speaker)
@@ -190,7 +189,7 @@ def _synthesize_raw(job: SpeakerJob) -> dict[int, list[tuple[str, np.ndarray]]]:
 
 
 def _resample(audio: np.ndarray, rate: int) -> np.ndarray:
-    from scipy.signal import resample_poly
+    from scipy.signal import resample_poly  # not before eSpeak runs (see _run_job)
 
     if rate != 22050:
         raise SpeechperfError(f"eSpeak NG produced {rate} Hz; expected 22050")
@@ -205,12 +204,13 @@ def add_noise(audio: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.
 
 
 def _summarize(out: Path) -> list[dict]:
-    import soundfile as sf
+    import soundfile as sf  # not at the top: a worker loads it after eSpeak (_run_job)
 
     rows = []
     for split in SPLITS:
         files = sorted((out / split).glob("*/*/*.flac"))
         seconds = sum(sf.info(str(f)).duration for f in files)
         rows.append({"split": split, "speakers": len(list((out / split).glob("*/.done"))), "utterances": len(files),
-                     "hours": round(seconds / 3600, 4), "snr_db": list(OTHER_SNR_DB) if split.endswith("other") else None})
+                     "hours": round(seconds / 3600, 4),
+                     "snr_db": list(OTHER_SNR_DB) if split.endswith("other") else None})
     return rows
