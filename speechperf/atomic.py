@@ -75,7 +75,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_torch_save(obj, path: str | Path) -> None:
-    import torch
+    import torch  # heavy: the atomic writers serve light commands too
 
     atomic_write(path, lambda f: torch.save(obj, f))
 

@@ -106,6 +106,7 @@ class Registry(dict):
         if not dict.__contains__(self, name):
             self.load()  # the entry points too
         if not dict.__contains__(self, name):
-            broken = f"; entry points of {self.group} that fail to import: {'; '.join(self.broken)}" if self.broken else ""
+            broken = (f"; entry points of {self.group} that fail to import: {'; '.join(self.broken)}"
+                      if self.broken else "")
             raise UnknownName(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}{broken}{self.hint}")
         return self[name]

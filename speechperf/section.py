@@ -20,7 +20,8 @@ def build_section(kind, values: dict, section: str):
     defaults = kind()
     for key, value in values.items():
         expected = type(getattr(defaults, key))
-        ok = isinstance(value, expected) or (expected is float and isinstance(value, int) and not isinstance(value, bool))
+        ok = isinstance(value, expected) or (expected is float and isinstance(value, int)
+                                             and not isinstance(value, bool))
         if not ok:
             raise ConfigError(f"[{section}] {key} = {value!r}: expected {expected.__name__}")
     return kind(**{k: (float(v) if isinstance(getattr(defaults, k), float) else v) for k, v in values.items()})

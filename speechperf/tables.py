@@ -12,6 +12,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -123,15 +124,14 @@ def notes(rows: Sequence[dict], column: str, out=None, width: int | None = None)
     once, as ``note: RUN: TEXT``; nothing where no row has one. ``width``: each note wrapped
     to lines of at most that many characters (None: one line each, however long)."""
     out = out or sys.stdout
-    lines = [f"note: {run}: {text}" for run, text in dict.fromkeys((r.get("run"), r[column]) for r in rows if r.get(column))]
+    pairs = dict.fromkeys((r.get("run"), r[column]) for r in rows if r.get(column))
+    lines = [f"note: {run}: {text}" for run, text in pairs]
     print_lines(lines, width, out)
 
 
 def print_lines(lines: Sequence[str], width: int | None = WIDTH, out=None) -> None:
     """Notes under a table: each wrapped to lines of at most ``width`` characters, the lines
     after its first indented (None: each note on one line as it is, ``--wide``)."""
-    import textwrap
-
     out = out or sys.stdout
     for text in map(printable, lines):
         wrapped = [text] if width is None or len(text) <= width else textwrap.wrap(

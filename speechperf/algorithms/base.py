@@ -45,7 +45,8 @@ class CommMeter:
 
     seconds: float = 0.0  # in collectives (DDP: buckets' all-reduce in flight, overlapping the backward)
     bytes: int = 0  # payload this rank sent (an all-reduce counted once)
-    pending_s: float = 0.0  # seconds since the last take (DDP's hook adds them from gloo's thread, before the step ends)
+    pending_s: float = 0.0  # seconds since the last take (DDP's hook adds them from gloo's thread,
+    # before the step ends)
     pending_bytes: int = 0  # bytes since the last take
 
     def add(self, seconds: float, nbytes: int) -> None:

@@ -23,7 +23,8 @@ class BMUFConfig(LocalSGDConfig):
     block_lr: float = 1.0  # block learning rate eta
     block_momentum: float = -1.0  # block momentum zeta in [0, 1); -1 = 1 - block_lr / (workers x bmuf_c) (Eq. 6)
     bmuf_c: float = 1.05  # C of Eq. 6 (eta / (workers (1 - zeta)) = C), used when block_momentum = -1
-    nesterov: bool = True  # workers restart from the look-ahead global + momentum x Delta and a block's update is measured from it (NBM-BMUF); false: from the global model (CBM-BMUF, the paper's)
+    nesterov: bool = True  # workers restart from the look-ahead global + momentum x Delta and a block's update is
+    # measured from it (NBM-BMUF); false: from the global model (CBM-BMUF, the paper's)
 
     def problems(self) -> list[str]:
         checks = [

@@ -111,6 +111,7 @@ def named_units(model: nn.Module, names: str) -> list[nn.Module]:
 def policy(precision: str, device: torch.device):
     """FSDP2's mixed precision: bf16 parameters and fp32 gradient reduction for bf16 on a CUDA
     device; otherwise fp32 throughout (None: the parameters' own dtype)."""
+    # heavy: torch.distributed's parts load only when a run uses them
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if precision in ("bf16", "fp8") and device.type == "cuda":  # fp8: bf16 outside its float8 products
@@ -138,6 +139,7 @@ class FSDP(Algorithm):
                 raise ConfigError(f"algo.name=fsdp does not train with {setting}: {why}")
 
     def wrap(self, local):
+        # heavy: torch.distributed's parts load only when a run uses them
         from torch.distributed.fsdp import fully_shard
 
         self.core = unwrapped(local)
@@ -174,6 +176,7 @@ class FSDP(Algorithm):
         """(model, optimizer) state dicts of the unsharded model, on rank 0's CPU (a collective;
         the other ranks get empty dicts): the keys a model without FSDP has (checkpoint_wrapper's
         prefix left out); the optimizer's state keyed by those names."""
+        # heavy: torch.distributed's parts load only when a run uses them
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                              get_optimizer_state_dict)
 
@@ -184,6 +187,7 @@ class FSDP(Algorithm):
     def load_whole_state(self, model: dict, optimizer_state: dict, optimizer) -> None:
         """Every rank: its shards of :meth:`whole_state`'s dicts (which every rank read from the
         checkpoint), whatever world wrote them."""
+        # heavy: torch.distributed's parts load only when a run uses them
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
@@ -216,6 +220,7 @@ def _copied(value):
 
 
 def _mesh(device: torch.device, world: int):
+    # heavy: torch.distributed's parts load only when a run uses them
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh(device.type, (world,))
@@ -224,6 +229,7 @@ def _mesh(device: torch.device, world: int):
 def _checkpointed(root: nn.Module, unit: nn.Module) -> nn.Module:
     """``unit`` replaced in its parent by torch's ``checkpoint_wrapper`` of it (activations recomputed
     in the backward, the RNG replayed: the same numbers); returns the wrapper."""
+    # heavy: torch.distributed's parts load only when a run uses them
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for parent in root.modules():

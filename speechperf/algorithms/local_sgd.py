@@ -23,7 +23,8 @@ from speechperf.rng import rng_state, set_rng_state
 class LocalSGDConfig(AlgoConfig):
     """The local-SGD family's common field."""
 
-    sync_every: int = 1  # local optimizer steps between synchronizations (tau, H); bsp, bmuf and diloco also at every epoch's end
+    sync_every: int = 1  # local optimizer steps between synchronizations (tau, H); bsp, bmuf and diloco also at every
+    # epoch's end
 
     def problems(self) -> list[str]:
         return [f"algo.sync_every={self.sync_every} must be >= 1"] if self.sync_every < 1 else []
@@ -71,6 +72,7 @@ class LocalSGD(Algorithm, ABC):
         torch's ``average_parameters`` (one flat all-reduce, divided by the world first) on
         copies: it rebinds each tensor's ``.data`` to a view of its flat buffer, which the
         model's own parameters should not be (the optimizer and a compiled model hold them)."""
+        # heavy: torch.distributed's parts load only when a run uses them
         from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
         copies = [t.detach().clone() for t in sync_tensors(self.core)]

@@ -40,6 +40,7 @@ def counted_allreduce(meter: CommMeter, bucket):  # DDP checks a return annotati
     sum), returning its future of the averaged bucket; counts the bucket's bytes and the
     seconds until its all-reduce completes (under NCCL the future completes when the work
     is queued: the seconds there are the host's)."""
+    # heavy: torch.distributed's parts load only when a run uses them
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     buf, t0 = bucket.buffer(), time.perf_counter()

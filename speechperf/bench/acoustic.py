@@ -83,9 +83,10 @@ def mfu_columns(name: str, model: nn.Module, batch: int, step_s: float, dev: tor
     precision is measured against (``zoo_mfu``). None, with ``mfu_note`` saying why, where
     the MFU module is not in this version."""
     try:
-        from speechperf.hardware.mfu import flop_model, zoo_mfu
+        from speechperf.hardware.mfu import flop_model, zoo_mfu  # may be absent: this version's guard
     except ImportError:
-        return {**dict.fromkeys(MFU_COLUMNS), "mfu_note": "not computed: speechperf.hardware.mfu is not in this version"}
+        return {**dict.fromkeys(MFU_COLUMNS),
+                "mfu_note": "not computed: speechperf.hardware.mfu is not in this version"}
     if name not in cache:
         cache[name] = flop_model(config(name))
     flops = cache[name].batch(lengths(batch, unwrap(model).min_frames))

@@ -244,14 +244,17 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
     if not data:
         loader = replace(loader, bucket_window=min(loader.bucket_window, SYNTHETIC_WINDOW))
     with tempfile.TemporaryDirectory(prefix="speechperf-feed-") as tmp:
-        feats = Path(data) if data else write_synthetic(Path(tmp), supply_utterances(readers, windows, loader.bucket_window))
+        feats = Path(data) if data else write_synthetic(Path(tmp),
+                                                        supply_utterances(readers, windows, loader.bucket_window))
         sup = supply(feats, loader, readers, windows, cfg.train.seed)
     need = readers_per_gpu(app["audio_s_per_s"], sup["audio_s_per_s_per_reader"])
     host = cores or os.cpu_count() or 1
-    return {"preset": preset, "batch": app.get("batch", cfg.loader.batch_size), "mean utt s": round(app["mean_utt_s"], 2),
+    return {"preset": preset, "batch": app.get("batch", cfg.loader.batch_size),
+            "mean utt s": round(app["mean_utt_s"], 2),
             "appetite audio s/s": round(app["audio_s_per_s"], 1), "appetite spread %": _r(app["spread_pct"]),
             "appetite source": src, "supply audio s/s per reader": round(sup["audio_s_per_s_per_reader"], 1),
-            "supply spread %": _r(sup["spread_pct"]), "supply mean utt s": round(sup["mean_utt_s"], 2), "readers": readers,
+            "supply spread %": _r(sup["spread_pct"]), "supply mean utt s": round(sup["mean_utt_s"], 2),
+            "readers": readers,
             "supply data": f"{data or 'synthetic'}, {loader.bucket_window}-shard windows",
             "readers per GPU": need, "host cores": host, "GPUs this host feeds": round(gpus_fed(host, need), 2),
             "resident": cfg.loader.resident}

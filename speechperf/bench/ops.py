@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 
+import psutil
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -48,7 +49,8 @@ def conv_op(n: int, hw: int, c: int, r: int, k: int, stride: int) -> Op:
         x = torch.randn(n, c, hw, hw, device=dev, dtype=dt)
         w = torch.randn(k, c, r, r, device=dev, dtype=dt)
         return lambda: F.conv2d(x, w, stride=stride, padding=pad)
-    return Op("conv2d", f"F({n},{hw},{hw},{c}) K({r},{r},{c},{k}) S({stride},{stride})", 2.0 * n * k * c * r * r * p * p, make)
+    return Op("conv2d", f"F({n},{hw},{hw},{c}) K({r},{r},{c},{k}) S({stride},{stride})",
+              2.0 * n * k * c * r * r * p * p, make)
 
 
 def default_ops(quick: bool = False) -> list[Op]:
@@ -65,8 +67,6 @@ def default_ops(quick: bool = False) -> list[Op]:
 def device_peak(dev: torch.device, dtype: str, threads: int) -> Peak:
     if dev.type == "cuda":
         return gpu_peak(torch.cuda.get_device_name(dev), dtype)
-    import psutil
-
     freq = psutil.cpu_freq()
     ghz = (freq.max or freq.current) / 1000.0 if freq else 0.0
     return cpu_peak(threads, ghz, dtype=dtype)
@@ -133,7 +133,8 @@ def _row(dev, dtype, threads, op, peak, measured=None, status="ok") -> dict:
     """One result row; ``measured`` is run_op's (telemetry.timing.measure with the call times)."""
     m = measured or {}
     times = m.get("times")
-    row = {"device": str(dev), "dtype": dtype, "accumulate": "fp32", "threads": threads, "op": op.name, "shape": op.shape,
+    row = {"device": str(dev), "dtype": dtype, "accumulate": "fp32", "threads": threads, "op": op.name,
+           "shape": op.shape,
            "gflop": op.flops / 1e9, "iters": m.get("iters", 0), "ms_mid": None, "ms_median": None,
            "spread_pct": m.get("spread_pct"), "tflops": None, "pct_peak": None, "peak_tflops": peak.tflops,
            "peak_source": peak.source, "torch": torch.__version__, "libraries": libraries(dev),

@@ -47,7 +47,8 @@ from speechperf.train.step import make_optimizer, train_step
 WORKLOADS = ("fastconformer-l", "fastconformer-xl", "parakeet-rnnt-sizes", "canary-aed-sizes")  # CTC, RNN-T, AED
 CPU_BATCH_S, GPU_BATCH_S = (30.0,), (None,)  # seconds of audio per batch: a CPU's smallest; None: the preset's
 INDEX_UTTERANCES = 4096  # the generated LibriSpeech-like index the batches are planned over (64 shards)
-LONGEST_S = 16.7  # utterances over this are left out: NeMo's FastConformer recipe's train_ds.max_duration for LibriSpeech
+LONGEST_S = 16.7  # utterances over this are left out:
+# NeMo's FastConformer recipe's train_ds.max_duration for LibriSpeech
 DOES_NOT_FIT = "does not fit"  # a row's status where the estimate exceeds the memory
 FRAME_S = 0.01  # seconds per feature frame (10 ms hop)
 FRAMES_PER_LABEL = 2  # labels CTC can align at 8x: one per two output frames
@@ -92,7 +93,8 @@ def planned_batches(cfg, n: int, seed: int) -> list[np.ndarray]:
                          full.duration[keep], [full.id(i) for i in keep], ["a"] * len(keep))
     plan = Batching(cfg.loader, seed).plan(index, epoch=1)
     if len(plan) < n:
-        raise SpeechperfError(f"loader.max_duration={Batching(cfg.loader).batch_seconds:g} plans {len(plan)} batches over "
+        raise SpeechperfError(f"loader.max_duration={Batching(cfg.loader).batch_seconds:g} plans {len(plan)} "
+                              "batches over "
                               f"{INDEX_UTTERANCES} utterances, fewer than the {n} steps asked")
     return [(index.frames[b], index.duration[b]) for b in plan.batches[:n]]
 
@@ -252,6 +254,6 @@ def notes(rows: list[dict]) -> list[str]:
     lines += sorted({f"MFU peak: {r['peak_source']}" for r in rows if r.get("peak_source")})
     lines += sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
     lines += [f"{r['workload']} {r['batch_s']:g} s: {r['status']}" for r in rows if r["status"] != "ok"]
-    lines += sorted({f"{r['workload']}: fp8 on {r['device']} is torchao's emulation: its rates are not fp8's" for r in rows
-                     if r["precision"] == "fp8" and not str(r["device"]).startswith("cuda")})
+    lines += sorted({f"{r['workload']}: fp8 on {r['device']} is torchao's emulation: its rates are not fp8's"
+                     for r in rows if r["precision"] == "fp8" and not str(r["device"]).startswith("cuda")})
     return lines

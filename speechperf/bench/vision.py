@@ -39,7 +39,7 @@ def _declare_nms_schemas() -> None:
 def vision_models():
     """The ``torchvision.models`` module, or SpeechperfError saying why it cannot be had."""
     try:
-        import torchvision.models as tvm
+        import torchvision.models as tvm  # the optional zoo extra
         return tvm
     except ImportError as e:
         raise SpeechperfError(f"torchvision not installed ({e}); pip install 'speechperf[zoo]'") from None
@@ -49,7 +49,7 @@ def vision_models():
     _forget_partial_import()
     _declare_nms_schemas()
     try:
-        import torchvision.models as tvm
+        import torchvision.models as tvm  # the optional zoo extra
     except Exception as e:  # a build whose failure is not the one explained above
         raise SpeechperfError(f"torchvision not importable ({type(e).__name__}: {str(e)[:80]})") from None
     return tvm

@@ -43,7 +43,8 @@ TABLE8_BATCHES = {"resnet50": (64, 128), "inception_v3": (64, 128), "vgg16": (64
                   "ds2": (8, 16, 32), "transformer": (1024, 2048, 4096)}
 # The columns of the text table (--json, --csv and the database hold every column)
 COLUMNS = ("model", "batch", "precision", "multiply", "device", "params_m", "paper_params_m", "unit", "samples_per_s",
-           "mfu_pct", "step_s", "iters", "spread_pct", "repeat_iqr_pct", "noisy", "power_w", "joules_per_sample", "precision_note",
+           "mfu_pct", "step_s", "iters", "spread_pct", "repeat_iqr_pct", "noisy", "power_w", "joules_per_sample",
+           "precision_note",
            "status")
 UNITS = {"resnet50": "images", "inception_v3": "images", "vgg16": "images", "lstm": "sentences",
          "ds2": "utterances", "transformer": "tokens"}
@@ -249,7 +250,8 @@ def notes(rows: list[dict]) -> list[str]:
     lines += list(dict.fromkeys(f"MFU: {r['mfu_note']}" if r.get("mfu_note") else f"MFU ({r['multiply']}): peak "
                                 f"{r['peak_source']}" for r in rows if r["status"] == "ok" and
                                 (r.get("mfu_note") or r.get("peak_source"))))
-    lines += [f"threads {sorted({r['threads'] for r in rows})}, {rows[0]['libraries']}, torch {rows[0]['torch']}"] if rows else []
+    lines += ([f"threads {sorted({r['threads'] for r in rows})}, {rows[0]['libraries']}, torch {rows[0]['torch']}"]
+              if rows else [])
     lines += timing.noisy_notes(rows, lambda r: f"{r['model']} batch {r['batch']} {r['precision']}")
     return lines + [f"not measured: {r['model']} batch {r['batch']} {r['precision']}: {r['status']}"
                     for r in rows if r["status"] != "ok"]
@@ -283,7 +285,8 @@ def _row(name, batch, precision, device, params, m, status="ok") -> dict:
     return {"model": name, "batch": batch, "precision": precision, "multiply": multiply, "accumulate": accumulate,
             "device": device, "libraries": libraries(torch.device(device)),
             "params_m": round(params, 2) if params else None, "paper_params_m": PAPER_PARAMS_M.get(name),
-            "unit": UNITS.get(name, "utterances"), "samples_per_s": m and m["samples_per_s"], "step_s": m and m["step_s"],
+            "unit": UNITS.get(name, "utterances"), "samples_per_s": m and m["samples_per_s"],
+            "step_s": m and m["step_s"],
             "iters": m and m["iters"], "spread_pct": m and m["spread_pct"],
             **{k: (m or {}).get(k) for k in timing.TIMING_COLUMNS},
             "power_w": m and m["power_w"], "joules_per_sample": m and m["joules_per_sample"],

@@ -62,7 +62,8 @@ class RunConfig:
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)  # off unless a preset sets masks
-    algo: AlgoConfig = field(default_factory=algo_config)  # the config of the data-parallel algorithm [algo] name selects (sync: DDP under torchrun)
+    algo: AlgoConfig = field(default_factory=algo_config)  # the config of the data-parallel algorithm [algo] name
+    # selects (sync: DDP under torchrun)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

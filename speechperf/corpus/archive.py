@@ -28,6 +28,8 @@ import tarfile
 import zlib
 from pathlib import Path
 
+from tqdm import tqdm
+
 from speechperf.atomic import atomic_write_text
 from speechperf.corpus.download import FetchError
 
@@ -68,8 +70,6 @@ def extract_part(archive: Path, out: Path, split: str, marker: dict, progress: b
 
 
 def _extract(archive: Path, dest: Path, split: str, progress: bool) -> int:
-    from tqdm import tqdm
-
     counted, kinds = [0], {}  # kinds: each name seen (its own or a folder's above it) -> is a folder
     path_max = _path_max(dest) - len(os.fsencode(str(dest))) - 1  # the bytes a member's name may take under dest
 

@@ -25,6 +25,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tqdm import tqdm
+
 from speechperf.corpus.parts import Part
 from speechperf.errors import SpeechperfError
 
@@ -122,8 +124,6 @@ def _check_range(url: str, tmp: Path, resp, have: int, part: Part) -> None:
 
 
 def _copy(url: str, resp, tmp: Path, have: int, part: Part, hashers: dict, timeout: float, progress: bool) -> int:
-    from tqdm import tqdm
-
     want, written = part.bytes - have, 0
     with open(tmp, "ab" if have else "wb") as f, \
             tqdm(total=part.bytes, initial=have, unit="B", unit_scale=True, unit_divisor=1024,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import espeakng_loader
 
 from speechperf.errors import SpeechperfError
 
@@ -46,8 +47,6 @@ class Voice:
 
 
 def _data_dir() -> Path:
-    import espeakng_loader
-
     return Path(espeakng_loader.get_data_path())
 
 
@@ -62,8 +61,6 @@ class ESpeak:
     _instance: "ESpeak | None" = None
 
     def __init__(self):
-        import espeakng_loader
-
         try:
             self.lib = ctypes.CDLL(espeakng_loader.get_library_path())
         except OSError as e:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import soundfile as sf
 
 from speechperf.corpus.alphabet import AlphabetError, normalize
 from speechperf.errors import SpeechperfError
@@ -116,7 +117,8 @@ def _scan_chapter(folder: Path, split: str, result: ScanResult) -> None:
             where = f"{trans}:{n}"
             m = _ID.match(uid)
             if not m or (m.group(1), m.group(2)) != (speaker, chapter):
-                result.problems.append(Problem(trans, "malformed_line", f"{where}: {uid!r} is not {speaker}-{chapter}-NNNN"))
+                result.problems.append(Problem(trans, "malformed_line",
+                                               f"{where}: {uid!r} is not {speaker}-{chapter}-NNNN"))
                 continue
             seen.add(uid)
             if uid not in audio:
@@ -141,8 +143,6 @@ def read_audio(path: Path, expected_sr: int = 16000, start: int = 0, samples: in
     """Mono float32 samples (``samples`` from sample ``start``: a cut's segment; column ``channel``
     or the mean of the channels); AudioError (naming the file) if unreadable, truncated or of
     another rate."""
-    import soundfile as sf
-
     try:
         audio, sr = sf.read(str(path), start=start, frames=samples, dtype="float32", always_2d=True)
     except Exception as e:  # libsndfile raises its own error type, RuntimeError or EOF errors

@@ -55,7 +55,7 @@ class ManifestError(SpeechperfError):
 def _lhotse():
     """lhotse's deserializer and sample arithmetic; a ManifestError naming the extra if missing."""
     try:
-        from lhotse.serialization import deserialize_item
+        from lhotse.serialization import deserialize_item  # the optional lhotse extra
         from lhotse.utils import compute_num_samples
     except ImportError as e:
         raise ManifestError(f"reading lhotse manifests needs lhotse ({e}); install it with: {INSTALL}") from None

@@ -65,7 +65,8 @@ def load_table(path: Path | None = None) -> Table:
         listed = list(entry.get("parts", []))
         unknown = [p for p in listed if p not in parts]
         if not listed or unknown:
-            raise TableError(f"{path}: corpus {name!r} lists {'unknown parts ' + str(unknown) if unknown else 'no parts'}")
+            raise TableError(f"{path}: corpus {name!r} lists "
+                             f"{'unknown parts ' + str(unknown) if unknown else 'no parts'}")
         corpora[name] = listed
     if not corpora:
         raise TableError(f"{path}: no [corpus.NAME] section")

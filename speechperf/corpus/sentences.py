@@ -17,7 +17,8 @@ from pathlib import Path
 
 WORDS_DIR = Path(__file__).with_name("words")
 ZIPF_SHIFT = 2.7  # Mandelbrot's shift: flattens the head of the distribution
-DETERMINERS = ("the", "the", "the", "a", "this", "that", "my", "your", "his", "her", "our", "their", "every", "some", "no")
+DETERMINERS = ("the", "the", "the", "a", "this", "that", "my", "your", "his", "her", "our", "their", "every", "some",
+               "no")
 PLURAL_DETERMINERS = ("the", "the", "these", "those", "my", "your", "our", "their", "some", "many", "few", "all the")
 PRONOUNS = (("i", 1), ("you", 2), ("he", 3), ("she", 3), ("we", 2), ("they", 2), ("it", 3))
 OBJECT_PRONOUNS = ("me", "you", "him", "her", "us", "them", "it")

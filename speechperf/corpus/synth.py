@@ -107,7 +107,7 @@ def plan(out: Path, hours: float, seed: int) -> list[SpeakerJob]:
 
 def synthesize(out: Path, hours: float = 1.5, seed: int = 1, progress: bool = True, workers: int = 0) -> dict:
     """Synthesize (or complete) the corpus under ``out``; returns {"splits": rows}."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # not at the top: what a worker loads before eSpeak runs is kept as it was (see _run_job)
 
     out = Path(out)
     if hours <= 0:
@@ -120,7 +120,8 @@ def synthesize(out: Path, hours: float = 1.5, seed: int = 1, progress: bool = Tr
         if done["params"] != want:
             differ = sorted(k for k in set(want) | set(done["params"]) if want.get(k) != done["params"].get(k))
             raise SpeechperfError(f"{out} holds a corpus made with other parameters ({', '.join(differ)}: "
-                                  f"{ {k: done['params'].get(k) for k in differ} } there, { {k: want.get(k) for k in differ} } "
+                                  f"{ {k: done['params'].get(k) for k in differ} } there, "
+                                  f"{ {k: want.get(k) for k in differ} } "
                                   "now): choose another folder, or delete it and the "
                                   "features and runs made from it")
         return {"splits": done["splits"]}
@@ -169,7 +170,7 @@ def _run_job(job: SpeakerJob) -> int:
 
 def _synthesize_raw(job: SpeakerJob) -> dict[int, list[tuple[str, np.ndarray]]]:
     """Chapter -> [(text, float32 audio at 16 kHz)], sentences drawn until the time is filled."""
-    from speechperf.corpus.sentences import SentenceGenerator
+    from speechperf.corpus.sentences import SentenceGenerator  # as tqdm above: a worker's imports before eSpeak
 
     engine = ESpeak.get()
     engine.set_voice(job.voice)
@@ -190,7 +191,7 @@ def _synthesize_raw(job: SpeakerJob) -> dict[int, list[tuple[str, np.ndarray]]]:
 
 
 def _resample(audio: np.ndarray, rate: int) -> np.ndarray:
-    from scipy.signal import resample_poly
+    from scipy.signal import resample_poly  # not before eSpeak runs (see _run_job)
 
     if rate != 22050:
         raise SpeechperfError(f"eSpeak NG produced {rate} Hz; expected 22050")
@@ -205,12 +206,13 @@ def add_noise(audio: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.
 
 
 def _summarize(out: Path) -> list[dict]:
-    import soundfile as sf
+    import soundfile as sf  # not at the top: a worker loads it after eSpeak (_run_job)
 
     rows = []
     for split in SPLITS:
         files = sorted((out / split).glob("*/*/*.flac"))
         seconds = sum(sf.info(str(f)).duration for f in files)
         rows.append({"split": split, "speakers": len(list((out / split).glob("*/.done"))), "utterances": len(files),
-                     "hours": round(seconds / 3600, 4), "snr_db": list(OTHER_SNR_DB) if split.endswith("other") else None})
+                     "hours": round(seconds / 3600, 4),
+                     "snr_db": list(OTHER_SNR_DB) if split.endswith("other") else None})
     return rows

@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 
 from speechperf.cpus import usable_cpus
@@ -83,8 +84,6 @@ def free_bytes(device: torch.device) -> tuple[int, int]:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)
-    import psutil
-
     vm = psutil.virtual_memory()
     return vm.available, vm.total
 

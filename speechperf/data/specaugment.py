@@ -69,7 +69,8 @@ def _keep(start: torch.Tensor, width: torch.Tensor, size: int) -> torch.Tensor:
     return (~covered.any(dim=1)).float()
 
 
-def masks(lengths: torch.Tensor, frames: int, columns: int, cfg: SpecAugmentConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def masks(lengths: torch.Tensor, frames: int, columns: int,
+          cfg: SpecAugmentConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The keep-masks of one batch, on the CPU: time (B, frames) and frequency (B, columns).
 
     ``lengths``: (B,) CPU valid frames of a batch padded to ``frames``, with ``columns``

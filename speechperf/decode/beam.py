@@ -61,7 +61,8 @@ class BeamDecoder:
         check_log_probs(log_probs)
         if log_probs.shape[0] == 0:
             return ""
-        return " ".join(alphabet.decode(prefix_beam_search(log_probs, self.beam, self.prune, self.gap, alphabet.SPACE)).split())
+        best = prefix_beam_search(log_probs, self.beam, self.prune, self.gap, alphabet.SPACE)
+        return " ".join(alphabet.decode(best).split())
 
     def decode_batch(self, log_probs: np.ndarray, lens, workers: int = 0) -> list[str]:
         """(T, B, 30) with valid lengths (B,) -> B texts; ``workers`` > 1 decodes on that many threads."""

@@ -55,7 +55,7 @@ class FlashlightDecoder:
                  beam_threshold: float = 25.0):
         # KenLM scores are log10 and emissions natural logs: lm_weight * ln 10 makes weight 1
         # mean the same as in wordbeam (checked: KenLM's scores equal our bigram's / ln 10).
-        from flashlight.lib.text import decoder as fl
+        from flashlight.lib.text import decoder as fl  # the optional flashlight extra
         from flashlight.lib.text.decoder.kenlm import KenLM
         from flashlight.lib.text.dictionary import Dictionary
 
@@ -119,9 +119,10 @@ def arpa_for(features: Path | None, lm) -> Path:
 def make_flashlight(beam: int = 256, features=None, lm=None, lm_weight: float = 1.0, **kw):
     """Needs flashlight-text (the ``flashlight`` extra); beam width 1 is greedy."""
     try:
-        import flashlight.lib.text.decoder  # noqa: F401
+        import flashlight.lib.text.decoder  # noqa: F401  the optional extra: checked here
     except ImportError:
-        raise SpeechperfError("the flashlight decoder needs flashlight-text: pip install 'speechperf[flashlight]'") from None
+        raise SpeechperfError("the flashlight decoder needs flashlight-text: "
+                              "pip install 'speechperf[flashlight]'") from None
     if beam == 1:
         return GreedyDecoder()
     return FlashlightDecoder(arpa_for(features, lm), beam, lm_weight=lm_weight, **kw)

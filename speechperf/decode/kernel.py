@@ -171,7 +171,8 @@ def beam_search(lp, beam, log_thresh, score_gap, constrained, mode, lm_weight, s
                     nc += 1
                 k = pos[q]
                 c_pnb[k] = log_add(c_pnb[k], (pb if c == last else tot) + f[c])
-        nb = _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b_id, b_pb, b_pnb, score, inside)
+        nb = _select(c_id, c_pb, c_pnb, nc, lm_base, lm_fc, lm_weight, beam, score_gap, b_id, b_pb, b_pnb, score,
+                     inside)
     return _best(b_id, b_pb, b_pnb, nb, constrained, mode, lm_weight, parent, label, node, hist, done, lm_base,
                  lm_fc, node_word, uni, row_start, row_word, row_disc, backoff)
 

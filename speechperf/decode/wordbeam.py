@@ -57,7 +57,8 @@ class WordBeamDecoder:
         t = self.tables
         labels, words = beam_search(
             np.ascontiguousarray(log_probs, dtype=np.float64), self.beam, self.log_prune, self.gap, True,
-            MODES.index(self.mode), self.weight, self.samples, alphabet.SPACE, t.next_node, t.node_word, t.node_lo, t.node_hi,
+            MODES.index(self.mode), self.weight, self.samples, alphabet.SPACE, t.next_node, t.node_word, t.node_lo,
+            t.node_hi,
             self.is_non_word, t.uni, t.cum_uni, t.row_start, t.row_word, t.row_disc, t.cum_disc, t.backoff)
         return labels.tolist(), [t.words[w] for w in words.tolist()]
 

@@ -36,5 +36,6 @@ def features_sha256(feats: Path, units: str | None = None) -> str | None:
         files = sorted(files + [p for p in [feats / "units" / f"bpe-{units[4:]}.json"] if p.is_file()])
     digest = hashlib.sha256()
     for path in files:
-        digest.update(f"{path.relative_to(feats).as_posix()}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        digest.update(f"{path.relative_to(feats).as_posix()}\0{sha}\n".encode())
     return digest.hexdigest()

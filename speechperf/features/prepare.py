@@ -18,17 +18,22 @@ features/stats.py.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import itertools
 import json
 import multiprocessing as mp
 import os
+import re
+import signal
 import sys
 import time
 from collections import Counter
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_splits, is_train_split, iter_split,
                                           read_audio)
@@ -140,10 +145,7 @@ CAP_VARS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_CBWR")  # hardware
 def made_with() -> dict:
     """What computes this process's features: {"precision", "torch", "numpy", "mkl", "cap"}
     (the cap: the ISA cap's variables as set, {} when none)."""
-    import re
-    from importlib import metadata
-
-    import torch
+    import torch  # heavy: the index and damage checks run without it
 
     mkl = re.search(r"Math Kernel Library Version ([^\n]+?) for", torch.__config__.show())
     return {"precision": PRECISION, "torch": metadata.version("torch"), "numpy": np.__version__,
@@ -155,8 +157,6 @@ def _prepare_split(source, out, pool: "_Workers", progress, config) -> tuple[dic
     """(row, feature sums, problems) of ``split``, prepared or completed (a finished and intact
     split is only read). Memory is bounded by a shard, not the split: the scan streams into
     the pool (see _Shards) and the index is written one sidecar at a time (index_stream.py)."""
-    from tqdm import tqdm
-
     split = source.split
     split_dir = out / split
     rebuilt, index = _damaged(split_dir)
@@ -229,12 +229,9 @@ def _worker_init(parent: int) -> None:
     """A worker: one torch thread (W workers on W cores, not W x cores threads fighting), and
     on Linux killed with its parent: a SIGKILLed prepare leaves no orphan finishing a shard
     beside the rerun's, or waiting forever on the task pipe (its write end is inherited too)."""
-    import torch
+    import torch  # heavy: the index and damage checks run without it
 
     if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
@@ -269,7 +266,7 @@ def _damaged(split_dir: Path) -> tuple[list[str], dict | None]:
 
 def _shard_task(task) -> str:
     """Worker: read, check, extract and write one shard, then its sidecar."""
-    from speechperf.features.extract import extract_batch, frame_count
+    from speechperf.features.extract import extract_batch, frame_count  # loads torch (see made_with)
 
     split_dir, k, utts, cfg = task
     kept: list[tuple[Utterance, np.ndarray]] = []
@@ -282,7 +279,8 @@ def _shard_task(task) -> str:
             continue
         seconds = len(audio) / cfg.sample_rate
         if seconds > cfg.max_seconds:
-            problems.append(Problem(u.audio_path, "too_long", f"{u.where}: {seconds:.2f} s > {cfg.max_seconds} s").to_dict())
+            problems.append(Problem(u.audio_path, "too_long",
+                                    f"{u.where}: {seconds:.2f} s > {cfg.max_seconds} s").to_dict())
         elif frame_count(len(audio), cfg) < cfg.min_frames:
             problems.append(Problem(u.audio_path, "too_short",
                                     f"{u.where}: {frame_count(len(audio), cfg)} frames < {cfg.min_frames}").to_dict())
@@ -307,7 +305,8 @@ def _shard_task(task) -> str:
 
 def _prepared_train_splits(out: Path) -> list[str]:
     """Every training split of ``out`` whose index is complete: what the statistics cover."""
-    return sorted(p.name for p in out.iterdir() if p.is_dir() and is_train_split(p.name) and (p / "index.json").exists())
+    return sorted(p.name for p in out.iterdir()
+                  if p.is_dir() and is_train_split(p.name) and (p / "index.json").exists())
 
 
 def _row(split: str, kept: int, seconds: float, shards: int, problems: list[dict]) -> dict:

@@ -1,7 +1,7 @@
 """Compressed feature shards and the per-split index.
 
-A shard ``SPLIT/shard-NNNNN.npz`` (zip-deflated numpy, or stored raw: ``prepare --raw``) holds up to 64 utterances: their
-frames stacked as one float16 ``(sum T, 93)`` array with row offsets, ids, transcripts
+A shard ``SPLIT/shard-NNNNN.npz`` (zip-deflated numpy, or stored raw: ``prepare --raw``) holds up
+to 64 utterances: their frames stacked as one float16 ``(sum T, 93)`` array with row offsets, ids, transcripts
 and durations. float16 keeps 11 significant bits: an error of at most 0.05 dB on the
 log-mel values (|x| < 128) and ~0.1% relative on MFCCs, well under the speaker and noise
 variation, for half the disk and read time. ``SPLIT/shard-NNNNN.json`` is written after

@@ -11,7 +11,7 @@ MIN_RUNS = 3  # the summarizer's olympic average needs the fastest and the slowe
 @lru_cache(maxsize=1)
 def _olympic():
     """mlperf-logging's result summarizer's olympic average (imported once: it pulls pandas)."""
-    from mlperf_logging.result_summarizer.result_summarizer import _compute_olympic_average
+    from mlperf_logging.result_summarizer.result_summarizer import _compute_olympic_average  # heavy: pulls pandas
 
     return _compute_olympic_average
 

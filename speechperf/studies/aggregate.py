@@ -69,7 +69,8 @@ class SeedRun:
         """Workload, configuration apart from train.seed, machine: what seeds of one study share."""
         cfg = json.loads(json.dumps(self.config))
         cfg.get("train", {}).pop("seed", None)
-        cfg["algo"] = asdict(algo_config(cfg.get("algo")))  # its own fields: a section holding every algorithm's reads the same
+        # its own fields: a section holding every algorithm's reads the same
+        cfg["algo"] = asdict(algo_config(cfg.get("algo")))
         return json.dumps([self.workload, cfg, self.machine], sort_keys=True)
 
     @property
@@ -129,8 +130,8 @@ def _group_name(members: list[SeedRun]) -> str:
     labels = {r.label for r in members}
     if len(labels) == 1:
         return labels.pop()
-    return " ".join(str(p) for p in (members[0].machine, members[0].preset or members[0].config.get("model", {}).get("name"))
-                    if p)
+    first = members[0]
+    return " ".join(str(p) for p in (first.machine, first.preset or first.config.get("model", {}).get("name")) if p)
 
 
 def _median(values: list[float]) -> float | None:

@@ -42,7 +42,8 @@ def phases(iterations: list[dict], evals: list[dict], until_s: float) -> dict[st
             last[r["epoch"]] = max(last.get(r["epoch"], r["clock_s"]), r["clock_s"])
     evaluated = {e["epoch"]: e["clock_s"] - e["eval_s"] for e in evs}
     training = [(start, evaluated.get(epoch, last[epoch])) for epoch, start in sorted(starts.items())]
-    return {"tta": [(0.0, until_s)], "training": training, "eval": [(e["clock_s"] - e["eval_s"], e["clock_s"]) for e in evs]}
+    return {"tta": [(0.0, until_s)], "training": training,
+            "eval": [(e["clock_s"] - e["eval_s"], e["clock_s"]) for e in evs]}
 
 
 def device_of(samples: list[dict], device: str | None) -> tuple[tuple[str, str] | None, str | None]:

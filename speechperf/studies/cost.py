@@ -33,6 +33,7 @@ from speechperf.results import layout
 from speechperf.results.view import RunView
 from speechperf.telemetry import energy
 from speechperf.hardware import platforms
+from speechperf.hardware.environment import capture_env
 
 COLUMNS = ("devices", "efficiency", "wall_h", "device_h", "device_h_low", "device_h_high", "kwh", "kwh_low",
            "kwh_high", "usd", "usd_low", "usd_high")
@@ -216,8 +217,7 @@ def from_run(folder: Path, workload: str) -> Throughput:
 def measure_now(workload: str, device: str, precision: str | None, overrides: tuple[str, ...] = ()) -> Throughput:
     """``bench scale`` at its smallest batch on this machine, now (its module imported here: torch's
     training step is no part of reading a saved measurement)."""
-    from speechperf.bench.scale import Request, run_scale
-    from speechperf.hardware.environment import capture_env
+    from speechperf.bench.scale import Request, run_scale  # loads torch (see above)
 
     (row,) = run_scale(Request((workload,), None, steps=3, warmup=1, device=device, precision=precision,
                                measure_memory=False, overrides=overrides))

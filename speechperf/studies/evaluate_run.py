@@ -41,8 +41,8 @@ def evaluate_run(run: Path, split: str = "dev-clean", decoder: str = "wordbeam",
     """``speechperf eval``: the run's latest checkpoint on ``split``; one row. ``data``: the
     features folder, where it is not where the run recorded it (another machine)."""
     model, cfg, feats, _ = load_run_model(Path(run), data)
-    r = evaluate(model, feats, split, Batching(cfg.loader), torch.device("cpu"), decoder=decoder, beam=beam, workers=workers,
-                 mode=mode)
+    r = evaluate(model, feats, split, Batching(cfg.loader), torch.device("cpu"), decoder=decoder, beam=beam,
+                 workers=workers, mode=mode)
     return {k: v for k, v in r.items() if k != "pairs"}
 
 
@@ -57,7 +57,8 @@ def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: 
         for width in widths:
             e = evaluate(model, feats, split, Batching(cfg.loader), torch.device("cpu"), decoder=decoder, beam=width,
                          workers=workers, mode=mode)
-            row = {"run_id": r.run_id, "split": split, "decoder": e["decoder"], "beam": e["beam"], "eval_s": e["eval_s"],
+            row = {"run_id": r.run_id, "split": split, "decoder": e["decoder"], "beam": e["beam"],
+                   "eval_s": e["eval_s"],
                    **{c: e.get(c) for c in metric.columns()}, "n_utts": e["n_utts"], "device": "cpu"}
             r.rows.upsert("beam_sweep", row)
             rows.append(row)

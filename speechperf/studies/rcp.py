@@ -41,11 +41,13 @@ FORMAT = 1  # reference file "format"
 # Fields that change how a run is executed or recorded, not what it trains: a run differing
 # from the reference only in these is still checked against it.
 NOT_RECIPE = frozenset({
-    "train.seed", "train.threads", "train.time_cap_minutes", "train.stop_after_epochs", "train.device", "train.dist_backend", "train.sync_every",
+    "train.seed", "train.threads", "train.time_cap_minutes", "train.stop_after_epochs", "train.device",
+    "train.dist_backend", "train.sync_every",
     "train.checkpoint_every", "train.sentence_every", "train.compile", "train.cuda_graphs", "train.graph_frames",
     "train.graph_batch", "train.floor_steps", "train.floor_window", "train.optimizer_impl", "train.deterministic",
     "train.max_bad_losses", "train.max_skipped_fraction", "train.final_splits", "train.final_beam",
-    "train.target", "loader.readers", "loader.prefetch_batches", "loader.resident"})  # train.target: where it stops, not how it trains
+    "train.target", "loader.readers", "loader.prefetch_batches", "loader.resident"})  # train.target: where it stops,
+    # not how it trains
 # mlperf-logging's checker knows MLPerf's benchmarks only: a speechperf reference is handed to
 # it as one of its speech benchmark (RNN-T), whose submission run count the wrapper replaces.
 BENCHMARK, RULESET = "rnnt", "6.0.0"
@@ -248,7 +250,8 @@ def applies(ref: dict | None, preset: str | None, config: dict, corpus: dict, me
     """None when ``ref`` covers a run of this configuration, corpus and target; else why not."""
     if ref is None:
         numerics = run_precision(config)
-        kind = "" if numerics in ("fp32", "auto") else f"{numerics} "  # a bf16 run is never checked against fp32's epochs
+        # a bf16 run is never checked against fp32's epochs
+        kind = "" if numerics in ("fp32", "auto") else f"{numerics} "
         return f"no {kind}reference for preset {preset!r}" if preset else "no reference: the run names no preset"
     if (ref.get("metric"), ref.get("window")) != (metric, window):
         return f"reference is of {str(ref.get('metric')).upper()} over {ref.get('window')} epochs"
@@ -258,7 +261,8 @@ def applies(ref: dict | None, preset: str | None, config: dict, corpus: dict, me
         shown = ", ".join(f"{k}={mine.get(k)!r} (reference {theirs.get(k)!r})" for k in differ[:3])
         return f"reference is for another recipe: {shown}" + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
     if corpus != ref.get("corpus", {}).get("fingerprint"):
-        return f"reference measured on another corpus ({ref.get('corpus', {}).get('fingerprint')}; this run: {corpus or 'not recorded'})"
+        return (f"reference measured on another corpus ({ref.get('corpus', {}).get('fingerprint')}; "
+                f"this run: {corpus or 'not recorded'})")
     if not any(e is not None for e in epochs_of(ref, target)):
         return f"reference has no seed that reached {target:g}"
     return None
@@ -267,7 +271,7 @@ def applies(ref: dict | None, preset: str | None, config: dict, corpus: dict, me
 def _checker(epochs: tuple[int, ...], runs: int):
     """mlperf-logging's RCP checker over the reference ``epochs``, for a submission whose mean
     counts ``runs`` runs (its t-test's sample size)."""
-    from mlperf_logging.rcp_checker import rcp_checker
+    from mlperf_logging.rcp_checker import rcp_checker  # heavy: pulls pandas and its rules
 
     class Checker(rcp_checker.RCP_Checker):
         # the library reads the run count from its table of MLPerf benchmarks; ours is the group's
@@ -319,7 +323,8 @@ def check_outcomes(outcomes: list, metric: str, window: int) -> dict:
     runs = [check(ref, target, [o.epochs] if o.epochs else [], int(o.state == "never reached"))
             if o.state != "unfinished" else {"check": "unfinished"} for o in outcomes]
     counted = [o for o in outcomes if o.state != "unfinished"]
-    group = check(ref, target, [o.epochs for o in counted if o.epochs], sum(o.state == "never reached" for o in counted))
+    group = check(ref, target, [o.epochs for o in counted if o.epochs],
+                  sum(o.state == "never reached" for o in counted))
     return {"runs": runs, "group": group}
 
 

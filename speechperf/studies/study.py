@@ -75,7 +75,8 @@ def study_notes(study: dict) -> list[str]:
                  "dropped score in the olympic mean (one tolerated); unfinished runs are counted apart, not in the "
                  "statistics. TTA = epochs to target (the recipe's, spread by seeds) x min/epoch (the hardware's).")
     lines.append("Error at TTA [95%]: the validation error at the evaluation where the target was declared, with its "
-                 "95% bootstrap interval over the validation utterances (the split's resolution, not the seeds' spread; "
+                 "95% bootstrap interval over the validation utterances (the split's resolution, "
+                 "not the seeds' spread; "
                  "none for rows recorded before it).")
     lines += speed_notes(study["groups"])
     lines += sorted({f"{r['run']}: {r['reproduction']}" for r in study["runs"] if r.get("reproduction")})

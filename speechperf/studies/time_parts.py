@@ -90,7 +90,8 @@ def shares(parts: dict) -> str:
     if not total:
         return "no time recorded"
     text = [f"{SHORT[p]} {100 * parts[f'{p} s'] / total:.0f}%" for p in PARTS]
-    inner = [f"{EVAL_SHORT[n]} {100 * parts[f'eval {n} s'] / total:.0f}" for n in EVAL_PARTS if parts[f"eval {n} s"] is not None]
+    inner = [f"{EVAL_SHORT[n]} {100 * parts[f'eval {n} s'] / total:.0f}" for n in EVAL_PARTS
+             if parts[f"eval {n} s"] is not None]
     if inner:
         text[2] += f" ({' '.join(inner)})"
     return " ".join(text)

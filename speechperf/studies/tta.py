@@ -1,5 +1,6 @@
-"""Time-to-accuracy (docs/spec.md D): TTA(a, e), minutes of the TTA clock (from run_start, after initialization) until the median of
-the last e per-epoch evaluations first reaches the target a; None (NA) when never."""
+"""Time-to-accuracy (docs/spec.md D): TTA(a, e), minutes of the TTA clock (from run_start, after
+initialization) until the median of the last e per-epoch evaluations first reaches the target a;
+None (NA) when never."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,7 @@ from speechperf.scoring.target_rule import epochs_to_target, relative_pct, tta_m
 from speechperf.scoring.targets import parse_targets
 from speechperf.results.labels import unique_labels
 from speechperf.results.view import RunView
-from speechperf.telemetry import contention
+from speechperf.telemetry import contention, energy
 from speechperf.hardware.machine import machine_name
 from speechperf.results.workload import by_workload
 
@@ -36,7 +37,8 @@ def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
     override what the run recorded; :func:`speechperf.hardware.platforms.of_run`).
 
     ``targets``: a target set (``paper``, ``algoperf``: its targets depend on the run's model;
-    refused for a run of another protocol) or numbers (:func:`speechperf.scoring.targets.parse_targets`). Rows are grouped per
+    refused for a run of another protocol) or numbers
+    (:func:`speechperf.scoring.targets.parse_targets`). Rows are grouped per
     workload (model and parameter count): runs of different models are different jobs, so a
     run's relative % is only ever against a run of its own workload. Runs are named by their
     labels (told apart where they collide); each run's rows come from its own folder, so
@@ -58,8 +60,8 @@ def tta_table(runs: Sequence[Path], metric: str = DEFAULT_TARGET, targets="paper
 def _workload_rows(members: list, name: str, metric: str, spec, epochs: int, price_per_hour,
                    platform_file) -> list[dict]:
     """The rows of the runs of one workload; relative % against the first of them."""
+    # these load torch (mfu; platforms through config): reading the runs does not
     from speechperf.hardware.mfu import mfu_columns
-    from speechperf.telemetry import energy
     from speechperf.hardware.platforms import price_columns, with_price_overrides
 
     rows: list[dict] = []

@@ -32,7 +32,7 @@ STATUS = {"success": "FINISHED", "time_cap": "FINISHED", "max_epochs": "FINISHED
 def require() -> None:
     """Refuse (exit 2, before any run is read) where mlflow is missing."""
     try:
-        import mlflow  # noqa: F401
+        import mlflow  # noqa: F401  the optional extra: checked here
     except ImportError as e:
         raise ExportError(f"--mlflow needs MLflow ({e}): pip install 'speechperf[mlflow]'") from None
 
@@ -89,7 +89,7 @@ class Experiment:
     @contextmanager
     def calls(self):
         """MLflow's calls: its file store allowed for a file URI, its errors one line (exit 2)."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # the optional extra (require() checked it)
 
         with file_store_allowed(self.uri):
             try:
@@ -118,7 +118,7 @@ def delete_earlier(client, exp_id: str, run_id: str) -> bool:
 
 def log_run(client, exp_id: str, series: RunSeries, report: Path | None) -> str:
     """Create the MLflow run and log everything into it; its MLflow id."""
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param  # the optional extra (require() checked it)
 
     tags = {safe_name(k): v for k, v in series.tags.items()}
     run = client.create_run(exp_id, run_name=series.label, start_time=ms(series.started_at),

@@ -60,7 +60,7 @@ def clear(folder: Path) -> bool:
 def write_hparams(writer, series: RunSeries) -> None:
     """The configuration and the run's words (status, machine, NA targets) as the HParams
     dashboard's session, its summary values as the session's metrics (their scalars are above)."""
-    from torch.utils.tensorboard.summary import hparams
+    from torch.utils.tensorboard.summary import hparams  # the optional extra (require() checked it)
 
     values = {**series.params, **series.tags}
     metrics = {safe_name(name): value for name, value in series.summary.items()}

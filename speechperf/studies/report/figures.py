@@ -97,7 +97,8 @@ def utilization_window(runs: list[dict], path: Path, window_s: float = 25.0) -> 
         end = max(s["t"] for s in util)
         start = max(0.0, end / 2 - window_s / 2)
         for source in sorted({s["source"] for s in util}):
-            pts = [(s["t"] - start, s["value"]) for s in util if s["source"] == source and start <= s["t"] <= start + window_s]
+            pts = [(s["t"] - start, s["value"]) for s in util
+                   if s["source"] == source and start <= s["t"] <= start + window_s]
             unit = util_unit(source, cpu_metric if source == "cpu" else "util_pct")
             if pts:
                 ax.plot(*zip(*pts), ls="-" if source == "cpu" else "--", lw=1, label=f"{source} ({unit})")
@@ -131,7 +132,8 @@ def throughput(runs: list[dict], path: Path) -> tuple[Path | None, str]:
         for e in r["evals"]:  # evaluation periods: training stands still there
             for ax in axes:
                 ax.axvspan((e["clock_s"] - e["eval_s"]) / 60, e["clock_s"] / 60, color="orange", alpha=0.2, lw=0)
-    axes[0].set_title("utterances / s (thin: per batch; bold: moving average over clock time; orange: evaluation)", fontsize=9)
+    axes[0].set_title("utterances / s (thin: per batch; bold: moving average over clock time; orange: evaluation)",
+                      fontsize=9)
     axes[1].set_title("audio seconds / s (same)", fontsize=9)
     for ax in axes:
         ax.set_xlabel("training time (minutes, TTA clock)")
@@ -176,7 +178,8 @@ def _power_series(samples: list[dict]):
     for source, metric in sources:
         pts = sorted((s["t"], s["value"]) for s in samples if s["source"] == source and s["metric"] == metric)
         yield source, "instant" if metric == "power_w" else "driver average", tuple(map(list, zip(*pts)))
-    for source in sorted({s["source"] for s in samples if s["metric"] == "energy_j" and s["source"].startswith("rapl")}):
+    rapl = {s["source"] for s in samples if s["metric"] == "energy_j" and s["source"].startswith("rapl")}
+    for source in sorted(rapl):
         pts = sorted((s["t"], s["value"]) for s in samples if s["source"] == source and s["metric"] == "energy_j")
         rate = [((t0 + t1) / 2, (e1 - e0) / (t1 - t0)) for (t0, e0), (t1, e1) in zip(pts, pts[1:]) if t1 > t0]
         if rate:

@@ -97,7 +97,8 @@ def render_section(section: Section, out: Path) -> str:
         elif isinstance(block, Table):
             if block.rows:
                 write_csv(out / block.name, block.rows)
-                parts.append(html_table(block.rows) + f'<p><a href="{html.escape(block.name)}">{html.escape(block.name)}</a></p>')
+                parts.append(html_table(block.rows)
+                             + f'<p><a href="{html.escape(block.name)}">{html.escape(block.name)}</a></p>')
             else:
                 parts.append(f"<p class=na>Not measured: {html.escape(block.why or 'no rows')}.</p>")
         elif isinstance(block, Note):

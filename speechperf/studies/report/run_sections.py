@@ -154,7 +154,8 @@ def time_parts_section(ctx: Context) -> Section:
              "describe the neighbour too. In each bar's label, how busy the "
              "accelerator was (studies/busy.py): the mean of its recorded utilization samples over that time, inside "
              "its training phases (an epoch's first step to its evaluation) and inside its evaluations, with the "
-             "sample count; a GPU's is NVML's utilization (a kernel running) or amdsmi's gfx_activity, a CPU run's the CPU seconds of its "
+             "sample count; a GPU's is NVML's utilization (a kernel running) or amdsmi's gfx_activity, "
+             "a CPU run's the CPU seconds of its "
              "processes in % of the machine's cores. The table's 'decode' columns: the evaluations' decode "
              "threads, their rate (valid frames per thread-second inside the decoder) and the share of a core each "
              "had (under 100%: they waited for cores or the GIL; empty for runs that did not record it)."),
@@ -201,7 +202,8 @@ def runs_section(ctx: Context) -> Section:
                      "cores": env.get("cpu_cores_logical"),
                      "gpu": ", ".join(dict.fromkeys(g.get("name", "?") for g in gpus)) or "none", "gpus": len(gpus),
                      "driver": ", ".join(dict.fromkeys(str(g.get("driver")) for g in gpus if g.get("driver"))) or None,
-                     "cuda": env.get("cuda"), "torch": env.get("libraries", {}).get("torch"), "host": env.get("hostname")})
+                     "cuda": env.get("cuda"), "torch": env.get("libraries", {}).get("torch"),
+                     "host": env.get("hostname")})
     return Section("Runs and machines", [Table("runs.csv", rows)])
 
 
@@ -224,7 +226,8 @@ def throughput_table_section(ctx: Context) -> Section:
                 by_series.setdefault((s["source"], s["metric"]), []).append(s["value"])
         for (source, name), values in sorted(by_series.items()):
             util.append({**who(r), "source": source, "metric": name, "samples": len(values),
-                         "mean %": statistics.mean(values), "max %": max(values), "unit": figures.util_unit(source, name)})
+                         "mean %": statistics.mean(values), "max %": max(values),
+                         "unit": figures.util_unit(source, name)})
     return Section("Throughput and utilization side by side", [
         Note("TFLOPS: the model's training FLOPs (forward and backward over the valid frames; padding, the loss, "
              "the optimizer, data loading and evaluation not counted) per second of training steps; MFU: that in % "

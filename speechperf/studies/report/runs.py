@@ -10,7 +10,8 @@ SENTENCES_SHOWN = 3  # last logged sentence batches per run
 def load_run(run: RunView, label: str | None = None) -> dict:
     """Everything the report shows about one open run (read only; nothing is recomputed)."""
     row = run.rows.row()  # a run missing from its database is an error, not an empty report
-    cfg, env = run.config, run.env  # the folder's files: they travel with it (the row's copies are for a shared database)
+    # the folder's files: they travel with it (the row's copies are for a shared database)
+    cfg, env = run.config, run.env
     work = run.workload  # as run.json recorded it: nothing a folder names is imported
     return {
         "run": str(run.folder), "run_id": run.run_id, "label": label or run.label, "row": row, "config": cfg,

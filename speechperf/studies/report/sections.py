@@ -81,12 +81,14 @@ def _latest_sweep(ctx: Context, title: str, table: str, columns: str, missing: s
 def ops_section(ctx: Context) -> Section:
     return _latest_sweep(ctx, "Operators: achieved TFLOPS and % of peak (speechperf bench ops, latest sweep)",
                          "bench_ops", "device, dtype, threads, op, shape, iters, ms_mid, spread_pct, tflops, pct_peak, "
-                         "peak_source, status", "no operator benchmark in this database (speechperf bench ops --db ...)")
+                         "peak_source, status",
+                         "no operator benchmark in this database (speechperf bench ops --db ...)")
 
 
 @register_section("zoo", 210)
 def zoo_section(ctx: Context) -> Section:
-    return _latest_sweep(ctx, "Model zoo: training throughput, power and energy per sample (Table 8 form, latest sweep)",
+    return _latest_sweep(ctx,
+                         "Model zoo: training throughput, power and energy per sample (Table 8 form, latest sweep)",
                          "bench_zoo", "model, batch, precision, device, params_m, paper_params_m, unit, samples_per_s, "
                          "power_w, joules_per_sample, energy, status",
                          "no model-zoo benchmark in this database (speechperf bench zoo --db ...)")
@@ -94,15 +96,16 @@ def zoo_section(ctx: Context) -> Section:
 
 @register_section("bench_figures", 220)
 def bench_figures_section(ctx: Context) -> Section:
-    from speechperf.bench.plots import draw_all
+    from speechperf.bench.plots import draw_all  # heavy: matplotlib
 
-    blocks = [Figure(f"{name}.png", path, why, caption=name.replace("_", " ")) for name, path, why in draw_all(ctx.db, ctx.out)]
+    blocks = [Figure(f"{name}.png", path, why, caption=name.replace("_", " "))
+              for name, path, why in draw_all(ctx.db, ctx.out)]
     return Section("Benchmark figures (zoo throughput vs batch, CPU thread scaling, % of peak)", blocks)
 
 
 @register_section("parallel", 300)
 def parallel_section(ctx: Context) -> Section:
-    from speechperf.studies.speedups import report_rows
+    from speechperf.studies.speedups import report_rows  # loads torch (through config)
 
     title = "Parallel training algorithms: speedup, communication and WER (paper 003 Tables 1-5 form)"
     blocks = [Table("algorithms.csv", report_rows(ctx.runs),
@@ -113,7 +116,7 @@ def parallel_section(ctx: Context) -> Section:
 
 @register_section("cost", 320)
 def cost_section(ctx: Context) -> Section:
-    from speechperf.studies.report.figures import cost_by_devices
+    from speechperf.studies.report.figures import cost_by_devices  # heavy: matplotlib
 
     title = "Cost of a training run against device count (speechperf cost)"
     if not ctx.costs:
