@@ -47,8 +47,8 @@ FP8_CC = (8, 9)  # the first CUDA compute capability with FP8 tensor cores (Ada;
 EMULATED_SLOWDOWN = "measured: a DS2 step 27x slower in bf16 than in fp32 on an AVX2 CPU (an AMD EPYC, 2 threads)"
 # ... and an emulated fp8 (benchmarks/run.py fp8, docs/bench.md): said where one is refused
 EMULATED_COST = {"bf16": EMULATED_SLOWDOWN, "fp16": EMULATED_SLOWDOWN,
-                 "fp8": "measured: an at-scale FastConformer step 2.3-2.6x slower in emulated fp8 than in bf16 on a 2-core "
-                        "AMX Xeon (benchmarks/run.py fp8, docs/bench.md)"}
+                 "fp8": "measured: an at-scale FastConformer step 2.3-2.6x slower in emulated fp8 than in bf16 "
+                        "on a 2-core AMX Xeon (benchmarks/run.py fp8, docs/bench.md)"}
 
 
 @dataclass(frozen=True)

@@ -94,5 +94,6 @@ def devices(env: dict) -> tuple[str, str]:
     cpu = env.get("cpu_model") or "unknown CPU"
     cores = env.get("cpu_cores_logical")
     memory = env.get("memory_gb")
-    words = f"{gpu_text}, {cpu}" + (f" ({cores} logical cores)" if cores else "") + (f", {memory:g} GB" if memory else "")
+    words = (f"{gpu_text}, {cpu}" + (f" ({cores} logical cores)" if cores else "")
+             + (f", {memory:g} GB" if memory else ""))
     return (f"{gpu_text} / {cpu}" if env.get("gpus") else cpu), words

@@ -40,7 +40,8 @@ from speechperf.telemetry import contention
 from speechperf.hardware.environment import cpu_model
 
 CACHE_FILE = "gemm_peak.json"
-SLACK = contention.SLACK  # of the machine's CPUs, what other processes may take beyond the cores a measurement leaves free
+# of the machine's CPUs, what other processes may take beyond the cores a measurement leaves free
+SLACK = contention.SLACK
 
 
 def cache_path() -> Path:
@@ -55,7 +56,8 @@ def gemm_size(threads: int) -> int:
 
 
 def cache_key(threads: int, dtype: str) -> str:
-    return f"{cpu_model() or platform.processor() or 'unknown CPU'} | {threads} threads | {dtype} | torch {torch.__version__}"
+    cpu = cpu_model() or platform.processor() or "unknown CPU"
+    return f"{cpu} | {threads} threads | {dtype} | torch {torch.__version__}"
 
 
 def busy_seconds() -> tuple[float, float]:

@@ -309,7 +309,8 @@ def check_fits(estimate: MemoryEstimate, free_bytes: int) -> None:
     if share is not None:
         ways.append(f"batches of at most {share:.0%} of this one's audio")
     raise DoesNotFit(f"the run needs {need / GB:.1f} GB per device ({_summary(estimate)}) and the device has "
-                     f"{free_bytes / GB:.1f} GB free; what would fit: {'; '.join(ways) or 'nothing at this model size'}")
+                     f"{free_bytes / GB:.1f} GB free; what would fit: "
+                     f"{'; '.join(ways) or 'nothing at this model size'}")
 
 
 def _summary(e: MemoryEstimate) -> str:

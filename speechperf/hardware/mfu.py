@@ -180,7 +180,8 @@ class FlopModel:
                     "frames and U labels = a + b L + c L^2 + d U + e L U + f U^2"}
         out.pop("f")  # a transducer's: as before the U^2 term
         return {**out, "fit_labels": list(self.fit_labels),
-                "formula": "training FLOPs per utterance of L input frames and U labels = a + b L + c L^2 + d U + e L U"}
+                "formula": "training FLOPs per utterance of L input frames and U labels "
+                           "= a + b L + c L^2 + d U + e L U"}
 
 
 def fit_lengths(min_frames: int) -> list[int]:

@@ -81,7 +81,8 @@ def cpu_peak(cores: int, ghz: float, flags: frozenset[str] | None = None, dtype:
     if dtype in ("tf32",):
         return Peak(None, "tf32 is a GPU tensor-core mode")
     fpc = flops_per_cycle(flags, dtype)
-    isa = "AVX-512" if "avx512f" in flags else "AVX2+FMA" if {"avx2", "fma"} <= flags else "AVX" if "avx" in flags else "SSE"
+    isa = ("AVX-512" if "avx512f" in flags else "AVX2+FMA" if {"avx2", "fma"} <= flags
+           else "AVX" if "avx" in flags else "SSE")
     pipes = "AMX tile multiply" if dtype == "bf16" and "amx_bf16" in flags else "2 FMA pipes"
     if dtype == "bf16":
         isa = f"bf16 on {bf16_unit(flags) or f'{isa} (no native bf16: emulated)'}"

@@ -97,7 +97,8 @@ def load(name: str) -> Platform:
     return Platform(key=name, name=facts["name"], devices=facts["devices"], gpus=facts.get("gpus", 0),
                     per_gpu=facts.get("per_gpu", False), vcpus=facts.get("vcpus", 0),
                     price_date=facts.get("price_date"), price_source=sources["purchase"],
-                    hourly_date=dates["hourly"] if hourly else None, hourly_source=sources["hourly"] if hourly else None,
+                    hourly_date=dates["hourly"] if hourly else None,
+                    hourly_source=sources["hourly"] if hourly else None,
                     note=facts.get("note"), source="file" if is_file else "preset", **lists, **prices, **peaks)
 
 
@@ -337,7 +338,8 @@ def price_performance(tta_min: float | None, platform: Platform, energy_j: float
     else:
         unpriced = platform.usd_per_hour is None and purchase is None
         if (platform.usd_per_hour is None or purchase is None) and not (unpriced and platform.note):
-            missing = [w for w, v in (("hourly rate", platform.usd_per_hour), ("purchase price", purchase)) if v is None]
+            asked = (("hourly rate", platform.usd_per_hour), ("purchase price", purchase))
+            missing = [w for w, v in asked if v is None]
             notes.append(f"no {' or '.join(missing)} for {platform.name}" + ("; give --price-per-hour"
                                                                              if platform.usd_per_hour is None else ""))
         if purchase is not None and platform.price_usd is None:
@@ -369,7 +371,8 @@ def profile_table(files: list[str | Path] = ()) -> list[dict]:
     matches, each price with its date and source."""
     rows = []
     for p in profiles() + [load(str(f)) for f in files]:
-        per = "GPU" if p.per_gpu else "instance" if p.instance_types else f"{p.gpus}-GPU machine" if p.gpus else "machine"
+        per = ("GPU" if p.per_gpu else "instance" if p.instance_types
+               else f"{p.gpus}-GPU machine" if p.gpus else "machine")
         rows.append({"profile": p.key, "name": p.name,
                      "matches": ", ".join(p.gpu_names + p.instance_types + p.cpu_names) or None,
                      "GPUs": p.gpus, "per": per, "$/hour": p.usd_per_hour, "hourly date": p.hourly_date,

@@ -114,4 +114,5 @@ def describe(cfg) -> dict:
         cfg = model_config(cfg)
     with torch.device("meta"):
         model = build_model(cfg)
-    return {"model": external.registered_name(cfg.name), "params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"model": external.registered_name(cfg.name), "params": params}

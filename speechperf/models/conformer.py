@@ -241,7 +241,8 @@ class ConformerBlock(nn.Module):
 
     def __init__(self, cfg: ConformerConfig):
         super().__init__()
-        self.ff1, self.attn, self.conv, self.ff2 = FeedForward(cfg), SelfAttention(cfg), ConvModule(cfg), FeedForward(cfg)
+        self.ff1, self.attn = FeedForward(cfg), SelfAttention(cfg)  # made in this order: the init draws follow it
+        self.conv, self.ff2 = ConvModule(cfg), FeedForward(cfg)
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

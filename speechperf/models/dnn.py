@@ -46,7 +46,8 @@ class DNN(AcousticModel):
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor):
         """x: (B, T, F >= input_dim) -> log-probs (T, B, C), lengths (B,)."""
-        h = stack_context(with_deltas(x[:, :, : self.cfg.input_dim]), self.cfg.context, self.cfg.context)  # (B, T, 1320)
+        feats = with_deltas(x[:, :, : self.cfg.input_dim])  # (B, T, 3 F)
+        h = stack_context(feats, self.cfg.context, self.cfg.context)  # (B, T, 1320)
         logits = self.out(self.body(h))  # (B, T, C)
         return logits.transpose(0, 1).log_softmax(-1), lengths
 

@@ -99,7 +99,8 @@ def import_model(registry, name: str):
         if isinstance(e, ModuleNotFoundError) and e.name and _within(module, e.name):  # not a dependency of it
             raise ModelContractError(f"model {name!r}: no module {e.name!r} on the Python path; "
                                      f"PYTHONPATH names the folder that holds it") from None
-        raise ModelContractError(f"model {name!r}: module {module!r} fails to import: {type(e).__name__}: {e}") from None
+        raise ModelContractError(f"model {name!r}: module {module!r} fails to import: "
+                                 f"{type(e).__name__}: {e}") from None
     spec = dict.get(registry, short)
     origin = getattr(getattr(spec, "build", None), "__module__", "") or ""
     if spec is None or not _within(origin, module):
@@ -120,7 +121,8 @@ def config_problems(name: str, kind: type) -> list[str]:
     ``name``, ``input_dim``, ``num_classes`` and ``problems()``."""
     if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
         return [f"its config {kind!r} is not a dataclass"]
-    out = [] if kind.__dataclass_params__.frozen else [f"its config {kind.__name__} is not frozen (@dataclass(frozen=True))"]
+    frozen = kind.__dataclass_params__.frozen
+    out = [] if frozen else [f"its config {kind.__name__} is not frozen (@dataclass(frozen=True))"]
     fields = {f.name for f in dataclasses.fields(kind)}
     out += [f"its config {kind.__name__} has no field {f!r}" for f in FIELDS if f not in fields]
     if not callable(getattr(kind, "problems", None)):

@@ -160,7 +160,8 @@ def beam_hypotheses(model, enc: torch.Tensor, beam: int = 4, max_symbols: int = 
         scores = _candidates(model, enc, active, g, max_symbols)  # (K, V)
         flat = scores.flatten()
         top = flat.topk(min(beam, int(torch.isfinite(flat).sum())))
-        picks = [(i // scores.shape[1], i % scores.shape[1], s) for i, s in zip(top.indices.tolist(), top.values.tolist())]
+        width = scores.shape[1]
+        picks = [(i // width, i % width, s) for i, s in zip(top.indices.tolist(), top.values.tolist())]
         final, active, g, state = _extend(model, active, picks, g, state, frames)
         for h in final:
             old = finals.get(h.tokens)

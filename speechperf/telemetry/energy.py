@@ -54,7 +54,8 @@ def by_source(samples, until: float | None = None, top_only: bool = False) -> di
     series: dict[tuple[str, str], dict] = {}  # (source, metric) -> {segment: [(t, value)]}
     for s in samples:
         source, metric, t, value, segment = _fields(s)
-        if metric in ("energy_j",) + POWER_METRICS and (until is None or t <= until + EPS) and (top_level(source) or not top_only):
+        kept = until is None or t <= until + EPS
+        if metric in ("energy_j",) + POWER_METRICS and kept and (top_level(source) or not top_only):
             series.setdefault((source, metric), {}).setdefault(segment, []).append((t, value))
     out = {}
     for source in sorted({src for src, _ in series}):
@@ -98,7 +99,8 @@ def to_accuracy(samples, tta_s: float | None, name: str = "the run") -> float | 
     joules = total(samples, tta_s)
     if joules is None:
         first = min(_fields(s)[2] for s in samples if _fields(s)[1] in ("energy_j",) + POWER_METRICS)
-        raise SpeechperfError(f"{name}: its power and energy samples start at {first:.1f} s of the TTA clock, after the "
+        raise SpeechperfError(f"{name}: its power and energy samples start at {first:.1f} s of the TTA clock, "
+                              "after the "
                               f"TTA moment {tta_s:.1f} s: its samples are not on the TTA clock")
     return joules
 

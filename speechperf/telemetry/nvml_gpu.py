@@ -98,11 +98,13 @@ class NvmlGpu:
                 ok = v is not None and getattr(v, "nvmlReturn", 0) == 0
                 if field == FI_POWER_INSTANT:
                     if ok:
-                        out.append(Sample(t, self.source, "power_w", _sample_value(getattr(v, "valueType", 1), v.value) / 1000.0))
+                        watts = _sample_value(getattr(v, "valueType", 1), v.value) / 1000.0  # NVML: milliwatts
+                        out.append(Sample(t, self.source, "power_w", watts))
                     else:
                         self.instant = False
                 elif ok:
-                    out.append(Sample(t, self.source, "energy_j", _sample_value(getattr(v, "valueType", 3), v.value) / 1000.0))
+                    joules = _sample_value(getattr(v, "valueType", 3), v.value) / 1000.0  # NVML: millijoules
+                    out.append(Sample(t, self.source, "energy_j", joules))
                 else:
                     self.energy_field = False
                     self.energy_call = self._energy_call(t, out)

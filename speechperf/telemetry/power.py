@@ -41,7 +41,8 @@ def energy_of(summary: dict, seconds: float, min_seconds: float = 0.0) -> dict:
     sources = [s for s in sources if s not in still]
     if not sources:
         return {"power_w": None, "energy_j": None,
-                "energy": f"unavailable: {', '.join(still)}: no energy counted in {seconds:.2f} s (counter did not step)"}
+                "energy": f"unavailable: {', '.join(still)}: no energy counted in {seconds:.2f} s "
+                          "(counter did not step)"}
     joules = sum(summary["energy_j"][s] for s in sources)
     label = ", ".join(f"{s}: {summary['energy_method'].get(s, '?')}" for s in sources)
     if still:

@@ -153,7 +153,8 @@ class Sampler:
     def _scan_children(self, reader, first_scan: bool) -> None:
         """The scan for child processes (where children count), then the others' share."""
         found = 0.0
-        for pid, used in (reader.follow(_children(self.proc), baseline=first_scan) if self.cfg.include_children else []):
+        followed = reader.follow(_children(self.proc), baseline=first_scan) if self.cfg.include_children else []
+        for pid, used in followed:
             # started after the previous scan (else that scan would have found it)
             started = process_start(pid, self._t0)
             self._spread(used, max(started, self._cpu.scan_t) if started is not None else self._cpu.scan_t)
