@@ -343,7 +343,7 @@ def test_features_of_a_corpus_with_other_utterance_counts_name_the_corpus_to_mak
     index["utterances"] = index["utterances"][:-1]  # one utterance fewer than any reference trained on
     (other / "train-clean" / "index.json").write_text(json.dumps(index))
     assert main(["reproduce", "tiny", "--data", str(other)]) == 3
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # the words, wherever the 100-column wrap breaks the lines
     assert "another corpus (training utterances " in out and f"train-clean {len(index['utterances'])}" in out
     assert "speechperf corpus synth --hours" in out and "reproduce --prepare CORPUS" in out
 
