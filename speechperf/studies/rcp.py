@@ -52,6 +52,10 @@ NOT_RECIPE = frozenset({
 # it as one of its speech benchmark (RNN-T), whose submission run count the wrapper replaces.
 BENCHMARK, RULESET = "rnnt", "6.0.0"
 OK, FASTER, FAILED = "ok", "faster than the reference allows", "never reached; every reference seed did"
+# The reference's olympic mean drops its fastest and slowest seed: its standard deviation needs two seeds
+# left. With 3 (one left) mlperf-logging's checker divides by zero and its bound is the one seed's epochs,
+# which flagged a run as fast at the epochs a reference seed itself took; so no verdict from fewer than 4.
+MIN_REFERENCE_SEEDS = 4
 
 
 # What a reference curve holds per epoch (studies/curve.py): the loss and every target metric of
@@ -296,8 +300,9 @@ def check(ref: dict, target: float, reached: list[int], failed: int) -> dict:
     (a failed run is the dropped slowest), the plain mean below 3 (nothing to drop)."""
     ref_epochs = epochs_of(ref, target)
     converged = tuple(sorted(e for e in ref_epochs if e is not None))
-    if len(converged) < 3:
-        return {"check": f"reference too small: {len(converged)} seeds reached {target:g} (3 needed)"}
+    if len(converged) < MIN_REFERENCE_SEEDS:
+        return {"check": f"reference too small: {len(converged)} seeds reached {target:g} "
+                         f"({MIN_REFERENCE_SEEDS} needed)"}
     out = {"reference": f"{len(converged)}/{len(ref_epochs)} seeds, epochs {converged[0]}-{converged[-1]}"}
     n = len(reached) + failed
     if failed and len(converged) == len(ref_epochs):

@@ -229,3 +229,15 @@ def test_a_recipe_of_every_algorithms_fields_is_the_named_algorithms(reference):
     bsp = {**full, "algo": {**every, "name": "bsp", "sync_every": 3}}
     (why,) = checks([run(1, 9, config=bsp)])[0]
     assert why == "reference is for another recipe: algo.name='bsp' (reference 'sync'), algo.sync_every=3 (reference None)"
+
+
+def test_a_reference_of_three_seeds_gives_no_verdict():
+    """Olympic statistics of 3 reference seeds leave one: no standard deviation, a bound at that seed's
+    epochs (a run at the epochs of another reference seed was flagged 'faster'); 4 give a verdict."""
+    def ref(epochs):
+        return {"seeds": [{"seed": i + 1, "epochs": {"10": e}} for i, e in enumerate(epochs)]}
+
+    got = rcp.check(ref([9, 8, 9]), 10.0, [8], 0)
+    assert got["check"] == "reference too small: 3 seeds reached 10 (4 needed)"
+    four = rcp.check(ref([9, 8, 9, 9]), 10.0, [9], 0)
+    assert four["check"] == rcp.OK and four["RCP stdev"] == four["RCP stdev"]  # a number, not NaN
