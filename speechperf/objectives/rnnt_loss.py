@@ -142,9 +142,15 @@ class RNNTLossFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_costs):
-        (grads,) = ctx.saved_tensors
-        scale = grad_costs.to(grads.dtype).view(-1, 1, 1, 1)  # (B,) -> (B, 1, 1, 1) over (B, T, U+1, V)
-        return (grads.mul_(scale) if ctx.inplace else grads * scale), None, None, None, None, None, None
+        return scaled_grads(ctx, grad_costs), None, None, None, None, None, None
+
+
+def scaled_grads(ctx, grad_costs: torch.Tensor) -> torch.Tensor:
+    """A lattice loss's backward: its saved gradient buffer (B, T, U+1, W) times each utterance's incoming
+    gradient, in place where ``ctx.inplace`` (the RNN-T and the TDT loss alike)."""
+    (grads,) = ctx.saved_tensors
+    scale = grad_costs.to(grads.dtype).view(-1, 1, 1, 1)  # (B,) -> (B, 1, 1, 1)
+    return grads.mul_(scale) if ctx.inplace else grads * scale
 
 
 def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = 0,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from speechperf.objectives.rnnt_loss import RNNTInputError, _check_shapes, _check_values, reduce
+from speechperf.objectives.rnnt_loss import RNNTInputError, _check_shapes, _check_values, reduce, scaled_grads
 
 
 def check_durations(durations) -> tuple[int, ...]:
@@ -115,9 +115,7 @@ class TDTLossFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_costs):
-        (grads,) = ctx.saved_tensors
-        scale = grad_costs.to(grads.dtype).view(-1, 1, 1, 1)  # (B,) over (B, T, U+1, V+D)
-        return (grads.mul_(scale) if ctx.inplace else grads * scale), *([None] * 8)
+        return scaled_grads(ctx, grad_costs), *([None] * 8)  # over (B, T, U+1, V+D)
 
 
 def tdt_loss(logits, targets, logit_lengths, target_lengths, durations, blank: int = 0, reduction: str = "none",
