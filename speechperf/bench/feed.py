@@ -36,6 +36,7 @@ import torch
 from speechperf.config import load_preset
 from speechperf.data.batching import Batching
 from speechperf.data.loader import Batch, make_loader
+from speechperf.data.units import ensure_units
 from speechperf.errors import SpeechperfError
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.shards import shard_name, write_json, write_shard
@@ -226,26 +227,16 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
     check_counts(readers=readers, windows=windows, steps=steps, warmup=warmup, cores=cores)
     cfg = load_preset(preset, list(overrides))
     cfg = replace(cfg, loader=Batching(cfg.loader).by_count().loader)  # what the appetite and supply measure
-    dev = torch.device("cpu") if device == "cpu" else None
-    if dev is None and (device != "auto" or torch.cuda.is_available()):
-        dev = pick_device(device, DistEnv())
-    if dev is not None:
-        cfg = settled(cfg, dev)  # train.precision=auto: the one a run would choose here (cached per machine)
-        note = check_precision(cfg, dev)  # a precision this device cannot run: refused, naming why
-        app = appetite(cfg, dev, windows, steps, warmup)
-        src = app["source"] + (f"; {note}" if note else "")
-    else:
-        rec = recorded(preset, profile)
-        app = {"audio_s_per_s": rec["audio_s_per_s"], "spread_pct": None, "mean_utt_s": rec["mean_utt_s"],
-               "batch": rec["batch"]}
-        src = (f"appetite from recorded profile {rec['name']} ({rec['device']}, torch {rec['torch']}, commit "
-               f"{rec['commit']}, {rec['date']}; {rec['source']}); no GPU here")
     loader = replace(cfg.loader, batch_size=min(cfg.loader.batch_size, SUPPLY_BATCH))
     if not data:
         loader = replace(loader, bucket_window=min(loader.bucket_window, SYNTHETIC_WINDOW))
     with tempfile.TemporaryDirectory(prefix="speechperf-feed-") as tmp:
+        # the data and its units first, as a run trains its BPE before the clock: a folder that cannot
+        # supply this preset fails in seconds, not after minutes of appetite (found: 7.7 min on 2 cores)
         feats = Path(data) if data else write_synthetic(Path(tmp),
                                                         supply_utterances(readers, windows, loader.bucket_window))
+        ensure_units(feats, cfg.loader.units, train_splits(feats))
+        app, src = measured_appetite(cfg, device, profile, preset, windows, steps, warmup)
         sup = supply(feats, loader, readers, windows, cfg.train.seed)
     need = readers_per_gpu(app["audio_s_per_s"], sup["audio_s_per_s_per_reader"])
     host = cores or os.cpu_count() or 1
@@ -258,6 +249,25 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
             "supply data": f"{data or 'synthetic'}, {loader.bucket_window}-shard windows",
             "readers per GPU": need, "host cores": host, "GPUs this host feeds": round(gpus_fed(host, need), 2),
             "resident": cfg.loader.resident}
+
+
+def measured_appetite(cfg, device: str, profile: str | None, preset: str, windows: int, steps: int,
+                      warmup: int) -> tuple[dict, str]:
+    """The preset's appetite and where it comes from: measured on ``device`` (a GPU when torch
+    sees one under "auto"), else the recorded ``profile``'s."""
+    dev = torch.device("cpu") if device == "cpu" else None
+    if dev is None and (device != "auto" or torch.cuda.is_available()):
+        dev = pick_device(device, DistEnv())
+    if dev is not None:
+        cfg = settled(cfg, dev)  # train.precision=auto: the one a run would choose here (cached per machine)
+        note = check_precision(cfg, dev)  # a precision this device cannot run: refused, naming why
+        app = appetite(cfg, dev, windows, steps, warmup)
+        return app, app["source"] + (f"; {note}" if note else "")
+    rec = recorded(preset, profile)
+    app = {"audio_s_per_s": rec["audio_s_per_s"], "spread_pct": None, "mean_utt_s": rec["mean_utt_s"],
+           "batch": rec["batch"]}
+    return app, (f"appetite from recorded profile {rec['name']} ({rec['device']}, torch {rec['torch']}, commit "
+                 f"{rec['commit']}, {rec['date']}; {rec['source']}); no GPU here")
 
 
 # the least of each count bench feed takes (a median needs a window, a supply a reader), and the most

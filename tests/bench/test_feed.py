@@ -108,3 +108,25 @@ def test_bench_feed_refuses_counts_it_cannot_measure_with(option, value, says, c
     """Issue 48: each was a traceback (StatisticsError, IndexError, a 14.9 TiB allocation)."""
     assert main(["bench", "feed", "--preset", "tiny", "--device", "cpu", option, value]) == 2
     assert capsys.readouterr().err.strip() == f"speechperf: error: bench feed {option} {value}: {says}"
+
+
+def test_bench_feed_trains_a_bpe_preset_s_units_on_its_synthetic_set(capsys):
+    # before: the supply's loader found no units in the synthetic folder and failed after the appetite
+    args = ["bench", "feed", "--preset", "tiny", "--device", "cpu", "--json", *SMALL, "loader.batch_size=2"]
+    assert main([*args, "loader.units=bpe:40", "model.num_classes=41"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["supply audio s/s per reader"] > 0
+
+
+def test_bench_feed_checks_the_folder_s_units_before_the_appetite(tmp_path, monkeypatch, capsys):
+    # found: `bench feed --preset transducer --data FEATS` measured the appetite for 7.7 min, then
+    # failed on the missing BPE model; now the folder is settled first (one whose model is not its record's:
+    # refused at once; a read-only folder cannot stand in, as root writes into it)
+    feats = feed.write_synthetic(tmp_path / "f", 2 * feed.SHARD_UTTS)
+    (feats / "units").mkdir()
+    (feats / "units" / "bpe-40.model").write_bytes(b"not a model")
+    (feats / "units" / "bpe-40.json").write_text(json.dumps({"units": "bpe:40", "sha256": "0" * 64}))
+    monkeypatch.setattr(feed, "measured_appetite", lambda *a: pytest.fail("the appetite ran before the units"))
+    code = main(["bench", "feed", "--preset", "tiny", "--device", "cpu", "--data", str(feats), *SMALL,
+                 "loader.units=bpe:40", "model.num_classes=41"])
+    assert code == 2 and f"{feats}/units/bpe-40.model has sha256" in capsys.readouterr().err
