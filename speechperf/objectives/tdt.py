@@ -9,8 +9,9 @@ Decoding: :func:`greedy_tdt` (batched, on the device): at each step every uttera
 own frame pointer gives a token (argmax over V) and a duration (argmax over the durations); a
 label is emitted and the prediction network steps; the pointer advances by the duration, a blank by
 at least 1 (a blank of duration 0 would repeat the same step), and after ``max_symbols`` labels at
-one frame by at least 1 (NeMo's rule). The beam search of a TDT is this greedy search (width 1):
-a TDT beam search (the paper's) is not implemented.
+one frame by at least 1 (NeMo's rule). The final evaluation's beam search (``eval_decoder`` "beam",
+width > 1) is :func:`~speechperf.objectives.tdt_search.tdt_beam_search`: one utterance at a time,
+its hypotheses' alignments merged, exact on the loss's paths.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from speechperf.models.rnnt import BLANK, durations_of
 from speechperf.objectives.rnnt_loss import rnnt_loss
 from speechperf.objectives.tdt_loss import possible, tdt_loss
+from speechperf.objectives.tdt_search import tdt_beam_search
 from speechperf.objectives.transducer_search import _where, beam_search, greedy_batch
 
 
@@ -41,10 +43,12 @@ def impossible(core, out_lens: torch.Tensor, label_lens: torch.Tensor) -> int:
 
 
 def decode(core, out, out_lens, decoder: str, beam: int) -> list[list[int]]:
-    """Token ids per utterance: the TDT's greedy search (its beam too, width 1), or RNN-T's searches."""
+    """Token ids per utterance: the TDT's searches where the model has durations, else RNN-T's."""
     ds = durations_of(core.cfg)
-    if ds:
+    if ds and (decoder == "greedy" or beam <= 1):
         return greedy_tdt(core, out, out_lens, ds)
+    if ds:
+        return [tdt_beam_search(core, out[b, : int(out_lens[b])], ds, beam=beam) for b in range(len(out_lens))]
     if decoder == "greedy" or beam <= 1:
         return greedy_batch(core, out, out_lens)
     return [beam_search(core, out[b, : int(out_lens[b])], beam=beam) for b in range(len(out_lens))]

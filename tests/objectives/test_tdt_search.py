@@ -1,11 +1,16 @@
 """The TDT's greedy search (objectives/tdt.py): batched against a one-utterance-at-a-time loop written
 from the paper's rule, on a joint whose answers are set per frame (so the path is known), and on a
-real tiny model; the same tokens whether or not it stops early; the objective dispatches on durations."""
+real tiny model; the same tokens whether or not it stops early; the objective dispatches on durations.
+Its beam search (objectives/tdt_search.py): with every hypothesis kept, each final score is the
+sequence's log-probability over every alignment, as the loss's reference computes it."""
+import pytest
 import torch
 
 from speechperf.models import build_model, model_config
 from speechperf.objectives import objective_of
 from speechperf.objectives.tdt import greedy_tdt
+from speechperf.objectives.tdt_reference import log_likelihood
+from speechperf.objectives.tdt_search import tdt_beam_hypotheses, tdt_beam_search
 
 V, DURS = 6, (0, 1, 2, 3, 4)
 
@@ -71,4 +76,58 @@ def test_batched_equals_one_at_a_time_on_a_real_model():
         assert sum(map(len, want)) > 4
         for stop in (True, False):
             assert greedy_tdt(model, enc, lens, DURS, stop_early=stop) == want
-        assert objective_of(model).decode_ids(model, enc, lens, "beam", 4) == want  # the beam is greedy
+        assert objective_of(model).decode_ids(model, enc, lens, "beam", 1) == want  # beam 1: greedy
+        beams = objective_of(model).decode_ids(model, enc, lens, "beam", 4)
+        assert beams == [tdt_beam_search(model, enc[b, : int(lens[b])], DURS, beam=4) for b in range(4)]
+
+
+def tiny_tdt(classes: int, durations: str, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = model_config({"name": "transducer", "encoder": "lstm", "enc_hidden": 16, "enc_pre_layers": 1,
+                        "enc_post_layers": 1, "pred": "lstm", "pred_dim": 16, "joint_dim": 16, "dropout": 0.0,
+                        "pred_dropout": 0.0, "num_classes": classes, "durations": durations})
+    return build_model(cfg).eval()
+
+
+def exact_log_prob(model, enc: torch.Tensor, tokens: list[int], durations: tuple[int, ...]) -> float:
+    """log P(tokens | enc) over every TDT alignment: the loss's reference on the model's whole lattice."""
+    y = torch.tensor([tokens], dtype=torch.long).reshape(1, len(tokens))
+    g, _ = model.predict(y)
+    logits = model.joint(enc[None, :, None], g[:, None]).float()  # (1, T', U+1, V + D)
+    V = model.cfg.num_classes
+    lp_tok, lp_dur = logits[..., :V].log_softmax(-1), logits[..., V:].log_softmax(-1)
+    ll = log_likelihood(lp_tok, lp_dur, y, torch.tensor([enc.shape[0]]), torch.tensor([len(tokens)]),
+                        list(durations), blank=0)
+    return float(ll[0])
+
+
+@pytest.mark.parametrize("durations", [(0, 1, 2), (1, 2), (0, 1, 3)])
+def test_a_wide_beam_scores_every_sequence_exactly(durations):
+    model = tiny_tdt(3, ",".join(map(str, durations)))
+    with torch.no_grad():
+        enc, _ = model(torch.randn(1, 18, 93), torch.tensor([18]))  # 3 encoder frames
+        hyps = tdt_beam_hypotheses(model, enc[0], durations, beam=100_000, max_symbols=3)
+        short = [h for h in hyps if len(h.tokens) <= 3]  # the cap of 3 labels a frame excludes none of their paths
+        reachable = 1 + 2 + 4 + 8 if 0 in durations else 1 + 2 + 4  # without d=0: a label a frame, landing < 3
+        assert len(short) == reachable
+        for h in short:
+            assert h.score == pytest.approx(exact_log_prob(model, enc[0], list(h.tokens), durations), abs=1e-4)
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+
+
+def test_the_beam_finds_at_least_greedy_s_sequence():
+    for seed in range(3):
+        model = tiny_tdt(5, "0,1,2,3", seed=seed)
+        with torch.no_grad():
+            for p in model.out.parameters():
+                p.mul_(4.0)
+            enc, lens = model(torch.randn(1, 60, 93), torch.tensor([60]))
+            greedy = greedy_tdt(model, enc, lens, (0, 1, 2, 3))[0]
+            best = tdt_beam_search(model, enc[0], (0, 1, 2, 3), beam=8)
+            got, base = (exact_log_prob(model, enc[0], seq, (0, 1, 2, 3)) for seq in (best, greedy))
+            assert got >= base - 1e-4
+
+
+def test_no_frames_no_hypothesis():
+    model = tiny_tdt(3, "0,1")
+    assert tdt_beam_hypotheses(model, torch.zeros(0, 16), (0, 1)) == []
