@@ -94,6 +94,8 @@ class TransducerConfig:
     # TDT (Xu et al. 2023, Parakeet-TDT's head): the frames a token or blank may advance, comma-separated
     # ("0,1,2,3,4"), the joint emitting one duration logit each after the V token logits; "" = plain RNN-T
     durations: str = ""
+    tdt_sigma: float = 0.0  # TDT: logit under-normalisation, subtracted from every token log-probability (paper 3.2)
+    tdt_omega: float = 0.0  # TDT: loss (1 - omega) x TDT + omega x RNN-T of the token logits alone (NeMo's omega)
 
     def problems(self) -> list[str]:
         """One message per invalid value, naming ``model.FIELD=value``."""
@@ -125,7 +127,17 @@ class TransducerConfig:
         for field in ("pred_dropout", "joint_dropout"):
             if not 0.0 <= getattr(self, field) < 1.0:
                 out.append(f"model.{field}={getattr(self, field)} not in [0, 1)")
-        return out + duration_problems(self.durations)
+        return out + duration_problems(self.durations) + self._tdt_problems()
+
+    def _tdt_problems(self) -> list[str]:
+        out = []
+        if not 0.0 <= self.tdt_sigma < 1.0:
+            out.append(f"model.tdt_sigma={self.tdt_sigma} not in [0, 1)")
+        if not 0.0 <= self.tdt_omega < 1.0:
+            out.append(f"model.tdt_omega={self.tdt_omega} not in [0, 1) (the TDT loss keeps a share)")
+        out += [f"model.{k}={getattr(self, k)} needs model.durations (a TDT head): it is a TDT loss setting"
+                for k in ("tdt_sigma", "tdt_omega") if getattr(self, k) and not self.durations.strip()]
+        return out
 
 
 def conformer_config(cfg: TransducerConfig) -> ConformerConfig:

@@ -26,11 +26,17 @@ from speechperf.objectives.transducer_search import _where, beam_search, greedy_
 
 def head_loss(core, logits, targets, out_lens, label_lens) -> torch.Tensor:
     """(B,) per-utterance loss of the joint's ``logits`` (B, T', U+1, V[+D]): TDT where the model has
-    durations, else RNN-T; inf where an utterance has no path."""
-    ds = durations_of(core.cfg)
-    if ds:
-        return tdt_loss(logits, targets, out_lens, label_lens, ds, blank=BLANK, reduction="none")
-    return rnnt_loss(logits, targets, out_lens, label_lens, blank=BLANK, reduction="none")
+    durations (with ``model.tdt_sigma`` and ``model.tdt_omega``), else RNN-T; inf where an utterance has
+    no path."""
+    ds, cfg = durations_of(core.cfg), core.cfg
+    if not ds:
+        return rnnt_loss(logits, targets, out_lens, label_lens, blank=BLANK, reduction="none")
+    loss = tdt_loss(logits, targets, out_lens, label_lens, ds, blank=BLANK, reduction="none", sigma=cfg.tdt_sigma)
+    if not cfg.tdt_omega:
+        return loss
+    # NeMo's omega: the RNN-T loss of the token logits (the durations' ignored), mixed in
+    rnnt = rnnt_loss(logits[..., : cfg.num_classes], targets, out_lens, label_lens, blank=BLANK, reduction="none")
+    return (1.0 - cfg.tdt_omega) * loss + cfg.tdt_omega * rnnt
 
 
 def impossible(core, out_lens: torch.Tensor, label_lens: torch.Tensor) -> int:

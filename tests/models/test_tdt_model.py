@@ -58,3 +58,32 @@ def test_the_preset_is_parakeet_rnnt_sizes_plus_five_duration_logits():
 @pytest.mark.parametrize("bad", ["0,2", "1,1", "-1,1", "a,b", "0"])
 def test_bad_durations_are_refused_naming_them(bad):
     assert any(f"model.durations={bad!r} must be" in m for m in model_config({**TINY, "durations": bad}).problems())
+
+
+@pytest.mark.parametrize("sigma, omega", [(0.0, 0.0), (0.05, 0.0), (0.0, 0.1), (0.02, 0.3)])
+def test_sigma_and_omega_are_the_loss_s_and_the_mixture_with_the_token_logits_rnnt(sigma, omega):
+    from speechperf.objectives.rnnt_reference import rnnt_loss_reference
+    from speechperf.objectives.tdt import head_loss
+    from speechperf.objectives.tdt_reference import tdt_loss_reference
+
+    model = tiny(durations="0,1,2", tdt_sigma=sigma, tdt_omega=omega).eval()
+    torch.manual_seed(1)
+    logits = torch.randn(2, 6, 4, 9 + 3, dtype=torch.float64)
+    targets, frames, labels = torch.randint(1, 9, (2, 3)), torch.tensor([6, 4]), torch.tensor([3, 2])
+    got = head_loss(model, logits, targets, frames, labels)
+    tdt = tdt_loss_reference(logits, targets, frames, labels, (0, 1, 2), sigma=sigma)
+    rnnt = rnnt_loss_reference(logits[..., :9], targets, frames, labels)
+    assert torch.allclose(got, (1 - omega) * tdt + omega * rnnt, atol=1e-9)
+    if omega:
+        assert not torch.allclose(got, tdt)
+
+
+@pytest.mark.parametrize("field, value, says", [("tdt_sigma", -0.1, "not in [0, 1)"), ("tdt_omega", 1.0, "not in [0, 1)")])
+def test_bad_sigma_or_omega_is_refused_naming_it(field, value, says):
+    assert any(f"model.{field}={value} {says}" in m
+               for m in model_config({**TINY, "durations": "0,1", field: value}).problems())
+
+
+def test_sigma_or_omega_without_durations_is_refused():
+    msgs = model_config({**TINY, "tdt_omega": 0.1}).problems()
+    assert any("model.tdt_omega=0.1 needs model.durations" in m for m in msgs)
