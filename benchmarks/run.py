@@ -44,6 +44,7 @@ SUITE = {
     "precision": "bench_precision",
     "scale": "bench_scale",
     "fp8": "bench_fp8",
+    "lstm_ceiling": "bench_lstm_ceiling",
 }
 
 
