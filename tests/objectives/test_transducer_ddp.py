@@ -65,7 +65,7 @@ def _one_process() -> dict:
     """Plain SGD on the mean of both ranks' batch losses: what DDP's averaged gradients give."""
     torch.set_num_threads(1)
     m = core()
-    opt = torch.optim.SGD(m.parameters(), lr=TC.lr)
+    opt = torch.optim.SGD(m.parameters(), lr=TC.optim.lr)
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     for s in range(STEPS):
         grads = []
@@ -76,7 +76,7 @@ def _one_process() -> dict:
             grads.append([p.grad.clone() for p in m.parameters()])
         with torch.no_grad():
             for p, *gs in zip(m.parameters(), *grads):
-                p -= TC.lr * sum(gs) / WORLD
+                p -= TC.optim.lr * sum(gs) / WORLD
     return m.state_dict()
 
 
