@@ -130,9 +130,10 @@ class FSDP(Algorithm):
     def check_launch(cls, cfg, world, train=None):
         if train is None:
             return
-        refused = [(train.system.compile, "train.system.compile=true", "torch.compile does not trace FSDP2's hooks here"),
-                   (train.system.cuda_graphs, "train.system.cuda_graphs=true", "a graph cannot capture the collectives"),
-                   (train.system.precision == "fp16", "train.system.precision=fp16",
+        system = train.system
+        refused = [(system.compile, "train.system.compile=true", "torch.compile does not trace FSDP2's hooks here"),
+                   (system.cuda_graphs, "train.system.cuda_graphs=true", "a graph cannot capture the collectives"),
+                   (system.precision == "fp16", "train.system.precision=fp16",
                     "its loss scaler sees this rank's shards only; use train.system.precision=bf16")]
         for on, setting, why in refused:
             if on:

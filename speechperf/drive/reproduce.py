@@ -81,8 +81,8 @@ def reproduce(preset: str, data: Path, seed: int | None = None, epochs: int = DE
             raise ReproduceError(f"{folder}: already holds a run; give a new --out (a reproduction trains from "
                                  "scratch)")
         start = time.perf_counter()
-        _train(preset, data, seed, epochs, folder, theirs, upgrade.overrides(chosen.get("overrides", ref.get("overrides", []))), quiet,
-               recipe_precision(ref))
+        overrides = upgrade.overrides(chosen.get("overrides", ref.get("overrides", [])))  # an earlier release's keys
+        _train(preset, data, seed, epochs, folder, theirs, overrides, quiet, recipe_precision(ref))
         result = judge(folder, ref, chosen, epochs)
         return {"preset": preset, "seed": seed, **result, "run": str(folder) if keep else None,
                 "seconds": time.perf_counter() - start}

@@ -58,8 +58,8 @@ def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform
         cuda_devices = _visible_gpus()
     if tc.system.device != "cpu" and cuda_devices:
         if tc.system.device not in ("auto", "cuda"):
-            raise ConfigError(f"--parallel {parallel} with train.system.device={tc.system.device}: each seed gets its own GPU; "
-                              "drop train.system.device (or give cuda) to place them")
+            raise ConfigError(f"--parallel {parallel} with train.system.device={tc.system.device}: each seed gets its "
+                              "own GPU; drop train.system.device (or give cuda) to place them")
         if parallel > len(cuda_devices):
             raise ConfigError(f"--parallel {parallel}: {len(cuda_devices)} GPU(s) visible ({','.join(cuda_devices)}); "
                               "one seed per GPU")
@@ -67,8 +67,8 @@ def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform
     cores = cores or usable_cpus()
     if tc.system.threads > 0:
         if tc.system.threads * parallel > cores:
-            raise ConfigError(f"--parallel {parallel} x train.system.threads={tc.system.threads} is more than the {cores} CPUs this "
-                              "process may use: the seeds would slow each other unevenly")
+            raise ConfigError(f"--parallel {parallel} x train.system.threads={tc.system.threads} is more than the "
+                              f"{cores} CPUs this process may use: the seeds would slow each other unevenly")
         return [({}, [])] * parallel
     if parallel > cores:
         raise ConfigError(f"--parallel {parallel}: only {cores} CPUs; at least one thread per seed")

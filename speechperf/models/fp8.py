@@ -55,7 +55,8 @@ def torchao_float8():
     try:
         import torchao.float8 as float8
     except ImportError as e:
-        raise ConfigError(f"train.system.precision=fp8 needs torchao, which is not installed here ({e}): {EXTRA}") from e
+        raise ConfigError(f"train.system.precision=fp8 needs torchao, which is not installed here ({e}): "
+                          f"{EXTRA}") from e
     finally:
         for log, level in zip(logs, levels):
             log.setLevel(level)

@@ -73,7 +73,8 @@ class Transducer:
         loss = losses.sum() / max(len(out_lens) - impossible, 1)
         weight = unwrap(model).cfg.ctc_weight
         if weight > 0:
-            loss = (1.0 - weight) * loss + weight * ctc_aux_loss(model, out, out_lens, batch, device, tc.system.precision)
+            aux = ctc_aux_loss(model, out, out_lens, batch, device, tc.system.precision)
+            loss = (1.0 - weight) * loss + weight * aux
         return loss, impossible
 
     def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str) -> torch.Tensor:

@@ -43,7 +43,8 @@ def curve_of(evals: list[dict]) -> list[dict]:
 def settings_of(config: dict, env: dict) -> dict:
     """What made a run's curve what it is, from its config.json and env.json."""
     isa = env.get("isa") or {}
-    return {"seed": config.get("train", {}).get("seed"), "threads": config.get("train", {}).get("system", {}).get("threads"),
+    train = config.get("train", {})
+    return {"seed": train.get("seed"), "threads": train.get("system", {}).get("threads"),
             "cap": isa.get("cap"), "cpu_capability": isa.get("cpu_capability"), "onednn_isa": isa.get("onednn_isa"),
             "onednn": isa.get("onednn"), "ONEDNN_MAX_CPU_ISA": isa.get("ONEDNN_MAX_CPU_ISA"),
             "ATEN_CPU_CAPABILITY": isa.get("ATEN_CPU_CAPABILITY"), "mkl": isa.get("mkl"),

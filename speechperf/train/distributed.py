@@ -71,8 +71,8 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name == "auto":
         return MIXED if device.type == "cuda" else "gloo"
     if name == "nccl" and device.type != "cuda":
-        raise DistributedSetupError(f"train.system.dist_backend=nccl needs CUDA devices but this process trains on {device}; "
-                                    "use dist_backend=gloo (or auto)")
+        raise DistributedSetupError(f"train.system.dist_backend=nccl needs CUDA devices but this process trains on "
+                                    f"{device}; use train.system.dist_backend=gloo (or auto)")
     return name
 
 

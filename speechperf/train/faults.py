@@ -36,7 +36,8 @@ def check_trained(model: torch.nn.Module, prog, tc) -> None:
     if not bool(finite.all()):
         bad = [name for (name, _), ok in zip(model.named_parameters(), finite.tolist()) if not ok]
         raise TrainingDiverged(f"non-finite weights after epoch {prog.epoch} ({len(bad)} tensors: "
-                               f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); lower train.optim.lr={tc.optim.lr}")
+                               f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
+                               f"lower train.optim.lr={tc.optim.lr}")
 
 
 def as_fault(e: BaseException, out: Path) -> RunFailed | None:

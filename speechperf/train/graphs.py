@@ -259,8 +259,9 @@ def check_memory(model: GraphedModel, shapes: set[tuple[int, int]], features: in
     need = static_bytes(model._orig_mod, shapes, features)
     if need > MEMORY_SHARE * free:
         raise ConfigError(
-            f"train.system.cuda_graphs: the run's epochs plan {len(shapes)} batch shapes at the grid train.system.graph_frames="
-            f"{model.frames_grid} x train.system.graph_batch={model.batch_grid}, whose graphs keep {need / 1e9:.1f} GB "
+            f"train.system.cuda_graphs: the run's epochs plan {len(shapes)} batch shapes at the grid "
+            f"train.system.graph_frames={model.frames_grid} x train.system.graph_batch={model.batch_grid}, whose "
+            f"graphs keep {need / 1e9:.1f} GB "
             f"(a gradient per parameter, input and output per shape): more than {MEMORY_SHARE:.0%} of the device's "
             f"{free / 1e9:.1f} GB free. A coarser grid keeps fewer shapes (e.g. train.system.graph_frames="
             f"{model.frames_grid * 4} train.system.graph_batch={model.batch_grid * 4}; benchmarks/run.py graph_shapes "
@@ -280,4 +281,5 @@ def graph_figures(local: nn.Module) -> dict | None:
 def graphed(core: nn.Module, tc, device: torch.device) -> GraphedModel:
     """``core`` trained from CUDA graphs (``train.system.cuda_graphs``); the run's configuration
     was checked before (:func:`speechperf.config.run.RunConfig.problems`)."""
-    return GraphedModel(core, tc.system.graph_frames, tc.system.graph_batch, tc.system.precision, capture=device.type == "cuda")
+    system = tc.system
+    return GraphedModel(core, system.graph_frames, system.graph_batch, system.precision, capture=device.type == "cuda")

@@ -77,11 +77,11 @@ def opened(request: TrainRequest) -> Iterator[Opening]:
     distributed.configure_determinism(tc.system.deterministic)  # before CUDA starts (cuBLAS workspace)
     if tc.system.threads > 0:
         torch.set_num_threads(tc.system.threads)
-    group = distributed.setup(tc.system.device, tc.system.dist_backend, denv)  # checks the launch against the GPUs first
+    group = distributed.setup(tc.system.device, tc.system.dist_backend, denv)  # the launch checked against the GPUs
     admission = verdict = None
     try:
         check_precision(cfg, group.device, request.allow_emulated)  # one this device cannot run (or emulates): exit 2
-        launch = partial(check_launch, train=cfg.train)  # fsdp refuses what it cannot combine with (train.system.compile)
+        launch = partial(check_launch, train=cfg.train)  # fsdp refuses what it cannot combine with (compile)
         admission = admit(request, cfg, batching, launch) if denv.rank == 0 else None
         decision = group.broadcast(admission.decision if admission is not None else None)
         verdict = admission or follow(request, decision)  # other ranks: rank 0's verdict on the folder, no lock
@@ -93,7 +93,7 @@ def opened(request: TrainRequest) -> Iterator[Opening]:
             yield opening(finished=group.broadcast(admission.summary() if admission is not None else None))
             return
         ckpt = verdict.checkpoint() if verdict.plan == "resume" else None  # every rank reads it; rank 0 alone writes
-        cfg, choice = settle(cfg, group, verdict)  # train.system.precision=auto: measured now (a new run) or the recorded one
+        cfg, choice = settle(cfg, group, verdict)  # precision auto: measured now (a new run) or the recorded one
         yield opening(cfg=cfg, ckpt=ckpt, choice=choice)
     except OSError as e:  # before the run exists (a disk full as the run is made, say): named, exit 1
         if isinstance(e, SpeechperfError) or verdict is None:  # admit names its own (a read-only --out)

@@ -63,7 +63,8 @@ def train_step(model, batch, optimizer, scaler, device: torch.device, tc,
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()  # always: DDP needs every rank to reach the all-reduce
     scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.optim.grad_clip if tc.optim.grad_clip > 0 else float("inf"))
+    clip = tc.optim.grad_clip if tc.optim.grad_clip > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     if hasattr(norm, "full_tensor"):  # fsdp: a DTensor, the norm over every rank's shards, replicated
         norm = norm.full_tensor()
     ok = torch.isfinite(loss.detach()) & torch.isfinite(norm)
@@ -170,7 +171,8 @@ def count_steps(prog, reads: list[Read], max_bad_losses: int) -> None:
 def read_point(iteration: int, tc) -> bool:
     """Whether the loop reads the device after this iteration: every ``sync_every`` steps
     and where a value is needed (sentence logging, checkpoints)."""
-    return iteration % tc.system.sync_every == 0 or iteration % tc.eval.sentence_every == 0 or iteration % tc.system.checkpoint_every == 0
+    return (iteration % tc.system.sync_every == 0 or iteration % tc.eval.sentence_every == 0
+            or iteration % tc.system.checkpoint_every == 0)
 
 
 def make_optimizer(model, tc, device: torch.device):

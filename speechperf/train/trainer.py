@@ -60,7 +60,7 @@ class Built:
     model: torch.nn.Module  # what the step trains: the algorithm's wrap of the (compiled) model
     prog: Progress  # where the run stands at the start (the checkpoint's, or a new run's)
     resident: Resident | None  # loader.resident: the training split on the device (data/resident.py)
-    planned: set | None  # train.system.cuda_graphs: the (utterances, frames) shapes the run's epochs plan (train/graphs.py)
+    planned: set | None  # train.system.cuda_graphs: the (utterances, frames) shapes the epochs plan (train/graphs.py)
 
 
 @dataclass

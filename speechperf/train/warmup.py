@@ -115,8 +115,8 @@ def check_precision(cfg, device: torch.device, allow_emulated: bool = True) -> s
                           "use train.system.precision=fp32")
     if can.level == EMULATED and device.type == "cpu" and not allow_emulated:
         raise ConfigError(f"train.system.precision={precision} is emulated on this CPU ({can.reason}): "
-                          f"{EMULATED_COST[precision]}; use train.system.precision=auto (the fastest native one) or fp32, "
-                          "or give --allow-emulated to time it anyway")
+                          f"{EMULATED_COST[precision]}; use train.system.precision=auto (the fastest native one) or "
+                          "fp32, or give --allow-emulated to time it anyway")
     return can.note
 
 
