@@ -17,7 +17,9 @@ from speechperf.train.step import make_optimizer, train_step
 from tests import forked_cli
 
 WORLD, STEPS = 2, 3
-TC = dataclasses.replace(load_preset("tiny").train, optimizer="sgd", lr=0.01, grad_clip=0.0, device="cpu")
+TINY = load_preset("tiny").train
+TC = dataclasses.replace(TINY, optim=dataclasses.replace(TINY.optim, name="sgd", lr=0.01, grad_clip=0.0),
+                         system=dataclasses.replace(TINY.system, device="cpu"))
 CFG = model_config({"name": "transducer", "d_model": 32, "layers": 1, "heads": 4, "conv_kernel": 15,
                     "subsampling_channels": 16, "pred_dim": 24, "joint_dim": 20, "dropout": 0.0,
                     "attention_dropout": 0.0, "pred_dropout": 0.0})  # no dropout: one process draws as two would not
