@@ -16,6 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from speechperf.results import upgrade
 from speechperf.atomic import atomic_write_text  # noqa: E402
 from speechperf.features.checksum import OVER, features_sha256  # noqa: E402
 from speechperf.studies import curve, rcp  # noqa: E402
@@ -47,7 +48,7 @@ def measure_curves(a, out: Path, env: dict) -> int:
     ref = rcp.load_reference(a.preset)
     if ref is None:
         sys.exit(f"{path}: no reference to add curves to (measure its seeds first)")
-    overrides = list(ref.get("overrides", []))
+    overrides = upgrade.overrides(ref.get("overrides", []))  # an earlier release's train.X keys: this one's
     entries = []
     for seed in parse_seeds(a.seeds):
         folder = seed_folder(out, seed)

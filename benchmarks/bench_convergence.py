@@ -2,7 +2,7 @@
 minutes to its target per seed and the aggregate, and (``--write``) store them as the
 preset's reference in ``speechperf/config/rcp/PRESET.json`` (speechperf/studies/rcp.py).
 
-    python benchmarks/run.py convergence tiny --seeds 5 --target 38 --set train.max_epochs=10 \\
+    python benchmarks/run.py convergence tiny --seeds 5 --target 38 --set train.stop.max_epochs=10 \\
         --threads 1 --data FEATS --write
     python benchmarks/run.py convergence cpu --seeds 6-10 --isa avx2 --data FEATS --write   # a later batch
     python benchmarks/run.py convergence cpu --seeds 3 --threads 1 --past-target --data FEATS  # and the floor
@@ -13,7 +13,7 @@ trained in the same call.
 
 ``--curves N`` trains each seed's first N epochs under the whole AVX2 cap (ONEDNN_MAX_CPU_ISA
 and ATEN_CPU_CAPABILITY, hardware/isa_cap.py) at 1 thread, as ``speechperf reproduce`` does
-(train.stop_after_epochs: the schedule is the reference's), and ``--write`` stores each
+(train.stop.after_epochs: the schedule is the reference's), and ``--write`` stores each
 seed's per-epoch validation loss, CER and WER (full precision, from the run's results.db)
 with its settings as a curve of that seed (one per features folder: its checksum,
 features/checksum.py); the seeds' epochs to target stay as they are.
@@ -73,9 +73,9 @@ def cpu_capability(env: dict) -> str:
 def train(a, seed: int, out: Path, env: dict) -> None:
     stop_at = 0 if a.past_target else a.target  # 0: the whole schedule; the target is declared from the evals after
     cmd = [sys.executable, "-m", "speechperf", "train", "--preset", a.preset, "--data", str(a.data), "--out", str(out),
-           "--json", f"train.seed={seed}", f"train.target={stop_at}", *a.set]
+           "--json", f"train.seed={seed}", f"train.stop.target={stop_at}", *a.set]
     if a.threads:
-        cmd.append(f"train.threads={a.threads}")
+        cmd.append(f"train.system.threads={a.threads}")
     print(f"seed {seed}: {' '.join(cmd[3:])}", flush=True)
     stamp = out / "bench_convergence.json"  # the commit and date the seed was trained at (a resumed batch keeps them)
     if not stamp.is_file():
@@ -99,7 +99,7 @@ def measured(a, seed: int, out: Path, isa: str) -> tuple[dict, dict, dict]:
         run.close()
     stamp = out / "bench_convergence.json"
     when = json.loads(stamp.read_text()) if stamp.is_file() else {"commit": commit(), "date": datetime.date.today().isoformat()}
-    window = config["train"]["target_epochs"]
+    window = config["train"]["stop"]["target_epochs"]
     epochs = epochs_to_target(evals, a.target, window)
     # the issue-22 margin: how far under the target the median of the window was at the epoch
     # the target was declared (a recipe that crosses by 0.1 turns float noise into a verdict)
@@ -114,7 +114,7 @@ def measured(a, seed: int, out: Path, isa: str) -> tuple[dict, dict, dict]:
              "measured": {**when, "host": platform.node(),
                           "machine": hardware(env), "isa": isa, "onednn_max_cpu_isa": CAPS.get(a.isa, {}).get(ONEDNN_VAR),
                           "aten_cpu_capability": CAPS.get(a.isa, {}).get(ATEN_VAR),
-                          "threads": config["train"].get("threads"), "torch": env.get("libraries", {}).get("torch")}}
+                          "threads": config["train"]["system"].get("threads"), "torch": env.get("libraries", {}).get("torch")}}
     return entry, config, rcp.corpus_of(out / "events.log")
 
 
@@ -135,7 +135,7 @@ def summary(a, entries: list[dict]) -> list[dict]:
 def write(a, entries: list[dict], config: dict, corpus: dict) -> Path:
     """Merge ``entries`` into the preset's reference file (same recipe, metric, window, corpus)."""
     path = rcp.reference_path(a.preset, precision(config))  # a bf16 batch: PRESET.bf16.json
-    new = {"format": rcp.FORMAT, "preset": a.preset, "metric": a.metric, "window": config["train"]["target_epochs"],
+    new = {"format": rcp.FORMAT, "preset": a.preset, "metric": a.metric, "window": config["train"]["stop"]["target_epochs"],
            "targets": [a.target], "recipe": rcp.recipe(config), "overrides": a.set,
            "corpus": {"fingerprint": corpus, "data": str(a.data), **synth_params(a.data)}, "how": "benchmarks/run.py convergence", "seeds": []}
     old = json.loads(path.read_text()) if path.is_file() else new
@@ -159,16 +159,16 @@ def arguments(p) -> None:
     p.add_argument("preset", nargs="?", default="tiny")
     p.add_argument("--seeds", default="2", help="N (seeds 1..N), A-B, or a comma list")
     p.add_argument("--out", type=Path, default=None, help="run folders (default bench-convergence/PRESET)")
-    p.add_argument("--target", type=float, default=None, help="error %% to reach (default: the preset's train.target)")
+    p.add_argument("--target", type=float, default=None, help="error %% to reach (default: the preset's train.stop.target)")
     p.add_argument("--metric", default="cer", choices=["cer", "wer"])
     p.add_argument("--isa", choices=sorted(CAPS), default=None,
                    help="cap the ISA of oneDNN and of torch's own kernels (ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY)")
     p.add_argument("--curves", type=int, default=0, metavar="N",
                    help="train each seed's first N epochs under the avx2 cap at 1 thread and (--write) store its curve")
-    p.add_argument("--threads", type=int, default=0, help="train.threads (0: the preset's)")
+    p.add_argument("--threads", type=int, default=0, help="train.system.threads (0: the preset's)")
     p.add_argument("--set", nargs="*", default=[], help="config overrides k=v, recorded in the reference")
     p.add_argument("--past-target", action="store_true",
-                   help="train the whole schedule (train.target=0; not a recipe field) and declare the target from "
+                   help="train the whole schedule (train.stop.target=0; not a recipe field) and declare the target from "
                         "the evaluations: the margin at the end is the recipe's floor under the target")
     p.add_argument("--write", action="store_true", help="merge the seeds into speechperf/config/rcp/PRESET.json")
 
@@ -178,9 +178,9 @@ def run(a) -> dict:
         measure_curves(a, a.out or Path("bench-convergence") / a.preset, child_env("avx2"))
         return {"preset": a.preset, "curves": a.curves, "seeds": a.seeds, "ratio": None}
     cfg = load_preset(a.preset, a.set)
-    a.target = a.target or cfg.train.target
+    a.target = a.target or cfg.train.stop.target
     if not a.target:
-        raise SpeechperfError(f"preset {a.preset!r} names no train.target: give --target")
+        raise SpeechperfError(f"preset {a.preset!r} names no train.stop.target: give --target")
     out = a.out or Path("bench-convergence") / a.preset
     env = child_env(a.isa)
     isa = cpu_capability(env)

@@ -1,6 +1,6 @@
 """fp8 against bf16: the training step of an at-scale, Linear-heavy workload (FastConformer: its
 feed-forward, attention and pointwise-convolution layers are Linear layers, about 97% of its
-parameters) in ``train.precision=fp8`` (torchao's float8 Linear layers in bf16 autocast,
+parameters) in ``train.system.precision=fp8`` (torchao's float8 Linear layers in bf16 autocast,
 speechperf/models/fp8.py) and in bf16, alternated step by step in one process.
 
 The step is the run's own (train/step.py's ``train_step``: forward, CTC, backward, clipping, the
@@ -32,7 +32,7 @@ from speechperf.hardware.capability import NATIVE, model_support
 from speechperf.train.auto_precision import synthetic_batch, typical_shape
 from speechperf.train.step import make_optimizer, train_step
 
-GOAL = ("docs/bench.md: train.precision=fp8 at >= 1.3x bf16's step throughput on an FP8 GPU (H100/H200) for an "
+GOAL = ("docs/bench.md: train.system.precision=fp8 at >= 1.3x bf16's step throughput on an FP8 GPU (H100/H200) for an "
         "at-scale FastConformer; on a CPU (torchao's emulation) the ratio is what emulation costs")
 REFERENCE = "the same preset's training step in bf16, alternated with fp8 in this process"
 RATIO = "fp8 throughput / bf16 throughput (bf16 step / fp8 step; above 1: fp8 faster)"
@@ -70,7 +70,7 @@ def _kit(cfg, dev: torch.device, precision: str, compile_: bool):
     layers = fp8.prepare(model, precision, dev)
     if compile_:
         model = compiled(model)
-    tc = dataclasses.replace(cfg.train, precision=precision)
+    tc = dataclasses.replace(cfg.train, system=dataclasses.replace(cfg.train.system, precision=precision))
     return model, make_optimizer(model, tc, dev), tc, layers
 
 

@@ -1,5 +1,5 @@
-"""How many shapes a ``train.cuda_graphs`` run captures on LibriSpeech 960 h, and the memory
-their static buffers hold, for grids of ``train.graph_frames`` x ``train.graph_batch``, each
+"""How many shapes a ``train.system.cuda_graphs`` run captures on LibriSpeech 960 h, and the memory
+their static buffers hold, for grids of ``train.system.graph_frames`` x ``train.system.graph_batch``, each
 against the default grid (16 x 8) in the same process.
 
 A projection, computed on any machine (no GPU): the planner's batches of every epoch over a
@@ -27,12 +27,12 @@ from speechperf.models import build_model
 from speechperf.tables import emit
 from speechperf.train.graphs import MEMORY_SHARE, round_up, static_bytes
 
-GOAL = ("docs/gpu.md: a train.cuda_graphs run's static buffers within its share of the device's free memory "
+GOAL = ("docs/gpu.md: a train.system.cuda_graphs run's static buffers within its share of the device's free memory "
         "(train/graphs.check_memory), at the least padding")
 REFERENCE = "the default grid, 16 frames x 8 utterances, over the same planned batches"
 RATIO = "shapes at the coarsest grid given / at 16x8"
 DATA = False
-DEFAULT_GRID = (16, 8)  # train.graph_frames, train.graph_batch defaults
+DEFAULT_GRID = (16, 8)  # train.system.graph_frames, train.system.graph_batch defaults
 
 
 def planned(cfg, epochs: int) -> list[np.ndarray]:

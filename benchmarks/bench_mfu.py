@@ -65,7 +65,7 @@ def make_batch(lengths: list[int], out_lens: torch.Tensor, rng: np.random.Genera
 
 def run_preset(name: str, data: Path | None, warmup: int, repeats: int, peak_tflops: float,
                overrides=()) -> dict:
-    cfg = load_preset(name, ["train.precision=fp32", *overrides])  # against the fp32 GEMM peak; --set may change it
+    cfg = load_preset(name, ["train.system.precision=fp32", *overrides])  # against the fp32 GEMM peak; --set may change it
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
     model = build_model(cfg.model)
@@ -87,7 +87,7 @@ def run_preset(name: str, data: Path | None, warmup: int, repeats: int, peak_tfl
           "(others' load only lowers a measured peak)")
     peak_tflops = max(peak_tflops, again)
     gflops = flops / med / 1e9
-    print(f"[{name}] {cfg.model.name}, {params / 1e6:.2f} M parameters, {cfg.train.precision}; batch {len(lengths)} x "
+    print(f"[{name}] {cfg.model.name}, {params / 1e6:.2f} M parameters, {cfg.train.system.precision}; batch {len(lengths)} x "
           f"{min(lengths)}-{max(lengths)} frames ({'from ' + str(data) if data else 'synthetic lengths'})")
     print(f"[{name}] step: median {med * 1000:.1f} ms (min {times['min'] * 1000:.1f}, max {times['max'] * 1000:.1f}, "
           f"{repeats} steps after {warmup} warm-up)")

@@ -64,7 +64,7 @@ def arguments(p) -> None:
     p.add_argument("--hours", type=float, default=8.0, help="hours of corpus to synthesize (without --data)")
     p.add_argument("--target", type=float, default=10.0, help="CER %% both train to")
     p.add_argument("--cap", type=float, default=30.0, help="minutes each run may train")
-    p.add_argument("--sync", type=int, default=25, help="train.sync_every of both runs")
+    p.add_argument("--sync", type=int, default=25, help="train.system.sync_every of both runs")
     p.add_argument("--cpu", action="store_true", help="train on the CPU in fp32 (a dry run of the flow, no figure)")
 
 
@@ -78,8 +78,8 @@ def run(a) -> dict:
             sp("corpus", "synth", str(a.out / "corpus"), "--hours", str(a.hours))
             sp("prepare", str(a.out / "corpus"), str(feats))
     runs = [a.out / p for p in ("paper", "modern")]
-    overrides = [f"train.target={a.target}", f"train.time_cap_minutes={a.cap}", f"train.sync_every={a.sync}",
-                 *(["train.device=cpu", "train.precision=fp32"] if a.cpu else [])]
+    overrides = [f"train.stop.target={a.target}", f"train.stop.time_cap_minutes={a.cap}", f"train.system.sync_every={a.sync}",
+                 *(["train.system.device=cpu", "train.system.precision=fp32"] if a.cpu else [])]
     for preset, folder in zip(("paper", "modern"), runs):
         train(preset, folder, feats, overrides)
     sp("tta", *map(str, runs), "--metric", "cer", "--targets", str(a.target))

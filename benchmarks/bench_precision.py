@@ -1,5 +1,5 @@
 """The ``cpu`` preset's training step in fp32 and in bf16 on this machine, in one process, and the
-precision ``train.precision=auto`` picks from them (issue 60: each machine timed at its best).
+precision ``train.system.precision=auto`` picks from them (issue 60: each machine timed at its best).
 
 The step is the run's own (train/step.py's ``train_step``: forward, CTC, backward, clipping, AdamW)
 on the synthetic batch ``auto`` measures (train/auto_precision.py's ``typical_shape``: the
@@ -21,7 +21,7 @@ from speechperf.config import load_preset
 from speechperf.hardware.capability import isa, cpu_flags, model_support
 from speechperf.train.auto_precision import candidates, time_candidates, typical_shape
 
-GOAL = ("train.precision=auto picks the faster of the cpu preset's fp32 and bf16 steps on this machine "
+GOAL = ("train.system.precision=auto picks the faster of the cpu preset's fp32 and bf16 steps on this machine "
         "(docs/presets.md, precision: bf16 on an AMX Xeon, fp32 on AVX2)")
 REFERENCE = "the same preset's training step in fp32, alternated with bf16 in this process"
 RATIO = "bf16 step / fp32 step (below 1: bf16 faster)"
@@ -37,7 +37,7 @@ def arguments(p) -> None:
 
 def run(a) -> dict:
     torch.set_num_threads(a.threads)
-    cfg = load_preset(a.preset, ["train.precision=auto"])
+    cfg = load_preset(a.preset, ["train.system.precision=auto"])
     cpu = torch.device("cpu")
     native, others = candidates(cfg, cpu)
     bf16 = model_support(cfg.model, cpu, "bf16")

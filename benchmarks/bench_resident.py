@@ -84,12 +84,12 @@ def measure(a) -> dict:
     index = load_index(feats, splits)
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
-    cfg = settled(cfg, device)  # train.precision=auto (the preset's): what a run here would train in
+    cfg = settled(cfg, device)  # train.system.precision=auto (the preset's): what a run here would train in
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(device)
     model.train()
     state = (make_optimizer(model, cfg.train, device),
-             torch.amp.GradScaler("cuda", enabled=cfg.train.precision == "fp16"))
+             torch.amp.GradScaler("cuda", enabled=cfg.train.system.precision == "fp16"))
     dims = feature_dims(feats)
     res = Resident(index, feats, cfg.loader, device, dims)
 

@@ -32,7 +32,7 @@ def arguments(p) -> None:
 
 def run(a) -> dict:
     figures, ratios = {"workloads": {}}, []
-    over = ("train.optimizer=sgd",) if a.sgd else ()
+    over = ("train.optim.name=sgd",) if a.sgd else ()
     for w in WORKLOADS:
         t = time.perf_counter()
         req = Request((w,), (a.batch_seconds,), steps=a.steps, memory_limit_gb=a.memory_limit_gb, overrides=over)

@@ -1,12 +1,12 @@
 """The training loop's step time against its floor: the same step on data already on the device.
 
 Goal: on a GPU the loop's step (real loader, host-to-device copies, losses read
-every ``train.sync_every`` steps) within 5% of the floor (the same batches, in the same
+every ``train.system.sync_every`` steps) within 5% of the floor (the same batches, in the same
 order, resident on the device before timing; the same step function, the same reads). The
 reference is measured in the same process, on the same model and optimizer, both after one
 untimed pass over the same batches (so neither pays first-use allocations the other does not). Works on the
 CPU too (there the copies are no-ops and the ratio measures the loader's share). A run measures
-its own (train.floor_steps: train/floor.py, after training, against its rows); this bench measures
+its own (train.floor.steps: train/floor.py, after training, against its rows); this bench measures
 a preset apart, before any run.
 
 Usage: python benchmarks/run.py step_floor [--data FEATS] [--preset cpu] [--device auto]
@@ -65,38 +65,38 @@ def run_steps(batches, model, opt, scaler, device, tc, warmup: int, augment=None
 def load(preset: str, device: str, precision: str | None, overrides: list[str], who: str):
     """The preset's config on ``device`` (``auto``: a GPU where torch sees one), the device, and the
     precision note (None where native); a precision this device cannot run is refused, naming why."""
-    over = [*overrides, f"train.device={device}"] + ([f"train.precision={precision}"] if precision else [])
+    over = [*overrides, f"train.system.device={device}"] + ([f"train.system.precision={precision}"] if precision else [])
     cfg = load_preset(preset, over)
-    configure_determinism(cfg.train.deterministic)
-    dev = pick_device(cfg.train.device, DistEnv())
-    if cfg.train.threads > 0:  # before the choice: it is the machine's at the run's threads
-        torch.set_num_threads(cfg.train.threads)
-    cfg = settled(cfg, dev)  # train.precision=auto (the preset's): what a run here would train in
+    configure_determinism(cfg.train.system.deterministic)
+    dev = pick_device(cfg.train.system.device, DistEnv())
+    if cfg.train.system.threads > 0:  # before the choice: it is the machine's at the run's threads
+        torch.set_num_threads(cfg.train.system.threads)
+    cfg = settled(cfg, dev)  # train.system.precision=auto (the preset's): what a run here would train in
     try:
         note = check_precision(cfg, dev)
     except SpeechperfError as e:
         raise SystemExit(f"{who}: {e}") from None
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    if cfg.train.system.threads > 0:
+        torch.set_num_threads(cfg.train.system.threads)
     return cfg, dev, note
 
 
 def setup(cfg, device: torch.device, batches=()):
-    """A fresh model (the run's seed; compiled with ``train.compile``; with ``train.cuda_graphs``,
+    """A fresh model (the run's seed; compiled with ``train.system.compile``; with ``train.system.cuda_graphs``,
     trained from CUDA graphs, every shape of ``batches`` captured now, as a run captures its
     planned shapes before its clock), its optimizer and scaler."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     core = model = build_model(cfg.model).to(device).train()
-    if tc.compile:
+    if tc.system.compile:
         model = compiled(model)
-    if tc.cuda_graphs:
+    if tc.system.cuda_graphs:
         model = graphed(core, tc, device)
         model.prepare({model.shape(*b.feats.shape[:2]) for b in batches}, FEATURE_DIM, device)
     return (model, make_optimizer(core, tc, device),
-            torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
+            torch.amp.GradScaler("cuda", enabled=tc.system.precision == "fp16"))
 
 
 def batching(lc) -> str:
@@ -147,11 +147,11 @@ def run(a) -> dict:
                         cfg.augment)
     utts = sum(len(b.feat_lens) for b in cached[a.warmup:]) / n
     print(f"preset {a.preset}, {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
-          f"{tc.precision}, batch {utts:.0f} utt ({batching(cfg.loader)}), readers {cfg.loader.readers}, "
-          f"sync_every {tc.sync_every}, {n} steps after {a.warmup} warm-up" + (f"; {note}" if note else "")
-          + ("; CUDA graphs" if tc.cuda_graphs else ""))
+          f"{tc.system.precision}, batch {utts:.0f} utt ({batching(cfg.loader)}), readers {cfg.loader.readers}, "
+          f"sync_every {tc.system.sync_every}, {n} steps after {a.warmup} warm-up" + (f"; {note}" if note else "")
+          + ("; CUDA graphs" if tc.system.cuda_graphs else ""))
     print(f"{'':<34}{'s/step':>9}{'utt/s':>9}")
     print(f"{'floor (batches on the device)':<34}{floor:>9.4f}{utts / floor:>9.1f}")
     print(f"{'loop (loader, copies, reads)':<34}{loop:>9.4f}{utts / loop:>9.1f}")
-    return {"preset": a.preset, "device": str(device), "precision": tc.precision, "utterances_per_step": utts,
+    return {"preset": a.preset, "device": str(device), "precision": tc.system.precision, "utterances_per_step": utts,
             "steps": n, "floor_s": floor, "loop_s": loop, "ratio": loop / floor}

@@ -3,13 +3,13 @@
 The step is the loop's (``speechperf.train.step.train_step`` with the preset's SpecAugment) on
 batches already on the device (bench_step_floor.py's: the loader's first batches of epoch 1, so
 no loader or host-to-device copy of the features is in it; the loop's loss reads, one per
-``train.sync_every`` steps, are not either). The loop step is the same step as the training loop
+``train.system.sync_every`` steps, are not either). The loop step is the same step as the training loop
 takes it: from a running loader of epoch 1 (its readers still producing, batches pinned on a
-CUDA device, copies to the device, a loss read every ``train.sync_every`` steps), after
+CUDA device, copies to the device, a loss read every ``train.system.sync_every`` steps), after
 ``--warmup`` of its batches; each measurement takes the loader's next ``--steps`` batches, so
 its figures against the train step's say what the loader's work beside the step costs it. The
 evaluation is one per-epoch pass
-(``speechperf.train.evaluate.evaluate`` on ``train.eval_split`` with the preset's decoder, beam,
+(``speechperf.train.evaluate.evaluate`` on ``train.eval.split`` with the preset's decoder, beam,
 mode and threads, as the loop calls it) after the run's initialization (train/warmup.py: decoders
 built, the split's batches kept resident).
 
@@ -172,8 +172,8 @@ def eval_phase(a, cfg, model, device: torch.device) -> tuple[dict, dict]:
 
     def one():
         with record_function(MARK + "evaluate"):
-            return evaluate(model, a.data, tc.eval_split, Batching(cfg.loader), device, decoder=tc.eval_decoder,
-                            beam=tc.eval_beam, precision=tc.precision, mode=tc.eval_mode, workers=tc.eval_threads,
+            return evaluate(model, a.data, tc.eval.split, Batching(cfg.loader), device, decoder=tc.eval.decoder,
+                            beam=tc.eval.beam, precision=tc.system.precision, mode=tc.eval.mode, workers=tc.eval.threads,
                             keep_pairs=3, intervals=False)  # as the loop's per-epoch evaluation
 
     first = one()
@@ -187,8 +187,8 @@ def profile_preset(a, preset: str) -> dict:
     loop = loop_phase(a, cfg, device)
     first, ev = eval_phase(a, cfg, model, device)
     tc, name = cfg.train, torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    head = (f"preset {preset}: {device} ({name}), {tc.precision}, {utts:.0f} utt per batch ({cfg.loader.mode}), "
-            f"{a.steps} profiled steps after {a.warmup} warm-up; evaluation of {tc.eval_split} "
+    head = (f"preset {preset}: {device} ({name}), {tc.system.precision}, {utts:.0f} utt per batch ({cfg.loader.mode}), "
+            f"{a.steps} profiled steps after {a.warmup} warm-up; evaluation of {tc.eval.split} "
             f"({first['n_utts']} utt): {first['decoder']} beam {first['beam']}, "
             f"{first['decode_threads']} decode threads, batches {first['eval_data']}" + (f"; {note}" if note else ""))
     del model

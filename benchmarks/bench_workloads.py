@@ -8,7 +8,7 @@ already holds a finished run is reported, not retrained (the train command's res
 second call only prints.
 
 Usage: python benchmarks/run.py workloads [--data FEATS] [--out bench-workloads] [--threads 2]
-           [key=value ...]  (overrides to both runs, e.g. train.time_cap_minutes=20)
+           [key=value ...]  (overrides to both runs, e.g. train.stop.time_cap_minutes=20)
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def run(a) -> dict:
     runs = [a.out / preset for _, preset in WORKLOADS]
     for (_, preset), folder in zip(WORKLOADS, runs):
         print(f"training {preset} to dev-clean CER {TARGET:g} ...", flush=True)
-        train(preset, folder, a.data, [f"train.target={TARGET}", "train.target_metric=cer",
-                                       f"train.threads={a.threads}", *a.overrides])
+        train(preset, folder, a.data, [f"train.stop.target={TARGET}", "train.stop.target_metric=cer",
+                                       f"train.system.threads={a.threads}", *a.overrides])
     minutes = tta_minutes(runs, TARGET)
     figures = {}
     print(f"{'workload':<12}{'preset':<16}{'TTA (min)':>10}{'epochs':>8}  MFU")

@@ -60,9 +60,9 @@ LOGS="$WORK/logs"  # at most 8 files come back from $OUT: the logs travel as one
 BENCH=("$PY" benchmarks/run.py --ledger "$OUT/ledger.jsonl")  # the suite's runner: its ledger lines come back in $OUT
 
 if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CPU
-    DEMO_ARGS=(--preset tiny --hours 0.05 --minutes 0.3 --no-sweep train.final_splits=dev-clean train.floor_steps=3)
+    DEMO_ARGS=(--preset tiny --hours 0.05 --minutes 0.3 --no-sweep train.eval.final_splits=dev-clean train.floor.steps=3)
     BUDGET=${BUDGET:-900}; DEMO_T=300; CONF_PRESET=conformer-cpu; CONF_ARGS=(model.layers=1 model.d_model=32 model.heads=2 model.subsampling_channels=16
-        loader.max_duration=60 train.max_epochs=1 train.eval_decoder=greedy train.final_splits=none)
+        loader.max_duration=60 train.stop.max_epochs=1 train.eval.decoder=greedy train.eval.final_splits=none)
     CONF_T=120; CONF_FLOOR=(--preset conformer-cpu --device cpu --steps 2 --warmup 1 model.layers=1 model.d_model=32
         model.heads=2 model.subsampling_channels=16 loader.max_duration=60); COMPILE=0; FEED_PRESETS=(tiny); FEED_ARGS=(--device cpu --windows 2 --steps 1 --warmup 1 loader.batch_size=4 loader.bucket_window=1)
     FEED_T=60; FLOOR_PRESET=tiny; FLOOR_DOUBLED=(loader.max_duration=120); FLOOR_PRESET_ARGS=(loader.max_duration=60)
@@ -70,17 +70,17 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     PROFILE_ARGS=(--preset tiny --device cpu --steps 2 --warmup 1); PROFILE_T=150
     CUDA_TESTS=(tests/bench/test_feed.py -k readers_per_gpu); GPU_FILES=(tests/bench/test_feed.py -k recorded_profile_rows)
     TEST_ARGS=(-n 0); CUDA_T=90; FILES_T=90
-    READERS_ARGS=(--preset tiny loader.readers=2 train.max_epochs=1 train.final_splits=none); READERS_T=120
-    GRAPHS=0  # a run refuses train.cuda_graphs without a CUDA device; floor_graphs runs the padded step eagerly
+    READERS_ARGS=(--preset tiny loader.readers=2 train.stop.max_epochs=1 train.eval.final_splits=none); READERS_T=120
+    GRAPHS=0  # a run refuses train.system.cuda_graphs without a CUDA device; floor_graphs runs the padded step eagerly
     FP8_ARGS=(--device cpu --preset fastconformer-l --layers 1 --seconds 12 --steps 1 --warmup 1); FP8_T=90
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
-    DEMO_ARGS=(--minutes 2 --no-sweep train.final_splits=dev-clean)
+    DEMO_ARGS=(--minutes 2 --no-sweep train.eval.final_splits=dev-clean)
     BUDGET=${BUDGET:-540}; DEMO_T=180; CONF_PRESET=conformer
-    CONF_ARGS=(train.time_cap_minutes=1 train.max_epochs=3 train.eval_decoder=greedy train.final_splits=none)
+    CONF_ARGS=(train.stop.time_cap_minutes=1 train.stop.max_epochs=3 train.eval.decoder=greedy train.eval.final_splits=none)
     CONF_T=55
     if [ "${CONF_MINUTES:-1}" -gt 1 ]; then  # the conformer trained toward CER 10 as its preset says, for that long
-        CONF_ARGS=(train.time_cap_minutes="$CONF_MINUTES" train.final_splits=none); CONF_T=$(( CONF_MINUTES * 60 + 60 ))
+        CONF_ARGS=(train.stop.time_cap_minutes="$CONF_MINUTES" train.eval.final_splits=none); CONF_T=$(( CONF_MINUTES * 60 + 60 ))
     fi
     # the supply over 2 spans of one whole 8-shard loader window after an untimed one (5.2 h of synthetic shards first)
     FEED_PRESETS=(gpu conformer); FEED_ARGS=(--readers 1 --windows 2 --steps 4 --warmup 3)
@@ -94,7 +94,7 @@ else
     TEST_ARGS=(-n 6 --timeout 120); CUDA_T=110; FILES_T=120  # 6 workers x 2 threads of 16 cores (tests/conftest.py); the cuda files took 80+ s on the H200
     # the demo's training with 2 readers, not the preset's 8 (its readers' wait for data says whether 2 keep up): 6 more
     # decode threads in each evaluation, 6 fewer processes beside the thread that launches the kernels
-    READERS_ARGS=(--preset gpu loader.readers=2 train.time_cap_minutes=2 train.final_splits=none); READERS_T=170
+    READERS_ARGS=(--preset gpu loader.readers=2 train.stop.time_cap_minutes=2 train.eval.final_splits=none); READERS_T=170
     GRAPHS=1  # the gpu preset trained from CUDA graphs (train/graphs.py) on the demo's features
     # fp8 against bf16 (benchmarks/run.py fp8): fastconformer-xl compiled, 500 s batches (both models resident);
     # torchao travels among the wheels: bash ../shared/gpu/wheels.sh torchao==0.18.0
@@ -179,11 +179,11 @@ step floor "$FLOOR_T" "${BENCH[@]}" step_floor --data "$WORK/demo/features" --pr
 # the same floor with the step's forward and backward replayed from CUDA graphs (batches padded to a grid
 # of shapes): the launch-bound LSTM's host launches gone, what is left of the step
 step floor_graphs "$(( FLOOR_T * 5 / 2 ))" "${BENCH[@]}" step_floor --data "$WORK/demo/features" --preset "$FLOOR_PRESET" \
-    "${FLOOR_ARGS[@]}" "${FLOOR_PRESET_ARGS[@]}" train.cuda_graphs=true
+    "${FLOOR_ARGS[@]}" "${FLOOR_PRESET_ARGS[@]}" train.system.cuda_graphs=true
 # the demo's training from CUDA graphs: its TTA, GPU busy and step against the demo's (2 minutes at most)
 if [ "$GRAPHS" = 1 ]; then
     step graphs 190 $PY -m speechperf train --preset gpu --data "$WORK/demo/features" --out "$WORK/graphs" \
-        train.cuda_graphs=true train.time_cap_minutes=2 train.final_splits=none
+        train.system.cuda_graphs=true train.stop.time_cap_minutes=2 train.eval.final_splits=none
     step graphs_tta 30 $PY -m speechperf tta --json "$WORK/graphs"
 fi
 for p in "${FEED_PRESETS[@]:1}"; do
@@ -205,7 +205,7 @@ step floor_doubled "$FLOOR_T" "${BENCH[@]}" step_floor --data "$WORK/demo/featur
 # fp8 against bf16 on fastconformer-xl (goal: fp8 >= 1.3x bf16's throughput); alone: ONLY="env fp8" BUDGET=200
 step fp8 "$FP8_T" "${BENCH[@]}" fp8 "${FP8_ARGS[@]}"
 [ "$COMPILE" = 1 ] && step floor_conformer_compile "$BUDGET" "${BENCH[@]}" step_floor --data "$WORK/demo/features" \
-    "${CONF_FLOOR[@]}" train.compile=true
+    "${CONF_FLOOR[@]}" train.system.compile=true
 
 # the demo's report and the runs' results, for a closer look: one archive
 tar -czf "$OUT/runs.tar.gz" -C "$WORK" --exclude='*.npz' --exclude='*.flac' --exclude='corpus' --exclude='*.pt' \

@@ -210,8 +210,8 @@ def run_figures(run: Path) -> str:
     parts.append(busy_figures(columns["busy"], minutes is not None))
     if columns["decode"]:
         parts.append(decode_figures(columns["decode"]))
-    parts.append(mfu_figures(iterations, recorded_peak(summary, env, tc.get("precision", "fp32"))))
-    if summary.get("cuda_graphs"):  # train.cuda_graphs: the shapes captured before the clock, steps run eagerly
+    parts.append(mfu_figures(iterations, recorded_peak(summary, env, tc.get("system", {}).get("precision", "fp32"))))
+    if summary.get("cuda_graphs"):  # train.system.cuda_graphs: the shapes captured before the clock, steps run eagerly
         g = summary["cuda_graphs"]
         parts.append(f"CUDA graphs: {g['shapes']} shapes captured ({g.get('eval shapes', 0)} evaluation shapes) in "
                      f"{fmt(g['capture s'])} s, {g['eager steps']} steps of unplanned shapes run eagerly")

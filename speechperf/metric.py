@@ -6,12 +6,12 @@ An evaluation (``train/evaluate.py``'s result, an ``evals`` row, an entry of
 another edit: a column of the ``evals`` table (results/schema.py; added to an older database
 opened for writing: results/db.py), a part of every epoch and final line the train loop
 prints, in the stop rule's history and the summary's ``last_NAME`` (a target metric), a
-choice of ``tta --metric``, ``report --metric`` and ``train.target_metric`` (a target
+choice of ``tta --metric``, ``report --metric`` and ``train.stop.target_metric`` (a target
 metric), a column of ``tta --json``'s evaluations, of the beam sweep (``beam_sweep`` rows,
 the command's table, the report's) and of the report's validation and final tables, a
 panel of Fig. 7, a column of ``train --seeds`` and ``parallel sweep``, a value of reference
 curves (a target metric), and what ``eval_accuracy`` in events.log and the live status line
-show when it is the run's ``train.target_metric``. Its interval comes from the per-utterance
+show when it is the run's ``train.stop.target_metric``. Its interval comes from the per-utterance
 counts it names (``counts``: two fields of :class:`speechperf.scoring.error_rates.UtteranceErrors`,
 resampled by scoring/bootstrap.py). A row without a value of it (None: results/upgrade.py fills
 in a column recorded after the row) is shown "not measured" (None, NA), never 0. The one default target metric is
@@ -40,7 +40,7 @@ class MetricError(SpeechperfError):
 class Metric:
     """One metric of an evaluation."""
 
-    name: str  # the key everywhere: evaluate()'s result, the evals column, --metric, train.target_metric
+    name: str  # the key everywhere: evaluate()'s result, the evals column, --metric, train.stop.target_metric
     label: str  # in text: epoch lines, table headers ("CER %"), legends
     meaning: str  # what it measures, in words (the report's notes)
     unit: str = "%"  # of the value and of a target
@@ -98,7 +98,7 @@ CER_PAPER = declare(Metric("cer_paper", "CER paper",
 SER = declare(Metric("ser", "SER", "utterances with any word error / utterances (Kaldi's %SER)", target=True,
                      counts=("sentence_errors", "sentences")))
 
-# The target metric where none is named: train.target_metric's default (results/upgrade.py's for a
+# The target metric where none is named: train.stop.target_metric's default (results/upgrade.py's for a
 # run recorded without it), ``--metric`` of tta and report, the studies' and TTA functions' default.
 DEFAULT_TARGET: str = CER.name
 
@@ -111,13 +111,13 @@ def metric(name: str) -> Metric:
 
 
 def targets() -> tuple[str, ...]:
-    """The names a TTA target may be of (``--metric``, ``train.target_metric``), in declaration order."""
+    """The names a TTA target may be of (``--metric``, ``train.stop.target_metric``), in declaration order."""
     return tuple(name for name, m in METRICS.items() if m.target)
 
 
 def is_target(value) -> bool:
     """A TTA target of a target metric (an error rate): a finite number in (0, 100] (%). The one
-    rule for ``--targets``, ``train.target`` and a reference file's targets."""
+    rule for ``--targets``, ``train.stop.target`` and a reference file's targets."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= 100
 
 

@@ -230,7 +230,7 @@ def run_benchmark(*args) -> int:
 # The session's tiny run: two epochs (two evaluations), a checkpoint every 3 steps (their seconds
 # show among the time parts), greedy evaluation (seconds); a command continuing it repeats them.
 TINY_RUN = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=3", "sentence_every=50",
-            "eval_decoder=greedy", "floor_steps=3"]
+            "train.eval.decoder=greedy", "train.floor.steps=3"]
 
 
 @pytest.fixture(scope="session")

@@ -175,7 +175,7 @@ def test_the_stop_rule_watches_the_metric_named_by_train_target_metric(monkeypat
 
     sers = iter([60.0, 40.0, 40.0])
     monkeypatch.setattr(loop, "_evaluate", lambda *a, **kw: {"loss": 1.0, "cer": 90.0, "wer": 95.0, "ser": next(sers)})
-    cfg = load_preset("tiny", ["train.target_metric=ser", "train.target=45", "train.target_epochs=2"])
+    cfg = load_preset("tiny", ["train.stop.target_metric=ser", "train.stop.target=45", "train.stop.target_epochs=2"])
     rec = History(Progress(), "RUN")
     # medians of the last 2 SERs: -, 50, 40: the target 45 is reached at the third epoch (CER never would)
     trainer = SimpleNamespace(cfg=cfg, rec=rec)  # what the epoch's evaluation reads of the trainer

@@ -40,7 +40,7 @@ def test_no_contract_ignores_an_import():
 def test_importing_the_package_leaves_torch_compile_unloaded():
     """No module of the package imports torch's compiler stack (dynamo, inductor) when imported:
     it costs 2 s of every process's start on a 2-core CPU (7.1 against 4.3 s for ``speechperf
-    --help``), in every command that never compiles. ``train.compile`` loads it when asked."""
+    --help``), in every command that never compiles. ``train.system.compile`` loads it when asked."""
     code = ("import importlib, pkgutil, sys, speechperf\n"
             "names = [m.name for m in pkgutil.walk_packages(speechperf.__path__, 'speechperf.')\n"
             "         if not m.name.endswith('__main__')]\n"

@@ -72,7 +72,7 @@ def test_one_default_target_everywhere():
     from speechperf.scoring.targets import Targets
 
     assert metric.DEFAULT_TARGET in metric.targets()
-    assert TrainConfig().target_metric == Targets().metric == metric.DEFAULT_TARGET
+    assert TrainConfig().stop.target_metric == Targets().metric == metric.DEFAULT_TARGET
     parser = build_parser()
     for command in ("tta", "report"):
         args = ["report", "RUN", "--out", "OUT"] if command == "report" else ["tta", "RUN"]

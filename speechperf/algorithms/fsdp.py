@@ -13,7 +13,7 @@ convolution); the root holds the rest. ``algo.shard_modules`` names them instead
 ``algo.checkpoint_blocks`` each unit is wrapped in torch's ``checkpoint_wrapper`` first (its
 activations recomputed in the backward).
 
-Mixed precision (:func:`policy`): on a CUDA device with ``train.precision=bf16`` the parameters
+Mixed precision (:func:`policy`): on a CUDA device with ``train.system.precision=bf16`` the parameters
 are all-gathered and computed in bf16 and the gradients reduced in fp32 (FSDP2's
 ``MixedPrecisionPolicy``), the shards and the optimizer staying fp32. On the CPU the policy is
 fp32 (autocast computes bf16 where asked, as for every other algorithm): gloo reduces bf16 and
@@ -130,10 +130,11 @@ class FSDP(Algorithm):
     def check_launch(cls, cfg, world, train=None):
         if train is None:
             return
-        refused = [(train.compile, "train.compile=true", "torch.compile does not trace FSDP2's hooks here"),
-                   (train.cuda_graphs, "train.cuda_graphs=true", "a graph cannot capture the collectives"),
-                   (train.precision == "fp16", "train.precision=fp16",
-                    "its loss scaler sees this rank's shards only; use train.precision=bf16")]
+        system = train.system
+        refused = [(system.compile, "train.system.compile=true", "torch.compile does not trace FSDP2's hooks here"),
+                   (system.cuda_graphs, "train.system.cuda_graphs=true", "a graph cannot capture the collectives"),
+                   (system.precision == "fp16", "train.system.precision=fp16",
+                    "its loss scaler sees this rank's shards only; use train.system.precision=bf16")]
         for on, setting, why in refused:
             if on:
                 raise ConfigError(f"algo.name=fsdp does not train with {setting}: {why}")
@@ -149,7 +150,7 @@ class FSDP(Algorithm):
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         self.replica = copy.deepcopy(self.core) if self.rank == 0 else None  # what rank 0 evaluates
         mesh = _mesh(self.device, self.world)
-        kw = {"mesh": mesh, "mp_policy": policy(self.train.precision if self.train else "fp32", self.device)}
+        kw = {"mesh": mesh, "mp_policy": policy(self.train.system.precision if self.train else "fp32", self.device)}
         units = (shard_units(self.core, self.cfg.shard_share) if self.cfg.shard_modules.strip() == "auto"
                  else named_units(self.core, self.cfg.shard_modules))
         for unit in units:

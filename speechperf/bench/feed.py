@@ -122,7 +122,7 @@ def appetite(cfg, device: torch.device, windows: int, steps: int, warmup: int) -
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model).to(device).train()
     opt = make_optimizer(model, tc, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=tc.system.precision == "fp16")
     rng = np.random.default_rng(tc.seed)
     pool = np.sort(librispeech_durations(bs * 4, rng))  # 4 length buckets, as the loader's bucket mode cuts them
     batches = [synthetic_batch(pool[i * bs:(i + 1) * bs], rng, device) for i in range(4)]
@@ -139,7 +139,7 @@ def appetite(cfg, device: torch.device, windows: int, steps: int, warmup: int) -
     step_s, spread = summary(times)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return {"s_per_step": step_s, "audio_s_per_s": audio / step_s, "spread_pct": spread,
-            "mean_utt_s": audio / bs, "source": f"measured on {name} ({device}), {tc.precision}, "
+            "mean_utt_s": audio / bs, "source": f"measured on {name} ({device}), {tc.system.precision}, "
             f"{windows} windows of {steps} steps after {warmup} warm-up"}
 
 
@@ -259,7 +259,7 @@ def measured_appetite(cfg, device: str, profile: str | None, preset: str, window
     if dev is None and (device != "auto" or torch.cuda.is_available()):
         dev = pick_device(device, DistEnv())
     if dev is not None:
-        cfg = settled(cfg, dev)  # train.precision=auto: the one a run would choose here (cached per machine)
+        cfg = settled(cfg, dev)  # train.system.precision=auto: the one a run would choose here (cached per machine)
         note = check_precision(cfg, dev)  # a precision this device cannot run: refused, naming why
         app = appetite(cfg, dev, windows, steps, warmup)
         return app, app["source"] + (f"; {note}" if note else "")

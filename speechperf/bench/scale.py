@@ -132,7 +132,7 @@ def _config(req: Request, workload: str, batch_s: float | None, dev: torch.devic
     if not memory.has_rule(cfg.model):
         raise SpeechperfError(f"bench scale: preset {workload!r} trains model {cfg.model.name!r}; its rows are the "
                               f"at-scale workloads' ({', '.join(memory.RULES)})")
-    precision = req.precision or ("fp32" if dev.type == "cpu" else cfg.train.precision)
+    precision = req.precision or ("fp32" if dev.type == "cpu" else cfg.train.system.precision)
     if precision == "fp8":  # torchao's float8 Linear layers: refused where they cannot run (exit 2)
         can = model_support(cfg.model, dev, precision)
         if not can.runs:
@@ -144,7 +144,7 @@ def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) 
     cfg, precision = _config(req, workload, batch_s, dev)
     batches = planned_batches(cfg, req.warmup + req.steps, req.seed)
     widest = max(batches, key=lambda b: len(b[0]) * int(b[0].max()))
-    setup = memory.Setup(cfg.train.optimizer, cfg.train.optimizer_impl, precision, dev.type,
+    setup = memory.Setup(cfg.train.optim.name, cfg.train.optim.impl, precision, dev.type,
                          checkpointing=cfg.model.activation_checkpointing)
     est = memory.estimate(cfg.model, memory.Batch(len(widest[0]), int(widest[0].max()),
                                                   int(widest[0].max()) // 8 // FRAMES_PER_LABEL), setup)
@@ -173,7 +173,7 @@ def _free_bytes(req: Request, dev: torch.device) -> int:
 
 def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est) -> dict:
     """Warm-up, the memory step (profiled, untimed), then the timed steps with the power meter."""
-    tc = replace(cfg.train, precision=precision)
+    tc = replace(cfg.train, system=replace(cfg.train.system, precision=precision))
     torch.manual_seed(req.seed)
     model = build_model(cfg.model).to(dev).train()
     fp8.prepare(model, precision, dev)  # fp8: torchao's float8 Linear layers (emulated off CUDA)

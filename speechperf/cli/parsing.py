@@ -22,6 +22,7 @@ class Command:
     args: Callable | None  # declares its arguments on its parser (--json is every command's); None: its parents' only
     group: str | None = None  # the parent command (corpus, lm, bench, parallel), None at the top
     parents: Callable | None = None  # () -> parsers whose arguments it takes over (argparse's parents)
+    epilog: object = None  # text after the arguments in its --help (a LazyText: made only when shown)
 
 
 class Registry:
@@ -77,8 +78,34 @@ def preset(name: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)} (or a .toml file)")
 
 
+class LazyText:
+    """A help text (a parser's epilog) made only when shown: ``make()`` may import torch."""
+
+    def __init__(self, make):
+        self.make = make
+
+
+def _train_keys(width: int) -> str:
+    from speechperf.config.training import key_table  # torch (config resolves models): read when --help shows it
+
+    lines = ["training settings (key=value overrides, or [train.SECTION] tables of a preset; default, then what "
+             "it sets):"]
+    for key, default, doc in key_table():
+        lines.append(f"  {key} = {default!r}")
+        lines += textwrap.wrap(doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6, break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+TRAIN_KEYS = LazyText(_train_keys)  # ``speechperf train --help``'s list of every train.* key
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults shown for every option, documented or not."""
+    """Defaults shown for every option, documented or not; a :class:`LazyText` made when shown."""
+
+    def _format_text(self, text):
+        if isinstance(text, LazyText):
+            return text.make(max(self._width - 6, 40)) + "\n\n"
+        return super()._format_text(text)
 
     def _format_action(self, action):
         if not action.help and action.option_strings and self._shows_default(action):
@@ -115,7 +142,7 @@ def add_command(parent, command: Command) -> argparse.ArgumentParser:
     """``command``'s parser under ``parent`` (the top level's or a group's subparsers): its help,
     ``--json``, then the arguments it declares; parsing it sets ``func`` to its ``cmd_*``."""
     sp = parent.add_parser(command.name, help=command.help, description=command.help, formatter_class=HelpFormatter,
-                           parents=list(command.parents() if command.parents else ()))
+                           parents=list(command.parents() if command.parents else ()), epilog=command.epilog)
     sp.add_argument("--json", action="store_true", help="print the rows as JSON")
     sp.add_argument("--wide", action="store_true",
                     help=f"print every column of a text table and every note whole (default: they fit {WIDTH} columns)")

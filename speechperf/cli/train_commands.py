@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from speechperf import metric
-from speechperf.cli.parsing import PRESETS, WIDTH, Command, named, preset, trust_model_arg, trust_models, width
+from speechperf.cli.parsing import (PRESETS, TRAIN_KEYS, WIDTH, Command, named, preset, trust_model_arg, trust_models,
+                                     width)
 from speechperf.cli.result_commands import error_column
 from speechperf.errors import SpeechperfError
 from speechperf.tables import emit, emit_json, notes, print_lines
@@ -31,7 +32,7 @@ def _isa_arg(sp) -> None:
     sp.add_argument("--isa", choices=sorted(CAPS), default=None,
                     help="cap the instruction set of oneDNN and of torch's own kernels and fix MKL's code path "
                          "(ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_CBWR=COMPATIBLE; the command restarts "
-                         "itself under them): with train.threads=1, a "
+                         "itself under them): with train.system.threads=1, a "
                          "reference seed's curve is reproducible bit for bit (docs/reproduce.md)")
 
 
@@ -43,7 +44,7 @@ def _isa_cap(a) -> None:
 def _allow_emulated_arg(sp) -> None:
     sp.add_argument("--allow-emulated", action="store_true",
                     help="train in a precision this CPU only emulates (bf16 without AVX512-BF16 or AMX: many times "
-                         "slower than fp32); refused without it (exit 2). train.precision=auto never picks one")
+                         "slower than fp32); refused without it (exit 2). train.system.precision=auto never picks one")
 
 
 def _train_args(sp) -> None:
@@ -70,7 +71,7 @@ def _train_args(sp) -> None:
     sp.add_argument("--label-suffix", default="", help=argparse.SUPPRESS)  # a seed of --parallel: " seed S"
     sp.add_argument("--parallel", type=int, default=1, metavar="K",
                     help="with --seeds: train K seeds at once, each its own process: one GPU each where CUDA is "
-                         "(K at most the GPUs visible), else the CPUs shared (train.threads = CPUs // K unless "
+                         "(K at most the GPUs visible), else the CPUs shared (train.system.threads = CPUs // K unless "
                          "given); each seed's output in --out/seed-S.log; a failed seed stops the others, saved")
     _allow_emulated_arg(sp)
     trust_model_arg(sp)
@@ -264,7 +265,7 @@ def cmd_demo(a) -> int:
 
 GROUPS = {"parallel": "parallel training algorithms"}
 COMMANDS = [
-    Command("train", "train an acoustic model and log time-to-accuracy", cmd_train, _train_args),
+    Command("train", "train an acoustic model and log time-to-accuracy", cmd_train, _train_args, epilog=TRAIN_KEYS),
     Command("sweep", "train runs per algorithm and worker count: speedup, WER/CER, TTA, communication, MFU",
             cmd_parallel_sweep, None, group="parallel", parents=_sweep_parents),
     Command("reproduce", "train a reference seed's first epochs under the ISA cap at 1 thread and compare them with "

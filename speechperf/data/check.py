@@ -14,7 +14,7 @@ Which splits "should be there" when the user did not name them:
 - final: those of dev-clean, dev-other, test-clean, test-other that were prepared (a
   folder, or a split listed in ``prepare.json``); one never prepared is not used.
 
-Named splits (``train.train_splits``, ``train.final_splits``) are used exactly; each must be
+Named splits (``train.train_splits``, ``train.eval.final_splits``) are used exactly; each must be
 intact. Shard contents are not hashed here (the loader checks every shard's checksum when
 it reads it): this check is about which splits a run uses, and costs a stat per shard.
 """
@@ -75,8 +75,8 @@ def verify_splits(feats: Path, train: list[str] | None = None, valid: str = "dev
 
 
 def verify_run(feats: Path, batching: Batching, train: str, valid: str, final: str) -> dict:
-    """Every split a run reads (``train.train_splits``, ``train.eval_split``,
-    ``train.final_splits`` as written in its config), verified as ``verify_splits`` does against
+    """Every split a run reads (``train.train_splits``, ``train.eval.split``,
+    ``train.eval.final_splits`` as written in its config), verified as ``verify_splits`` does against
     the run's global batch (``batching.checked_batch``), and the feature statistics its batches are
     normalized with (``loader.normalize``), readable and sane."""
     if batching.loader.normalize:
@@ -137,7 +137,7 @@ def _verify_index(feats: Path, split: str, role: str) -> dict:
         index = load_index(split_dir)
     except ShardError as e:
         # Mini LibriSpeech validates on dev-clean-2: the way to name another split, where it matters
-        hint = "; choose the validation split with train.eval_split=NAME" if role == "validation" else ""
+        hint = "; choose the validation split with train.eval.split=NAME" if role == "validation" else ""
         raise SplitError(f"{role} split {split!r}: {e}{hint}") from None
     path = split_dir / "index.json"
     records, shards = index.get("utterances"), index.get("shards")

@@ -125,7 +125,7 @@ def _demo_config(preset: str | None, overrides: list, minutes: float | None, see
     if parallel != 1 and seeds is None:
         raise ConfigError(f"--parallel {parallel} without --seeds: it places seeds side by side")
     if minutes is not None:
-        overrides.append(f"train.time_cap_minutes={minutes}")
+        overrides.append(f"train.stop.time_cap_minutes={minutes}")
     why = "given"
     if preset is None:
         preset, why = pick_preset()

@@ -5,8 +5,8 @@ each epoch's validation loss, CER and WER with the reference curve, bit for bit.
 The training runs in a child process (``speechperf train``): the cap's variables
 (hardware/isa_cap.py) take effect only at process start (ATen reads its capability at
 ``import torch``). It trains the reference's recipe (the reference file's overrides) with
-``train.stop_after_epochs=N``, which ends the run after N epochs without shortening the
-schedule (a cosine's length is ``train.max_epochs``): its first N epochs are the reference
+``train.stop.after_epochs=N``, which ends the run after N epochs without shortening the
+schedule (a cosine's length is ``train.stop.max_epochs``): its first N epochs are the reference
 seed's first N.
 
 Outcomes (:data:`EXIT`): identical (0); differs from epoch k (1), with the first epoch's
@@ -38,6 +38,7 @@ from speechperf.features.checksum import features_sha256
 from speechperf.features.prepare import prepare
 from speechperf.models import external
 from speechperf.studies import curve, rcp
+from speechperf.results import upgrade
 from speechperf.results.layout import RUN_FILE
 from speechperf.results.view import RunView
 from speechperf.hardware.environment import cpu_model
@@ -80,8 +81,8 @@ def reproduce(preset: str, data: Path, seed: int | None = None, epochs: int = DE
             raise ReproduceError(f"{folder}: already holds a run; give a new --out (a reproduction trains from "
                                  "scratch)")
         start = time.perf_counter()
-        _train(preset, data, seed, epochs, folder, theirs, chosen.get("overrides", ref.get("overrides", [])), quiet,
-               recipe_precision(ref))
+        overrides = upgrade.overrides(chosen.get("overrides", ref.get("overrides", [])))  # an earlier release's keys
+        _train(preset, data, seed, epochs, folder, theirs, overrides, quiet, recipe_precision(ref))
         result = judge(folder, ref, chosen, epochs)
         return {"preset": preset, "seed": seed, **result, "run": str(folder) if keep else None,
                 "seconds": time.perf_counter() - start}
@@ -113,18 +114,23 @@ def _reference(preset: str) -> tuple[dict, Path]:
 def check_recipe(ref: dict, path: Path, preset: str) -> None:
     """Refuse (exit 2, naming the file and the field) a reference whose recipe or overrides this
     release cannot train as written: an unknown section or field, a value of another type or an
-    invalid one (``"train.lr": "fast"``), before anything trains (a recipe that differs only
+    invalid one (``"train.optim.lr": "fast"``), before anything trains (a recipe that differs only
     once the run is judged made a 2-epoch training end "not comparable", exit 3). A model module
     the recipe names is not imported (models/external.py's ``reading``)."""
     sections: dict[str, dict] = {}
-    for key, value in ref["recipe"].items():
+    for key, value in upgrade.recipe(ref["recipe"]).items():  # an earlier release's train.lr: train.optim.lr
         section, _, name = key.partition(".")
         if section not in SECTIONS or not name:
             raise ReproduceError(f"{path}: field 'recipe.{key}' is not a configuration field (SECTION.FIELD, a section "
                                  f"of {', '.join(SECTIONS)})")
-        sections.setdefault(section, {})[name] = value
-    lists = [("recipe", None), ("overrides", ref.get("overrides", []))]
-    lists += [(f"seeds[{i}].curves[{j}].overrides", c["overrides"]) for i, s in enumerate(ref["seeds"])
+        *parents, leaf = name.split(".")
+        node = sections.setdefault(section, {})
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    lists = [("recipe", None), ("overrides", upgrade.overrides(ref.get("overrides", [])))]
+    lists += [(f"seeds[{i}].curves[{j}].overrides", upgrade.overrides(c["overrides"]))
+              for i, s in enumerate(ref["seeds"])
               for j, c in enumerate(s.get("curves") or []) if "overrides" in c]
     for field, overrides in lists:
         try:
@@ -238,8 +244,8 @@ def _not_comparable(preset: str, seed: int, why: str) -> dict:
 
 def recipe_precision(ref: dict) -> str:
     """The precision a reference was measured in (its recipe's; every reference before
-    ``train.precision=auto`` was fp32): a reproduction trains in it, never in what ``auto`` picks here."""
-    return ref.get("recipe", {}).get("train.precision", "fp32")
+    ``train.system.precision=auto`` was fp32): a reproduction trains in it, never in what ``auto`` picks here."""
+    return upgrade.recipe(ref.get("recipe", {})).get("train.system.precision", "fp32")
 
 
 def child_command(preset: str, data: Path, seed: int, epochs: int, folder: Path, overrides,
@@ -248,9 +254,9 @@ def child_command(preset: str, data: Path, seed: int, epochs: int, folder: Path,
     the reference's (its recipe), before the settings a reproduction fixes; ``precision``: the
     reference's (:func:`recipe_precision`), forced over the preset's ``auto``."""
     return [sys.executable, "-m", "speechperf", "train", "--preset", preset, "--data", str(data), "--out", str(folder),
-            "--resume", resume, "--json", *overrides, f"train.precision={precision}", f"train.seed={seed}",
-            f"train.threads={curve.ONE_THREAD}",
-            f"train.stop_after_epochs={epochs}", "train.time_cap_minutes=0", "train.final_splits=none"]
+            "--resume", resume, "--json", *overrides, f"train.system.precision={precision}", f"train.seed={seed}",
+            f"train.system.threads={curve.ONE_THREAD}",
+            f"train.stop.after_epochs={epochs}", "train.stop.time_cap_minutes=0", "train.eval.final_splits=none"]
 
 
 def _train(preset: str, data: Path, seed: int, epochs: int, folder: Path, theirs: dict, overrides, quiet: bool,

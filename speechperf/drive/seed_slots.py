@@ -5,7 +5,7 @@ one. Each seed is its own process, the
 ordinary one-run ``speechperf train --out OUT/seed-S ... train.seed=S`` (the run folder, label
 and resume rules of drive/seeds.py's one after another), started with the slot's
 device alone visible: ``CUDA_VISIBLE_DEVICES`` set to one of the GPUs this process sees. On a
-CPU the slots share the cores: each seed gets ``train.threads = cores // K`` unless the
+CPU the slots share the cores: each seed gets ``train.system.threads = cores // K`` unless the
 configuration names its threads (thread count changes the float sums, so it is recorded in
 every run's configuration like any other field and groups them apart in ``tta``).
 
@@ -56,23 +56,23 @@ def slot_settings(parallel: int, preset: str, overrides: Sequence[str], platform
     tc = cfg.train
     if cuda_devices is None:
         cuda_devices = _visible_gpus()
-    if tc.device != "cpu" and cuda_devices:
-        if tc.device not in ("auto", "cuda"):
-            raise ConfigError(f"--parallel {parallel} with train.device={tc.device}: each seed gets its own GPU; "
-                              "drop train.device (or give cuda) to place them")
+    if tc.system.device != "cpu" and cuda_devices:
+        if tc.system.device not in ("auto", "cuda"):
+            raise ConfigError(f"--parallel {parallel} with train.system.device={tc.system.device}: each seed gets its "
+                              "own GPU; drop train.system.device (or give cuda) to place them")
         if parallel > len(cuda_devices):
             raise ConfigError(f"--parallel {parallel}: {len(cuda_devices)} GPU(s) visible ({','.join(cuda_devices)}); "
                               "one seed per GPU")
         return [({"CUDA_VISIBLE_DEVICES": d}, []) for d in cuda_devices[:parallel]]
     cores = cores or usable_cpus()
-    if tc.threads > 0:
-        if tc.threads * parallel > cores:
-            raise ConfigError(f"--parallel {parallel} x train.threads={tc.threads} is more than the {cores} CPUs this "
-                              "process may use: the seeds would slow each other unevenly")
+    if tc.system.threads > 0:
+        if tc.system.threads * parallel > cores:
+            raise ConfigError(f"--parallel {parallel} x train.system.threads={tc.system.threads} is more than the "
+                              f"{cores} CPUs this process may use: the seeds would slow each other unevenly")
         return [({}, [])] * parallel
     if parallel > cores:
         raise ConfigError(f"--parallel {parallel}: only {cores} CPUs; at least one thread per seed")
-    return [({}, [f"train.threads={cores // parallel}"])] * parallel
+    return [({}, [f"train.system.threads={cores // parallel}"])] * parallel
 
 
 def _visible_gpus() -> list[str]:

@@ -6,7 +6,7 @@ speechperf/algorithms), in ``OUT/NAME`` (``one-worker``, ``sync-n2``, ``bmuf-n2-
 its rows in its own database and in the sweep's (``--db``, default ``OUT/results.db``).
 The table: speedup of training seconds per epoch over the one worker, the last
 validation value of each target metric (speechperf/metric.py), TTA (the preset's
-``train.target``, where it sets one), the share of training seconds spent communicating and
+``train.stop.target``, where it sets one), the share of training seconds spent communicating and
 MFU. Run again after a failure, the same command reports the finished runs and continues the
 unfinished one from its checkpoint (``train --resume auto``).
 

@@ -69,9 +69,9 @@ class Batch:
 class Setup:
     """How the run trains: what besides the batch sets its memory."""
 
-    optimizer: str = "adamw"  # train.optimizer
-    optimizer_impl: str = "fused"  # train.optimizer_impl: fused (no copies), foreach or forloop (masked copy-back)
-    precision: str = "fp32"  # train.precision: bf16/fp16 add the cast weights and halve the activations
+    optimizer: str = "adamw"  # train.optim.name
+    optimizer_impl: str = "fused"  # train.optim.impl: fused (no copies), foreach or forloop (masked copy-back)
+    precision: str = "fp32"  # train.system.precision: bf16/fp16 add the cast weights and halve the activations
     device_type: str = "cpu"  # cpu: float dropout masks; cuda: bool masks and fused attention with dropout
     world: int = 1  # ranks the run is sharded or replicated over
     sharding: str = "none"  # none (a DDP replica per rank) or fsdp (parameters, gradients, state / world)
@@ -125,7 +125,7 @@ class MemoryEstimate:
 def run_setup(cfg, device_type: str, world: int = 1, sharding: str = "none") -> Setup:
     """The :class:`Setup` of a run's configuration (``cfg``: a RunConfig) on ``device_type``."""
     t = cfg.train
-    return Setup(t.optimizer, t.optimizer_impl, t.precision, device_type, world, sharding,
+    return Setup(t.optim.name, t.optim.impl, t.system.precision, device_type, world, sharding,
                  bool(getattr(cfg.model, "activation_checkpointing", False)))
 
 

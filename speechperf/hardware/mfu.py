@@ -268,8 +268,8 @@ class RunFlops:
         t = time.perf_counter()
         fm = flop_model(cfg.model)
         threads = torch.get_num_threads()
-        peak = training_peak(device, cfg.train.precision, threads)
-        cpu = (threads, cpu_dtype(cfg.train.precision)) if device.type == "cpu" else None
+        peak = training_peak(device, cfg.train.system.precision, threads)
+        cpu = (threads, cpu_dtype(cfg.train.system.precision)) if device.type == "cpu" else None
         return cls(fm, peak.tflops, peak.source, time.perf_counter() - t, cpu)
 
     def row(self, batch) -> float:

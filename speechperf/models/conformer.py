@@ -201,7 +201,7 @@ class SelfAttention(nn.Module):
 
 
 class DepthwiseConv1d(nn.Conv1d):
-    """The conv module's depthwise convolution, run eagerly under ``train.compile``
+    """The conv module's depthwise convolution, run eagerly under ``train.system.compile``
     (:func:`speechperf.models.contract.compiled` reads ``eager_under_compile``): inductor's
     lowering of a convolution's backward fixes the number of frames (torch 2.13: a guard on T in
     ``convolution_backward_lowering``), so a compiled block would compile again for every batch

@@ -97,7 +97,7 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def compiled(model: nn.Module, backend: str = "inductor") -> nn.Module:
-    """``model`` under torch.compile (``train.compile``). A model of repeated blocks (a ``blocks``
+    """``model`` under torch.compile (``train.system.compile``). A model of repeated blocks (a ``blocks``
     ModuleList: the conformer's 16) has each block compiled in place with dynamic shapes: dynamo
     traces the block's code once and every block reuses it (their parameters are the graph's
     inputs), and one graph of symbolic shapes serves every batch shape, so compilation costs one

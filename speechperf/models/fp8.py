@@ -1,4 +1,4 @@
-"""``train.precision=fp8``: torchao's float8 training of a model's Linear layers, bf16 autocast
+"""``train.system.precision=fp8``: torchao's float8 training of a model's Linear layers, bf16 autocast
 around them (every other layer, the loss, the optimizer as in a bf16 run).
 
 torchao's ``convert_to_float8_training`` replaces an ``nn.Linear`` by its ``Float8Linear``: the
@@ -55,7 +55,8 @@ def torchao_float8():
     try:
         import torchao.float8 as float8
     except ImportError as e:
-        raise ConfigError(f"train.precision=fp8 needs torchao, which is not installed here ({e}): {EXTRA}") from e
+        raise ConfigError(f"train.system.precision=fp8 needs torchao, which is not installed here ({e}): "
+                          f"{EXTRA}") from e
     finally:
         for log, level in zip(logs, levels):
             log.setLevel(level)

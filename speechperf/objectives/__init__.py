@@ -36,7 +36,7 @@ class Objective(Protocol):
     """What the loop, evaluation, warm-up, MFU and ``bench zoo`` ask of an objective."""
 
     name: str
-    decoders: tuple[str, ...]  # the evaluation decoders it accepts (train.eval_decoder)
+    decoders: tuple[str, ...]  # the evaluation decoders it accepts (train.eval.decoder)
 
     def train_loss(self, model, out, out_lens: torch.Tensor, batch, device: torch.device, tc
                    ) -> tuple[torch.Tensor, int]:

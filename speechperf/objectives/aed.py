@@ -75,7 +75,7 @@ class AttentionED:
 
     def train_loss(self, model, out, out_lens, batch, device, tc) -> tuple[torch.Tensor, int]:
         impossible = int((out_lens < 1).sum())  # CPU lengths: no device sync
-        losses = self.losses(model, out, out_lens, batch.labels, batch.label_lens, device, tc.precision)
+        losses = self.losses(model, out, out_lens, batch.labels, batch.label_lens, device, tc.system.precision)
         losses = torch.where(torch.isfinite(losses), losses, 0.0)
         return losses.sum() / max(len(out_lens) - impossible, 1), impossible
 
@@ -134,7 +134,7 @@ class AttentionED:
     def check_memory(self, model, cfg, batching, index, units, device: torch.device) -> None:
         """Refuse (ConfigError, exit 2, before the run folder exists) a run whose largest output
         would not fit the device's free memory, naming the gigabytes."""
-        dtype = torch.float32 if cfg.train.precision == "fp32" else torch.bfloat16
+        dtype = torch.float32 if cfg.train.system.precision == "fp32" else torch.bfloat16
         need, b = self.step_bytes(model, cfg, batching, index, units, dtype)
         free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
         if need > free:

@@ -41,7 +41,7 @@ class CTC:
         log_probs = out.float()  # (T', B, C): CTC in fp32 whatever the autocast dtype
         impossible = int((out_lens < needed_frames(batch)).sum())  # CPU tensors: no device sync
         valid = max(len(out_lens) - impossible, 1)
-        if tc.deterministic and device.type == "cuda":
+        if tc.system.deterministic and device.type == "cuda":
             # CUDA's CTC backward accumulates with atomics and has no deterministic variant: the
             # CPU's is exact (the cost of determinism: a transfer and the CPU's CTC per step)
             losses = F.ctc_loss(log_probs.cpu(), batch.labels, out_lens, batch.label_lens, blank=0,

@@ -9,7 +9,7 @@ Decoding: :func:`greedy_tdt` (batched, on the device): at each step every uttera
 own frame pointer gives a token (argmax over V) and a duration (argmax over the durations); a
 label is emitted and the prediction network steps; the pointer advances by the duration, a blank by
 at least 1 (a blank of duration 0 would repeat the same step), and after ``max_symbols`` labels at
-one frame by at least 1 (NeMo's rule). The final evaluation's beam search (``eval_decoder`` "beam",
+one frame by at least 1 (NeMo's rule). The final evaluation's beam search (``train.eval.decoder`` "beam",
 width > 1) is :func:`~speechperf.objectives.tdt_search.tdt_beam_search`: one utterance at a time,
 its hypotheses' alignments merged, exact on the loss's paths.
 """

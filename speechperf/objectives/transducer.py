@@ -68,12 +68,13 @@ class Transducer:
         head (``model.ctc_weight`` w > 0), (1 - w) x that + w x the head's mean CTC loss (NeMo's hybrid
         RNNT-CTC), the CTC's impossible utterances (too few frames) zeroed and left out of its mean."""
         impossible = impossible_count(unwrap(model), out_lens, batch.label_lens)  # CPU lengths: no device sync
-        losses = self.losses(model, out, out_lens, batch.labels, batch.label_lens, device, tc.precision)
+        losses = self.losses(model, out, out_lens, batch.labels, batch.label_lens, device, tc.system.precision)
         losses = torch.where(torch.isfinite(losses), losses, 0.0)  # as CTC's zero_infinity; counted above
         loss = losses.sum() / max(len(out_lens) - impossible, 1)
         weight = unwrap(model).cfg.ctc_weight
         if weight > 0:
-            loss = (1.0 - weight) * loss + weight * ctc_aux_loss(model, out, out_lens, batch, device, tc.precision)
+            aux = ctc_aux_loss(model, out, out_lens, batch, device, tc.system.precision)
+            loss = (1.0 - weight) * loss + weight * aux
         return loss, impossible
 
     def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str) -> torch.Tensor:
@@ -141,7 +142,7 @@ class Transducer:
     def check_memory(self, model, cfg, batching, index, units, device: torch.device) -> None:
         """Refuse (ConfigError, exit 2, before the run folder exists) a run whose largest joint
         would not fit the device's free memory (a CPU's available memory), naming the gigabytes."""
-        dtype = torch.float32 if cfg.train.precision == "fp32" else torch.bfloat16
+        dtype = torch.float32 if cfg.train.system.precision == "fp32" else torch.bfloat16
         need, b = self.step_bytes(model, cfg, batching, index, units, dtype)
         free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
         if need > free:

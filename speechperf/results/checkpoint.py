@@ -9,7 +9,7 @@ a step depends on it: ATen's parallel reductions (the sums of the masked batch n
 the loss, of weight gradients) give each thread a slice and add the partial sums, so 1
 and 2 threads round differently in the last bits (measured: ``x.sum()`` of a conv output
 differs, the elementwise conv, batch norm and LSTM outputs do not). With
-``train.threads=0`` the count is whatever the process was given (the CPUs in its affinity
+``train.system.threads=0`` the count is whatever the process was given (the CPUs in its affinity
 mask, ``OMP_NUM_THREADS``), so a run resumed with another count drifted apart: the
 scalar loss of the first resumed steps still rounded equal and the difference showed from
 the second or third on. ``set_rng_state`` therefore restores

@@ -10,7 +10,8 @@ def default_label(env: dict, config: dict) -> str:
     preset, precision and, for several processes or another algorithm than sync, the
     data-parallel algorithm (its sync_every for local SGD) and the process count."""
     train, algo = config.get("train", {}), config.get("algo")
-    parts = [machine_name(env), config.get("preset"), train.get("precision") or config.get("model"),
+    precision = (train.get("system") or {}).get("precision")
+    parts = [machine_name(env), config.get("preset"), precision or config.get("model"),
              _algorithm_part(algo, env.get("world_size") or 1)]
     return " ".join(str(p) for p in parts if p)
 

@@ -7,7 +7,7 @@ train_samples, eval_samples) is used as shipped, except that the division's foll
 file (which only knows MLPerf's own benchmarks) is replaced by speechperf's benchmark rules,
 ``mlperf_rules.yaml`` beside this module. The two rule files are written to a temporary
 folder and handed to the checker with ``--config``, as its documentation intends for rules
-beyond its own. ``eval_accuracy``'s value is the run's ``train.target_metric``, named in its
+beyond its own. ``eval_accuracy``'s value is the run's ``train.stop.target_metric``, named in its
 metadata (train/recorder.py); the rules accept the target metrics of speechperf/metric.py,
 written into them here.
 """
@@ -74,7 +74,7 @@ def rules_config(folder: Path) -> Path:
 
 def benchmark_rules() -> str:
     """speechperf's benchmark rules (``BENCHMARK_RULES``) with the metrics ``eval_accuracy`` may
-    be of written in: the target metrics of speechperf/metric.py (any run's train.target_metric)."""
+    be of written in: the target metrics of speechperf/metric.py (any run's train.stop.target_metric)."""
     text = BENCHMARK_RULES.read_text(encoding="utf-8")
     if TARGET_METRICS not in text:
         raise RuntimeError(f"{BENCHMARK_RULES} has no {TARGET_METRICS} to write the target metrics into")

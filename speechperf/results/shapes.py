@@ -25,9 +25,11 @@ SECTION = {"*": (str, int, float, bool, type(None), list)}  # one stage's config
 RUN = {"format": int, "run_id": str, "kind": OPT_STR, "label": OPT_STR, "host": OPT_STR, "created_at": OPT_NUM,
        "data": {"given": OPT_STR, "resolved": OPT_STR, "relative": OPT_STR, "stats_sha256": OPT_STR},
        "workload": {"model": str, "params": (int, type(None))}}
-CONFIG = {"preset": OPT_STR, "model": SECTION, "loader": SECTION, "train": SECTION, "augment": SECTION,
+# train: its values and its sections (optim, schedule, eval, stop, system, floor: config/training/)
+CONFIG = {"preset": OPT_STR, "model": SECTION, "loader": SECTION, "train": {"*": (*SECTION["*"], SECTION)},
+          "augment": SECTION,
           "features": SECTION, "algo": SECTION}
-# train.precision=auto's choice (train/auto_precision.py): env.json and summary.json
+# train.system.precision=auto's choice (train/auto_precision.py): env.json and summary.json
 CHOICE = {"chosen": str, "candidates": {"*": NUM}, "cached": bool, "seconds": OPT_NUM, "shape": [NUM],
           "not_native": {"*": OPT_STR}, "note": OPT_STR, "measured_at": OPT_STR}
 ENV = {"hostname": OPT_STR, "os": OPT_STR, "python": OPT_STR, "cpu_model": OPT_STR, "cpu_cores_physical": OPT_NUM,

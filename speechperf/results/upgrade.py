@@ -5,8 +5,12 @@ folder of that format may hold fewer fields than this release records: a ``confi
 without a train field added since, a database without a column added since. Every gap of that
 kind is filled here, as the folder is opened, so that no reader carries a fallback of its own:
 
-- :func:`config`: ``RunView.config`` (config.json as read) with each field of
-  :data:`CONFIG_FIELDS` it lacks set to the value every run had before the field was recorded;
+- :func:`config`: ``RunView.config`` (config.json as read; a checkpoint's configuration) with
+  the flat ``train`` keys of an earlier release moved into their sections (one table:
+  config/training/moved.py's ``MOVED``) and each field of :data:`CONFIG_FIELDS` it lacks set to
+  the value every run had before the field was recorded;
+- :func:`recipe`: a reference's or a run's recipe of dotted keys (studies/rcp.py) with the old
+  ``train.X`` keys named as their new ``train.SECTION.X``;
 - :func:`rows`: the rows ``RunView.rows`` (results/rows.py) reads from a table with every column of
   :data:`ADDED_COLUMNS` present, None where the database lacks it (a reader opens it
   read-only, so nothing is added to the file);
@@ -30,21 +34,53 @@ ADDED_COLUMNS = {"runs": ("label",), "iterations": ("model_flops", "comm_s", "co
 # config.json fields recorded after the first release, with the value every run recorded before
 # them had: the benchmark protocol (speechperf's own, scoring/targets.py) and the stop rule (the
 # default target metric, no target, and the default count of evaluations whose median must reach
-# it: config/training.py's TrainConfig defaults at the time).
-CONFIG_FIELDS = {("train", "protocol"): "speechperf", ("train", "target_metric"): metric.DEFAULT_TARGET,
-                 ("train", "target"): 0.0, ("train", "target_epochs"): 3}
+# it: config/training/stop_config.py's StopConfig defaults at the time).
+# Paths are of this release's sections (the flat keys of the run's own release are moved first).
+CONFIG_FIELDS = {("train", "protocol"): "speechperf", ("train", "stop", "target_metric"): metric.DEFAULT_TARGET,
+                 ("train", "stop", "target"): 0.0, ("train", "stop", "target_epochs"): 3}
 
 
 def config(recorded: dict) -> dict:
-    """``recorded`` (a run's config.json) with every field of :data:`CONFIG_FIELDS` it lacks; a
-    new dict (the one read is left as it is). A section that is not an object is left to the
-    readers' own checks."""
+    """``recorded`` (a run's config.json, a checkpoint's configuration) with its ``train`` keys in
+    this release's sections and every field of :data:`CONFIG_FIELDS` it lacks; a new dict (the
+    one read is left as it is). A section that is not an object is left to the readers' own
+    checks."""
+    # the config package loads torch (its stages' configs); the database's readers need none
+    from speechperf.config.training.moved import upgrade_train
+
     out = dict(recorded)
-    for (section, field), value in CONFIG_FIELDS.items():
-        part = out.get(section, {})
-        if isinstance(part, dict) and field not in part:
-            out[section] = {**part, field: value}
+    if isinstance(out.get("train"), dict):
+        out["train"] = upgrade_train(out["train"])
+    for path, value in CONFIG_FIELDS.items():
+        _fill(out, path, value)
     return out
+
+
+def _fill(node: dict, path: tuple, value) -> None:
+    """``node[path]`` set to ``value`` where it is missing (each object on the way made as needed)."""
+    *parents, field = path
+    for name in parents:
+        part = node.get(name, {})
+        if not isinstance(part, dict):
+            return
+        node[name] = node = dict(part)
+    node.setdefault(field, value)
+
+
+def recipe(flat: dict) -> dict:
+    """A recipe of dotted keys (``"train.lr": 0.003``: a reference file's, config/rcp/*.json) with
+    each old flat train key as this release's (``"train.optim.lr"``); a new dict."""
+    from speechperf.config.training.moved import upgrade_key  # as config's: the config package loads torch
+
+    return {upgrade_key(k): v for k, v in flat.items()}
+
+
+def overrides(items) -> list[str]:
+    """A reference's recorded ``key=value`` overrides (``train.final_splits=none``) with each
+    old flat train key as this release's (``train.eval.final_splits=none``)."""
+    from speechperf.config.training.moved import upgrade_key  # as config's: the config package loads torch
+
+    return [upgrade_key(k) + "=" + v if "=" in item else item for item in items for k, _, v in [item.partition("=")]]
 
 
 def rows(table: str, found: Iterable[dict]) -> list[dict]:

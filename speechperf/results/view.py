@@ -121,7 +121,7 @@ class RunView:
 
 def eval_split(config: dict) -> str:
     """The split a run's per-epoch validation rows are of."""
-    return config.get("train", {}).get("eval_split", "dev-clean")
+    return config.get("train", {}).get("eval", {}).get("split", "dev-clean")
 
 
 def check_files(view: RunView, writer: bool = False) -> None:

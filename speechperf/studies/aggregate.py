@@ -75,8 +75,8 @@ class SeedRun:
 
     @property
     def finished(self) -> bool:
-        train = self.config.get("train", {})
-        if 0 < (train.get("stop_after_epochs") or 0) < train.get("max_epochs", 0) and self.status in FINISHED:
+        stop = self.config.get("train", {}).get("stop", {})
+        if 0 < (stop.get("after_epochs") or 0) < stop.get("max_epochs", 0) and self.status in FINISHED:
             return False  # cut after its first epochs (a reproduction, drive/reproduce.py): not a failed run
         return self.status in FINISHED or str(self.status or "").startswith("diverged")
 

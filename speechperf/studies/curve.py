@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from speechperf.metric import metric
+from speechperf.results import upgrade
 from speechperf.studies import rcp
 from speechperf.studies.precisions import precision
 from speechperf.hardware import kernel_fingerprint
@@ -42,7 +43,8 @@ def curve_of(evals: list[dict]) -> list[dict]:
 def settings_of(config: dict, env: dict) -> dict:
     """What made a run's curve what it is, from its config.json and env.json."""
     isa = env.get("isa") or {}
-    return {"seed": config.get("train", {}).get("seed"), "threads": config.get("train", {}).get("threads"),
+    train = config.get("train", {})
+    return {"seed": train.get("seed"), "threads": train.get("system", {}).get("threads"),
             "cap": isa.get("cap"), "cpu_capability": isa.get("cpu_capability"), "onednn_isa": isa.get("onednn_isa"),
             "onednn": isa.get("onednn"), "ONEDNN_MAX_CPU_ISA": isa.get("ONEDNN_MAX_CPU_ISA"),
             "ATEN_CPU_CAPABILITY": isa.get("ATEN_CPU_CAPABILITY"), "mkl": isa.get("mkl"),
@@ -174,7 +176,7 @@ def run_reproduction(config: dict, env: dict, evals: list[dict]) -> dict | None:
 
 def recipe_differs(ref: dict, config: dict) -> str | None:
     """Why ``config`` does not train the reference's recipe (None: it does)."""
-    mine, theirs = rcp._completed(rcp.recipe(config)), rcp._completed(ref.get("recipe", {}))
+    mine, theirs = rcp._completed(rcp.recipe(config)), rcp._completed(upgrade.recipe(ref.get("recipe", {})))
     differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if not differ:
         return None

@@ -16,7 +16,7 @@ from speechperf.config import RunConfig
 from speechperf.data.batching import Batching
 from speechperf.features.stats import check_trained_on
 from speechperf.models import build_model, external
-from speechperf.results import checkpoint
+from speechperf.results import checkpoint, upgrade
 from speechperf.results.run import Run
 from speechperf.results.view import RunView
 from speechperf.train.evaluate import evaluate
@@ -28,7 +28,7 @@ def load_run_model(run, data: Path | None = None):
     feats = r.features()  # a missing features folder fails before the checkpoint is read
     ckpt = checkpoint.load(r.folder)
     with external.reading(f"checkpoint of run {r.folder}"):  # its model's module: imported only where trusted
-        cfg = RunConfig.from_dict(ckpt[checkpoint.CONFIG])
+        cfg = RunConfig.from_dict(upgrade.config(ckpt[checkpoint.CONFIG]))  # an earlier release's flat train keys
     if cfg.loader.normalize:  # weights trained under one normalization are evaluated under it
         check_trained_on(feats, r.stats_sha256, r.folder)
     model = build_model(cfg.model)

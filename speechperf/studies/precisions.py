@@ -1,7 +1,7 @@
 """What a comparison compares: each run's precision, and the words a ratio between runs in
 different precisions carries.
 
-A run at ``train.precision=auto`` trains in the fastest precision its machine runs natively
+A run at ``train.system.precision=auto`` trains in the fastest precision its machine runs natively
 (train/auto_precision.py); its config.json records that precision and its env.json the choice.
 Two machines compared at ``auto`` may then train in different precisions: the ratio between
 them compares each machine at its best (MLPerf's closed division lets each system pick its
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from typing import Iterable
 
-DEFAULT = "fp32"  # the precision of a run recorded before train.precision existed
+DEFAULT = "fp32"  # the precision of a run recorded before train.system.precision existed
 
 
 def precision(config: dict) -> str:
     """The precision a run trained in (its config.json's: ``auto`` is recorded as the one chosen)."""
-    return (config.get("train") or {}).get("precision") or DEFAULT
+    return ((config.get("train") or {}).get("system") or {}).get("precision") or DEFAULT
 
 
 def chosen_by(env: dict) -> str:
-    """``auto`` where ``train.precision=auto`` chose the run's precision, else ``given``."""
+    """``auto`` where ``train.system.precision=auto`` chose the run's precision, else ``given``."""
     return "auto" if env.get("precision_choice") else "given"
 
 

@@ -34,6 +34,7 @@ from speechperf.metric import is_target, targets as target_metrics
 from speechperf.models import external
 from speechperf.scoring.olympic import olympic_mean
 from speechperf.studies.precisions import precision as run_precision
+from speechperf.results import upgrade
 from speechperf.results.shapes import NUM, OPT_NUM, OPT_STR, ShapeError, check_shape
 
 RCP_DIR = Path(__file__).resolve().parents[1] / "config" / "rcp"
@@ -41,13 +42,14 @@ FORMAT = 1  # reference file "format"
 # Fields that change how a run is executed or recorded, not what it trains: a run differing
 # from the reference only in these is still checked against it.
 NOT_RECIPE = frozenset({
-    "train.seed", "train.threads", "train.time_cap_minutes", "train.stop_after_epochs", "train.device",
-    "train.dist_backend", "train.sync_every",
-    "train.checkpoint_every", "train.sentence_every", "train.compile", "train.cuda_graphs", "train.graph_frames",
-    "train.graph_batch", "train.floor_steps", "train.floor_window", "train.optimizer_impl", "train.deterministic",
-    "train.max_bad_losses", "train.max_skipped_fraction", "train.final_splits", "train.final_beam",
-    "train.target", "loader.readers", "loader.prefetch_batches", "loader.resident"})  # train.target: where it stops,
-    # not how it trains
+    "train.seed", "train.system.threads", "train.stop.time_cap_minutes", "train.stop.after_epochs",
+    "train.system.device", "train.system.dist_backend", "train.system.sync_every", "train.system.checkpoint_every",
+    "train.eval.sentence_every", "train.system.compile", "train.system.cuda_graphs", "train.system.graph_frames",
+    "train.system.graph_batch", "train.floor.steps", "train.floor.window", "train.optim.impl",
+    "train.system.deterministic", "train.stop.max_bad_losses", "train.stop.max_skipped_fraction",
+    "train.eval.final_splits", "train.eval.final_beam",
+    "train.stop.target", "loader.readers", "loader.prefetch_batches", "loader.resident"})  # train.stop.target: where it
+    # stops, not how it trains
 # mlperf-logging's checker knows MLPerf's benchmarks only: a speechperf reference is handed to
 # it as one of its speech benchmark (RNN-T), whose submission run count the wrapper replaces.
 BENCHMARK, RULESET = "rnnt", "6.0.0"
@@ -79,7 +81,7 @@ class ReferenceError(SpeechperfError):
 
 def reference_path(preset: str | None, precision: str | None = None) -> Path | None:
     """A preset's reference in one precision: fp32's is ``PRESET.json`` (every reference measured before
-    ``train.precision=auto``), another's ``PRESET.PRECISION.json`` (``cpu.bf16.json``): a run is checked
+    ``train.system.precision=auto``), another's ``PRESET.PRECISION.json`` (``cpu.bf16.json``): a run is checked
     against the seeds trained in its own precision, never another's epochs. An unresolved ``auto`` (a
     config never trained: a run records the precision chosen) reads the base file, whose recipe decides."""
     if not preset:
@@ -201,19 +203,27 @@ def _target_key(key: str) -> bool:
 
 
 def recipe(config: dict) -> dict:
-    """The configuration as dotted keys, less the fields that do not change what is trained."""
+    """The configuration as dotted keys (train's sections walked: ``train.optim.lr``), less the
+    fields that do not change what is trained."""
     flat = {}
     for section, values in config.items():
         if isinstance(values, dict):
-            flat.update({f"{section}.{k}": v for k, v in values.items() if f"{section}.{k}" not in NOT_RECIPE})
+            flat.update({k: v for k, v in _dotted(values, section).items() if k not in NOT_RECIPE})
         elif section != "preset":
             flat[section] = values
     return flat
 
 
+def _dotted(values: dict, prefix: str) -> dict:
+    out = {}
+    for k, v in values.items():
+        out.update(_dotted(v, f"{prefix}.{k}") if isinstance(v, dict) else {f"{prefix}.{k}": v})
+    return out
+
+
 def _completed(flat: dict) -> dict:
     """``flat`` (a recipe) with every field it lacks at this code's default: a run or
-    reference recorded before a field existed (the [algo] section, train.lr_step_epochs)
+    reference recorded before a field existed (the [algo] section, train.schedule.lr_step_epochs)
     trained with its default. A recipe naming a field this code does not know stays as it is
     (and differs)."""
     named = {"model": {"name": flat.get("model.name", "ds2")}, "algo": {"name": flat.get("algo.name", DEFAULT_ALGO)}}
@@ -259,7 +269,8 @@ def applies(ref: dict | None, preset: str | None, config: dict, corpus: dict, me
         return f"no {kind}reference for preset {preset!r}" if preset else "no reference: the run names no preset"
     if (ref.get("metric"), ref.get("window")) != (metric, window):
         return f"reference is of {str(ref.get('metric')).upper()} over {ref.get('window')} epochs"
-    mine, theirs = _completed(recipe(config)), _completed(ref.get("recipe", {}))
+    # a reference's recipe of an earlier release names train's flat keys (train.lr): read as this release's
+    mine, theirs = _completed(recipe(config)), _completed(upgrade.recipe(ref.get("recipe", {})))
     differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differ:
         shown = ", ".join(f"{k}={mine.get(k)!r} (reference {theirs.get(k)!r})" for k in differ[:3])

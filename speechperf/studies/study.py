@@ -103,7 +103,7 @@ def seed_runs_table(loaded: list[dict], spec, window: int = 3) -> tuple[list[dic
 def run_check(run: RunView, status: str) -> dict:
     """The finished ``run`` (the recorder's Run, handed the check by TrainRequest.check) against
     its preset's reference, for its summary.json: per target of the reference (else the run's own
-    train.target) the epochs to it and the check; a run without a reference says so. Never
+    train.stop.target) the epochs to it and the check; a run without a reference says so. Never
     raises: a damaged reference file is named in the result instead (the run itself is over and
     recorded)."""
     config, env, evals, folder = run.config, run.env, run.rows.evals(), run.folder
@@ -113,7 +113,8 @@ def run_check(run: RunView, status: str) -> dict:
         ref = rcp.load_reference(config.get("preset"), precision(config))
     except rcp.ReferenceError as e:
         return {"reference": None, "check": str(e)}
-    targets = (ref or {}).get("targets") or ([train["target"]] if train.get("target") else [])
+    own = train["stop"]["target"]
+    targets = (ref or {}).get("targets") or ([own] if own else [])
     run = seed_run(str(folder), config, env, status, evals, metric, folder, run.workload)
     checks = []
     for target in targets:

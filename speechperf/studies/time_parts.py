@@ -97,7 +97,7 @@ def shares(parts: dict) -> str:
     return " ".join(text)
 
 
-FLOOR_OFF = "not measured (train.floor_steps=0; benchmarks/run.py step_floor measures a preset apart)"
+FLOOR_OFF = "not measured (train.floor.steps=0; benchmarks/run.py step_floor measures a preset apart)"
 
 
 def step_vs_floor(summary: dict | None) -> str:

@@ -12,7 +12,7 @@ class StatusLine:
     run's target metric (its last validation value), clock."""
 
     def __init__(self, target: str, stream=None, every: float = 0.5):
-        self.target = metric(target)  # the run's train.target_metric (speechperf/metric.py)
+        self.target = metric(target)  # the run's train.stop.target_metric (speechperf/metric.py)
         self.stream = stream or sys.stdout
         self.enabled = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.every, self.last = every, 0.0

@@ -71,8 +71,8 @@ class Admission:
 
     def recorded_precision(self) -> str:
         """The precision the run in the folder trains in (plan resume or restart): its config.json's,
-        kept whatever ``train.precision=auto`` would choose now (train/auto_precision.py)."""
-        return RunView.open(self.folder).config["train"]["precision"]
+        kept whatever ``train.system.precision=auto`` would choose now (train/auto_precision.py)."""
+        return RunView.open(self.folder).config["train"]["system"]["precision"]
 
     def fault(self, e: OSError) -> SpeechperfError:
         """``e``, an OS error on this run's folder or disk, as the named failure of the run (train/faults.py)."""
@@ -201,11 +201,12 @@ def _accept(cfg: RunConfig, world: int, db_path: Path | None, check_launch) -> N
 
 
 def _as_recorded(here: dict, there: dict) -> dict:
-    """The request's configuration ``here`` as the run ``there`` recorded it: ``train.precision=auto``
+    """The request's configuration ``here`` as the run ``there`` recorded it: ``train.system.precision=auto``
     is the precision chosen at the run's start (config.json records that one; a run never chooses again)."""
-    if here["train"]["precision"] != AUTO_PRECISION:
+    if here["train"]["system"]["precision"] != AUTO_PRECISION:
         return here
-    return {**here, "train": {**here["train"], "precision": there["train"]["precision"]}}
+    system = {**here["train"]["system"], "precision": there["train"]["system"]["precision"]}
+    return {**here, "train": {**here["train"], "system": system}}
 
 
 def _differs(run: RunView, cfg: RunConfig) -> list[str]:
@@ -236,4 +237,4 @@ def config_diff(there: dict, here: dict, prefix: str = "") -> list[str]:
 def verify_splits_of(data: Path, cfg: RunConfig, batching: Batching) -> dict:
     """The splits ``cfg`` trains and evaluates on, and its statistics (data/check.py's ``verify_run``)."""
     tc = cfg.train
-    return verify_run(data, batching, tc.train_splits, tc.eval_split, tc.final_splits)
+    return verify_run(data, batching, tc.train_splits, tc.eval.split, tc.eval.final_splits)

@@ -1,4 +1,4 @@
-"""``train.precision=auto``: the fastest precision this device runs natively for the run's own
+"""``train.system.precision=auto``: the fastest precision this device runs natively for the run's own
 training step, measured, never read from flags alone.
 
 The candidates are the precisions hardware/capability.py calls native for the run's model on
@@ -111,7 +111,7 @@ def _kit(cfg: RunConfig, device: torch.device, precision: str) -> tuple:
     """(model, optimizer, scaler, train config) of one candidate, as the trainer builds them."""
     model = build_model(cfg.model).to(device).train()
     fp8.prepare(model, precision, device)
-    tc = replace(cfg.train, precision=precision)
+    tc = replace(cfg.train, system=replace(cfg.train.system, precision=precision))
     return model, make_optimizer(model, tc, device), torch.amp.GradScaler("cuda", enabled=precision == "fp16"), tc
 
 
@@ -152,8 +152,8 @@ def device_name(device: torch.device) -> str:
 def cache_key(cfg: RunConfig, device: torch.device, native: list[str], shape: tuple[int, int]) -> str:
     """The machine, the build, the candidates and the workload (model, optimizer, batch shape)."""
     tc = cfg.train
-    workload = json.dumps({"model": cfg.to_dict()["model"], "optimizer": tc.optimizer, "impl": tc.optimizer_impl,
-                           "grad_clip": tc.grad_clip > 0, "shape": list(shape)}, sort_keys=True)
+    workload = json.dumps({"model": cfg.to_dict()["model"], "optimizer": tc.optim.name, "impl": tc.optim.impl,
+                           "grad_clip": tc.optim.grad_clip > 0, "shape": list(shape)}, sort_keys=True)
     digest = hashlib.sha256(workload.encode()).hexdigest()[:16]
     return (f"{device_name(device)} | {device.type} | {torch.get_num_threads()} threads | torch {torch.__version__} | "
             f"{','.join(native)} | {cfg.model.name} {digest}")
@@ -200,13 +200,13 @@ def choose(cfg: RunConfig, device: torch.device, world: int = 1, cache: Path | N
 
 def with_precision(cfg: RunConfig, precision: str) -> RunConfig:
     """``cfg`` training in ``precision``."""
-    return replace(cfg, train=replace(cfg.train, precision=precision))
+    return replace(cfg, train=replace(cfg.train, system=replace(cfg.train.system, precision=precision)))
 
 
 def settled(cfg: RunConfig, device: torch.device) -> RunConfig:
     """``cfg`` in the precision a run on ``device`` would train in: ``auto`` chosen (:func:`choose`,
     from the cache where it holds the answer), any other precision as given (benchmarks, bench feed)."""
-    return with_precision(cfg, choose(cfg, device)["chosen"]) if cfg.train.precision == AUTO_PRECISION else cfg
+    return with_precision(cfg, choose(cfg, device)["chosen"]) if cfg.train.system.precision == AUTO_PRECISION else cfg
 
 
 def settle(cfg: RunConfig, group, verdict) -> tuple[RunConfig, dict | None]:
@@ -214,7 +214,7 @@ def settle(cfg: RunConfig, group, verdict) -> tuple[RunConfig, dict | None]:
     already in its folder (``verdict.plan`` resume or restart) in its recorded one (rank 0 reads it:
     ``verdict.recorded_precision()``), a new one in the one :func:`choose` measures on rank 0.
     Every rank gets rank 0's answer; returns (the configuration, the choice of a new run)."""
-    if cfg.train.precision != AUTO_PRECISION:
+    if cfg.train.system.precision != AUTO_PRECISION:
         return cfg, None
     answer = None
     if group.env.rank == 0:

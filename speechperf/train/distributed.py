@@ -67,12 +67,12 @@ def visible_gpus() -> int:
 def resolve_backend(name: str, device: torch.device) -> str:
     """The process-group backend for ``device``: ``auto`` is gloo on the CPU and gloo+NCCL on a GPU."""
     if name not in BACKENDS:
-        raise DistributedSetupError(f"train.dist_backend={name!r} must be one of {', '.join(BACKENDS)}")
+        raise DistributedSetupError(f"train.system.dist_backend={name!r} must be one of {', '.join(BACKENDS)}")
     if name == "auto":
         return MIXED if device.type == "cuda" else "gloo"
     if name == "nccl" and device.type != "cuda":
-        raise DistributedSetupError(f"train.dist_backend=nccl needs CUDA devices but this process trains on {device}; "
-                                    "use dist_backend=gloo (or auto)")
+        raise DistributedSetupError(f"train.system.dist_backend=nccl needs CUDA devices but this process trains on "
+                                    f"{device}; use train.system.dist_backend=gloo (or auto)")
     return name
 
 
@@ -87,18 +87,18 @@ def pick_device(name: str, env: DistEnv, backend: str = "auto", gpus: int | None
     if name == "auto" and gpus == 0:
         return torch.device("cpu")
     if not (name in ("auto", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())):
-        raise DistributedSetupError(f"train.device={name!r} must be auto, cpu, cuda or cuda:N")
+        raise DistributedSetupError(f"train.system.device={name!r} must be auto, cpu, cuda or cuda:N")
     if gpus == 0:
-        raise DistributedSetupError(f"train.device={name!r} but no CUDA device is visible; use device=cpu")
+        raise DistributedSetupError(f"train.system.device={name!r} but no CUDA device is visible; use device=cpu")
     nccl = backend != "gloo"  # auto on a GPU is the mixed backend: NCCL carries the gradients
     if name.startswith("cuda:"):
         index = int(name[5:])
         if index >= gpus:
-            raise DistributedSetupError(f"train.device={name} but only {gpus} GPU(s) are visible "
+            raise DistributedSetupError(f"train.system.device={name} but only {gpus} GPU(s) are visible "
                                         f"(cuda:0..cuda:{gpus - 1})")
         if env.local_world > 1 and nccl:
             raise DistributedSetupError(
-                f"train.device={name} puts all {env.local_world} processes of this node on one GPU, which NCCL "
+                f"train.system.device={name} puts all {env.local_world} processes of this node on one GPU, which NCCL "
                 f"refuses; use dist_backend=gloo to share it, device=auto (one GPU per process), or device=cpu")
         return torch.device("cuda", index)
     if env.local_world > gpus:

@@ -26,17 +26,18 @@ from speechperf.train.step import TrainingDiverged
 
 def check_trained(model: torch.nn.Module, prog, tc) -> None:
     """At the end of an epoch (one host read): raise ``TrainingDiverged`` when the weights hold
-    a non-finite value, or when more than ``train.max_skipped_fraction`` of the steps so far
+    a non-finite value, or when more than ``train.stop.max_skipped_fraction`` of the steps so far
     were skipped for non-finite losses or gradients (e.g. ``lr=1e30``: every update blows up)."""
-    if prog.iteration and prog.skipped_steps > tc.max_skipped_fraction * prog.iteration:
+    if prog.iteration and prog.skipped_steps > tc.stop.max_skipped_fraction * prog.iteration:
         raise TrainingDiverged(f"{prog.skipped_steps} of {prog.iteration} steps were skipped for non-finite losses or "
-                               f"gradients (more than train.max_skipped_fraction={tc.max_skipped_fraction}); "
-                               f"lower train.lr={tc.lr}")
+                               f"gradients (more than train.stop.max_skipped_fraction={tc.stop.max_skipped_fraction}); "
+                               f"lower train.optim.lr={tc.optim.lr}")
     finite = torch.stack([p.detach().isfinite().all() for p in model.parameters()])
     if not bool(finite.all()):
         bad = [name for (name, _), ok in zip(model.named_parameters(), finite.tolist()) if not ok]
         raise TrainingDiverged(f"non-finite weights after epoch {prog.epoch} ({len(bad)} tensors: "
-                               f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); lower train.lr={tc.lr}")
+                               f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
+                               f"lower train.optim.lr={tc.optim.lr}")
 
 
 def as_fault(e: BaseException, out: Path) -> RunFailed | None:

@@ -5,8 +5,8 @@ on the device, no loader, no rows, no logging, no checkpoints. One figure from o
 describes that moment (a demo's 10 steps at the start of epoch 2 held a 2.7 s and a 1.7 s step
 while another process shared the machine: loop/floor 1.88, where its median step was at its
 floor), so the run replays a sample of its recorded iterations spread over all its epochs:
-``train.floor_steps`` timed steps in windows of ``span`` steps: ``train.floor_window`` rounded up
-to whole ``train.sync_every`` periods (a GPU's host times only mean something over a read period,
+``train.floor.steps`` timed steps in windows of ``span`` steps: ``train.floor.window`` rounded up
+to whole ``train.system.sync_every`` periods (a GPU's host times only mean something over a read period,
 so a window ends where the loop reads the device; on a CPU, where the loop reads every step, one
 step's seconds vary by tens of percent and a window of several steps times steadier), each window
 led by its row's previous iteration, replayed untimed (the loop's step before it, whose read falls
@@ -26,7 +26,7 @@ hardware costs; the rest is what the loop adds (logging, rows, sentences, the re
 on the host, or another process on the machine: telemetry/contention.py flags that apart).
 
 Cost: two passes of ``windows x (span + 1)`` steps plus one loader start per window, bounded by
-``train.floor_steps`` and by :data:`BUDGET` of the run's clock: fewer windows where the asked
+``train.floor.steps`` and by :data:`BUDGET` of the run's clock: fewer windows where the asked
 ones would take more at the rows' median step, and a deadline at that budget, since the estimate
 can be wrong (a neighbour slowed a tiny run's replay to 4x its loop step: 20% of its clock).
 The windows are replayed in an order whose every prefix is spread over the run
@@ -72,11 +72,11 @@ def resident(batch, device: torch.device):
 
 
 def window_span(tc) -> int:
-    """The timed steps of one window: ``train.floor_window`` rounded up to whole ``sync_every``
+    """The timed steps of one window: ``train.floor.window`` rounded up to whole ``sync_every``
     periods (0: one period), at most ``floor_steps``."""
-    period = tc.sync_every
-    periods = max(1, math.ceil(tc.floor_window / period))  # floor_window 0: one period
-    return max(1, min(period * periods, tc.floor_steps))
+    period = tc.system.sync_every
+    periods = max(1, math.ceil(tc.floor.window / period))  # floor_window 0: one period
+    return max(1, min(period * periods, tc.floor.steps))
 
 
 def loop_seconds(row: dict) -> float:
@@ -175,12 +175,12 @@ def replay(batches: list, first_iteration: int, model, state, device: torch.devi
 def measure(t, iterations: list[dict]) -> dict:
     """The floor of a run (a :class:`~speechperf.train.trainer.Trainer` that has trained; world 1)
     against its rows ``iterations``: the summary's ``floor``."""
-    began, steps = time.perf_counter(), t.cfg.train.floor_steps
+    began, steps = time.perf_counter(), t.cfg.train.floor.steps
     span = window_span(t.cfg.train)
     windows = pick_windows(iterations, max(1, steps // span), span)
     if not windows:
         return {"steps": steps, "note": f"not measured: no epoch trained {span + 1} steps in a row (a lead and "
-                                        f"{span} timed; train.floor_steps={steps})"}
+                                        f"{span} timed; train.floor.steps={steps})"}
     # any first few of them spread over the run; the budget keeps a prefix (None: no clock, all of them)
     windows = [windows[i] for i in spread_order(len(windows))][:affordable(iterations, span)]
     batches = _load(t, windows, iterations)

@@ -1,4 +1,4 @@
-"""The training step's forward and backward passes as CUDA graphs (``train.cuda_graphs``).
+"""The training step's forward and backward passes as CUDA graphs (``train.system.cuda_graphs``).
 
 Why: the `gpu` preset's step is set by the host's kernel launches, not by the GPU. cuDNN's
 LSTM launches its kernels per time step per layer: 6,304 launches a step, ~38 ms of kernels
@@ -8,7 +8,7 @@ captured pass's kernels with one launch from the host.
 
 How: a graph replays fixed shapes, and the loader's length-bucketed batches vary in
 utterances and frames. So each training batch is padded up to a grid (frames to a multiple
-of ``train.graph_frames``, utterances to a multiple of ``train.graph_batch``; a padding row
+of ``train.system.graph_frames``, utterances to a multiple of ``train.system.graph_batch``; a padding row
 has no valid frame), and the model's :meth:`masked` forward pass, which takes the valid
 frames as a mask of the padded shape and reads nothing on the host, is captured once per
 grid shape with its backward pass (``torch.cuda.make_graphed_callables``; one memory pool
@@ -259,12 +259,13 @@ def check_memory(model: GraphedModel, shapes: set[tuple[int, int]], features: in
     need = static_bytes(model._orig_mod, shapes, features)
     if need > MEMORY_SHARE * free:
         raise ConfigError(
-            f"train.cuda_graphs: the run's epochs plan {len(shapes)} batch shapes at the grid train.graph_frames="
-            f"{model.frames_grid} x train.graph_batch={model.batch_grid}, whose graphs keep {need / 1e9:.1f} GB "
+            f"train.system.cuda_graphs: the run's epochs plan {len(shapes)} batch shapes at the grid "
+            f"train.system.graph_frames={model.frames_grid} x train.system.graph_batch={model.batch_grid}, whose "
+            f"graphs keep {need / 1e9:.1f} GB "
             f"(a gradient per parameter, input and output per shape): more than {MEMORY_SHARE:.0%} of the device's "
-            f"{free / 1e9:.1f} GB free. A coarser grid keeps fewer shapes (e.g. train.graph_frames="
-            f"{model.frames_grid * 4} train.graph_batch={model.batch_grid * 4}; benchmarks/run.py graph_shapes "
-            "projects shapes, memory and padding per grid), or train without train.cuda_graphs")
+            f"{free / 1e9:.1f} GB free. A coarser grid keeps fewer shapes (e.g. train.system.graph_frames="
+            f"{model.frames_grid * 4} train.system.graph_batch={model.batch_grid * 4}; benchmarks/run.py graph_shapes "
+            "projects shapes, memory and padding per grid), or train without train.system.cuda_graphs")
 
 
 def graph_figures(local: nn.Module) -> dict | None:
@@ -278,6 +279,7 @@ def graph_figures(local: nn.Module) -> dict | None:
 
 
 def graphed(core: nn.Module, tc, device: torch.device) -> GraphedModel:
-    """``core`` trained from CUDA graphs (``train.cuda_graphs``); the run's configuration
+    """``core`` trained from CUDA graphs (``train.system.cuda_graphs``); the run's configuration
     was checked before (:func:`speechperf.config.run.RunConfig.problems`)."""
-    return GraphedModel(core, tc.graph_frames, tc.graph_batch, tc.precision, capture=device.type == "cuda")
+    system = tc.system
+    return GraphedModel(core, system.graph_frames, system.graph_batch, system.precision, capture=device.type == "cuda")

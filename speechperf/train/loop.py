@@ -22,7 +22,7 @@ before evaluations; their hooks are one line each below (``algo.``). Each proces
 backend: train/distributed.py; rank 0 alone writes files, evaluates and decides to stop.
 
 Host synchronization: a step leaves its loss and skip flag on the device (train/step.py), read
-together every ``train.sync_every`` steps and where needed (sentences, checkpoints, epoch end),
+together every ``train.system.sync_every`` steps and where needed (sentences, checkpoints, epoch end),
 where the rows, status line, skip counters and divergence abort catch up in step order.
 """
 from __future__ import annotations
@@ -103,14 +103,14 @@ def _epochs(t: Trainer) -> str:
     t.model.train()
     # newbob's stopping rule ends training as the last epoch would (train/schedule.py); stop_after_epochs
     # stops it earlier, the schedule staying max_epochs
-    last_epoch = min(tc.max_epochs, tc.stop_after_epochs or tc.max_epochs)
+    last_epoch = min(tc.stop.max_epochs, tc.stop.after_epochs or tc.stop.max_epochs)
     try:
         while prog.status is None and prog.epoch <= last_epoch and not schedule_ended(tc, prog.eval_losses):
             if _train_epoch(t):
                 _end_epoch(t, last_epoch)
     finally:  # whatever ended training (a signal inside an evaluation among them): no reader outlives it
         t.close_ahead()  # the readers of an epoch that will not be trained
-    prog.status = prog.status or ("max_epochs" if tc.target > 0 else "success")
+    prog.status = prog.status or ("max_epochs" if tc.stop.target > 0 else "success")
     return prog.status
 
 
@@ -141,10 +141,10 @@ def _train_batches(t: Trainer, loader) -> bool:
             continue
         _settle(t)
         # -- generating sentences
-        if prog.iteration % tc.sentence_every == 0:
+        if prog.iteration % tc.eval.sentence_every == 0:
             t.rec.sentences(batch, step, t.model)
         # -- saving checkpoint
-        if prog.iteration % tc.checkpoint_every == 0:
+        if prog.iteration % tc.system.checkpoint_every == 0:
             t.checkpoint()
         if _time_cap_passed(t):  # a signal stops the run there (saved, recorded as interrupted)
             prog.status = "time_cap"
@@ -179,17 +179,17 @@ def _settle(t: Trainer) -> None:
     step order (a divergence aborts here)."""
     reads = t.meter.read()
     t.rec.steps_read(reads)
-    count_steps(t.prog, reads, t.cfg.train.max_bad_losses)
+    count_steps(t.prog, reads, t.cfg.train.stop.max_bad_losses)
 
 
 def _time_cap_passed(t: Trainer) -> bool:
     """At a read point, all ranks together: whether the time cap passed. A signal any rank was
     sent stops the run here instead: saved where it stopped, recorded as interrupted."""
     tc, prog = t.cfg.train, t.prog
-    cap = tc.time_cap_minutes > 0 and t.rec.now() >= 60 * tc.time_cap_minutes
+    cap = tc.stop.time_cap_minutes > 0 and t.rec.now() >= 60 * tc.stop.time_cap_minutes
     asked = max(t.group.gather_int(t.stop.requested or int(cap)))
     if asked > 1:
-        if prog.iteration % tc.checkpoint_every:
+        if prog.iteration % tc.system.checkpoint_every:
             t.checkpoint()
         raise interrupted(asked, f"in {t.rec.out} at iteration {prog.iteration} (epoch {prog.epoch})")
     return bool(asked)
@@ -197,10 +197,10 @@ def _time_cap_passed(t: Trainer) -> bool:
 
 def _floor(t: Trainer) -> None:
     """Rank 0, after training: the step against its floor (train/floor.py) into the summary, where
-    ``train.floor_steps`` asks; a data-parallel run's steps need every rank, so it says not measured.
+    ``train.floor.steps`` asks; a data-parallel run's steps need every rank, so it says not measured.
     The run has trained and been evaluated by then: a replay that fails (its batches held on a full
     device, a reader's error) is said in the summary's floor, naming the error; the run stands."""
-    steps = t.cfg.train.floor_steps
+    steps = t.cfg.train.floor.steps
     if not steps or t.stop.requested:
         return
     if t.group.world > 1:
@@ -218,22 +218,22 @@ def _floor(t: Trainer) -> None:
 # ---- evaluation ------------------------------------------------------------------------
 def _evaluate(model, t: Trainer, split: str, beam: int, **kw) -> dict:
     tc = t.cfg.train
-    return evaluate(model, t.data, split, t.batching, t.group.device, decoder=tc.eval_decoder, beam=beam,
-                    precision=tc.precision, mode=tc.eval_mode, workers=tc.eval_threads, units=t.units, **kw)
+    return evaluate(model, t.data, split, t.batching, t.group.device, decoder=tc.eval.decoder, beam=beam,
+                    precision=tc.system.precision, mode=tc.eval.mode, workers=tc.eval.threads, units=t.units, **kw)
 
 
 def _epoch_eval(model, t: Trainer) -> tuple[str | None, float]:
     """The epoch's validation (rank 0): (``success`` once the target is reached, else None; its loss)."""
     tc, rec = t.cfg.train, t.rec
     rec.eval_started()
-    r = _evaluate(model, t, tc.eval_split, tc.eval_beam, keep_pairs=3, intervals=False)
+    r = _evaluate(model, t, tc.eval.split, tc.eval.beam, keep_pairs=3, intervals=False)
     if "errors" in r:  # the per-utterance counts; the stop rule reads the point values only, so the
         with rec.off_clock():  # intervals are no time to accuracy
             r = with_intervals(r)
     rec.evaluated(r, final=False)
-    if tc.target > 0:
-        history = [(e["clock_s"], e[tc.target_metric]) for e in rec.prog.evals]  # speechperf/metric.py's names
-        if tta_minutes(history, tc.target, tc.target_epochs) is not None:
+    if tc.stop.target > 0:
+        history = [(e["clock_s"], e[tc.stop.target_metric]) for e in rec.prog.evals]  # speechperf/metric.py's names
+        if tta_minutes(history, tc.stop.target, tc.stop.target_epochs) is not None:
             return "success", r["loss"]
     return None, r["loss"]
 
@@ -245,6 +245,6 @@ def _final_eval(model, t: Trainer, splits: list[str], stop: StopSignals) -> None
         for split in splits:
             if stop.requested:
                 return
-            t.rec.evaluated(_evaluate(model, t, split, t.cfg.train.final_beam), final=True)
+            t.rec.evaluated(_evaluate(model, t, split, t.cfg.train.eval.final_beam), final=True)
     finally:
         release_resident()  # their device memory is no longer the run's

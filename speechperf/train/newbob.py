@@ -1,7 +1,7 @@
 """The learning-rate schedule shared by every algorithm in paper 003 ("newbob"): keep the
 rate while the cross-validation loss improves by at least 1% per epoch; from the first
 epoch that improves less, halve it after every epoch; stop when an epoch improves by less
-than 0.1%. ``train.lr_schedule=newbob`` (train/schedule.py) replays it over the run's
+than 0.1%. ``train.schedule.name=newbob`` (train/schedule.py) replays it over the run's
 validation losses."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 (``TrainRequest.configuration``), sets the process up (determinism, threads, the process group:
 train/distributed.py), has rank 0 admit the run folder (train/admission.py: fresh, restart, resume
 or finished, under the folder's lock) and every other rank follow rank 0's decision, reads a
-resumed run's checkpoint and settles ``train.precision=auto`` (train/auto_precision.py); it yields
+resumed run's checkpoint and settles ``train.system.precision=auto`` (train/auto_precision.py); it yields
 the :class:`Opening` the loop needs and, at its end, releases the lock and the process group (an
 OS error on the run's folder raised as the run's named fault, train/faults.py). Between the two,
 the loop builds what the process trains with (``trainer.build``, before the clock and the stop
@@ -51,7 +51,7 @@ class Opening:
     init_t0: float  # perf_counter() at init_start
     init_ms: int  # wall-clock milliseconds at init_start (events.log's init_start)
     ckpt: dict | None = None  # a resumed run's checkpoint, read by every rank (rank 0 alone writes it)
-    choice: dict | None = None  # a new run at train.precision=auto: its choice (train/auto_precision.py)
+    choice: dict | None = None  # a new run at train.system.precision=auto: its choice (train/auto_precision.py)
     finished: dict | None = None  # plan finished: the run's summary (rank 0's, on every rank); nothing to train
 
     @property
@@ -74,14 +74,14 @@ def opened(request: TrainRequest) -> Iterator[Opening]:
     cfg = request.configuration()
     tc = cfg.train
     batching = Batching(cfg.loader, tc.seed, denv.world)  # the run's batches, described once for every reader
-    distributed.configure_determinism(tc.deterministic)  # before CUDA starts (cuBLAS workspace)
-    if tc.threads > 0:
-        torch.set_num_threads(tc.threads)
-    group = distributed.setup(tc.device, tc.dist_backend, denv)  # checks the launch against the GPUs first
+    distributed.configure_determinism(tc.system.deterministic)  # before CUDA starts (cuBLAS workspace)
+    if tc.system.threads > 0:
+        torch.set_num_threads(tc.system.threads)
+    group = distributed.setup(tc.system.device, tc.system.dist_backend, denv)  # the launch checked against the GPUs
     admission = verdict = None
     try:
         check_precision(cfg, group.device, request.allow_emulated)  # one this device cannot run (or emulates): exit 2
-        launch = partial(check_launch, train=cfg.train)  # fsdp refuses what it cannot combine with (train.compile)
+        launch = partial(check_launch, train=cfg.train)  # fsdp refuses what it cannot combine with (compile)
         admission = admit(request, cfg, batching, launch) if denv.rank == 0 else None
         decision = group.broadcast(admission.decision if admission is not None else None)
         verdict = admission or follow(request, decision)  # other ranks: rank 0's verdict on the folder, no lock
@@ -93,7 +93,7 @@ def opened(request: TrainRequest) -> Iterator[Opening]:
             yield opening(finished=group.broadcast(admission.summary() if admission is not None else None))
             return
         ckpt = verdict.checkpoint() if verdict.plan == "resume" else None  # every rank reads it; rank 0 alone writes
-        cfg, choice = settle(cfg, group, verdict)  # train.precision=auto: measured now (a new run) or the recorded one
+        cfg, choice = settle(cfg, group, verdict)  # precision auto: measured now (a new run) or the recorded one
         yield opening(cfg=cfg, ckpt=ckpt, choice=choice)
     except OSError as e:  # before the run exists (a disk full as the run is made, say): named, exit 1
         if isinstance(e, SpeechperfError) or verdict is None:  # admit names its own (a read-only --out)

@@ -93,7 +93,7 @@ class Recorder:
         return _summary(self.run_id, self.out, status, self.prog, self.now())
 
     def finish(self, status: str, graphs: dict | None = None) -> dict:  # noqa: ARG002 (rank 0 records them)
-        """The run ended with ``status``: its summary row. ``graphs``: train.cuda_graphs' figures
+        """The run ended with ``status``: its summary row. ``graphs``: train.system.cuda_graphs' figures
         (train/graphs.py ``graph_figures``; None: the steps ran without CUDA graphs)."""
         return self.summary(status)
 
@@ -126,7 +126,7 @@ class RunRecorder(Recorder):
         self.run, self.run_id, self.quiet = run, run.run_id, quiet
         # check(run, status): the finished run against its reference (TrainRequest.check); None: none
         self.check = check
-        self.target = target  # train.target_metric: eval_accuracy's value and the status line's
+        self.target = target  # train.stop.target_metric: eval_accuracy's value and the status line's
         self.events = run.log.events()
         self.status_line = None if quiet else StatusLine(target)
         self.machine = MachineRecord(run.rows, run.run_id)  # utilization samples and collection pauses
@@ -144,7 +144,7 @@ class RunRecorder(Recorder):
               units=None) -> "RunRecorder":
         """The recorder of ``run`` (made by ``Admission.begin`` as it planned), logging
         initialization's start once (MLPerf has no resume); ``units``: the run's output units."""
-        rec = cls(prog, run, quiet, cfg.train.target_metric, check, units)
+        rec = cls(prog, run, quiet, cfg.train.stop.target_metric, check, units)
         if plan != "resume":
             rec.events.start(C.INIT_START, time_ms=init_ms)
             log_run_config(rec.events, run.label, cfg, world, splits, batch)
@@ -363,8 +363,8 @@ def log_run_config(events, label: str, cfg, world: int, splits: dict, batch: tup
     value, meta = batch
     events.event(C.GLOBAL_BATCH_SIZE, value, **meta)
     events.event(C.GRADIENT_ACCUMULATION_STEPS, 1)
-    events.event(C.OPT_NAME, cfg.train.optimizer)
-    events.event(C.OPT_BASE_LR, cfg.train.lr)
+    events.event(C.OPT_NAME, cfg.train.optim.name)
+    events.event(C.OPT_BASE_LR, cfg.train.optim.lr)
     events.event(C.SEED, cfg.train.seed)
     events.event(C.TRAIN_SAMPLES, train_utterances(splits), splits=list(splits["train"]))
     events.event(C.EVAL_SAMPLES, splits["splits"][splits["valid"]]["utterances"], split=splits["valid"])

@@ -1,6 +1,6 @@
-"""The learning-rate schedule: a factor of ``train.lr`` for every optimizer step.
+"""The learning-rate schedule: a factor of ``train.optim.lr`` for every optimizer step.
 
-``train.lr_schedule`` (its values: config/training.py's ``SCHEDULES``):
+``train.schedule.name`` (its values: config/training/schedule_config.py's ``SCHEDULES``):
 
 - ``epoch_decay`` (the default, the paper's): ``lr_decay ** epochs_done``;
 - ``step`` (torch's ``StepLR`` over epochs, MLPerf's step recipes): warm-up, then
@@ -16,7 +16,7 @@
   rule (:func:`schedule_ended`: once halving, an epoch that improves by less than 0.1%)
   ends training as the last of ``max_epochs`` would.
 
-``train.warmup_iters`` > 0 multiplies the first steps by ``(s + 1) / warmup_iters`` (linear
+``train.schedule.warmup_iters`` > 0 multiplies the first steps by ``(s + 1) / warmup_iters`` (linear
 warm-up; ``s`` = steps done before this one) under every schedule. The factor is a pure
 function of the steps and epochs done and of the validation losses so far (the run's
 progress, in the checkpoint), so a resumed run gets every step's learning rate bit for bit.
@@ -50,25 +50,25 @@ def newbob(losses) -> float:
 def schedule_ended(tc, losses) -> bool:
     """Whether the schedule stops training after the epochs whose validation losses are
     ``losses`` (newbob's stopping rule; the other schedules never stop a run)."""
-    return tc.lr_schedule == "newbob" and _replay(losses).stop
+    return tc.schedule.name == "newbob" and _replay(losses).stop
 
 
 def factor(tc, step: int, epochs_done: int, total_steps: int, losses=()) -> float:
     """The learning-rate factor of the step after ``step`` steps, in epoch ``epochs_done + 1``;
     ``total_steps``: steps of ``max_epochs`` epochs (the cosine's length); ``losses``: the
     validation loss of every epoch done (newbob)."""
-    w = tc.warmup_iters
-    if tc.lr_schedule == "epoch_decay":
-        return warmup(step, w) * tc.lr_decay ** epochs_done
-    if tc.lr_schedule == "step":
-        return warmup(step, w) * tc.lr_decay ** (epochs_done // tc.lr_step_epochs)
-    if tc.lr_schedule == "newbob":
+    w = tc.schedule.warmup_iters
+    if tc.schedule.name == "epoch_decay":
+        return warmup(step, w) * tc.schedule.lr_decay ** epochs_done
+    if tc.schedule.name == "step":
+        return warmup(step, w) * tc.schedule.lr_decay ** (epochs_done // tc.schedule.lr_step_epochs)
+    if tc.schedule.name == "newbob":
         return warmup(step, w) * newbob(losses[:epochs_done])
     if step < w:
         return warmup(step, w)
-    if tc.lr_schedule == "noam":  # (s+1)/W rising, then sqrt(W/(s+1)) falling: 1 where they meet
+    if tc.schedule.name == "noam":  # (s+1)/W rising, then sqrt(W/(s+1)) falling: 1 where they meet
         return math.sqrt(max(w, 1) / (step + 1))
-    floor = tc.lr_min / tc.lr
+    floor = tc.schedule.lr_min / tc.optim.lr
     done = min(1.0, (step - w) / max(total_steps - w, 1))
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * done))
 

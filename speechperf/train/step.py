@@ -3,7 +3,7 @@
 A GPU runs ahead of the Python loop only while the loop never waits for it. So the step
 leaves its loss and its skip flag on the device (:class:`StepOut`), and the loop keeps
 them in a :class:`StepMeter` that reads every pending step with one transfer every
-``train.sync_every`` steps (and where a value is needed: sentence logging, checkpoints,
+``train.system.sync_every`` steps (and where a value is needed: sentence logging, checkpoints,
 the end of an epoch). Everything the step decides on the host is computed from the
 loader's CPU tensors: output lengths, the valid-frame index of the model's batch norm,
 the impossible utterances and the divisor of the mean loss.
@@ -12,7 +12,7 @@ A step with a non-finite loss or gradient norm is skipped without asking the hos
 the optimizer steps, then every parameter and every state tensor it touched is put back
 where the step was bad (``torch.where`` on a device flag; GradScaler's check, which
 reads the flag on the host, is not used). The count of consecutive bad steps, and the
-divergence abort at ``train.max_bad_losses``, are applied at the read point in step order,
+divergence abort at ``train.stop.max_bad_losses``, are applied at the read point in step order,
 so they name the same iteration as a per-step check would.
 
 The loss is the model's objective's (speechperf/objectives/). What remains on a GPU: PyTorch's
@@ -56,14 +56,15 @@ def train_step(model, batch, optimizer, scaler, device: torch.device, tc,
     feats = to_device(batch.feats, device)  # queued, from pinned memory (the loader pins for a CUDA device)
     if augment is not None:
         feats = specaugment.apply(feats, batch.feat_lens, augment)  # masks drawn from the run's CPU RNG
-    with autocast(device, tc.precision):
+    with autocast(device, tc.system.precision):
         out, out_lens = planned_forward(model, feats, batch.feat_lens, device)  # lengths planned on the CPU
     # the loss over the possible utterances; impossible ones (from CPU lengths) are zeroed and counted
     loss, impossible = objective_of(model).train_loss(model, out, out_lens, batch, device, tc)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()  # always: DDP needs every rank to reach the all-reduce
     scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip if tc.grad_clip > 0 else float("inf"))
+    clip = tc.optim.grad_clip if tc.optim.grad_clip > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     if hasattr(norm, "full_tensor"):  # fsdp: a DTensor, the norm over every rank's shards, replicated
         norm = norm.full_tensor()
     ok = torch.isfinite(loss.detach()) & torch.isfinite(norm)
@@ -170,7 +171,8 @@ def count_steps(prog, reads: list[Read], max_bad_losses: int) -> None:
 def read_point(iteration: int, tc) -> bool:
     """Whether the loop reads the device after this iteration: every ``sync_every`` steps
     and where a value is needed (sentence logging, checkpoints)."""
-    return iteration % tc.sync_every == 0 or iteration % tc.sentence_every == 0 or iteration % tc.checkpoint_every == 0
+    return (iteration % tc.system.sync_every == 0 or iteration % tc.eval.sentence_every == 0
+            or iteration % tc.system.checkpoint_every == 0)
 
 
 def make_optimizer(model, tc, device: torch.device):
@@ -180,16 +182,16 @@ def make_optimizer(model, tc, device: torch.device):
     counters live on the device (``capturable``), so that :func:`masked_step` can undo a
     step without reading a flag on the host (SGD has no step counter)."""
     kw = {}
-    if tc.optimizer_impl == "foreach":
+    if tc.optim.impl == "foreach":
         kw["foreach"] = True
-    elif tc.optimizer_impl == "fused":
+    elif tc.optim.impl == "fused":
         kw["fused"] = True  # its step counters are device tensors already
-    if tc.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, **kw)
-    if device.type == "cuda" and tc.optimizer_impl != "fused":
+    if tc.optim.name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=tc.optim.lr, weight_decay=tc.optim.weight_decay, **kw)
+    if device.type == "cuda" and tc.optim.impl != "fused":
         kw["capturable"] = True
-    if tc.optimizer == "lamb":  # its step counters are device tensors already
-        return Lamb(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-    if tc.optimizer == "adadelta":
-        return torch.optim.Adadelta(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, **kw)
-    return torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, **kw)
+    if tc.optim.name == "lamb":  # its step counters are device tensors already
+        return Lamb(model.parameters(), lr=tc.optim.lr, weight_decay=tc.optim.weight_decay)
+    if tc.optim.name == "adadelta":
+        return torch.optim.Adadelta(model.parameters(), lr=tc.optim.lr, weight_decay=tc.optim.weight_decay, **kw)
+    return torch.optim.AdamW(model.parameters(), lr=tc.optim.lr, weight_decay=tc.optim.weight_decay, **kw)

@@ -2,7 +2,7 @@
 ``docker stop`` or torchrun) stops at the next safe point, saved and recorded.
 
 While the loop runs, both signals only raise a flag (:class:`StopSignals`). The loop reads
-it after each step's bookkeeping (every ``train.sync_every`` steps, where it reads the
+it after each step's bookkeeping (every ``train.system.sync_every`` steps, where it reads the
 device anyway, and at an epoch's end), all ranks together, saves a checkpoint and raises
 :class:`Interrupted`, which the run records like any failure that the same command
 continues (status ``failed: interrupted (SIGTERM)``, a ``run_stop`` line, a summary that

@@ -60,7 +60,7 @@ class Built:
     model: torch.nn.Module  # what the step trains: the algorithm's wrap of the (compiled) model
     prog: Progress  # where the run stands at the start (the checkpoint's, or a new run's)
     resident: Resident | None  # loader.resident: the training split on the device (data/resident.py)
-    planned: set | None  # train.cuda_graphs: the (utterances, frames) shapes the run's epochs plan (train/graphs.py)
+    planned: set | None  # train.system.cuda_graphs: the (utterances, frames) shapes the epochs plan (train/graphs.py)
 
 
 @dataclass
@@ -82,11 +82,11 @@ class Trainer:
     algo: Algorithm
     state: TrainState  # model, optimizer, scheduler, scaler
     resident: Resident | None  # loader.resident: the training split on the device (data/resident.py)
-    planned: set | None  # train.cuda_graphs: the batch shapes to capture before the clock (train/graphs.py)
+    planned: set | None  # train.system.cuda_graphs: the batch shapes to capture before the clock (train/graphs.py)
     run: Run | None  # rank 0: the run folder it writes; other ranks: None
     rec: Recorder  # rank 0: the run's recorder; other ranks: progress and clock only
     stop: StopSignals  # SIGINT / SIGTERM received
-    precision_choice: dict | None  # a new run at train.precision=auto: its choice (train/auto_precision.py)
+    precision_choice: dict | None  # a new run at train.system.precision=auto: its choice (train/auto_precision.py)
     meter: StepMeter = field(default_factory=StepMeter)  # the steps' device values not yet read
     ahead: tuple[int, Loader] | None = field(default=None, init=False)  # (epoch, its loader) started ahead
 
@@ -191,23 +191,23 @@ def _resident(batching: Batching, group: distributed.Group, data: Path, index: I
 def _model(cfg: RunConfig, batching: Batching, device, algo: Algorithm, ckpt: dict | None, prog: Progress,
            splits: dict, index: Index):
     """(state, the model without DDP's hooks: what the warm-up runs, the module the step trains, the
-    batch shapes train.cuda_graphs captures before the clock or None), restored from ``ckpt`` when resuming."""
+    batch shapes train.system.cuda_graphs captures before the clock or None), restored from ``ckpt`` when resuming."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     core = build_model(cfg.model).to(device)
-    fp8.prepare(core, tc.precision, device)  # fp8: torchao's float8 Linear layers, before any wrap or shard
+    fp8.prepare(core, tc.system.precision, device)  # fp8: torchao's float8 Linear layers, before any wrap or shard
     if algo.shards:
         return (*_sharded(cfg, batching, device, algo, core, ckpt, prog, splits, index), None)
     state = _train_state(core, tc, device, batching, prog, splits, index)
     if ckpt is not None:
         state.load(ckpt)
-    local, planned = compiled(core) if tc.compile else core, None
-    if tc.cuda_graphs:
+    local, planned = compiled(core) if tc.system.compile else core, None
+    if tc.system.cuda_graphs:
         if device.type != "cuda" or batching.world > 1:
-            raise ConfigError(f"train.cuda_graphs=true needs one CUDA device, not {batching.world} process(es) "
+            raise ConfigError(f"train.system.cuda_graphs=true needs one CUDA device, not {batching.world} process(es) "
                               f"on {device}")
         local = graphed(core, tc, device)
-        planned = planned_shapes(local, index, batching, tc.max_epochs)
+        planned = planned_shapes(local, index, batching, tc.stop.max_epochs)
         check_memory(local, planned, FEATURE_DIM, torch.cuda.mem_get_info(device)[0])  # before the run exists
     model = algo.wrap(local)  # sync: DDP (several processes); the others: the model, from rank 0's weights
     if ckpt is not None:
@@ -219,9 +219,9 @@ def _train_state(core: torch.nn.Module, tc, device, batching: Batching, prog: Pr
                  index: Index) -> TrainState:
     """The model's optimizer (over its parameters as they are now), scheduler and scaler."""
     optimizer = make_optimizer(core, tc, device)
-    total_steps = tc.max_epochs * batching.steps_per_epoch(index, train_utterances(splits))
+    total_steps = tc.stop.max_epochs * batching.steps_per_epoch(index, train_utterances(splits))
     return TrainState(core, optimizer, make_scheduler(optimizer, tc, prog, total_steps),
-                      torch.amp.GradScaler("cuda", enabled=tc.precision == "fp16"))
+                      torch.amp.GradScaler("cuda", enabled=tc.system.precision == "fp16"))
 
 
 def _sharded(cfg: RunConfig, batching: Batching, device, algo: Algorithm, core: torch.nn.Module, ckpt: dict | None,

@@ -7,10 +7,10 @@ here, so that the first epoch and the first evaluation cost what the later ones 
   are read, or built once beside the features, and turned into the search's tables), and its
   numba kernels are compiled: 13-14 s with a cold cache on both an H100 machine and 2 CPU
   cores, 0 s with a warm one (measured);
-- one forward and backward pass of the model (compiled, if ``train.compile``), so that the CUDA context exists,
+- one forward and backward pass of the model (compiled, if ``train.system.compile``), so that the CUDA context exists,
   cuDNN has picked its LSTM/convolution algorithms and oneDNN has built its primitives;
 - the evaluation split's batches are read, padded and kept (on the GPU, or in pinned host
-  memory; train/evaluate.py ``keep_resident``) up to ``train.eval_resident_mb``: every epoch's
+  memory; train/evaluate.py ``keep_resident``) up to ``train.eval.resident_mb``: every epoch's
   evaluation then only runs the model on them, instead of starting readers, decompressing the
   split's shards and copying each batch to the device inside the clock.
 
@@ -81,7 +81,7 @@ def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
         model.train()
         x = torch.zeros(batch, frames, FEATURE_DIM, device=device)  # (B, T, 93): the model picks its columns
         lens = torch.full((batch,), frames)
-        with autocast(device, cfg.train.precision):
+        with autocast(device, cfg.train.system.precision):
             out, out_lens = planned_forward(model, x, lens, device)  # as train_step calls it
         objective_of(model).probe_loss(model, out, out_lens).backward()  # its loss's kernels run (compiled) too
     with torch.no_grad():
@@ -95,7 +95,7 @@ def warm_model(model: torch.nn.Module, cfg, device: torch.device) -> None:
 
 
 def check_precision(cfg, device: torch.device, allow_emulated: bool = True) -> str | None:
-    """Refuse, before anything is written or timed, a ``train.precision`` this device cannot run
+    """Refuse, before anything is written or timed, a ``train.system.precision`` this device cannot run
     for the run's model (ConfigError, exit 2: why, and the way out), and one this CPU only emulates
     unless ``allow_emulated`` (``train --allow-emulated``); return the note of an emulated one
     ("emulated: no native bf16 on this CPU (AVX2)"), None when it is native. ``auto`` is checked
@@ -103,20 +103,20 @@ def check_precision(cfg, device: torch.device, allow_emulated: bool = True) -> s
 
     Every bf16 path of a run (the step, the warm-up, the evaluations) runs the same model under
     the same autocast, so this one check covers them all (hardware/capability.py)."""
-    precision = cfg.train.precision
+    precision = cfg.train.system.precision
     if precision == AUTO_PRECISION:
         return None
     if precision == "fp16" and device.type != "cuda":  # its loss scaler is CUDA's
-        raise ConfigError("train.precision=fp16 needs a CUDA device; on a CPU use train.precision=fp32 "
+        raise ConfigError("train.system.precision=fp16 needs a CUDA device; on a CPU use train.system.precision=fp32 "
                           "(or bf16 where this CPU runs it)")
     can = model_support(cfg.model, device, precision)
     if not can.runs:
-        raise ConfigError(f"train.precision={precision} cannot train model {cfg.model.name} here: {can.note}; "
-                          "use train.precision=fp32")
+        raise ConfigError(f"train.system.precision={precision} cannot train model {cfg.model.name} here: {can.note}; "
+                          "use train.system.precision=fp32")
     if can.level == EMULATED and device.type == "cpu" and not allow_emulated:
-        raise ConfigError(f"train.precision={precision} is emulated on this CPU ({can.reason}): "
-                          f"{EMULATED_COST[precision]}; use train.precision=auto (the fastest native one) or fp32, "
-                          "or give --allow-emulated to time it anyway")
+        raise ConfigError(f"train.system.precision={precision} is emulated on this CPU ({can.reason}): "
+                          f"{EMULATED_COST[precision]}; use train.system.precision=auto (the fastest native one) or "
+                          "fp32, or give --allow-emulated to time it anyway")
     return can.note
 
 
@@ -130,14 +130,14 @@ def initialize(model: torch.nn.Module, cfg, batching: Batching, feats: Path, dev
     if objective_of(cfg.model).name == "ctc":  # a transducer's search is the model's: warmed with it
         units = load_units(feats, cfg.loader.units)  # made by the trainer's build (never trained here)
         warm_decoder("greedy", 1, feats, units=units)  # the sentences logged every ``sentence_every`` steps
-        if tc.eval_decoder != "greedy":
-            warm_decoder(tc.eval_decoder, tc.eval_beam, feats, tc.eval_mode, units)
+        if tc.eval.decoder != "greedy":
+            warm_decoder(tc.eval.decoder, tc.eval.beam, feats, tc.eval.mode, units)
     parts["decoder_s"] = time.perf_counter() - t
     t = time.perf_counter()
     warm_model(model, cfg, device)
     parts["model_s"] = time.perf_counter() - t
     t = time.perf_counter()  # after the model: the GPU memory it leaves free decides where the batches go
-    kept = keep_resident(feats, tc.eval_split, batching, device, tc.eval_resident_mb)
+    kept = keep_resident(feats, tc.eval.split, batching, device, tc.eval.resident_mb)
     parts["eval_data_s"] = time.perf_counter() - t
     parts["eval_data_mb"] = kept.nbytes / 2**20 if kept is not None else 0.0  # 0: streamed every evaluation
     return parts

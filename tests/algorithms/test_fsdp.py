@@ -20,7 +20,8 @@ from tests import forked_cli
 
 WORLD, STEPS = 2, 5
 TINY = load_preset("tiny")
-TC = dataclasses.replace(TINY.train, optimizer="adamw", lr=0.003, grad_clip=5.0, device="cpu")
+TC = dataclasses.replace(TINY.train, optim=dataclasses.replace(TINY.train.optim, name="adamw", lr=0.003, grad_clip=5.0),
+                         system=dataclasses.replace(TINY.train.system, device="cpu"))
 
 
 def batch(rank: int, step: int, nan: bool = False) -> Batch:
@@ -106,7 +107,7 @@ def _masked(rank) -> dict:
     norm is NaN everywhere), with the default and the fused AdamW."""
     out = {}
     for impl in ("default", "fused"):
-        tc = dataclasses.replace(TC, optimizer_impl=impl)
+        tc = dataclasses.replace(TC, optim=dataclasses.replace(TC.optim, impl=impl))
         algo = A.make_algorithm(A.algo_config({"name": "fsdp"}), WORLD, rank, train=tc)
         model = algo.wrap(core())
         opt = make_optimizer(model, tc, torch.device("cpu"))
@@ -120,7 +121,7 @@ def _masked(rank) -> dict:
 
 def _stateless(rank) -> dict:
     """Plain SGD (no state): its whole state resumed (torch's loader alone refuses it)."""
-    tc = dataclasses.replace(TC, optimizer="sgd", lr=0.001)
+    tc = dataclasses.replace(TC, optim=dataclasses.replace(TC.optim, name="sgd", lr=0.001))
     states = []
     for seed in (0, 7):
         algo = A.make_algorithm(A.algo_config({"name": "fsdp"}), WORLD, rank, train=tc)
@@ -258,8 +259,9 @@ def test_config_problems_and_refused_launches():
     assert "algo.shard_modules=' , '" in A.algo_config({"name": "fsdp", "shard_modules": " , "}).problems()[0]
     algo = A.algo_config({"name": "fsdp"})
     A.check_launch(algo, 1, TC)  # one process: allowed (nothing sharded; checkpointing and mixed precision)
-    for field, value, said in [("compile", True, "train.compile=true"), ("cuda_graphs", True, "train.cuda_graphs"),
-                               ("precision", "fp16", "train.precision=fp16")]:
+    for field, value, said in [("compile", True, "train.system.compile=true"),
+                               ("cuda_graphs", True, "train.system.cuda_graphs"),
+                               ("precision", "fp16", "train.system.precision=fp16")]:
         with pytest.raises(ConfigError, match=f"algo.name=fsdp does not train with {said}"):
-            A.check_launch(algo, 2, dataclasses.replace(TC, **{field: value}))
+            A.check_launch(algo, 2, dataclasses.replace(TC, system=dataclasses.replace(TC.system, **{field: value})))
     assert FSDP.shards and not A.algorithm_class("sync").shards

@@ -1,4 +1,4 @@
-"""``fsdp`` with ``train.precision=fp8`` (torchao's float8 Linear layers, emulated on the CPU): on 2 gloo
+"""``fsdp`` with ``train.system.precision=fp8`` (torchao's float8 Linear layers, emulated on the CPU): on 2 gloo
 processes through the loop's own step it equals DDP (``sync``) with the same swapped model on the same
 batches, each float8 cast made on the whole gathered weight; its whole state is the plain model's keys,
 plain tensors."""
@@ -20,7 +20,8 @@ WORLD, STEPS = 2, 4
 CONFORMER = ["model.name=conformer", "model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
              "model.subsampling_channels=4", "model.dropout=0", "model.attention_dropout=0"]  # no draws: DDP's = FSDP's
 CFG = load_preset("tiny", CONFORMER)
-TC = dataclasses.replace(CFG.train, optimizer="adamw", lr=0.003, grad_clip=5.0, device="cpu", precision="fp8")
+TC = dataclasses.replace(CFG.train, optim=dataclasses.replace(CFG.train.optim, name="adamw", lr=0.003, grad_clip=5.0),
+                         system=dataclasses.replace(CFG.train.system, device="cpu", precision="fp8"))
 CPU = torch.device("cpu")
 
 

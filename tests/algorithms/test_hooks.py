@@ -209,7 +209,7 @@ def test_diloco_matches_serial_outer_nesterov_sgd(ranks):
 
 def test_the_algo_section_is_loaded_stored_and_validated():
     conf = load_preset("tiny", ["algo.sync_every=20", "algo.name=bmuf", "sync_every=3"])
-    assert (conf.algo.name, conf.algo.sync_every, conf.train.sync_every) == ("bmuf", 20, 3)  # bare: the loop's
+    assert (conf.algo.name, conf.algo.sync_every, conf.train.system.sync_every) == ("bmuf", 20, 3)  # bare: the loop's
     assert RunConfig.from_dict(conf.to_dict()) == conf and conf.to_dict()["algo"]["name"] == "bmuf"
     assert type(conf.algo).__name__ == "BMUFConfig" and conf.algo.bmuf_c == 1.05  # the algorithm's own config
     assert RunConfig.from_dict({"preset": "tiny"}).algo == cfg(name="sync")  # no [algo] section: sync

@@ -81,7 +81,7 @@ def _run(root, env, summary):
     """A run stopped after two epochs of two steps each: steps of 1 s (100 and 300 utterances, 5e14
     training FLOPs each), epoch 1's [0, 2] and its evaluation [2, 3], epoch 2's [3, 5] and its
     evaluation [5, 6]; CER 12 then 11 (no TTA)."""
-    with Run.create(root, kind="train", config={"preset": "gpu", "train": {"precision": "bf16"}}, env=env,
+    with Run.create(root, kind="train", config={"preset": "gpu", "train": {"system": {"precision": "bf16"}}}, env=env,
                     label="r") as run:
         for n, (epoch, clock, utts) in enumerate(((1, 1.0, 100), (1, 2.0, 300), (2, 4.0, 100), (2, 5.0, 300))):
             run.rows.add_iteration({"iteration": n, "epoch": epoch, "clock_s": clock, "batch_size": utts, "step_s": 1.0,

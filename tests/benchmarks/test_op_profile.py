@@ -96,7 +96,7 @@ def test_a_sync_outside_every_aten_op_and_a_cpu_trace():
 def test_the_benchmark_on_this_cpu(tiny_features, tmp_path, capsys):
     ledger = tmp_path / "ledger.jsonl"
     assert run_benchmark("--ledger", ledger, "step_profile", "--data", tiny_features, "--preset", "tiny", "--device", "cpu",
-                         "--steps", "1", "--warmup", "1", "--json", "--trace", tmp_path / "t", "train.threads=1") == 0
+                         "--steps", "1", "--warmup", "1", "--json", "--trace", tmp_path / "t", "train.system.threads=1") == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.jsonl", "t-tiny-evaluation.json",
                                                           "t-tiny-loop_step.json", "t-tiny-train_step.json"]
     header, *out, ratio = capsys.readouterr().out.strip().split("\n")  # the goal, the JSON, the ratio
@@ -122,7 +122,7 @@ def test_a_loop_step_that_runs_out_of_batches_says_how_many_it_needs(tiny_featur
     # 10 batches of 4: enough for the train step's 3 + 4, not for the loop's 3 + 2 takes of 4 (a CPU's)
     with pytest.raises(SystemExit, match=r"gives 10 batches with these settings; the loop step needs 11 "):
         runner.main(["--no-ledger", "step_profile", "--data", str(tiny_features), "--preset", "tiny", "--device", "cpu",
-                     "--steps", "4", "--warmup", "3", "train.threads=1"])
+                     "--steps", "4", "--warmup", "3", "train.system.threads=1"])
 
 
 @pytest.mark.parametrize("args,says", [(["--preset", "tiny"], "is not a prepared features folder"),

@@ -21,13 +21,14 @@ def test_paper_preset_is_spec_b():
     assert (m.input_dim, m.conv_channels, m.conv_kernel, m.conv_stride) == (93, 600, 11, 2)
     assert (m.lstm_layers, m.lstm_hidden, m.num_classes, m.dropout, m.batch_norm) == (5, 800, 30, 0.05, True)
     t = load_preset("paper").train
-    assert (t.optimizer, t.sentence_every, t.checkpoint_every, t.eval_beam, t.final_beam) == ("adadelta", 50, 250, 256, 512)
+    assert (t.optim.name, t.eval.sentence_every, t.system.checkpoint_every, t.eval.beam, t.eval.final_beam) == \
+        ("adadelta", 50, 250, 256, 512)
     assert load_preset("paper").loader.mode == "pad" and load_preset("paper").loader.pad_frames == 1670
 
 
 def test_overrides():
     cfg = load_preset("tiny", ["lr=0.5", "model.lstm_hidden=64", "loader.mode=pad", "batch_norm=false"])
-    assert (cfg.train.lr, cfg.model.lstm_hidden, cfg.loader.mode, cfg.model.batch_norm) == (0.5, 64, "pad", False)
+    assert (cfg.train.optim.lr, cfg.model.lstm_hidden, cfg.loader.mode, cfg.model.batch_norm) == (0.5, 64, "pad", False)
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -39,18 +40,18 @@ def test_overrides():
     (["train.dropout=0.1"], "no field"),
     (["model.dropout=1.5"], "dropout"),
     (["batch_norm=maybe"], "not a bool"),
-    (["eval_mode=fastest"], "train.eval_mode='fastest' must be one of words, ngrams"),
+    (["train.eval.mode=fastest"], "train.eval.mode='fastest' must be one of words, ngrams"),
     # values that cannot train (lr=inf once ran to a "successful" run of non-finite weights)
-    (["lr=inf"], r"train\.lr=inf must be a finite number"),
-    (["lr=nan"], r"train\.lr=nan must be a finite number"),
-    (["lr=0"], r"train\.lr=0\.0 must be > 0"),
-    (["lr_decay=0"], r"train\.lr_decay=0\.0 must be > 0"),
-    (["grad_clip=-inf"], r"train\.grad_clip=-inf must be a finite number"),
-    (["weight_decay=-0.1"], r"train\.weight_decay=-0\.1 must be >= 0"),
+    (["lr=inf"], r"train\.optim\.lr=inf must be a finite number"),
+    (["lr=nan"], r"train\.optim\.lr=nan must be a finite number"),
+    (["lr=0"], r"train\.optim\.lr=0\.0 must be > 0"),
+    (["lr_decay=0"], r"train\.schedule\.lr_decay=0\.0 must be > 0"),
+    (["grad_clip=-inf"], r"train\.optim\.grad_clip=-inf must be a finite number"),
+    (["weight_decay=-0.1"], r"train\.optim\.weight_decay=-0\.1 must be >= 0"),
     (["batch_size=0"], r"loader\.batch_size=0 must be >= 1"),
     (["bucket_window=0"], r"loader\.bucket_window=0 must be >= 1"),
-    (["max_epochs=0"], r"train\.max_epochs=0 must be >= 1"),
-    (["time_cap_minutes=nan"], r"train\.time_cap_minutes=nan must be a finite number"),
+    (["max_epochs=0"], r"train\.stop\.max_epochs=0 must be >= 1"),
+    (["time_cap_minutes=nan"], r"train\.stop\.time_cap_minutes=nan must be a finite number"),
 ])
 def test_bad_overrides_name_the_value(bad, match):
     with pytest.raises(ConfigError, match=match):
@@ -93,32 +94,33 @@ def test_platform_profiles_are_table_2():
 def test_gpu_preset_is_the_papers_model_at_its_best_precision_on_buckets():
     gpu, paper = load_preset("gpu"), load_preset("paper")
     assert gpu.model == paper.model
-    assert (gpu.train.precision, gpu.loader.mode, gpu.train.optimizer) == ("auto", "bucket", "adadelta")
-    assert gpu.train.sync_every > 1 and gpu.train.target == 10.0
+    assert (gpu.train.system.precision, gpu.loader.mode, gpu.train.optim.name) == ("auto", "bucket", "adadelta")
+    assert gpu.train.system.sync_every > 1 and gpu.train.stop.target == 10.0
 
 
 def test_modern_against_paper_differ_in_the_recipe_only():
     modern, paper = load_preset("modern"), load_preset("paper")
     assert modern.model == paper.model and modern.loader.batch_size == paper.loader.batch_size
-    assert (paper.loader.mode, paper.loader.pad_frames, paper.train.precision, paper.train.optimizer) == \
+    assert (paper.loader.mode, paper.loader.pad_frames, paper.train.system.precision, paper.train.optim.name) == \
         ("pad", 1670, "fp32", "adadelta")
-    assert (modern.loader.mode, modern.train.precision, modern.train.optimizer, modern.train.optimizer_impl) == \
+    assert (modern.loader.mode, modern.train.system.precision, modern.train.optim.name, modern.train.optim.impl) == \
         ("bucket", "bf16", "adamw", "fused")
-    assert not modern.train.compile  # an option, on only where measured faster
-    assert (modern.train.target_metric, modern.train.target) == (paper.train.target_metric, paper.train.target)
-    assert (modern.train.eval_beam, modern.train.final_beam) == (paper.train.eval_beam, paper.train.final_beam)
+    assert not modern.train.system.compile  # an option, on only where measured faster
+    assert (modern.train.stop.target_metric, modern.train.stop.target) == (paper.train.stop.target_metric, paper.train.stop.target)
+    assert (modern.train.eval.beam, modern.train.eval.final_beam) == (paper.train.eval.beam, paper.train.eval.final_beam)
 
 
 def test_gpu_fields_default_to_todays_cpu_behaviour():
     t = load_preset("cpu").train
-    assert (t.sync_every, t.deterministic, t.dist_backend, t.optimizer_impl, t.compile) == (1, False, "auto", "default", False)
-    assert load_preset("tiny", ["deterministic=true", "compile=true"]).train.deterministic
+    s = t.system
+    assert (s.sync_every, s.deterministic, s.dist_backend, t.optim.impl, s.compile) == (1, False, "auto", "default", False)
+    assert load_preset("tiny", ["deterministic=true", "compile=true"]).train.system.deterministic
 
 
 @pytest.mark.parametrize("bad,match", [
-    (["sync_every=0"], "train.sync_every=0 must be >= 1"),
-    (["optimizer_impl=turbo"], "optimizer_impl='turbo'"),
-    (["optimizer=adadelta", "optimizer_impl=fused"], "fused needs optimizer=adamw"),
+    (["sync_every=0"], "train.system.sync_every=0 must be >= 1"),
+    (["train.optim.impl=turbo"], "train.optim.impl='turbo'"),
+    (["train.optim.name=adadelta", "train.optim.impl=fused"], "fused needs train.optim.name=adamw"),
 ])
 def test_bad_gpu_fields(bad, match):
     with pytest.raises(ConfigError, match=match):
@@ -128,7 +130,7 @@ def test_bad_gpu_fields(bad, match):
 def test_a_toml_infinity_is_refused_too(tmp_path):
     bad = tmp_path / "inf.toml"
     bad.write_text("[train]\nlr = inf\n")
-    with pytest.raises(ConfigError, match=r"train\.lr=inf must be a finite number"):
+    with pytest.raises(ConfigError, match=r"train\.optim\.lr=inf must be a finite number"):
         load_preset(str(bad))
 
 
@@ -173,9 +175,9 @@ def test_the_model_s_classes_must_be_the_units():
     with pytest.raises(ConfigError, match=r"^model\.num_classes=30 does not match loader\.units='bpe:500' \(501 "
                                           r"classes\)$"):
         load_preset("tiny", ["loader.units=bpe:500"])
-    with pytest.raises(ConfigError, match=r"train\.eval_decoder='wordbeam' searches characters"):
+    with pytest.raises(ConfigError, match=r"train\.eval\.decoder='wordbeam' searches characters"):
         load_preset("conformer-cpu", ["loader.units=bpe:256", "model.num_classes=257"])
-    cfg = load_preset("conformer-cpu", ["loader.units=bpe:256", "model.num_classes=257", "train.eval_decoder=greedy"])
+    cfg = load_preset("conformer-cpu", ["loader.units=bpe:256", "model.num_classes=257", "train.eval.decoder=greedy"])
     assert (cfg.loader.units, cfg.model.num_classes) == ("bpe:256", 257)
     with pytest.raises(ConfigError, match=r"loader\.units='bpe500' must be 'char' or 'bpe:N'"):
         load_preset("tiny", ["loader.units=bpe500"])

@@ -402,7 +402,7 @@ def test_fetch_mini_librispeech_then_prepare_then_train_end_to_end(tmp_path, mon
     """The Done-when chain through the real CLI: `corpus fetch mini-librispeech OUT --mirror
     LOOPBACK`, `prepare OUT FEATS`, `train --preset tiny --data FEATS` (one epoch; the small
     made-up archives hold 12 training utterances, fewer than the cpu preset's batch of 24).
-    Mini LibriSpeech's validation split is dev-clean-2: train.eval_split names it."""
+    Mini LibriSpeech's validation split is dev-clean-2: train.eval.split names it."""
     import json
 
     from speechperf.cli import main
@@ -422,12 +422,12 @@ def test_fetch_mini_librispeech_then_prepare_then_train_end_to_end(tmp_path, mon
         prepared = {r["split"]: r["kept"] for r in json.loads(capsys.readouterr().out)}
         assert prepared == {"dev-clean-2": 6, "train-clean-5": 12}
         assert main(["train", "--preset", "tiny", "--data", str(feats), "--out", str(run), "--json",
-                     "train.max_epochs=1"]) == 2  # no dev-clean: refused before the clock, naming the way out
+                     "train.stop.max_epochs=1"]) == 2  # no dev-clean: refused before the clock, naming the way out
         err = capsys.readouterr().err
         assert "validation split 'dev-clean'" in err and "prepared: dev-clean-2, train-clean-5" in err
-        assert "train.eval_split=NAME" in err and not run.exists()
+        assert "train.eval.split=NAME" in err and not run.exists()
         assert main(["train", "--preset", "tiny", "--data", str(feats), "--out", str(run), "--json",
-                     "train.max_epochs=1", "train.eval_split=dev-clean-2"]) == 0
+                     "train.stop.max_epochs=1", "train.eval.split=dev-clean-2"]) == 0
     finally:
         srv.close()
     summary = json.loads((run / "summary.json").read_text())

@@ -130,7 +130,7 @@ def test_compare_names_the_first_epoch_that_differs():
 def _train(features, out, **over):
     from speechperf.train.loop import TrainRequest, train
 
-    sets = {"train.lr_schedule": "cosine", "train.max_epochs": 2, "train.final_splits": "none", "train.threads": 1,
+    sets = {"train.schedule.name": "cosine", "train.stop.max_epochs": 2, "train.eval.final_splits": "none", "train.system.threads": 1,
             **over}
     train(TrainRequest(preset="tiny", data=features, out=out, overrides=[f"{k}={v}" for k, v in sets.items()], quiet=True))
     from speechperf.results.view import RunView
@@ -143,8 +143,8 @@ def test_stop_after_epochs_keeps_the_schedule(tiny_features, tmp_path):
     """A cosine's length is max_epochs: a run cut to 1 epoch by stop_after_epochs trains the
     first epoch of the full run, one with max_epochs=1 does not."""
     full = _train(tiny_features, tmp_path / "full")
-    cut = _train(tiny_features, tmp_path / "cut", **{"train.stop_after_epochs": 1})
-    short = _train(tiny_features, tmp_path / "short", **{"train.max_epochs": 1})
+    cut = _train(tiny_features, tmp_path / "cut", **{"train.stop.after_epochs": 1})
+    short = _train(tiny_features, tmp_path / "short", **{"train.stop.max_epochs": 1})
     assert len(full) == 2 and len(cut) == 1
     assert cut[0] == full[0]
     assert short[0] != full[0]
@@ -194,7 +194,7 @@ def test_another_torch_or_thread_count_cannot_be_compared(reproduced, tmp_path, 
     threads = tmp_path / "threads"
     shutil.copytree(out, threads)
     config = json.loads((threads / "config.json").read_text())
-    config["train"]["threads"] = 2
+    config["train"]["system"]["threads"] = 2
     (threads / "config.json").write_text(json.dumps(config))
     got = rep.judge(threads, ref, chosen, 2)
     assert got["verdict"] == curve.NOT_COMPARABLE and got["text"].startswith("cannot be compared: ran on 2 threads; rerun with --isa ")
@@ -223,19 +223,19 @@ def test_a_reference_without_curves_is_refused(monkeypatch, tmp_path, tiny_featu
                                          (lambda r: r.pop("recipe"), "field 'recipe' should be the reference's "
                                                                      "training settings"),
                                          # issue 61: each trained 2 epochs and ended "not comparable" (exit 3)
-                                         (lambda r: r["recipe"].update({"train.lr": "fast"}),
-                                          "field 'recipe' is not a configuration this release trains: [train] lr = "
+                                         (lambda r: r["recipe"].update({"train.lr": "fast"}),  # the file's own (flat) key
+                                          "field 'recipe' is not a configuration this release trains: [train.optim] lr = "
                                           "'fast': expected float"),
                                          (lambda r: r["recipe"].update({"train.no_such_field": 1}),
                                           "[train] unknown keys ['no_such_field']"),
                                          (lambda r: r["recipe"].update({"nosuch.x": 1}),
                                           "field 'recipe.nosuch.x' is not a configuration field"),
-                                         (lambda r: r["recipe"].update({"train.lr": -1.0}), "train.lr"),
+                                         (lambda r: r["recipe"].update({"train.optim.lr": -1.0}), "train.optim.lr"),
                                          (lambda r: r["seeds"][0]["curves"][0]["settings"].update(threads="one"),
                                           "field 'seeds[0].curves[0].settings.threads' should be a whole number"),
-                                         (lambda r: r.update(overrides=["train.lr=fast"]),
+                                         (lambda r: r.update(overrides=["train.optim.lr=fast"]),
                                           "field 'overrides' is not a configuration this release trains: override "
-                                          "'train.lr=fast'")])
+                                          "'train.optim.lr=fast'")])
 def test_a_reference_of_another_preset_or_without_its_recipe_is_refused(monkeypatch, tmp_path, tiny_features, capsys,
                                                                          change, says):
     """Issue 48: a reference naming no preset or another one reproduced as "identical" (exit 0);
@@ -329,7 +329,7 @@ def test_a_run_cut_after_its_first_epochs_is_unfinished_not_failed():
     from speechperf.studies.aggregate import SeedRun, outcome
 
     def run(cut):
-        config = {"preset": "cpu", "train": {"seed": 1, "max_epochs": 12, "stop_after_epochs": cut}}
+        config = {"preset": "cpu", "train": {"seed": 1, "stop": {"max_epochs": 12, "after_epochs": cut}}}
         return SeedRun("r", "w", "m", config, "success", ((60.0, 50.0), (120.0, 30.0)))
 
     assert outcome(run(2), 10.0, 3).state == "unfinished"

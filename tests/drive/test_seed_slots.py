@@ -21,14 +21,14 @@ def test_one_gpu_per_seed_from_the_visible_ones():
     assert slots == [({"CUDA_VISIBLE_DEVICES": "3"}, []), ({"CUDA_VISIBLE_DEVICES": "5"}, [])]
     with pytest.raises(ConfigError, match="--parallel 4: 3 GPU"):
         slot_settings(4, "tiny", [], cuda_devices=["3", "5", "6"])
-    with pytest.raises(ConfigError, match="train.device=cuda:1"):
-        slot_settings(2, "tiny", ["train.device=cuda:1"], cuda_devices=["0", "1"])
-    # train.device=cpu on a GPU machine: the CPUs are shared
-    assert slot_settings(2, "tiny", ["train.device=cpu"], cuda_devices=["0", "1"], cores=8) == [({}, ["train.threads=4"])] * 2
+    with pytest.raises(ConfigError, match="train.system.device=cuda:1"):
+        slot_settings(2, "tiny", ["train.system.device=cuda:1"], cuda_devices=["0", "1"])
+    # train.system.device=cpu on a GPU machine: the CPUs are shared
+    assert slot_settings(2, "tiny", ["train.system.device=cpu"], cuda_devices=["0", "1"], cores=8) == [({}, ["train.system.threads=4"])] * 2
 
 
 def test_cpu_slots_share_the_cores():
-    assert slot_settings(2, "tiny", [], cuda_devices=[], cores=5) == [({}, ["train.threads=2"])] * 2
+    assert slot_settings(2, "tiny", [], cuda_devices=[], cores=5) == [({}, ["train.system.threads=2"])] * 2
     assert slot_settings(2, "tiny", ["threads=2"], cuda_devices=[], cores=4) == [({}, [])] * 2  # threads given: kept
     with pytest.raises(ConfigError, match="more than the 4 CPUs"):
         slot_settings(2, "tiny", ["threads=3"], cuda_devices=[], cores=4)

@@ -50,7 +50,7 @@ def test_a_sweep_trains_each_algorithm_through_train_and_tabulates_it(tiny_featu
     assert diloco["sync every"] == 3
     assert [c[2] for c in launched] == ["speechperf", "torch.distributed.run", "torch.distributed.run"]
     config = json.loads((tmp_path / "sw" / "diloco-n2-h3" / "config.json").read_text())
-    assert (config["algo"]["name"], config["algo"]["sync_every"], config["train"]["max_epochs"]) == ("diloco", 3, 1)
+    assert (config["algo"]["name"], config["algo"]["sync_every"], config["train"]["stop"]["max_epochs"]) == ("diloco", 3, 1)
     checkpoints = {r["run"]: (tmp_path / "sw" / r["run"] / "checkpoint.pt").stat().st_mtime_ns for r in rows}
     # again, through the command: every run finished, none is trained (or recorded) twice, the same table
     assert main(["parallel", "sweep", *argv, "--json"]) == 0
@@ -69,7 +69,7 @@ def test_the_grid_names_every_run_and_a_failed_run_says_how_to_continue(tiny_fea
     names = [name for name, _, _ in sweep.grid(a)]
     assert names == ["one-worker", "sync-n2", "sync-n4", "bsp-n2-h1", "bsp-n2-h20", "bsp-n4-h1", "bsp-n4-h20",
                      "bmuf-n2-h1", "bmuf-n2-h20", "bmuf-n4-h1", "bmuf-n4-h20"]
-    with pytest.raises(SpeechperfError, match=r"one-worker x1: train failed \(exit 2\)(.|\n)*train.lr=-1.0 must be > 0"
+    with pytest.raises(SpeechperfError, match=r"one-worker x1: train failed \(exit 2\)(.|\n)*train.optim.lr=-1.0 must be > 0"
                                               "(.|\n)*the same sweep command continues it"):
         sweep.run_sweep(sweep_request(["--data", str(tiny_features), "--out", str(tmp_path / "bad"), "--set", "lr=-1"]))
 
@@ -79,7 +79,7 @@ def _loaded(label, algo, workers, step_s, comm_s, comm_bytes, cers, model="ds2",
     return {"label": label, "workload": {"model": model, "params": 1000}, "workload_label": f"{model}, 0.001 M params",
             "summary": {"epochs": 2, "last_cer": cers[-1], "last_wer": 2 * cers[-1], "mfu_pct": 10.0,
                         "status": "success"},
-            "config": {"train": {"target": 30.0, "target_metric": "cer", "target_epochs": 1},
+            "config": {"train": {"stop": {"target": 30.0, "target_metric": "cer", "target_epochs": 1}},
                        "algo": {"name": algo, "sync_every": 20}},
             "env": {"world_size": workers, "cpu_model": cpu},
             "iterations": [{"step_s": step_s, "comm_s": comm_s, "comm_bytes": comm_bytes}] * 4,

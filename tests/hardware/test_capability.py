@@ -152,7 +152,7 @@ def test_fp8_without_torchao_is_unsupported_naming_the_extra(cpu, monkeypatch):
     from speechperf.models import fp8
 
     cpu(AVX512)
-    monkeypatch.setattr(fp8, "available", lambda: "train.precision=fp8 needs torchao (...): " + fp8.EXTRA)
+    monkeypatch.setattr(fp8, "available", lambda: "train.system.precision=fp8 needs torchao (...): " + fp8.EXTRA)
     for device in ("cpu", "cuda:0"):
         s = cap.support(device, "fp8", FP8_MODEL)
         assert s.level == "unsupported" and s.reason.endswith("pip install 'speechperf[fp8]' (torchao)")

@@ -34,7 +34,7 @@ def test_every_reader_uses_the_one_rule():
     p = platforms.describe(env)
     assert (p.name, p.gpus) == ("2x NVIDIA H100 80GB HBM3 / AMD EPYC 9454 48-Core Processor", 2)
     assert p.devices == "2x NVIDIA H100 80GB HBM3, AMD EPYC 9454 48-Core Processor (96 logical cores), 755.5 GB"
-    assert labels.default_label(env, {"preset": "paper", "train": {"precision": "bf16"}}) == "H100x1 paper bf16"
+    assert labels.default_label(env, {"preset": "paper", "train": {"system": {"precision": "bf16"}}}) == "H100x1 paper bf16"
 
 
 def test_instance_type_only_from_ec2():

@@ -20,7 +20,8 @@ AED = {"name": "aed", "d_model": 64, "layers": 1, "heads": 4, "subsampling_chann
 
 def _measured(cfg, utterances: int, frames: int, labels_per_frame: float) -> tuple[int, memory.MemoryEstimate]:
     """The peak of a training step (the second: optimizer state and previous gradients alive) and the estimate."""
-    tc = dataclasses.replace(load_preset("fastconformer-l").train, precision="fp32")
+    train = load_preset("fastconformer-l").train
+    tc = dataclasses.replace(train, system=dataclasses.replace(train.system, precision="fp32"))
     torch.manual_seed(0)
     model = build_model(cfg).train()
     opt = make_optimizer(model, tc, torch.device("cpu"))
@@ -33,7 +34,7 @@ def _measured(cfg, utterances: int, frames: int, labels_per_frame: float) -> tup
     state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
     live = memory.tensor_bytes([*model.parameters(), *(p.grad for p in model.parameters()), *state, batch.feats])
     peak = live + memory.allocated_peak(lambda: train_step(model, batch, opt, scaler, torch.device("cpu"), tc))
-    setup = memory.Setup(tc.optimizer, tc.optimizer_impl, "fp32", "cpu", checkpointing=cfg.activation_checkpointing)
+    setup = memory.Setup(tc.optim.name, tc.optim.impl, "fp32", "cpu", checkpointing=cfg.activation_checkpointing)
     return peak, memory.estimate(cfg, memory.Batch(utterances, frames, int(label_lens.max())), setup)
 
 

@@ -111,7 +111,7 @@ def test_a_planned_forward_on_cuda_from_cpu_tensors_does_not_wait_for_the_device
 
 
 def test_a_model_of_blocks_compiles_each_block_once_for_every_shape():
-    """train.compile on the conformer: each block compiled in place with dynamic shapes, so dynamo
+    """train.system.compile on the conformer: each block compiled in place with dynamic shapes, so dynamo
     traces the block's code once for all blocks and all batch shapes (backend "eager": dynamo's
     graphs without inductor's code generation, seconds instead of minutes); outputs and gradients
     equal the plain model's bit for bit; the parameters keep their names."""

@@ -136,7 +136,7 @@ def test_an_entry_point_model_trains_through_the_cli_by_its_name(tiny_features, 
     _install(site, "my_encoder_dist", "my_encoder = my_encoder", {"my_encoder": _doc_example()})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
     train = ["train", "--preset", "tiny", "--data", tiny_features, "--out", run, "threads=1", "max_epochs=1",
-             "eval_decoder=greedy", "model.name=my_encoder"]
+             "train.eval.decoder=greedy", "model.name=my_encoder"]
     p = cli(*train, "model.hidden=0", env=env)
     assert (p.returncode, p.stderr.strip()) == (2, "speechperf: error: model.hidden=0 must be >= 1") and not run.exists()
     p = cli(*train, "model.hidden=8", "--json", env=env, timeout=300)

@@ -66,7 +66,7 @@ def test_an_utterance_without_frames_is_impossible_and_left_out():
     enc, _ = model(torch.randn(2, 40, 93), torch.tensor([40, 40]))
     out_lens = torch.tensor([5, 0])
     batch = type("B", (), {"labels": torch.tensor([1, 2, 3]), "label_lens": torch.tensor([2, 1])})
-    tc = type("T", (), {"precision": "fp32"})
+    tc = type("T", (), {"system": type("S", (), {"precision": "fp32"})})
     with torch.no_grad():
         assert math.isinf(float(obj.eval_losses(model, enc, out_lens, batch.labels, batch.label_lens, CPU, "fp32")[1]))
     loss, impossible = obj.train_loss(model, enc, out_lens, batch, CPU, tc)
@@ -120,7 +120,7 @@ def test_a_tiny_model_learns_its_labels_and_decodes_them():
     x, lens = torch.randn(2, 64, 93), torch.tensor([64, 48])
     labels, label_lens = torch.tensor([1, 2, 3, 4, 5, 4, 3]), torch.tensor([4, 3])
     batch = type("B", (), {"labels": labels, "label_lens": label_lens})
-    tc = type("T", (), {"precision": "fp32"})
+    tc = type("T", (), {"system": type("S", (), {"precision": "fp32"})})
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(200):
         opt.zero_grad()
@@ -143,7 +143,7 @@ def test_a_run_whose_largest_decoder_output_would_not_fit_is_refused(monkeypatch
     from speechperf.data.index import from_columns, librispeech_like
     from speechperf.errors import ConfigError
 
-    cfg = load_preset("canary-aed-sizes", ["loader.max_duration=100", "train.precision=fp32"])
+    cfg = load_preset("canary-aed-sizes", ["loader.max_duration=100", "train.system.precision=fp32"])
     full = librispeech_like(0, splits=(256,))
     index = from_columns(full.keys, full.shas, full.shard, full.offset, full.frames, full.duration,
                          [full.id(i) for i in range(len(full))], ["ab ccd"] * len(full))

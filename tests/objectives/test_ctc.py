@@ -9,7 +9,7 @@ from speechperf.objectives import OBJECTIVES, objective_of
 from speechperf.models import build_model, model_config
 
 CPU = torch.device("cpu")
-TC = SimpleNamespace(deterministic=False)
+TC = SimpleNamespace(system=SimpleNamespace(deterministic=False))  # a TrainConfig's [train.system]
 
 
 def _batch(labels, lens, repeats_counted: bool):

@@ -17,7 +17,9 @@ from speechperf.train.step import make_optimizer, train_step
 from tests import forked_cli
 
 WORLD, STEPS = 2, 3
-TC = dataclasses.replace(load_preset("tiny").train, optimizer="sgd", lr=0.01, grad_clip=0.0, device="cpu")
+TINY = load_preset("tiny").train
+TC = dataclasses.replace(TINY, optim=dataclasses.replace(TINY.optim, name="sgd", lr=0.01, grad_clip=0.0),
+                         system=dataclasses.replace(TINY.system, device="cpu"))
 CFG = model_config({"name": "transducer", "d_model": 32, "layers": 1, "heads": 4, "conv_kernel": 15,
                     "subsampling_channels": 16, "pred_dim": 24, "joint_dim": 20, "dropout": 0.0,
                     "attention_dropout": 0.0, "pred_dropout": 0.0})  # no dropout: one process draws as two would not
@@ -65,7 +67,7 @@ def _one_process() -> dict:
     """Plain SGD on the mean of both ranks' batch losses: what DDP's averaged gradients give."""
     torch.set_num_threads(1)
     m = core()
-    opt = torch.optim.SGD(m.parameters(), lr=TC.lr)
+    opt = torch.optim.SGD(m.parameters(), lr=TC.optim.lr)
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     for s in range(STEPS):
         grads = []
@@ -76,7 +78,7 @@ def _one_process() -> dict:
             grads.append([p.grad.clone() for p in m.parameters()])
         with torch.no_grad():
             for p, *gs in zip(m.parameters(), *grads):
-                p -= TC.lr * sum(gs) / WORLD
+                p -= TC.optim.lr * sum(gs) / WORLD
     return m.state_dict()
 
 

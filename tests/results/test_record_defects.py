@@ -13,8 +13,9 @@ from speechperf.studies import rcp, study
 from speechperf.results.run import Run
 from speechperf.results.view import RunView
 
-CONFIG = {"preset": "tiny", "model": {"name": "ds2"}, "train": {"seed": 1, "eval_split": "dev-clean", "target_metric": DEFAULT_TARGET,
-                                                            "target": 0.0, "target_epochs": 3}}
+CONFIG = {"preset": "tiny", "model": {"name": "ds2"},
+          "train": {"seed": 1, "eval": {"split": "dev-clean"},
+                    "stop": {"target_metric": DEFAULT_TARGET, "target": 0.0, "target_epochs": 3}}}
 ENV = {"cpu_model": "Test CPU", "cpu_cores_logical": 2, "gpus": []}
 DEEP = "[" * 10_000 + "]" * 10_000  # deeper than Python's recursion limit: json.loads raises RecursionError
 
@@ -86,7 +87,7 @@ def trained(tiny_features, tmp_path_factory):
     from speechperf.train.loop import TrainRequest, train
 
     run = tmp_path_factory.mktemp("trained") / "run"
-    train(TrainRequest("tiny", tiny_features, run, ["threads=1", "max_epochs=1", "train.final_splits=none"], quiet=True))
+    train(TrainRequest("tiny", tiny_features, run, ["threads=1", "max_epochs=1", "train.eval.final_splits=none"], quiet=True))
     return run
 
 
@@ -139,7 +140,7 @@ def test_every_writer_checks_the_database_before_writing(tmp_path):
 
 
 # ---- 2. a shared database (--db) that cannot be written ------------------------------------
-TRAIN = ["threads=1", "max_epochs=1", "train.final_splits=none"]  # as the trained fixture
+TRAIN = ["threads=1", "max_epochs=1", "train.eval.final_splits=none"]  # as the trained fixture
 
 
 def _runs_row(db_path, run_id):

@@ -19,7 +19,7 @@ CPU_ENV = {"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_cores_logical": 2
            "hostname": "box-a"}
 H100_ENV = {"cpu_model": "AMD EPYC 9454 48-Core Processor", "cpu_cores_logical": 96, "device": "cuda:0",
             "world_size": 1, "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.2}]}
-CONFIG = {"preset": "tiny", "train": {"precision": "fp32", "seed": 1, "eval_split": "dev-clean"}}
+CONFIG = {"preset": "tiny", "train": {"seed": 1, "system": {"precision": "fp32"}, "eval": {"split": "dev-clean"}}}
 
 
 def _features(path):
@@ -33,7 +33,7 @@ def test_labels_name_machine_preset_and_precision():
     assert short_gpu("AMD Instinct MI300X") == "MI300X" and short_gpu("NVIDIA A100-SXM4-80GB") == "A100"
     assert short_cpu("Intel(R) Xeon(R) CPU @ 2.20GHz") == "Xeon" and short_cpu("AMD EPYC 7B13") == "EPYC"
     assert default_label(CPU_ENV, CONFIG) == "2-core Xeon tiny fp32"
-    assert default_label(H100_ENV, {"preset": "paper", "train": {"precision": "bf16"}}) == "H100x1 paper bf16"
+    assert default_label(H100_ENV, {"preset": "paper", "train": {"system": {"precision": "bf16"}}}) == "H100x1 paper bf16"
     assert machine_name({**H100_ENV, "device": "cpu"}) == "96-core EPYC"  # GPUs present but unused
 
 
@@ -129,7 +129,7 @@ def test_progress_ignores_unknown_fields():
 
 
 def test_labels_name_the_data_parallel_algorithm_and_the_processes():
-    config = {"preset": "tiny", "train": {"precision": "fp32"}}
+    config = {"preset": "tiny", "train": {"system": {"precision": "fp32"}}}
     two = {**CPU_ENV, "world_size": 2}
     assert default_label(two, {**config, "algo": {"name": "bmuf", "sync_every": 20}}) == "2-core Xeon tiny fp32 bmuf/20 x2"
     assert default_label(two, {**config, "algo": {"name": "sync", "sync_every": 1}}) == "2-core Xeon tiny fp32 sync x2"

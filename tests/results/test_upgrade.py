@@ -20,17 +20,21 @@ FIXTURE = Path(__file__).resolve().parents[1] / "benchmarks" / "fixtures" / "gpu
 
 def test_the_config_fields_hold_what_every_run_had_before_them():
     d = TrainConfig()
-    assert upgrade.CONFIG_FIELDS == {("train", "protocol"): d.protocol, ("train", "target_metric"): d.target_metric,
-                                     ("train", "target"): d.target, ("train", "target_epochs"): d.target_epochs}
+    assert upgrade.CONFIG_FIELDS == {("train", "protocol"): d.protocol,
+                                     ("train", "stop", "target_metric"): d.stop.target_metric,
+                                     ("train", "stop", "target"): d.stop.target,
+                                     ("train", "stop", "target_epochs"): d.stop.target_epochs}
 
 
 def test_config_fills_only_what_is_missing_and_leaves_the_record_alone():
     recorded = {"preset": "tiny", "train": {**OLD_TRAIN, "target": 12.5}}
     out = upgrade.config(recorded)
-    assert out["train"] == {**OLD_TRAIN, "target": 12.5, "protocol": "speechperf",
-                            "target_metric": TrainConfig().target_metric, "target_epochs": 3}
+    assert out["train"] == {"seed": 1, "eval": {"split": "dev-clean"}, "protocol": "speechperf",
+                            "stop": {"target": 12.5, "target_metric": TrainConfig().stop.target_metric,
+                                     "target_epochs": 3}}
     assert recorded == {"preset": "tiny", "train": {**OLD_TRAIN, "target": 12.5}}  # not modified
     assert upgrade.config({"preset": "tiny"})["train"]["protocol"] == "speechperf"
+    assert upgrade.config(out) == out  # a config of this release: as it is
     assert upgrade.config({"train": "x"}) == {"train": "x"}  # not an object: the shape checks refuse it
 
 
@@ -40,7 +44,7 @@ def test_a_run_opened_reads_the_later_config_fields(tmp_path):
     run = RunView.open(tmp_path / "r")
     assert json.loads((tmp_path / "r" / "config.json").read_text())["train"] == OLD_TRAIN  # the file as it was
     assert run_protocol(run.config) == "speechperf"
-    assert target_rule(run.config["train"]) == (TrainConfig().target_metric, 0.0, 3)
+    assert target_rule(run.config["train"]) == (TrainConfig().stop.target_metric, 0.0, 3)
 
 
 def test_rows_of_a_database_without_the_later_columns_hold_none(tmp_path):

@@ -13,7 +13,7 @@ def run(machine: str, seed: int, reach: int | None, status="max_epochs", lr=0.00
     TTA = (reach + 1) epochs (two of the last three at 9; at least 3) x the machine's minutes per epoch."""
     cers = [9.0 if reach is not None and e >= reach else 20.0 for e in range(1, epochs + 1)]
     evals = tuple((e * EPOCH_S[machine], c) for e, c in enumerate(cers, 1))
-    config = {"preset": "cpu", "model": {"name": "ds2"}, "train": {"seed": seed, "lr": lr}}
+    config = {"preset": "cpu", "model": {"name": "ds2"}, "train": {"seed": seed, "optim": {"lr": lr}}}
     return SeedRun(f"{machine} s{seed}", "ds2, 1 M params", f"2-core {machine}", config, status, evals)
 
 
@@ -105,7 +105,7 @@ def test_under_three_runs_no_score_as_the_summarizer_says_without_asking_it():
 def _in(precision: str, r: SeedRun) -> SeedRun:
     from dataclasses import replace
 
-    return replace(r, config={**r.config, "train": {**r.config["train"], "precision": precision}})
+    return replace(r, config={**r.config, "train": {**r.config["train"], "system": {"precision": precision}}})
 
 
 def test_machines_each_at_their_best_say_so_beside_the_ratio():

@@ -5,12 +5,14 @@ from types import SimpleNamespace
 import pytest
 
 from speechperf.metric import DEFAULT_TARGET
+from speechperf.results import upgrade
 from speechperf.studies import rcp, study
 from speechperf.studies.aggregate import SeedRun, aggregate
 
 CORPUS = {"train_utterances": 100, "eval_utterances": 10}
 CONFIG = {"preset": "refd", "model": {"name": "ds2"},
-          "train": {"seed": 1, "lr": 0.001, "threads": 1, "target_metric": DEFAULT_TARGET, "target": 0.0, "target_epochs": 3}}
+          "train": {"seed": 1, "optim": {"lr": 0.001}, "system": {"threads": 1},
+                    "stop": {"target_metric": DEFAULT_TARGET, "target": 0.0, "target_epochs": 3}}}
 
 
 @pytest.fixture
@@ -75,15 +77,15 @@ def test_no_reference_is_said(reference):
     reference([8, 9, 9, 10, 10])
     other = {**CONFIG, "preset": "cpu-without-rcp"}
     assert checks([run(1, 9, config=other)])[0] == ["no reference for preset 'cpu-without-rcp'"]
-    changed = {**CONFIG, "train": {**CONFIG["train"], "lr": 0.01}}
+    changed = {**CONFIG, "train": {**CONFIG["train"], "optim": {"lr": 0.01}}}
     (why,) = checks([run(1, 9, config=changed)])[0]
-    assert why.startswith("reference is for another recipe: train.lr=0.01 (reference 0.001)")
+    assert why.startswith("reference is for another recipe: train.optim.lr=0.01 (reference 0.001)")
     other_corpus = SeedRun("x", "ds2", "m", CONFIG, "max_epochs", run(1, 9).evals, {"train_utterances": 5})
     assert checks([other_corpus])[0][0].startswith("reference measured on another corpus")
 
 
 def test_a_field_added_after_the_reference_counts_at_its_default(reference):
-    """A reference recorded before a field existed (here [algo] and train.lr_step_epochs) trained
+    """A reference recorded before a field existed (here [algo] and train.schedule.lr_step_epochs) trained
     with that field's default: a run at the default matches it, one off the default does not;
     a field today's code does not know never matches."""
     from speechperf.config import load_preset
@@ -92,12 +94,12 @@ def test_a_field_added_after_the_reference_counts_at_its_default(reference):
     reference([8, 9, 9, 10, 10])
     path = rcp.RCP_DIR / "refd.json"
     ref = json.loads(path.read_text())
-    old = {k: v for k, v in rcp.recipe(full).items() if not k.startswith("algo.") and k != "train.lr_step_epochs"}
+    old = {k: v for k, v in rcp.recipe(full).items() if not k.startswith("algo.") and k != "train.schedule.lr_step_epochs"}
     path.write_text(json.dumps({**ref, "recipe": old}))
     assert checks([run(1, 9, config=full)])[0] == [rcp.OK]
-    stepped = {**full, "train": {**full["train"], "lr_step_epochs": 4}}
+    stepped = {**full, "train": {**full["train"], "schedule": {**full["train"]["schedule"], "lr_step_epochs": 4}}}
     (why,) = checks([run(1, 9, config=stepped)])[0]
-    assert why == "reference is for another recipe: train.lr_step_epochs=4 (reference 1)"
+    assert why == "reference is for another recipe: train.schedule.lr_step_epochs=4 (reference 1)"
     path.write_text(json.dumps({**ref, "recipe": {**old, "train.future_field": 1}}))
     (why,) = checks([run(1, 9, config=full)])[0]
     assert why.startswith("reference is for another recipe") and "train.future_field" in why
@@ -181,18 +183,19 @@ def test_every_shipped_reference_passes_its_checks():
         preset, _, numerics = path.stem.partition(".")  # cpu.json: fp32; cpu.bf16.json: bf16
         ref = rcp.load_reference(preset, numerics or None)
         assert ref["preset"] == preset and rcp.reference_path(preset, numerics or None) == path
-        assert ref["recipe"].get("train.precision", "fp32") == (numerics or "fp32"), path
+        # a committed reference names the flat keys of the release it was measured with: read through the table
+        assert upgrade.recipe(ref["recipe"]).get("train.system.precision", "fp32") == (numerics or "fp32"), path
 
 
 def test_a_run_is_checked_against_the_reference_of_its_own_precision(tmp_path, monkeypatch):
     fp32 = json.loads(rcp.reference_path("tiny").read_text())
-    bf16 = {**fp32, "recipe": {**fp32["recipe"], "train.precision": "bf16"},
+    bf16 = {**fp32, "recipe": {**fp32["recipe"], "train.system.precision": "bf16"},
             "seeds": [{**s, "epochs": {k: 1 for k in s["epochs"]}} for s in fp32["seeds"]]}
     (tmp_path / "tiny.json").write_text(json.dumps(fp32))
     monkeypatch.setattr(rcp, "RCP_DIR", tmp_path)
     assert rcp.reference_path("tiny", "bf16") == tmp_path / "tiny.bf16.json"
     assert rcp.reference_path("tiny", "fp32") == rcp.reference_path("tiny") == tmp_path / "tiny.json"
-    config = {"preset": "tiny", "train": {"precision": "bf16"}}
+    config = {"preset": "tiny", "train": {"system": {"precision": "bf16"}}}
     assert rcp.load_reference("tiny", "bf16") is None  # never fp32's epochs for a bf16 run
     said = rcp.applies(None, "tiny", config, {}, "cer", 3, 10.0)
     assert said == "no bf16 reference for preset 'tiny'"

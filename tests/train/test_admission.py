@@ -99,8 +99,8 @@ def test_another_configuration_or_label_or_a_finished_run(tiny_features, tmp_pat
     adm, cfg = _admit(TrainRequest("tiny", tiny_features, out, label="mine"))
     run = _begin(adm, cfg, tiny_features, label="mine")
     adm.release()
-    other, _ = _admit(TrainRequest("tiny", tiny_features, out, ["train.lr=0.5"]))
-    assert "holds a run of another configuration (train.lr:" in other.error and other.lock is None
+    other, _ = _admit(TrainRequest("tiny", tiny_features, out, ["train.optim.lr=0.5"]))
+    assert "holds a run of another configuration (train.optim.lr:" in other.error and other.lock is None
     named, _ = _admit(TrainRequest("tiny", tiny_features, out, label="theirs"))
     assert "holds a run labelled 'mine', not 'theirs'" in named.error
     refused, _ = _admit(TrainRequest("tiny", tiny_features, out, resume="no"))
@@ -113,7 +113,7 @@ def test_another_configuration_or_label_or_a_finished_run(tiny_features, tmp_pat
     request = TrainRequest(out=tmp_path / "other", resume=out)
     assert (request.out, request.mode, request.configuration().to_dict()) == (out, "yes", load_preset("tiny", []).to_dict())
     with pytest.raises(ConfigError, match="overrides are not allowed with --resume RUN"):
-        TrainRequest(resume=out, overrides=["train.lr=0.5"]).configuration()
+        TrainRequest(resume=out, overrides=["train.optim.lr=0.5"]).configuration()
     assert json.loads((out / "run.json").read_text())["label"] == "mine"
 
 
@@ -122,7 +122,7 @@ def test_config_diff_names_each_field():
 
 
 def test_a_seed_request_adds_its_seed_last_and_its_label_suffix(tmp_path):
-    seed = TrainRequest("tiny", overrides=["a=1"], label="x").for_seed(3, tmp_path / "seed-3", ("train.threads=2",))
-    assert seed.overrides == ("a=1", "train.threads=2", "train.seed=3") and seed.label_suffix == " seed 3"
+    seed = TrainRequest("tiny", overrides=["a=1"], label="x").for_seed(3, tmp_path / "seed-3", ("train.system.threads=2",))
+    assert seed.overrides == ("a=1", "train.system.threads=2", "train.seed=3") and seed.label_suffix == " seed 3"
     assert seed.given_label() == "x seed 3" and seed.out == tmp_path / "seed-3"
     assert is_run(seed.out) is False

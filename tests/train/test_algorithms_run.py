@@ -21,7 +21,7 @@ from tests.conftest import cli, shared_folder, torchrun, torchrun_args, torchrun
 ARGS = ["--preset", "tiny", "max_epochs=1", "threads=1", "device=cpu", "final_splits=none", "checkpoint_every=1000"]
 # where averaging models equals averaging gradients; 4 steps: CTC's summed loss has a large curvature,
 # which amplifies the rounding that tells the two apart (measured on 9 steps: 0.5% of a weight)
-SGD = ["optimizer=sgd", "lr=0.001", "grad_clip=0", "batch_size=12"]
+SGD = ["train.optim.name=sgd", "lr=0.001", "grad_clip=0", "batch_size=12"]
 RUNS = {  # name -> (processes, overrides)
     "single": (1, [*SGD, "algo.name=single"]),
     "sync": (2, SGD),

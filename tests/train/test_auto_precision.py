@@ -1,4 +1,4 @@
-"""train.precision=auto: the fastest native precision, measured on the run's own step, cached per
+"""train.system.precision=auto: the fastest native precision, measured on the run's own step, cached per
 machine, build and workload, recorded by the run and kept by a resumed one. Proven on any CPU by
 forcing the CPU's flags (hardware/capability.py) and replacing the step timer."""
 import json
@@ -51,7 +51,7 @@ def timer(monkeypatch):
 
 
 def tiny(*overrides):
-    return load_preset("tiny", ["train.precision=auto", *overrides])
+    return load_preset("tiny", ["train.system.precision=auto", *overrides])
 
 
 def test_without_native_bf16_auto_picks_fp32_without_measuring(monkeypatch, timer, tmp_path):
@@ -102,23 +102,23 @@ def test_the_real_timer_times_each_candidate_on_a_typical_batch():
 
 def test_the_machine_comparing_presets_default_to_auto_and_a_given_precision_wins():
     for name in ("cpu", "conformer-cpu", "gpu", "conformer"):
-        assert load_preset(name).train.precision == "auto", name
-    assert load_preset("cpu", ["train.precision=fp32"]).train.precision == "fp32"
-    assert load_preset("tiny").train.precision == "fp32"  # the tests' preset and its bit-for-bit reference
+        assert load_preset(name).train.system.precision == "auto", name
+    assert load_preset("cpu", ["train.system.precision=fp32"]).train.system.precision == "fp32"
+    assert load_preset("tiny").train.system.precision == "fp32"  # the tests' preset and its bit-for-bit reference
     assert set(preset_names()) >= {"cpu", "conformer-cpu", "gpu", "conformer"}
 
 
 def test_reproduce_trains_in_the_reference_precision():
-    ref = {"recipe": {"train.precision": "fp32"}}
+    ref = {"recipe": {"train.system.precision": "fp32"}}
     cmd = child_command("cpu", "F", 1, 2, "O", [], precision=recipe_precision(ref))
-    assert "train.precision=fp32" in cmd and cmd.index("train.precision=fp32") > cmd.index("--json")
+    assert "train.system.precision=fp32" in cmd and cmd.index("train.system.precision=fp32") > cmd.index("--json")
     assert recipe_precision({}) == "fp32"
 
 
 def test_an_emulated_precision_is_refused_unless_allowed(flags):
     flags(AVX2 | cap.AVX512_CORE)  # AVX-512 without bf16 units: bf16 runs, emulated
-    cfg = load_preset("tiny", ["train.precision=bf16"])
-    with pytest.raises(ConfigError, match=r"train.precision=bf16 is emulated on this CPU .*27x slower.*"
+    cfg = load_preset("tiny", ["train.system.precision=bf16"])
+    with pytest.raises(ConfigError, match=r"train.system.precision=bf16 is emulated on this CPU .*27x slower.*"
                                           r"--allow-emulated"):
         check_precision(cfg, CPU, allow_emulated=False)
     assert check_precision(cfg, CPU, allow_emulated=True).startswith("emulated: no native bf16")
@@ -128,23 +128,23 @@ def test_an_emulated_precision_is_refused_unless_allowed(flags):
 def test_train_refuses_an_emulated_precision_with_exit_2(flags, tiny_features, tmp_path, capsys):
     flags(AVX2 | cap.AVX512_CORE)
     assert main(["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(tmp_path / "r"),
-                 "train.precision=bf16"]) == 2
+                 "train.system.precision=bf16"]) == 2
     assert "emulated on this CPU" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
 def test_auto_continuing_a_run_means_its_recorded_precision():
     here = tiny().to_dict()
-    assert _as_recorded(here, {"train": {"precision": "bf16"}})["train"]["precision"] == "bf16"
+    assert _as_recorded(here, {"train": {"system": {"precision": "bf16"}}})["train"]["system"]["precision"] == "bf16"
     fixed = load_preset("tiny").to_dict()
-    assert _as_recorded(fixed, {"train": {"precision": "bf16"}}) is fixed
+    assert _as_recorded(fixed, {"train": {"system": {"precision": "bf16"}}}) is fixed
 
 
 def test_a_run_records_its_choice_and_a_resumed_run_keeps_it(flags, timer, tiny_features, tmp_path, monkeypatch):
     flags(BF16)
     monkeypatch.setenv("SPEECHPERF_CACHE", str(tmp_path / "cache"))  # this test's own choices
     timer(fp32=0.2, bf16=0.3)  # fp32 wins: the run trains in a precision every CPU runs
-    run, real, args = tmp_path / "run", loop._evaluate, ["threads=1", "max_epochs=1", "train.final_splits=none",
-                                                         "train.precision=auto", "eval_decoder=greedy"]
+    run, real, args = tmp_path / "run", loop._evaluate, ["threads=1", "max_epochs=1", "train.eval.final_splits=none",
+                                                         "train.system.precision=auto", "train.eval.decoder=greedy"]
 
     def signalled(model, t, split, beam, **kw):
         os.kill(os.getpid(), signal.SIGTERM)  # stops the run at its first evaluation, saved
@@ -154,7 +154,7 @@ def test_a_run_records_its_choice_and_a_resumed_run_keeps_it(flags, timer, tiny_
     with pytest.raises(Interrupted):
         loop.train(TrainRequest("tiny", tiny_features, run, args, quiet=True))
     with RunView.open(run) as r:
-        assert r.config["train"]["precision"] == "fp32"
+        assert r.config["train"]["system"]["precision"] == "fp32"
         choice = r.env["precision_choice"]
         assert choice["chosen"] == "fp32" and choice["candidates"] == {"fp32": 0.2, "bf16": 0.3}
     monkeypatch.setattr(loop, "_evaluate", real)
@@ -163,7 +163,7 @@ def test_a_run_records_its_choice_and_a_resumed_run_keeps_it(flags, timer, tiny_
     assert summary["status"] in ("success", "max_epochs") and len(timer.calls) == 1
     assert summary["precision_choice"] == choice
     with RunView.open(run) as r:
-        assert r.config["train"]["precision"] == "fp32"
+        assert r.config["train"]["system"]["precision"] == "fp32"
 
 
 CONFORMER = ["model.name=conformer", "model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
@@ -195,10 +195,10 @@ def test_an_fp8_candidate_is_timed_with_its_layers_swapped():
 def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(cap, "cuda_capability", lambda device: (8, 0))  # A100
     with pytest.raises(ConfigError) as e:
-        check_precision(tiny(*CONFORMER, "train.precision=fp8"), torch.device("cuda:0"))
-    assert str(e.value) == ("train.precision=fp8 cannot train model conformer here: unsupported on this GPU: no FP8 "
+        check_precision(tiny(*CONFORMER, "train.system.precision=fp8"), torch.device("cuda:0"))
+    assert str(e.value) == ("train.system.precision=fp8 cannot train model conformer here: unsupported on this GPU: no FP8 "
                             "tensor cores on this GPU (compute capability 8.0; 8.9 or newer has them); use "
-                            "train.precision=fp32")
+                            "train.system.precision=fp32")
     monkeypatch.setattr(cap, "cuda_capability", lambda device: (9, 0))  # H100: native, its swap in the run's note
-    assert check_precision(tiny(*CONFORMER, "train.precision=fp8"), torch.device("cuda:0")).startswith(
+    assert check_precision(tiny(*CONFORMER, "train.system.precision=fp8"), torch.device("cuda:0")).startswith(
         "9 of 10 Linear layers in float8")

@@ -29,7 +29,7 @@ def test_cli_end_to_end(tmp_path):
     # checked against the shipped tiny reference at its target, which measured another recipe (10 epochs)
     (check,) = summary["convergence"]["checks"]
     assert summary["convergence"]["reference"] == "tiny.json" and check["RCP check"].startswith(
-        "reference is for another recipe: train.max_epochs=2 (reference 10)")
+        "reference is for another recipe: train.stop.max_epochs=2 (reference 10)")
 
     keys = [e["key"] for e in read_events(run / "events.log")]
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
@@ -75,7 +75,7 @@ def test_cli_end_to_end(tmp_path):
     assert bad_mode.returncode == 2 and "fastest" in bad_mode.stderr
 
     other = again("train", "--preset", "tiny", "--data", feats, "--out", run, check=False)
-    assert other.returncode == 2 and "holds a run of another configuration (train.threads: 1 there, 0 now)" in other.stderr
+    assert other.returncode == 2 and "holds a run of another configuration (train.system.threads: 1 there, 0 now)" in other.stderr
     events_before = (run / "events.log").read_bytes()
     done = again("train", "--preset", "tiny", "--data", feats, "--out", run, "max_epochs=2", "threads=1", "--json")
     assert json.loads(done.stdout) == [summary]  # finished: reported, nothing changed

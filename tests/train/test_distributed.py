@@ -63,7 +63,7 @@ def test_backend_resolution():
         resolve_backend("nccl", torch.device("cpu"))
     with pytest.raises(ConfigError, match="dist_backend='mpi'"):
         load_preset("tiny", ["dist_backend=mpi"])
-    assert load_preset("tiny", ["dist_backend=cpu:gloo,cuda:nccl"]).train.dist_backend == "cpu:gloo,cuda:nccl"
+    assert load_preset("tiny", ["dist_backend=cpu:gloo,cuda:nccl"]).train.system.dist_backend == "cpu:gloo,cuda:nccl"
 
 
 def test_setup_checks_before_joining_a_group(monkeypatch):

@@ -147,7 +147,7 @@ def test_the_epoch_evaluation_computes_its_intervals_off_the_clock(tiny_features
 
     monkeypatch.setattr(ev, "error_intervals", slow_intervals)
     model, _ = tiny_model()
-    cfg = load_preset("tiny", ["threads=1", "eval_decoder=beam", "eval_beam=8"])
+    cfg = load_preset("tiny", ["threads=1", "train.eval.decoder=beam", "train.eval.beam=8"])
     rec = _Kept(Progress(), tmp_path)
     rec.rows = []
     rec.initialized("fresh", 0.0, {})
@@ -213,7 +213,7 @@ def test_initialization_keeps_the_eval_split_within_the_configured_bound(tiny_fe
 
     for bound, where in ((64, "host"), (0, "stream")):
         model, _ = tiny_model()
-        cfg = load_preset("tiny", ["threads=1", f"eval_resident_mb={bound}"])
+        cfg = load_preset("tiny", ["threads=1", f"train.eval.resident_mb={bound}"])
         parts = initialize(model, cfg, Batching(cfg.loader), tiny_features, CPU)
         assert (parts["eval_data_mb"] > 0) == (bound > 0)
         assert run_eval(tiny_features)["eval_data"] == where

@@ -27,7 +27,7 @@ def outside_env() -> dict:
 @pytest.mark.timeout(900)
 def test_a_model_outside_the_package_trains_to_its_target_and_shows_by_its_name(tiny_features, tmp_path):
     run, env = tmp_path / "run", outside_env()
-    train = ["train", "--preset", "tiny", "--data", tiny_features, "--out", run, "threads=1", "eval_decoder=greedy"]
+    train = ["train", "--preset", "tiny", "--data", tiny_features, "--out", run, "threads=1", "train.eval.decoder=greedy"]
     p = cli(*train, "model.name=external_model:ext_plain", env=env)
     assert p.returncode == 2 and not run.exists(), p.stderr
     assert p.stderr.strip().count("\n") == 0 and "model 'external_model:ext_plain' does not meet" in p.stderr

@@ -83,7 +83,7 @@ def test_named_splits_train_without_the_missing_one(feats, tmp_path):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("lr=inf", "train.lr=inf must be a finite number"),
+    ("lr=inf", "train.optim.lr=inf must be a finite number"),
     ("batch_size=100000", "loader.batch_size=100000 is larger than the {n} utterances"),
 ])
 def test_values_that_cannot_train_are_refused(tiny_features, tmp_path, override, message):
@@ -143,7 +143,7 @@ def test_a_chain_of_sigkills_and_resumes_equals_the_uninterrupted_run(tiny_featu
 
 @pytest.mark.timeout(600)
 def test_a_resume_given_another_thread_count_computes_with_the_run_s(tiny_features, tmp_path):
-    """The one inexact resume fault injection found: with train.threads=0 the intra-op thread count is the
+    """The one inexact resume fault injection found: with train.system.threads=0 the intra-op thread count is the
     process's (OMP_NUM_THREADS, the CPUs it may use); sums split by thread round differently,
     so a resume given another count drifted from the second resumed step on. The count is
     kept in the checkpoint and restored."""

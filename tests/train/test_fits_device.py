@@ -13,7 +13,7 @@ CPU = torch.device("cpu")
 
 
 def test_an_xl_run_on_a_small_device_is_refused_naming_what_would_fit():
-    cfg = load_preset("fastconformer-xl", ["train.precision=fp32"])
+    cfg = load_preset("fastconformer-xl", ["train.system.precision=fp32"])
     index = librispeech_like(0, splits=(400,))
     with pytest.raises(DoesNotFit, match=r"needs [\d.]+ GB per device \(parameters .* 16\.0 GB free; what would fit: "
                                          r"batches of at most"):

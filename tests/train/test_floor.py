@@ -1,5 +1,6 @@
 """The run's step against its floor (train/floor.py): which rows it replays, what it compares, and
 that the run's model, optimizer, scaler and RNG are as before it."""
+from dataclasses import replace
 import time
 from types import SimpleNamespace
 
@@ -115,7 +116,7 @@ class _Loader(list):
 
 
 def _trainer(steps: int, batches: list, *over):
-    cfg = load_preset("tiny", [f"train.floor_steps={steps}", *over])
+    cfg = load_preset("tiny", [f"train.floor.steps={steps}", *over])
     torch.manual_seed(0)
     model = build_model(cfg.model)
     optimizer = make_optimizer(model, cfg.train, CPU)
@@ -183,13 +184,13 @@ def test_a_replayed_batch_unlike_its_row_is_not_compared(monkeypatch):
     short = floor.measure(_trainer(3, {1: BATCHES, 2: BATCHES[:3]}), TWO_EPOCHS)  # the plan gave fewer batches
     assert "iteration 8 is not the one" in short["note"]
     none = floor.measure(_trainer(3, BATCHES), _rows({1: 1, 2: 1}))
-    assert none["note"] == "not measured: no epoch trained 2 steps in a row (a lead and 1 timed; train.floor_steps=3)"
+    assert none["note"] == "not measured: no epoch trained 2 steps in a row (a lead and 1 timed; train.floor.steps=3)"
 
 
 def test_the_sync_period_makes_the_windows_and_the_budget_their_number(monkeypatch):
     calls = _fixed_replay(monkeypatch)
     rows = [{**r, "iteration": r["iteration"] + 2} for r in TWO_EPOCHS]  # 3-6, 7-10: windows of 2 end at 6, 10
-    got = floor.measure(_trainer(4, BATCHES, "train.sync_every=2"), rows)
+    got = floor.measure(_trainer(4, BATCHES, "train.system.sync_every=2"), rows)
     assert calls == [4, 8, 4, 8] and (got["span"], got["windows"], got["steps"]) == (2, 2, 4)
     clocked = [{**r, "clock_s": 4.0} for r in TWO_EPOCHS]  # 4 s of clock: 5% is one window of 2 steps of ~0.2 s
     got = floor.measure(_trainer(3, BATCHES), clocked)
@@ -199,18 +200,18 @@ def test_the_sync_period_makes_the_windows_and_the_budget_their_number(monkeypat
 
 def test_a_window_times_floor_window_steps_in_whole_read_periods():
     def span(*over):
-        return floor.window_span(load_preset("tiny", ["train.floor_steps=48", *over]).train)
-    assert span() == 1 and span("train.floor_window=4") == 4  # 0: one period of sync_every (1 on a CPU)
-    assert span("train.floor_window=5", "train.sync_every=2") == 6 and span("train.sync_every=25") == 25
-    assert floor.window_span(load_preset("tiny", ["train.floor_steps=3", "train.floor_window=4"]).train) == 3
-    assert "train.floor_window=-1 must be >= 0" in " ".join(load_preset("tiny").train.__class__(
-        floor_window=-1).problems())
+        return floor.window_span(load_preset("tiny", ["train.floor.steps=48", *over]).train)
+    assert span() == 1 and span("train.floor.window=4") == 4  # 0: one period of sync_every (1 on a CPU)
+    assert span("train.floor.window=5", "train.system.sync_every=2") == 6 and span("train.system.sync_every=25") == 25
+    assert floor.window_span(load_preset("tiny", ["train.floor.steps=3", "train.floor.window=4"]).train) == 3
+    t = load_preset("tiny").train
+    assert "train.floor.window=-1 must be >= 0" in " ".join(replace(t, floor=replace(t.floor, window=-1)).problems())
 
 
 def test_windows_of_several_steps_are_compared_whole_and_each_recorded(monkeypatch):
     calls = _fixed_replay(monkeypatch)
     rows = _rows_of(BATCHES * 3, 1, epoch=1)  # iterations 1-12 of one epoch
-    got = floor.measure(_trainer(8, BATCHES * 3, "train.floor_window=4"), rows)
+    got = floor.measure(_trainer(8, BATCHES * 3, "train.floor.window=4"), rows)
     # candidates end at 8 and 12 (a lead and 4 steps after the epoch's first): two windows, 3-8 and 7-12
     assert (got["span"], got["windows"], got["steps"], got["first_iteration"]) == (4, 2, 8, 5)
     assert calls == [4, 8, 4, 8]
@@ -231,7 +232,7 @@ def test_a_smaller_budget_keeps_a_prefix_of_the_same_windows(monkeypatch):
 
 
 def test_the_run_is_as_before_the_replay():
-    t = _trainer(3, BATCHES, "train.optimizer=adamw")
+    t = _trainer(3, BATCHES, "train.optim.name=adamw")
     before = {k: v.clone() for k, v in t.state.model.state_dict().items()}
     optimizer = t.state.optimizer  # a state to put back: one step trained before it
     train_step(t.model, BATCHES[0], optimizer, t.state.scaler, CPU, t.cfg.train)
@@ -249,7 +250,7 @@ def test_the_run_is_as_before_the_replay():
 
 
 def test_the_replay_reads_where_the_loop_reads(monkeypatch):
-    t = _trainer(3, BATCHES, "train.sync_every=2", "train.sentence_every=50", "train.checkpoint_every=50")
+    t = _trainer(3, BATCHES, "train.system.sync_every=2", "train.eval.sentence_every=50", "train.system.checkpoint_every=50")
     reads = []
     real = StepMeter.read
     monkeypatch.setattr(StepMeter, "read", lambda self: reads.append([p.iteration for p in self.pending]) or real(self))
@@ -259,7 +260,7 @@ def test_the_replay_reads_where_the_loop_reads(monkeypatch):
 
 
 def test_a_data_parallel_run_and_a_run_without_it_say_so():
-    t = SimpleNamespace(cfg=load_preset("tiny", ["train.floor_steps=5"]), stop=SimpleNamespace(requested=None),
+    t = SimpleNamespace(cfg=load_preset("tiny", ["train.floor.steps=5"]), stop=SimpleNamespace(requested=None),
                         group=SimpleNamespace(world=2), rec=SimpleNamespace(floor=None))
     loop._floor(t)
     assert t.rec.floor == {"steps": 5, "note": "not measured: a data-parallel run (2 processes)"}
@@ -289,7 +290,7 @@ def test_a_replay_that_fails_is_said_and_the_run_stands(monkeypatch):
         raise RuntimeError("CUDA out of memory. Tried to allocate 1.30 GiB")
 
     monkeypatch.setattr(floor, "measure", out_of_memory)
-    t = SimpleNamespace(cfg=load_preset("tiny", ["train.floor_steps=5"]), stop=SimpleNamespace(requested=None),
+    t = SimpleNamespace(cfg=load_preset("tiny", ["train.floor.steps=5"]), stop=SimpleNamespace(requested=None),
                         group=SimpleNamespace(world=1, device=CPU), rec=Rec(),
                         run=SimpleNamespace(rows=SimpleNamespace(iterations=list)))
     loop._floor(t)

@@ -1,4 +1,4 @@
-"""``train.precision=fp8`` through the real loop on the CPU (torchao's emulation): refused in one line
+"""``train.system.precision=fp8`` through the real loop on the CPU (torchao's emulation): refused in one line
 before a run folder exists unless ``--allow-emulated`` and for a model with no layer fp8 can swap; a run
 killed after a mid-epoch checkpoint resumes bit for bit, and its checkpoint is data only (no torchao
 object pickled), the plain model's keys; sharded (fsdp) on 2 gloo ranks under torchrun it trains and
@@ -14,12 +14,12 @@ from speechperf.results.checkpoint import load as load_checkpoint
 from tests.conftest import cli, cli_start, torchrun, torchrun_args
 from tests.train.test_resume_mid_epoch import CONFORMER, _kill_after_a_mid_epoch_checkpoint, _rows
 
-FP8 = ["train.precision=fp8"]
+FP8 = ["train.system.precision=fp8"]
 
 
 def _args(feats, out, *extra):
     return ["train", "--preset", "tiny", "--data", str(feats), "--out", str(out), "--json", "threads=1",
-            "max_epochs=2", "checkpoint_every=2", "sentence_every=50", "loader.readers=1", "train.final_splits=none",
+            "max_epochs=2", "checkpoint_every=2", "sentence_every=50", "loader.readers=1", "train.eval.final_splits=none",
             *CONFORMER, *FP8, *extra]
 
 
@@ -27,11 +27,11 @@ def test_fp8_on_a_cpu_is_refused_unless_emulation_is_allowed(tiny_features, tmp_
     run = tmp_path / "run"
     assert main(_args(tiny_features, run)) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "train.precision=fp8 is emulated on this CPU" in err
+    assert len(err.splitlines()) == 1 and "train.system.precision=fp8 is emulated on this CPU" in err
     assert "--allow-emulated" in err and "9 of 10 Linear layers in float8" in err
     assert not run.exists()
     assert main(["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(run), "--allow-emulated",
-                 "train.precision=fp8"]) == 2  # DS2: its only Linear layer has 30 outputs
+                 "train.system.precision=fp8"]) == 2  # DS2: its only Linear layer has 30 outputs
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and not run.exists()
     assert "no Linear layer of this model can train in float8 (fc: out_features 30 not a multiple of 16)" in err
@@ -59,7 +59,7 @@ def test_an_fp8_run_resumes_bit_exactly_and_its_checkpoint_is_data_only(tiny_fea
     pickled = _globals(ref / "checkpoint.pt")
     assert b"torch" in pickled and b"torchao" not in pickled and b"Float8" not in pickled
     assert all(type(v) is torch.Tensor for v in a["model"].values())  # noqa: E721
-    assert "blocks.0.ff1.net.1.weight" in a["model"] and a["config"]["train"]["precision"] == "fp8"
+    assert "blocks.0.ff1.net.1.weight" in a["model"] and a["config"]["train"]["system"]["precision"] == "fp8"
     note = json.loads((ref / "env.json").read_text())["precision_note"]
     assert note.startswith("emulated: no FP8 tensor cores on a CPU") and note.endswith(
         "9 of 10 Linear layers in float8, the others in bf16 (head: out_features 30 not a multiple of 16)")

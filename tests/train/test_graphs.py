@@ -1,4 +1,4 @@
-"""train.cuda_graphs (train/graphs.py): the step on batches padded to a grid of shapes trains
+"""train.system.cuda_graphs (train/graphs.py): the step on batches padded to a grid of shapes trains
 what the plain step trains; every planned batch's shape is captured before the clock; the
 configurations it cannot run are refused by name. The capture itself runs on CUDA only."""
 import json
@@ -30,7 +30,7 @@ def _batch(frames, label_lens, seed=0):
 
 
 def _trained(graphs: bool, batches, device=CPU, precision="fp32"):
-    cfg = load_preset("tiny", [f"precision={precision}", "train.optimizer=sgd", "train.lr=0.1"])
+    cfg = load_preset("tiny", [f"precision={precision}", "train.optim.name=sgd", "train.optim.lr=0.1"])
     torch.manual_seed(0)
     core = build_model(cfg.model).to(device)
     model = GraphedModel(core, 16, 8, precision, capture=device.type == "cuda") if graphs else core
@@ -158,9 +158,9 @@ def test_graphs_over_half_the_free_memory_are_refused_naming_the_figures():
     model = GraphedModel(build_model(load_preset("tiny").model), 16, 8, capture=False)
     need = static_bytes(model._orig_mod, {(8, 48), (16, 64)}, 93)
     check_memory(model, {(8, 48), (16, 64)}, 93, free=2 * need)  # half the free memory: taken
-    with pytest.raises(ConfigError, match=r"plan 2 batch shapes at the grid train.graph_frames=16 x train.graph_batch="
+    with pytest.raises(ConfigError, match=r"plan 2 batch shapes at the grid train.system.graph_frames=16 x train.system.graph_batch="
                                           r"8, whose graphs keep .* GB .*more than 50% of the device's .* GB free"
-                                          r"(.|\n)*train.graph_frames=64 train.graph_batch=32"):
+                                          r"(.|\n)*train.system.graph_frames=64 train.system.graph_batch=32"):
         check_memory(model, {(8, 48), (16, 64)}, 93, free=2 * need - 1)
 
 
@@ -180,17 +180,17 @@ def test_every_planned_batch_has_its_grid_shape_in_the_set(tiny_features):
 
 @pytest.mark.parametrize("over, says", [
     (["model.name=conformer"], "needs model ds2"),
-    (["train.cuda_graphs=true", "train.compile=true"], "cannot both be on"),
-    (["train.graph_frames=0"], "train.graph_frames=0"),
+    (["train.system.cuda_graphs=true", "train.system.compile=true"], "cannot both be on"),
+    (["train.system.graph_frames=0"], "train.system.graph_frames=0"),
 ])
 def test_what_cuda_graphs_cannot_run_is_refused(over, says):
     with pytest.raises(ConfigError, match=says):
-        load_preset("tiny", ["train.cuda_graphs=true", *over])
+        load_preset("tiny", ["train.system.cuda_graphs=true", *over])
 
 
 def test_a_cpu_run_asking_for_cuda_graphs_exits_2_naming_it(tiny_features, tmp_path):
-    p = cli("train", "--data", tiny_features, "--out", tmp_path / "run", "--preset", "tiny", "train.cuda_graphs=true")
-    assert p.returncode == 2 and "train.cuda_graphs=true needs one CUDA device" in p.stderr, p.stderr
+    p = cli("train", "--data", tiny_features, "--out", tmp_path / "run", "--preset", "tiny", "train.system.cuda_graphs=true")
+    assert p.returncode == 2 and "train.system.cuda_graphs=true needs one CUDA device" in p.stderr, p.stderr
 
 
 @pytest.mark.cuda
@@ -200,7 +200,7 @@ def test_graphed_steps_train_what_the_eager_padded_steps_train(precision):
     (both padded: the same shapes), each shape captured once, the batch norms' statistics
     put back after each capture."""
     dev = torch.device("cuda", 0)
-    cfg = load_preset("tiny", [f"precision={precision}", "train.optimizer=sgd", "train.lr=0.1"])
+    cfg = load_preset("tiny", [f"precision={precision}", "train.optim.name=sgd", "train.optim.lr=0.1"])
     results = []
     for capture in (False, True):
         torch.manual_seed(0)
@@ -259,8 +259,8 @@ def test_the_captured_evaluation_pass_gives_the_plain_model_s_outputs(precision)
 def test_a_gpu_run_trains_from_cuda_graphs_end_to_end(tiny_features, tmp_path):
     """The real CLI on a GPU: every planned shape captured before the clock, none inside it, and
     the step's floor replayed through the same graphs after training."""
-    p = cli("train", "--data", tiny_features, "--out", tmp_path / "run", *TINY_RUN, "train.cuda_graphs=true",
-            "train.device=cuda", "train.precision=bf16", "--json", timeout=300)
+    p = cli("train", "--data", tiny_features, "--out", tmp_path / "run", *TINY_RUN, "train.system.cuda_graphs=true",
+            "train.system.device=cuda", "train.system.precision=bf16", "--json", timeout=300)
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     graphs = summary["cuda_graphs"]

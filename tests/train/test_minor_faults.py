@@ -11,7 +11,7 @@ from speechperf.train import loop
 from speechperf.train.request import TrainRequest
 from speechperf.train.stop import Interrupted
 
-TINY = ["threads=1", "max_epochs=1", "train.final_splits=dev-clean,test-clean"]
+TINY = ["threads=1", "max_epochs=1", "train.eval.final_splits=dev-clean,test-clean"]
 
 
 def test_a_sigterm_during_the_final_evaluation_stops_it_and_the_same_command_evaluates_again(
@@ -19,7 +19,7 @@ def test_a_sigterm_during_the_final_evaluation_stops_it_and_the_same_command_eva
     run, real, calls = tmp_path / "run", loop._evaluate, []
 
     def signalled(model, t, split, beam, **kw):
-        if beam == t.cfg.train.final_beam and not calls:
+        if beam == t.cfg.train.eval.final_beam and not calls:
             calls.append(split)
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while the first final split is evaluated
         return real(model, t, split, beam, **kw)
@@ -95,9 +95,9 @@ def test_train_target_must_be_an_error_rate_as_tta_targets_are(value):
     from speechperf.errors import ConfigError
     from speechperf.scoring.targets import TargetError, parse_targets
 
-    with pytest.raises(ConfigError, match=r"train.target=\S+ must be an error rate in \(0, 100\] % \(or 0: never"):
-        load_preset("tiny", [f"train.target={value}"])
+    with pytest.raises(ConfigError, match=r"train.stop.target=\S+ must be an error rate in \(0, 100\] % \(or 0: never"):
+        load_preset("tiny", [f"train.stop.target={value}"])
     with pytest.raises(TargetError):  # the same rule as tta --targets
         parse_targets(value)
-    assert load_preset("tiny", ["train.target=100"]).train.target == 100
-    assert load_preset("tiny", ["train.target=0"]).train.target == 0
+    assert load_preset("tiny", ["train.stop.target=100"]).train.stop.target == 100
+    assert load_preset("tiny", ["train.stop.target=0"]).train.stop.target == 0

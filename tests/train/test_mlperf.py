@@ -125,13 +125,13 @@ def wer_run(tiny_features, tmp_path_factory):
 
     assert WER.name != DEFAULT_TARGET
     run = tmp_path_factory.mktemp("wer") / "run"
-    _train(tiny_features, run, ["max_epochs=1", "threads=1", f"train.target_metric={WER.name}",
-                                "train.final_splits=none"])
+    _train(tiny_features, run, ["max_epochs=1", "threads=1", f"train.stop.target_metric={WER.name}",
+                                "train.eval.final_splits=none"])
     return run
 
 
 def test_a_wer_target_run_logs_wer_as_eval_accuracy_and_complies(wer_run):
-    """eval_accuracy states the run's train.target_metric, named, with the other metrics beside it."""
+    """eval_accuracy states the run's train.stop.target_metric, named, with the other metrics beside it."""
     from speechperf.metric import CER, WER
 
     (line,) = [e for e in read_events(wer_run / "events.log") if e["key"] == "eval_accuracy"]

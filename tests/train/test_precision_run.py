@@ -17,8 +17,8 @@ def test_an_emulated_precision_is_flagged_in_env_summary_and_report(tiny_feature
     monkeypatch.setenv(cap.FORCE_ENV, "avx512f,avx512_bf16,amx_bf16")
     run = tmp_path / "run"
     code = main(["train", "--preset", "tiny", "--data", str(tiny_features), "--out", str(run), "--json", "--allow-emulated",
-                 "threads=1", "max_epochs=1", "model.name=dnn", "model.hidden=32", "model.layers=2", "train.precision=bf16",
-                 "train.final_splits=none"])  # the note is the run's, not its final evaluations
+                 "threads=1", "max_epochs=1", "model.name=dnn", "model.hidden=32", "model.layers=2", "train.system.precision=bf16",
+                 "train.eval.final_splits=none"])  # the note is the run's, not its final evaluations
     assert code == 0, capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text())["precision_note"] == EMULATED
     assert json.loads((run / "env.json").read_text())["precision_note"] == EMULATED

@@ -16,8 +16,8 @@ from speechperf.train.stop import Interrupted
 
 AUGMENT = ["augment.freq_masks=1", "augment.freq_width=8", "augment.time_masks=2", "augment.time_width=10",
            "augment.time_ratio=0.2"]
-RUN = ["max_epochs=3", "threads=1", "device=cpu", "sentence_every=50", "checkpoint_every=50", "eval_decoder=greedy",
-       "loader.readers=1", "floor_steps=2", *AUGMENT]
+RUN = ["max_epochs=3", "threads=1", "device=cpu", "sentence_every=50", "checkpoint_every=50", "train.eval.decoder=greedy",
+       "loader.readers=1", "train.floor.steps=2", *AUGMENT]
 
 
 def _rows(out):

@@ -12,8 +12,10 @@ from speechperf.results.progress import Progress
 from speechperf.train.schedule import factor, make_scheduler, warmup
 
 
-def tc(**kw) -> TrainConfig:
-    return replace(TrainConfig(), **kw)
+def tc(lr: float = 1.0, **schedule) -> TrainConfig:
+    """A TrainConfig of these [train.schedule] fields and [train.optim] learning rate."""
+    d = TrainConfig()
+    return replace(d, optim=replace(d.optim, lr=lr), schedule=replace(d.schedule, **schedule))
 
 
 def test_linear_warmup():
@@ -31,7 +33,7 @@ def test_epoch_decay_is_the_previous_per_epoch_rule():
 def test_step_is_torchs_steplr_over_epochs():
     """``step``'s factor per epoch is what ``torch.optim.lr_scheduler.StepLR`` gives (the
     reference), stepped once per epoch; a warm-up multiplies it as under every schedule."""
-    c = tc(lr_schedule="step", lr_decay=0.1, lr_step_epochs=3)
+    c = tc(name="step", lr_decay=0.1, lr_step_epochs=3)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     ref = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.1)
     torch_rates = []
@@ -41,18 +43,18 @@ def test_step_is_torchs_steplr_over_epochs():
         ref.step()
     assert [factor(c, 1000, e, 0) for e in range(8)] == pytest.approx(torch_rates)
     assert [factor(c, 1000, e, 0) for e in range(8)] == pytest.approx([1, 1, 1, 0.1, 0.1, 0.1, 0.01, 0.01])
-    assert factor(replace(c, warmup_iters=4), 1, 3, 0) == pytest.approx(0.5 * 0.1)
+    assert factor(replace(c, schedule=replace(c.schedule, warmup_iters=4)), 1, 3, 0) == pytest.approx(0.5 * 0.1)
 
 
 def test_noam_rises_to_one_then_falls_as_the_inverse_square_root():
-    c = tc(lr_schedule="noam", warmup_iters=4)
+    c = tc(name="noam", warmup_iters=4)
     assert [factor(c, s, 0, 0) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert factor(c, 15, 0, 0) == math.sqrt(4 / 16) == 0.5
     assert factor(c, 63, 7, 0) == 0.25  # the epoch does not matter
 
 
 def test_cosine_goes_from_one_to_lr_min_at_the_end_and_stays():
-    c = tc(lr_schedule="cosine", warmup_iters=2, lr=1.0, lr_min=0.1)
+    c = tc(name="cosine", warmup_iters=2, lr=1.0, lr_min=0.1)
     assert [factor(c, s, 0, 12) for s in range(2)] == [0.5, 1.0]
     assert factor(c, 2, 0, 12) == 1.0  # the cosine starts where the warm-up ends
     assert factor(c, 7, 0, 12) == pytest.approx(0.1 + 0.9 * 0.5)  # half way: cos(pi/2) = 0
@@ -65,7 +67,7 @@ def test_the_scheduler_as_the_loop_steps_it():
     epoch ``e`` is ``lr * factor(s, e - 1)``; an epoch's end changes the next step's rate."""
     c = tc(lr=2.0, lr_decay=0.5, warmup_iters=2)
     prog = Progress()
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=c.lr)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=c.optim.lr)
     sched = make_scheduler(opt, c, prog, 0)
     rates = []
     for epoch_len in (3, 3):
@@ -80,11 +82,11 @@ def test_the_scheduler_as_the_loop_steps_it():
 
 
 @pytest.mark.parametrize("override,message", [
-    ("lr_schedule=linear", "train.lr_schedule='linear' must be one of epoch_decay, step, noam, cosine"),
-    ("lr_step_epochs=0", "train.lr_step_epochs=0 must be >= 1"),
-    ("lr_schedule=noam", "train.lr_schedule=noam needs train.warmup_iters >= 1"),
-    ("lr_min=1.0", "train.lr_min=1.0 must be in [0, train.lr=0.003]"),
-    ("lr_min=-1.0", "train.lr_min=-1.0 must be in [0"),
+    ("train.schedule.name=linear", "train.schedule.name='linear' must be one of epoch_decay, step, noam, cosine"),
+    ("lr_step_epochs=0", "train.schedule.lr_step_epochs=0 must be >= 1"),
+    ("train.schedule.name=noam", "train.schedule.name=noam needs train.schedule.warmup_iters >= 1"),
+    ("lr_min=1.0", "train.schedule.lr_min=1.0 must be in [0, train.optim.lr=0.003]"),
+    ("lr_min=-1.0", "train.schedule.lr_min=-1.0 must be in [0"),
 ])
 def test_schedule_fields_are_validated(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(".", r"\.")):
@@ -92,8 +94,8 @@ def test_schedule_fields_are_validated(override, message):
 
 
 def test_valid_schedules_load():
-    assert load_preset("tiny", ["lr_schedule=noam", "warmup_iters=10"]).train.lr_schedule == "noam"
-    assert load_preset("tiny", ["lr_schedule=cosine", "lr_min=0.0001"]).train.lr_min == 0.0001
+    assert load_preset("tiny", ["train.schedule.name=noam", "warmup_iters=10"]).train.schedule.name == "noam"
+    assert load_preset("tiny", ["train.schedule.name=cosine", "lr_min=0.0001"]).train.schedule.lr_min == 0.0001
 
 
 def test_the_loop_applies_the_schedule_and_a_resume_keeps_every_rate(tiny_features, tmp_path, monkeypatch):
@@ -104,7 +106,7 @@ def test_the_loop_applies_the_schedule_and_a_resume_keeps_every_rate(tiny_featur
     from speechperf.train.request import TrainRequest
     from speechperf.results.checkpoint import load as load_checkpoint
 
-    args = ["max_epochs=2", "threads=1", "checkpoint_every=3", "sentence_every=50", "lr_schedule=cosine",
+    args = ["max_epochs=2", "threads=1", "checkpoint_every=3", "sentence_every=50", "train.schedule.name=cosine",
             "warmup_iters=4", "lr_min=0.0003"]
     real = loop.train_step
 
@@ -140,15 +142,15 @@ def test_newbob_replays_paper_003s_rule_over_the_validation_losses():
     rule = NewBob(lr=1.0)
     assert [newbob(losses[:e + 1]) for e in range(len(losses))] == [rule.step(x) for x in losses]
     assert [newbob(losses[:e]) for e in range(5)] == [1.0, 1.0, 1.0, 1.0, 0.5]  # 6.97: < 1% better
-    c = tc(lr_schedule="newbob", warmup_iters=2)
+    c = tc(name="newbob", warmup_iters=2)
     assert factor(c, 0, 4, 0, losses) == 0.5 * 0.5  # warm-up x newbob of the first 4 epochs (6.5: later)
     assert factor(c, 100, 5, 0, losses) == 0.25
 
 
 def test_the_newbob_scheduler_reads_the_losses_the_loop_appends():
-    c = tc(lr=2.0, lr_schedule="newbob")
+    c = tc(lr=2.0, name="newbob")
     prog = Progress()
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=c.lr)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=c.optim.lr)
     sched = make_scheduler(opt, c, prog, 0)
     rates = []
     for loss in (5.0, 4.0, 3.99, 3.9):  # 3.99: 0.25% better, newbob starts halving
@@ -161,7 +163,7 @@ def test_the_newbob_scheduler_reads_the_losses_the_loop_appends():
         prog.eval_losses.append(loss)
         prog.epoch += 1
     assert rates == [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0]
-    assert load_preset("tiny", ["lr_schedule=newbob"]).train.lr_schedule == "newbob"
+    assert load_preset("tiny", ["train.schedule.name=newbob"]).train.schedule.name == "newbob"
 
 
 def test_a_newbob_run_sets_every_epochs_rate_from_the_recorded_validation_losses(tiny_features, tmp_path,
@@ -188,7 +190,7 @@ def test_a_newbob_run_sets_every_epochs_rate_from_the_recorded_validation_losses
 
     monkeypatch.setattr(loop, "train_step", step)
     monkeypatch.setattr(loop, "_epoch_eval", epoch_eval)
-    loop.train(TrainRequest("tiny", tiny_features, tmp_path / "nb", ["max_epochs=3", "threads=1", "lr_schedule=newbob",
+    loop.train(TrainRequest("tiny", tiny_features, tmp_path / "nb", ["max_epochs=3", "threads=1", "train.schedule.name=newbob",
                                                                       "final_splits=none"], quiet=True))
     losses = load_checkpoint(tmp_path / "nb")["progress"]["eval_losses"]
     with ResultsDB(tmp_path / "nb" / "results.db", readonly=True) as db:
@@ -204,7 +206,7 @@ def test_newbobs_stopping_rule_ends_the_run_as_its_last_epoch_would(tiny_feature
     from speechperf.train.schedule import schedule_ended
 
     losses = [10.0, 8.0, 7.99, 7.989, 5.0, 4.0]  # 7.99: halving starts; 7.989: < 0.1% better while halving: stop
-    assert [schedule_ended(tc(lr_schedule="newbob"), losses[:e]) for e in range(5)] == [False] * 4 + [True]
+    assert [schedule_ended(tc(name="newbob"), losses[:e]) for e in range(5)] == [False] * 4 + [True]
     assert not schedule_ended(tc(), losses[:4])  # the other schedules never stop a run
     real = loop._epoch_eval
 
@@ -213,6 +215,6 @@ def test_newbobs_stopping_rule_ends_the_run_as_its_last_epoch_would(tiny_feature
         return None, losses[len(t.rec.prog.evals) - 1]
 
     monkeypatch.setattr(loop, "_epoch_eval", scripted)
-    over = ["max_epochs=6", "threads=1", "lr_schedule=newbob", "final_splits=none"]
+    over = ["max_epochs=6", "threads=1", "train.schedule.name=newbob", "final_splits=none"]
     summary = loop.train(TrainRequest("tiny", tiny_features, tmp_path / "nb", over, quiet=True))
     assert summary["epochs"] == 4 and summary["status"] == "success"

@@ -31,7 +31,7 @@ def _setup(*over, device=CPU):
     torch.manual_seed(0)
     model = build_model(cfg.model).to(device)
     opt = make_optimizer(model, cfg.train, device)
-    scaler = torch.amp.GradScaler("cuda", enabled=cfg.train.precision == "fp16")
+    scaler = torch.amp.GradScaler("cuda", enabled=cfg.train.system.precision == "fp16")
     return cfg, model, opt, scaler
 
 
@@ -44,7 +44,7 @@ def _steps(model, batch, opt, scaler, cfg, prog, n=1, device=CPU):
         prog.impossible_utts += out.impossible
         meter.add(i + 1, out)
         reads = meter.read()
-        count_steps(prog, reads, cfg.train.max_bad_losses)
+        count_steps(prog, reads, cfg.train.stop.max_bad_losses)
         losses.append(reads[0].loss)
     return losses
 
@@ -70,7 +70,7 @@ def test_step_equals_the_plain_reference_step_bit_for_bit():
         loss = F.ctc_loss(lp.float(), batch.labels, ol, batch.label_lens, reduction="none", zero_infinity=True).sum() / ok.sum()
         ref_opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), cfg.train.grad_clip)
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), cfg.train.optim.grad_clip)
         ref_opt.step()
         assert torch.equal(out.loss, loss.detach()) and out.impossible == 1 and not out.bad
     for a, b in zip(model.parameters(), ref.parameters()):
@@ -87,8 +87,8 @@ def test_impossible_alignment_is_counted_not_averaged():
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-@pytest.mark.parametrize("optimizer", [["optimizer=adamw"], ["optimizer=adadelta"],
-                                       ["optimizer=adamw", "optimizer_impl=fused"]])
+@pytest.mark.parametrize("optimizer", [["train.optim.name=adamw"], ["train.optim.name=adadelta"],
+                                       ["train.optim.name=adamw", "train.optim.impl=fused"]])
 def test_nan_loss_skips_the_step_and_keeps_weights_and_optimizer_state(optimizer):
     cfg, model, opt, scaler = _setup("max_bad_losses=2", *optimizer)
     good, bad = _batch(), _batch()
@@ -187,7 +187,7 @@ def test_accumulated_reads_equal_per_step_reads():
         p2.impossible_utts += out.impossible
         meter.add(i, out, {"iteration": i, "loss": None})
     reads = meter.read()
-    count_steps(p2, reads, cfg.train.max_bad_losses)
+    count_steps(p2, reads, cfg.train.stop.max_bad_losses)
     assert meter.reads == 1 and not meter.pending
     assert [r.iteration for r in reads] == [1, 2, 3, 4, 5, 6] and [r.bad for r in reads] == [0, 1, 1, 0, 1, 0]
     assert [r.row["loss"] for r in reads] == [r.loss for r in reads]

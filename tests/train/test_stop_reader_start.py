@@ -15,7 +15,7 @@ from speechperf.results.events import read_events
 from tests.conftest import cli_start
 
 ARGS = ["--preset", "tiny", "threads=1", "max_epochs=2", "checkpoint_every=100", "sentence_every=50", "readers=1",
-        "eval_decoder=greedy"]
+        "train.eval.decoder=greedy"]
 
 
 @pytest.mark.timeout(300)

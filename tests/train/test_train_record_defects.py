@@ -126,11 +126,11 @@ def test_a_final_evaluation_stopped_and_run_again_logs_each_split_once(tiny_feat
     from speechperf.train.stop import Interrupted
 
     run, real, calls = tmp_path / "run", loop._evaluate, []
-    args = ["threads=1", "max_epochs=1", "train.final_splits=dev-clean,test-clean"]
+    args = ["threads=1", "max_epochs=1", "train.eval.final_splits=dev-clean,test-clean"]
 
     def signalled(model, t, split, beam, **kw):
         result = real(model, t, split, beam, **kw)
-        if beam == t.cfg.train.final_beam and not calls:
+        if beam == t.cfg.train.eval.final_beam and not calls:
             calls.append(split)
             os.kill(os.getpid(), signal.SIGTERM)  # after the first final split was evaluated
         return result

@@ -39,8 +39,8 @@ def test_a_precision_the_cpu_cannot_run_is_refused_with_the_way_out(monkeypatch)
     cpu = torch.device("cpu")
     with pytest.raises(ConfigError) as e:
         check_precision(load_preset("tiny", ["precision=bf16"]), cpu)
-    assert str(e.value) == ("train.precision=bf16 cannot train model ds2 here: unsupported on this CPU: torch's oneDNN "
-                            "LSTM has no bf16 kernel without AVX-512 (this CPU: AVX2); use train.precision=fp32")
+    assert str(e.value) == ("train.system.precision=bf16 cannot train model ds2 here: unsupported on this CPU: torch's oneDNN "
+                            "LSTM has no bf16 kernel without AVX-512 (this CPU: AVX2); use train.system.precision=fp32")
     with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
         check_precision(load_preset("tiny", ["precision=fp16"]), cpu)
     assert check_precision(load_preset("tiny"), cpu) is None
@@ -62,8 +62,8 @@ def test_train_refuses_before_writing_anything(monkeypatch, tmp_path, capsys):
 
     monkeypatch.setenv(cap.FORCE_ENV, "avx512f")
     code = main(["train", "--preset", "tiny", "--data", str(tmp_path / "feats"), "--out", str(tmp_path / "run"),
-                 "train.precision=bf16"])
+                 "train.system.precision=bf16"])
     assert code == 2 and not (tmp_path / "run").exists()
     err = capsys.readouterr().err
     assert "unsupported on this CPU: torch's oneDNN LSTM has no bf16 kernel without AVX-512" in err
-    assert "use train.precision=fp32" in err
+    assert "use train.system.precision=fp32" in err

@@ -145,7 +145,7 @@ def time_parts_section(ctx: Context) -> Section:
              "checkpoints, and epoch changes (the clock between the rows: loader start, the model made common). "
              "An accelerator-bound TTA is mostly steps; data and evaluation are the host's. 'note' says where a "
              "part was not recorded, or where the parts do not add up to the TTA within 1%. Step vs its floor "
-             "('loop/floor'): where the run measured it after training (train.floor_steps), the loop's steps over the "
+             "('loop/floor'): where the run measured it after training (train.floor.steps), the loop's steps over the "
              "same steps replayed on batches already on the device, no loader or logging beside them (1.00: the loop "
              "costs what the hardware costs), over a sample of steps spread across the run's epochs: the median "
              "with its 10th and 90th percentiles ('loop/floor p10', 'p90'); 'step vs floor' names the sampled "
