@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from speechperf.objectives.transducer_search import BLANK, Hypothesis, State, _logadd, _rows
+from speechperf.objectives.transducer_search import BLANK, Hypothesis, _advance, _logadd, _merge_finals
 
 
 def _moves(model, enc: torch.Tensor, hyps: list[Hypothesis], g: torch.Tensor, durations: tuple[int, ...],
@@ -60,32 +60,6 @@ def _moves(model, enc: torch.Tensor, hyps: list[Hypothesis], g: torch.Tensor, du
     return moves
 
 
-def _advance(model, hyps: list[Hypothesis], picked: list, g: torch.Tensor, state: State,
-             frames: int) -> tuple[list[Hypothesis], list[Hypothesis], torch.Tensor, State]:
-    """The picked moves ((tokens, frame), (score, parent, unit, symbols)) as hypotheses: the ended
-    ones, and the others with their g and state rows (one batched prediction step for the labels)."""
-    labels = [(k, v) for _, (_, k, v, _) in picked if v != BLANK]
-    if labels:
-        parents = torch.tensor([k for k, _ in labels], device=g.device)
-        g_new, state_new = model.predict_step(torch.tensor([v for _, v in labels], device=g.device),
-                                              _rows(state, parents))
-        g_all = torch.cat((g, g_new))  # (K + N, J): the parents' rows, then the labels'
-        state_all = tuple(torch.cat(pair) for pair in zip(state, state_new))
-    else:
-        g_all, state_all = g, state
-    ended, active, rows, new = [], [], [], len(hyps)
-    for (tokens, frame), (score, k, v, symbols) in picked:
-        hyp = Hypothesis(tokens, score, frame, symbols)
-        row, new = (k, new) if v == BLANK else (new, new + 1)
-        if frame >= frames:
-            ended.append(hyp)
-        else:
-            active.append(hyp)
-            rows.append(row)
-    index = torch.tensor(rows, dtype=torch.long, device=g.device)
-    return ended, active, g_all.index_select(0, index), _rows(state_all, index)
-
-
 def tdt_beam_hypotheses(model, enc: torch.Tensor, durations, beam: int = 4,
                         max_symbols: int = 5) -> list[Hypothesis]:
     """The ended hypotheses of one utterance's encoder output ``enc`` (T', J), its valid frames only,
@@ -98,10 +72,10 @@ def tdt_beam_hypotheses(model, enc: torch.Tensor, durations, beam: int = 4,
     while active:
         moves = _moves(model, enc, active, g, durations, max_symbols, beam)
         picked = sorted(moves.items(), key=lambda m: -m[1][0])[:beam]
-        ended, active, g, state = _advance(model, active, picked, g, state, frames)
-        for h in ended:
-            old = finals.get(h.tokens)
-            finals[h.tokens] = h if old is None else Hypothesis(h.tokens, _logadd(old.score, h.score), h.frame)
+        picks = [(Hypothesis(tokens, score, frame, symbols), k, v)
+                 for (tokens, frame), (score, k, v, symbols) in picked]
+        ended, active, g, state = _advance(model, picks, g, state, frames)
+        _merge_finals(finals, ended)
     return sorted(finals.values(), key=lambda h: -h.score)
 
 

@@ -120,11 +120,13 @@ def _candidates(model, enc: torch.Tensor, hyps: list[Hypothesis], g: torch.Tenso
     return scores
 
 
-def _extend(model, hyps: list[Hypothesis], picks: list[tuple[int, int, float]], g: torch.Tensor,
-            state: State, frames: int) -> tuple[list[Hypothesis], list[Hypothesis], torch.Tensor, State]:
-    """The picked extensions (hypothesis row, unit, score): those past the last frame (final),
-    the others with their g and state rows (a prediction step for the non-blank ones, batched)."""
-    emitted = [(k, v) for k, v, _ in picks if v != BLANK]
+def _advance(model, picks: list[tuple[Hypothesis, int, int]], g: torch.Tensor, state: State,
+             frames: int) -> tuple[list[Hypothesis], list[Hypothesis], torch.Tensor, State]:
+    """The picked hypotheses (each with its parent's row in ``g`` and ``state`` and the unit it
+    emitted, BLANK for none): those past the last frame (final), the others with their g and state
+    rows (one batched prediction step for the emitted units; a blank keeps its parent's rows). The
+    ALSD below and the TDT's search (tdt_search.py) both step their beams through it."""
+    emitted = [(k, v) for _, k, v in picks if v != BLANK]
     if emitted:
         parents = torch.tensor([k for k, _ in emitted], device=g.device)
         units = torch.tensor([v for _, v in emitted], device=g.device)
@@ -133,20 +135,31 @@ def _extend(model, hyps: list[Hypothesis], picks: list[tuple[int, int, float]], 
         state_all = tuple(torch.cat(pair) for pair in zip(state, state_new))
     else:
         g_all, state_all = g, state
-    final, active, rows, new = [], [], [], len(hyps)
-    for k, v, score in picks:
-        h = hyps[k]
-        if v == BLANK:
-            nxt, row = Hypothesis(h.tokens, score, h.frame + 1), k
+    final, active, rows, new = [], [], [], g.shape[0]
+    for hyp, k, v in picks:
+        row, new = (k, new) if v == BLANK else (new, new + 1)
+        if hyp.frame >= frames:
+            final.append(hyp)
         else:
-            nxt, row, new = Hypothesis(h.tokens + (v,), score, h.frame, h.symbols + 1), new, new + 1
-        if nxt.frame >= frames:
-            final.append(nxt)
-        else:
-            active.append(nxt)
+            active.append(hyp)
             rows.append(row)
     index = torch.tensor(rows, dtype=torch.long, device=g.device)
     return final, active, g_all.index_select(0, index), _rows(state_all, index)
+
+
+def _merge_finals(finals: dict[tuple[int, ...], Hypothesis], ended: list[Hypothesis]) -> None:
+    """In place: ``ended`` into ``finals`` (one per token sequence, its paths' probabilities log-added)."""
+    for h in ended:
+        old = finals.get(h.tokens)
+        finals[h.tokens] = h if old is None else Hypothesis(h.tokens, _logadd(old.score, h.score), h.frame)
+
+
+def _extend(hyps: list[Hypothesis], k: int, v: int, score: float) -> tuple[Hypothesis, int, int]:
+    """ALSD's extension of ``hyps[k]`` by unit ``v``: a blank moves to the next frame, a symbol stays."""
+    h = hyps[k]
+    if v == BLANK:
+        return Hypothesis(h.tokens, score, h.frame + 1), k, v
+    return Hypothesis(h.tokens + (v,), score, h.frame, h.symbols + 1), k, v
 
 
 def beam_hypotheses(model, enc: torch.Tensor, beam: int = 4, max_symbols: int = 5) -> list[Hypothesis]:
@@ -162,10 +175,8 @@ def beam_hypotheses(model, enc: torch.Tensor, beam: int = 4, max_symbols: int = 
         top = flat.topk(min(beam, int(torch.isfinite(flat).sum())))
         width = scores.shape[1]
         picks = [(i // width, i % width, s) for i, s in zip(top.indices.tolist(), top.values.tolist())]
-        final, active, g, state = _extend(model, active, picks, g, state, frames)
-        for h in final:
-            old = finals.get(h.tokens)
-            finals[h.tokens] = h if old is None else Hypothesis(h.tokens, _logadd(old.score, h.score), h.frame)
+        final, active, g, state = _advance(model, [_extend(active, *p) for p in picks], g, state, frames)
+        _merge_finals(finals, final)
     return sorted(finals.values(), key=lambda h: -h.score)
 
 
