@@ -1,17 +1,13 @@
 """The memory of a training step estimated before anything is allocated, against the peak a CPU
 step measures (torch.profiler's allocator events), and the refusal of a run that will not fit."""
-import dataclasses
-
 import pytest
 import torch
 
 from speechperf.config import load_preset
-from speechperf.data.loader import Batch
 from speechperf.errors import SpeechperfError
-from speechperf.models import build_model
 from speechperf.models.fastconformer import FastConformerConfig, parameter_count
 from speechperf.hardware import memory
-from speechperf.train.step import make_optimizer, train_step
+from tests.hardware import step_peak
 
 GB = memory.GB
 
@@ -26,23 +22,11 @@ def test_the_profiled_peak_counts_what_a_block_allocates():
 
 
 def _measured(cfg: FastConformerConfig, utterances: int, frames: int) -> tuple[int, memory.MemoryEstimate]:
-    """The peak of a training step (the second: optimizer state and previous gradients alive)."""
-    train = load_preset("fastconformer-l").train
-    tc = dataclasses.replace(train, system=dataclasses.replace(train.system, precision="fp32"))
-    torch.manual_seed(0)
-    model = build_model(cfg).train()
-    opt = make_optimizer(model, tc, torch.device("cpu"))
-    lens = torch.linspace(frames, frames * 0.8, utterances).long()
-    label_lens = (model.output_lengths(lens) // 2).clamp(min=1)
-    batch = Batch(torch.randn(utterances, frames, 93), lens, torch.randint(2, 28, (int(label_lens.sum()),)),
-                  label_lens, [""] * utterances, [""] * utterances, 1.0)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    train_step(model, batch, opt, scaler, torch.device("cpu"), tc)
-    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
-    live = memory.tensor_bytes([*model.parameters(), *(p.grad for p in model.parameters()), *state, batch.feats])
-    peak = live + memory.allocated_peak(lambda: train_step(model, batch, opt, scaler, torch.device("cpu"), tc))
-    setup = memory.Setup(tc.optim.name, tc.optim.impl, "fp32", "cpu", checkpointing=cfg.activation_checkpointing)
-    return peak, memory.estimate(cfg, memory.Batch(utterances, frames, int(label_lens.max())), setup)
+    """The peak of a training step and its estimate, half a label per output frame of 26 characters."""
+    def labels_of(out_lens):
+        label_lens = (out_lens // 2).clamp(min=1)
+        return torch.randint(2, 28, (int(label_lens.sum()),)), label_lens
+    return step_peak.measured(cfg, utterances, frames, labels_of)
 
 
 @pytest.mark.parametrize("d,channels,layers,checkpointing", [(128, 16, 2, False), (32, 64, 1, True)])

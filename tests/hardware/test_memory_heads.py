@@ -1,15 +1,12 @@
 """The memory estimate's rules for the transducer's joint and the attention decoder (the FastConformer
 encoder under the three heads), against the peak a CPU step measures (torch.profiler's allocator events)."""
-import dataclasses
-
 import pytest
 import torch
 
 from speechperf.config import load_preset
-from speechperf.data.loader import Batch
-from speechperf.models import build_model, describe, model_config
+from speechperf.models import describe, model_config
 from speechperf.hardware import memory
-from speechperf.train.step import make_optimizer, train_step
+from tests.hardware import step_peak
 
 TRANSDUCER = {"name": "transducer", "encoder": "fastconformer", "subsampling": 8, "d_model": 64, "layers": 2,
               "heads": 4, "subsampling_channels": 16, "pred_dim": 64, "pred_layers": 2, "joint_dim": 64,
@@ -19,23 +16,11 @@ AED = {"name": "aed", "d_model": 64, "layers": 1, "heads": 4, "subsampling_chann
 
 
 def _measured(cfg, utterances: int, frames: int, labels_per_frame: float) -> tuple[int, memory.MemoryEstimate]:
-    """The peak of a training step (the second: optimizer state and previous gradients alive) and the estimate."""
-    train = load_preset("fastconformer-l").train
-    tc = dataclasses.replace(train, system=dataclasses.replace(train.system, precision="fp32"))
-    torch.manual_seed(0)
-    model = build_model(cfg).train()
-    opt = make_optimizer(model, tc, torch.device("cpu"))
-    lens = torch.linspace(frames, frames * 0.8, utterances).long()
-    label_lens = (model.output_lengths(lens) * labels_per_frame).long().clamp(min=1)
-    labels = torch.randint(1, cfg.num_classes, (int(label_lens.sum()),))
-    batch = Batch(torch.randn(utterances, frames, 93), lens, labels, label_lens, [""] * utterances, [""] * utterances, 1.0)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    train_step(model, batch, opt, scaler, torch.device("cpu"), tc)
-    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
-    live = memory.tensor_bytes([*model.parameters(), *(p.grad for p in model.parameters()), *state, batch.feats])
-    peak = live + memory.allocated_peak(lambda: train_step(model, batch, opt, scaler, torch.device("cpu"), tc))
-    setup = memory.Setup(tc.optim.name, tc.optim.impl, "fp32", "cpu", checkpointing=cfg.activation_checkpointing)
-    return peak, memory.estimate(cfg, memory.Batch(utterances, frames, int(label_lens.max())), setup)
+    """The peak of a training step and its estimate, ``labels_per_frame`` labels per output frame."""
+    def labels_of(out_lens):
+        label_lens = (out_lens * labels_per_frame).long().clamp(min=1)
+        return torch.randint(1, cfg.num_classes, (int(label_lens.sum()),)), label_lens
+    return step_peak.measured(cfg, utterances, frames, labels_of)
 
 
 @pytest.mark.parametrize("values", [TRANSDUCER, AED], ids=["transducer", "aed"])
