@@ -36,7 +36,7 @@ import torch
 from speechperf.config import load_preset
 from speechperf.data.batching import Batching
 from speechperf.data.loader import Batch, make_loader
-from speechperf.data.units import ensure_units
+from speechperf.data.units import Units, ensure_units
 from speechperf.errors import SpeechperfError
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.shards import shard_name, write_json, write_shard
@@ -173,13 +173,14 @@ def train_splits(feats: Path) -> list[str]:
     return found
 
 
-def supply(feats: Path, loader_cfg, readers: int, windows: int, seed: int) -> dict:
+def supply(feats: Path, loader_cfg, readers: int, windows: int, seed: int, units: Units | None = None) -> dict:
     """Audio s/s the real loader delivers with ``readers`` reader processes, per reader: each of
     ``windows`` timed spans is ``readers`` whole bucketing windows of epoch 2 (the readers own
     windows in rotation), timed from the last batch of the span before it; the first span
     (processes starting, first shards) is not timed."""
     cfg = replace(loader_cfg, readers=readers)
-    loader = make_loader(feats, train_splits(feats), cfg, epoch=2, seed=seed)  # epoch 1 may be SortaGrad's
+    # epoch 2: epoch 1 may be SortaGrad's; ``units``: those run_feed settled (else read from ``feats``)
+    loader = make_loader(feats, train_splits(feats), cfg, epoch=2, seed=seed, units=units)
     try:
         ends = span_ends(loader.plan.groups, readers, windows + 1)
     except SpeechperfError as e:
@@ -235,9 +236,9 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
         # supply this preset fails in seconds, not after minutes of appetite (found: 7.7 min on 2 cores)
         feats = Path(data) if data else write_synthetic(Path(tmp),
                                                         supply_utterances(readers, windows, loader.bucket_window))
-        ensure_units(feats, cfg.loader.units, train_splits(feats))
+        units = ensure_units(feats, cfg.loader.units, train_splits(feats))
         app, src = measured_appetite(cfg, device, profile, preset, windows, steps, warmup)
-        sup = supply(feats, loader, readers, windows, cfg.train.seed)
+        sup = supply(feats, loader, readers, windows, cfg.train.seed, units)
     need = readers_per_gpu(app["audio_s_per_s"], sup["audio_s_per_s_per_reader"])
     host = cores or os.cpu_count() or 1
     return {"preset": preset, "batch": app.get("batch", cfg.loader.batch_size),
