@@ -45,6 +45,7 @@ SUITE = {
     "scale": "bench_scale",
     "fp8": "bench_fp8",
     "lstm_ceiling": "bench_lstm_ceiling",
+    "optim_impl": "bench_optim_impl",
 }
 
 
