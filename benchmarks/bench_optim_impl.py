@@ -22,7 +22,7 @@ import torch
 
 from bench_step_floor import cached_batches, load, run_steps, setup
 
-GOAL = ("a preset's step with the fused optimizer (no copy-back of parameters and state) faster than with "
+GOAL = ("docs/bench.md: a preset's step with the fused optimizer (no copy-back of parameters and state) faster than with "
         "torch's default single-tensor step, the same optimizer and batches")
 REFERENCE = "train.optim.impl=default: the single-tensor step, undone by copies where a step is not finite"
 RATIO = "fused / default (median pass)"

@@ -131,3 +131,17 @@ def test_the_beam_finds_at_least_greedy_s_sequence():
 def test_no_frames_no_hypothesis():
     model = tiny_tdt(3, "0,1")
     assert tdt_beam_hypotheses(model, torch.zeros(0, 16), (0, 1)) == []
+
+
+@pytest.mark.cuda
+def test_the_beam_on_cuda_keeps_the_cpu_s_hypotheses_and_scores():
+    """The search is written once for any device: on a GPU the same sequences, in the same order, with the
+    same scores within float rounding (the model's GEMMs differ in the last bits)."""
+    model = tiny_tdt(5, "0,1,2,3", seed=1)
+    with torch.no_grad():
+        enc, _ = model(torch.randn(1, 60, 93), torch.tensor([60]))
+        want = tdt_beam_hypotheses(model, enc[0], (0, 1, 2, 3), beam=4)
+        dev = torch.device("cuda", 0)
+        got = tdt_beam_hypotheses(model.to(dev), enc[0].to(dev), (0, 1, 2, 3), beam=4)
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-3)
