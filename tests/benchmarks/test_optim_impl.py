@@ -7,8 +7,7 @@ from pathlib import Path
 import torch
 
 from speechperf.config import load_preset
-from speechperf.models import build_model
-from speechperf.train.step import make_optimizer, train_step
+from speechperf.train.step import train_step
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -20,18 +19,15 @@ SMALL = ["model.d_model=32", "model.layers=1", "model.heads=2", "model.pred_dim=
 
 
 def test_default_foreach_and_fused_adamw_train_the_same_parameters(tiny_features):
-    trained = {}
+    cpu, trained, start = torch.device("cpu"), {}, None
     for impl in ("default", "foreach", "fused"):
         cfg = load_preset("transducer-cpu", [*SMALL, f"train.optim.impl={impl}"])
-        batches = list(floor.first_batches(tiny_features, cfg, 3))
-        torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model).train()
-        opt = make_optimizer(model, cfg.train, torch.device("cpu"))
-        scaler = torch.amp.GradScaler("cpu", enabled=False)
-        for b in batches:
-            train_step(model, b, opt, scaler, torch.device("cpu"), cfg.train)
-        trained[impl] = torch.cat([p.detach().flatten() for p in model.parameters()])
-    start = torch.cat([p.flatten() for p in _initial()])
+        model, opt, scaler = floor.setup(cfg, cpu)  # the run's seed: the same initial parameters each time
+        if start is None:
+            start = flat(model)
+        for b in floor.first_batches(tiny_features, cfg, 3):
+            train_step(model, b, opt, scaler, cpu, cfg.train)
+        trained[impl] = flat(model)
     moved = (trained["default"] - start).abs()
     assert moved.max() > 1e-4 and (moved > 0).float().mean() > 0.5  # the steps were taken, by most parameters
     for impl in ("foreach", "fused"):  # the same updates up to float rounding (Adam's 1/sqrt(v) scales it up
@@ -39,10 +35,8 @@ def test_default_foreach_and_fused_adamw_train_the_same_parameters(tiny_features
         torch.testing.assert_close(trained[impl] - start, trained["default"] - start, rtol=1e-4, atol=1e-5)
 
 
-def _initial():
-    cfg = load_preset("transducer-cpu", SMALL)
-    torch.manual_seed(cfg.train.seed)
-    return [p.detach() for p in build_model(cfg.model).parameters()]
+def flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def test_a_run_prints_each_implementation_against_the_default(tiny_features, capsys):
