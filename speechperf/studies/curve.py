@@ -26,7 +26,11 @@ METRICS = rcp.CURVE_METRICS  # what a curve holds per epoch (evals columns); rcp
 # settings that must be equal for a curve to be reproducible, in the order they are reported
 # (the CPU's maker too: under the same cap and libraries a 1-thread run on an Intel Xeon
 # differed from the AMD EPYC curve at epoch 1; two AMD generations, AVX2 and AVX-512, agreed)
-MUST_MATCH = ("torch", "threads", "cap", "MKL_CBWR", "cpu_capability", "features_sha256", "seed", "cpu_vendor")
+MUST_MATCH = ("torch", "threads", "cap", "MKL_CBWR", "cpu_capability", "features_sha256", "seed", "cpu_vendor",
+              "optim_impl")
+# a setting a curve recorded before it existed, as it was then: every curve before "optim_impl" was
+# trained with torch's default optimizer step except transducer-cpu's, whose file says "fused"
+RECORDED_BEFORE = {"optim_impl": "default"}
 # settings that must be equal as well where both sides recorded them (oneDNN's ISA is only
 # read where oneDNN printed it; its version where torch's build names it)
 MATCH_WHERE_KNOWN = ("onednn_isa", "onednn", "mkl")
@@ -51,7 +55,10 @@ def settings_of(config: dict, env: dict) -> dict:
             "MKL_CBWR": isa.get("MKL_CBWR"), "torch": (env.get("libraries") or {}).get("torch"),
             "numpy": (env.get("libraries") or {}).get("numpy"),
             "features_sha256": (env.get("features") or {}).get("sha256"),
-            "cpu_vendor": cpu_vendor(env.get("cpu_model")), **kernel_fingerprint.as_settings(isa.get("kernels"))}
+            "cpu_vendor": cpu_vendor(env.get("cpu_model")),
+            # the optimizer's kernels (train.optim.impl): the same training, other float sums
+            "optim_impl": (train.get("optim") or {}).get("impl", "default"),
+            **kernel_fingerprint.as_settings(isa.get("kernels"))}
 
 
 def cpu_vendor(cpu_model: str | None) -> str | None:
@@ -82,7 +89,7 @@ def differences(mine: dict, theirs: dict) -> list[str]:
     2.13.0+cpu)"), the ones that must match first."""
     out = []
     for key in MUST_MATCH + MATCH_WHERE_KNOWN:
-        a, b = mine.get(key), theirs.get(key)
+        a, b = setting(mine, key), setting(theirs, key)
         if a != b and (key in MUST_MATCH or (a is not None and b is not None)):
             out.append(f"{key} {a} (reference {b})")
     families = kernel_fingerprint.differing(mine, theirs)  # None: a side without fingerprints (before they existed)
@@ -91,10 +98,21 @@ def differences(mine: dict, theirs: dict) -> list[str]:
     return out
 
 
+def setting(settings: dict, key: str):
+    """``settings[key]``, or what a curve recorded before ``key`` existed trained with (:data:`RECORDED_BEFORE`)."""
+    return settings.get(key, RECORDED_BEFORE.get(key))
+
+
+def optim_impl(settings: dict) -> str:
+    """The optimizer step (``train.optim.impl``) a curve of ``settings`` was trained with: a
+    reproduction trains with it, whatever the preset now says."""
+    return setting(settings, "optim_impl")
+
+
 def comparable(mine: dict, theirs: dict) -> str | None:
     """None when a run of settings ``mine`` can reproduce a curve of settings ``theirs``;
     else why not, and what to run instead. The seed, torch, threads (1), the cap and the
-    features must be the same."""
+    features must be the same, and the optimizer's step (fused or not: other float sums)."""
     rerun = f"rerun with --isa {theirs.get('cap') or 'avx2'} threads=1"  # the cap the curve was made under
     if mine.get("threads") != ONE_THREAD:
         threads = mine.get("threads")
@@ -103,7 +121,7 @@ def comparable(mine: dict, theirs: dict) -> str | None:
         return f"no ISA cap; {rerun}"  # without one, the kernels follow the machine
     found = differences(mine, theirs)
     missing = [d for d in found if d.split(" ", 1)[0] in ("torch", "threads", "features_sha256",
-                                                          "seed", "cap", "MKL_CBWR", "cpu_vendor")]
+                                                          "seed", "cap", "MKL_CBWR", "cpu_vendor", "optim_impl")]
     if missing and kernel_fingerprint.differing(mine, theirs) is not None:  # another maker: which kernels differ
         missing += [d for d in found if d.startswith("kernels")] or ["the kernels' fingerprints agree"]
     return "; ".join(missing) if missing else None

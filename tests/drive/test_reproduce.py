@@ -117,6 +117,30 @@ def test_a_curve_of_this_maker_is_picked_before_another_makers():
     assert curve.comparable(mine, dict(mine)) is None
 
 
+def test_a_curve_is_reproduced_with_its_own_optimizer_step():
+    """train.optim.impl stays out of a reference's recipe (the same training) but sums in another
+    order: a curve records it, a run with another is not comparable, and reproduce trains with the
+    curve's, whatever the preset says now; a curve recorded before the field had torch's default."""
+    config = {"train": {"seed": 1, "system": {"threads": 1}, "optim": {"impl": "fused"}}}
+    assert curve.settings_of(config, {})["optim_impl"] == "fused"
+    assert curve.settings_of({"train": {"seed": 1}}, {})["optim_impl"] == "default"
+    mine = {"threads": 1, "cap": "avx2", "cpu_vendor": "Intel", "torch": "t", "MKL_CBWR": "COMPATIBLE",
+            "cpu_capability": "AVX2", "features_sha256": "f", "seed": 1, "optim_impl": "fused"}
+    old = {k: v for k, v in mine.items() if k != "optim_impl"}
+    assert curve.optim_impl(old) == "default" and curve.optim_impl(mine) == "fused"
+    assert curve.comparable(mine, old) == "optim_impl fused (reference default)"
+    assert curve.comparable({**mine, "optim_impl": "default"}, old) is None
+    cmd = rep.child_command("cpu", "F", 1, 2, "O", ["train.optim.impl=foreach"], impl="fused")
+    assert cmd.index("train.optim.impl=fused") > cmd.index("train.optim.impl=foreach")  # the later one wins
+    assert not any(a.startswith("train.optim.impl") for a in rep.child_command("cpu", "F", 1, 2, "O", []))
+    for preset in ("tiny", "cpu", "conformer-cpu", "transducer-cpu"):  # every stored curve says which step made it
+        for s in rcp.load_reference(preset)["seeds"]:
+            for c in s.get("curves") or []:
+                assert c["settings"]["optim_impl"] in ("default", "foreach", "fused"), (preset, s["seed"])
+    tr = rcp.load_reference("transducer-cpu")["seeds"][0]["curves"][0]
+    assert tr["settings"]["optim_impl"] == "fused"  # recorded by the preset's fused step before the field existed
+
+
 def test_compare_names_the_first_epoch_that_differs():
     ref = [{"epoch": 1, "loss": 2.0, "cer": 50.0, "wer": 90.0}, {"epoch": 2, "loss": 1.5, "cer": 30.0, "wer": 70.0}]
     assert curve.compare(ref, ref)["verdict"] == curve.IDENTICAL
