@@ -253,14 +253,14 @@ def front_backward_bytes(cfg, batch: Batch, setup: Setup) -> int:
 
 
 def _step_temporaries(n: int, states: int, setup: Setup, world: int) -> int:
-    """The optimizer step's own bytes: none for a fused kernel; otherwise the masked step's copy of
-    the parameters and state (train/step.py ``copy_back_step``), foreach's also one fp32 tensor of
-    every parameter more (measured with SGD, no weight decay: the peak at the copy-back's
-    ``torch.where``, two parameter sets above the parameters and gradients; XL 9.36 GB measured
-    against 9.34 estimated)."""
+    """The optimizer step's own bytes: none for a fused kernel; otherwise, off the CPU, the masked
+    step's copy of the parameters and state (train/step.py ``copy_back_step``; a CPU reads the flag
+    and copies nothing), foreach's also one fp32 tensor of every parameter more (measured with SGD,
+    no weight decay, on a CPU when it still copied: the peak at the copy-back's ``torch.where``, two
+    parameter sets above the parameters and gradients; XL 9.36 GB measured against 9.34 estimated)."""
     if setup.optimizer_impl == "fused":
         return 0
-    copies = 4 * n * (1 + states) // world
+    copies = 0 if setup.device_type == "cpu" else 4 * n * (1 + states) // world
     return copies + (4 * n // world if setup.optimizer_impl == "foreach" else 0)
 
 

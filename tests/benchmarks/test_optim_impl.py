@@ -39,10 +39,10 @@ def flat(model) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-def test_a_run_prints_each_implementation_against_the_default(tiny_features, capsys):
+def test_a_run_prints_each_implementation_against_the_copy_back(tiny_features, capsys):
     assert runner.main(["optim_impl", "--no-ledger", "--data", str(tiny_features), "--steps", "2", "--rounds", "1",
                         *SMALL]) == 0
     out = capsys.readouterr().out
-    for impl in ("default", "foreach", "fused"):
-        assert f"\n{impl} " in out
-    assert "optim_impl: fused / default (median pass) = " in out
+    for arm in ("copy-back", "default", "foreach", "fused"):
+        assert f"\n{arm} " in out
+    assert "optim_impl: default / copy-back (median pass) = " in out

@@ -10,7 +10,8 @@ from speechperf.config import load_preset
 from speechperf.models import build_model
 from speechperf.results.progress import Progress
 from speechperf.train.loop import TrainingDiverged
-from speechperf.train.step import StepMeter, count_steps, make_optimizer, masked_step, read_point, train_step
+from speechperf.train.step import (StepMeter, copy_back_step, count_steps, make_optimizer, masked_step, read_point,
+                                   train_step)
 from tests.cuda_syncs import sync_warnings
 
 CPU = torch.device("cpu")
@@ -125,17 +126,43 @@ def test_a_bad_first_step_leaves_a_fresh_optimizer():
     assert all(torch.equal(opt.state[a]["step"], ref_opt.state[b]["step"]) for a, b in zip(model.parameters(), ref.parameters()))
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_masked_step_keeps_or_undoes_exactly(fused):
+@pytest.mark.parametrize("how", ["cpu read", "fused", "copy back"])
+def test_masked_step_keeps_or_undoes_exactly(how):
+    """Each way of undoing a step: the CPU's host read (single-tensor AdamW), the fused kernel's
+    found_inf, and the copy-back other devices use (run here on the CPU)."""
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
-    opt = torch.optim.AdamW([w], lr=0.1, fused=fused)
+    opt = torch.optim.AdamW([w], lr=0.1, fused=how == "fused")
+    step = copy_back_step if how == "copy back" else masked_step
     w.grad = torch.tensor([0.5, -0.5])
-    masked_step(opt, torch.tensor(False))
-    assert torch.equal(w.detach(), torch.tensor([1.0, 2.0])) and float(opt.state[w]["step"]) == 0
-    assert torch.equal(opt.state[w]["exp_avg"], torch.zeros(2))
-    masked_step(opt, torch.tensor(True))
+    step(opt, torch.tensor(False))
+    assert torch.equal(w.detach(), torch.tensor([1.0, 2.0]))
+    if how == "cpu read":  # skipped, not undone: the first kept step creates the state
+        assert not opt.state[w]
+    else:
+        assert float(opt.state[w]["step"]) == 0 and torch.equal(opt.state[w]["exp_avg"], torch.zeros(2))
+    step(opt, torch.tensor(True))
     assert float(opt.state[w]["step"]) == 1 and not torch.equal(w.detach(), torch.tensor([1.0, 2.0]))
     assert not hasattr(opt, "found_inf")  # the flag is the step's only
+
+
+def test_the_cpu_read_and_the_copy_back_train_the_same_numbers():
+    """masked_step's host read on a CPU against copy_back_step, kept and undone steps mixed: the
+    same parameters and state bit for bit (why the reference curves made with the copy-back still
+    reproduce)."""
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+        return model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+
+    (read, ropt), (back, bopt) = make(), make()
+    for i, ok in enumerate([False, True, True, False, True]):
+        for model, opt, step in ((read, ropt, masked_step), (back, bopt, copy_back_step)):
+            model.zero_grad()
+            model(torch.randn(4, 5, generator=torch.Generator().manual_seed(i))).square().sum().backward()
+            step(opt, torch.tensor(ok))
+    assert all(torch.equal(a, b) for a, b in zip(read.parameters(), back.parameters()))
+    for a, b in zip(read.parameters(), back.parameters()):
+        assert all(torch.equal(ropt.state[a][k], v) for k, v in bopt.state[b].items())
 
 
 @pytest.mark.parametrize("name", ["adamw", "sgd"])
