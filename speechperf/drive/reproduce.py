@@ -257,8 +257,8 @@ def child_command(preset: str, data: Path, seed: int, epochs: int, folder: Path,
     single-tensor steps sum in another order), forced over the preset's; None: the preset's."""
     fixed = [f"train.optim.impl={impl}"] if impl else []
     return [sys.executable, "-m", "speechperf", "train", "--preset", preset, "--data", str(data), "--out", str(folder),
-            "--resume", resume, "--json", *overrides, *fixed, f"train.system.precision={precision}", f"train.seed={seed}",
-            f"train.system.threads={curve.ONE_THREAD}",
+            "--resume", resume, "--json", *overrides, *fixed, f"train.system.precision={precision}",
+            f"train.seed={seed}", f"train.system.threads={curve.ONE_THREAD}",
             f"train.stop.after_epochs={epochs}", "train.stop.time_cap_minutes=0", "train.eval.final_splits=none"]
 
 

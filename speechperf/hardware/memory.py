@@ -70,7 +70,7 @@ class Setup:
     """How the run trains: what besides the batch sets its memory."""
 
     optimizer: str = "adamw"  # train.optim.name
-    optimizer_impl: str = "fused"  # train.optim.impl: fused (no copies), foreach or forloop (masked copy-back)
+    optimizer_impl: str = "fused"  # train.optim.impl: fused (no copies), foreach or default (copy-back off a CPU)
     precision: str = "fp32"  # train.system.precision: bf16/fp16 add the cast weights and halve the activations
     device_type: str = "cpu"  # cpu: float dropout masks; cuda: bool masks and fused attention with dropout
     world: int = 1  # ranks the run is sharded or replicated over
