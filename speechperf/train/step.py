@@ -75,7 +75,7 @@ def train_step(model, batch, optimizer, scaler, device: torch.device, tc,
 
 def masked_step(optimizer, ok: torch.Tensor) -> None:
     """``optimizer.step()`` kept only where the 0-dim bool ``ok`` is True: parameters and
-    state go back to their values before the step otherwise. Exact when ``ok``; no host sync.
+    state go back to their values before the step otherwise. Exact when ``ok``; never waits on a GPU.
 
     A fused optimizer (AdamW's, SGD's ``fused=True``) is given ``ok`` as the ``found_inf`` flag
     its kernel skips the update on, as torch's GradScaler does: no copy of the parameters and
