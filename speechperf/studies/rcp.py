@@ -29,6 +29,7 @@ from pathlib import Path
 
 from speechperf.algorithms import DEFAULT as DEFAULT_ALGO, algo_config
 from speechperf.config import SECTIONS, section_kind
+from speechperf.config.training.optim_config import IMPLS
 from speechperf.errors import SpeechperfError
 from speechperf.metric import is_target, targets as target_metrics
 from speechperf.models import external
@@ -181,6 +182,9 @@ def _check_curve(curve: dict, field: str, where: str) -> None:
         bad(f"{field}.settings.seed", curve["settings"]["seed"], "a whole number")
     if curve["settings"].get("threads") is not None and not _count(curve["settings"]["threads"], 1):
         bad(f"{field}.settings.threads", curve["settings"]["threads"], "a whole number of threads >= 1")
+    impl = curve["settings"].get("optim_impl")  # reproduce passes it to train: checked here, naming the file
+    if impl is not None and impl not in IMPLS:
+        bad(f"{field}.settings.optim_impl", impl, f"one of {', '.join(IMPLS)}")
 
 
 def _refuse(where: str, field: str, value, want: str):

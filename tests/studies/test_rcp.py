@@ -154,6 +154,8 @@ def _damage(ref: dict, field: str, value) -> dict:
     ("seeds[0].curves[0].settings", {"torch": "2.13.0+cpu"}, "'seeds[0].curves[0].settings.features_sha256' "
                                                              "should be a string, found None"),
     ("seeds[0].curves", "x", "'seeds[0].curves' should be a list"),
+    ("seeds[0].curves[0].settings.optim_impl", "fused train.seed=9", "'seeds[0].curves[0].settings.optim_impl' "
+                                                                     "should be one of default, foreach, fused"),
     ("targets", [float("nan")], "'targets[0]' should be an error rate in (0, 100] %, found nan"),
     ("targets", [-5], "'targets[0]' should be an error rate in (0, 100] %, found -5"),
     ("targets", [], "'targets' should be a list of error rates"),
