@@ -21,7 +21,7 @@ from speechperf.models.rnnt import BLANK, durations_of
 from speechperf.objectives.rnnt_loss import rnnt_loss
 from speechperf.objectives.tdt_loss import possible, tdt_loss
 from speechperf.objectives.tdt_search import tdt_beam_search
-from speechperf.objectives.transducer_search import _where, beam_search, greedy_batch
+from speechperf.objectives.transducer_search import _where, beam_tokens, greedy_batch
 
 
 def head_loss(core, logits, targets, out_lens, label_lens) -> torch.Tensor:
@@ -57,7 +57,7 @@ def decode(core, out, out_lens, decoder: str, beam: int) -> list[list[int]]:
         return [tdt_beam_search(core, out[b, : int(out_lens[b])], ds, beam=beam) for b in range(len(out_lens))]
     if decoder == "greedy" or beam <= 1:
         return greedy_batch(core, out, out_lens)
-    return [beam_search(core, out[b, : int(out_lens[b])], beam=beam) for b in range(len(out_lens))]
+    return beam_tokens(core, out, out_lens, beam=beam)
 
 
 def greedy_tdt(model, enc: torch.Tensor, out_lens: torch.Tensor, durations, max_symbols: int = 5,

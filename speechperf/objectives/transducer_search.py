@@ -24,13 +24,17 @@ symbol or one blank (a blank moves it to the next frame), so all hypotheses of a
 ``frames + symbols``; the candidates of a step that are one sequence at one frame (a blank
 after ``y``, and ``y``'s last symbol after its prefix a frame later) are merged with their
 probabilities log-added before the best ``beam`` are kept; a hypothesis that passes its last
-frame is final. Beam 1 is greedy search with the same ``max_symbols``. One utterance at a
-time: its hypotheses share each joint and prediction call; the host reads the step's scores
-once per step (a batch of utterances would need per-utterance bookkeeping of ragged beams on
-the device: not done).
+frame is final. Beam 1 is greedy search with the same ``max_symbols``. A batch of utterances
+is searched together (:func:`beam_batch`): each step, every utterance's hypotheses share one
+joint call and one prediction step, and the host reads the step's scores once; the choice of
+each utterance's best ``beam`` (its merges, its top-k) stays per utterance, on the host, so an
+utterance's hypotheses are those it gets alone (tested). The one-utterance search of the
+final evaluation took a Python loop of model calls per utterance; the batch makes a
+per-epoch beam affordable (benchmarks/bench_transducer_beam.py).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -108,20 +112,8 @@ def _merge_into_blanks(hyps: list[Hypothesis], scores: torch.Tensor) -> None:
             scores[p, v] = -math.inf
 
 
-def _candidates(model, enc: torch.Tensor, hyps: list[Hypothesis], g: torch.Tensor,
-                max_symbols: int) -> torch.Tensor:
-    """(K, V) scores of every one-unit extension of ``hyps``, merged, -inf where not allowed."""
-    frames = torch.tensor([h.frame for h in hyps], device=enc.device)
-    logp = model.joint(enc.index_select(0, frames), g).float().log_softmax(-1)  # (K, J) -> (K, V)
-    scores = (logp + torch.tensor([h.score for h in hyps], device=enc.device)[:, None]).cpu()
-    capped = torch.tensor([h.symbols >= max_symbols for h in hyps])
-    scores[:, BLANK + 1:].masked_fill_(capped[:, None], -math.inf)  # at the cap: only the blank
-    _merge_into_blanks(hyps, scores)
-    return scores
-
-
 def _advance(model, picks: list[tuple[Hypothesis, int, int]], g: torch.Tensor, state: State,
-             frames: int) -> tuple[list[Hypothesis], list[Hypothesis], torch.Tensor, State]:
+             frames: int | list[int]) -> tuple[list[Hypothesis], list[Hypothesis], torch.Tensor, State]:
     """The picked hypotheses (each with its parent's row in ``g`` and ``state`` and the unit it
     emitted, BLANK for none): those past the last frame (final), the others with their g and state
     rows (one batched prediction step for the emitted units; a blank keeps its parent's rows). The
@@ -136,9 +128,10 @@ def _advance(model, picks: list[tuple[Hypothesis, int, int]], g: torch.Tensor, s
     else:
         g_all, state_all = g, state
     final, active, rows, new = [], [], [], g.shape[0]
-    for hyp, k, v in picks:
+    ends = frames if isinstance(frames, list) else [frames] * len(picks)
+    for (hyp, k, v), end in zip(picks, ends):
         row, new = (k, new) if v == BLANK else (new, new + 1)
-        if hyp.frame >= frames:
+        if hyp.frame >= end:
             final.append(hyp)
         else:
             active.append(hyp)
@@ -162,25 +155,72 @@ def _extend(hyps: list[Hypothesis], k: int, v: int, score: float) -> tuple[Hypot
     return Hypothesis(h.tokens + (v,), score, h.frame, h.symbols + 1), k, v
 
 
+def _scores(model, flat_enc: torch.Tensor, at: list[int], hyps: list[Hypothesis], g: torch.Tensor,
+            max_symbols: int) -> torch.Tensor:
+    """(K, V) scores on the host of every one-unit extension of ``hyps`` (rows of every utterance),
+    -inf where the cap forbids a symbol: ``at`` each one's row in ``flat_enc`` (B*T', J)."""
+    device = flat_enc.device
+    logp = model.joint(flat_enc.index_select(0, torch.tensor(at, device=device)), g).float().log_softmax(-1)
+    scores = (logp + torch.tensor([h.score for h in hyps], device=device)[:, None]).cpu()  # (K, J) -> (K, V)
+    capped = torch.tensor([h.symbols >= max_symbols for h in hyps])
+    scores[:, BLANK + 1:].masked_fill_(capped[:, None], -math.inf)  # at the cap: only the blank
+    return scores
+
+
+def _best(hyps: list[Hypothesis], scores: torch.Tensor, beam: int, first: int) -> list[tuple[Hypothesis, int, int]]:
+    """One utterance's step: its hypotheses' candidates ``scores`` (K, V, merged in place), the best
+    ``beam`` finite ones extended; ``first``: its first row in the step's g and state."""
+    _merge_into_blanks(hyps, scores)
+    flat = scores.flatten()
+    top = flat.topk(min(beam, int(torch.isfinite(flat).sum())))
+    width = scores.shape[1]
+    picks = [_extend(hyps, i // width, i % width, s) for i, s in zip(top.indices.tolist(), top.values.tolist())]
+    return [(h, first + k, v) for h, k, v in picks]
+
+
+def beam_batch(model, enc: torch.Tensor, out_lens: torch.Tensor, beam: int = 4,
+               max_symbols: int = 5) -> list[list[Hypothesis]]:
+    """ALSD of a batch: enc (B, T', J) the model's forward output, ``out_lens`` (B,) its CPU lengths
+    -> each utterance's final hypotheses, best first (one per token sequence, merged paths
+    log-added); none for an utterance without frames. Active hypotheses are rows grouped by
+    utterance (``owner``), in the order each utterance's search would keep them alone."""
+    b, t_max, device = enc.shape[0], enc.shape[1], enc.device
+    ends = [int(n) for n in out_lens.tolist()]
+    flat_enc = enc.reshape(b * t_max, -1)  # (B*T', J): utterance u's frame t is row u*T' + t
+    owner = [u for u in range(b) if ends[u] > 0]
+    g, state = model.predict_step(torch.full((len(owner),), BLANK, dtype=torch.long, device=device), None)
+    active, finals = [Hypothesis((), 0.0, 0) for _ in owner], [{} for _ in range(b)]
+    while active:
+        scores = _scores(model, flat_enc, [u * t_max + h.frame for u, h in zip(owner, active)], active, g,
+                         max_symbols)
+        picks, pick_owner = [], []
+        for u, rows in itertools.groupby(range(len(active)), key=owner.__getitem__):  # each utterance's rows
+            rows = list(rows)
+            lo, hi = rows[0], rows[-1] + 1
+            best = _best(active[lo:hi], scores[lo:hi], beam, lo)
+            picks += best
+            pick_owner += [u] * len(best)
+        _, active, g, state = _advance(model, picks, g, state, [ends[u] for u in pick_owner])
+        for u, (h, _, _) in zip(pick_owner, picks):
+            if h.frame >= ends[u]:
+                _merge_finals(finals[u], [h])
+        owner = [u for u, (h, _, _) in zip(pick_owner, picks) if h.frame < ends[u]]
+    return [sorted(f.values(), key=lambda h: -h.score) for f in finals]
+
+
 def beam_hypotheses(model, enc: torch.Tensor, beam: int = 4, max_symbols: int = 5) -> list[Hypothesis]:
     """ALSD of one utterance's encoder output enc (T', J), its valid frames only (``enc[b, :out_lens[b]]``
     of a batch's forward): the final hypotheses, best first (one per token sequence, merged paths
     log-added)."""
-    frames, device = enc.shape[0], enc.device
-    g, state = model.predict_step(torch.full((1,), BLANK, dtype=torch.long, device=device), None)  # (1, J)
-    active, finals = [Hypothesis((), 0.0, 0)], {}
-    while active:
-        scores = _candidates(model, enc, active, g, max_symbols)  # (K, V)
-        flat = scores.flatten()
-        top = flat.topk(min(beam, int(torch.isfinite(flat).sum())))
-        width = scores.shape[1]
-        picks = [(i // width, i % width, s) for i, s in zip(top.indices.tolist(), top.values.tolist())]
-        final, active, g, state = _advance(model, [_extend(active, *p) for p in picks], g, state, frames)
-        _merge_finals(finals, final)
-    return sorted(finals.values(), key=lambda h: -h.score)
+    return beam_batch(model, enc[None], torch.tensor([enc.shape[0]]), beam, max_symbols)[0]
 
 
 def beam_search(model, enc: torch.Tensor, beam: int = 4, max_symbols: int = 5) -> list[int]:
     """The best token sequence (no blanks) of one utterance's encoder output enc (T', J)."""
     hyps = beam_hypotheses(model, enc, beam, max_symbols)
     return list(hyps[0].tokens) if hyps else []
+
+
+def beam_tokens(model, enc: torch.Tensor, out_lens: torch.Tensor, beam: int = 4, max_symbols: int = 5) -> list[list[int]]:
+    """The best token sequence (no blanks) of each utterance of a batch: enc (B, T', J), ``out_lens`` (B,) CPU."""
+    return [list(h[0].tokens) if h else [] for h in beam_batch(model, enc, out_lens, beam, max_symbols)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from speechperf.models import build_model, model_config
-from speechperf.objectives.transducer_search import beam_hypotheses, beam_search, greedy_batch
+from speechperf.objectives.transducer_search import beam_batch, beam_hypotheses, beam_search, beam_tokens, greedy_batch
 
 SIZES = {"pred_dim": 16, "joint_dim": 16, "dropout": 0.0, "attention_dropout": 0.0, "pred_dropout": 0.0}
 ENCODERS = {"conformer": {"encoder": "conformer", "d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 3,
@@ -114,6 +114,28 @@ def test_beam_one_is_greedy_search(encoder, pred, max_symbols):
                 assert beam_search(model, enc[b, : out[b]], beam=1, max_symbols=max_symbols) == greedy[b]
                 if max_symbols == 1:
                     assert len(greedy[b]) <= int(out[b])
+
+
+@pytest.mark.parametrize("encoder, pred", KINDS)
+def test_a_batchs_beam_search_is_each_utterances_alone(encoder, pred):
+    """The batched ALSD: garbage in the padding, utterances of other lengths beside it (one too
+    short for a frame): each utterance's final hypotheses are those it gets alone, scores and all."""
+    model = model_of(encoder, pred, classes=40)
+    lens = torch.tensor([47, 80, 12, 3, 61])
+    x = torch.full((5, 80, 93), 1e3)
+    for b, n in enumerate(lens.tolist()):
+        x[b, :n] = torch.randn(n, 93)
+    with torch.no_grad():
+        enc, out = model(x, lens)
+        out = out.clone()
+        out[3] = 0  # an utterance with no encoder frame: no hypothesis
+        batch = beam_batch(model, enc, out, beam=3, max_symbols=2)
+        for b, n in enumerate(out.tolist()):
+            alone = beam_hypotheses(model, enc[b, :n], beam=3, max_symbols=2) if n else []
+            assert [(h.tokens, h.frame) for h in batch[b]] == [(h.tokens, h.frame) for h in alone]
+            assert [h.score for h in batch[b]] == pytest.approx([h.score for h in alone], abs=1e-5)
+        assert beam_tokens(model, enc, out, beam=3, max_symbols=2) == [list(h[0].tokens) if h else [] for h in batch]
+    assert batch[3] == [] and all(batch[b] for b in (0, 1, 2, 4))
 
 
 def test_at_most_max_symbols_per_frame():
