@@ -254,12 +254,71 @@ def run(argv: list[str], timeout: float, cwd=None, env: dict | None = None,
     return subprocess.CompletedProcess(p.args, p.returncode, p.stdout_text(), p.stderr.read())
 
 
-def start_processes(fn, args: tuple, nprocs: int) -> None:
+def _traced(rank: int, fn, stacks: str, *args) -> None:
+    """``fn(rank, *args)``, its threads' stacks written to ``stacks.RANK`` on SIGUSR1 (faulthandler)."""
+    import faulthandler
+
+    with open(f"{stacks}.{rank}", "w") as f:
+        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+        fn(rank, *args)
+
+
+def start_processes(fn, args: tuple, nprocs: int, deadline: float = 240.0) -> None:
     """``torch.multiprocessing.spawn(fn, args, nprocs)``, its processes forked from the server
     instead of spawned: ``fn(rank, *args)`` in each (``fn`` a module-level function, which the
     child imports), from the environment the server started with, torch already imported (a
-    spawned process pays 2-3 s of CPU for it); joined, a failed process raising as spawn's does."""
+    spawned process pays 2-3 s of CPU for it); joined, a failed process raising as spawn's does.
+
+    Processes not done after ``deadline`` seconds (the suite's take 1-10) are a hang: each one's
+    Python stacks are taken (SIGUSR1), they are killed, and TimeoutError names the function and
+    shows the stacks. Without it a hung rank waited out pytest's timeout, which killed the whole
+    xdist worker and said only that it crashed (a CI run's gloo test did; :func:`in_group` is why)."""
     import torch.multiprocessing as torch_mp
 
     _server()  # the preloads set before the server starts
-    torch_mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+    with tempfile.TemporaryDirectory(prefix="forked-ranks-") as tmp:
+        stacks = os.path.join(tmp, "stacks")
+        ctx = torch_mp.start_processes(_traced, args=(fn, stacks, *args), nprocs=nprocs, join=False,
+                                       start_method="forkserver")
+        end = time.monotonic() + deadline
+        while not ctx.join(timeout=max(end - time.monotonic(), 0.01)):
+            if time.monotonic() >= end:
+                raise TimeoutError(f"{fn.__module__}.{fn.__name__}: {nprocs} processes not done after "
+                                   f"{deadline:.0f} s; their stacks:\n{_stacks_then_kill(ctx.processes, stacks)}")
+
+
+def in_group(rank: int, world: int, port: int, work, *args) -> None:
+    """``work(rank, *args)`` in a gloo group of ``world`` ranks (127.0.0.1:``port``) at one thread, for
+    :func:`start_processes`' workers; the group is closed once ``work``'s frame, and every DDP or FSDP
+    model it made, is gone. Why: DDP's C++ reducer holds the group, and a group destroyed while a
+    DDP model lived was freed later by the reducer's destructor, which joined gloo's thread while
+    holding the GIL; that thread, freeing the barrier's work, waited for the GIL: a deadlock, one
+    in ~150 runs of a 2-rank test under load (py-spy's native stacks: ~ProcessGroupGloo in
+    std::thread::join on the main thread, ~AsyncBarrierWork in gil_scoped_acquire on gloo's).
+    Freed from Python (destroy_process_group) the group's destructor releases the GIL; the
+    training loop drops its model first for the same reason (train/loop.py)."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    work(rank, *args)
+    gc.collect()  # a model in a reference cycle goes now, not when the collector next runs
+    dist.barrier()  # tear down together (a rank leaving early can abort gloo's threads)
+    dist.destroy_process_group()
+
+
+def _stacks_then_kill(processes, stacks: str) -> str:
+    """Each live process's threads' stacks (SIGUSR1 to :func:`_traced`'s faulthandler), then killed."""
+    for p in processes:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGUSR1)
+    time.sleep(2)  # faulthandler writes from its signal handler, at once; a second for the file
+    for p in processes:
+        p.kill()
+        p.join()
+    found = [Path(f"{stacks}.{rank}") for rank in range(len(processes))]
+    return "\n".join(f"rank {rank}:\n{(f.read_text() if f.exists() else '') or '(ended)'}" for rank, f in enumerate(found))

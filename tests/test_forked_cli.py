@@ -80,3 +80,21 @@ def test_torchruns_workers_fork_where_their_environment_allows_and_end_with_the_
     assert p.wait(timeout=60) != 0
     gone, alive = psutil.wait_procs(workers.values(), timeout=30)
     assert not alive
+
+
+def hangs(rank: int, seconds: float) -> None:
+    """Rank 1 never ends in time (as a hung process group's rank would); rank 0 returns."""
+    if rank == 1:
+        time.sleep(seconds)
+
+
+def test_processes_past_their_deadline_are_killed_and_their_stacks_shown():
+    """start_processes (the gloo tests' spawn) fails a hang in its own words, with where each rank
+    waited, instead of waiting out pytest's timeout (which kills the xdist worker silently)."""
+    start = time.monotonic()
+    with pytest.raises(TimeoutError) as e:
+        forked_cli.start_processes(hangs, (600.0,), 2, deadline=3)
+    assert time.monotonic() - start < 30
+    said = str(e.value)
+    assert "tests.test_forked_cli.hangs: 2 processes not done after 3 s" in said
+    assert "rank 0:\n(ended)" in said and "in hangs" in said.split("rank 1:")[1]  # the sleeping frame, rank 1's

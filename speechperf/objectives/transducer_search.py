@@ -30,7 +30,7 @@ joint call and one prediction step, and the host reads the step's scores once; t
 each utterance's best ``beam`` (its merges, its top-k) stays per utterance, on the host, so an
 utterance's hypotheses are those it gets alone (tested). The one-utterance search of the
 final evaluation took a Python loop of model calls per utterance; the batch makes a
-per-epoch beam affordable (benchmarks/bench_transducer_beam.py).
+per-epoch beam affordable (`python benchmarks/run.py transducer_beam`).
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ identities for a single process.
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -176,7 +177,12 @@ class Group:
                 dist.barrier()
 
     def close(self) -> None:
+        """The group's end, after the run's models: a DDP model freed after it (one in a reference
+        cycle, freed whenever the collector runs) frees the group from its C++ reducer, whose
+        destructor joins gloo's thread while holding the GIL that thread may wait for: a hang
+        (caught with its stacks in the tests' gloo workers, tests/forked_cli.py ``in_group``)."""
         if self.world > 1 and dist.is_initialized():
+            gc.collect()  # the models no frame holds any more go now, while the group is registered
             dist.destroy_process_group()
 
 

@@ -64,11 +64,10 @@ def whole(algo, opt):
 
 
 def worker(rank, port, out):
-    import os
+    forked_cli.in_group(rank, WORLD, port, _runs, out)
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    torch.set_num_threads(1)
+
+def _runs(rank, out):
     res = {}
     sync = A.make_algorithm(A.algo_config({"name": "sync"}), WORLD, rank)
     m = core()
@@ -98,8 +97,6 @@ def worker(rank, port, out):
     res["masked"] = _masked(rank)
     res["sgd"] = _stateless(rank)
     torch.save(res, f"{out}/rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def _masked(rank) -> dict:

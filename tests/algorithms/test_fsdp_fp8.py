@@ -38,11 +38,10 @@ def train(model, opt, rank):
 
 
 def worker(rank, port, out):
-    import os
+    forked_cli.in_group(rank, WORLD, port, _runs, out)
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    torch.set_num_threads(1)
+
+def _runs(rank, out):
     res = {}
     m = core()
     ddp = A.make_algorithm(A.algo_config({"name": "sync"}), WORLD, rank).wrap(m)
@@ -55,8 +54,6 @@ def worker(rank, port, out):
     res["swapped"] = fp8.swapped(algo.core)
     res["whole"] = algo.whole_state(opt)[0]
     torch.save(res, f"{out}/rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

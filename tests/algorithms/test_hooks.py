@@ -62,9 +62,10 @@ SCENARIOS = {
 
 
 def worker(rank, port, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    torch.set_num_threads(1)
+    forked_cli.in_group(rank, WORLD, port, _scenarios, out)
+
+
+def _scenarios(rank, out):
     results = {}
     for key, (cfg, opt_name, steps, done) in SCENARIOS.items():
         core = model_fn()
@@ -87,8 +88,6 @@ def worker(rank, port, out):
         step(plain, opt, *batch(rank, s))
     results["ddp_plain"] = {"local": flat(core)}
     torch.save(results, f"{out}/rank{rank}.pt")
-    dist.barrier()  # tear down together (a rank leaving early can abort gloo's threads)
-    dist.destroy_process_group()
 
 
 def _spawned(fn, out):

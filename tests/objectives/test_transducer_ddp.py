@@ -39,11 +39,10 @@ def core():
 
 
 def worker(rank, port, out):
-    import os
+    forked_cli.in_group(rank, WORLD, port, _steps, out)
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    torch.set_num_threads(1)
+
+def _steps(rank, out):
     sync = A.make_algorithm(A.algo_config({"name": "sync"}), WORLD, rank)
     m = core()
     ddp = sync.wrap(m)
@@ -52,8 +51,6 @@ def worker(rank, port, out):
     for s in range(STEPS):
         train_step(ddp, batch(rank, s), opt, scaler, torch.device("cpu"), TC)
     torch.save({k: v.clone() for k, v in m.state_dict().items()}, f"{out}/rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
