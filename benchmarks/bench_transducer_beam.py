@@ -1,10 +1,10 @@
 """A transducer run's evaluation with the beam search batched over utterances, against the same
 search one utterance at a time, and against greedy search.
 
-Why: the per-epoch evaluation of ``transducer-cpu`` decodes greedily; the beam search (ALSD,
-objectives/transducer_search.py) gave the same trained model a CER 0.3-0.5 lower (docs/convergence.md),
-but one utterance at a time it cost ~4x greedy's evaluation (each step of each utterance a joint
-call and a prediction step). ``beam_batch`` gives every utterance of a batch's hypotheses one joint
+Why: ``transducer-cpu`` evaluates every epoch with the ALSD beam search (objectives/transducer_search.py),
+which gives the same trained model a CER 0.3-0.7 lower than greedy search (docs/presets.md); one
+utterance at a time it cost ~3.6x greedy's evaluation (each step of each utterance a joint call
+and a prediction step). ``beam_batch`` gives every utterance of a batch's hypotheses one joint
 call and one prediction step a step; the choice of each utterance's beam stays on the host, per
 utterance, so the texts are the same (checked here, text for text, besides the tests).
 
@@ -30,7 +30,7 @@ from speechperf.objectives.transducer_search import beam_search
 from speechperf.studies.evaluate_run import load_run_model
 from speechperf.train.evaluate import evaluate
 
-GOAL = ("docs/convergence.md: a transducer's beam-search evaluation batched over utterances faster than one "
+GOAL = ("docs/presets.md: a transducer's beam-search evaluation batched over utterances faster than one "
         "utterance at a time, the same texts")
 REFERENCE = "the same ALSD beam search one utterance at a time (each utterance's own joint and prediction calls)"
 RATIO = "batched / one at a time (median evaluation seconds)"
