@@ -54,7 +54,7 @@ def one_at_a_time(core, out, out_lens, beam: int) -> list[list[int]]:
 def _evaluate(arm: str, model, cfg, feats: Path, a) -> dict:
     batched = tdt.beam_tokens
     if arm == "one-at-a-time":  # tdt.decode looks beam_tokens up at each call
-        tdt.beam_tokens = lambda core, out, out_lens, beam: one_at_a_time(core, out, out_lens, beam)
+        tdt.beam_tokens = one_at_a_time
     try:
         return evaluate(model, feats, a.split, Batching(cfg.loader), torch.device("cpu"),
                         decoder="greedy" if arm == "greedy" else "beam", beam=a.beam, precision=a.precision,

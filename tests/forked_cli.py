@@ -292,8 +292,8 @@ def in_group(rank: int, world: int, port: int, work, *args) -> None:
     :func:`start_processes`' workers; the group is closed once ``work``'s frame, and every DDP or FSDP
     model it made, is gone. Why: DDP's C++ reducer holds the group, and a group destroyed while a
     DDP model lived was freed later by the reducer's destructor, which joined gloo's thread while
-    holding the GIL; that thread, freeing the barrier's work, waited for the GIL: a deadlock, one
-    in ~150 runs of a 2-rank test under load (py-spy's native stacks: ~ProcessGroupGloo in
+    holding the GIL; that thread, freeing the barrier's work, waited for the GIL: a deadlock, about
+    one in 275 runs of the 2-rank tests under load (py-spy's native stacks: ~ProcessGroupGloo in
     std::thread::join on the main thread, ~AsyncBarrierWork in gil_scoped_acquire on gloo's).
     Freed from Python (destroy_process_group) the group's destructor releases the GIL; the
     training loop drops its model first for the same reason (train/loop.py)."""
@@ -316,7 +316,7 @@ def _stacks_then_kill(processes, stacks: str) -> str:
     for p in processes:
         if p.is_alive():
             os.kill(p.pid, signal.SIGUSR1)
-    time.sleep(2)  # faulthandler writes from its signal handler, at once; a second for the file
+    time.sleep(2)  # faulthandler writes from its signal handler at once; the rest is margin for a busy machine
     for p in processes:
         p.kill()
         p.join()

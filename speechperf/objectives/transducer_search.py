@@ -201,10 +201,12 @@ def beam_batch(model, enc: torch.Tensor, out_lens: torch.Tensor, beam: int = 4,
             picks += best
             pick_owner += [u] * len(best)
         _, active, g, state = _advance(model, picks, g, state, [ends[u] for u in pick_owner])
+        owner = []  # the owners of the kept rows, in _advance's order (the picks' without the final ones)
         for u, (h, _, _) in zip(pick_owner, picks):
             if h.frame >= ends[u]:
                 _merge_finals(finals[u], [h])
-        owner = [u for u, (h, _, _) in zip(pick_owner, picks) if h.frame < ends[u]]
+            else:
+                owner.append(u)
     return [sorted(f.values(), key=lambda h: -h.score) for f in finals]
 
 

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from speechperf import algorithms as A
 from speechperf.config import load_preset
