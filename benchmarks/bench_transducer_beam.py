@@ -84,8 +84,10 @@ def run(a) -> dict:
         raise SpeechperfError(f"the batched beam search decoded {differ} of {len(texts['batched'])} utterances "
                               "differently from the one-at-a-time search")
     med = {arm: statistics.median(v) for arm, v in seconds.items()}
-    print(f"run {a.run}, split {a.split} ({len(texts['batched'])} utterances), beam {a.beam}, cpu, {a.precision}, "
-          f"threads {torch.get_num_threads()}, {a.rounds} rounds; the texts of both beam arms are the same")
+    print(f"run {a.run}")  # its own line: a long path keeps the others within 100 columns
+    print(f"split {a.split} ({len(texts['batched'])} utterances), beam {a.beam}, cpu, {a.precision}, "
+          f"threads {torch.get_num_threads()}, {a.rounds} rounds")
+    print("the texts of both beam arms are the same")
     print(f"{'arm':<15}{'eval s (median)':>16}{'min':>9}{'max':>9}{'CER':>8}{'/ one at a time':>17}")
     for arm in ARMS:
         v = seconds[arm]
