@@ -172,9 +172,10 @@ def _best(hyps: list[Hypothesis], scores: torch.Tensor, beam: int, first: int) -
     ``beam`` finite ones extended; ``first``: its first row in the step's g and state."""
     _merge_into_blanks(hyps, scores)
     flat = scores.flatten()
-    top = flat.topk(min(beam, int(torch.isfinite(flat).sum())))
+    top = flat.topk(min(beam, flat.numel()))  # -inf (capped, merged) ones dropped below
     width = scores.shape[1]
-    picks = [_extend(hyps, i // width, i % width, s) for i, s in zip(top.indices.tolist(), top.values.tolist())]
+    picks = [_extend(hyps, i // width, i % width, s)
+             for i, s in zip(top.indices.tolist(), top.values.tolist()) if s > -math.inf]
     return [(h, first + k, v) for h, k, v in picks]
 
 
