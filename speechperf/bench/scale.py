@@ -232,7 +232,8 @@ def _mfu(flops: float, wall: float, peak) -> dict:
 def _peak(model, opt, batch: Batch, step, dev: torch.device, est) -> dict:
     """The measured peak of one step: on CUDA torch's ``max_memory_allocated``; on a CPU what was
     allocated when the step began (parameters, gradients, optimizer state, the batch) plus the
-    profiler's peak above it (``hardware.memory.allocated_peak``)."""
+    profiler's peak above it (``hardware.memory.allocated_peak``, a step before it profiled too: the
+    gradients it frees were allocated in the profiler's view)."""
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
         step(batch)
@@ -241,7 +242,7 @@ def _peak(model, opt, batch: Batch, step, dev: torch.device, est) -> dict:
     else:
         state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
         live = memory.tensor_bytes([*model.parameters(), *(p.grad for p in model.parameters()), *state, batch.feats])
-        got = live + memory.allocated_peak(lambda: step(batch))
+        got = live + memory.allocated_peak(lambda: step(batch), before=lambda: step(batch))
         how = "live tensors + torch.profiler's allocator peak"
     return {"peak_gb": got / memory.GB, "estimate_ratio": est.peak() / got, "memory_method": how}
 

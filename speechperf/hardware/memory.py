@@ -339,22 +339,36 @@ def _batch_share(e: MemoryEstimate, free_bytes: int) -> float | None:
     return None
 
 
-def allocated_peak(step) -> int:
+def allocated_peak(step, before=None) -> int:
     """Bytes ``step()`` allocated above what was allocated when it began, at its peak, as torch's CPU
     allocator saw them: torch.profiler's memory events (every allocation and free the allocator
     reports, in order; CPU torch keeps no ``max_memory_allocated``). Not the process's resident
     size: the C library keeps freed pages and an untouched allocation has none, so an RSS delta
-    over- or under-reads by as much as a large tensor (measured: checked against tensors of known size)."""
-    from torch.profiler import ProfilerActivity, profile  # the profiler only where a peak is measured
+    over- or under-reads by as much as a large tensor (measured: checked against tensors of known size).
+
+    The profiler reports no free of a block allocated before it started (tests/hardware/test_memory.py),
+    so a block the step frees but did not allocate would be counted as still held: a training step
+    frees the previous step's gradients. ``before()`` (that previous step) therefore runs under the
+    profiler too, and only the events inside ``step()`` are summed: what it frees was allocated in view."""
+    from torch.profiler import ProfilerActivity, profile, record_function  # only where a peak is measured
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-                     and e.device_type().name == "CPU"), key=lambda e: e.start_ns())
+        if before is not None:
+            before()
+        with record_function(_MEASURED):
+            step()
+    events = list(prof.profiler.kineto_results.events())
+    mark = next(e for e in events if e.name() == _MEASURED)
+    start, end = mark.start_ns(), mark.start_ns() + mark.duration_ns()
+    inside = sorted((e for e in events if e.name() == "[memory]" and e.device_type().name == "CPU"
+                     and start <= e.start_ns() <= end), key=lambda e: e.start_ns())
     live = peak = 0
-    for e in events:
+    for e in inside:
         live += e.nbytes()
         peak = max(peak, live)
     return peak
+
+
+_MEASURED = "speechperf.measured_step"  # the profiler's range around the measured step
 
 
 def tensor_bytes(tensors) -> int:
