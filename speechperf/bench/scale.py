@@ -15,10 +15,18 @@ the attention encoder-decoder (``canary-aed-sizes``).
 Features are random of the planned shapes (throughput does not depend on their values); labels
 (random subword units) are of a length CTC can align at 8x subsampling (2 frames per label: LibriSpeech's ~15
 characters per second do not fit in 12.5 frames per second, the subword vocabulary NeMo trains
-with does). One device: a world of N is the sharded loop's (not built yet), refused here.
+with does).
+
+N devices: under torchrun (``WORLD_SIZE`` = ``--world``) every rank steps its own batches of the
+plan (batch i goes to rank i mod N) through the sharded training loop's model (FSDP2,
+``algorithms/fsdp.py``, whose step ``train_step`` is the loop's): the row counts the audio of
+every rank over the slowest rank's seconds, the peak memory of the rank that used most beside the
+estimate for ``fsdp`` at N, MFU against N devices' peak. ``bench/scale_launch.py`` starts the ranks
+on one node and measures the device they are compared with (the scaling efficiency).
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -27,8 +35,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import psutil
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
+from speechperf.algorithms.fsdp import FSDP, FSDPConfig
 from speechperf.config import load_preset
 from speechperf.data.batching import Batching
 from speechperf.data.index import from_columns, librispeech_like
@@ -42,6 +52,7 @@ from speechperf.hardware.capability import model_support
 from speechperf.hardware.measured_peak import training_peak
 from speechperf.hardware.mfu import achieved
 from speechperf.telemetry.power import PowerMeter
+from speechperf.train.distributed import DistEnv, pick_device, resolve_backend
 from speechperf.train.step import make_optimizer, train_step
 
 WORKLOADS = ("fastconformer-l", "fastconformer-xl", "parakeet-rnnt-sizes", "canary-aed-sizes")  # CTC, RNN-T, AED
@@ -55,7 +66,9 @@ FRAMES_PER_LABEL = 2  # labels CTC can align at 8x: one per two output frames
 COLUMNS = ("workload", "params_m", "nemo_params_m", "batch_s", "utterances", "padded_s", "device", "precision",
            "world", "utt_per_s", "audio_s_per_s", "step_s", "steps", "tflops", "mfu_pct", "peak_gb", "estimate_gb",
            "estimate_ratio", "power_w", "wh_per_audio_h", "energy", "peak_source", "memory_method", "status",
-           "audio_s_per_s_min", "audio_s_per_s_median", "audio_s_per_s_max")  # the timed steps' own rates
+           "audio_s_per_s_min", "audio_s_per_s_median", "audio_s_per_s_max",  # the timed steps' own rates
+           "scaling_efficiency",  # world N: audio s/s over N times one device's (bench/scale_launch.py)
+           "comm_s", "comm_gb")  # world N, rank 0, per timed step: collectives' seconds (overlapping) and bytes
 SPREAD = {"min": min, "median": statistics.median, "max": max}  # of the timed steps' audio s/s
 
 
@@ -69,19 +82,15 @@ class Request:
     warmup: int = 1  # untimed steps first
     device: str = "cpu"
     precision: str | None = None  # None: fp32 on a CPU, the preset's on a GPU
-    world: int = 1  # devices (1 only until the sharded loop)
+    world: int = 1  # devices: N > 1 are torchrun's ranks, sharded (FSDP2); bench/scale_launch.py starts them
     memory_limit_gb: float | None = None  # refuse rows whose estimate exceeds this (default: free memory)
-    measure_memory: bool = True  # measure the peak (one more, profiled step on a CPU)
+    measure_memory: bool = True  # measure the peak (on a CPU two more steps, profiled)
     overrides: tuple[str, ...] = ()  # key=value overrides of every workload's preset
     seed: int = 0
 
     def problems(self) -> list[str]:
-        out = [f"--{k}={getattr(self, k)} must be >= {lo}" for k, lo in (("steps", 1), ("warmup", 0), ("world", 1))
-               if getattr(self, k) < lo]
-        if self.world > 1:
-            out.append(f"--world={self.world}: bench scale measures one device; N devices need the sharded training "
-                       "loop (FSDP2 under torchrun), not built yet")
-        return out
+        return [f"--{k}={getattr(self, k)} must be >= {lo}" for k, lo in (("steps", 1), ("warmup", 0), ("world", 1))
+                if getattr(self, k) < lo]
 
 
 def planned_batches(cfg, n: int, seed: int) -> list[np.ndarray]:
@@ -111,19 +120,39 @@ def synthetic(frames: np.ndarray, seconds: np.ndarray, model, device: torch.devi
 def run_scale(req: Request, progress: bool = True) -> list[dict]:
     """One row per workload and batch duration (see the module docstring)."""
     bad = req.problems()
+    env = DistEnv.from_env()
+    if env.world != req.world:
+        bad.append(f"--world={req.world} but this process is one of {env.world} (torchrun's WORLD_SIZE): N devices "
+                   "are N torchrun ranks (or bench scale --world N without torchrun, which starts them)")
     if bad:
         raise SpeechperfError("; ".join(bad))
-    dev = torch.device(req.device)
+    dev = torch.device(req.device) if req.world == 1 else pick_device(req.device, env)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SpeechperfError(f"device {req.device!r} requested but no CUDA device is available")
     seconds = req.batch_seconds or (GPU_BATCH_S if dev.type == "cuda" else CPU_BATCH_S)
     todo = [(w, s) for w in req.workloads for s in seconds]
     rows = []
-    for w, s in tqdm(todo, desc="bench scale", unit="row", file=sys.stderr, disable=not progress):
-        rows.append(_row(req, w, s, dev))
+    with _group(env, dev):
+        for w, s in tqdm(todo, desc="bench scale", unit="row", file=sys.stderr, disable=not progress or env.rank):
+            rows.append(_row(req, w, s, dev))
     if all(r["status"].startswith(DOES_NOT_FIT) for r in rows):  # nothing could run: bad input, exit 2
         raise memory.DoesNotFit("; ".join(r["status"] for r in rows))
     return rows
+
+
+@contextlib.contextmanager
+def _group(env: DistEnv, dev: torch.device):
+    """torchrun's process group around a world of N rows (nothing for one device)."""
+    if env.world == 1:
+        yield
+        return
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(resolve_backend("auto", dev))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def _config(req: Request, workload: str, batch_s: float | None, dev: torch.device):
@@ -137,21 +166,25 @@ def _config(req: Request, workload: str, batch_s: float | None, dev: torch.devic
         can = model_support(cfg.model, dev, precision)
         if not can.runs:
             raise SpeechperfError(f"bench scale --precision fp8: {workload}: {can.note}")
+    if req.world > 1:  # what the sharded loop refuses (fp16's scaler, compile, graphs): refused here too
+        FSDP.check_launch(FSDPConfig(), req.world, replace(cfg.train, system=replace(cfg.train.system,
+                                                                                     precision=precision)))
     return cfg, precision
 
 
 def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) -> dict:
     cfg, precision = _config(req, workload, batch_s, dev)
-    batches = planned_batches(cfg, req.warmup + req.steps, req.seed)
-    widest = max(batches, key=lambda b: len(b[0]) * int(b[0].max()))
-    setup = memory.Setup(cfg.train.optim.name, cfg.train.optim.impl, precision, dev.type,
-                         checkpointing=cfg.model.activation_checkpointing)
+    every = planned_batches(cfg, (req.warmup + req.steps) * req.world, req.seed)  # batch i: rank i mod N
+    widest = max(every, key=lambda b: len(b[0]) * int(b[0].max()))  # the estimate: the rank given it
+    batches = every[DistEnv.from_env().rank::req.world]
+    setup = memory.Setup(cfg.train.optim.name, cfg.train.optim.impl, precision, dev.type, req.world,
+                         "fsdp" if req.world > 1 else "none", checkpointing=cfg.model.activation_checkpointing)
     est = memory.estimate(cfg.model, memory.Batch(len(widest[0]), int(widest[0].max()),
                                                   int(widest[0].max()) // 8 // FRAMES_PER_LABEL), setup)
     row = {**dict.fromkeys(COLUMNS), "workload": workload, "params_m": describe(cfg.model)["params"] / 1e6,
            "nemo_params_m": nemo_params(cfg.model) / 1e6, "batch_s": Batching(cfg.loader).batch_seconds,
-           "utterances": float(np.mean([len(f) for f, _ in batches])), "device": str(dev), "precision": precision,
-           "padded_s": float(np.mean([len(f) * int(f.max()) for f, _ in batches])) * FRAME_S, "world": req.world,
+           "utterances": float(np.mean([len(f) for f, _ in every])), "device": str(dev), "precision": precision,
+           "padded_s": float(np.mean([len(f) * int(f.max()) for f, _ in every])) * FRAME_S, "world": req.world,
            "estimate_gb": est.peak() / memory.GB, "status": "ok"}
     try:
         memory.check_fits(est, _free_bytes(req, dev))
@@ -172,11 +205,18 @@ def _free_bytes(req: Request, dev: torch.device) -> int:
 
 
 def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est) -> dict:
-    """Warm-up, the memory step (profiled, untimed), then the timed steps with the power meter."""
+    """Warm-up, the memory steps (profiled, untimed), then the timed steps with the power meter; at a
+    world of N every rank its own batches, the figures summed (audio, FLOPs) or the worst rank's."""
     tc = replace(cfg.train, system=replace(cfg.train.system, precision=precision))
     torch.manual_seed(req.seed)
     model = build_model(cfg.model).to(dev).train()
     fp8.prepare(model, precision, dev)  # fp8: torchao's float8 Linear layers (emulated off CUDA)
+    algo = None
+    if req.world > 1:  # the training loop's sharding (algo.name=fsdp, its default units)
+        env = DistEnv.from_env()
+        algo = FSDP(FSDPConfig(), req.world, env.rank, dev, train=tc)
+        model = algo.wrap(model)
+        algo.replica = None  # rank 0's unsharded copy serves evaluations: a row evaluates nothing
     opt = make_optimizer(model, tc, dev)
     scaler = torch.amp.GradScaler(dev.type, enabled=precision == "fp16")
     data = [synthetic(f, s, model, dev) for f, s in batches]
@@ -185,26 +225,77 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
         step(b)
     out = {}
     if req.measure_memory:  # the widest planned batch, the one the estimate is made for
-        out.update(_peak(model, opt, max(data, key=lambda b: b.feats.shape[0] * b.feats.shape[1]), step, dev, est))
+        out.update(_peak(model, opt, max(data, key=lambda b: b.feats.shape[0] * b.feats.shape[1]), step, dev, est,
+                         req.world))
     timed = data[req.warmup:]
-    with PowerMeter() as power:
+    if algo:
+        algo.comm.take()  # what the warm-up and profiled steps moved: not this row's
+    with PowerMeter() if _rank() == 0 else _NoPower() as power:  # rank 0 reads its node's power
+        _sync(dev, req.world)
         t0, ends = time.perf_counter(), []
         for b in timed:
             step(b)
             if dev.type == "cuda":  # each step's end: its own rate (the spread a cost carries, studies/cost.py)
                 torch.cuda.synchronize(dev)
             ends.append(time.perf_counter())
-        wall = ends[-1] - t0
-    rates = [b.audio_seconds / (end - start) for b, start, end in zip(timed, [t0, *ends], ends)]
-    audio = sum(b.audio_seconds for b in timed)
-    flops = sum(utterance_flops(cfg.model, int(n), int(u)) for b in timed for n, u in zip(b.feat_lens, b.label_lens))
+        _sync(dev, req.world)
+        ends[-1] = time.perf_counter()  # the slowest rank's end
+    # (steps,) each step's audio and seconds, the audio of every rank, the seconds of the slowest
+    audio = _total([b.audio_seconds for b in timed], req.world)
+    seconds = _worst([end - start for start, end in zip([t0, *ends], ends)], req.world)
+    wall = float(seconds.sum())
+    rates = (audio / seconds).tolist()
+    utts = float(_total([len(b.feat_lens) for b in timed], req.world).sum())
+    flops = float(_total([sum(utterance_flops(cfg.model, int(n), int(u)) for n, u in zip(b.feat_lens, b.label_lens))
+                          for b in timed], req.world).sum())
+    if algo:
+        comm = algo.comm.take()
+        out.update(comm_s=comm[0] / len(timed), comm_gb=comm[1] / len(timed) / 1e9)
     peak = training_peak(dev, precision, torch.get_num_threads())
-    energy = power.result(audio)
-    wh = energy["energy_j"] / 3600 / (audio / 3600) if energy["energy_j"] is not None else None
-    return {**out, "utt_per_s": sum(len(b.feat_lens) for b in timed) / wall, "audio_s_per_s": audio / wall,
-            "step_s": wall / len(timed), "steps": len(timed), **_mfu(flops, wall, peak),
+    energy = power.result(float(audio.sum()))
+    wh = energy["energy_j"] / 3600 / (float(audio.sum()) / 3600) if energy["energy_j"] is not None else None
+    return {**out, "utt_per_s": utts / wall, "audio_s_per_s": float(audio.sum()) / wall,
+            "step_s": wall / len(timed), "steps": len(timed), **_mfu(flops, wall, peak, req.world),
             **{f"audio_s_per_s_{k}": f(rates) for k, f in SPREAD.items()},
             "power_w": energy["power_w"], "wh_per_audio_h": wh, "energy": energy["energy"]}
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _sync(dev: torch.device, world: int) -> None:
+    """Every rank here, its device's work done (a world of one: the device only)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    if world > 1:
+        dist.barrier()
+
+
+def _reduced(values, world: int, op) -> torch.Tensor:
+    """(n,) float64 ``values`` reduced over the ranks by ``op`` (CPU tensors: gloo serves them)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(t, op=op)
+    return t
+
+
+def _total(values, world: int) -> torch.Tensor:
+    return _reduced(values, world, dist.ReduceOp.SUM)
+
+
+def _worst(values, world: int) -> torch.Tensor:
+    return _reduced(values, world, dist.ReduceOp.MAX)
+
+
+class _NoPower(contextlib.AbstractContextManager):
+    """Ranks other than 0: no sampler of their own (rank 0's reads the node)."""
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def result(self, samples) -> dict:
+        return {"power_w": None, "energy_j": None, "energy": "rank 0's"}
 
 
 def nemo_params(cfg) -> int:
@@ -224,12 +315,13 @@ def utterance_flops(cfg, frames: int, labels: int) -> float:
     return 3 * forward - forward_flops(cfg, frames)["first"]
 
 
-def _mfu(flops: float, wall: float, peak) -> dict:
-    got = achieved(flops, wall, peak.tflops)
+def _mfu(flops: float, wall: float, peak, world: int = 1) -> dict:
+    """MFU of N devices: against N times one device's peak."""
+    got = achieved(flops, wall, peak.tflops * world if peak.tflops else peak.tflops)
     return {"tflops": got["tflops"], "mfu_pct": got["mfu_pct"], "peak_source": got["mfu_note"] or peak.source}
 
 
-def _peak(model, opt, batch: Batch, step, dev: torch.device, est) -> dict:
+def _peak(model, opt, batch: Batch, step, dev: torch.device, est, world: int = 1) -> dict:
     """The measured peak of one step: on CUDA torch's ``max_memory_allocated``; on a CPU what was
     allocated when the step began (parameters, gradients, optimizer state, the batch) plus the
     profiler's peak above it (``hardware.memory.allocated_peak``, a step before it profiled too: the
@@ -244,6 +336,8 @@ def _peak(model, opt, batch: Batch, step, dev: torch.device, est) -> dict:
         live = memory.tensor_bytes([*model.parameters(), *(p.grad for p in model.parameters()), *state, batch.feats])
         got = live + memory.allocated_peak(lambda: step(batch), before=lambda: step(batch))
         how = "live tensors + torch.profiler's allocator peak"
+    if world > 1:
+        got, how = int(_worst([got], world)[0]), how + ", the rank that used most"
     return {"peak_gb": got / memory.GB, "estimate_ratio": est.peak() / got, "memory_method": how}
 
 

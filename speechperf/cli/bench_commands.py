@@ -20,7 +20,8 @@ FEED_NARROW = {"preset": "preset", "batch": "batch", "mean utt s": "mean utt s",
                "host cores": "cores", "GPUs this host feeds": "GPUs fed"}
 SCALE_NARROW = {"workload": "workload", "params_m": "M params", "batch_s": "batch s", "utterances": "utts",
                 "audio_s_per_s": "audio s/s", "utt_per_s": "utt/s", "mfu_pct": "MFU %", "peak_gb": "peak GB",
-                "estimate_gb": "est GB", "power_w": "W", "wh_per_audio_h": "Wh/audio h", "status": "status"}
+                "estimate_gb": "est GB", "power_w": "W", "wh_per_audio_h": "Wh/audio h", "world": "devices",
+                "scaling_efficiency": "eff", "status": "status"}
 
 
 def _table(a, rows: list[dict], columns, narrow: dict[str, str], lines: list[str] | None) -> None:
@@ -159,7 +160,10 @@ def _bench_scale_args(sp) -> None:
     sp.add_argument("--device", default="cpu")
     sp.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16", "fp8"),
                     help="default: fp32 on a CPU, the preset's on a GPU (fp8: torchao's float8, emulated on a CPU)")
-    sp.add_argument("--world", type=int, default=1, help="devices (1 until the sharded training loop)")
+    sp.add_argument("--world", type=int, default=1,
+                    help="devices: N > 1 also measures the rows sharded (FSDP2) over N torchrun ranks, started here "
+                    "on one node (a CPU: N shares of its cores), with the scaling efficiency against one device; "
+                    "under torchrun, N = its WORLD_SIZE")
     sp.add_argument("--memory-limit-gb", type=float, default=None,
                     help="rows whose estimated peak exceeds this are not run (default: the device's free memory)")
     sp.add_argument("--no-memory", action="store_true", help="skip the measured peak (one profiled step a row)")
@@ -167,11 +171,14 @@ def _bench_scale_args(sp) -> None:
 
 
 def cmd_bench_scale(a) -> int:
-    from speechperf.bench.scale import COLUMNS, WORKLOADS, Request, notes, run_scale  # torch: this command's only
+    from speechperf.bench.scale import COLUMNS, WORKLOADS, Request, notes  # torch: this command's only
+    from speechperf.bench.scale_launch import measure
 
     req = Request(tuple(a.workloads or WORKLOADS), tuple(a.batch_seconds) if a.batch_seconds else None, a.steps,
                   a.warmup, a.device, a.precision, a.world, a.memory_limit_gb, not a.no_memory, tuple(a.overrides))
-    rows = run_scale(req)
+    rows = measure(req)
+    if not rows:  # a torchrun rank other than 0: rank 0 prints the rows
+        return 0
     _table(a, rows, COLUMNS, SCALE_NARROW, notes(rows))
     check_measured(rows, "bench scale")
     return 0

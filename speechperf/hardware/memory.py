@@ -372,10 +372,11 @@ _MEASURED = "speechperf.measured_step"  # the profiler's range around the measur
 
 
 def tensor_bytes(tensors) -> int:
-    """Bytes of the distinct storages of ``tensors`` (a view and its base counted once)."""
+    """Bytes of the distinct storages of ``tensors`` (a view and its base counted once; a sharded
+    DTensor's local shard, what this rank holds)."""
     seen = {}
     for t in tensors:
         if t is not None:
-            s = t.untyped_storage()
+            s = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
             seen[s.data_ptr()] = s.nbytes()
     return sum(seen.values())

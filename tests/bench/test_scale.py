@@ -57,12 +57,12 @@ def test_batches_are_the_planners_cut_by_seconds_of_audio():
     assert len({len(f) for f, _ in batches}) > 1 or len(batches[0][0]) > 2  # several utterances a batch
 
 
-def test_a_world_of_several_devices_and_a_run_that_cannot_fit_are_refused(known_peak):
+def test_a_world_that_is_not_torchruns_and_a_run_that_cannot_fit_are_refused(known_peak):
     from speechperf.errors import SpeechperfError
     from speechperf.hardware.memory import DoesNotFit
 
-    with pytest.raises(SpeechperfError, match="--world=2: bench scale measures one device"):
-        scale.run_scale(scale.Request(world=2), progress=False)
+    with pytest.raises(SpeechperfError, match=r"--world=2 but this process is one of 1 \(torchrun's WORLD_SIZE\)"):
+        scale.run_scale(scale.Request(world=2), progress=False)  # N ranks: torchrun's (bench/scale_launch.py)
     req = scale.Request(workloads=("fastconformer-xl",), batch_seconds=(30.0,), memory_limit_gb=8.0)
     with pytest.raises(DoesNotFit, match=r"fastconformer-xl at 30 s: the run needs 1\d\.\d GB per device"):
         scale.run_scale(req, progress=False)

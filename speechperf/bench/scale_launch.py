@@ -1,0 +1,76 @@
+"""``speechperf bench scale --world N`` on one node: the rows at one device, then the same rows at N
+devices (N torchrun ranks, each stepping its own batches through the sharded loop's model:
+bench/scale.py), and each N-device row's scaling efficiency against the one-device row:
+
+    efficiency = audio s/s at N devices / (N x audio s/s at one device)
+
+A device is a GPU (``cuda``: rank r on GPU r) or, on a CPU, a share of its cores: the N ranks
+take cores / N threads each and the one-device row is measured at that share too, so the
+efficiency is that of N slices of the CPU (what sharding and its collectives cost), not of the
+whole CPU against a part. A row that does not fit one device has no efficiency (said in its
+status). Under torchrun (several nodes: ``torchrun --nnodes M --nproc-per-node G -m speechperf bench
+scale --world M*G``) each process is a rank of the N-device rows and nothing is started here; their
+efficiency needs the one-device rows of a run like this one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import torch
+
+from speechperf.bench.scale import Request, run_scale
+from speechperf.errors import SpeechperfError
+from speechperf.train.distributed import DistEnv
+
+
+def measure(req: Request, progress: bool = True) -> list[dict]:
+    """The rows of ``req``: one device's; under torchrun this rank's share of N devices' (rank 0 gets
+    the rows, the other ranks none); else, for N > 1, one device's and N's started here."""
+    env = DistEnv.from_env()
+    if req.world == 1 or env.world > 1:
+        rows = run_scale(req, progress)
+        return rows if env.rank == 0 else []
+    threads = max(1, torch.get_num_threads() // req.world) if req.device == "cpu" else torch.get_num_threads()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ones = run_scale(replace(req, world=1), progress)
+    finally:
+        torch.set_num_threads(before)
+    return ones + efficiencies(ranks(req, threads), ones)
+
+
+def ranks(req: Request, threads: int) -> list[dict]:
+    """``req``'s rows measured by N torchrun ranks on this node (``threads`` each); their rank 0's rows."""
+    args = ["--workloads", ",".join(req.workloads), "--steps", str(req.steps), "--warmup", str(req.warmup),
+            "--device", req.device, "--world", str(req.world), "--json"]
+    args += ["--batch-seconds", ",".join(f"{s:g}" for s in req.batch_seconds)] if req.batch_seconds else []
+    args += ["--precision", req.precision] if req.precision else []
+    args += ["--memory-limit-gb", f"{req.memory_limit_gb:g}"] if req.memory_limit_gb is not None else []
+    args += [] if req.measure_memory else ["--no-memory"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(req.world),
+           "-m", "speechperf", "bench", "scale", *args, *req.overrides]
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    out = p.stdout[p.stdout.find("\n[") + 1:] if not p.stdout.startswith("[") else p.stdout  # rank 0's JSON
+    if p.returncode != 0 or not out.startswith("["):
+        said = [ln for ln in p.stderr.splitlines() if "rror" in ln and "torch/distributed" not in ln]
+        tail = "\n".join(dict.fromkeys(said[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
+        raise SpeechperfError(f"bench scale --world {req.world}: the ranks failed (exit {p.returncode})\n{tail}")
+    return json.loads(out)
+
+
+def efficiencies(sharded: list[dict], ones: list[dict]) -> list[dict]:
+    """``sharded`` rows with ``scaling_efficiency`` against the one-device row of the same workload
+    and batch (None where that row did not run)."""
+    one = {(r["workload"], r["batch_s"]): r for r in ones if r["status"] == "ok"}
+    out = []
+    for r in sharded:
+        base = one.get((r["workload"], r["batch_s"]))
+        ok = base is not None and r["status"] == "ok" and base["audio_s_per_s"]
+        out.append({**r, "scaling_efficiency": r["audio_s_per_s"] / (r["world"] * base["audio_s_per_s"]) if ok
+                    else None})
+    return out

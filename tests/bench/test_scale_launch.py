@@ -1,0 +1,60 @@
+"""``bench scale --world N``: the rows sharded (FSDP2) over N torchrun ranks beside one device's, the
+scaling efficiency between them, the memory estimate at N ranks against the measured peak."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from speechperf.bench import scale, scale_launch
+
+TINY = ["model.d_model=32", "model.layers=2", "model.heads=2", "model.subsampling_channels=8"]
+
+
+def _row(world: int, rate: float, status: str = "ok", batch_s: float = 40.0) -> dict:
+    return {"workload": "fastconformer-l", "batch_s": batch_s, "world": world, "audio_s_per_s": rate,
+            "status": status}
+
+
+def test_the_efficiency_is_n_devices_rate_over_n_times_one_devices():
+    ones = [_row(1, 10.0), _row(1, 10.0, batch_s=60.0, status="does not fit: ...")]
+    got = scale_launch.efficiencies([_row(2, 15.0), _row(2, 12.0, batch_s=60.0)], ones)
+    assert got[0]["scaling_efficiency"] == pytest.approx(0.75)
+    assert got[1]["scaling_efficiency"] is None  # its one-device row did not run
+    assert scale_launch.efficiencies([_row(2, 15.0, status="failed: x")], ones)[0]["scaling_efficiency"] is None
+
+
+def test_one_device_is_measured_at_one_ranks_share_of_the_cpu(monkeypatch):
+    seen = {}
+
+    def one_device(req, progress=True):
+        seen["threads"], seen["world"] = torch.get_num_threads(), req.world
+        return [_row(1, 10.0)]
+
+    monkeypatch.setattr(scale_launch, "run_scale", one_device)
+    monkeypatch.setattr(scale_launch, "ranks", lambda req, threads: [_row(req.world, 18.0)] if threads else [])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.setdefault("set", []).append(n))
+    rows = scale_launch.measure(scale.Request(("fastconformer-l",), (40.0,), world=2), progress=False)
+    assert seen["world"] == 1 and seen["set"] == [2, 4]  # 4 cores / 2 ranks, then the caller's threads again
+    assert [r["world"] for r in rows] == [1, 2] and rows[1]["scaling_efficiency"] == pytest.approx(0.9)
+
+
+def test_bench_scale_world_2_shards_over_two_torchrun_ranks_on_the_cpu(tmp_path):
+    cmd = [sys.executable, "-m", "speechperf", "bench", "scale", "--world", "2", "--workloads", "fastconformer-l",
+           "--batch-seconds", "40", "--steps", "2", "--warmup", "1", "--json", *TINY]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "SPEECHPERF_CACHE": str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    one, two = json.loads(p.stdout)
+    assert (one["world"], two["world"]) == (1, 2) and one["status"] == two["status"] == "ok"
+    assert one["params_m"] == two["params_m"] and two["audio_s_per_s"] > 0
+    assert two["scaling_efficiency"] == pytest.approx(two["audio_s_per_s"] / (2 * one["audio_s_per_s"]))
+    assert two["comm_gb"] > 0 and two["comm_s"] > 0 and one["comm_gb"] is None  # FSDP2's gathers, reductions
+    # the estimate for fsdp at 2 ranks against the peak the rank that used most measured (a tiny model:
+    # tests/hardware/test_memory.py's 15%, plus what no rule counts at width 32)
+    assert 0.75 < two["estimate_ratio"] < 1.25 and "the rank that used most" in two["memory_method"]
+    assert two["utterances"] == pytest.approx(3.0, abs=1.0)
