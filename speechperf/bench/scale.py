@@ -33,7 +33,6 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-import psutil
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -197,11 +196,11 @@ def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) 
 
 
 def _free_bytes(req: Request, dev: torch.device) -> int:
+    """``--memory-limit-gb`` or the device's free memory; on a CPU either is the host's, shared by its ranks."""
+    shared = DistEnv.from_env().local_world if dev.type == "cpu" else 1
     if req.memory_limit_gb is not None:
-        return int(req.memory_limit_gb * memory.GB)
-    if dev.type == "cuda":
-        return torch.cuda.mem_get_info(dev)[0]
-    return psutil.virtual_memory().available
+        return int(req.memory_limit_gb * memory.GB) // shared
+    return memory.free_bytes(dev, shared)
 
 
 def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est) -> dict:

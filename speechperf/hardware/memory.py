@@ -291,6 +291,17 @@ def estimate(model_cfg, batch: Batch, setup: Setup = Setup(), parameters: int | 
                           batch=batch, model=model_cfg, parameter_count=n)
 
 
+def free_bytes(device: torch.device, local_ranks: int = 1) -> int:
+    """What one rank on ``device`` may use: a GPU's free memory; on a CPU the host's available
+    memory shared by the ``local_ranks`` processes of this node (each would otherwise count all of it:
+    two ranks of a 10 GB step on a 21 GB host each fit alone and are killed together)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil  # only where a CPU's memory is asked
+
+    return psutil.virtual_memory().available // max(1, local_ranks)
+
+
 def check_fits(estimate: MemoryEstimate, free_bytes: int) -> None:
     """Refuse (:class:`DoesNotFit`, exit 2) a run whose peak exceeds ``free_bytes``, naming the
     gigabytes and what would fit: more ranks (fsdp), activation checkpointing, a shorter batch."""

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import torch
 
 from speechperf.config import RunConfig
@@ -157,7 +156,8 @@ def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Pa
     prog = Progress.from_dict(ckpt[checkpoint.PROGRESS]) if ckpt is not None else Progress()
     state, local, model, planned = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
     objective_of(local).check_memory(local, cfg, batching, index, units, group.device)  # a transducer's joint
-    check_fits_device(cfg, batching, index, group.device, group.world, algo.shards)  # at-scale models' whole step
+    check_fits_device(cfg, batching, index, group.device, group.world, algo.shards,  # at-scale models' whole step
+                      free_bytes=memory.free_bytes(group.device, group.env.local_world))
     return Built(splits, index, units, algo, state, local, model, prog, _resident(batching, group, data, index, units),
                  planned)
 
@@ -174,7 +174,7 @@ def check_fits_device(cfg: RunConfig, batching: Batching, index: Index, device: 
     batch = memory.duration_batch(seconds if seconds > 0 else longest * max(1, cfg.loader.batch_size // world), longest)
     setup = memory.run_setup(cfg, device.type, world, "fsdp" if sharded else "none")
     if free_bytes is None:
-        free_bytes = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
+        free_bytes = memory.free_bytes(device)
     memory.check_fits(memory.estimate(cfg.model, batch, setup), free_bytes)
 
 

@@ -58,3 +58,9 @@ def test_bench_scale_world_2_shards_over_two_torchrun_ranks_on_the_cpu(tmp_path)
     # tests/hardware/test_memory.py's 15%, plus what no rule counts at width 32)
     assert 0.75 < two["estimate_ratio"] < 1.25 and "the rank that used most" in two["memory_method"]
     assert two["utterances"] == pytest.approx(3.0, abs=1.0)
+
+
+def test_a_memory_limit_on_a_cpu_is_the_hosts_shared_by_its_ranks(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    limit = scale._free_bytes(scale.Request(memory_limit_gb=21.0), torch.device("cpu"))
+    assert limit == int(21.0 * scale.memory.GB) // 2

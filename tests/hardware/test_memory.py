@@ -100,3 +100,12 @@ def test_bad_setups_and_models_without_a_rule_are_named():
         memory.estimate(cfg, memory.Batch(1, 100), memory.Setup(sharding="zero3"))
     with pytest.raises(SpeechperfError, match="model 'conformer': no activation rule"):
         memory.activation_bytes(load_preset("conformer").model, memory.Batch(1, 100), memory.Setup())
+
+
+def test_a_cpus_free_memory_is_shared_by_the_ranks_on_its_host(monkeypatch):
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": 21 * GB})())
+    cpu = torch.device("cpu")
+    assert memory.free_bytes(cpu) == 21 * GB
+    assert memory.free_bytes(cpu, local_ranks=2) == 21 * GB // 2  # two ranks of 10.4 GB: refused, not killed
