@@ -8,6 +8,7 @@ and the hooks the one training loop (train/loop.py) calls, one line each:
 - ``before_eval(batches_done)``: on every rank before an evaluation; returns the model
   rank 0 evaluates (BMUF: its global model); local SGD synchronizes the epoch's last,
   shorter block here, so that every epoch ends on a common model;
+- ``after_eval()``: after an epoch's evaluation (fsdp: rank 0's evaluation copy leaves the device);
 - ``state_dict(state)`` / ``load_state_dict(ckpt, state)``: what a checkpoint needs beyond
   rank 0's model, optimizer and RNG (local SGD: every rank's own, and the global model);
   tensors and plain values only (results/checkpoint.py);
@@ -96,6 +97,9 @@ class Algorithm:
     def before_eval(self, batches_done: int) -> torch.nn.Module:
         """Every rank, before an evaluation: the model rank 0 evaluates."""
         return self.core
+
+    def after_eval(self) -> None:
+        """Every rank, after an epoch's evaluation (the model :meth:`before_eval` gave is done with)."""
 
     def state_dict(self, state) -> dict:
         """Checkpoint keys beyond ``TrainState``'s (a collective: every rank calls it; the

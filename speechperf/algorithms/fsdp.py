@@ -26,7 +26,8 @@ optimizer through :meth:`FSDP.whole_state` / :meth:`FSDP.load_whole_state`, the 
 (gathered to rank 0; on resume every rank takes its shards from them). A checkpoint is thus the
 one format every run writes (results/checkpoint.py: data only, read without unpickling code),
 its model the unsharded model's keys, and resumes at any world size. Rank 0 evaluates a plain
-copy of the model, loaded from the gathered state before each evaluation.
+copy of the model, loaded from the gathered state before each evaluation; the copy is on its
+device only during an evaluation (host memory otherwise: ``after_eval``).
 """
 from __future__ import annotations
 
@@ -148,7 +149,9 @@ class FSDP(Algorithm):
         if self._own_group:  # one process: a group of one, so that the same code shards
             backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        self.replica = copy.deepcopy(self.core) if self.rank == 0 else None  # what rank 0 evaluates
+        # what rank 0 evaluates: in host memory between evaluations, so that rank 0's device holds its shards
+        # as the others do (a whole fp32 copy there, 3.9 GB at Canary's sizes, is what sharding saves)
+        self.replica = copy.deepcopy(self.core).to("cpu") if self.rank == 0 else None
         mesh = _mesh(self.device, self.world)
         kw = {"mesh": mesh, "mp_policy": policy(self.train.system.precision if self.train else "fp32", self.device)}
         units = (shard_units(self.core, self.cfg.shard_share) if self.cfg.shard_modules.strip() == "auto"
@@ -170,8 +173,12 @@ class FSDP(Algorithm):
         model, _ = self.whole_state(None)
         if self.rank == 0:
             self.replica.load_state_dict(model)
-            return self.replica
+            return self.replica.to(self.device)
         return self.core
+
+    def after_eval(self):
+        if self.replica is not None:
+            self.replica.to("cpu")  # its device memory back to the training (torch's caching allocator)
 
     def whole_state(self, optimizer) -> tuple[dict, dict]:
         """(model, optimizer) state dicts of the unsharded model, on rank 0's CPU (a collective;

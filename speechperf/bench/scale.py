@@ -116,8 +116,9 @@ def synthetic(frames: np.ndarray, seconds: np.ndarray, model, device: torch.devi
     return Batch(feats, lens, labels, label_lens, [""] * len(lens), [""] * len(lens), float(seconds.sum()))
 
 
-def run_scale(req: Request, progress: bool = True) -> list[dict]:
-    """One row per workload and batch duration (see the module docstring)."""
+def run_scale(req: Request, progress: bool = True, refuse_unfit: bool = True) -> list[dict]:
+    """One row per workload and batch duration (see the module docstring). ``refuse_unfit``: when no
+    row fits, :class:`memory.DoesNotFit` (exit 2) rather than the rows saying so."""
     bad = req.problems()
     env = DistEnv.from_env()
     if env.world != req.world:
@@ -134,7 +135,7 @@ def run_scale(req: Request, progress: bool = True) -> list[dict]:
     with _group(env, dev):
         for w, s in tqdm(todo, desc="bench scale", unit="row", file=sys.stderr, disable=not progress or env.rank):
             rows.append(_row(req, w, s, dev))
-    if all(r["status"].startswith(DOES_NOT_FIT) for r in rows):  # nothing could run: bad input, exit 2
+    if refuse_unfit and all(r["status"].startswith(DOES_NOT_FIT) for r in rows):  # nothing ran: bad input, exit 2
         raise memory.DoesNotFit("; ".join(r["status"] for r in rows))
     return rows
 

@@ -23,43 +23,45 @@ from dataclasses import replace
 import torch
 
 from speechperf.bench.scale import Request, run_scale
+from speechperf.children import dies_with
 from speechperf.errors import SpeechperfError
 from speechperf.train.distributed import DistEnv
 
 
-def measure(req: Request, progress: bool = True) -> list[dict]:
+def measure(req: Request, progress: bool = True, refuse_unfit: bool = True) -> list[dict]:
     """The rows of ``req``: one device's; under torchrun this rank's share of N devices' (rank 0 gets
-    the rows, the other ranks none); else, for N > 1, one device's and N's started here."""
+    the rows, the other ranks none); else, for N > 1, one device's and N's, each measured in a
+    process of its own (what one row allocates goes back to the system before the next starts); a
+    model that fits N devices but not one has N-device rows without an efficiency."""
     env = DistEnv.from_env()
     if req.world == 1 or env.world > 1:
-        rows = run_scale(req, progress)
+        rows = run_scale(req, progress, refuse_unfit)
         return rows if env.rank == 0 else []
     threads = max(1, torch.get_num_threads() // req.world) if req.device == "cpu" else torch.get_num_threads()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        ones = run_scale(replace(req, world=1), progress)
-    finally:
-        torch.set_num_threads(before)
-    return ones + efficiencies(ranks(req, threads), ones)
+    ones = child(replace(req, world=1), threads, refuse_unfit=False)
+    return ones + efficiencies(child(req, threads), ones)
 
 
-def ranks(req: Request, threads: int) -> list[dict]:
-    """``req``'s rows measured by N torchrun ranks on this node (``threads`` each); their rank 0's rows."""
+def child(req: Request, threads: int, refuse_unfit: bool = True) -> list[dict]:
+    """``req``'s rows measured by a child process (N > 1: torchrun's N ranks on this node), ``threads``
+    each; the rows its rank 0 printed. The children die with this process (``children.dies_with``)."""
     args = ["--workloads", ",".join(req.workloads), "--steps", str(req.steps), "--warmup", str(req.warmup),
             "--device", req.device, "--world", str(req.world), "--json"]
     args += ["--batch-seconds", ",".join(f"{s:g}" for s in req.batch_seconds)] if req.batch_seconds else []
     args += ["--precision", req.precision] if req.precision else []
     args += ["--memory-limit-gb", f"{req.memory_limit_gb:g}"] if req.memory_limit_gb is not None else []
     args += [] if req.measure_memory else ["--no-memory"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(req.world),
-           "-m", "speechperf", "bench", "scale", *args, *req.overrides]
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    args += [] if refuse_unfit else ["--rows-if-none-fit"]
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(req.world)] if req.world > 1 else []
+    cmd = [sys.executable, *launch, "-m", "speechperf", "bench", "scale", *args, *req.overrides]
+    p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=dies_with(os.getpid()),
+                       env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     out = p.stdout[p.stdout.find("\n[") + 1:] if not p.stdout.startswith("[") else p.stdout  # rank 0's JSON
-    if p.returncode != 0 or not out.startswith("["):
+    if p.returncode not in (0, 1) or not out.startswith("["):  # 1: no row measured, each says why
         said = [ln for ln in p.stderr.splitlines() if "rror" in ln and "torch/distributed" not in ln]
         tail = "\n".join(dict.fromkeys(said[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
-        raise SpeechperfError(f"bench scale --world {req.world}: the ranks failed (exit {p.returncode})\n{tail}")
+        raise SpeechperfError(f"bench scale at {req.world} device(s): its process failed (exit {p.returncode})\n"
+                              f"{tail}")
     return json.loads(out)
 
 

@@ -22,7 +22,6 @@ continue) stops the command with exit 2 and the seed's own message.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -34,6 +33,7 @@ from typing import Callable, Sequence
 import torch
 
 from speechperf.config import ConfigError, load_preset
+from speechperf.children import dies_with
 from speechperf.cpus import usable_cpus
 from speechperf.data.loader_config import SIDE_BY_SIDE
 from speechperf.errors import RunFailed, SpeechperfError
@@ -42,7 +42,6 @@ from speechperf.train.request import TrainRequest
 from speechperf.results.view import RunView
 
 POLL_S = 0.2  # how often the seeds' processes are polled
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 ERROR_PREFIX = "speechperf: error: "  # how a seed's process says why it stopped (cli.main)
 
 
@@ -125,7 +124,7 @@ def train_seeds_parallel(seeds: Sequence[int], parallel: int, request: TrainRequ
                     # its own session: a terminal's Ctrl-C reaches this process only, which asks each
                     # seed once (a second signal would stop a seed at once, without its checkpoint)
                     proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env},
-                                            start_new_session=True, preexec_fn=_dies_with(os.getpid()))
+                                            start_new_session=True, preexec_fn=dies_with(os.getpid()))
                     running[slot] = (seed, proc, log, run, f.tell())  # f.tell(): where its output begins
             time.sleep(POLL_S)
             for slot, (seed, proc, log, run, start) in list(running.items()):
@@ -166,21 +165,6 @@ class _Stopped(SpeechperfError):
 
 def _raise_stop(signum, frame):
     raise _Stopped(signum)
-
-
-def _dies_with(parent: int):
-    """A ``preexec_fn`` for a seed's process: SIGTERM to it when ``parent`` dies (Linux's
-    PR_SET_PDEATHSIG; the seed then saves and stops as interrupted), or at once where the
-    parent died before it asked. None where the C library has no prctl (not Linux)."""
-    prctl = getattr(ctypes.CDLL(None), "prctl", None) if sys.platform.startswith("linux") else None
-    if prctl is None:
-        return None
-
-    def preexec():  # in the child, between fork and exec: the function was looked up before
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
-    return preexec
 
 
 def _said(log: Path, start: int) -> str | None:

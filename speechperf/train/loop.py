@@ -165,6 +165,7 @@ def _end_epoch(t: Trainer, last_epoch: int) -> None:
     t.rec.epoch_ended()
     verdict = _epoch_eval(evaluated, t) if t.group.env.rank == 0 else None
     prog.status, loss = t.group.broadcast(verdict)
+    t.algo.after_eval()  # fsdp: rank 0's evaluation copy leaves the device
     prog.eval_losses.append(loss)  # every rank: the newbob schedule reads it (train/schedule.py)
     prog.epoch += 1
     prog.start_batch = 0

@@ -63,6 +63,17 @@ def whole(algo, opt):
     return {"model": model, "optimizer": optimizer}
 
 
+def _copy_moves(algo) -> list[str]:
+    """Where rank 0's evaluation copy is sent: to the run's device for an evaluation, to the host after."""
+    moves = []
+    if algo.replica is not None:  # rank 0's
+        to = algo.replica.to
+        algo.replica.to = lambda device: moves.append(str(device)) or to(device)
+    algo.before_eval(STEPS)  # every rank: a collective
+    algo.after_eval()
+    return moves
+
+
 def worker(rank, port, out):
     forked_cli.in_group(rank, WORLD, port, _runs, out)
 
@@ -79,6 +90,7 @@ def _runs(rank, out):
     res["whole"] = whole(algo, opt)
     evaluated = algo.before_eval(STEPS)  # every rank (a collective); rank 0's plain copy
     res["eval"] = {k: v.clone() for k, v in evaluated.state_dict().items()} if rank == 0 else None
+    res["copy_moves"] = _copy_moves(algo)
     algo, model, opt = fsdp(rank, checkpoint_blocks=True, reshard_after_forward=False)
     res["ckpt_blocks"], res["ckpt_blocks_comm"] = train(model, opt, rank, range(STEPS), algo=algo)
     # resumed after 3 steps from the whole state as a checkpoint holds it (torch.save, read as data)
@@ -186,6 +198,8 @@ def test_fsdp_equals_ddp_on_the_same_batches(ranks):
     assert moved > 0  # the test can fail: the model trained
     assert r1["whole"]["model"] == {}  # gathered to rank 0 only
     _same(r0["eval"], model)  # rank 0 evaluates the gathered model
+    # on the run's device for the evaluation, in host memory after it (here both are the CPU); rank 1 has none
+    assert r0["copy_moves"] == ["cpu", "cpu"] and r1["copy_moves"] == []
 
 
 def test_activation_checkpointing_changes_no_number(ranks):

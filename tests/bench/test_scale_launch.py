@@ -30,16 +30,15 @@ def test_the_efficiency_is_n_devices_rate_over_n_times_one_devices():
 def test_one_device_is_measured_at_one_ranks_share_of_the_cpu(monkeypatch):
     seen = {}
 
-    def one_device(req, progress=True):
-        seen["threads"], seen["world"] = torch.get_num_threads(), req.world
-        return [_row(1, 10.0)]
+    def child(req, threads, refuse_unfit=True):
+        seen.setdefault("children", []).append((req.world, threads, refuse_unfit))
+        return [_row(req.world, 10.0 if req.world == 1 else 18.0)]
 
-    monkeypatch.setattr(scale_launch, "run_scale", one_device)
-    monkeypatch.setattr(scale_launch, "ranks", lambda req, threads: [_row(req.world, 18.0)] if threads else [])
+    monkeypatch.setattr(scale_launch, "child", child)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.setdefault("set", []).append(n))
     rows = scale_launch.measure(scale.Request(("fastconformer-l",), (40.0,), world=2), progress=False)
-    assert seen["world"] == 1 and seen["set"] == [2, 4]  # 4 cores / 2 ranks, then the caller's threads again
+    # 4 cores / 2 ranks each, the one device too; its rows kept where none fits (the N ranks' may)
+    assert seen["children"] == [(1, 2, False), (2, 2, True)]
     assert [r["world"] for r in rows] == [1, 2] and rows[1]["scaling_efficiency"] == pytest.approx(0.9)
 
 
@@ -64,3 +63,17 @@ def test_a_memory_limit_on_a_cpu_is_the_hosts_shared_by_its_ranks(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     limit = scale._free_bytes(scale.Request(memory_limit_gb=21.0), torch.device("cpu"))
     assert limit == int(21.0 * scale.memory.GB) // 2
+
+
+def test_a_childs_rows_are_read_even_when_none_ran_and_its_failure_is_named(monkeypatch):
+    def finished(code, out, err=""):
+        return lambda cmd, **kw: subprocess.CompletedProcess(cmd, code, out, err)
+
+    unfit = [{**_row(1, None), "status": "does not fit: fastconformer-l at 40 s: the run needs 30.0 GB per device"}]
+    monkeypatch.setattr(scale_launch.subprocess, "run", finished(1, "a warning\n" + json.dumps(unfit)))
+    req = scale.Request(("fastconformer-l",), (40.0,))
+    assert scale_launch.child(req, 1, refuse_unfit=False) == unfit  # exit 1: no row ran, each says why
+    monkeypatch.setattr(scale_launch.subprocess, "run", finished(2, "", "speechperf: error: bad override x"))
+    with pytest.raises(scale_launch.SpeechperfError, match=r"at 1 device\(s\): its process failed \(exit 2\)\n"
+                                                          r"speechperf: error: bad override x"):
+        scale_launch.child(req, 1)
