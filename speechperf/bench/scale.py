@@ -83,7 +83,7 @@ class Request:
     precision: str | None = None  # None: fp32 on a CPU, the preset's on a GPU
     world: int = 1  # devices: N > 1 are torchrun's ranks, sharded (FSDP2); bench/scale_launch.py starts them
     memory_limit_gb: float | None = None  # refuse rows whose estimate exceeds this (default: free memory)
-    measure_memory: bool = True  # measure the peak (on a CPU two more steps, profiled)
+    measure_memory: bool = True  # measure the peak (on a CPU one more step, profiled)
     overrides: tuple[str, ...] = ()  # key=value overrides of every workload's preset
     seed: int = 0
 
@@ -324,8 +324,8 @@ def _mfu(flops: float, wall: float, peak, world: int = 1) -> dict:
 def _peak(model, opt, batch: Batch, step, dev: torch.device, est, world: int = 1) -> dict:
     """The measured peak of one step: on CUDA torch's ``max_memory_allocated``; on a CPU what was
     allocated when the step began (parameters, gradients, optimizer state, the batch) plus the
-    profiler's peak above it (``hardware.memory.allocated_peak``, a step before it profiled too: the
-    gradients it frees were allocated in the profiler's view)."""
+    profiler's peak above it (``hardware.memory.allocated_peak``, the gradients it frees copied under the
+    profiler first, so that their frees are seen)."""
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
         step(batch)
@@ -334,7 +334,8 @@ def _peak(model, opt, batch: Batch, step, dev: torch.device, est, world: int = 1
     else:
         state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
         live = memory.tensor_bytes([*model.parameters(), *(p.grad for p in model.parameters()), *state, batch.feats])
-        got = live + memory.allocated_peak(lambda: step(batch), before=lambda: step(batch))
+        fresh = lambda: memory.fresh_gradients(model.parameters())  # noqa: E731
+        got = live + memory.allocated_peak(lambda: step(batch), before=fresh)
         how = "live tensors + torch.profiler's allocator peak"
     if world > 1:
         got, how = int(_worst([got], world)[0]), how + ", the rank that used most"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -52,17 +53,25 @@ def child(req: Request, threads: int, refuse_unfit: bool = True) -> list[dict]:
     args += ["--memory-limit-gb", f"{req.memory_limit_gb:g}"] if req.memory_limit_gb is not None else []
     args += [] if req.measure_memory else ["--no-memory"]
     args += [] if refuse_unfit else ["--rows-if-none-fit"]
-    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(req.world)] if req.world > 1 else []
+    ranks = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(req.world)]
+    launch = ranks if req.world > 1 else []
     cmd = [sys.executable, *launch, "-m", "speechperf", "bench", "scale", *args, *req.overrides]
     p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=dies_with(os.getpid()),
                        env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     out = p.stdout[p.stdout.find("\n[") + 1:] if not p.stdout.startswith("[") else p.stdout  # rank 0's JSON
     if p.returncode not in (0, 1) or not out.startswith("["):  # 1: no row measured, each says why
-        said = [ln for ln in p.stderr.splitlines() if "rror" in ln and "torch/distributed" not in ln]
-        tail = "\n".join(dict.fromkeys(said[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
+        tail = "\n".join(dict.fromkeys(_said(p.stderr)[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
         raise SpeechperfError(f"bench scale at {req.world} device(s): its process failed (exit {p.returncode})\n"
                               f"{tail}")
     return json.loads(out)
+
+
+def _said(stderr: str) -> list[str]:
+    """The lines of a child's stderr that name why it failed: its own error line, a rank's exception,
+    torchrun's line for a rank killed by a signal (exitcode -9: the kernel's OOM killer, say)."""
+    keep = re.compile(r"speechperf: error:|^\[rank\d+\]: \w*(Error|Exception)\b|failed \(exitcode: -?\d+\)")
+    lines = [re.sub(r"^.*?(failed \(exitcode)", r"a rank \1", ln) for ln in stderr.splitlines() if keep.search(ln)]
+    return [ln + (" (SIGKILL: out of memory?)" if "(exitcode: -9)" in ln else "") for ln in lines]
 
 
 def efficiencies(sharded: list[dict], ones: list[dict]) -> list[dict]:

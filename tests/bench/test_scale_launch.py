@@ -77,3 +77,10 @@ def test_a_childs_rows_are_read_even_when_none_ran_and_its_failure_is_named(monk
     with pytest.raises(scale_launch.SpeechperfError, match=r"at 1 device\(s\): its process failed \(exit 2\)\n"
                                                           r"speechperf: error: bad override x"):
         scale_launch.child(req, 1)
+
+
+def test_a_rank_killed_by_the_kernel_is_named():
+    err = ("[rank1]: RuntimeError: boom\nnoise\nE1207 09:47:16 28163 torch/distributed/elastic/multiprocessing/api.py:1002] "
+           "failed (exitcode: -9) local_rank: 1 (pid: 28168) of binary: /venv/bin/python")
+    assert scale_launch._said(err) == ["[rank1]: RuntimeError: boom", "a rank failed (exitcode: -9) local_rank: 1 "
+                                       "(pid: 28168) of binary: /venv/bin/python (SIGKILL: out of memory?)"]
