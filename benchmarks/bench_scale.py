@@ -39,7 +39,7 @@ def arguments(p) -> None:
 
 def run(a) -> dict:
     figures, ratios = {"workloads": {}}, []
-    over = ("train.optim.name=sgd",) if a.sgd else ()
+    over = ("train.optim.name=sgd", "train.optim.impl=foreach") if a.sgd else ()  # torch has no fused SGD
     for w in a.workloads.split(","):
         t = time.perf_counter()
         req = Request((w,), (a.batch_seconds,), steps=a.steps, world=a.world, memory_limit_gb=a.memory_limit_gb,

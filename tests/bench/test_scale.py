@@ -66,3 +66,13 @@ def test_a_world_that_is_not_torchruns_and_a_run_that_cannot_fit_are_refused(kno
     req = scale.Request(workloads=("fastconformer-xl",), batch_seconds=(30.0,), memory_limit_gb=8.0)
     with pytest.raises(DoesNotFit, match=r"fastconformer-xl at 30 s: the run needs 1\d\.\d GB per device"):
         scale.run_scale(req, progress=False)
+
+
+def test_steps_that_beat_the_cached_cpu_peak_drop_it(known_peak, monkeypatch):
+    import torch
+
+    peak = measured_peak.cpu_gemm_peak(torch.get_num_threads())  # 0.1 TFLOPS, now cached
+    got = scale._mfu(1e12, 1.0, peak, dev=torch.device("cpu"))  # 1 TFLOPS achieved: the peak was low
+    assert got["mfu_pct"] is None and "its cached entry is dropped" in got["peak_source"]
+    assert not measured_peak.forget(torch.get_num_threads())  # already gone: the next row measures it
+    assert scale._mfu(1e10, 1.0, peak, world=2)["mfu_pct"] == pytest.approx(5.0)  # 0.01 of 2 x 0.1
