@@ -205,19 +205,10 @@ def _free_bytes(req: Request, dev: torch.device) -> int:
 
 
 def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est) -> dict:
-    """Warm-up, the memory steps (profiled, untimed), then the timed steps with the power meter; at a
+    """Warm-up, the memory step (profiled, untimed), then the timed steps with the power meter; at a
     world of N every rank its own batches, the figures summed (audio, FLOPs) or the worst rank's."""
     tc = replace(cfg.train, system=replace(cfg.train.system, precision=precision))
-    torch.manual_seed(req.seed)
-    model = build_model(cfg.model).to(dev).train()
-    fp8.prepare(model, precision, dev)  # fp8: torchao's float8 Linear layers (emulated off CUDA)
-    algo = None
-    if req.world > 1:  # the training loop's sharding (algo.name=fsdp, its default units)
-        env = DistEnv.from_env()
-        algo = FSDP(FSDPConfig(), req.world, env.rank, dev, train=tc)
-        model = algo.wrap(model)
-        algo.replica = None  # rank 0's unsharded copy serves evaluations: a row evaluates nothing
-    opt = make_optimizer(model, tc, dev)
+    model, opt, algo = _built(cfg, tc, req, dev)
     scaler = torch.amp.GradScaler(dev.type, enabled=precision == "fp16")
     data = [synthetic(f, s, model, dev) for f, s in batches]
     step = lambda b: train_step(model, b, opt, scaler, dev, tc)  # noqa: E731
@@ -258,6 +249,20 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
             "step_s": wall / len(timed), "steps": len(timed), **_mfu(flops, wall, peak, req.world, dev, precision),
             **{f"audio_s_per_s_{k}": f(rates) for k, f in SPREAD.items()},
             "power_w": energy["power_w"], "wh_per_audio_h": wh, "energy": energy["energy"]}
+
+
+def _built(cfg, tc, req: Request, dev: torch.device):
+    """(model, optimizer, the fsdp algorithm or None): the workload's model on ``dev``, sharded over a
+    world of N as the training loop shards it (algo.name=fsdp, its default units)."""
+    torch.manual_seed(req.seed)
+    model = build_model(cfg.model).to(dev).train()
+    fp8.prepare(model, tc.system.precision, dev)  # fp8: torchao's float8 Linear layers (emulated off CUDA)
+    algo = None
+    if req.world > 1:
+        algo = FSDP(FSDPConfig(), req.world, DistEnv.from_env().rank, dev, train=tc)
+        model = algo.wrap(model)
+        algo.replica = None  # rank 0's unsharded copy serves evaluations: a row evaluates nothing
+    return model, make_optimizer(model, tc, dev), algo
 
 
 def _rank() -> int:
