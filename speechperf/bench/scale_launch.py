@@ -38,7 +38,7 @@ def measure(req: Request, progress: bool = True, refuse_unfit: bool = True) -> l
     if req.world == 1 or env.world > 1:
         rows = run_scale(req, progress, refuse_unfit)
         return rows if env.rank == 0 else []
-    threads = max(1, torch.get_num_threads() // req.world) if req.device == "cpu" else torch.get_num_threads()
+    threads = max(1, torch.get_num_threads() // req.world)  # a rank's share of the host (its device's, on a CPU)
     ones = child(replace(req, world=1), threads, refuse_unfit=False)
     return ones + efficiencies(child(req, threads), ones)
 
