@@ -48,8 +48,8 @@ from speechperf.models import build_model, describe, encdec, fp8, rnnt
 from speechperf.models.fastconformer import forward_flops, nemo_parameter_count, training_flops
 from speechperf.hardware import memory
 from speechperf.hardware.capability import model_support
-from speechperf.hardware.measured_peak import cpu_dtype, forget, training_peak
-from speechperf.hardware.mfu import achieved
+from speechperf.hardware.measured_peak import cpu_dtype, training_peak
+from speechperf.hardware.mfu import achieved, forget_if_beaten
 from speechperf.telemetry.power import PowerMeter
 from speechperf.train.distributed import DistEnv, pick_device, resolve_backend
 from speechperf.train.step import make_optimizer, train_step
@@ -221,7 +221,7 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
     timed = data[req.warmup:]
     if algo:
         algo.comm.take()  # what the warm-up and profiled steps moved: not this row's
-    with PowerMeter() if _rank() == 0 else _NoPower() as power:  # rank 0 reads its node's power
+    with PowerMeter() if DistEnv.from_env().rank == 0 else _NoPower() as power:  # rank 0 reads its node's power
         _sync(dev, req.world)
         t0, ends = time.perf_counter(), []
         for b in timed:
@@ -263,10 +263,6 @@ def _built(cfg, tc, req: Request, dev: torch.device):
         model = algo.wrap(model)
         algo.replica = None  # rank 0's unsharded copy serves evaluations: a row evaluates nothing
     return model, make_optimizer(model, tc, dev), algo
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _sync(dev: torch.device, world: int) -> None:
@@ -325,9 +321,8 @@ def _mfu(flops: float, wall: float, peak, world: int = 1, dev: torch.device | No
     """MFU of N devices: against N times one device's peak. Steps that beat a CPU's measured peak drop
     its cached entry, as a training run's do (hardware/mfu.py): the next row measures it again."""
     got = achieved(flops, wall, peak.tflops * world if peak.tflops else peak.tflops)
-    if got["mfu_note"] and dev is not None and dev.type == "cpu" and forget(torch.get_num_threads(),
-                                                                             cpu_dtype(precision)):
-        got["mfu_note"] += " (measured low; its cached entry is dropped: the next row measures it again)"
+    cpu = (torch.get_num_threads(), cpu_dtype(precision)) if dev is not None and dev.type == "cpu" else None
+    got = forget_if_beaten(got, cpu, "row")
     return {"tflops": got["tflops"], "mfu_pct": got["mfu_pct"], "peak_source": got["mfu_note"] or peak.source}
 
 

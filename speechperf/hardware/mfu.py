@@ -279,11 +279,19 @@ class RunFlops:
     def summary(self, iterations: list[dict]) -> dict:
         """summary.json's MFU facts over the run's iteration rows (:func:`steps_achieved`). Steps that
         beat a CPU's measured peak drop its cache entry (hardware/measured_peak.py): the next run measures it."""
-        out = {**steps_achieved(iterations, self.peak_tflops), "model_flops_fit": self.flops.to_dict(),
-               "peak_tflops": self.peak_tflops, "peak_source": self.peak_source}
-        if out["mfu_note"] and self.cpu_peak is not None and forget(*self.cpu_peak):
-            out["mfu_note"] += " (measured low; its cached entry is dropped: the next run measures it again)"
-        return out
+        return {**forget_if_beaten(steps_achieved(iterations, self.peak_tflops), self.cpu_peak, "run"),
+                "model_flops_fit": self.flops.to_dict(), "peak_tflops": self.peak_tflops,
+                "peak_source": self.peak_source}
+
+
+def forget_if_beaten(got: dict, cpu_peak: tuple[int, str] | None, by: str) -> dict:
+    """``got`` (:func:`achieved`'s dict); where steps beat a CPU's measured peak (``cpu_peak``: the
+    (threads, dtype) of its cache entry, None off a CPU), the entry dropped and the note saying so:
+    the next ``by`` (a run, a bench row) measures it again (hardware/measured_peak.py)."""
+    if got["mfu_note"] and cpu_peak is not None and forget(*cpu_peak):
+        return {**got, "mfu_note": got["mfu_note"] + f" (measured low; its cached entry is dropped: the next {by} "
+                                                     "measures it again)"}
+    return got
 
 
 def steps_achieved(iterations: list[dict], peak_tflops: float | None) -> dict:

@@ -157,16 +157,17 @@ def build(cfg: RunConfig, batching: Batching, group: distributed.Group, data: Pa
     state, local, model, planned = _model(cfg, batching, group.device, algo, ckpt, prog, splits, index)
     objective_of(local).check_memory(local, cfg, batching, index, units, group.device)  # a transducer's joint
     check_fits_device(cfg, batching, index, group.device, group.world, algo.shards,  # at-scale models' whole step
-                      free_bytes=memory.free_bytes(group.device, group.env.local_world))
+                      local_ranks=group.env.local_world)
     return Built(splits, index, units, algo, state, local, model, prog, _resident(batching, group, data, index, units),
                  planned)
 
 
 def check_fits_device(cfg: RunConfig, batching: Batching, index: Index, device: torch.device, world: int,
-                      sharded: bool, free_bytes: int | None = None) -> None:
+                      sharded: bool, free_bytes: int | None = None, local_ranks: int = 1) -> None:
     """A model whose step memory hardware/memory.py can estimate (the FastConformer sizes) refused before
     the run exists when its widest batch would not fit the device's free memory (``free_bytes``, default
-    the device's): exit 2 naming the gigabytes and what would fit (more ranks, checkpointing, shorter batches)."""
+    the device's; a CPU's shared by the ``local_ranks`` processes on its host): exit 2 naming the gigabytes
+    and what would fit (more ranks, checkpointing, shorter batches)."""
     if not memory.has_rule(cfg.model):
         return
     longest = float(index.duration.max())
@@ -174,7 +175,7 @@ def check_fits_device(cfg: RunConfig, batching: Batching, index: Index, device: 
     batch = memory.duration_batch(seconds if seconds > 0 else longest * max(1, cfg.loader.batch_size // world), longest)
     setup = memory.run_setup(cfg, device.type, world, "fsdp" if sharded else "none")
     if free_bytes is None:
-        free_bytes = memory.free_bytes(device)
+        free_bytes = memory.free_bytes(device, local_ranks)
     memory.check_fits(memory.estimate(cfg.model, batch, setup), free_bytes)
 
 

@@ -24,3 +24,14 @@ def test_an_xl_run_on_a_small_device_is_refused_naming_what_would_fit():
 def test_a_model_without_a_memory_rule_is_not_checked():
     cfg = load_preset("tiny")
     check_fits_device(cfg, Batching(cfg.loader), librispeech_like(0, splits=(50,)), CPU, 1, False, free_bytes=1)
+
+
+def test_the_ranks_on_one_cpu_host_share_its_memory(monkeypatch):
+    import psutil
+
+    cfg = load_preset("fastconformer-l", ["train.system.precision=fp32", "loader.max_duration=30"])  # ~2 GB a rank
+    index = librispeech_like(0, splits=(400,))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": 30 * GB})())
+    check_fits_device(cfg, Batching(cfg.loader), index, CPU, 2, True)  # one rank here: the host's 30 GB
+    with pytest.raises(DoesNotFit, match=r"the device has 0\.9 GB free"):  # 32 ranks: 30 / 32 GB each
+        check_fits_device(cfg, Batching(cfg.loader), index, CPU, 32, True, local_ranks=32)
