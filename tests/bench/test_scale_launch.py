@@ -84,3 +84,10 @@ def test_a_rank_killed_by_the_kernel_is_named():
            "failed (exitcode: -9) local_rank: 1 (pid: 28168) of binary: /venv/bin/python")
     assert scale_launch._said(err) == ["[rank1]: RuntimeError: boom", "a rank failed (exitcode: -9) local_rank: 1 "
                                        "(pid: 28168) of binary: /venv/bin/python (SIGKILL: out of memory?)"]
+
+
+def test_what_the_sharded_loop_refuses_is_refused_before_a_rank_starts():
+    from speechperf.config import ConfigError
+
+    with pytest.raises(ConfigError, match="algo.name=fsdp does not train with train.system.precision=fp16"):
+        scale._config(scale.Request(world=2, precision="fp16"), "fastconformer-l", 30.0, torch.device("cpu"))
