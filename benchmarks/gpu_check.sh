@@ -9,9 +9,11 @@
 # cap beside them) -> a short conformer run (bf16, MFU) -> `bench feed` for gpu and conformer
 # and the gpu preset's step floor (`benchmarks/run.py step_floor`) -> the GPU-sensitive test
 # files -> then, only with the budget left: the gpu preset with 2 readers, the conformer's step
-# floor, the floor at twice the batch, fp8 against bf16 on fastconformer-xl (`benchmarks/run.py fp8`,
-# compiled, ~150 s: an estimate), and last the conformer floor under torch.compile (given
-# what is left: its summary row says when compilation did not finish) -> one summary table
+# floor, the floor at twice the batch, the at-scale rows (`bench scale`: parakeet-rnnt-sizes and
+# fastconformer-xl in bf16: MFU, GPU busy, peak memory beside the estimate), fp8 against bf16 on
+# fastconformer-xl (`benchmarks/run.py fp8`, compiled, ~150 s: an estimate), and last the conformer
+# floor under torch.compile (given what is left: its summary row says when compilation did not
+# finish) -> one summary table
 # (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last; the benchmarks'
 # ledger lines in $OUT/ledger.jsonl (append them to benchmarks/ledger.jsonl).
 #
@@ -42,6 +44,8 @@
 # (with the machine's start, ~850 s of a session's 900.) The conformer end to end, then:
 #   WORK=/tmp/gc ONLY="conformer conformer_tta" CONF_MINUTES=5 BUDGET=400 (limit 445; 179 s on 214e88f)
 #   WORK=/tmp/gc ONLY="readers readers_tta" BUDGET=235 (limit 255)
+# and the at-scale rows with fp8 (issue 59's GPU goals; on a fresh machine, with torchao's wheel):
+#   WORK=/tmp/gc ONLY="env scale fp8" BUDGET=330 (limit 360)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=${GPU_CHECK_DRY:-0}
@@ -73,6 +77,8 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     READERS_ARGS=(--preset tiny loader.readers=2 train.stop.max_epochs=1 train.eval.final_splits=none); READERS_T=120
     GRAPHS=0  # a run refuses train.system.cuda_graphs without a CUDA device; floor_graphs runs the padded step eagerly
     FP8_ARGS=(--device cpu --preset fastconformer-l --layers 1 --seconds 12 --steps 1 --warmup 1); FP8_T=90
+    SCALE_ARGS=(--device cpu --workloads fastconformer-l --batch-seconds 20 --steps 1 --warmup 1 model.layers=1
+        model.d_model=32 model.heads=2 model.subsampling_channels=8); SCALE_T=90
 else
     # the gpu preset reached CER 10 in 1.25 min on an H200; the check reads the TTA and the report
     DEMO_ARGS=(--minutes 2 --no-sweep train.eval.final_splits=dev-clean)
@@ -99,6 +105,10 @@ else
     # fp8 against bf16 (benchmarks/run.py fp8): fastconformer-xl compiled, 500 s batches (both models resident);
     # torchao travels among the wheels: bash ../shared/gpu/wheels.sh torchao==0.18.0
     FP8_ARGS=(--seconds 500 --steps 5 --warmup 2); FP8_T=150
+    # the at-scale rows in the presets' bf16, eager, at their batches (issue 59's goal: the transducer at
+    # fastconformer-xl's sizes >= 45% MFU with the GPU >= 95% busy, the peak within 10% of the estimate);
+    # ~40-60 s a row on an H100, an estimate (600 M parameters built, 2 untimed steps, 1 profiled, 3 timed)
+    SCALE_ARGS=(--device cuda --workloads parakeet-rnnt-sizes,fastconformer-xl --warmup 2 --steps 3); SCALE_T=150
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -202,7 +212,10 @@ step readers_tta 30 $PY -m speechperf tta --json "$WORK/readers"
 step floor_conformer 40 "${BENCH[@]}" step_floor --data "$WORK/demo/features" "${CONF_FLOOR[@]}"
 step floor_doubled "$FLOOR_T" "${BENCH[@]}" step_floor --data "$WORK/demo/features" --preset "$FLOOR_PRESET" \
     "${FLOOR_ARGS[@]}" "${FLOOR_DOUBLED[@]}"
-# fp8 against bf16 on fastconformer-xl (goal: fp8 >= 1.3x bf16's throughput); alone: ONLY="env fp8" BUDGET=200
+# the at-scale rows (bench scale: audio s/s, MFU, GPU busy, peak memory beside the estimate), then fp8
+# against bf16 on fastconformer-xl (goal: fp8 >= 1.3x bf16's throughput); these two alone:
+# ONLY="env scale fp8" BUDGET=330 (limit 360)
+step scale "$SCALE_T" $PY -m speechperf bench scale --json "${SCALE_ARGS[@]}"
 step fp8 "$FP8_T" "${BENCH[@]}" fp8 "${FP8_ARGS[@]}"
 [ "$COMPILE" = 1 ] && step floor_conformer_compile "$BUDGET" "${BENCH[@]}" step_floor --data "$WORK/demo/features" \
     "${CONF_FLOOR[@]}" train.system.compile=true

@@ -5,7 +5,7 @@ Ts)" or says "skipped"): env (torch, GPU, commit), demo_tta, conformer_tta and r
 (`tta --json` rows), profile (`benchmarks/run.py step_profile`'s phase table per preset: host syncs,
 device busy share, kernels, the top sync site), feed_* (`bench feed --json`), floor_*
 (`benchmarks/run.py step_floor`; the compiled one's timeout reads as compilation that did not
-finish), tests_* (pytest's last line), checksum (the tiny corpus's features checksum); and, with --runs, the run folders of the demo, the conformer and the gpu preset
+finish), scale (`bench scale --json`), fp8, tests_* (pytest's last line), checksum (the tiny corpus's features checksum); and, with --runs, the run folders of the demo, the conformer and the gpu preset
 with 2 readers (steps: utterances and seconds per step; evaluation seconds against
 the training clock; how busy the GPU was over the TTA window, inside training phases and
 inside evaluations; the step MFU from the iteration rows, for a run cut before its summary
@@ -31,7 +31,7 @@ from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
          "feed_gpu", "floor", "floor_graphs", "graphs", "graphs_tta", "feed_conformer", "feed_tiny", "tests_gpu_files",
-         "readers", "readers_tta", "floor_conformer", "floor_doubled", "fp8", "floor_conformer_compile"]
+         "readers", "readers_tta", "floor_conformer", "floor_doubled", "scale", "fp8", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -131,6 +131,22 @@ def fp8_figures(text: str | None) -> str:
         return f"not run: {why.group(1)}" if why else "no fp8 figures"
     return (f"bf16 {steps.get('bf16', '?')} s/step, fp8 {steps.get('fp8', '?')} s/step: fp8/bf16 throughput "
             f"{ratio.group(1)} ({ratio.group(2)})")
+
+
+def scale_figures(rows) -> str:
+    """`bench scale --json`'s rows: per workload its rate, MFU, GPU busy and peak beside the estimate."""
+    if not isinstance(rows, list) or not rows:
+        return "no output"
+    return " // ".join(_scale_row(r) for r in rows)
+
+
+def _scale_row(r: dict) -> str:
+    name = f"{r.get('workload')} {r.get('precision')} x{r.get('world')}, {fmt(r.get('batch_s'))} s batches"
+    if r.get("status") != "ok":
+        return f"{name}: {r.get('status')}"
+    return (f"{name}: {fmt(r.get('audio_s_per_s'))} audio s/s, {fmt(r.get('step_s'))} s/step, MFU "
+            f"{fmt(r.get('mfu_pct'))} %, GPU busy {fmt(r.get('gpu_busy_pct'))} %, peak {fmt(r.get('peak_gb'))} GB "
+            f"(estimate {fmt(r.get('estimate_gb'))} GB, estimate/peak {fmt(r.get('estimate_ratio'))})")
 
 
 PRESET = re.compile(r"^== preset (\S+?): ", re.M)
@@ -287,6 +303,8 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = compile_figures(text)
         elif name == "fp8":
             figs = fp8_figures(text)
+        elif name == "scale":
+            figs = scale_figures(json_in(text))
         elif name == "floor" or name.startswith("floor_"):
             figs = floor_figures(text)
         elif name.startswith("tests_"):

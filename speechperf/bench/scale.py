@@ -45,6 +45,7 @@ from speechperf.data.loader import Batch
 from speechperf.errors import SpeechperfError, in_words
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model, describe, encdec, fp8, rnnt
+from speechperf.models.contract import compiled
 from speechperf.models.fastconformer import forward_flops, nemo_parameter_count, training_flops
 from speechperf.hardware import memory
 from speechperf.hardware.capability import model_support
@@ -67,7 +68,8 @@ COLUMNS = ("workload", "params_m", "nemo_params_m", "batch_s", "utterances", "pa
            "estimate_ratio", "power_w", "wh_per_audio_h", "energy", "peak_source", "memory_method", "status",
            "audio_s_per_s_min", "audio_s_per_s_median", "audio_s_per_s_max",  # the timed steps' own rates
            "scaling_efficiency",  # world N: audio s/s over N times one device's (bench/scale_launch.py)
-           "comm_s", "comm_gb")  # world N, rank 0, per timed step: collectives' seconds (overlapping) and bytes
+           "comm_s", "comm_gb",  # world N, rank 0, per timed step: collectives' seconds (overlapping) and bytes
+           "gpu_busy_pct")  # the driver's utilization over the timed steps, rank 0's node's GPUs (NVML, amdsmi)
 SPREAD = {"min": min, "median": statistics.median, "max": max}  # of the timed steps' audio s/s
 
 
@@ -248,7 +250,8 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
     return {**out, "utt_per_s": utts / wall, "audio_s_per_s": float(audio.sum()) / wall,
             "step_s": wall / len(timed), "steps": len(timed), **_mfu(flops, wall, peak, req.world, dev, precision),
             **{f"audio_s_per_s_{k}": f(rates) for k, f in SPREAD.items()},
-            "power_w": energy["power_w"], "wh_per_audio_h": wh, "energy": energy["energy"]}
+            "power_w": energy["power_w"], "wh_per_audio_h": wh, "energy": energy["energy"],
+            "gpu_busy_pct": energy["gpu_util_pct"]}
 
 
 def _built(cfg, tc, req: Request, dev: torch.device):
@@ -258,6 +261,8 @@ def _built(cfg, tc, req: Request, dev: torch.device):
     model = build_model(cfg.model).to(dev).train()
     fp8.prepare(model, tc.system.precision, dev)  # fp8: torchao's float8 Linear layers (emulated off CUDA)
     algo = None
+    if tc.system.compile:  # as the one-device loop does (train/trainer.py); compilation is the warm-up's
+        model = compiled(model)
     if req.world > 1:
         algo = FSDP(FSDPConfig(), req.world, DistEnv.from_env().rank, dev, train=tc)
         model = algo.wrap(model)
@@ -296,7 +301,7 @@ class _NoPower(contextlib.AbstractContextManager):
         return None
 
     def result(self, samples) -> dict:
-        return {"power_w": None, "energy_j": None, "energy": "rank 0's"}
+        return {"power_w": None, "energy_j": None, "energy": "rank 0's", "gpu_util_pct": None}
 
 
 def nemo_params(cfg) -> int:
@@ -354,6 +359,8 @@ def notes(rows: list[dict]) -> list[str]:
              "estimate_gb: hardware/memory.py before the run, the widest planned batch"]
     lines += sorted({f"MFU peak: {r['peak_source']}" for r in rows if r.get("peak_source")})
     lines += sorted({f"power: {r['energy']}" for r in rows if r.get("energy")})
+    lines += [f"GPU busy over the timed steps (the driver's utilization): {r['workload']} {r['precision']} "
+              f"x{r['world']}: {r['gpu_busy_pct']:.0f} %" for r in rows if r.get("gpu_busy_pct") is not None]
     lines += [f"{r['workload']} {r['batch_s']:g} s: {r['status']}" for r in rows if r["status"] != "ok"]
     lines += sorted({f"{r['workload']}: fp8 on {r['device']} is torchao's emulation: its rates are not fp8's"
                      for r in rows if r["precision"] == "fp8" and not str(r["device"]).startswith("cuda")})

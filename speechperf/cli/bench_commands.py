@@ -152,7 +152,8 @@ def cmd_bench_feed(a) -> int:
 
 def _bench_scale_args(sp) -> None:
     sp.add_argument("--workloads", type=csv_list(), default=None,
-                    help="at-scale presets, comma separated (default: fastconformer-l,fastconformer-xl)")
+                    help="at-scale presets, comma separated (default: fastconformer-l, fastconformer-xl, "
+                    "parakeet-rnnt-sizes, canary-aed-sizes)")
     sp.add_argument("--batch-seconds", type=csv_list(float), default=None,
                     help="seconds of audio per batch (loader.max_duration), comma separated (default: 30 on a CPU, "
                     "the preset's on a GPU)")
@@ -193,7 +194,7 @@ COMMANDS = [
     Command("feed", "how many CPU cores feed one GPU: the preset's training step's appetite (audio s/s on batches "
             "on the device, LibriSpeech lengths) against the loader's supply per reader", cmd_bench_feed,
             _bench_feed_args, group="bench"),
-    Command("scale", "the at-scale workloads (FastConformer L and XL): audio s/s, MFU, peak memory beside its "
-            "estimate, energy per audio hour, batches by duration at LibriSpeech's lengths", cmd_bench_scale,
+    Command("scale", "the at-scale workloads (FastConformer L and XL; CTC, RNN-T and AED): audio s/s, MFU, peak "
+            "memory beside its estimate, energy per audio hour, batches by duration at LibriSpeech's lengths", cmd_bench_scale,
             _bench_scale_args, group="bench"),
 ]

@@ -55,7 +55,7 @@ class PowerMeter:
 
     After the block, ``m.seconds`` is its wall time and ``m.result(samples)`` the power,
     energy and joules per sample of the samples (images, tokens, ...) it processed, or None
-    with the reason for a block shorter than ``min_seconds``.
+    with the reason for a block shorter than ``min_seconds``; and the GPUs' mean utilization.
     """
 
     def __init__(self, interval: float = 0.05, sampler=None, min_seconds: float = ENERGY_MIN_SECONDS):
@@ -75,6 +75,15 @@ class PowerMeter:
         self.sampler.stop()
 
     def result(self, samples: float | None = None) -> dict:
-        out = energy_of(self.sampler.summary(), self.seconds, self.min_seconds)
+        summary = self.sampler.summary()
+        out = energy_of(summary, self.seconds, self.min_seconds)
         out["joules_per_sample"] = out["energy_j"] / samples if out["energy_j"] is not None and samples else None
+        out["gpu_util_pct"] = gpu_util(summary)
         return out
+
+
+def gpu_util(summary: dict) -> float | None:
+    """The GPUs' mean utilization over the window (the driver's: the share of time a kernel ran),
+    averaged over the GPUs sampled; None where no GPU reported one."""
+    utils = [g["util_mean"] for g in summary.get("gpus", {}).values() if g.get("util_mean") is not None]
+    return sum(utils) / len(utils) if utils else None

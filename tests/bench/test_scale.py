@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 
+from types import SimpleNamespace
+
 import pytest
 
 from speechperf.bench import scale
 from speechperf.cli import main
 from speechperf.hardware import measured_peak
+from speechperf.telemetry.power import PowerMeter
+from speechperf.telemetry.sampler import Sampler, SamplerConfig
+from tests.telemetry.test_power import SteppingNVML
 
 TINY = ["model.d_model=32", "model.layers=1", "model.heads=2", "model.subsampling_channels=8"]
 
@@ -32,6 +37,24 @@ def test_bench_scale_measures_a_tiny_workload_end_to_end(known_peak, capsys):
     # the one timed step's own rate: its audio over its seconds, so min = median = max = the row's rate
     assert row["audio_s_per_s_min"] == row["audio_s_per_s_median"] == row["audio_s_per_s_max"]
     assert row["audio_s_per_s_median"] == pytest.approx(row["audio_s_per_s"], rel=1e-9)
+    assert row["gpu_busy_pct"] is None or 0 <= row["gpu_busy_pct"] <= 100  # None without a GPU
+
+
+class BusyNVML(SteppingNVML):
+    """One GPU whose driver says 87% busy."""
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=87)
+
+
+def test_the_gpus_busy_share_over_the_timed_steps_is_in_the_row_and_its_notes(known_peak, monkeypatch):
+    sampler = lambda: Sampler(config=SamplerConfig(rapl=False, gpu_interval=0.001), nvml=BusyNVML())  # noqa: E731
+    monkeypatch.setattr(scale, "PowerMeter", lambda: PowerMeter(sampler=sampler()))
+    (row,) = scale.run_scale(scale.Request(("fastconformer-l",), (40,), steps=1, warmup=0, measure_memory=False,
+                                           overrides=tuple(TINY)), progress=False)
+    assert row["gpu_busy_pct"] == 87.0
+    assert ("GPU busy over the timed steps (the driver's utilization): fastconformer-l fp32 x1: 87 %"
+            in scale.notes([row]))
 
 
 def test_fp8_rows_say_emulation_and_a_gpu_without_it_is_refused(known_peak, monkeypatch):
@@ -76,3 +99,15 @@ def test_steps_that_beat_the_cached_cpu_peak_drop_it(known_peak, monkeypatch):
     assert got["mfu_pct"] is None and "its cached entry is dropped" in got["peak_source"]
     assert not measured_peak.forget(torch.get_num_threads())  # already gone: the next row measures it
     assert scale._mfu(1e10, 1.0, peak, world=2)["mfu_pct"] == pytest.approx(5.0)  # 0.01 of 2 x 0.1
+
+
+def test_compile_is_honoured_as_the_loop_does_and_cuda_graphs_are_refused_by_the_config(known_peak, monkeypatch):
+    seen = []
+    monkeypatch.setattr(scale, "compiled", lambda model: seen.append(type(model).__name__) or model)
+    req = scale.Request(("fastconformer-l",), (40,), steps=1, warmup=0, measure_memory=False,
+                        overrides=(*TINY, "train.system.compile=true"))
+    (row,) = scale.run_scale(req, progress=False)
+    assert row["status"] == "ok" and seen == ["FastConformer"]
+    with pytest.raises(scale.SpeechperfError, match="cuda_graphs=true needs model ds2 .*, not model 'fastconformer'"):
+        scale._config(scale.Request(overrides=("train.system.cuda_graphs=true",)), "fastconformer-l", None,
+                      scale.torch.device("cpu"))

@@ -161,6 +161,8 @@ def test_the_table_from_recorded_logs(tmp_path, capsys):
     assert "features_sha256 " in steps["checksum"]
     assert "loop/floor" in steps["floor"] and "loop/floor" in steps["floor_doubled"]
     assert "| floor_graphs | missing | no output |" in text
+    assert steps["scale"].startswith("| scale | ok, 3 s | fastconformer-l fp32 x1, 20 s batches: 377 audio s/s, ")
+    assert "GPU busy NA %, peak 0.0096 GB (estimate 0.00911 GB, estimate/peak 0.949) |" in steps["scale"]
     assert list(steps).index("tests_gpu_files") == list(steps).index("feed_tiny") + 1
     assert not {"attention", "lstm", "eval_sync", "checkpoint", "masked_step", "epoch_start"} & set(steps)  # retired
 
@@ -204,3 +206,24 @@ def test_the_fp8_row_reads_the_benchmarks_medians_and_ratio():
     assert gs.fp8_figures("fp8 does not run here: unsupported on this GPU: no FP8 tensor cores\nexit 0") == (
         "not run: unsupported on this GPU: no FP8 tensor cores")
     assert gs.fp8_figures(None) == "no fp8 figures"
+
+
+def test_the_scale_row_reads_each_workloads_rate_mfu_busy_and_memory():
+    ok = {"workload": "parakeet-rnnt-sizes", "precision": "bf16", "world": 1, "batch_s": 600.0, "status": "ok",
+          "audio_s_per_s": 2345.6, "step_s": 0.25, "mfu_pct": 47.3, "gpu_busy_pct": 96.0, "peak_gb": 61.2,
+          "estimate_gb": 58.0, "estimate_ratio": 0.948}
+    unfit = {**ok, "workload": "fastconformer-xl", "status": "does not fit: fastconformer-xl at 1000 s: 90 GB"}
+    assert gs.scale_figures([ok, unfit]) == (
+        "parakeet-rnnt-sizes bf16 x1, 600 s batches: 2,346 audio s/s, 0.25 s/step, MFU 47.3 %, GPU busy 96 %, peak "
+        "61.2 GB (estimate 58 GB, estimate/peak 0.948) // fastconformer-xl bf16 x1, 600 s batches: does not fit: "
+        "fastconformer-xl at 1000 s: 90 GB")
+    assert gs.scale_figures(None) == gs.scale_figures([]) == "no output"
+
+
+def test_every_step_the_check_runs_has_a_row():
+    import re
+
+    script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    named = set(re.findall(r"^\s*(?:\[.*?\] && )?step (\w+) ", script, re.M))  # feed_$p: STEPS names each preset's
+    assert {"env", "demo", "scale", "fp8", "floor_conformer_compile"} <= named
+    assert named - {"env"} <= set(gs.STEPS)

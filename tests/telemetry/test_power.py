@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from speechperf.telemetry.power import PowerMeter, energy_of, top_level
+from speechperf.telemetry.power import PowerMeter, energy_of, gpu_util, top_level
 from speechperf.telemetry.sample import Sample
 from speechperf.telemetry.sampler import Sampler, SamplerConfig
 
@@ -44,6 +44,7 @@ def test_power_meter_joules_per_sample():
         pass
     r = m.result(samples=50)
     assert r["joules_per_sample"] == pytest.approx(4.0) and r["energy"] == "gpu0: integrated-power"
+    assert r["gpu_util_pct"] is None  # no GPU reported a utilization
     assert m.seconds >= 0 and r["power_w"] == pytest.approx(200.0 / m.seconds)
 
 
@@ -92,6 +93,7 @@ def test_a_window_shorter_than_the_counter_can_measure_is_marked_never_zero_watt
     assert still["power_w"] is None and "gpu0: no energy counted" in still["energy"]
     long = _meter(0.5, 1.0)
     assert long["power_w"] == pytest.approx(200.0, rel=0.2) and long["energy"] == "gpu0: counter"
+    assert long["gpu_util_pct"] == 100.0  # the fake driver's utilization, every sample
     assert long["joules_per_sample"] == pytest.approx(long["energy_j"] / 10)
 
 
@@ -99,3 +101,8 @@ def test_energy_of_leaves_out_a_source_that_did_not_count():
     summary = {"energy_j": {"gpu0": 0.0, "gpu1": 50.0}, "energy_method": {"gpu0": "counter", "gpu1": "counter"}}
     e = energy_of(summary, 2.0, min_seconds=2.0)
     assert e["energy_j"] == 50.0 and e["power_w"] == 25.0 and "gpu0: no energy counted, left out" in e["energy"]
+
+
+def test_gpu_util_is_the_mean_over_the_gpus_that_reported_one():
+    summary = {"gpus": {"gpu0": {"util_mean": 90.0}, "gpu1": {"util_mean": 70.0}, "gpu2": {"util_mean": None}}}
+    assert gpu_util(summary) == 80.0 and gpu_util({"gpus": {}}) is None and gpu_util({}) is None
