@@ -151,7 +151,7 @@ class FSDP(Algorithm):
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         # what rank 0 evaluates: in host memory between evaluations, so that rank 0's device holds its shards
         # as the others do (a whole fp32 copy there, 3.9 GB at Canary's sizes, is what sharding saves)
-        self.replica = copy.deepcopy(self.core).to("cpu") if self.rank == 0 else None
+        self.replica = host_copy(self.core) if self.rank == 0 else None
         mesh = _mesh(self.device, self.world)
         kw = {"mesh": mesh, "mp_policy": policy(self.train.system.precision if self.train else "fp32", self.device)}
         units = (shard_units(self.core, self.cfg.shard_share) if self.cfg.shard_modules.strip() == "auto"
@@ -225,6 +225,19 @@ def _copied(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_copied(v) for v in value)
     return value
+
+
+def host_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and buffers are in host memory, each tensor copied
+    from the device straight to the host: ``deepcopy(module).to("cpu")`` would first make a whole
+    second copy on the device (rank 0's GPU, the model's size, at the start of a sharded run).
+    Shared tensors stay shared (deepcopy's memo)."""
+    memo: dict[int, torch.Tensor] = {}
+    for t in module.parameters():
+        memo.setdefault(id(t), nn.Parameter(t.detach().to("cpu", copy=True), requires_grad=t.requires_grad))
+    for t in module.buffers():
+        memo.setdefault(id(t), t.detach().to("cpu", copy=True))
+    return copy.deepcopy(module, memo)
 
 
 def _mesh(device: torch.device, world: int):

@@ -276,3 +276,36 @@ def test_config_problems_and_refused_launches():
         with pytest.raises(ConfigError, match=f"algo.name=fsdp does not train with {said}"):
             A.check_launch(algo, 2, dataclasses.replace(TC, system=dataclasses.replace(TC.system, **{field: value})))
     assert FSDP.shards and not A.algorithm_class("sync").shards
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.b.weight = self.a.weight  # one parameter in two places
+        self.register_buffer("count", torch.arange(3))
+        self.a.bias.requires_grad_(False)
+
+
+def test_rank_0s_evaluation_copy_is_made_in_host_memory_tensor_by_tensor():
+    from speechperf.algorithms.fsdp import host_copy
+
+    m = Tied()
+    c = host_copy(m)
+    assert c.b.weight is c.a.weight and c.a.weight is not m.a.weight  # shared stays shared, nothing aliases m
+    assert isinstance(c.a.weight, torch.nn.Parameter) and not c.a.bias.requires_grad and c.a.weight.requires_grad
+    for (k, x), (_, y) in zip(m.state_dict().items(), c.state_dict().items()):
+        assert torch.equal(x, y) and y.device.type == "cpu" and x.data_ptr() != y.data_ptr(), k
+
+
+@pytest.mark.cuda
+def test_the_host_copy_allocates_nothing_on_the_gpu():
+    from speechperf.algorithms.fsdp import host_copy
+
+    m = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).cuda()  # 33.6 MB
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    c = host_copy(m)
+    assert torch.cuda.max_memory_allocated() == before  # deepcopy(m).to("cpu") would add 33.6 MB here
+    assert all(p.device.type == "cpu" for p in c.parameters())
