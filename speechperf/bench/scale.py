@@ -362,6 +362,9 @@ def notes(rows: list[dict]) -> list[str]:
     lines += [f"GPU busy over the timed steps (the driver's utilization): {r['workload']} {r['precision']} "
               f"x{r['world']}: {r['gpu_busy_pct']:.0f} %" for r in rows if r.get("gpu_busy_pct") is not None]
     lines += [f"{r['workload']} {r['batch_s']:g} s: {r['status']}" for r in rows if r["status"] != "ok"]
+    lines += [f"{r['workload']} {r['batch_s']:g} s x{r['world']}: no scaling efficiency: no one-device row of the "
+              f"same workload, batch, precision ({r['precision']}) and device measured" for r in rows
+              if r["status"] == "ok" and r.get("world", 1) > 1 and r.get("scaling_efficiency") is None]
     lines += sorted({f"{r['workload']}: fp8 on {r['device']} is torchao's emulation: its rates are not fp8's"
                      for r in rows if r["precision"] == "fp8" and not str(r["device"]).startswith("cuda")})
     return lines

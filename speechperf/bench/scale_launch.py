@@ -9,17 +9,20 @@ take cores / N threads each and the one-device row is measured at that share too
 efficiency is that of N slices of the CPU (what sharding and its collectives cost), not of the
 whole CPU against a part. A row that does not fit one device has no efficiency (said in its
 status). Under torchrun (several nodes: ``torchrun --nnodes M --nproc-per-node G -m speechperf bench
-scale --world M*G``) each process is a rank of the N-device rows and nothing is started here; their
-efficiency needs the one-device rows of a run like this one.
+scale --world M*G --baseline ONE.json``) each process is a rank of the N-device rows and nothing is
+started here; their efficiency is against the one-device rows saved in ONE.json (``--json`` of a run
+at one device of the same kind).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -29,16 +32,26 @@ from speechperf.errors import SpeechperfError
 from speechperf.train.distributed import DistEnv
 
 
-def measure(req: Request, progress: bool = True, refuse_unfit: bool = True) -> list[dict]:
+def measure(req: Request, progress: bool = True, refuse_unfit: bool = True, baseline: Path | None = None) -> list[dict]:
     """The rows of ``req``: one device's; under torchrun this rank's share of N devices' (rank 0 gets
     the rows, the other ranks none); else, for N > 1, one device's and N's, each measured in a
     process of its own (what one row allocates goes back to the system before the next starts); a
-    model that fits N devices but not one has N-device rows without an efficiency."""
+    model that fits N devices but not one has N-device rows without an efficiency. ``baseline``: a
+    saved ``bench scale --json`` whose one-device rows the N-device rows are compared with instead
+    of measuring them here (several nodes under torchrun: the only way to an efficiency)."""
     env = DistEnv.from_env()
+    if baseline is not None and req.world == 1:
+        raise SpeechperfError(f"--baseline {baseline}: the one-device rows N devices are compared with; this "
+                              "command measures one device (--world 1)")
+    ones = [r for r in read_rows(baseline) if r.get("world", 1) == 1] if baseline is not None else None
     if req.world == 1 or env.world > 1:
         rows = run_scale(req, progress, refuse_unfit)
-        return rows if env.rank == 0 else []
+        if env.rank:  # rank 0 prints the rows
+            return []
+        return rows if ones is None else efficiencies(rows, ones)
     threads = max(1, torch.get_num_threads() // req.world)  # a rank's share of the host (its device's, on a CPU)
+    if ones is not None:
+        return efficiencies(child(req, threads), ones)
     ones = child(replace(req, world=1), threads, refuse_unfit=False)
     return ones + efficiencies(child(req, threads), ones)
 
@@ -74,13 +87,44 @@ def _said(stderr: str) -> list[str]:
     return [ln + (" (SIGKILL: out of memory?)" if "(exitcode: -9)" in ln else "") for ln in lines]
 
 
+def _like(row: dict) -> tuple:
+    """What a one-device row must share with an N-device row to be its baseline."""
+    return row["workload"], row.get("batch_s"), row.get("precision"), str(row.get("device", "")).split(":")[0]
+
+
+def read_rows(path: Path) -> list[dict]:
+    """A saved ``bench scale --json`` output's rows, checked (data only: JSON, nothing executed): a
+    list of objects, each with a workload and a status, its rates positive numbers where given."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise SpeechperfError(f"{path}: not a bench scale --json output ({type(e).__name__}: {e})") from e
+    if not isinstance(data, list) or not data or not all(isinstance(r, dict) for r in data):
+        raise SpeechperfError(f"{path}: not a bench scale --json output (a list of rows, one object per workload)")
+    for i, r in enumerate(data):
+        if not isinstance(r.get("workload"), str) or not isinstance(r.get("status"), str):
+            raise SpeechperfError(f"{path}: row {i} has no workload or status: not a bench scale --json output")
+        for k in RATES:
+            if r.get(k) is not None and not (_number(r[k]) and r[k] > 0):
+                raise SpeechperfError(f"{path}: row {i} ({r['workload']}): {k}={r[k]!r} is not a positive number")
+    return data
+
+
+RATES = ("audio_s_per_s", "audio_s_per_s_min", "audio_s_per_s_median", "audio_s_per_s_max", "power_w", "step_s",
+         "scaling_efficiency")  # checked where a saved row holds them
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def efficiencies(sharded: list[dict], ones: list[dict]) -> list[dict]:
-    """``sharded`` rows with ``scaling_efficiency`` against the one-device row of the same workload
-    and batch (None where that row did not run)."""
-    one = {(r["workload"], r["batch_s"]): r for r in ones if r["status"] == "ok"}
+    """``sharded`` rows with ``scaling_efficiency`` against the one-device row of the same workload,
+    batch, precision and kind of device (None where there is no such row: it did not run or fit)."""
+    one = {_like(r): r for r in ones if r["status"] == "ok"}
     out = []
     for r in sharded:
-        base = one.get((r["workload"], r["batch_s"]))
+        base = one.get(_like(r))
         ok = base is not None and r["status"] == "ok" and base["audio_s_per_s"]
         out.append({**r, "scaling_efficiency": r["audio_s_per_s"] / (r["world"] * base["audio_s_per_s"]) if ok
                     else None})

@@ -169,6 +169,9 @@ def _bench_scale_args(sp) -> None:
     sp.add_argument("--memory-limit-gb", type=float, default=None,
                     help="rows whose estimated peak exceeds this are not run (default: the device's free memory)")
     sp.add_argument("--no-memory", action="store_true", help="skip the measured peak (one profiled step a row)")
+    sp.add_argument("--baseline", type=Path, default=None,
+                    help="a saved bench scale --json: its one-device rows are the N-device rows' baseline instead of "
+                    "measuring them here (under a torchrun of several nodes: the only way to an efficiency)")
     sp.add_argument("--rows-if-none-fit", action="store_true", help=argparse.SUPPRESS)  # scale_launch's child
     sp.add_argument("overrides", nargs="*", help="key=value overrides of every workload's preset")
 
@@ -179,7 +182,7 @@ def cmd_bench_scale(a) -> int:
 
     req = Request(tuple(a.workloads or WORKLOADS), tuple(a.batch_seconds) if a.batch_seconds else None, a.steps,
                   a.warmup, a.device, a.precision, a.world, a.memory_limit_gb, not a.no_memory, tuple(a.overrides))
-    rows = measure(req, refuse_unfit=not a.rows_if_none_fit)
+    rows = measure(req, refuse_unfit=not a.rows_if_none_fit, baseline=a.baseline)
     if not rows:  # a torchrun rank other than 0: rank 0 prints the rows
         return 0
     _table(a, rows, COLUMNS, SCALE_NARROW, notes(rows))

@@ -27,6 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speechperf.bench.scale_launch import read_rows
 from speechperf.config import load_preset, preset_names
 from speechperf.errors import ConfigError, SpeechperfError
 from speechperf.results import layout
@@ -134,21 +135,11 @@ def _number(v) -> bool:
 
 
 def _scale_rows(path: Path) -> list[dict]:
-    """A ``bench scale --json`` file's rows, checked: a list of objects with a workload and status."""
+    """A ``bench scale --json`` file's rows, checked (bench/scale_launch.py's ``read_rows``)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise CostError(f"{path}: not a bench scale --json output ({type(e).__name__}: {e})") from e
-    if not isinstance(data, list) or not data or not all(isinstance(r, dict) for r in data):
-        raise CostError(f"{path}: not a bench scale --json output (a list of rows, one object per workload)")
-    for i, r in enumerate(data):
-        if not isinstance(r.get("workload"), str) or not isinstance(r.get("status"), str):
-            raise CostError(f"{path}: row {i} has no workload or status: not a bench scale --json output")
-        for k in ("audio_s_per_s", "audio_s_per_s_min", "audio_s_per_s_median", "audio_s_per_s_max", "power_w",
-                  "step_s", "scaling_efficiency"):
-            if r.get(k) is not None and not (_number(r[k]) and r[k] > 0):
-                raise CostError(f"{path}: row {i} ({r['workload']}): {k}={r[k]!r} is not a positive number")
-    return data
+        return read_rows(path)
+    except SpeechperfError as e:
+        raise CostError(str(e)) from e
 
 
 def from_scale_file(path: Path, workload: str) -> Throughput:

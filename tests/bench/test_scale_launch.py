@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,6 +41,53 @@ def test_one_device_is_measured_at_one_ranks_share_of_the_cpu(monkeypatch):
     # 4 cores / 2 ranks each, the one device too; its rows kept where none fits (the N ranks' may)
     assert seen["children"] == [(1, 2, False), (2, 2, True)]
     assert [r["world"] for r in rows] == [1, 2] and rows[1]["scaling_efficiency"] == pytest.approx(0.9)
+
+
+def _saved(tmp_path, *rows) -> Path:
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(list(rows)))
+    return path
+
+
+def test_a_saved_baseline_stands_for_the_one_device_rows(monkeypatch, tmp_path):
+    worlds = []
+    monkeypatch.setattr(scale_launch, "child", lambda req, threads, refuse_unfit=True: worlds.append(req.world) or [
+        {**_row(2, 18.0), "precision": "fp32", "device": "cpu"},
+        {**_row(2, 9.0, batch_s=60.0), "precision": "fp32", "device": "cpu"}])
+    base = _saved(tmp_path, {**_row(1, 10.0), "precision": "fp32", "device": "cpu"},
+                  {**_row(1, 5.0, batch_s=60.0), "precision": "bf16", "device": "cpu"},  # another precision
+                  {**_row(2, 1.0), "precision": "fp32", "device": "cpu"})  # not a one-device row
+    rows = scale_launch.measure(scale.Request(("fastconformer-l",), (40.0, 60.0), world=2), progress=False,
+                                baseline=base)
+    assert worlds == [2] and [r["world"] for r in rows] == [2, 2]  # nothing measured at one device here
+    assert rows[0]["scaling_efficiency"] == pytest.approx(0.9) and rows[1]["scaling_efficiency"] is None
+    assert ("fastconformer-l 60 s x2: no scaling efficiency: no one-device row of the same workload, batch, precision "
+            "(fp32) and device measured") in scale.notes(rows)
+
+
+def test_under_a_torchrun_of_several_nodes_rank_0_compares_with_the_baseline(monkeypatch, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setattr(scale_launch, "run_scale", lambda req, progress, refuse_unfit: [
+        {**_row(16, 1440.0), "precision": "bf16", "device": "cuda:0"}])
+    base = _saved(tmp_path, {**_row(1, 100.0), "precision": "bf16", "device": "cuda:0"})
+    req = scale.Request(("fastconformer-l",), (40.0,), world=16)
+    (row,) = scale_launch.measure(req, progress=False, baseline=base)
+    assert row["scaling_efficiency"] == pytest.approx(0.9)
+    monkeypatch.setenv("RANK", "3")  # the other ranks print nothing
+    assert scale_launch.measure(req, progress=False, baseline=base) == []
+
+
+def test_a_baseline_at_one_device_or_unreadable_is_refused(tmp_path, capsys):
+    from speechperf.cli import main
+
+    base = _saved(tmp_path, _row(1, 10.0))
+    assert main(["bench", "scale", "--baseline", str(base)]) == 2
+    assert f"--baseline {base}: the one-device rows N devices are compared with; this command measures one" in \
+        capsys.readouterr().err
+    bad = _saved(tmp_path, {**_row(1, 10.0), "audio_s_per_s": -1})
+    with pytest.raises(scale_launch.SpeechperfError, match=r"one.json: row 0 \(fastconformer-l\): audio_s_per_s=-1 "
+                                                           "is not a positive number"):
+        scale_launch.measure(scale.Request(world=2), baseline=bad)
 
 
 def test_bench_scale_world_2_shards_over_two_torchrun_ranks_on_the_cpu(tmp_path):
