@@ -69,7 +69,8 @@ COLUMNS = ("workload", "params_m", "nemo_params_m", "batch_s", "utterances", "pa
            "audio_s_per_s_min", "audio_s_per_s_median", "audio_s_per_s_max",  # the timed steps' own rates
            "scaling_efficiency",  # world N: audio s/s over N times one device's (bench/scale_launch.py)
            "comm_s", "comm_gb",  # world N, rank 0, per timed step: collectives' seconds (overlapping) and bytes
-           "gpu_busy_pct")  # the driver's utilization over the timed steps, rank 0's node's GPUs (NVML, amdsmi)
+           "gpu_busy_pct",  # the driver's utilization over the timed steps, rank 0's node's GPUs (NVML, amdsmi)
+           "source")  # a one-device row read from this file (--baseline), not measured by this command
 SPREAD = {"min": min, "median": statistics.median, "max": max}  # of the timed steps' audio s/s
 
 
@@ -362,6 +363,8 @@ def notes(rows: list[dict]) -> list[str]:
     lines += [f"GPU busy over the timed steps (the driver's utilization): {r['workload']} {r['precision']} "
               f"x{r['world']}: {r['gpu_busy_pct']:.0f} %" for r in rows if r.get("gpu_busy_pct") is not None]
     lines += [f"{r['workload']} {r['batch_s']:g} s: {r['status']}" for r in rows if r["status"] != "ok"]
+    lines += sorted({f"one-device rows read from {r['source']} (--baseline), not measured here" for r in rows
+                     if r.get("source")})
     lines += [f"{r['workload']} {r['batch_s']:g} s x{r['world']}: no scaling efficiency: no one-device row of the "
               f"same workload, batch, precision ({r['precision']}) and device measured" for r in rows
               if r["status"] == "ok" and r.get("world", 1) > 1 and r.get("scaling_efficiency") is None]

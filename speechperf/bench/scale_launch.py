@@ -48,10 +48,10 @@ def measure(req: Request, progress: bool = True, refuse_unfit: bool = True, base
         rows = run_scale(req, progress, refuse_unfit)
         if env.rank:  # rank 0 prints the rows
             return []
-        return rows if ones is None else efficiencies(rows, ones)
+        return rows if ones is None else _beside(efficiencies(rows, ones), ones, baseline)
     threads = max(1, torch.get_num_threads() // req.world)  # a rank's share of the host (its device's, on a CPU)
     if ones is not None:
-        return efficiencies(child(req, threads), ones)
+        return _beside(efficiencies(child(req, threads), ones), ones, baseline)
     ones = child(replace(req, world=1), threads, refuse_unfit=False)
     return ones + efficiencies(child(req, threads), ones)
 
@@ -85,6 +85,13 @@ def _said(stderr: str) -> list[str]:
     keep = re.compile(r"speechperf: error:|^\[rank\d+\]: \w*(Error|Exception)\b|failed \(exitcode: -?\d+\)")
     lines = [re.sub(r"^.*?(failed \(exitcode)", r"a rank \1", ln) for ln in stderr.splitlines() if keep.search(ln)]
     return [ln + (" (SIGKILL: out of memory?)" if "(exitcode: -9)" in ln else "") for ln in lines]
+
+
+def _beside(sharded: list[dict], ones: list[dict], baseline: Path) -> list[dict]:
+    """The baseline's one-device rows that ``sharded`` rows were compared with, first (``source`` says
+    where from), then the sharded rows: one output that ``cost`` reads whole, as after one node's run."""
+    used = {_like(r) for r in sharded if r.get("scaling_efficiency") is not None}
+    return [{**r, "source": str(baseline)} for r in ones if r["status"] == "ok" and _like(r) in used] + sharded
 
 
 def _like(row: dict) -> tuple:

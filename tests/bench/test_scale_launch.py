@@ -43,8 +43,8 @@ def test_one_device_is_measured_at_one_ranks_share_of_the_cpu(monkeypatch):
     assert [r["world"] for r in rows] == [1, 2] and rows[1]["scaling_efficiency"] == pytest.approx(0.9)
 
 
-def _saved(tmp_path, *rows) -> Path:
-    path = tmp_path / "one.json"
+def _saved(tmp_path, *rows, name: str = "one.json") -> Path:
+    path = tmp_path / name
     path.write_text(json.dumps(list(rows)))
     return path
 
@@ -59,8 +59,14 @@ def test_a_saved_baseline_stands_for_the_one_device_rows(monkeypatch, tmp_path):
                   {**_row(2, 1.0), "precision": "fp32", "device": "cpu"})  # not a one-device row
     rows = scale_launch.measure(scale.Request(("fastconformer-l",), (40.0, 60.0), world=2), progress=False,
                                 baseline=base)
-    assert worlds == [2] and [r["world"] for r in rows] == [2, 2]  # nothing measured at one device here
-    assert rows[0]["scaling_efficiency"] == pytest.approx(0.9) and rows[1]["scaling_efficiency"] is None
+    assert worlds == [2] and [r["world"] for r in rows] == [1, 2, 2]  # nothing measured at one device here
+    assert rows[0]["source"] == str(base) and rows[0]["audio_s_per_s"] == 10.0  # the baseline row used, said so
+    assert rows[1]["scaling_efficiency"] == pytest.approx(0.9) and rows[2]["scaling_efficiency"] is None
+    assert f"one-device rows read from {base} (--baseline), not measured here" in scale.notes(rows)
+    from speechperf.studies.cost import from_scale_file  # the output is whole for `speechperf cost`
+
+    out = _saved(tmp_path, *[{**r, "steps": 3, "step_s": 1.0} for r in rows], name="out.json")
+    assert from_scale_file(out, "fastconformer-l").efficiency == {2: pytest.approx(0.9)}
     assert ("fastconformer-l 60 s x2: no scaling efficiency: no one-device row of the same workload, batch, precision "
             "(fp32) and device measured") in scale.notes(rows)
 
@@ -71,8 +77,8 @@ def test_under_a_torchrun_of_several_nodes_rank_0_compares_with_the_baseline(mon
         {**_row(16, 1440.0), "precision": "bf16", "device": "cuda:0"}])
     base = _saved(tmp_path, {**_row(1, 100.0), "precision": "bf16", "device": "cuda:0"})
     req = scale.Request(("fastconformer-l",), (40.0,), world=16)
-    (row,) = scale_launch.measure(req, progress=False, baseline=base)
-    assert row["scaling_efficiency"] == pytest.approx(0.9)
+    one, row = scale_launch.measure(req, progress=False, baseline=base)
+    assert row["scaling_efficiency"] == pytest.approx(0.9) and one["world"] == 1 and one["source"] == str(base)
     monkeypatch.setenv("RANK", "3")  # the other ranks print nothing
     assert scale_launch.measure(req, progress=False, baseline=base) == []
 
