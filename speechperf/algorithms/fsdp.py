@@ -126,6 +126,7 @@ class FSDP(Algorithm):
     (its activation checkpointing and mixed precision), and resumes another world's checkpoint."""
 
     shards = True
+    evaluates = True  # rank 0 keeps a host copy to evaluate (False: a benchmark that only steps, bench scale)
 
     @classmethod
     def check_launch(cls, cfg, world, train=None):
@@ -151,7 +152,7 @@ class FSDP(Algorithm):
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         # what rank 0 evaluates: in host memory between evaluations, so that rank 0's device holds its shards
         # as the others do (a whole fp32 copy there, 3.9 GB at Canary's sizes, is what sharding saves)
-        self.replica = host_copy(self.core) if self.rank == 0 else None
+        self.replica = host_copy(self.core) if self.rank == 0 and self.evaluates else None
         mesh = _mesh(self.device, self.world)
         kw = {"mesh": mesh, "mp_policy": policy(self.train.system.precision if self.train else "fp32", self.device)}
         units = (shard_units(self.core, self.cfg.shard_share) if self.cfg.shard_modules.strip() == "auto"
@@ -170,6 +171,8 @@ class FSDP(Algorithm):
 
     def before_eval(self, batches_done):
         """Every rank: the parameters gathered whole; rank 0 evaluates its plain copy of them."""
+        if self.rank == 0 and self.replica is None:
+            raise RuntimeError("fsdp: rank 0 was wrapped with evaluates=False and has no copy to evaluate")
         model, _ = self.whole_state(None)
         if self.rank == 0:
             self.replica.load_state_dict(model)

@@ -266,8 +266,8 @@ def _built(cfg, tc, req: Request, dev: torch.device):
         model = compiled(model)
     if req.world > 1:
         algo = FSDP(FSDPConfig(), req.world, DistEnv.from_env().rank, dev, train=tc)
+        algo.evaluates = False  # no host copy on rank 0 (the model's size, 4 GB at Canary's): a row evaluates nothing
         model = algo.wrap(model)
-        algo.replica = None  # rank 0's unsharded copy serves evaluations: a row evaluates nothing
     return model, make_optimizer(model, tc, dev), algo
 
 

@@ -155,7 +155,18 @@ def one_rank(rank, out):
     back = whole(algo, opt)
     losses = train(model, opt, 0, range(3, 4))[0]
     algo.close()
-    torch.save({"back": back, "losses": losses, "group_left": dist.is_initialized()}, f"{out}/one.pt")
+    left = dist.is_initialized()
+    stepping = A.make_algorithm(A.algo_config({"name": "fsdp"}), 1, 0, train=TC)
+    stepping.evaluates = False  # bench scale's: no host copy to evaluate
+    stepping.wrap(core())
+    try:
+        stepping.before_eval(0)
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    stepping.close()
+    torch.save({"back": back, "losses": losses, "group_left": left, "no_copy": stepping.replica is None,
+                "refused": refused}, f"{out}/one.pt")
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +250,8 @@ def test_whole_state_resumes_exactly_at_its_world_and_at_another(ranks):
     assert set(r0["whole"]["optimizer"]["state"]) == set(r0["whole"]["model"]) - {
         k for k in r0["whole"]["model"] if "running" in k or "num_batches" in k}
     assert not one["group_left"]  # close() ends the group the algorithm made
+    assert one["no_copy"] and one["refused"] == ("fsdp: rank 0 was wrapped with evaluates=False and has no copy to "
+                                                 "evaluate")
     assert one["losses"] and math.isfinite(one["losses"][0])
 
 
