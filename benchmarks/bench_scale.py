@@ -12,10 +12,11 @@ at its size. Wall clock on a shared machine: noisy.
 takes half the cores, and so does the one-device row it is compared with): the estimate for
 ``fsdp`` at 2 ranks against the peak of the rank that used most, and the scaling efficiency.
 
-Usage: python benchmarks/run.py scale [--batch-seconds 30] [--memory-limit-gb 8] [--sgd] [--world 2]
+Usage: python benchmarks/run.py scale [--batch-seconds 30] [--memory-limit-gb 8] [--sgd] [--world 2] [KEY=VALUE ...]
 """
 from __future__ import annotations
 
+import os
 import time
 
 from speechperf.bench.scale import WORKLOADS, Request
@@ -35,11 +36,15 @@ def arguments(p) -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--world", type=int, default=1, help="2: also sharded over 2 torchrun ranks (FSDP2)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma separated (default: all four)")
+    p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of every workload's preset "
+                   "(model.activation_checkpointing=true, say)")
 
 
 def run(a) -> dict:
-    figures, ratios = {"workloads": {}}, []
+    # glibc's malloc settings, where given (MALLOC_MMAP_THRESHOLD_: docs/parallel.md, Canary's sizes at 2 ranks)
+    figures, ratios = {"workloads": {}, "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}}, []
     over = ("train.optim.name=sgd", "train.optim.impl=foreach") if a.sgd else ()  # torch has no fused SGD
+    over += tuple(a.overrides)
     for w in a.workloads.split(","):
         t = time.perf_counter()
         req = Request((w,), (a.batch_seconds,), steps=a.steps, world=a.world, memory_limit_gb=a.memory_limit_gb,
