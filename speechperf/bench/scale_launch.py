@@ -74,9 +74,14 @@ def child(req: Request, threads: int, refuse_unfit: bool = True) -> list[dict]:
     out = p.stdout[p.stdout.find("\n[") + 1:] if not p.stdout.startswith("[") else p.stdout  # rank 0's JSON
     if p.returncode not in (0, 1) or not out.startswith("["):  # 1: no row measured, each says why
         tail = "\n".join(dict.fromkeys(_said(p.stderr)[-4:])) or "\n".join(p.stderr.strip().splitlines()[-6:])
+        killed = p.returncode == -9 or "(exitcode: -9)" in p.stderr
         raise SpeechperfError(f"bench scale at {req.world} device(s): its process failed (exit {p.returncode})\n"
-                              f"{tail}")
+                              f"{tail}" + (MALLOC_HINT if killed and req.device == "cpu" else ""))
     return json.loads(out)
+
+
+MALLOC_HINT = ("\non a CPU host glibc's heap keeps freed blocks of up to 32 MB, so a process can hold more than its "
+               "peak: MALLOC_MMAP_THRESHOLD_=1048576 MALLOC_TRIM_THRESHOLD_=1048576 return them (docs/parallel.md)")
 
 
 def _said(stderr: str) -> list[str]:

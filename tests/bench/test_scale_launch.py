@@ -131,6 +131,10 @@ def test_a_childs_rows_are_read_even_when_none_ran_and_its_failure_is_named(monk
     with pytest.raises(scale_launch.SpeechperfError, match=r"at 1 device\(s\): its process failed \(exit 2\)\n"
                                                           r"speechperf: error: bad override x"):
         scale_launch.child(req, 1)
+    monkeypatch.setattr(scale_launch.subprocess, "run", finished(-9, "", "some log line"))
+    with pytest.raises(scale_launch.SpeechperfError, match=r"\(exit -9\)\nsome log line\non a CPU host glibc's heap "
+                                                          r"keeps freed blocks .* MALLOC_MMAP_THRESHOLD_=1048576 "):
+        scale_launch.child(req, 1)
 
 
 def test_a_rank_killed_by_the_kernel_is_named():
