@@ -11,10 +11,10 @@
 # files -> then, only with the budget left: the gpu preset with 2 readers, the conformer's step
 # floor, the floor at twice the batch, the at-scale rows (`bench scale`: parakeet-rnnt-sizes and
 # fastconformer-xl in bf16: MFU, GPU busy, peak memory beside the estimate), fp8 against bf16 on
-# fastconformer-xl (`benchmarks/run.py fp8`, compiled, ~150 s: an estimate), and last the conformer
-# floor under torch.compile (given what is left: its summary row says when compilation did not
-# finish) -> one summary table
-# (benchmarks/gpu_summary.py), written to $OUT/summary.md and printed last; the benchmarks'
+# fastconformer-xl's CTC and transducer (`benchmarks/run.py fp8`, compiled, ~150 s each: an
+# estimate), and last the conformer floor under torch.compile (given what is left: its summary
+# row says when compilation did not finish) -> one summary table (benchmarks/gpu_summary.py),
+# written to $OUT/summary.md and printed last; the benchmarks'
 # ledger lines in $OUT/ledger.jsonl (append them to benchmarks/ledger.jsonl).
 #
 # Budget (seconds, the H200 checks of 2026-11-26 on f9d8828 and 214e88f, their steps' logs): env
@@ -45,7 +45,7 @@
 #   WORK=/tmp/gc ONLY="conformer conformer_tta" CONF_MINUTES=5 BUDGET=400 (limit 445; 179 s on 214e88f)
 #   WORK=/tmp/gc ONLY="readers readers_tta" BUDGET=235 (limit 255)
 # and the at-scale rows with fp8 (issue 59's GPU goals; on a fresh machine, with torchao's wheel):
-#   WORK=/tmp/gc ONLY="env scale fp8" BUDGET=330 (limit 360)
+#   WORK=/tmp/gc ONLY="env scale fp8 fp8_rnnt" BUDGET=480 (limit 510)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=${GPU_CHECK_DRY:-0}
@@ -77,6 +77,7 @@ if [ "$DRY" = 1 ]; then  # tiny sizes: the same steps and files, minutes on a CP
     READERS_ARGS=(--preset tiny loader.readers=2 train.stop.max_epochs=1 train.eval.final_splits=none); READERS_T=120
     GRAPHS=0  # a run refuses train.system.cuda_graphs without a CUDA device; floor_graphs runs the padded step eagerly
     FP8_ARGS=(--device cpu --preset fastconformer-l --layers 1 --seconds 12 --steps 1 --warmup 1); FP8_T=90
+    FP8_RNNT_ARGS=(--device cpu --preset parakeet-rnnt-sizes --layers 1 --seconds 12 --steps 1 --warmup 1)
     SCALE_ARGS=(--device cpu --workloads fastconformer-l --batch-seconds 20 --steps 1 --warmup 1 model.layers=1
         model.d_model=32 model.heads=2 model.subsampling_channels=8); SCALE_T=90
 else
@@ -105,6 +106,7 @@ else
     # fp8 against bf16 (benchmarks/run.py fp8): fastconformer-xl compiled, 500 s batches (both models resident);
     # torchao travels among the wheels: bash ../shared/gpu/wheels.sh torchao==0.18.0
     FP8_ARGS=(--seconds 500 --steps 5 --warmup 2); FP8_T=150
+    FP8_RNNT_ARGS=(--preset parakeet-rnnt-sizes --seconds 500 --steps 5 --warmup 2)  # the transducer's (issue 59's goal)
     # the at-scale rows in the presets' bf16, eager, at their batches (issue 59's goal: the transducer at
     # fastconformer-xl's sizes >= 45% MFU with the GPU >= 95% busy, the peak within 10% of the estimate);
     # ~40-60 s a row on an H100, an estimate (600 M parameters built, 2 untimed steps, 1 profiled, 3 timed)
@@ -213,10 +215,11 @@ step floor_conformer 40 "${BENCH[@]}" step_floor --data "$WORK/demo/features" "$
 step floor_doubled "$FLOOR_T" "${BENCH[@]}" step_floor --data "$WORK/demo/features" --preset "$FLOOR_PRESET" \
     "${FLOOR_ARGS[@]}" "${FLOOR_DOUBLED[@]}"
 # the at-scale rows (bench scale: audio s/s, MFU, GPU busy, peak memory beside the estimate), then fp8
-# against bf16 on fastconformer-xl (goal: fp8 >= 1.3x bf16's throughput); these two alone:
-# ONLY="env scale fp8" BUDGET=330 (limit 360)
+# against bf16 on fastconformer-xl, CTC and transducer (goal: fp8 >= 1.3x bf16's throughput); alone:
+# ONLY="env scale fp8 fp8_rnnt" BUDGET=480 (limit 510)
 step scale "$SCALE_T" $PY -m speechperf bench scale --json "${SCALE_ARGS[@]}"
 step fp8 "$FP8_T" "${BENCH[@]}" fp8 "${FP8_ARGS[@]}"
+step fp8_rnnt "$FP8_T" "${BENCH[@]}" fp8 "${FP8_RNNT_ARGS[@]}"
 [ "$COMPILE" = 1 ] && step floor_conformer_compile "$BUDGET" "${BENCH[@]}" step_floor --data "$WORK/demo/features" \
     "${CONF_FLOOR[@]}" train.system.compile=true
 

@@ -31,7 +31,8 @@ from speechperf.studies.tta import time_columns
 
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
          "feed_gpu", "floor", "floor_graphs", "graphs", "graphs_tta", "feed_conformer", "feed_tiny", "tests_gpu_files",
-         "readers", "readers_tta", "floor_conformer", "floor_doubled", "scale", "fp8", "floor_conformer_compile"]
+         "readers", "readers_tta", "floor_conformer", "floor_doubled", "scale", "fp8", "fp8_rnnt",
+         "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -301,7 +302,7 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
             figs = profile_figures(text)
         elif name == "floor_conformer_compile":
             figs = compile_figures(text)
-        elif name == "fp8":
+        elif name.startswith("fp8"):
             figs = fp8_figures(text)
         elif name == "scale":
             figs = scale_figures(json_in(text))
