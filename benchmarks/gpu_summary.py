@@ -32,7 +32,7 @@ from speechperf.studies.tta import time_columns
 STEPS = ["demo", "demo_tta", "profile", "tests_cuda", "checksum", "conformer", "conformer_tta",
          "feed_gpu", "floor", "floor_graphs", "graphs", "graphs_tta", "feed_conformer", "feed_tiny", "tests_gpu_files",
          "readers", "readers_tta", "floor_conformer", "floor_doubled", "scale", "fp8", "fp8_rnnt",
-         "floor_conformer_compile"]
+         "conformer_fp8", "conformer_fp8_tta", "floor_conformer_compile"]
 EXIT = re.compile(r"exit (-?\d+)(?: after (\d+)s)?")
 
 
@@ -291,9 +291,9 @@ def rows(logs: Path, runs: Path | None) -> list[tuple[str, str, str]]:
         text = read(logs, name)
         if text is None and name in ("feed_tiny", "feed_gpu", "feed_conformer", "floor_conformer_compile", "graphs", "graphs_tta"):
             continue  # steps that only one of the GPU and the --cpu flows runs
-        if name in ("demo_tta", "conformer_tta", "readers_tta", "graphs_tta"):
+        if name in ("demo_tta", "conformer_tta", "readers_tta", "graphs_tta", "conformer_fp8_tta"):
             figs = tta_figures(json_in(text))
-        elif name in ("demo", "conformer", "readers", "graphs"):
+        elif name in ("demo", "conformer", "readers", "graphs", "conformer_fp8"):
             run = runs / ("demo/run" if name == "demo" else name) if runs else None
             figs = run_figures(run) if run else "no --runs"
         elif name.startswith("feed_"):
