@@ -51,6 +51,7 @@ from speechperf.hardware import memory
 from speechperf.hardware.capability import model_support
 from speechperf.hardware.measured_peak import cpu_dtype, training_peak
 from speechperf.hardware.mfu import achieved, forget_if_beaten
+from speechperf.telemetry.device_gpus import run_gpu_uuids
 from speechperf.telemetry.power import PowerMeter
 from speechperf.train.distributed import DistEnv, pick_device, resolve_backend
 from speechperf.train.step import make_optimizer, train_step
@@ -69,7 +70,7 @@ COLUMNS = ("workload", "params_m", "nemo_params_m", "batch_s", "utterances", "pa
            "audio_s_per_s_min", "audio_s_per_s_median", "audio_s_per_s_max",  # the timed steps' own rates
            "scaling_efficiency",  # world N: audio s/s over N times one device's (bench/scale_launch.py)
            "comm_s", "comm_gb",  # world N, rank 0, per timed step: collectives' seconds (overlapping) and bytes
-           "gpu_busy_pct",  # the driver's utilization over the timed steps, rank 0's node's GPUs (NVML, amdsmi)
+           "gpu_busy_pct",  # the driver's utilization over the timed steps, the rows' GPUs on rank 0's node
            "source")  # a one-device row read from this file (--baseline), not measured by this command
 SPREAD = {"min": min, "median": statistics.median, "max": max}  # of the timed steps' audio s/s
 
@@ -224,7 +225,8 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
     timed = data[req.warmup:]
     if algo:
         algo.comm.take()  # what the warm-up and profiled steps moved: not this row's
-    with PowerMeter() if DistEnv.from_env().rank == 0 else _NoPower() as power:  # rank 0 reads its node's power
+    env = DistEnv.from_env()  # rank 0 reads the power of its node's GPUs that the rows use
+    with PowerMeter(gpu_uuids=run_gpu_uuids(dev, env.local_world)) if env.rank == 0 else _NoPower() as power:
         _sync(dev, req.world)
         t0, ends = time.perf_counter(), []
         for b in timed:

@@ -14,8 +14,9 @@ samples come at a steady period (the driver's, or the sampler's), so their mean 
 
 GPU runs: ``util_pct``: NVML's (the share of the driver's sample period in which a kernel ran)
 or, on AMD GPUs, amdsmi's ``gfx_activity`` (the graphics engine's busy share, polled),
-of every GPU the sampler saw (rank 0's process sees the node's), the sources averaged sample by
-sample. CPU runs: ``util_machine_pct``, the CPU seconds of rank 0's process and its loader
+of the GPUs the sampler read (rank 0's: those of its node that the run used, picked by UUID,
+telemetry/device_gpus.py; every GPU of the node in runs recorded before that, or where they
+could not be matched, as the run's environment says), the sources averaged sample by sample. CPU runs: ``util_machine_pct``, the CPU seconds of rank 0's process and its loader
 workers per wall second in % of all the machine's cores: on a CPU run the cores are the
 accelerator, so its busy share is shown the same way and named as the CPU's. It counts a
 thread spinning in a parallel region as busy, where NVML counts a kernel running however few
@@ -80,7 +81,7 @@ def busy(samples: list[dict], iterations: list[dict], evals: list[dict], until_s
     empty = [name for name in PHASES if not out[f"{name} samples"]]
     note = [f"no sample inside {', '.join(empty)}"] if empty else []
     if len(out["sources"]) > 1:
-        note.append(f"averaged over {', '.join(out['sources'])}: every GPU the sampler saw")
+        note.append(f"averaged over {', '.join(out['sources'])}: the GPUs the sampler read")
     return {**out, "note": "; ".join(note) or None}
 
 

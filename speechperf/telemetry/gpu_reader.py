@@ -38,15 +38,20 @@ class GpuReader(Protocol):
         """How utilization is read: "buffered" or "polled"."""
 
 
-def open_gpus(unavailable: dict, indices: list[int] | None = None, nvml=None, amdsmi=None) -> list[GpuReader]:
+def open_gpus(unavailable: dict, indices: list[int] | None = None, nvml=None, amdsmi=None,
+              uuids: list[str] | None = None) -> list[GpuReader]:
     """The readers of the GPUs ``indices`` (None: every GPU) of the first library that finds
     any: NVML, then amdsmi (a machine has one vendor's GPUs; trying NVML first keeps NVIDIA
-    machines as they were). None found: [] and, in ``unavailable["gpu"]``, why not in each."""
+    machines as they were). None found: [] and, in ``unavailable["gpu"]``, why not in each.
+    ``uuids``: the run's GPUs (NVML picks them by UUID; amdsmi's are not matched: all, said so)."""
     reasons = []
     for opener, reader, lib in ((open_nvml, NvmlGpu, nvml), (open_amdsmi, AmdGpu, amdsmi)):
         why: dict[str, str] = {}
-        opened = opener(lib, why, indices)
+        opened = opener(lib, why, indices, uuids) if opener is open_nvml else opener(lib, why, indices)
         if opened:
+            if uuids is not None and opener is open_amdsmi:
+                why["gpu_selection"] = "every GPU sampled: amdsmi's GPUs are not matched to the run's"
+            unavailable.update({k: v for k, v in why.items() if k != "gpu"})
             return [reader(opened[0], i, h, unavailable) for i, h in opened[1]]
         reasons.append(why["gpu"])
     unavailable["gpu"] = "; ".join(reasons)

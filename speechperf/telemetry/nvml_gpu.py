@@ -18,8 +18,10 @@ ERROR_NOT_FOUND = 6  # nvmlDeviceGetSamples: no sample newer than the timestamp 
 VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}  # nvmlValueType_t
 
 
-def open_nvml(nvml, unavailable: dict, indices: list[int] | None = None):
-    """(nvml module, [(index, handle), ...]) or None, with the reason in ``unavailable``."""
+def open_nvml(nvml, unavailable: dict, indices: list[int] | None = None, uuids: list[str] | None = None):
+    """(nvml module, [(index, handle), ...]) or None, with the reason in ``unavailable``.
+    ``uuids``: only the GPUs of these UUIDs (the run's, telemetry/device_gpus.py); where one is
+    not found, every GPU and why, in ``unavailable["gpu_selection"]``."""
     try:
         if nvml is None:
             import pynvml as nvml
@@ -37,7 +39,31 @@ def open_nvml(nvml, unavailable: dict, indices: list[int] | None = None):
     if not handles:
         unavailable["gpu"] = "NVML found no GPU"
         return None
-    return nvml, handles
+    return nvml, handles if uuids is None else _the_runs(nvml, handles, uuids, unavailable)
+
+
+def _the_runs(nvml, handles: list, uuids: list[str], unavailable: dict) -> list:
+    """The handles whose UUID is one of ``uuids``. A process sees only the GPUs CUDA_VISIBLE_DEVICES
+    leaves it, under its own numbering, while NVML sees the node's: the UUID is the name both share."""
+    want = {bare_uuid(u) for u in uuids}
+    try:
+        have = {i: bare_uuid(nvml.nvmlDeviceGetUUID(h)) for i, h in handles}
+    except Exception as e:  # an old driver, a fake
+        unavailable["gpu_selection"] = f"every GPU sampled: NVML gave no UUID ({type(e).__name__}: {e})"
+        return handles
+    picked = [(i, h) for i, h in handles if have[i] in want]
+    if len(picked) != len(want):
+        unavailable["gpu_selection"] = (f"every GPU sampled: the run's GPU(s) {', '.join(sorted(want))} not all among "
+                                        f"NVML's ({', '.join(have.values())})")
+        return handles
+    return picked
+
+
+def bare_uuid(uuid) -> str:
+    """A GPU's UUID as torch and NVML both can give it: NVML's ``GPU-`` prefix (and bytes, from an
+    old pynvml) taken off, lower case."""
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    return text.lower().removeprefix("gpu-")
 
 
 def _nvml_code(e: Exception) -> int | None:

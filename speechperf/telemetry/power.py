@@ -58,9 +58,11 @@ class PowerMeter:
     with the reason for a block shorter than ``min_seconds``; and the GPUs' mean utilization.
     """
 
-    def __init__(self, interval: float = 0.05, sampler=None, min_seconds: float = ENERGY_MIN_SECONDS):
-        # 50 ms: the sampler's own CPU cost stays small beside the benchmark on 2 cores
-        self.sampler = sampler or Sampler(config=SamplerConfig(interval=interval))
+    def __init__(self, interval: float = 0.05, sampler=None, min_seconds: float = ENERGY_MIN_SECONDS,
+                 gpu_uuids: list[str] | None = None):
+        # 50 ms: the sampler's own CPU cost stays small beside the benchmark on 2 cores; gpu_uuids: the
+        # GPUs measured (None: every GPU of the node), so that an idle neighbour's watts are not counted
+        self.sampler = sampler or Sampler(config=SamplerConfig(interval=interval), gpu_uuids=gpu_uuids)
         self.min_seconds = min_seconds
         self.seconds = 0.0
         self._t0 = 0.0

@@ -65,11 +65,14 @@ class Sampler:
 
     ``gpus``: GPU indices to sample (NVML's, or amdsmi's HIP indices; None: every GPU the library
     sees), so that each process of a multi-GPU run can be given its own, or one process all of
-    the node's. ``nvml``/``amdsmi``: stand-ins for the libraries (tests); None imports them.
+    the node's; ``gpu_uuids``: the GPUs the run uses, by UUID (telemetry/device_gpus.py: a
+    process's CUDA numbering is not NVML's). ``nvml``/``amdsmi``: stand-ins for the libraries
+    (tests); None imports them.
     """
 
     def __init__(self, pid: int | None = None, config: SamplerConfig = SamplerConfig(), nvml=None,
-                 rapl_root: Path = DEFAULT_ROOT, gpus: list[int] | None = None, amdsmi=None):
+                 rapl_root: Path = DEFAULT_ROOT, gpus: list[int] | None = None, amdsmi=None,
+                 gpu_uuids: list[str] | None = None):
         self.proc = psutil.Process(pid or os.getpid())
         self.cfg = config
         self.samples: list[Sample] = []
@@ -77,7 +80,9 @@ class Sampler:
         self.cores = psutil.cpu_count(logical=True) or 1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._gpus: list[GpuReader] = open_gpus(self.unavailable, gpus, nvml, amdsmi) if config.gpus else []
+        self._gpus: list[GpuReader] = (open_gpus(self.unavailable, gpus, nvml, amdsmi, gpu_uuids) if config.gpus
+                                       else [])
+        self.gpu_sources = [g.source for g in self._gpus]  # the GPUs it reads ("gpu0": the library's index)
         self._rapl = RaplCounters(rapl_root) if config.rapl else None
         if self._rapl is not None:
             self.unavailable.update(self._rapl.unavailable)

@@ -29,11 +29,14 @@ class MachineRecord:
         self.p0 = 0.0  # perf_counter() at the sampler's start
         self.off_spans: list[tuple[float, float, float]] = []  # off the clock: (perf start, perf end, unix end)
         self.gc_pauses = GcPauses()  # this process's garbage collections from the clock's start (summary "gc")
+        self.gpus: dict | None = None  # the GPUs sampled and, where not the run's alone, why (summary "sampled_gpus")
 
-    def start(self, clock: Clock) -> None:
-        """The sampler and the collection count started; ``clock``: the TTA clock, read once both run."""
+    def start(self, clock: Clock, gpu_uuids: list[str] | None = None) -> None:
+        """The sampler and the collection count started; ``clock``: the TTA clock, read once both run;
+        ``gpu_uuids``: the GPUs the run uses on this node (None: every GPU)."""
         self.segment = time.time()  # one per process: its counters are differenced only among its samples
-        self.sampler = Sampler(os.getpid()).start()
+        self.sampler = Sampler(os.getpid(), gpu_uuids=gpu_uuids).start()
+        self.gpus = {"sources": self.sampler.gpu_sources, "selection": self.sampler.unavailable.get("gpu_selection")}
         self.gc_pauses.start()
         self.p0 = time.perf_counter()  # a sample's t from here (the sampler's start, to a few ms)
         self.t0 = clock.now()

@@ -73,8 +73,9 @@ class Recorder:
         """TTA seconds so far (before run_start: where the run stood at its checkpoint)."""
         return self.clock.now() if self.clock is not None else self.prog.clock_s
 
-    def initialized(self, plan: str, init_s: float, parts: dict) -> None:
-        """Initialization is over: the TTA clock starts, continuing a resumed run's."""
+    def initialized(self, plan: str, init_s: float, parts: dict, gpu_uuids: list[str] | None = None) -> None:
+        """Initialization is over: the TTA clock starts, continuing a resumed run's; ``gpu_uuids``: the
+        node's GPUs the run uses, which rank 0 samples (None: every GPU)."""
         self.prog.init_s += init_s
         self.clock = Clock(self.prog.clock_s)
 
@@ -150,7 +151,7 @@ class RunRecorder(Recorder):
             log_run_config(rec.events, run.label, cfg, world, splits, batch)
         return rec
 
-    def initialized(self, plan: str, init_s: float, parts: dict) -> None:
+    def initialized(self, plan: str, init_s: float, parts: dict, gpu_uuids: list[str] | None = None) -> None:
         super().initialized(plan, init_s, parts)
         warn_if_slow(init_s, str(self.out))
         parts = {k: round(v, 3) for k, v in parts.items()}
@@ -161,7 +162,7 @@ class RunRecorder(Recorder):
         else:
             self.events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
             self.events.start(C.RUN_START)
-        self.machine.start(self.clock)
+        self.machine.start(self.clock, gpu_uuids)
 
     def count_flops(self, cfg, device) -> dict:
         """The FLOP model and the device's peak, for MFU (initialization, outside the clock);
@@ -263,6 +264,7 @@ class RunRecorder(Recorder):
         summary["precision_note"] = self.run.env.get("precision_note")  # an emulated precision says so
         summary["precision_choice"] = self.run.env.get("precision_choice")  # auto: chosen, each candidate's step
         summary["gc"] = self.machine.gc_pauses.figures()  # the collection pauses while this process trained
+        summary["sampled_gpus"] = self.machine.gpus  # which GPUs its power and busy share are of
         summary["floor"] = self.floor  # the step against its floor, where the run measured it (train/floor.py)
         # what others took of its cores (telemetry/contention.py)
         summary["shared"] = contention.shared(self.run.rows.samples(), self.run.env.get("torch_threads"),
@@ -322,7 +324,8 @@ class RunRecorder(Recorder):
         """A failed or interrupted run's summary: its MFU over the steps it trained too (a run cut
         before its target, the GPU check's short conformer run, has no other)."""
         flops = self.flops.summary(self.run.rows.iterations()) if self.flops is not None else {}
-        return {**self.summary(status), **flops, "gc": self.machine.gc_pauses.figures()}
+        return {**self.summary(status), **flops, "gc": self.machine.gc_pauses.figures(),
+                "sampled_gpus": self.machine.gpus}
 
     @contextmanager
     def off_clock(self):

@@ -57,7 +57,7 @@ def test_two_gpus_are_averaged_and_said():
     both = _samples(POINTS) + _samples([(t, 0.0) for t, _ in POINTS], source="gpu1")
     b = busy(both, ITERATIONS, EVALS, 18.0, "cuda:0")
     assert b["sources"] == ["gpu0", "gpu1"] and b["training %"] == pytest.approx(45.0) and b["training samples"] == 6
-    assert b["note"] == "averaged over gpu0, gpu1: every GPU the sampler saw"
+    assert b["note"] == "averaged over gpu0, gpu1: the GPUs the sampler read"
 
 
 def test_a_cpu_run_shows_the_cpu_and_a_gpu_run_never_does():

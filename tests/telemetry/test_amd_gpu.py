@@ -122,6 +122,12 @@ def test_sampler_follows_the_amd_gpus_it_is_given_by_hip_index():
     assert "amdsmi has GPU(s) [0, 1]; asked for index(es) [2]" in bad.unavailable["gpu"]
 
 
+def test_amd_gpus_are_not_matched_to_a_runs_uuids_and_that_is_said():
+    s = Sampler(config=SamplerConfig(rapl=False), nvml=NO_NVML, amdsmi=FakeAMDSMI(), gpu_uuids=["abcd"])
+    assert [g.source for g in s._gpus] == ["gpu0", "gpu1"]
+    assert s.unavailable["gpu_selection"] == "every GPU sampled: amdsmi's GPUs are not matched to the run's"
+
+
 def test_without_hip_ids_amdsmis_own_order_is_the_index():
     class Old(FakeAMDSMI):  # amdsmi before 6.4: no enumeration info
         def amdsmi_get_gpu_enumeration_info(self, h):

@@ -242,6 +242,30 @@ def test_sampler_follows_the_gpus_it_is_given():
     assert "asked for index(es) [2]" in bad.unavailable["gpu"]
 
 
+class UuidNVML(FakeNVML):
+    """FakeNVML whose GPUs have UUIDs as NVML gives them (gpu1's as bytes, an old pynvml's)."""
+
+    def nvmlDeviceGetUUID(self, h):
+        return ["GPU-AAAA-0", b"GPU-bbbb-1"][h]
+
+
+def test_the_run_s_gpus_are_picked_by_uuid_and_an_unmatched_one_is_said():
+    """A seed given GPU 1 (CUDA_VISIBLE_DEVICES=1) is cuda:0 to torch, NVML's 1: its UUID, as torch
+    prints it (no prefix), picks NVML's gpu1 alone, not every GPU of the node."""
+    s = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), gpu_uuids=["bbbb-1"])
+    with s:
+        time.sleep(0.15)
+    assert {x.source for x in s.samples} == {"cpu", "gpu1"} and "gpu_selection" not in s.unavailable
+    both = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), gpu_uuids=["aaaa-0", "BBBB-1"])
+    assert [g.source for g in both._gpus] == ["gpu0", "gpu1"]
+    lost = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), gpu_uuids=["cccc-2"])
+    assert [g.source for g in lost._gpus] == ["gpu0", "gpu1"]  # every GPU, never none
+    assert lost.unavailable["gpu_selection"] == ("every GPU sampled: the run's GPU(s) cccc-2 not all among NVML's "
+                                                 "(aaaa-0, bbbb-1)")
+    old = Sampler(config=SamplerConfig(rapl=False), nvml=FakeNVML(), gpu_uuids=["aaaa-0"])  # no nvmlDeviceGetUUID
+    assert len(old._gpus) == 2 and old.unavailable["gpu_selection"].startswith("every GPU sampled: NVML gave no UUID")
+
+
 def test_real_nvml_holds_the_period():
     """The real driver's path: skipped where NVML or a GPU is missing."""
     pynvml = pytest.importorskip("pynvml")

@@ -54,3 +54,21 @@ def test_a_summary_above_its_peak_shows_no_mfu_and_says_why(tiny_run, tmp_path, 
     said = " ".join(out.split())  # the narrow table's notes, wrapped at 100 columns
     assert f"{row['run']}: no MFU: the steps achieved 0.0415 TFLOPS" in said
     assert said.count("no MFU:") == 1  # once, whatever else a note says (a busy machine adds its own)
+
+
+def test_rank_0_samples_the_gpus_its_run_uses(tiny_features, tmp_path, monkeypatch):
+    """The trainer names its node's GPUs by UUID (telemetry/device_gpus.py) and rank 0's sampler reads
+    those, not every GPU of the node (a stand-in driver here), and the summary says which."""
+    from speechperf.train import machine_record, trainer
+
+    from tests.telemetry.test_sampler import UuidNVML  # a node of two GPUs, UUIDs aaaa-0 and bbbb-1
+
+    asked = []
+    monkeypatch.setattr(trainer, "run_gpu_uuids", lambda device, local_world: asked.append(
+        (str(device), local_world)) or ["bbbb-1"])
+    real = machine_record.Sampler
+    monkeypatch.setattr(machine_record, "Sampler", lambda pid, gpu_uuids=None: real(pid, nvml=UuidNVML(),
+                                                                                   gpu_uuids=gpu_uuids))
+    summary = train(TrainRequest("tiny", tiny_features, tmp_path / "run", ["max_epochs=1", "threads=1"], quiet=True))
+    assert asked == [("cpu", 1)]
+    assert summary["sampled_gpus"] == {"sources": ["gpu1"], "selection": None}  # the run's GPU alone, said

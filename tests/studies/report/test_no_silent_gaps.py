@@ -135,7 +135,7 @@ def test_cells_the_runs_hold_are_filled(full_page):
         assert busy == {"device": "GPU", "tta %": "80.0", "tta samples": "720", "training samples": "660",
                         "eval samples": "60"}, r
         assert r["busy"] == "GPU busy 80% (training 80% eval 80%; 720 samples)"
-        assert r["busy note"] == "averaged over gpu0, gpu1: every GPU the sampler saw"
+        assert r["busy note"] == "averaged over gpu0, gpu1: the GPUs the sampler read"
         # the per-epoch evaluations' decodes (the final ones recorded none): 3 x 8000 frames in 3 x 2 thread-seconds
         assert (r["decode threads"], r["decode frames per thread-s"], r["decode core share %"]) == ("4", "4000.0", "75.0")
     energy = {(r["run"].split()[0], r["source"]): r["method"] for r in _csv(full_page, "energy.csv")}
