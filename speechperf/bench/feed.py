@@ -40,7 +40,8 @@ from speechperf.data.units import Units, ensure_units
 from speechperf.errors import SpeechperfError
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.features.shards import shard_name, write_json, write_shard
-from speechperf.models import build_model
+from speechperf.models import build_model, fp8
+from speechperf.models.contract import compiled
 from speechperf.train.distributed import DistEnv, pick_device
 from speechperf.train.step import make_optimizer, train_step
 from speechperf.train.warmup import check_precision
@@ -121,6 +122,9 @@ def appetite(cfg, device: torch.device, windows: int, steps: int, warmup: int) -
     tc, bs = cfg.train, cfg.loader.batch_size
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model).to(device).train()
+    fp8.prepare(model, tc.system.precision, device)  # fp8: torchao's float8 Linear layers, as a run has them
+    if tc.system.compile:  # as the one-device loop compiles it (train/trainer.py); the warm-up compiles
+        model = compiled(model)
     opt = make_optimizer(model, tc, device)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.system.precision == "fp16")
     rng = np.random.default_rng(tc.seed)
@@ -260,6 +264,9 @@ def measured_appetite(cfg, device: str, profile: str | None, preset: str, window
     if dev is None and (device != "auto" or torch.cuda.is_available()):
         dev = pick_device(device, DistEnv())
     if dev is not None:
+        if cfg.train.system.cuda_graphs:  # a run replays planned shapes from graphs; this step runs as it is built
+            raise SpeechperfError("bench feed: train.system.cuda_graphs=true is not measured here (the appetite is "
+                                  "the eager or compiled step; benchmarks/run.py step_floor measures the graphed one)")
         cfg = settled(cfg, dev)  # train.system.precision=auto: the one a run would choose here (cached per machine)
         note = check_precision(cfg, dev)  # a precision this device cannot run: refused, naming why
         app = appetite(cfg, dev, windows, steps, warmup)

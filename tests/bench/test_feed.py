@@ -76,6 +76,21 @@ def test_bench_feed_on_cpu_measures_both_sides(capsys):
     assert row["GPUs this host feeds"] == round(row["host cores"] / (row["readers per GPU"] + 1), 2)
 
 
+def test_the_appetite_steps_the_model_a_run_would_train(monkeypatch, capsys):
+    """fp8's float8 Linear layers and train.system.compile are applied as a run applies them (they were
+    accepted and ignored); CUDA graphs, which a run replays per planned shape, are refused by name."""
+    seen = []
+    monkeypatch.setattr(feed.fp8, "prepare", lambda model, precision, device: seen.append(("fp8", precision)))
+    monkeypatch.setattr(feed, "compiled", lambda model: seen.append(("compiled", type(model).__name__)) or model)
+    assert main(["bench", "feed", "--preset", "conformer-cpu", "--device", "cpu", "--json", *SMALL,
+                 "loader.batch_size=2", "model.layers=1", "model.d_model=32", "model.heads=2",
+                 "model.subsampling_channels=16", "train.system.compile=true", "train.system.precision=fp32"]) == 0
+    assert seen == [("fp8", "fp32"), ("compiled", "Conformer")]
+    capsys.readouterr()
+    assert main(["bench", "feed", "--preset", "tiny", "--device", "cpu", *SMALL, "train.system.cuda_graphs=true"]) == 2
+    assert "bench feed: train.system.cuda_graphs=true is not measured here" in capsys.readouterr().err
+
+
 def test_bench_feed_without_a_gpu_names_the_recorded_profile(capsys):
     assert main(["bench", "feed", "--preset", "conformer", "--cores", "16", *SMALL, "loader.batch_size=8"]) == 0
     out = capsys.readouterr().out
