@@ -23,7 +23,7 @@ from _timing import sync
 from speechperf.config import load_preset
 from speechperf.data.loader import make_loader
 from speechperf.errors import SpeechperfError
-from speechperf.models import build_model
+from speechperf.models import build_model, fp8
 from speechperf.models.contract import compiled
 from speechperf.train.distributed import DistEnv, configure_determinism, pick_device
 from speechperf.train.floor import resident
@@ -84,12 +84,13 @@ def load(preset: str, device: str, precision: str | None, overrides: list[str], 
 
 
 def setup(cfg, device: torch.device, batches=()):
-    """A fresh model (the run's seed; compiled with ``train.system.compile``; with ``train.system.cuda_graphs``,
+    """A fresh model (the run's seed; fp8's float8 layers; compiled with ``train.system.compile``; with ``train.system.cuda_graphs``,
     trained from CUDA graphs, every shape of ``batches`` captured now, as a run captures its
     planned shapes before its clock), its optimizer and scaler."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     core = model = build_model(cfg.model).to(device).train()
+    fp8.prepare(core, tc.system.precision, device)  # fp8: torchao's float8 Linear layers, as a run has them
     if tc.system.compile:
         model = compiled(model)
     if tc.system.cuda_graphs:

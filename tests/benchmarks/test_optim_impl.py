@@ -46,3 +46,14 @@ def test_a_run_prints_each_implementation_against_the_copy_back(tiny_features, c
     for arm in ("copy-back", "default", "foreach", "fused"):
         assert f"\n{arm} " in out
     assert "optim_impl: default / copy-back (median pass) = " in out
+
+
+def test_the_floors_model_is_the_runs_in_fp8_too():
+    """benchmarks/bench_step_floor.py's ``setup`` makes fp8's float8 Linear layers as a run does (it
+    timed a model without them, in bf16 autocast, as if fp8's)."""
+    from speechperf.models import fp8
+
+    cfg = load_preset("fastconformer-l", ["model.layers=1", "model.d_model=64", "model.heads=2",
+                                          "model.subsampling_channels=16", "train.system.precision=fp8"])
+    model, _, _ = floor.setup(cfg, torch.device("cpu"))
+    assert fp8.swapped(model) > 0
