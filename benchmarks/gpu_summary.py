@@ -232,6 +232,9 @@ def run_figures(run: Path) -> str:
         g = summary["cuda_graphs"]
         parts.append(f"CUDA graphs: {g['shapes']} shapes captured ({g.get('eval shapes', 0)} evaluation shapes) in "
                      f"{fmt(g['capture s'])} s, {g['eager steps']} steps of unplanned shapes run eagerly")
+    if summary.get("sampled_gpus"):  # which GPUs its power and busy share are of (telemetry/device_gpus.py)
+        g = summary["sampled_gpus"]
+        parts.append(f"sampled {', '.join(g['sources']) or 'no GPU'}" + (f" ({g['selection']})" if g["selection"] else ""))
     if summary.get("gc"):  # the interpreter's collection pauses while it trained (telemetry/gc_pauses.py)
         g = summary["gc"]
         parts.append(f"garbage collections {g['collections']} ({fmt(g['seconds'])} s), {g['full collections']} full "

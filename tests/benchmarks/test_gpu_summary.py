@@ -118,6 +118,14 @@ def test_run_figures_of_a_run_cut_before_its_summary_held_an_mfu(tmp_path):
     assert gs.run_figures(cpu).startswith("unreadable run: ")
 
 
+def test_a_run_says_which_gpus_it_sampled(tmp_path):
+    picked = _run(tmp_path / "one", H100, {"status": "success", "sampled_gpus": {"sources": ["gpu5"], "selection": None}})
+    assert "; sampled gpu5" in gs.run_figures(picked)
+    every = _run(tmp_path / "all", H100, {"status": "success", "sampled_gpus": {
+        "sources": ["gpu0", "gpu1"], "selection": "every GPU sampled: NVML gave no UUID (X)"}})
+    assert "; sampled gpu0, gpu1 (every GPU sampled: NVML gave no UUID (X))" in gs.run_figures(every)
+
+
 def test_a_run_trained_from_cuda_graphs_says_its_captures(tmp_path):
     graphs = {"shapes": 26, "eval shapes": 4, "capture s": 9.5, "eager steps": 1, "grid": [8, 16]}
     run = _run(tmp_path / "g", H100, {"status": "success", "peak_tflops": 1000.0, "peak_source": "a sheet",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from speechperf.telemetry.device_gpus import run_gpu_uuids
@@ -36,3 +37,13 @@ def test_what_torch_cannot_tell_reads_every_gpu(monkeypatch):
     assert run_gpu_uuids("cuda:0", local_world=2) is None  # a rank's GPU not visible here
     _cuda(monkeypatch, fail=AttributeError("no uuid"))
     assert run_gpu_uuids("cuda:0") is None
+
+
+@pytest.mark.cuda
+def test_torchs_uuid_finds_nvmls_gpu():
+    """On a real GPU: the run's device, named by torch's UUID, is one GPU of NVML's, not every GPU."""
+    from speechperf.telemetry.sampler import Sampler, SamplerConfig
+
+    pytest.importorskip("pynvml")
+    s = Sampler(config=SamplerConfig(rapl=False), gpu_uuids=run_gpu_uuids("cuda:0"))
+    assert len(s.gpu_sources) == 1 and "gpu_selection" not in s.unavailable, s.unavailable
