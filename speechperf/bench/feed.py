@@ -35,7 +35,7 @@ import torch
 
 from speechperf.config import load_preset
 from speechperf.data.batching import Batching
-from speechperf.data.loader import Batch, make_loader
+from speechperf.data.loader import Batch, load_index, make_loader
 from speechperf.data.units import Units, ensure_units
 from speechperf.errors import SpeechperfError
 from speechperf.features.feature_config import FeatureConfig
@@ -102,10 +102,12 @@ def recorded(preset: str, profile: str | None = None, path: Path = PROFILES) -> 
     return {**chosen["presets"][preset], **meta}
 
 
-def synthetic_batch(durations: np.ndarray, rng: np.random.Generator, device: torch.device) -> Batch:
-    """A padded batch of random features at ``durations`` (seconds), on ``device``."""
+def synthetic_batch(durations: np.ndarray, rng: np.random.Generator, device: torch.device,
+                    labels_per_s: float = CHARS_PER_S) -> Batch:
+    """A padded batch of random features at ``durations`` (seconds), on ``device``, ``labels_per_s``
+    labels a second of audio (a transducer's joint grows with them)."""
     frames = np.maximum((durations / FRAME_S).astype(np.int64), 20)
-    label_lens = torch.tensor(np.maximum((durations * CHARS_PER_S).astype(np.int64), 1))
+    label_lens = torch.tensor(np.maximum((durations * labels_per_s).astype(np.int64), 1))
     feats = torch.randn(len(frames), int(frames.max()), FeatureConfig().dim, device=device)  # (B, T, 93)
     labels = torch.randint(2, 28, (int(label_lens.sum()),), device=device)
     return Batch(feats, torch.tensor(frames), labels, label_lens, [""] * len(frames), [""] * len(frames),
@@ -117,7 +119,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def appetite(cfg, device: torch.device, windows: int, steps: int, warmup: int) -> dict:
+def appetite(cfg, device: torch.device, windows: int, steps: int, warmup: int,
+             labels_per_s: float = CHARS_PER_S) -> dict:
     """The training step's audio s/s on resident batches of ``loader.batch_size`` utterances."""
     tc, bs = cfg.train, cfg.loader.batch_size
     torch.manual_seed(tc.seed)
@@ -129,7 +132,7 @@ def appetite(cfg, device: torch.device, windows: int, steps: int, warmup: int) -
     scaler = torch.amp.GradScaler(device.type, enabled=tc.system.precision == "fp16")
     rng = np.random.default_rng(tc.seed)
     pool = np.sort(librispeech_durations(bs * 4, rng))  # 4 length buckets, as the loader's bucket mode cuts them
-    batches = [synthetic_batch(pool[i * bs:(i + 1) * bs], rng, device) for i in range(4)]
+    batches = [synthetic_batch(pool[i * bs:(i + 1) * bs], rng, device, labels_per_s) for i in range(4)]
     for i in range(warmup):
         train_step(model, batches[i % 4], opt, scaler, device, tc)
     times, audio = [], sum(b.audio_seconds for b in batches) / 4
@@ -241,7 +244,9 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
         feats = Path(data) if data else write_synthetic(Path(tmp),
                                                         supply_utterances(readers, windows, loader.bucket_window))
         units = ensure_units(feats, cfg.loader.units, train_splits(feats))
-        app, src = measured_appetite(cfg, device, profile, preset, windows, steps, warmup)
+        rate, rate_note = label_rate(feats if data else None, units)
+        app, src = measured_appetite(cfg, device, profile, preset, windows, steps, warmup, rate)
+        src += f"; {rate_note}" if app.get("measured") else ""
         sup = supply(feats, loader, readers, windows, cfg.train.seed, units)
     need = readers_per_gpu(app["audio_s_per_s"], sup["audio_s_per_s_per_reader"])
     host = cores or os.cpu_count() or 1
@@ -256,8 +261,21 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
             "resident": cfg.loader.resident}
 
 
+def label_rate(feats: Path | None, units: Units) -> tuple[float, str]:
+    """(labels per second of audio, how it was found): the training transcripts of a corpus (``feats``)
+    in its units; for the synthetic set, characters' rate, which subword units' is below (a
+    transducer's joint, (B, T, U+1, V), is then sized for more labels than a run has)."""
+    if feats is None:
+        why = "" if units.is_char else f" (an upper bound for {units.spec}: --data gives the corpus's own rate)"
+        return CHARS_PER_S, f"labels at {CHARS_PER_S:g}/s, LibriSpeech's characters{why}"
+    ix = load_index(feats, train_splits(feats))
+    labels = sum(len(units.encode(ix.transcript(u))) for u in range(len(ix)))
+    rate = labels / max(float(ix.duration.sum()), 1e-9)
+    return rate, f"labels at {rate:.3g}/s, {feats}'s training transcripts in {units.spec}"
+
+
 def measured_appetite(cfg, device: str, profile: str | None, preset: str, windows: int, steps: int,
-                      warmup: int) -> tuple[dict, str]:
+                      warmup: int, labels_per_s: float = CHARS_PER_S) -> tuple[dict, str]:
     """The preset's appetite and where it comes from: measured on ``device`` (a GPU when torch
     sees one under "auto"), else the recorded ``profile``'s."""
     dev = torch.device("cpu") if device == "cpu" else None
@@ -269,7 +287,7 @@ def measured_appetite(cfg, device: str, profile: str | None, preset: str, window
                                   "the eager or compiled step; benchmarks/run.py step_floor measures the graphed one)")
         cfg = settled(cfg, dev)  # train.system.precision=auto: the one a run would choose here (cached per machine)
         note = check_precision(cfg, dev)  # a precision this device cannot run: refused, naming why
-        app = appetite(cfg, dev, windows, steps, warmup)
+        app = {**appetite(cfg, dev, windows, steps, warmup, labels_per_s), "measured": True}
         return app, app["source"] + (f"; {note}" if note else "")
     rec = recorded(preset, profile)
     app = {"audio_s_per_s": rec["audio_s_per_s"], "spread_pct": None, "mean_utt_s": rec["mean_utt_s"],

@@ -131,6 +131,28 @@ def test_bench_feed_trains_a_bpe_preset_s_units_on_its_synthetic_set(capsys):
     assert main([*args, "loader.units=bpe:40", "model.num_classes=41"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["supply audio s/s per reader"] > 0
+    assert ("labels at 15/s, LibriSpeech's characters (an upper bound for bpe:40: --data gives the corpus's own "
+            "rate)") in row["appetite source"]
+
+
+def test_a_corpus_gives_its_own_labels_per_second_in_its_units(tiny_features, tmp_path):
+    """A transducer's joint grows with the labels: on a corpus the appetite's labels come at the rate
+    of its training transcripts in the preset's units (subword units: fewer than characters)."""
+    from speechperf.data.index import load
+    from speechperf.data.units import ensure_units
+
+    import shutil
+
+    feats = shutil.copytree(tiny_features, tmp_path / "feats")  # its BPE model is written beside the features
+    splits = feed.train_splits(feats)
+    ix = load(feats, splits)
+    chars = sum(len(ix.transcript(u)) for u in range(len(ix))) / float(ix.duration.sum())
+    rate, note = feed.label_rate(feats, ensure_units(feats, "char", splits))
+    assert rate == pytest.approx(chars, rel=0.05) and note.startswith(f"labels at {rate:.3g}/s, {feats}'s training")
+    bpe, _ = feed.label_rate(feats, ensure_units(feats, "bpe:64", splits))
+    assert 0 < bpe < rate
+    b = feed.synthetic_batch(np.array([10.0, 8.0]), np.random.default_rng(0), feed.torch.device("cpu"), 4.0)
+    assert b.label_lens.tolist() == [40, 32]
 
 
 def test_bench_feed_checks_the_folder_s_units_before_the_appetite(tmp_path, monkeypatch, capsys):
