@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from speechperf.config import load_preset
+from speechperf.corpus.sentences import SentenceGenerator
 from speechperf.data.batching import Batching
 from speechperf.data.loader import Batch, load_index, make_loader
 from speechperf.data.units import Units, ensure_units
@@ -157,19 +158,28 @@ def write_synthetic(out: Path, utterances: int, seed: int = 0) -> Path:
     split, dim = out / "train-feed", FeatureConfig().dim
     split.mkdir(parents=True, exist_ok=True)
     durs = librispeech_durations(max(utterances, 1), rng)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz "))
+    words = SentenceGenerator(seed)  # English-like text: subword units trained on it split it as they split speech's
     utts, shards = [], {}
     for k, lo in enumerate(range(0, len(durs), SHARD_UTTS)):
         part = durs[lo:lo + SHARD_UTTS]
         frames = [(rng.standard_normal((int(d / FRAME_S), dim)) * 4).astype(np.float32) for d in part]
         ids = [f"feed-{lo + i:06d}" for i in range(len(part))]
-        texts = ["".join(rng.choice(letters, int(d * CHARS_PER_S))).strip() or "a" for d in part]
+        texts = [_text(words, int(d * CHARS_PER_S)) for d in part]
         shards[shard_name(k)] = write_shard(split / f"{shard_name(k)}.npz", frames, ids, texts, list(part))
         utts += [{"id": i, "shard": shard_name(k), "offset": j, "frames": len(f), "duration": len(f) * FRAME_S,
                   "transcript": t, "speaker": "0"} for j, (i, f, t) in enumerate(zip(ids, frames, texts))]
     write_json(split / "index.json", {"split": "train-feed", "utterances": utts, "shards": shards, "problems": []})
     write_json(out / "stats.json", {"mean": [0.0] * dim, "std": [4.0] * dim, "splits": ["train-feed"]})
     return out
+
+
+def _text(words: SentenceGenerator, chars: int) -> str:
+    """Sentences joined to ``chars`` characters (LibriSpeech's rate), cut at a word's end."""
+    text = ""
+    while len(text) < chars:
+        text = f"{text} {words.sentence()}".strip()
+    cut = text.rfind(" ", 0, chars + 1)
+    return text[:cut] if cut > 0 else text[:max(chars, 1)]
 
 
 def train_splits(feats: Path) -> list[str]:
@@ -244,7 +254,7 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
         feats = Path(data) if data else write_synthetic(Path(tmp),
                                                         supply_utterances(readers, windows, loader.bucket_window))
         units = ensure_units(feats, cfg.loader.units, train_splits(feats))
-        rate, rate_note = label_rate(feats if data else None, units)
+        rate, rate_note = label_rate(feats, units, synthetic=not data)
         app, src = measured_appetite(cfg, device, profile, preset, windows, steps, warmup, rate)
         src += f"; {rate_note}" if app.get("measured") else ""
         sup = supply(feats, loader, readers, windows, cfg.train.seed, units)
@@ -261,17 +271,16 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
             "resident": cfg.loader.resident}
 
 
-def label_rate(feats: Path | None, units: Units) -> tuple[float, str]:
-    """(labels per second of audio, how it was found): the training transcripts of a corpus (``feats``)
-    in its units; for the synthetic set, characters' rate, which subword units' is below (a
-    transducer's joint, (B, T, U+1, V), is then sized for more labels than a run has)."""
-    if feats is None:
-        why = "" if units.is_char else f" (an upper bound for {units.spec}: --data gives the corpus's own rate)"
-        return CHARS_PER_S, f"labels at {CHARS_PER_S:g}/s, LibriSpeech's characters{why}"
+def label_rate(feats: Path, units: Units, synthetic: bool = False) -> tuple[float, str]:
+    """(labels per second of audio, how it was found): the training transcripts of ``feats`` in the
+    run's units (a transducer's joint, (B, T, U+1, V), grows with them). ``synthetic``: the set of
+    :func:`write_synthetic`, English-like sentences at LibriSpeech's 15 characters a second."""
     ix = load_index(feats, train_splits(feats))
     labels = sum(len(units.encode(ix.transcript(u))) for u in range(len(ix)))
     rate = labels / max(float(ix.duration.sum()), 1e-9)
-    return rate, f"labels at {rate:.3g}/s, {feats}'s training transcripts in {units.spec}"
+    where = (f"synthetic English-like transcripts at {CHARS_PER_S:g} characters/s" if synthetic
+             else f"{feats}'s training transcripts")
+    return rate, f"labels at {rate:.3g}/s: {where} in {units.spec}"
 
 
 def measured_appetite(cfg, device: str, profile: str | None, preset: str, windows: int, steps: int,

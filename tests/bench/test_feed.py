@@ -3,6 +3,7 @@ CPU (appetite measured on the CPU with the tiny preset, or taken from the record
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -64,6 +65,8 @@ def test_synthetic_shards_are_at_librispeech_lengths(tmp_path):
     ix = load_index(feed.write_synthetic(tmp_path, utterances=150), ["train-feed"])
     mean = float(ix.duration.mean())
     assert 10.5 < mean < 14.0 and len(ix.duration) == 150
+    chars = [len(ix.transcript(u)) / ix.duration[u] for u in range(len(ix))]  # English-like words, 15 a second
+    assert 12 < min(chars) and max(chars) <= 15.0 and " the " in " ".join(ix.transcript(u) for u in range(20))
 
 
 def test_bench_feed_on_cpu_measures_both_sides(capsys):
@@ -131,8 +134,9 @@ def test_bench_feed_trains_a_bpe_preset_s_units_on_its_synthetic_set(capsys):
     assert main([*args, "loader.units=bpe:40", "model.num_classes=41"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["supply audio s/s per reader"] > 0
-    assert ("labels at 15/s, LibriSpeech's characters (an upper bound for bpe:40: --data gives the corpus's own "
-            "rate)") in row["appetite source"]
+    rate = re.search(r"labels at ([\d.]+)/s: synthetic English-like transcripts at 15 characters/s in bpe:40",
+                     row["appetite source"])
+    assert rate and 3 < float(rate.group(1)) < 15  # subword units: fewer labels than characters
 
 
 def test_a_corpus_gives_its_own_labels_per_second_in_its_units(tiny_features, tmp_path):
@@ -148,7 +152,7 @@ def test_a_corpus_gives_its_own_labels_per_second_in_its_units(tiny_features, tm
     ix = load(feats, splits)
     chars = sum(len(ix.transcript(u)) for u in range(len(ix))) / float(ix.duration.sum())
     rate, note = feed.label_rate(feats, ensure_units(feats, "char", splits))
-    assert rate == pytest.approx(chars, rel=0.05) and note.startswith(f"labels at {rate:.3g}/s, {feats}'s training")
+    assert rate == pytest.approx(chars, rel=0.05) and note.startswith(f"labels at {rate:.3g}/s: {feats}'s training")
     bpe, _ = feed.label_rate(feats, ensure_units(feats, "bpe:64", splits))
     assert 0 < bpe < rate
     b = feed.synthetic_batch(np.array([10.0, 8.0]), np.random.default_rng(0), feed.torch.device("cpu"), 4.0)
