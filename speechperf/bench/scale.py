@@ -27,6 +27,7 @@ on one node and measures the device they are compared with (the scaling efficien
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import sys
 import time
@@ -190,6 +191,8 @@ def _row(req: Request, workload: str, batch_s: float | None, dev: torch.device) 
            "utterances": float(np.mean([len(f) for f, _ in every])), "device": str(dev), "precision": precision,
            "padded_s": float(np.mean([len(f) * int(f.max()) for f, _ in every])) * FRAME_S, "world": req.world,
            "estimate_gb": est.peak() / memory.GB, "status": "ok"}
+    if dev.type == "cuda":  # the last row's model and optimizer, if a cycle holds them, back to the allocator
+        gc.collect()
     try:
         memory.check_fits(est, _free_bytes(req, dev))
         row.update(_measured(cfg, precision, batches, req, dev, est))

@@ -292,11 +292,14 @@ def estimate(model_cfg, batch: Batch, setup: Setup = Setup(), parameters: int | 
 
 
 def free_bytes(device: torch.device, local_ranks: int = 1) -> int:
-    """What one rank on ``device`` may use: a GPU's free memory; on a CPU the host's available
+    """What one rank on ``device`` may use: a GPU's free memory and what this process's caching
+    allocator holds unused (an earlier row's blocks: torch frees them for an allocation that needs
+    them, so they are no less free; the driver counts them used); on a CPU the host's available
     memory shared by the ``local_ranks`` processes of this node (each would otherwise count all of it:
     two ranks of a 10 GB step on a 21 GB host each fit alone and are killed together)."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
     import psutil  # only where a CPU's memory is asked
 
     return psutil.virtual_memory().available // max(1, local_ranks)

@@ -109,3 +109,12 @@ def test_a_cpus_free_memory_is_shared_by_the_ranks_on_its_host(monkeypatch):
     cpu = torch.device("cpu")
     assert memory.free_bytes(cpu) == 21 * GB
     assert memory.free_bytes(cpu, local_ranks=2) == 21 * GB // 2  # two ranks of 10.4 GB: refused, not killed
+
+
+def test_a_gpus_free_memory_counts_what_its_caching_allocator_holds_unused(monkeypatch):
+    """bench scale's second row found the first row's 40 GB cached by torch counted as used by the
+    driver, and refused a model that fits (torch releases cached blocks an allocation needs)."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (38 * GB, 80 * GB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 41 * GB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 1 * GB)
+    assert memory.free_bytes(torch.device("cuda:0")) == 78 * GB
