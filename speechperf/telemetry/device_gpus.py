@@ -2,7 +2,7 @@
 
 A process numbers only the GPUs ``CUDA_VISIBLE_DEVICES`` leaves it, in CUDA's order, while NVML
 numbers every GPU of the node in its own: ``cuda:0`` of a seed given GPU 5 is NVML's 5. Sampling
-every GPU instead counts idle neighbours' watts (about 70 W each on an H100) into a one-GPU
+every GPU instead counts idle neighbours' watts (an idle GPU still draws power) into a one-GPU
 run's energy and their idleness into its busy share, and a parallel seed's busy GPU into another
 seed's. The UUID names a GPU the same to both (torch's device properties, NVML's
 ``nvmlDeviceGetUUID``)."""
