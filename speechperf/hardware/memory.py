@@ -44,6 +44,7 @@ from speechperf.errors import SpeechperfError
 from speechperf.models import encdec, fastconformer, rnnt
 from speechperf.models.fastconformer import block_parameters, stage_sizes
 from speechperf.objectives.rnnt_loss import joint_bytes as rnnt_joint_bytes
+from speechperf.telemetry.device_gpus import cuda_free_bytes
 
 GB = 1e9
 SHARDINGS = ("none", "fsdp")
@@ -298,8 +299,7 @@ def free_bytes(device: torch.device, local_ranks: int = 1) -> int:
     memory shared by the ``local_ranks`` processes of this node (each would otherwise count all of it:
     two ranks of a 10 GB step on a 21 GB host each fit alone and are killed together)."""
     if device.type == "cuda":
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return torch.cuda.mem_get_info(device)[0] + cached
+        return cuda_free_bytes(device)
     import psutil  # only where a CPU's memory is asked
 
     return psutil.virtual_memory().available // max(1, local_ranks)

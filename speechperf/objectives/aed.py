@@ -30,6 +30,7 @@ from speechperf.models.contract import autocast, to_device, unwrap
 from speechperf.models.encdec import BOUNDARY
 from speechperf.objectives import register_objective
 from speechperf.objectives.transducer import _label_bound as label_bound, padded_targets
+from speechperf.telemetry.device_gpus import cuda_free_bytes
 
 IGNORE = -100  # target index of padding positions (F.cross_entropy's ignore_index)
 
@@ -136,7 +137,7 @@ class AttentionED:
         would not fit the device's free memory, naming the gigabytes."""
         dtype = torch.float32 if cfg.train.system.precision == "fp32" else torch.bfloat16
         need, b = self.step_bytes(model, cfg, batching, index, units, dtype)
-        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
+        free = cuda_free_bytes(device) if device.type == "cuda" else psutil.virtual_memory().available
         if need > free:
             raise ConfigError(f"the decoder's outputs of batch {b} need {need / 2**30:.1f} GB, above the "
                               f"{free / 2**30:.1f} GB free on {device}: lower loader.batch_size or loader.max_duration")

@@ -29,6 +29,7 @@ from speechperf.objectives import register_objective
 from speechperf.objectives.ctc import needed_frames
 from speechperf.objectives.rnnt_loss import joint_bytes
 from speechperf.objectives.tdt import decode, head_loss, impossible as impossible_count
+from speechperf.telemetry.device_gpus import cuda_free_bytes
 
 
 def padded_targets(labels: torch.Tensor, label_lens: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -144,7 +145,7 @@ class Transducer:
         would not fit the device's free memory (a CPU's available memory), naming the gigabytes."""
         dtype = torch.float32 if cfg.train.system.precision == "fp32" else torch.bfloat16
         need, b = self.step_bytes(model, cfg, batching, index, units, dtype)
-        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
+        free = cuda_free_bytes(device) if device.type == "cuda" else psutil.virtual_memory().available
         if need > free:
             raise ConfigError(f"the transducer's joint of batch {b} needs {need / 2**30:.1f} GB, above the "
                               f"{free / 2**30:.1f} GB free on {device}: lower loader.batch_size or "

@@ -1,4 +1,5 @@
-"""Which of the node's GPUs a run uses, named so that the vendor library finds them.
+"""Which of the node's GPUs a run uses, named so that the vendor library finds them; and how much
+memory a GPU can still give this process.
 
 A process numbers only the GPUs ``CUDA_VISIBLE_DEVICES`` leaves it, in CUDA's order, while NVML
 numbers every GPU of the node in its own: ``cuda:0`` of a seed given GPU 5 is NVML's 5. Sampling
@@ -24,3 +25,13 @@ def run_gpu_uuids(device, local_world: int = 1) -> list[str] | None:
         return [str(torch.cuda.get_device_properties(i).uuid) for i in indices]
     except (AttributeError, RuntimeError, AssertionError):  # a torch without the field, a device not visible
         return None
+
+
+def cuda_free_bytes(device) -> int:
+    """What a CUDA device can still give this process: the driver's free memory and what this
+    process's caching allocator holds unused (the driver counts it used; torch frees such blocks
+    for an allocation that needs them: an earlier model's, a measured candidate's)."""
+    import torch
+
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return torch.cuda.mem_get_info(device)[0] + cached
