@@ -83,7 +83,7 @@ def free_bytes(device: torch.device) -> tuple[int, int]:
     """(free, total) bytes of ``device``: CUDA's free memory, or the host's available memory."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)
+        return torch.cuda.mem_get_info(device)  # the driver's: what torch caches after a warm-up is the step's own
     vm = psutil.virtual_memory()
     return vm.available, vm.total
 
