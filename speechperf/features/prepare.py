@@ -58,6 +58,8 @@ def prepare(corpus: Path | None, out: Path, splits: list[str] | None = None, wor
     _check_config(out, config)
     refuse_change(out, [s.split for s in sources if is_train_split(s.split)], recompute_stats)  # before any work
     rows, sums, problems, t0 = [], {}, {}, time.perf_counter()
+    for stale in out.glob(".*.tmp"):  # a killed run's half-written stats.json or prepare.json (atomic_write's)
+        stale.unlink(missing_ok=True)
     with _Workers(workers or os.cpu_count() or 1) as pool:
         for source in sources:
             row, sums[source.split], problems[source.split] = _prepare_split(source, out, pool, progress, config)

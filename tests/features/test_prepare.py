@@ -89,6 +89,17 @@ def test_killed_prepare_resumes_to_the_same_result(tiny_corpus, tiny_features, t
     assert a["utterances"] == b["utterances"] and a["shards"] == b["shards"]
 
 
+def test_a_killed_writes_temporary_beside_stats_json_is_removed(tiny_corpus, tiny_features, tmp_path):
+    """A SIGKILL inside stats.json's atomic write leaves its temporary in the folder's top (the
+    chain of kills below found one); the next prepare removes it, as it does a split's."""
+    import shutil
+
+    out = shutil.copytree(tiny_features, tmp_path / "feats")
+    (out / ".stats.json.90rd1p5g.tmp").write_bytes(b"half a file")
+    prepare(tiny_corpus, out, workers=1, progress=False)
+    assert not list(out.glob(".*.tmp")) and sorted(prepared_files(out)) == sorted(prepared_files(tiny_features))
+
+
 def test_shards_are_byte_deterministic(tmp_path, monkeypatch):
     feats = [np.arange(40 * 93, dtype=np.float32).reshape(40, 93) / 7]
     a = write_shard(tmp_path / "a.npz", feats, ["u"], ["hi"], [0.4])
