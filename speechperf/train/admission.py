@@ -148,6 +148,8 @@ def _admit(request: TrainRequest, cfg: RunConfig, batching: Batching, check_laun
     if planned.plan in (None, "finished"):
         lock.release()
         return planned
+    for stale in out.glob(".*.tmp"):  # a killed writer's temporary (atomic_write's; a checkpoint's: gigabytes)
+        stale.unlink(missing_ok=True)  # safe: this process holds the folder's one lock
     return replace(planned, lock=lock, made=made)
 
 

@@ -13,6 +13,7 @@ from speechperf.train.admission import admit, config_diff, follow
 from speechperf.train.recorder import Recorder
 from speechperf.results.lock import LOCK_FILE
 from speechperf.results.progress import Progress
+from speechperf.train.loop import train
 from speechperf.train.request import TrainRequest
 from speechperf.results.layout import is_run
 from speechperf.results.run import Run
@@ -126,3 +127,15 @@ def test_a_seed_request_adds_its_seed_last_and_its_label_suffix(tmp_path):
     assert seed.overrides == ("a=1", "train.system.threads=2", "train.seed=3") and seed.label_suffix == " seed 3"
     assert seed.given_label() == "x seed 3" and seed.out == tmp_path / "seed-3"
     assert is_run(seed.out) is False
+
+
+def test_a_killed_checkpoints_temporary_is_removed_when_the_run_continues(tiny_features, tmp_path):
+    """A SIGKILL inside an atomic write (a checkpoint's: gigabytes at scale) leaves its temporary in
+    the run folder; the command that continues the run, holding the folder's lock, removes it."""
+    run = tmp_path / "run"
+    train(TrainRequest("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True))
+    (run / "summary.json").unlink()  # unfinished: the same command continues it
+    stale = run / ".checkpoint.pt.k1ll3d.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    train(TrainRequest("tiny", tiny_features, run, ["max_epochs=1", "threads=1"], quiet=True))
+    assert not stale.exists() and (run / "summary.json").is_file()

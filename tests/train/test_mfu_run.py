@@ -72,3 +72,4 @@ def test_rank_0_samples_the_gpus_its_run_uses(tiny_features, tmp_path, monkeypat
     summary = train(TrainRequest("tiny", tiny_features, tmp_path / "run", ["max_epochs=1", "threads=1"], quiet=True))
     assert asked == [("cpu", 1)]
     assert summary["sampled_gpus"] == {"sources": ["gpu1"], "selection": None}  # the run's GPU alone, said
+
