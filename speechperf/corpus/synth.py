@@ -153,6 +153,8 @@ def _run_job(job: SpeakerJob) -> int:
 
     rng = np.random.default_rng([job.seed, job.speaker])
     root = Path(job.out) / job.split / str(job.speaker)
+    for stale in root.glob("**/.*.tmp"):  # a killed worker's half-written file (atomic_write's): this job's own
+        stale.unlink(missing_ok=True)
     for chapter, items in raw.items():
         folder, lines = root / str(chapter), []
         for n, (text, audio) in enumerate(items):

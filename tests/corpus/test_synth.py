@@ -79,7 +79,11 @@ def test_rerun_is_a_noop_and_partial_runs_complete(tiny_corpus, tmp_path):
     (root / "SYNTH.json").unlink()
     victim = next((root / "dev-clean").glob("*/.done"))
     victim.unlink()
+    chapter = next(p for p in victim.parent.iterdir() if p.is_dir())
+    stale = chapter / f".{next(chapter.glob('*.flac')).name}.k1ll3d.tmp"  # a kill inside a flac's atomic write
+    stale.write_bytes(b"half a flac")
     synthesize(root, hours=TINY_HOURS, seed=TINY_SEED, progress=False)
+    assert not stale.exists()  # the unfinished speaker's job removed it before writing again
     after = {p: p.stat().st_mtime_ns for p in root.rglob("*.flac")}
     assert set(after) == set(before)
     changed = {p for p in after if after[p] != before[p]}
