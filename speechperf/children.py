@@ -1,5 +1,6 @@
 """Child processes that do not outlive the command that started them: the seeds side by side
-(drive/seed_slots.py) and the ranks of ``bench scale --world N`` (bench/scale_launch.py).
+(drive/seed_slots.py) and the ranks of ``bench scale --world N`` (bench/scale_launch.py); and a
+command that ends on SIGTERM as a stop, its temporary files removed (:func:`sigterm_stops`).
 
 A SIGKILL to a parent (the kernel's OOM killer, say) gives it no chance to stop its children;
 on Linux each child asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), and
@@ -7,10 +8,14 @@ a child started after its parent died stops at once.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
+import threading
+
+from speechperf.errors import Stopped
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
@@ -27,3 +32,23 @@ def dies_with(parent: int):
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGTERM)
     return preexec
+
+
+@contextlib.contextmanager
+def sigterm_stops():
+    """Inside: SIGTERM raises :class:`~speechperf.errors.Stopped` where the code is (exit 143), so
+    that the ``with`` blocks around it clean up (a temporary folder of synthetic shards) instead of
+    the process dying as it stands; the handler before is put back after. Outside the main thread
+    (where Python cannot set a handler) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

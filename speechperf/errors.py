@@ -24,6 +24,15 @@ class RunFailed(SpeechperfError):
     exit_code = 1
 
 
+class Stopped(SpeechperfError):
+    """The command was asked to stop (SIGTERM from outside: a scheduler, a shell's kill); it cleaned
+    up what it held and exits as a process stopped by that signal does, 128 + its number."""
+
+    def __init__(self, signum: int, name: str = "SIGTERM"):
+        super().__init__(f"stopped by {name}: what it held is cleaned up (its temporary files); run it again")
+        self.exit_code = 128 + signum
+
+
 class MachineFault(RunFailed):
     """The machine failed the run (disk full, read-only or vanished path); the message names
     the path and what to do; the last checkpoint is intact and the same command resumes."""

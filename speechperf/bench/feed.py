@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from speechperf.children import sigterm_stops
 from speechperf.config import load_preset
 from speechperf.corpus.sentences import SentenceGenerator
 from speechperf.data.batching import Batching
@@ -248,7 +249,7 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
     loader = replace(cfg.loader, batch_size=min(cfg.loader.batch_size, SUPPLY_BATCH))
     if not data:
         loader = replace(loader, bucket_window=min(loader.bucket_window, SYNTHETIC_WINDOW))
-    with tempfile.TemporaryDirectory(prefix="speechperf-feed-") as tmp:
+    with sigterm_stops(), tempfile.TemporaryDirectory(prefix="speechperf-feed-") as tmp:  # SIGTERM: removed too
         # the data and its units first, as a run trains its BPE before the clock: a folder that cannot
         # supply this preset fails in seconds, not after minutes of appetite (found: 7.7 min on 2 cores)
         feats = Path(data) if data else write_synthetic(Path(tmp),

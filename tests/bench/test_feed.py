@@ -171,3 +171,29 @@ def test_bench_feed_checks_the_folder_s_units_before_the_appetite(tmp_path, monk
     code = main(["bench", "feed", "--preset", "tiny", "--device", "cpu", "--data", str(feats), *SMALL,
                  "loader.units=bpe:40", "model.num_classes=41"])
     assert code == 2 and f"{feats}/units/bpe-40.model has sha256" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("to_group", [False, True])
+def test_a_sigterm_stops_bench_feed_and_removes_its_synthetic_set(tmp_path, to_group):
+    """SIGTERM (to the process, or to its group as a scheduler sends it) ends the command as a stop:
+    exit 143, said, and its temporary set of synthetic shards (hundreds of MB at the defaults) gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "speechperf", "bench", "feed", "--preset", "tiny", "--device", "cpu",
+           "--windows", "3", "--steps", "3", "--warmup", "1"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob("speechperf-feed-*/train-feed/*.npz")):
+        time.sleep(0.05)
+    assert list(tmp_path.glob("speechperf-feed-*")), "its synthetic set never appeared"
+    (os.killpg if to_group else os.kill)(p.pid, signal.SIGTERM)
+    err = p.communicate(timeout=120)[1]
+    assert p.returncode == 143, err[-2000:]
+    assert "speechperf: error: stopped by SIGTERM" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("speechperf-feed-*"))
