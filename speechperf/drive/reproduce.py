@@ -31,6 +31,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from speechperf.children import sigterm_stops
 from speechperf.config import SECTIONS, ConfigError, RunConfig, load_preset, validate
 from speechperf.corpus.librispeech import is_train_split
 from speechperf.errors import RunFailed, SpeechperfError
@@ -76,6 +77,13 @@ def reproduce(preset: str, data: Path, seed: int | None = None, epochs: int = DE
         return _not_comparable(preset, seed, why)
     keep = out is not None
     folder = Path(out) if keep else Path(tempfile.mkdtemp(prefix=f"reproduce-{preset}-"))
+    with sigterm_stops():  # a SIGTERM: the training child stopped, the temporary run removed, exit 143
+        return _reproduce(preset, data, seed, epochs, folder, keep, ref, chosen, theirs, quiet)
+
+
+def _reproduce(preset, data, seed, epochs, folder: Path, keep: bool, ref, chosen, theirs, quiet) -> dict:
+    """Train the reference seed's first ``epochs`` into ``folder`` and judge its curve (removed after,
+    unless kept)."""
     try:
         if keep and (folder / RUN_FILE).exists():
             raise ReproduceError(f"{folder}: already holds a run; give a new --out (a reproduction trains from "
