@@ -18,6 +18,7 @@ from speechperf.errors import MachineFault
 # Below this many free bytes a failed write is taken for a full disk even when the writer
 # hid the OSError (torch.save reports ENOSPC as "RuntimeError: ... unexpected pos").
 FULL_BYTES = 1 << 20
+TMP_PREFIX, TMP_SUFFIX = ".", ".tmp"  # an atomic write's temporary: ".NAME.XXXXXXXX.tmp" beside NAME
 
 
 class DiskFullError(MachineFault, OSError):
@@ -49,7 +50,7 @@ def atomic_write(path: str | Path, write: Callable[[io.BufferedWriter], None]) -
     """Call ``write(f)`` on a temporary file beside ``path``, fsync, then rename over it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -64,6 +65,15 @@ def atomic_write(path: str | Path, write: Callable[[io.BufferedWriter], None]) -
     except BaseException:
         _remove(tmp)
         raise
+
+
+def remove_leftovers(folder: Path, recursive: bool = False) -> None:
+    """Remove the temporaries :func:`atomic_write` left in ``folder`` (and below it, ``recursive``)
+    when a SIGKILL came between their creation and their rename: half-written files a later write
+    never reuses (a checkpoint's is gigabytes). Only for the folder's one writer: another process's
+    write in flight would lose its temporary."""
+    for stale in Path(folder).glob(f"{'**/' if recursive else ''}{TMP_PREFIX}*{TMP_SUFFIX}"):
+        stale.unlink(missing_ok=True)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

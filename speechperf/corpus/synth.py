@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speechperf.atomic import atomic_write, atomic_write_text
+from speechperf.atomic import atomic_write, atomic_write_text, remove_leftovers
 from speechperf.corpus.espeak import ENGLISH_VOICES, ESpeak, Voice, available_variants
 from speechperf.errors import SpeechperfError
 
@@ -153,8 +153,7 @@ def _run_job(job: SpeakerJob) -> int:
 
     rng = np.random.default_rng([job.seed, job.speaker])
     root = Path(job.out) / job.split / str(job.speaker)
-    for stale in root.glob("**/.*.tmp"):  # a killed worker's half-written file (atomic_write's): this job's own
-        stale.unlink(missing_ok=True)
+    remove_leftovers(root, recursive=True)  # a killed worker's half-written files: this job's own folder
     for chapter, items in raw.items():
         folder, lines = root / str(chapter), []
         for n, (text, audio) in enumerate(items):

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from speechperf.atomic import remove_leftovers
 from speechperf.corpus.librispeech import (AudioError, Problem, Utterance, find_splits, is_train_split, iter_split,
                                           read_audio)
 from speechperf.corpus.manifests import SplitManifests, split_manifests
@@ -58,8 +59,7 @@ def prepare(corpus: Path | None, out: Path, splits: list[str] | None = None, wor
     _check_config(out, config)
     refuse_change(out, [s.split for s in sources if is_train_split(s.split)], recompute_stats)  # before any work
     rows, sums, problems, t0 = [], {}, {}, time.perf_counter()
-    for stale in out.glob(".*.tmp"):  # a killed run's half-written stats.json or prepare.json (atomic_write's)
-        stale.unlink(missing_ok=True)
+    remove_leftovers(out)  # a killed run's half-written stats.json or prepare.json
     with _Workers(workers or os.cpu_count() or 1) as pool:
         for source in sources:
             row, sums[source.split], problems[source.split] = _prepare_split(source, out, pool, progress, config)
@@ -167,8 +167,7 @@ def _prepare_split(source, out, pool: "_Workers", progress, config) -> tuple[dic
         return (_row(split, len(index["utterances"]), seconds, len(index["shards"]), index["problems"]),
                 index["sums"], index["problems"])
     split_dir.mkdir(parents=True, exist_ok=True)
-    for stale in split_dir.glob(".*.tmp"):  # a killed run's half-written file (atomic_write's temporary)
-        stale.unlink(missing_ok=True)
+    remove_leftovers(split_dir)  # a killed run's half-written shard, sidecar or index
     shards = _Shards(source, split_dir, config)
     todo = shards.todo()
     first = next(todo, None)  # a split whose shards are all done (killed while indexing) starts no pool

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from speechperf.atomic import remove_leftovers
 from speechperf.config import ConfigError, RunConfig
 from speechperf.config.training import AUTO_PRECISION
 from speechperf.data.batching import Batching
@@ -148,8 +149,7 @@ def _admit(request: TrainRequest, cfg: RunConfig, batching: Batching, check_laun
     if planned.plan in (None, "finished"):
         lock.release()
         return planned
-    for stale in out.glob(".*.tmp"):  # a killed writer's temporary (atomic_write's; a checkpoint's: gigabytes)
-        stale.unlink(missing_ok=True)  # safe: this process holds the folder's one lock
+    remove_leftovers(out)  # a killed writer's half-written checkpoint or summary; this process holds the lock
     return replace(planned, lock=lock, made=made)
 
 
