@@ -5,6 +5,7 @@
 failed it: a full disk, a read-only or vanished folder): exit 1. Its status in the run's
 summary, database and event log says the same.
 """
+import signal
 
 
 class SpeechperfError(Exception):
@@ -28,8 +29,9 @@ class Stopped(SpeechperfError):
     """The command was asked to stop (SIGTERM from outside: a scheduler, a shell's kill); it cleaned
     up what it held and exits as a process stopped by that signal does, 128 + its number."""
 
-    def __init__(self, signum: int, name: str = "SIGTERM"):
-        super().__init__(f"stopped by {name}: what it held is cleaned up (its temporary files); run it again")
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}: what it held is cleaned up (its temporary "
+                         "files); run it again")
         self.exit_code = 128 + signum
 
 

@@ -255,9 +255,8 @@ def run_feed(preset: str, overrides: list[str] = (), data: Path | None = None, d
         feats = Path(data) if data else write_synthetic(Path(tmp),
                                                         supply_utterances(readers, windows, loader.bucket_window))
         units = ensure_units(feats, cfg.loader.units, train_splits(feats))
-        rate, rate_note = label_rate(feats, units, synthetic=not data)
-        app, src = measured_appetite(cfg, device, profile, preset, windows, steps, warmup, rate)
-        src += f"; {rate_note}" if app.get("measured") else ""
+        labels = label_rate(feats, units, synthetic=not data)
+        app, src = measured_appetite(cfg, device, profile, preset, windows, steps, warmup, labels)
         sup = supply(feats, loader, readers, windows, cfg.train.seed, units)
     need = readers_per_gpu(app["audio_s_per_s"], sup["audio_s_per_s_per_reader"])
     host = cores or os.cpu_count() or 1
@@ -285,9 +284,10 @@ def label_rate(feats: Path, units: Units, synthetic: bool = False) -> tuple[floa
 
 
 def measured_appetite(cfg, device: str, profile: str | None, preset: str, windows: int, steps: int,
-                      warmup: int, labels_per_s: float = CHARS_PER_S) -> tuple[dict, str]:
+                      warmup: int, labels: tuple[float, str] = (CHARS_PER_S, "")) -> tuple[dict, str]:
     """The preset's appetite and where it comes from: measured on ``device`` (a GPU when torch
-    sees one under "auto"), else the recorded ``profile``'s."""
+    sees one under "auto") with ``labels`` (:func:`label_rate`: per second, and how found), else the
+    recorded ``profile``'s."""
     dev = torch.device("cpu") if device == "cpu" else None
     if dev is None and (device != "auto" or torch.cuda.is_available()):
         dev = pick_device(device, DistEnv())
@@ -297,8 +297,8 @@ def measured_appetite(cfg, device: str, profile: str | None, preset: str, window
                                   "the eager or compiled step; benchmarks/run.py step_floor measures the graphed one)")
         cfg = settled(cfg, dev)  # train.system.precision=auto: the one a run would choose here (cached per machine)
         note = check_precision(cfg, dev)  # a precision this device cannot run: refused, naming why
-        app = {**appetite(cfg, dev, windows, steps, warmup, labels_per_s), "measured": True}
-        return app, app["source"] + (f"; {note}" if note else "")
+        app = appetite(cfg, dev, windows, steps, warmup, labels[0])
+        return app, "; ".join(x for x in (app["source"], note, labels[1]) if x)
     rec = recorded(preset, profile)
     app = {"audio_s_per_s": rec["audio_s_per_s"], "spread_pct": None, "mean_utt_s": rec["mean_utt_s"],
            "batch": rec["batch"]}

@@ -117,7 +117,7 @@ def read_rows(path: Path) -> list[dict]:
         if not isinstance(r.get("workload"), str) or not isinstance(r.get("status"), str):
             raise SpeechperfError(f"{path}: row {i} has no workload or status: not a bench scale --json output")
         for k in RATES:
-            if r.get(k) is not None and not (_number(r[k]) and r[k] > 0):
+            if r.get(k) is not None and not (is_number(r[k]) and r[k] > 0):
                 raise SpeechperfError(f"{path}: row {i} ({r['workload']}): {k}={r[k]!r} is not a positive number")
     return data
 
@@ -126,7 +126,8 @@ RATES = ("audio_s_per_s", "audio_s_per_s_min", "audio_s_per_s_median", "audio_s_
          "scaling_efficiency")  # checked where a saved row holds them
 
 
-def _number(v) -> bool:
+def is_number(v) -> bool:
+    """A finite int or float, not a bool (JSON's true is no rate)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -198,6 +198,6 @@ COMMANDS = [
             "on the device, LibriSpeech lengths) against the loader's supply per reader", cmd_bench_feed,
             _bench_feed_args, group="bench"),
     Command("scale", "the at-scale workloads (FastConformer L and XL; CTC, RNN-T and AED): audio s/s, MFU, peak "
-            "memory beside its estimate, energy per audio hour, batches by duration at LibriSpeech's lengths", cmd_bench_scale,
-            _bench_scale_args, group="bench"),
+            "memory beside its estimate, energy per audio hour, batches by duration at LibriSpeech's lengths",
+            cmd_bench_scale, _bench_scale_args, group="bench"),
 ]

@@ -16,7 +16,8 @@ GPU runs: ``util_pct``: NVML's (the share of the driver's sample period in which
 or, on AMD GPUs, amdsmi's ``gfx_activity`` (the graphics engine's busy share, polled),
 of the GPUs the sampler read (rank 0's: those of its node that the run used, picked by UUID,
 telemetry/device_gpus.py; every GPU of the node in runs recorded before that, or where they
-could not be matched, as the run's environment says), the sources averaged sample by sample. CPU runs: ``util_machine_pct``, the CPU seconds of rank 0's process and its loader
+could not be matched, as the summary's ``sampled_gpus`` says), the sources averaged sample by
+sample. CPU runs: ``util_machine_pct``, the CPU seconds of rank 0's process and its loader
 workers per wall second in % of all the machine's cores: on a CPU run the cores are the
 accelerator, so its busy share is shown the same way and named as the CPU's. It counts a
 thread spinning in a parallel region as busy, where NVML counts a kernel running however few

@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speechperf.bench.scale_launch import read_rows
+from speechperf.bench.scale_launch import is_number, read_rows
 from speechperf.config import load_preset, preset_names
 from speechperf.errors import ConfigError, SpeechperfError
 from speechperf.results import layout
@@ -130,10 +130,6 @@ def rows(audio_s: float, t: Throughput, devices: int, efficiency: float, usd_per
 
 
 # ---- where the throughput comes from ------------------------------------------------------------
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _scale_rows(path: Path) -> list[dict]:
     """A ``bench scale --json`` file's rows, checked (bench/scale_launch.py's ``read_rows``)."""
     try:
@@ -158,7 +154,7 @@ def from_scale_file(path: Path, workload: str) -> Throughput:
 
 def _efficiencies(rows_: list[dict], one: dict) -> dict[int, float]:
     return {int(r["world"]): float(r["scaling_efficiency"]) for r in rows_
-            if _number(r.get("world")) and r["world"] > 1 and r.get("scaling_efficiency") is not None
+            if is_number(r.get("world")) and r["world"] > 1 and r.get("scaling_efficiency") is not None
             and r.get("batch_s") == one.get("batch_s")}
 
 
@@ -189,7 +185,7 @@ def from_run(folder: Path, workload: str) -> Throughput:
         if world != 1:
             raise CostError(f"run {folder} trained on {world} devices: cost reads a one-device run (or bench scale's "
                             "rows, whose efficiency at N devices is measured)")
-        its = [x for x in r.rows.iterations() if _number(x.get("audio_s_per_s")) and x["audio_s_per_s"] > 0]
+        its = [x for x in r.rows.iterations() if is_number(x.get("audio_s_per_s")) and x["audio_s_per_s"] > 0]
         if not its:
             raise CostError(f"run {folder} holds no iteration with a measured rate (audio_s_per_s)")
         rates = [x["audio_s_per_s"] for x in its]
@@ -199,7 +195,7 @@ def from_run(folder: Path, workload: str) -> Throughput:
     power = joules / clock if joules else None
     pnote = (f"{power:.1f} W: the run's energy over its {clock:.0f} s of training clock" if power else
              f"no power reading ({energy.why_missing(env)}): energy not computed")
-    audio = statistics.mean(x["audio_s"] for x in its if _number(x.get("audio_s")))
+    audio = statistics.mean(x["audio_s"] for x in its if is_number(x.get("audio_s")))
     return Throughput((min(rates), statistics.median(rates), max(rates)), len(rates), audio,
                       f"run {folder}: {len(rates)} logged steps, device {env.get('device')}", power, pnote, env,
                       device=str(env.get("device") or ""))
@@ -319,8 +315,8 @@ def read_cost(path: Path) -> dict:
           and all(isinstance(x, str) for x in got["assumptions"]))
     for key in ("rows", "curve"):
         ok = ok and isinstance(got.get(key), list) and bool(got[key]) and all(
-            isinstance(r, dict) and _number(r.get("devices")) and r["devices"] >= 1 and _number(r.get("device_h"))
-            and r["device_h"] > 0 and all(r.get(k) is None or _number(r[k]) for k in COLUMNS) for r in got[key])
+            isinstance(r, dict) and is_number(r.get("devices")) and r["devices"] >= 1 and is_number(r.get("device_h"))
+            and r["device_h"] > 0 and all(r.get(k) is None or is_number(r[k]) for k in COLUMNS) for r in got[key])
     if not ok:
         raise CostError(f"{path}: not a speechperf cost --json output (workload, assumptions, rows and curve of "
                         "devices and device_h)")
