@@ -5,8 +5,10 @@ a GPU, also on one with a GPU."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +186,20 @@ def cli_start(*args, session: bool = False, fresh: bool = False, env: dict | Non
         return forked_cli.Forked(argv, env=env, session=session, module=module)
     return subprocess.Popen([sys.executable, "-m", module, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=session, env=env)
+
+
+def sigterm_when_ready(p, ready, to_group: bool = True, timeout: float = 120) -> tuple[int, str]:
+    """SIGTERM to ``p`` (cli_start's, ``session=True``), or to its process group as Slurm sends it,
+    once ``ready()``; (its exit status, its stderr)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and p.poll() is None and not ready():
+        time.sleep(0.05)
+    assert ready(), "the moment to stop it never came"
+    if to_group:
+        os.killpg(p.pid, signal.SIGTERM)
+    else:
+        p.send_signal(signal.SIGTERM)
+    return p.wait(timeout=timeout), p.stderr.read()
 
 
 def torchrun_args(*args, procs: int = 2, port: int | None = None) -> list[str]:

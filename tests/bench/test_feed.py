@@ -179,21 +179,16 @@ def test_a_sigterm_stops_bench_feed_and_removes_its_synthetic_set(tmp_path, to_g
     """SIGTERM (to the process, or to its group as a scheduler sends it) ends the command as a stop:
     exit 143, said, and its temporary set of synthetic shards (hundreds of MB at the defaults) gone."""
     import os
-    import signal
-    import subprocess
-    import sys
-    import time
 
-    cmd = [sys.executable, "-m", "speechperf", "bench", "feed", "--preset", "tiny", "--device", "cpu",
-           "--windows", "3", "--steps", "3", "--warmup", "1"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env={**os.environ, "TMPDIR": str(tmp_path)})
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob("speechperf-feed-*/train-feed/*.npz")):
-        time.sleep(0.05)
-    assert list(tmp_path.glob("speechperf-feed-*")), "its synthetic set never appeared"
-    (os.killpg if to_group else os.kill)(p.pid, signal.SIGTERM)
-    err = p.communicate(timeout=120)[1]
-    assert p.returncode == 143, err[-2000:]
+    from tests.conftest import cli_start, sigterm_when_ready
+
+    p = cli_start("bench", "feed", "--preset", "tiny", "--device", "cpu", "--windows", "3", "--steps", "3",
+                  "--warmup", "1", session=True, fresh=True,  # fresh: a forked child keeps the server's TMPDIR
+                  env={**os.environ, "TMPDIR": str(tmp_path)})
+    rc, err = sigterm_when_ready(p, lambda: bool(list(tmp_path.glob("speechperf-feed-*/train-feed/*.npz"))),
+                                 to_group)
+    assert rc == 143, err[-2000:]
     assert "speechperf: error: stopped by SIGTERM" in err and "Traceback" not in err
     assert not list(tmp_path.glob("speechperf-feed-*"))
+    with pytest.raises(ProcessLookupError):
+        os.killpg(p.pid, 0)  # nothing of its process group (the supply's readers) outlives it

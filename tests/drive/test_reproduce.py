@@ -393,20 +393,14 @@ def test_a_sigterm_to_its_group_stops_reproduce_and_removes_its_temporary_run(ti
     """The scheduler's SIGTERM to the group (reproduce and its training child): exit 143, said, and the
     temporary run folder (its checkpoint, database) removed, not left in the temporary directory."""
     import os
-    import signal
-    import subprocess
-    import sys
-    import time
 
-    cmd = [sys.executable, "-m", "speechperf", "reproduce", "tiny", "--data", str(tiny_features)]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env={**os.environ, "TMPDIR": str(tmp_path)})
-    deadline = time.time() + 180
-    while time.time() < deadline and not list(tmp_path.glob("reproduce-tiny-*/run.json")):
-        time.sleep(0.05)
-    assert list(tmp_path.glob("reproduce-tiny-*")), "its temporary run never appeared"
-    os.killpg(p.pid, signal.SIGTERM)
-    err = p.communicate(timeout=120)[1]
-    assert p.returncode == 143, err[-2000:]
+    from tests.conftest import cli_start, sigterm_when_ready
+
+    p = cli_start("reproduce", "tiny", "--data", tiny_features, session=True, fresh=True,  # its own TMPDIR
+                  env={**os.environ, "TMPDIR": str(tmp_path)})
+    rc, err = sigterm_when_ready(p, lambda: bool(list(tmp_path.glob("reproduce-tiny-*/run.json"))), timeout=180)
+    assert rc == 143, err[-2000:]
     assert "speechperf: error: stopped by SIGTERM" in err and "Traceback" not in err
     assert not list(tmp_path.glob("reproduce-tiny-*"))
+    with pytest.raises(ProcessLookupError):
+        os.killpg(p.pid, 0)  # its training child stopped too
