@@ -46,6 +46,7 @@ SUITE = {
     "fp8": "bench_fp8",
     "lstm_ceiling": "bench_lstm_ceiling",
     "optim_impl": "bench_optim_impl",
+    "op_trace": "bench_op_trace",
     "transducer_beam": "bench_transducer_beam",
 }
 

@@ -21,7 +21,7 @@ TESTS = str(Path(__file__).resolve().parent)
 STARTER_NAMES = frozenset({"subprocess", "Popen", "check_output", "cli", "cli_argv", "cli_start", "run_cli",
                            "forked_cli", "torchrun", "torchrun_start",
                            "train_seeds", "train_seeds_parallel", "run_sweep", "launch", "run_demo",
-                           "check_log", "check_run", "capture_env", "run_benchmark",
+                           "check_log", "check_run", "capture_env", "run_benchmark", "trace_in_child",
                            "speechperf.train.loop", "speechperf.drive.reproduce",
                            *(f"main:{command}" for command in ("train", "reproduce", "demo", "parallel"))})
 
