@@ -141,6 +141,7 @@ def child(preset: str, data: Path, steps: int) -> dict:
 
     from bench_step_floor import first_batches, setup
     from speechperf.config import load_preset
+    from speechperf.data.check import train_splits_of
     from speechperf.data.units import ensure_units
     from speechperf.hardware.isa_cap import effective
     from speechperf.hardware.environment import cpu_model
@@ -160,7 +161,7 @@ def child(preset: str, data: Path, steps: int) -> dict:
     cfg = load_preset(preset, over)
     configure_determinism(cfg.train.system.deterministic)
     torch.set_num_threads(1)
-    ensure_units(data, cfg.loader.units, sorted(p.name for p in data.iterdir() if p.name.startswith("train")))
+    ensure_units(data, cfg.loader.units, train_splits_of(data))  # BPE trained as a run would, where none is yet
     device, tc = torch.device("cpu"), cfg.train
     batches = list(first_batches(data, cfg, steps))
     with OpTrace() as trace:

@@ -23,6 +23,7 @@ import mlperf_logging.compliance_checker as cc
 import yaml
 
 from speechperf import metric
+from speechperf.children import sigterm_stops
 from speechperf.errors import SpeechperfError
 from speechperf.results.events import C, EventLog
 from speechperf.results.layout import EVENTS_FILE, events_log
@@ -83,7 +84,7 @@ def benchmark_rules() -> str:
 
 def check_log(path: Path) -> dict:
     """Run mlperf-logging's compliance checker on ``path``; ``{"ok", "output"}``."""
-    with tempfile.TemporaryDirectory(prefix="speechperf-mlperf-") as tmp:
+    with sigterm_stops(), tempfile.TemporaryDirectory(prefix="speechperf-mlperf-") as tmp:  # SIGTERM: removed too
         config = rules_config(Path(tmp))
         p = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
                             "--ruleset", RULESET, "--config", str(config), "--log_output", str(Path(tmp) / "out.log"),

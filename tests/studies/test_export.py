@@ -86,6 +86,22 @@ def test_mlflow_holds_one_run_with_each_epoch_the_tta_the_config_and_the_report(
     assert "report/index.html" in [f.path for f in client.list_artifacts(rid, "report")]
 
 
+def test_a_sigterm_while_the_report_is_built_stops_the_export_and_removes_its_folder(tiny_run, tmp_path):
+    """SIGTERM to the export's process group while it builds the report it logs to MLflow: exit
+    143, said, the report's temporary folder gone."""
+    import os
+
+    from tests.conftest import cli_start, sigterm_when_ready
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "MLFLOW_ALLOW_FILE_STORE": "true"}
+    p = cli_start("export", tiny_run, "--mlflow", f"file:{tmp_path / 'mlruns'}", *EXPORT, session=True, fresh=True,
+                  env=env)
+    rc, err = sigterm_when_ready(p, lambda: bool(list(tmp_path.glob("speechperf-export-*"))))
+    assert rc == 143, err[-2000:]
+    assert "speechperf: error: stopped by SIGTERM" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("speechperf-export-*"))
+
+
 def test_a_target_never_reached_is_said_not_drawn(tiny_run, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow import MlflowClient

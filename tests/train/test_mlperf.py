@@ -46,6 +46,20 @@ def test_checker_fails_a_log_without_init_stop(tiny_run, tmp_path):
     assert ok.returncode == 0 and "True" in ok.stdout
 
 
+@pytest.mark.parametrize("to_group", [True, False], ids=["group", "process"])
+def test_a_sigterm_stops_check_log_and_removes_its_rules_folder(tiny_run, tmp_path, to_group):
+    """SIGTERM while mlperf-logging's checker runs: exit 143, said, its temporary rules folder gone."""
+    import os
+
+    from tests.conftest import cli_start, sigterm_when_ready
+
+    p = cli_start("check-log", tiny_run, session=True, fresh=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    rc, err = sigterm_when_ready(p, lambda: bool(list(tmp_path.glob("speechperf-mlperf-*/*"))), to_group)
+    assert rc == 143, err[-2000:]
+    assert "speechperf: error: stopped by SIGTERM" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("speechperf-mlperf-*"))
+
+
 def test_samples_counted_from_the_indexes(tiny_features, tiny_run):
     events = {e["key"]: e for e in read_events(tiny_run / "events.log")}
     train_utts = sum(len(json.loads((tiny_features / s / "index.json").read_text())["utterances"])

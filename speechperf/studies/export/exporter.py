@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from speechperf.children import sigterm_stops
 from speechperf.metric import DEFAULT_TARGET
 from speechperf.studies.export import mlflow_writer, tensorboard_writer
 from speechperf.studies.export.collect import ExportError, collect
@@ -56,7 +57,7 @@ def to_mlflow(series, experiment: mlflow_writer.Experiment, report: bool, metric
     """The MLflow run of ``series``, its report built for it alone into a folder that goes once logged."""
     if not report:
         return experiment.write(series, None)
-    with tempfile.TemporaryDirectory(prefix="speechperf-export-") as tmp:
+    with sigterm_stops(), tempfile.TemporaryDirectory(prefix="speechperf-export-") as tmp:  # SIGTERM: removed too
         build_report([series.folder], Path(tmp), targets=targets, metric=metric)
         return experiment.write(series, Path(tmp))
 
