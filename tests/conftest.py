@@ -58,6 +58,19 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("cuda") is not None and not HAS_CUDA:
             item.add_marker(skip)
 
+
+@pytest.fixture(autouse=True)
+def _threads_kept():
+    """torch's thread count put back after each test: a test (or the library code it calls, a
+    benchmark's ``--threads``, a run's ``train.system.threads``) that sets it would leave the rest of
+    its worker on that count, not the worker's share (found: four tests left it at 1 or 4, the
+    benchmarks' runs and bench scale's one-device row)."""
+    n = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True)
 def _fast_tier_starts_no_process(request, monkeypatch):
     """Under --fast, a test that starts a process fails, naming itself (tests/tiers.py)."""
