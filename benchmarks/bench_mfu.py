@@ -37,7 +37,8 @@ from speechperf.train.step import make_optimizer, train_step
 
 GOAL = ("docs/workloads.md: MFU of the training step against the GEMM peak (docs/gpu.md: >= 35% bf16 for "
         "conformer-algoperf-sizes)")
-REFERENCE = "the fp32 GEMM peak (bench ops' matmul) measured in this process at the same threads"
+REFERENCE = ("the fp32 GEMM peak (bench ops' matmul, the faster of torch's a @ b and oneDNN's) measured in this "
+             "process at the same threads")
 RATIO = "MFU (achieved model FLOPS / GEMM peak, the first preset)"
 DATA = False
 LABEL_FRAMES = 3  # output frames per label symbol in the made-up transcripts (CTC needs room)
@@ -114,7 +115,8 @@ def run(a) -> dict:
     """Each preset's figures; the ratio: the first preset's MFU."""
     torch.set_num_threads(a.threads)
     peak = measure_gemm(a.threads)
+    rates = ", ".join(f"{k} {1000 * v:.1f}" for k, v in peak["rates"].items())
     print(f"torch {torch.__version__}, {a.threads} thread(s); measured fp32 GEMM peak {peak['tflops'] * 1000:.1f} "
-          f"GFLOPS ({peak['n']}^3 matmul, bench ops timing)")
+          f"GFLOPS ({peak['n']}^3, {peak['library']}'s of {rates} GFLOPS; bench ops timing)")
     figures = {name: run_preset(name, a.data, a.warmup, a.repeats, peak["tflops"], a.set) for name in a.presets}
     return {**figures, "threads": a.threads, "ratio": figures[a.presets[0]]["mfu"]}

@@ -46,7 +46,8 @@ PRESETS = ["tiny", "cpu", "conformer-cpu", "transducer-cpu"]
 
 def arguments(p) -> None:
     p.add_argument("--preset", nargs="+", default=PRESETS)
-    p.add_argument("--steps", type=int, default=2, help="training steps traced (the first builds the optimizer's state)")
+    p.add_argument("--steps", type=int, default=2,
+                   help="training steps traced (the first builds the optimizer's state)")
     p.add_argument("--write", action="store_true", help="store this maker's trace in benchmarks/op_traces/PRESET.json")
     p.add_argument("--json", action="store_true", help="one JSON object per preset instead of the table")
 
@@ -59,8 +60,9 @@ def run(a) -> dict:
         rows += compared(preset, mine, stored)
         if a.write:
             print(f"wrote {store(preset, mine, stored)}")
-        out[preset] = {"ops": len(mine["ops"]), "digest": trace_digest(mine["ops"]), "vendor": mine["settings"]["cpu_vendor"],
-                       "machine": mine["settings"]["machine"], "kernels": mine["settings"]["kernels"]}
+        s = mine["settings"]
+        out[preset] = {"ops": len(mine["ops"]), "digest": trace_digest(mine["ops"]), "vendor": s["cpu_vendor"],
+                       "machine": s["machine"], "kernels": s["kernels"]}
     if a.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -157,7 +159,8 @@ def child(preset: str, data: Path, steps: int) -> dict:
     ref = rcp.load_reference(preset) or {}
     impl = next((curve.optim_impl(c["settings"]) for s in ref.get("seeds", []) for c in s.get("curves", [])), None)
     over = [*upgrade.overrides(ref.get("overrides", [])), f"train.system.precision={recipe_precision(ref)}",
-            "train.seed=1", "train.system.threads=1", "train.system.device=cpu"] + ([f"train.optim.impl={impl}"] if impl else [])
+            "train.seed=1", "train.system.threads=1", "train.system.device=cpu",
+            *([f"train.optim.impl={impl}"] if impl else [])]
     cfg = load_preset(preset, over)
     configure_determinism(cfg.train.system.deterministic)
     torch.set_num_threads(1)

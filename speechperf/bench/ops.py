@@ -24,7 +24,7 @@ from tqdm import tqdm
 from speechperf.hardware.peaks import Peak, cpu_peak, gpu_peak
 from speechperf.bench.store import SweepStore
 from speechperf.telemetry.timing import (DTYPES, TIMING_COLUMNS, Method, Op, matmul_op, measure, method,
-                                         middle_third, noisy_notes)
+                                         middle_third, noisy_notes, onednn_matmul_op)
 from speechperf.errors import SpeechperfError, in_words
 from speechperf.results import schema
 from speechperf.tables import write_csv
@@ -53,10 +53,15 @@ def conv_op(n: int, hw: int, c: int, r: int, k: int, stride: int) -> Op:
               2.0 * n * k * c * r * r * p * p, make)
 
 
-def default_ops(quick: bool = False) -> list[Op]:
+def default_ops(quick: bool = False, cpu: bool = False) -> list[Op]:
+    """The sweep's ops (``quick``: three small ones); on a CPU (``cpu``) also the 2048 product
+    through oneDNN beside torch's ``a @ b`` (MKL's in float32, which takes its AVX2 code on an AMD
+    CPU: the measured peak is the faster of the two, hardware/measured_peak.py)."""
     if quick:  # smoke test: seconds on any CPU
         return [matmul_op(256, 256, 256), conv_op(2, 32, 3, 3, 8, 1), matmul_op(24, 800, 3200, "lstm_recurrent")]
     ops = [matmul_op(n, n, n) for n in (2048, 4096, 8192)]
+    if cpu and torch.backends.mkldnn.is_available():
+        ops.append(onednn_matmul_op(2048, 2048, 2048))
     ops += [conv_op(256, 224, 3, 7, 64, 2), conv_op(128, 112, 64, 3, 128, 1), conv_op(256, 56, 128, 3, 256, 1)]
     for b in PAPER_BATCHES:
         ops.append(matmul_op(b * LSTM_FRAMES, 800, 4 * 800, "lstm_input"))
@@ -269,7 +274,7 @@ def run_ops(device: str = "cpu", dtypes=None, threads=None, iters: int | None = 
         scaling_max_gflop = None
     m = method("ops", device, iters=iters, seconds=seconds, warmup_seconds=warmup_seconds, repeats=repeats,
                energy_min_seconds=energy_min_seconds)
-    ops = default_ops(quick)
+    ops = default_ops(quick, cpu=dev.type == "cpu")
     saved = torch.get_num_threads()
     store = None
     if db_path:

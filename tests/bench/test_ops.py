@@ -47,6 +47,14 @@ def test_peak_table_and_cpu_derivation():
     assert cpu_peak(2, 2.5, set(), "tf32").tflops is None
 
 
+def test_a_cpu_sweep_times_the_product_through_onednn_too():
+    """MKL's float32 product takes its AVX2 code on an AMD EPYC with AVX-512 (0.41x oneDNN's there):
+    the CPU sweep has oneDNN's beside it, a GPU's does not."""
+    names = [op.name for op in ops.default_ops(cpu=True)]
+    assert ("matmul (oneDNN)" in names) == torch.backends.mkldnn.is_available()
+    assert "matmul (oneDNN)" not in [op.name for op in ops.default_ops()]
+
+
 def test_quick_sweep_rows_and_unsupported_dtype():
     rows = ops.run_ops("cpu", dtypes=["fp32", "tf32"], threads=[1], quick=True, seconds=0.05, warmup_seconds=0)
     ok = [r for r in rows if r["dtype"] == "fp32"]

@@ -22,7 +22,8 @@ TINY = ["model.d_model=32", "model.layers=1", "model.heads=2", "model.subsamplin
 def known_peak(monkeypatch, tmp_path):
     monkeypatch.setenv("SPEECHPERF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(measured_peak, "measure_gemm", lambda threads, dtype="fp32": {
-        "tflops": 0.1, "n": 1024, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0})
+        "tflops": 0.1, "n": 1024, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0,
+        "library": "torch.mm"})
 
 
 def test_bench_scale_measures_a_tiny_workload_end_to_end(known_peak, capsys):

@@ -23,7 +23,8 @@ TINY = {"parakeet-rnnt-sizes": [*ENCODER, "model.pred_dim=16", "model.pred_layer
 def known_peak(monkeypatch, tmp_path):
     monkeypatch.setenv("SPEECHPERF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(measured_peak, "measure_gemm", lambda threads, dtype="fp32": {
-        "tflops": 0.1, "n": 1024, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0})
+        "tflops": 0.1, "n": 1024, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0,
+        "library": "torch.mm"})
 
 
 @pytest.mark.parametrize("workload", TINY)

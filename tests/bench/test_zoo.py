@@ -209,7 +209,8 @@ def _known_peak(monkeypatch, tmp_path):
 
     monkeypatch.setenv("SPEECHPERF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(measured_peak, "measure_gemm", lambda threads, dtype="fp32": {
-        "tflops": 0.1, "n": 1024, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0})
+        "tflops": 0.1, "n": 1024, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0,
+        "library": "torch.mm"})
 
 
 def test_every_registered_acoustic_model_has_a_row_through_the_contract(monkeypatch, tmp_path):

@@ -1,11 +1,15 @@
 """The peak behind a run's MFU: a measured CPU GEMM peak cached per machine, GPU peaks from
 the platform profiles (the GPU path with the device name forced, on any CPU)."""
 import json
+import time
 
 import pytest
 import torch
 
 from speechperf.hardware import measured_peak as mp
+from speechperf.telemetry.timing import Method
+
+FAST = Method(warmup_steps=1, warmup_seconds=0.01, seconds=0.05)  # a measurement's timing, shortened
 
 
 def test_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
@@ -14,7 +18,7 @@ def test_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
     def fake(threads, dtype="fp32"):
         calls.append((threads, dtype))
         return {"tflops": 0.05, "n": 64, "threads": threads, "dtype": dtype, "at": "2026-11-23 10:00:00",
-                "others_busy_pct": 0.0}
+                "others_busy_pct": 0.0, "library": "torch.mm"}
 
     monkeypatch.setattr(mp, "measure_gemm", fake)
     first = mp.cpu_gemm_peak(2, cache=tmp_path)
@@ -30,7 +34,8 @@ def test_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"%s": {"tflops": -1}}'])
 def test_unreadable_cache_is_measured_again_and_rewritten(tmp_path, monkeypatch, content):
     monkeypatch.setattr(mp, "measure_gemm", lambda threads, dtype="fp32": {
-        "tflops": 0.07, "n": 64, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0})
+        "tflops": 0.07, "n": 64, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0,
+        "library": "torch.mm"})
     path = tmp_path / mp.CACHE_FILE
     path.write_text(content.replace("%s", mp.cache_key(2, "fp32")) if "%s" in content else content)
     assert mp.cpu_gemm_peak(2, cache=tmp_path).tflops == 0.07
@@ -54,7 +59,8 @@ def test_others_busy_share_from_cpu_seconds(monkeypatch):
 
 
 def test_a_peak_measured_on_busy_cores_is_used_once_and_not_cached(tmp_path, monkeypatch):
-    busy = {"tflops": 0.02, "n": 64, "threads": 2, "dtype": "fp32", "at": "then", "others_busy_pct": 60.0}
+    busy = {"tflops": 0.02, "n": 64, "threads": 2, "dtype": "fp32", "at": "then", "others_busy_pct": 60.0,
+            "library": "torch.mm"}
     monkeypatch.setattr(mp, "measure_gemm", lambda threads, dtype="fp32": dict(busy, threads=threads))
     monkeypatch.setattr(mp.psutil, "cpu_count", lambda: 2)
     peak = mp.cpu_gemm_peak(2, cache=tmp_path)
@@ -70,7 +76,8 @@ def test_an_entry_without_the_load_beside_it_is_measured_again(tmp_path, monkeyp
     path.write_text(json.dumps({mp.cache_key(2, "fp32"): {"tflops": 0.02, "n": 1024, "threads": 2, "dtype": "fp32",
                                                           "at": "2026-11-26 05:39:37"}}))
     monkeypatch.setattr(mp, "measure_gemm", lambda threads, dtype="fp32": {
-        "tflops": 0.068, "n": 64, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 1.0})
+        "tflops": 0.068, "n": 64, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 1.0,
+        "library": "torch.mm"})
     assert mp.cpu_gemm_peak(2, cache=tmp_path).tflops == 0.068
     assert json.loads(path.read_text())[mp.cache_key(2, "fp32")]["tflops"] == 0.068
     assert mp.forget(2, "fp32", cache=tmp_path) and not mp.forget(2, "fp32", cache=tmp_path)
@@ -129,3 +136,57 @@ def test_the_peak_of_a_recorded_run():
     cut = mp.recorded_peak({"status": "failed: interrupted (SIGTERM)"}, h100, "bf16")
     assert cut.tflops == 989.5 and cut.source.endswith("(looked up for the recorded GPU: the run recorded no peak)")
     assert mp.recorded_peak({}, {**h100, "device": "cpu"}, "bf16").tflops is None  # a CPU's is not known afterwards
+
+
+def test_the_peak_is_the_fastest_of_torchs_cpu_products_and_says_which(tmp_path, monkeypatch):
+    """MKL's float32 product takes its AVX2 code on an AMD EPYC with AVX-512, where oneDNN's runs
+    2.4x as fast: the peak is the faster of the two, named, with the other's rate beside it."""
+    from speechperf.telemetry.timing import Op
+
+    def op(name, seconds):
+        def make(dev, dt):
+            return lambda: time.sleep(seconds)
+        return Op(name, "64x64 @ 64x64", 2.0 * 64 ** 3, make)
+
+    monkeypatch.setattr(mp, "gemm_size", lambda threads: 64)
+    monkeypatch.setattr(mp, "method", lambda bench, device: FAST)
+    monkeypatch.setattr(mp, "gemm_ops", lambda n: {"torch.mm": op("mm", 0.004), "oneDNN": op("dnnl", 0.001)})
+    got = mp.measure_gemm(1)
+    assert got["library"] == "oneDNN" and set(got["rates"]) == {"torch.mm", "oneDNN"}
+    assert got["tflops"] == got["rates"]["oneDNN"] > 2 * got["rates"]["torch.mm"]
+    monkeypatch.setattr(mp, "measure_gemm", lambda threads, dtype="fp32": got)
+    source = mp.cpu_gemm_peak(1, cache=tmp_path).source
+    assert "(oneDNN's; torch.mm " in source and " TFLOPS; bench ops; cached in" in source
+
+
+def test_an_entry_that_names_no_library_is_measured_again(tmp_path, monkeypatch):
+    """Entries cached before the peak was the faster of MKL and oneDNN hold MKL's alone (on an AMD
+    EPYC 0.41x the machine's): not trusted."""
+    path = tmp_path / mp.CACHE_FILE
+    path.write_text(json.dumps({mp.cache_key(2, "fp32"): {"tflops": 0.18, "n": 1024, "threads": 2, "dtype": "fp32",
+                                                          "at": "then", "others_busy_pct": 0.0}}))
+    monkeypatch.setattr(mp, "measure_gemm", lambda threads, dtype="fp32": {
+        "tflops": 0.44, "n": 64, "threads": threads, "dtype": dtype, "at": "now", "others_busy_pct": 0.0,
+        "library": "oneDNN", "rates": {"torch.mm": 0.18, "oneDNN": 0.44}})
+    assert mp.cpu_gemm_peak(2, cache=tmp_path).tflops == 0.44
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_onednn_product_is_the_same_product(dtype, monkeypatch):
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("torch built without oneDNN")
+    from speechperf.telemetry.timing import matmul_op, onednn_matmul_op
+
+    torch.manual_seed(3)
+    mm, dnnl = matmul_op(48, 40, 24), onednn_matmul_op(48, 40, 24)
+    assert mm.flops == dnnl.flops
+    torch.manual_seed(3)
+    out = dnnl.make(torch.device("cpu"), dtype)().to_dense().float()
+    torch.manual_seed(3)
+    a, w = torch.randn(48, 40, dtype=dtype), torch.randn(24, 40, dtype=dtype)
+    assert out.shape == (48, 24)
+    torch.testing.assert_close(out, a.float() @ w.float().t(), rtol=2e-2, atol=2e-1 if dtype == torch.bfloat16 else 1e-4)
+    monkeypatch.setattr(mp, "gemm_size", lambda threads: 128)
+    monkeypatch.setattr(mp, "method", lambda bench, device: FAST)
+    got = mp.measure_gemm(1, "fp32" if dtype == torch.float32 else "bf16")  # both products, each timed
+    assert set(got["rates"]) == {"torch.mm", "oneDNN"} and got["tflops"] == max(got["rates"].values())
