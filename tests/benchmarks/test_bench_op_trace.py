@@ -54,3 +54,18 @@ def test_the_child_traces_the_same_ops_twice_on_the_tiny_corpus(tiny_features):
     assert a == b and a["settings"]["cap"] == "avx2" and a["settings"]["steps"] == 1
     names = {op for op, _, _ in a["ops"]}
     assert {"aten.convolution.default", "aten.mkldnn_rnn_layer.default", "aten.addmm.default"} <= names
+
+
+def test_the_ratio_is_where_the_other_makers_trace_parts(monkeypatch, tmp_path, capsys):
+    """The figure the ledger keeps: the first differing op over the ops traced, against another
+    maker's trace only (this maker's own stored trace is a check of the tool, not the ratio)."""
+    import argparse
+
+    mine = {"settings": {**SETTINGS, "machine": "AMD EPYC", "kernels": None}, "ops": OPS}
+    intel = {"settings": {**SETTINGS, "cpu_vendor": "Intel"}, "ops": [OPS[0], [*OPS[1][:2], "xxx"], OPS[2]]}
+    monkeypatch.setattr(bench, "trace_in_child", lambda preset, data, steps: mine)
+    monkeypatch.setattr(bench, "load", lambda preset: {"preset": preset, "traces": {"AMD": mine, "Intel": intel}})
+    got = bench.run(argparse.Namespace(preset=["cpu"], data=tmp_path, steps=2, write=False, json=True))
+    assert got["ratio"] == 1 / 3 and got["presets"]["cpu"]["ops"] == 3
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["verdict"] for r in rows] == ["same: every op", "op 1 aten.mm.default (2x4,4x3) computes otherwise"]
