@@ -5,7 +5,9 @@ shapes. Under the whole ISA cap an AMD EPYC and an Intel Xeon agree on all of th
 reference curves still differ (docs/reproduce.md): the kernel that computes otherwise is one the
 fingerprints do not run, or runs at other shapes. A trace answers without a guess. Inside
 :class:`OpTrace` (a ``TorchDispatchMode``) every ATen op a training step calls is recorded in
-order with its input shapes and the sha256 of every tensor it returned or wrote in place. Two
+order with its input shapes and the sha256 of every tensor it returned or wrote in place (a
+view's, which are its base's bytes, and unwritten memory's are not hashed). Work outside ATen (the
+numba RNN-T kernel) is not an op: a difference in it shows in the first op that reads it. Two
 machines that start from the same bytes compute the same trace until the first op whose
 kernel sums otherwise: :func:`first_difference` names it (op, shapes, position), and
 everything after it differs by contagion, so only the first difference means anything.
