@@ -16,9 +16,10 @@ weights); the gates' pointwise work is left out (O(T B H), not O(T B H^2)).
 
 T is the frames after the front end's stride (auto_precision's typical 600 input frames / the
 conv stride), B the preset's batch. The GEMM is --gemm x --gemm x --gemm (2,048: at the measured
-peak on the machines in the ledger), torch's ``a @ b`` and oneDNN's product, the faster the reference
-(hardware/measured_peak.py's rule: MKL's float32 product takes its AVX2 code on an AMD CPU). Rounds alternate the GEMM and the layer in each precision so
-a neighbour's load falls on all alike; the medians are printed with their spread.
+peak on the machines in the ledger), timed as the measured peak's two products (torch's ``a @ b``
+and oneDNN's: MKL's float32 product takes its AVX2 code on an AMD CPU), the faster the reference.
+Rounds alternate the GEMMs and the layer in each precision so a neighbour's load falls on all
+alike; the medians are printed with their spread.
 
 Usage: python benchmarks/run.py lstm_ceiling [--preset cpu] [--rounds 7] [--threads N] [--gemm 2048]
 """
@@ -31,7 +32,8 @@ import torch
 
 from speechperf.config import load_preset
 from speechperf.hardware.capability import NATIVE, cpu_flags, isa, model_support
-from speechperf.telemetry.timing import onednn_matmul_op
+from speechperf.hardware.measured_peak import gemm_ops
+from speechperf.telemetry.timing import DTYPES
 
 GOAL = ("docs/bench.md: the cpu step at >= 55% of the measured fp32 GEMM peak and >= 30% of the bf16 peak "
         "(issue 60); the step's LSTMs bound what it can reach")
@@ -54,14 +56,19 @@ def lstm_flops(frames: int, batch: int, inputs: int, hidden: int) -> float:
     return 3 * 2.0 * frames * batch * 4 * hidden * (inputs + hidden)
 
 
+def _gemms(n: int, precision: str) -> dict:
+    """The measured peak's products in ``precision`` (hardware/measured_peak.gemm_ops: torch's
+    ``a @ b`` as "gemm P", oneDNN's as "gemm P oneDNN"): name -> (callable, FLOPs)."""
+    return {f"gemm {precision}" + ("" if library == "torch.mm" else f" {library}"):
+            (op.make(torch.device("cpu"), DTYPES[precision]), op.flops) for library, op in gemm_ops(n).items()}
+
+
 def _cases(cfg, n: int) -> dict:
-    """name -> (callable, FLOPs): the GEMM and the LSTM layer, fp32 and (where native) bf16."""
+    """name -> (callable, FLOPs): the GEMMs and the LSTM layer, fp32 and (where native) bf16."""
     h, b = cfg.model.lstm_hidden, cfg.loader.batch_size
     t = FRAMES // cfg.model.conv_stride
     lstm = torch.nn.LSTM(h, h)
     x = torch.randn(t, b, h, requires_grad=True)
-    a, w = torch.randn(n, n), torch.randn(n, n)
-    a16, w16 = a.bfloat16(), w.bfloat16()
 
     def layer(dtype):
         def step():
@@ -69,17 +76,9 @@ def _cases(cfg, n: int) -> dict:
                 y, _ = lstm(x)
             y.float().sum().backward()
         return step
-    dnnl = {}
-    if torch.backends.mkldnn.is_available():
-        dnnl = {p: onednn_matmul_op(n, n, n).make(torch.device("cpu"), dt)
-                for p, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    cases = {"gemm fp32": (lambda: a @ w, 2.0 * n ** 3), "lstm fp32": (layer("fp32"), lstm_flops(t, b, h, h))}
-    if "fp32" in dnnl:  # MKL's float32 product takes its AVX2 code on an AMD CPU: oneDNN's beside it
-        cases["gemm fp32 oneDNN"] = (dnnl["fp32"], 2.0 * n ** 3)
+    cases = {**_gemms(n, "fp32"), "lstm fp32": (layer("fp32"), lstm_flops(t, b, h, h))}
     if model_support(cfg.model, torch.device("cpu"), "bf16").level == NATIVE:
-        cases |= {"gemm bf16": (lambda: a16 @ w16, 2.0 * n ** 3), "lstm bf16": (layer("bf16"), lstm_flops(t, b, h, h))}
-        if "bf16" in dnnl:
-            cases["gemm bf16 oneDNN"] = (dnnl["bf16"], 2.0 * n ** 3)
+        cases |= {**_gemms(n, "bf16"), "lstm bf16": (layer("bf16"), lstm_flops(t, b, h, h))}
     return cases
 
 

@@ -7,9 +7,9 @@ GPU: the dense vendor peak of the platform profile whose ``gpu_names`` the devic
 CPU: no vendor figure fits (clocks under vector load vary), so the peak is measured: the
 GEMM rate of ``bench ops`` (an N x N matmul in the run's dtype, at the training thread
 count, the middle third of the timed calls), the faster of torch's two CPU products, MKL's
-``a @ b`` and oneDNN's (MKL takes its AVX2 code on an AMD CPU with AVX-512). It is measured once per machine and kept in
-a JSON file under ``$SPEECHPERF_CACHE`` (default ``~/.cache/speechperf``), keyed by CPU
-model, thread count, dtype and torch version; a run measures it in its initialization
+``a @ b`` and oneDNN's (MKL takes its AVX2 code on an AMD CPU with AVX-512). It is measured
+once per machine and kept in a JSON file under ``$SPEECHPERF_CACHE`` (default
+``~/.cache/speechperf``), keyed by CPU model, thread count, dtype and torch version; a run measures it in its initialization
 (outside the TTA clock) when the file lacks it. An unreadable file is measured again and
 rewritten, never trusted and never fatal.
 
@@ -79,8 +79,9 @@ def gemm_ops(n: int) -> dict:
     """{library: Op} of the N x N products torch can run on a CPU: ``a @ b`` (float32: MKL's
     sgemm, as every Linear layer; bf16: oneDNN's where the CPU has bf16 instructions) and oneDNN's
     inner product, where torch was built with oneDNN. MKL picks its code by the CPU's maker: on an
-    AMD EPYC with AVX-512 its float32 product runs at 0.41x oneDNN's, so a peak of ``a @ b`` alone
-    is not the machine's, and every MFU against it reads 2.4x too high there."""
+    AMD EPYC with AVX-512 its float32 product runs at 0.43x oneDNN's (194 against 446 GFLOPS at 2
+    threads), so a peak of ``a @ b`` alone is not the machine's, and every MFU against it reads 2.3x
+    too high there."""
     ops = {"torch.mm": matmul_op(n, n, n)}
     if torch.backends.mkldnn.is_available():
         ops["oneDNN"] = onednn_matmul_op(n, n, n)

@@ -220,7 +220,8 @@ def onednn_matmul_op(m: int, k: int, n: int, name: str = "matmul (oneDNN)") -> O
     """The same product through oneDNN's inner product (``mkldnn_linear``, CPU tensors only). On a
     CPU torch's float32 ``a @ b`` (and every Linear layer) is MKL's sgemm, which picks its code by
     the CPU's maker as well as its ISA: on an AMD EPYC with AVX-512 it takes the AVX2 code, and
-    oneDNN's product runs 2.4x as fast (0.44 against 0.18 TFLOPS at 2 threads; ledger: bench_lstm_ceiling)."""
+    oneDNN's product runs 2.3x as fast (0.446 against 0.194 TFLOPS at 2 threads; ledger:
+    bench_lstm_ceiling)."""
     def make(dev, dt):
         a, w = torch.randn(m, k, dtype=dt).to_mkldnn(), torch.randn(n, k, dtype=dt).to_mkldnn()
         return lambda: torch._C._nn.mkldnn_linear(a, w)  # (m, k) x (n, k)^T

@@ -48,7 +48,7 @@ def test_peak_table_and_cpu_derivation():
 
 
 def test_a_cpu_sweep_times_the_product_through_onednn_too():
-    """MKL's float32 product takes its AVX2 code on an AMD EPYC with AVX-512 (0.41x oneDNN's there):
+    """MKL's float32 product takes its AVX2 code on an AMD EPYC with AVX-512 (0.43x oneDNN's there):
     the CPU sweep has oneDNN's beside it, a GPU's does not."""
     names = [op.name for op in ops.default_ops(cpu=True)]
     assert ("matmul (oneDNN)" in names) == torch.backends.mkldnn.is_available()

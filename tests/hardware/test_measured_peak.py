@@ -140,7 +140,7 @@ def test_the_peak_of_a_recorded_run():
 
 def test_the_peak_is_the_fastest_of_torchs_cpu_products_and_says_which(tmp_path, monkeypatch):
     """MKL's float32 product takes its AVX2 code on an AMD EPYC with AVX-512, where oneDNN's runs
-    2.4x as fast: the peak is the faster of the two, named, with the other's rate beside it."""
+    2.3x as fast: the peak is the faster of the two, named, with the other's rate beside it."""
     from speechperf.telemetry.timing import Op
 
     def op(name, seconds):
@@ -161,7 +161,7 @@ def test_the_peak_is_the_fastest_of_torchs_cpu_products_and_says_which(tmp_path,
 
 def test_an_entry_that_names_no_library_is_measured_again(tmp_path, monkeypatch):
     """Entries cached before the peak was the faster of MKL and oneDNN hold MKL's alone (on an AMD
-    EPYC 0.41x the machine's): not trusted."""
+    EPYC 0.43x the machine's): not trusted."""
     path = tmp_path / mp.CACHE_FILE
     path.write_text(json.dumps({mp.cache_key(2, "fp32"): {"tflops": 0.18, "n": 1024, "threads": 2, "dtype": "fp32",
                                                           "at": "then", "others_busy_pct": 0.0}}))
