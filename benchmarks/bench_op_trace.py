@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE))
 
 from bench_convergence import child_env  # noqa: E402
 from speechperf.atomic import atomic_write_text  # noqa: E402
-from speechperf.hardware.op_trace import first_difference, trace_digest  # noqa: E402
+from speechperf.hardware.op_trace import BY_MAKER, by_maker, first_difference, trace_digest  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 
 GOAL = ("docs/reproduce.md: under the whole ISA cap an Intel Xeon and an AMD EPYC compute a CPU preset's "
@@ -60,9 +60,12 @@ def run(a) -> dict:
         rows += compared(preset, mine, stored)
         if a.write:
             print(f"wrote {store(preset, mine, stored)}")
-        s = mine["settings"]
+        s, maker = mine["settings"], by_maker(mine["ops"])
+        for op, n in maker.items():
+            print(f"{preset}: {n} x {op}, whose CPU code follows the maker ({BY_MAKER[op]}): "
+                  "no cap makes the makers agree on it")
         out[preset] = {"ops": len(mine["ops"]), "digest": trace_digest(mine["ops"]), "vendor": s["cpu_vendor"],
-                       "machine": s["machine"], "kernels": s["kernels"]}
+                       "machine": s["machine"], "kernels": s["kernels"], "by_maker": maker}
     if a.json:
         print(json.dumps(rows, indent=1))
     else:

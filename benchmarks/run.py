@@ -48,6 +48,7 @@ SUITE = {
     "optim_impl": "bench_optim_impl",
     "op_trace": "bench_op_trace",
     "transducer_beam": "bench_transducer_beam",
+    "dropout": "bench_dropout",
 }
 
 

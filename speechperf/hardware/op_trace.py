@@ -30,6 +30,13 @@ UNINITIALIZED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty
 # the CTC forward variables past each utterance's length): only the first N outputs are results;
 # a difference in the scratch shows in the backward's gradients
 RESULTS = {"mkldnn_rnn_layer": 3, "_ctc_loss": 1}
+# ops whose CPU code torch picks by the CPU's maker, not its ISA, so no ISA cap makes two makers agree:
+# ATen's bernoulli_(p) draws with MKL's VSL stream on an Intel CPU and one draw of torch's generator
+# per element elsewhere (aten/src/ATen/native/cpu/DistributionKernels.cpp); torch's CPU dropout
+# (F.dropout, nn.Dropout, SDPA's dropout_p) draws its mask with it
+BY_MAKER = {"aten.bernoulli_.float": "bernoulli_(p): MKL's VSL on Intel, torch's generator elsewhere",
+            "aten.bernoulli.p": "bernoulli(x, p): MKL's VSL on Intel, torch's generator elsewhere",
+            "aten.native_dropout.default": "dropout's mask: bernoulli_(p), MKL's VSL on Intel"}
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
@@ -111,6 +118,16 @@ def first_difference(mine: list, theirs: list) -> dict | None:
     kind = "values" if a and b and a[:2] == b[:2] else "sequence"
     later = sum(list(x) != list(y) for x, y in zip(mine[k:], theirs[k:])) + abs(len(mine) - len(theirs))
     return {"index": k, "mine": a, "theirs": b, "kind": kind, "differing": later}
+
+
+def by_maker(ops: list) -> dict[str, int]:
+    """How many times a trace calls each op of :data:`BY_MAKER` (none: the trace's code is the
+    same on both makers, whatever their kernels then compute)."""
+    counts: dict[str, int] = {}
+    for op in ops:
+        if op[0] in BY_MAKER:
+            counts[op[0]] = counts.get(op[0], 0) + 1
+    return counts
 
 
 def trace_digest(ops: list) -> str:

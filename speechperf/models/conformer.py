@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from speechperf.corpus.alphabet import NUM_SYMBOLS
 from speechperf.models import register_model
 from speechperf.models.contract import AcousticModel
-from speechperf.models.dropout import Dropout
+from speechperf.models.dropout import Dropout, dropout
 
 SUBSAMPLING = (2, 4, 8)  # time reduction factors: 1, 2 or 3 stride-2 convolution stages
 FEATURE_DIM = 93  # columns of the prepared features (80 log-mel + 13 MFCC)
@@ -167,8 +167,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
     dimension for a fused kernel: q.k and the output's first Dh columns are unchanged (zero
     columns add nothing, the scale stays 1/sqrt(Dh)). Not on a CPU: there the padded GEMMs sum
     in another order (the results would move by rounding) and the fused CPU kernel has no such
-    alignment rule."""
+    alignment rule. On a CPU, weights dropped in training are dropped by :func:`cpu_attention`."""
     dh = q.shape[-1]
+    if dropout_p > 0.0 and q.device.type == "cpu":
+        return cpu_attention(q, k, v, key_mask[:, None, None, :], dropout_p)
     if pad is None:
         pad = q.is_cuda and dh % FUSED_ALIGN != 0
     mask = key_mask[:, None, None, :]  # (B, T) -> (B, 1, 1, T): every query row sees the same keys
@@ -178,6 +180,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
     q, k, v = (F.pad(t, (0, extra)) for t in (q, k, v))  # (B, H, T, Dh) -> (B, H, T, Dh + extra)
     h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(dh))
     return h[..., :dh]  # (B, H, T, Dh + extra) -> (B, H, T, Dh): the padded columns are P @ 0 = 0
+
+
+def cpu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  dropout_p: float) -> torch.Tensor:
+    """SDPA's math (softmax of q k^T / sqrt(Dh) over the keys ``mask`` (B, 1, 1, T) keeps, dropout,
+    times v) with models/dropout.py's mask on the weights: SDPA's own draws with torch's CPU dropout,
+    whose code follows the CPU's maker. q, k, v: (B, H, T, Dh) -> (B, H, T, Dh)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return dropout(weights, dropout_p, True) @ v
 
 
 class SelfAttention(nn.Module):

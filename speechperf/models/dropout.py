@@ -1,11 +1,13 @@
-"""Dropout whose CPU mask costs a sixth of torch's.
+"""Dropout whose CPU mask costs a sixth of torch's, and is the same on Intel and AMD CPUs.
 
-Why not ``nn.Dropout`` on a CPU: torch draws its mask with ``bernoulli_`` element by
-element, ~7.5 ns per element on the 2-core AVX2 EPYC of the demo (torch 2.13.0): 10.7 ms
-for one (24, 90, 576) feed-forward activation, against 1.6 ms for the same number of
-16-bit draws taken from full-range int64 ``random_`` (ledger: bench_dropout).
-With the Conformer's dropout on every branch that made torch's masks about a quarter of a
-``conformer-cpu`` training step. On any other device this is plain ``F.dropout``.
+Why not ``nn.Dropout`` on a CPU: torch draws its mask with ``bernoulli_``, and ATen's CPU
+``bernoulli_(p)`` has two codes chosen by the CPU's maker: on an Intel CPU MKL's VSL stream,
+elsewhere one draw of torch's generator per element, ~7.5 ns an element on the 2-core AVX2
+EPYC of the demo (torch 2.13.0): 10.7 ms for one (24, 90, 576) feed-forward activation,
+against 1.6 ms for the same number of 16-bit draws taken from full-range int64 ``random_``
+(ledger: bench_dropout). So the same seed dropped other elements on the two makers, and on
+an AMD CPU the masks were about a quarter of a ``conformer-cpu`` training step and a tenth of
+a ``cpu`` (DS2) one. Both models use this module; on any other device it is plain ``F.dropout``.
 
 The CPU mask: each element gets a uniform 16-bit draw r in [-32768, 32767] and is dropped
 when r < round(p * 65536) - 32768, i.e. with probability round(p * 65536) / 65536 (within

@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 bench = importlib.import_module("bench_op_trace")
+from speechperf.hardware.op_trace import by_maker  # noqa: E402
 
 SETTINGS = {"cpu_vendor": "AMD", "torch": "2.13.0+cpu", "features_sha256": "ab", "cap": "avx2", "steps": 2,
             "precision": "fp32", "optim_impl": "default"}
@@ -46,6 +47,7 @@ def test_the_stored_traces_are_of_the_references_recipe_and_corpus():
             s = t["settings"]
             assert s["cpu_vendor"] == vendor and s["cap"] == "avx2" and s["precision"] == "fp32" and len(t["ops"]) > 100
             assert s["features_sha256"], path
+            assert by_maker(t["ops"]) == {}, (path, vendor)  # no op whose CPU code follows the maker
 
 
 def test_the_child_traces_the_same_ops_twice_on_the_tiny_corpus(tiny_features):

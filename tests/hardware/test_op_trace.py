@@ -79,3 +79,15 @@ def test_first_difference_names_the_op_that_computes_otherwise_and_counts_the_co
     shorter = ot.first_difference(a, a[:-2])
     assert shorter["index"] == len(a) - 2 and shorter["theirs"] is None and shorter["differing"] == 2
     assert ot.trace_digest(a) == ot.trace_digest([list(o) for o in a]) != ot.trace_digest(c)
+
+
+def test_torchs_cpu_dropout_is_an_op_whose_code_follows_the_maker_and_speechperfs_is_not():
+    """ATen's bernoulli_(p) draws with MKL on an Intel CPU only: F.dropout and SDPA's dropout call it."""
+    from speechperf.models.dropout import dropout
+    x = torch.randn(4, 8, requires_grad=True)
+    q = x[None, None]
+    assert ot.by_maker(traced(lambda: F.dropout(x, 0.1, True).sum().backward())) == {"aten.bernoulli_.float": 1}
+    assert ot.by_maker(traced(lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.2))) == {
+        "aten.bernoulli_.float": 1}
+    assert ot.by_maker(traced(lambda: dropout(x, 0.1, True).sum().backward())) == {}
+    assert ot.by_maker(traced(step)) == {}

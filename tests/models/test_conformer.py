@@ -5,7 +5,9 @@ import torch.nn.functional as F
 
 from speechperf.config import load_preset
 from speechperf.models import MODELS, build_model, describe
-from speechperf.models.conformer import FUSED_ALIGN, Conformer, ConformerConfig, SelfAttention, attend, rotary, rotate
+from speechperf.models.conformer import (FUSED_ALIGN, Conformer, ConformerConfig, SelfAttention, attend, cpu_attention,
+                                         rotary, rotate)
+from speechperf.models.dropout import cpu_mask
 from speechperf.models.contract import TooShortError
 
 SMALL = dict(d_model=32, layers=2, heads=4, conv_kernel=7, subsampling_channels=8, dropout=0.0)
@@ -208,6 +210,25 @@ def test_head_dim_padding_with_dropout_draws_the_same_weights():
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-12, atol=1e-12)
     torch.manual_seed(4)
     assert not torch.allclose(attend(q, k, v, mask, 0.5, pad=True), outs[0])  # the seed does matter
+
+
+def test_attention_dropout_on_a_cpu_drops_speechperfs_mask_from_sdpas_weights():
+    """On a CPU the weights dropped in training are SDPA's softmax (the same scores and key mask)
+    times models/dropout.py's mask from the run's generator, not torch's dropout (whose CPU draws
+    follow the CPU's maker); without dropout attend is SDPA's call."""
+    q, k, v, mask = qkv_and_mask(12, torch.float64)
+    keys = mask[:, None, None, :]  # (B, 1, 1, T)
+    scores = (q @ k.transpose(-2, -1) / 12 ** 0.5).masked_fill(~keys, float("-inf"))
+    torch.testing.assert_close(scores.softmax(-1) @ v, F.scaled_dot_product_attention(q, k, v, attn_mask=keys))
+    torch.manual_seed(5)
+    got = attend(q, k, v, mask, 0.25)
+    torch.manual_seed(5)
+    drop = cpu_mask(torch.Size((*q.shape[:3], q.shape[2])), 0.25, torch.float64)  # (B, H, T, T)
+    assert 0.15 < (drop == 0).double().mean() < 0.35
+    torch.testing.assert_close(got, (scores.softmax(-1) * drop) @ v, rtol=1e-12, atol=1e-12)
+    torch.manual_seed(5)
+    assert torch.equal(cpu_attention(q, k, v, keys, 0.25), got)
+    assert torch.equal(attend(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=keys))
 
 
 def test_attention_on_a_cpu_is_the_unpadded_call_bit_for_bit():

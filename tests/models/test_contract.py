@@ -152,3 +152,20 @@ def test_a_model_without_blocks_is_compiled_whole():
 
     model = torch.nn.Linear(2, 2)
     assert compiled(model, backend="eager")._orig_mod is model
+
+
+@pytest.mark.parametrize("name", MODELS.names())
+def test_no_models_training_pass_on_a_cpu_calls_an_op_whose_code_follows_the_maker(name):
+    """Every dropout on (0.1): a forward and backward pass in training calls none of the ops whose CPU
+    code torch chooses by the CPU's maker (hardware/op_trace.BY_MAKER: torch's dropout draws its
+    mask with MKL on Intel only), so a seed trains alike on Intel and AMD as far as the code goes."""
+    from speechperf.hardware.op_trace import OpTrace, by_maker
+    cfg = model_config({"name": name, **SMALL.get(name, {})})
+    rates = {f.name: 0.1 for f in dataclasses.fields(cfg) if "dropout" in f.name}
+    torch.manual_seed(0)
+    model = build_model(dataclasses.replace(cfg, **rates)).train()
+    lens = torch.tensor([80, 57, 31])
+    with OpTrace() as trace:
+        out, _ = planned_forward(model, torch.randn(3, 80, 93), lens)
+        out.float().square().mean().backward()
+    assert by_maker(trace.ops) == {}, (name, rates)
