@@ -17,7 +17,10 @@ lowest median step wins.
 The answer is the machine's, the torch build's and the workload's, so it is kept like the
 measured GEMM peak (hardware/measured_peak.py), in ``precision_choice.json`` of the same cache
 folder (``$SPEECHPERF_CACHE``), keyed by device, threads, torch version, the candidates (a CPU
-flag forced off changes them), the model's and optimizer's configuration and the batch shape.
+flag forced off changes them), the model's and optimizer's configuration, the batch shape and the
+step's code (:func:`step_code_digest`: a speechperf whose models, objectives or training step
+changed, as a cheaper dropout mask changed the DS2 step, measures again rather than record another
+code's step times).
 A measurement while other processes took cores it needed serves its run, said so, and is not
 cached; an unreadable file is measured again and rewritten.
 
@@ -30,6 +33,7 @@ or restarted run keeps the precision of its start: ``auto`` then means the recor
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import statistics
@@ -149,14 +153,29 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else (cpu_model() or "unknown CPU")
 
 
+STEP_CODE = ("models", "objectives", "train")  # the speechperf packages whose code a measured step runs
+
+
+@functools.lru_cache(maxsize=1)
+def step_code_digest() -> str:
+    """sha256 (12 hex digits) of the source a measured step runs: every module of speechperf's
+    models, objectives and train packages, with its path."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for sub in STEP_CODE:
+        for path in sorted((root / sub).rglob("*.py")):
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def cache_key(cfg: RunConfig, device: torch.device, native: list[str], shape: tuple[int, int]) -> str:
-    """The machine, the build, the candidates and the workload (model, optimizer, batch shape)."""
+    """The machine, the build, the candidates, the workload (model, optimizer, batch shape) and the step's code."""
     tc = cfg.train
     workload = json.dumps({"model": cfg.to_dict()["model"], "optimizer": tc.optim.name, "impl": tc.optim.impl,
                            "grad_clip": tc.optim.grad_clip > 0, "shape": list(shape)}, sort_keys=True)
     digest = hashlib.sha256(workload.encode()).hexdigest()[:16]
     return (f"{device_name(device)} | {device.type} | {torch.get_num_threads()} threads | torch {torch.__version__} | "
-            f"{','.join(native)} | {cfg.model.name} {digest}")
+            f"{','.join(native)} | {cfg.model.name} {digest} | code {step_code_digest()}")
 
 
 def _valid(entry, native: list[str]) -> bool:

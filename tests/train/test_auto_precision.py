@@ -79,6 +79,20 @@ def test_auto_picks_the_faster_measured_one_and_the_cache_is_reused(flags, timer
     assert len(json.loads((tmp_path / ap.CACHE_FILE).read_text())) == 2
 
 
+def test_another_step_code_measures_again(flags, timer, monkeypatch, tmp_path):
+    """The cached step seconds are of the code that measured them: a speechperf whose models,
+    objectives or training step differ measures its own."""
+    flags(BF16)
+    timer(fp32=0.4, bf16=0.25)
+    assert ap.choose(tiny(), CPU, cache=tmp_path)["cached"] is False
+    assert ap.choose(tiny(), CPU, cache=tmp_path)["cached"] is True
+    digest = ap.step_code_digest()
+    assert len(digest) == 12 and digest in ap.cache_key(tiny(), CPU, ["fp32", "bf16"], (2, 60))
+    monkeypatch.setattr(ap, "step_code_digest", lambda: "0" * 12)
+    again = ap.choose(tiny(), CPU, cache=tmp_path)
+    assert again["cached"] is False and len(timer.calls) == 2
+
+
 def test_fp32_wins_where_it_is_faster_and_a_contended_measurement_is_not_cached(flags, timer, monkeypatch, tmp_path):
     flags(BF16)
     timer(fp32=0.2, bf16=0.5)
