@@ -2,14 +2,15 @@
 precision ``train.system.precision=auto`` picks from them (issue 60: each machine timed at its best).
 
 The step is the run's own (train/step.py's ``train_step``: forward, CTC, backward, clipping, AdamW)
-on the synthetic batch ``auto`` measures (train/auto_precision.py's ``typical_shape``: the
-preset's ``batch_size`` utterances of up to 600 frames), one model per precision, one warm-up step
+on the synthetic batch ``auto`` measures (train/auto_precision.py: with ``--data FEATS`` the
+median batch the loader plans from those features, ``data_shape``, as a run does; without, the
+preset's ``batch_size`` utterances of up to 600 frames, ``typical_shape``), one model per precision, one warm-up step
 each, then ``--steps`` rounds of one step per precision, alternated so that a neighbour's load
 falls on both alike (``auto``'s own timer, without its early drop of a slow candidate). ``auto``'s
 rule: the lowest median among the precisions hardware/capability.py calls native here; bf16 is
 timed where it runs at all (an emulated one too, when --emulated), fp32 always.
 
-Usage: python benchmarks/run.py precision [--preset cpu] [--steps 5] [--threads N] [--emulated]
+Usage: python benchmarks/run.py precision [--preset cpu] [--data FEATS] [--steps 5] [--threads N] [--emulated]
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 
 from speechperf.config import load_preset
 from speechperf.hardware.capability import isa, cpu_flags, model_support
-from speechperf.train.auto_precision import candidates, time_candidates, typical_shape
+from speechperf.train.auto_precision import candidates, data_shape, time_candidates, typical_shape
 
 GOAL = ("train.system.precision=auto picks the faster of the cpu preset's fp32 and bf16 steps on this machine "
         "(docs/presets.md, precision: bf16 on an AMX Xeon, fp32 on AVX2)")
@@ -42,7 +43,7 @@ def run(a) -> dict:
     native, others = candidates(cfg, cpu)
     bf16 = model_support(cfg.model, cpu, "bf16")
     timed = ["fp32"] + (["bf16"] if "bf16" in native or (bf16.runs and a.emulated) else [])
-    shape = typical_shape(cfg)
+    shape = data_shape(cfg, a.data) if a.data else typical_shape(cfg)
     print(f"{a.preset}: {cfg.model.name}, batch {shape[0]} x up to {shape[1]} frames, {a.threads} thread(s), "
           f"torch {torch.__version__}, CPU {isa(cpu_flags())}; native: {', '.join(native)}"
           + "".join(f"; {p}: {why}" for p, why in others.items()))

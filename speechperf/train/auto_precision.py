@@ -10,7 +10,8 @@ a CPU (emulated there). Where fp32 is the
 only one, it is chosen without measuring anything, and the choice says why. Otherwise each
 candidate trains :data:`STEPS` steps (after one warm-up step) of the run's own step
 (train/step.py's ``train_step``: SpecAugment aside, forward, CTC, backward, clipping, the run's
-optimizer) on one synthetic batch of the preset's typical shape (:func:`typical_shape`), the
+optimizer) on one synthetic batch of the run's median batch shape (:func:`data_shape`: of its own
+training splits' planned batches; :func:`typical_shape` where no data is given), the
 candidates' steps alternated so that a neighbour's load falls on all of them alike, and the
 lowest median step wins.
 
@@ -47,7 +48,9 @@ from speechperf.atomic import atomic_write_text
 from speechperf.config import RunConfig
 from speechperf.config.training import AUTO_PRECISION
 from speechperf.data.batching import Batching
-from speechperf.data.loader import Batch
+from speechperf.data.check import parse_splits, train_splits_of
+from speechperf.data.loader import Batch, load_index
+from speechperf.data.plan import batch_frames, plan_epoch
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.models import build_model, fp8
 from speechperf.hardware.capability import NATIVE, model_support
@@ -89,6 +92,21 @@ def typical_shape(cfg: RunConfig, world: int = 1) -> tuple[int, int]:
     if seconds > 0:
         return max(1, int(seconds * FRAMES_PER_S // frames)), frames
     return max(1, lc.batch_size // max(world, 1)), frames
+
+
+def data_shape(cfg: RunConfig, features: Path, world: int = 1) -> tuple[int, int]:
+    """(utterances, padded frames) of the run's own median batch: of rank 0's batches in epoch 2's
+    plan of the run's training splits (shuffled, as every epoch after the first), the one of median
+    padded frames (utterances x its longest). Where the plan holds none, :func:`typical_shape`."""
+    splits = parse_splits(cfg.train.train_splits) or train_splits_of(features)
+    index = load_index(features, splits)
+    batches = plan_epoch(index, cfg.loader, epoch=2, seed=cfg.train.seed, rank=0, world=world).batches
+    if not batches:
+        return typical_shape(cfg, world)
+    padded = sorted((len(b) * batch_frames(index.frames[b], cfg.loader), len(b), batch_frames(index.frames[b], cfg.loader))
+                    for b in batches)
+    _, utterances, frames = padded[len(padded) // 2]
+    return utterances, frames
 
 
 def synthetic_batch(model, shape: tuple[int, int], device: torch.device) -> Batch:
@@ -183,13 +201,15 @@ def _valid(entry, native: list[str]) -> bool:
             and all(isinstance(entry["candidates"].get(p), (int, float)) for p in native))
 
 
-def choose(cfg: RunConfig, device: torch.device, world: int = 1, cache: Path | None = None) -> dict:
+def choose(cfg: RunConfig, device: torch.device, world: int = 1, cache: Path | None = None,
+           features: Path | None = None) -> dict:
     """The precision ``auto`` trains ``cfg`` in on ``device``: {"chosen", "candidates": {precision:
     step seconds}, "cached", "seconds" (what choosing cost), "shape", "not_native": {precision:
-    why}, "note"} (the note: fp32 chosen unmeasured, or a measurement not cached)."""
+    why}, "note"} (the note: fp32 chosen unmeasured, or a measurement not cached). ``features``: the
+    run's features folder, whose median planned batch is the shape timed (else a typical one)."""
     t0 = time.perf_counter()
     native, others = candidates(cfg, device)
-    shape = typical_shape(cfg, world)
+    shape = data_shape(cfg, features, world) if features is not None else typical_shape(cfg, world)
     base = {"shape": list(shape), "not_native": others, "note": None}
     if native == ["fp32"]:
         why = "; ".join(f"{p}: {note}" for p, note in others.items())
@@ -240,7 +260,7 @@ def settle(cfg: RunConfig, group, verdict) -> tuple[RunConfig, dict | None]:
         if verdict.plan in ("resume", "restart"):
             answer = (verdict.recorded_precision(), None)
         else:
-            choice = choose(cfg, group.device, group.world)
+            choice = choose(cfg, group.device, group.world, features=Path(verdict.features))
             answer = (choice["chosen"], choice)
     precision, choice = group.broadcast(answer)
     return with_precision(cfg, precision), choice

@@ -171,6 +171,7 @@ def test_a_run_records_its_choice_and_a_resumed_run_keeps_it(flags, timer, tiny_
         assert r.config["train"]["system"]["precision"] == "fp32"
         choice = r.env["precision_choice"]
         assert choice["chosen"] == "fp32" and choice["candidates"] == {"fp32": 0.2, "bf16": 0.3}
+        assert choice["shape"] == list(ap.data_shape(tiny(), tiny_features))  # the run's own median batch
     monkeypatch.setattr(loop, "_evaluate", real)
     timer(fp32=0.9, bf16=0.1)  # a new choice would be bf16: the resumed run keeps fp32, measuring nothing
     summary = loop.train(TrainRequest("tiny", tiny_features, run, args, quiet=True))
@@ -178,6 +179,21 @@ def test_a_run_records_its_choice_and_a_resumed_run_keeps_it(flags, timer, tiny_
     assert summary["precision_choice"] == choice
     with RunView.open(run) as r:
         assert r.config["train"]["system"]["precision"] == "fp32"
+
+
+def test_the_shape_timed_is_the_runs_median_planned_batch(tiny_features):
+    """Of epoch 2's planned batches of the run's training splits, the one of median padded frames."""
+    from speechperf.data.check import train_splits_of
+    from speechperf.data.loader import load_index
+    from speechperf.data.plan import plan_epoch
+    cfg = tiny()
+    utterances, frames = ap.data_shape(cfg, tiny_features)
+    index = load_index(tiny_features, train_splits_of(tiny_features))
+    batches = plan_epoch(index, cfg.loader, epoch=2, seed=cfg.train.seed).batches
+    sizes = sorted(len(b) * int(index.frames[b].max()) for b in batches)
+    assert utterances * frames == sizes[len(sizes) // 2] and len(sizes) > 4
+    assert any(len(b) == utterances and int(index.frames[b].max()) == frames for b in batches)
+    assert (utterances, frames) != ap.typical_shape(cfg)  # the test corpus's batch, not the typical 6 s one
 
 
 CONFORMER = ["model.name=conformer", "model.d_model=16", "model.layers=1", "model.heads=2", "model.conv_kernel=3",
