@@ -19,6 +19,9 @@ class LoaderConfig:
     prefetch_batches: int = 8  # whole batches buffered ahead of the training loop
     mode: str = "bucket"  # "bucket": length-bucketed batches; "pad": every utterance to pad_frames
     pad_frames: int = 1670  # paper mode pads every utterance to this many frames
+    pad_multiple: int = 1  # bucket mode: a batch's frames rounded up to a multiple of this (1: its longest
+    # utterance's). Fewer distinct shapes: a CPU step of a shape not seen before makes oneDNN create its
+    # primitives again (docs/presets.md); a reference recipe field (the padded sums round otherwise)
     bucket_window: int = 8  # shards mixed per bucketing window (locality vs randomness)
     shuffle: bool = True  # shuffle shard and batch order each epoch (seeded)
     normalize: bool = True  # per-feature mean/variance normalization with train-set statistics
@@ -44,6 +47,7 @@ class LoaderConfig:
             (self.prefetch_batches >= 1, f"loader.prefetch_batches={self.prefetch_batches} must be >= 1"),
             (self.bucket_window >= 1, f"loader.bucket_window={self.bucket_window} must be >= 1"),
             (self.pad_frames >= 1, f"loader.pad_frames={self.pad_frames} must be >= 1"),
+            (self.pad_multiple >= 1, f"loader.pad_multiple={self.pad_multiple} must be >= 1 (1: no rounding)"),
             (self.mode in ("bucket", "pad"), f"loader.mode={self.mode!r} must be 'bucket' or 'pad'"),
             (isinstance(self.resident, bool), f"loader.resident={self.resident!r} must be true or false"),
             (spec_problem(self.units) is None, spec_problem(self.units)),

@@ -145,16 +145,22 @@ def _even_tail(bounds: list[int], widths: np.ndarray, cap: float) -> list[int]:
 
 
 def batch_frames(frames, cfg: LoaderConfig) -> int:
-    """The frames a batch of utterances of ``frames`` is padded to: its longest utterance's
-    (pad mode: at least pad_frames), as the loader builds it."""
+    """The frames a batch of utterances of ``frames`` is padded to: its longest utterance's,
+    rounded up to a multiple of ``pad_multiple`` (pad mode: at least pad_frames), as the loader
+    builds it."""
     longest = int(max(frames))
-    return max(longest, cfg.pad_frames) if cfg.mode == "pad" else longest
+    if cfg.mode == "pad":
+        return max(longest, cfg.pad_frames)
+    return -(-longest // cfg.pad_multiple) * cfg.pad_multiple
 
 
 def width_costs(seconds: np.ndarray, cfg: LoaderConfig) -> np.ndarray:
     """What one utterance of ``seconds`` costs a batch as its longest member: its padded width
     (pad mode: at least pad_frames) with lhotse's quadratic penalty d + d^2 / q."""
     d = np.maximum(seconds, cfg.pad_frames * FRAME_S) if cfg.mode == "pad" else np.asarray(seconds, np.float64)
+    if cfg.mode != "pad" and cfg.pad_multiple > 1:  # the width the loader pads to (batch_frames)
+        step = cfg.pad_multiple * FRAME_S
+        d = np.ceil(np.round(d / step, 9)) * step
     return d + d * d / cfg.quadratic_duration if cfg.quadratic_duration > 0 else d
 
 

@@ -69,6 +69,19 @@ def test_pad_mode_pads_to_1670_and_bucket_pads_less(tiny_features):
     assert frames(bucket) < frames(pad) / 2
 
 
+def test_pad_multiple_rounds_each_batch_up_with_zero_frames_and_keeps_the_plan(tiny_features):
+    """loader.pad_multiple: the same batches, each padded to a multiple of its frames (fewer distinct
+    shapes), the extra frames zero and past every length."""
+    plain = list(make_loader(tiny_features, SPLITS, LoaderConfig(batch_size=6, readers=0), epoch=2, seed=0))
+    rounded = list(make_loader(tiny_features, SPLITS, LoaderConfig(batch_size=6, readers=0, pad_multiple=32), 2, 0))
+    assert [b.ids for b in rounded] == [b.ids for b in plain]
+    for a, b in zip(plain, rounded):
+        t = a.feats.shape[1]
+        assert b.feats.shape[1] == -(-t // 32) * 32 and torch.equal(b.feat_lens, a.feat_lens)
+        assert torch.equal(b.feats[:, :t], a.feats) and not b.feats[:, t:].any()
+    assert LoaderConfig(pad_multiple=0).problems() == ["loader.pad_multiple=0 must be >= 1 (1: no rounding)"]
+
+
 def test_normalization_uses_train_statistics(tiny_features):
     xs = [b.feats[i, : b.feat_lens[i]] for b in make_loader(tiny_features, SPLITS, LoaderConfig(batch_size=8), 1, 0)
           for i in range(len(b.ids))]
