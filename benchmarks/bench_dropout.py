@@ -19,17 +19,15 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench_mfu import batch_lengths, make_batch
+from bench_mfu import real_step
 from speechperf.config import load_preset
 from speechperf.hardware.capability import cpu_flags, isa
-from speechperf.models import build_model
 from speechperf.models.dropout import Dropout, dropout
-from speechperf.train.step import make_optimizer, train_step
+from speechperf.train.step import train_step
 
 GOAL = ("docs/bench.md: the CPU step's code costs removed (issue 60): speechperf's dropout takes less of the "
         "cpu preset's step than torch's on any CPU maker")
@@ -64,14 +62,8 @@ def mask_seconds(shape: tuple, p: float, dtype: torch.dtype, rounds: int) -> dic
 
 def one_precision(preset: str, data: Path | None, precision: str, rounds: int) -> dict:
     cfg = load_preset(preset, [f"train.system.precision={precision}"])
-    rng = np.random.default_rng(0)
-    torch.manual_seed(0)
-    model = build_model(cfg.model).train()
-    lengths = batch_lengths(cfg, data, rng)
-    out_lens, _ = model.plan(torch.tensor(lengths), max(lengths))
-    batch = make_batch(lengths, out_lens, rng)
-    optimizer = make_optimizer(model, cfg.train, torch.device("cpu"))
-    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    model, batch, optimizer, scaler = real_step(cfg, data)
+    lengths = batch.feat_lens.tolist()
     n = swap(model, torchs=True)
     if not n:
         raise SystemExit(f"{preset}: its model has no dropout to compare")
@@ -84,7 +76,7 @@ def one_precision(preset: str, data: Path | None, precision: str, rounds: int) -
             if r:
                 times[kind].append(time.perf_counter() - t)
     step = {k: statistics.median(v) for k, v in times.items()}
-    frames = int(out_lens.max())  # the largest dropout input: (T', B, channels) after the conv
+    frames = int(model.output_lengths(batch.feat_lens).max())  # the largest dropout input: (T', B, channels)
     width = max(getattr(cfg.model, k, 0) for k in ("conv_channels", "lstm_hidden", "d_model"))
     mask = mask_seconds((frames, len(lengths), width), cfg.model.dropout, torch.bfloat16 if precision == "bf16"
                         else torch.float32, rounds)

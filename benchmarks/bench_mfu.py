@@ -10,8 +10,8 @@ steps: median and spread (min..max). Model FLOPs: hardware/mfu.py (valid frames,
 backward; padding, CTC and the optimizer not counted); the GEMM peak: ``bench ops``'
 matmul in the step's precision (``--precision``: fp32 against the fp32 product, bf16 against
 the bf16 one, hardware/measured_peak.cpu_dtype) at the same thread count, measured here (not
-the cache) before and after each preset's timing, the higher of the two used. MFU = achieved / peak, both in this process:
-a busy machine lowers both (and at 2 threads on a machine whose cores others use, OpenMP's
+the cache) before and after each preset's timing, the higher of the two used. MFU = achieved /
+peak, both in this process: a busy machine lowers both (and at 2 threads on a machine whose cores others use, OpenMP's
 barriers make a step of many small ops, an LSTM's, far slower: try --threads 1 there). The breakdown is bench/breakdown.py.
 
 Usage: python benchmarks/run.py mfu [PRESET ...] [--data FEATS] [--repeats 5] [--precision fp32 bf16]
@@ -65,6 +65,19 @@ def make_batch(lengths: list[int], out_lens: torch.Tensor, rng: np.random.Genera
                  float(lens.sum()) / 100.0)
 
 
+def real_step(cfg, data: Path | None) -> tuple:
+    """(model, batch, optimizer, scaler) of ``cfg``'s training step as ``train`` builds them: the model
+    from seed 0, in training mode, and one real-shaped batch (:func:`batch_lengths`, :func:`make_batch`)."""
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    model = build_model(cfg.model).train()
+    lengths = batch_lengths(cfg, data, rng)
+    out_lens, _ = model.plan(torch.tensor(lengths), max(lengths))
+    batch = make_batch(lengths, out_lens, rng)
+    optimizer = make_optimizer(model, cfg.train, torch.device("cpu"))
+    return model, batch, optimizer, torch.amp.GradScaler("cuda", enabled=False)
+
+
 def run_preset(name: str, data: Path | None, warmup: int, repeats: int, precision: str, overrides=()) -> dict:
     cfg = load_preset(name, [f"train.system.precision={precision}", *overrides])  # --set may change it
     precision = cfg.train.system.precision
@@ -73,27 +86,19 @@ def run_preset(name: str, data: Path | None, warmup: int, repeats: int, precisio
                          "(auto chooses between them: python benchmarks/run.py precision)")
     dtype = cpu_dtype(precision)
     before = measure_gemm(torch.get_num_threads(), dtype)
-    rng = np.random.default_rng(0)
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
+    model, batch, optimizer, scaler = real_step(cfg, data)
     params = sum(p.numel() for p in model.parameters())
-    lengths = batch_lengths(cfg, data, rng)
-    out_lens, _ = model.plan(torch.tensor(lengths), max(lengths))
-    batch = make_batch(lengths, out_lens, rng)
-    fm = flop_model(cfg.model)
-    flops = fm.batch(batch.feat_lens)  # valid frames
+    lengths = batch.feat_lens.tolist()
+    flops = flop_model(cfg.model).batch(batch.feat_lens)  # valid frames
     padded = count_step_flops(model, lengths, FeatureConfig().dim)  # what the padded batch computes
-    optimizer = make_optimizer(model, cfg.train, torch.device("cpu"))
-    scaler = torch.amp.GradScaler("cuda", enabled=False)
-    model.train()
     step = lambda: train_step(model, batch, optimizer, scaler, torch.device("cpu"), cfg.train)  # noqa: E731
     times = measure(step, repeats, warmup)
     med = times["median"]
     again = measure_gemm(torch.get_num_threads(), dtype)["tflops"]  # right after: a shared machine moves it
     rates = ", ".join(f"{k} {1000 * v:.1f}" for k, v in before["rates"].items())
     print(f"[{name}] {dtype} GEMM peak ({before['n']}^3, the faster of {rates} GFLOPS: {before['library']}'s) before "
-          f"{before['tflops'] * 1000:.1f}, after {again * 1000:.1f} GFLOPS: the higher is used (others' load only lowers "
-          "a measured peak)")
+          f"{before['tflops'] * 1000:.1f}, after {again * 1000:.1f} GFLOPS: the higher is used (others' load only "
+          "lowers a measured peak)")
     peak_tflops = max(before["tflops"], again)
     gflops = flops / med / 1e9
     print(f"[{name}] {cfg.model.name}, {params / 1e6:.2f} M parameters, {cfg.train.system.precision}; batch {len(lengths)} x "
@@ -107,7 +112,8 @@ def run_preset(name: str, data: Path | None, warmup: int, repeats: int, precisio
     print(f"[{name}] where the step's time goes (torch.profiler, self CPU time): "
           + ", ".join(f"{k} {v:.1f}%" for k, v in shares.items()))
     return {"model": cfg.model.name, "precision": precision, "params": params, "step_s": times,
-            "gflop_per_step": flops / 1e9, "peak_gflops": 1000 * peak_tflops, "mfu": gflops / (1000 * peak_tflops), "shares_pct": shares}
+            "gflop_per_step": flops / 1e9, "peak_gflops": 1000 * peak_tflops, "mfu": gflops / (1000 * peak_tflops),
+            "shares_pct": shares}
 
 
 def arguments(p) -> None:

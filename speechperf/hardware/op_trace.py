@@ -18,6 +18,7 @@ steps); the trace changes nothing in the computation it watches.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -123,11 +124,7 @@ def first_difference(mine: list, theirs: list) -> dict | None:
 def by_maker(ops: list) -> dict[str, int]:
     """How many times a trace calls each op of :data:`BY_MAKER` (none: the trace's code is the
     same on both makers, whatever their kernels then compute)."""
-    counts: dict[str, int] = {}
-    for op in ops:
-        if op[0] in BY_MAKER:
-            counts[op[0]] = counts.get(op[0], 0) + 1
-    return counts
+    return dict(Counter(op[0] for op in ops if op[0] in BY_MAKER))
 
 
 def trace_digest(ops: list) -> str:

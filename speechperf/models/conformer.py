@@ -169,11 +169,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
     in another order (the results would move by rounding) and the fused CPU kernel has no such
     alignment rule. On a CPU, weights dropped in training are dropped by :func:`cpu_attention`."""
     dh = q.shape[-1]
+    mask = key_mask[:, None, None, :]  # (B, T) -> (B, 1, 1, T): every query row sees the same keys
     if dropout_p > 0.0 and q.device.type == "cpu":
-        return cpu_attention(q, k, v, key_mask[:, None, None, :], dropout_p)
+        return cpu_attention(q, k, v, mask, dropout_p)
     if pad is None:
         pad = q.is_cuda and dh % FUSED_ALIGN != 0
-    mask = key_mask[:, None, None, :]  # (B, T) -> (B, 1, 1, T): every query row sees the same keys
     if not pad:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     extra = -dh % FUSED_ALIGN

@@ -103,10 +103,8 @@ def data_shape(cfg: RunConfig, features: Path, world: int = 1) -> tuple[int, int
     batches = plan_epoch(index, cfg.loader, epoch=2, seed=cfg.train.seed, rank=0, world=world).batches
     if not batches:
         return typical_shape(cfg, world)
-    padded = sorted((len(b) * batch_frames(index.frames[b], cfg.loader), len(b), batch_frames(index.frames[b], cfg.loader))
-                    for b in batches)
-    _, utterances, frames = padded[len(padded) // 2]
-    return utterances, frames
+    shapes = sorted(((len(b), batch_frames(index.frames[b], cfg.loader)) for b in batches), key=lambda s: s[0] * s[1])
+    return shapes[len(shapes) // 2]
 
 
 def synthetic_batch(model, shape: tuple[int, int], device: torch.device) -> Batch:
