@@ -2,8 +2,8 @@
 process, and where the step's time goes (torch.profiler, grouped by kind of work).
 
 For each preset: its model and optimizer as ``train`` builds them, one real-shaped batch
-(``--data FEATS``: the batch of median size in a shuffled, bucketed epoch of the prepared
-training splits; else ``batch_size`` utterances of 6.0-7.0 s, a bucketed batch of the
+(``--data FEATS``: the run's own median batch, the one ``precision=auto`` times:
+train/auto_precision.median_batch; else ``batch_size`` utterances of 6.0-7.0 s, a bucketed batch of the
 embedded corpus's typical length), the real training step (``train.step.train_step``:
 forward, CTC, backward, clipping, optimizer). Warm-up steps first, then ``--repeats`` timed
 steps: median and spread (min..max). Model FLOPs: hardware/mfu.py (valid frames, forward +
@@ -28,12 +28,11 @@ from _timing import measure
 from speechperf.bench.breakdown import step_breakdown
 from speechperf.hardware.measured_peak import cpu_dtype, measure_gemm
 from speechperf.config import load_preset
-from speechperf.data.loader import Batch, load_index
-from speechperf.data.plan import plan_epoch
-from speechperf.data.check import parse_splits, train_splits_of
+from speechperf.data.loader import Batch
 from speechperf.features.feature_config import FeatureConfig
 from speechperf.hardware.mfu import count_step_flops, flop_model
 from speechperf.models import build_model
+from speechperf.train.auto_precision import median_batch
 from speechperf.train.step import make_optimizer, train_step
 
 GOAL = ("docs/workloads.md: MFU of the training step against the GEMM peak (docs/gpu.md: >= 35% bf16 for "
@@ -46,13 +45,12 @@ LABEL_FRAMES = 3  # output frames per label symbol in the made-up transcripts (C
 
 
 def batch_lengths(cfg, data: Path | None, rng: np.random.Generator) -> list[int]:
-    """Frames of each utterance of one real-shaped batch."""
-    if data is None:
+    """Frames of each utterance of one real-shaped batch: the run's own median batch (auto's), else
+    ``batch_size`` utterances of 600-700 frames."""
+    frames = median_batch(cfg, data) if data is not None else None
+    if frames is None:
         return sorted(rng.integers(600, 701, cfg.loader.batch_size).tolist())
-    index = load_index(data, parse_splits(cfg.train.train_splits) or train_splits_of(data))
-    batches = plan_epoch(index, cfg.loader, epoch=2, seed=cfg.train.seed).batches  # epoch 2: shuffled, not sorted
-    by_size = sorted(batches, key=lambda b: int(index.frames[b].sum()))
-    return index.frames[by_size[len(by_size) // 2]].tolist()
+    return frames.tolist()
 
 
 def make_batch(lengths: list[int], out_lens: torch.Tensor, rng: np.random.Generator) -> Batch:

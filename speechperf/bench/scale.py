@@ -52,7 +52,7 @@ from speechperf.hardware import memory
 from speechperf.hardware.capability import model_support
 from speechperf.hardware.measured_peak import cpu_dtype, training_peak
 from speechperf.hardware.mfu import achieved, forget_if_beaten
-from speechperf.telemetry.device_gpus import run_gpu_uuids
+from speechperf.telemetry.device_gpus import run_gpus
 from speechperf.telemetry.power import PowerMeter
 from speechperf.train.distributed import DistEnv, pick_device, resolve_backend
 from speechperf.train.step import make_optimizer, train_step
@@ -229,7 +229,7 @@ def _measured(cfg, precision: str, batches, req: Request, dev: torch.device, est
     if algo:
         algo.comm.take()  # what the warm-up and profiled steps moved: not this row's
     env = DistEnv.from_env()  # rank 0 reads the power of its node's GPUs that the rows use
-    with PowerMeter(gpu_uuids=run_gpu_uuids(dev, env.local_world)) if env.rank == 0 else _NoPower() as power:
+    with PowerMeter(run_gpus=run_gpus(dev, env.local_world)) if env.rank == 0 else _NoPower() as power:
         _sync(dev, req.world)
         t0, ends = time.perf_counter(), []
         for b in timed:

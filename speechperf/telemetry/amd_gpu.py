@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 
+from speechperf.telemetry.device_gpus import RunGpu, pci_of_bdf
 from speechperf.telemetry.energy import integrate
 from speechperf.telemetry.sample import Sample
 
@@ -29,10 +30,12 @@ MIN_CHECK_J = 1.0  # J of integrated power below which the check cannot tell (no
 MAX_W = 3000.0  # W: no accelerator draws more; bounds a counter step that is taken for a wrap
 
 
-def open_amdsmi(amdsmi, unavailable: dict, indices: list[int] | None = None):
+def open_amdsmi(amdsmi, unavailable: dict, indices: list[int] | None = None, run_gpus: list[RunGpu] | None = None):
     """(amdsmi module, [(index, handle), ...]) or None, with the reason in ``unavailable``.
     An index is the GPU's HIP index (torch's ``cuda:N`` on a process that sees every GPU) where
-    amdsmi tells it, else its place in amdsmi's list."""
+    amdsmi tells it, else its place in amdsmi's list. ``run_gpus``: only these GPUs, by PCI
+    address (HIP's UUID is not amdsmi's); where one is not found, every GPU and why, in
+    ``unavailable["gpu_selection"]``."""
     try:
         if amdsmi is None:
             # the package prints to stdout when libamd_smi.so is missing, then raises
@@ -51,7 +54,27 @@ def open_amdsmi(amdsmi, unavailable: dict, indices: list[int] | None = None):
     if missing:
         unavailable["gpu"] = f"amdsmi has GPU(s) {sorted(by_index)}; asked for index(es) {missing}"
         return None
-    return amdsmi, [(i, by_index[i]) for i in wanted]
+    handles = [(i, by_index[i]) for i in wanted]
+    return amdsmi, handles if run_gpus is None else _the_runs(amdsmi, handles, run_gpus, unavailable)
+
+
+def _the_runs(amdsmi, handles: list, run_gpus: list[RunGpu], unavailable: dict) -> list:
+    """The handles at ``run_gpus``' PCI addresses (amdsmi's BDF less its function)."""
+    if any(g.pci is None for g in run_gpus):
+        unavailable["gpu_selection"] = "every GPU sampled: torch gave no PCI address for the run's GPU(s)"
+        return handles
+    want = {g.pci for g in run_gpus}
+    try:
+        have = {i: pci_of_bdf(amdsmi.amdsmi_get_gpu_device_bdf(h)) for i, h in handles}
+    except Exception as e:  # a library without the call, a refused reading
+        unavailable["gpu_selection"] = f"every GPU sampled: amdsmi gave no BDF ({type(e).__name__}: {e})"
+        return handles
+    picked = [(i, h) for i, h in handles if have[i] in want]
+    if len(picked) != len(want):
+        unavailable["gpu_selection"] = (f"every GPU sampled: the run's GPU(s) at {', '.join(sorted(want))} not all "
+                                        f"among amdsmi's ({', '.join(str(p) for p in have.values())})")
+        return handles
+    return picked
 
 
 def _by_hip_index(amdsmi, handles: list) -> dict:

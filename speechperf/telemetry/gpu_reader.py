@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from speechperf.telemetry.amd_gpu import AmdGpu, open_amdsmi
+from speechperf.telemetry.device_gpus import RunGpu
 from speechperf.telemetry.nvml_gpu import NvmlGpu, open_nvml
 from speechperf.telemetry.sample import Sample
 
@@ -39,18 +40,17 @@ class GpuReader(Protocol):
 
 
 def open_gpus(unavailable: dict, indices: list[int] | None = None, nvml=None, amdsmi=None,
-              uuids: list[str] | None = None) -> list[GpuReader]:
+              run_gpus: list[RunGpu] | None = None) -> list[GpuReader]:
     """The readers of the GPUs ``indices`` (None: every GPU) of the first library that finds
     any: NVML, then amdsmi (a machine has one vendor's GPUs; trying NVML first keeps NVIDIA
     machines as they were). None found: [] and, in ``unavailable["gpu"]``, why not in each.
-    ``uuids``: the run's GPUs (NVML picks them by UUID; amdsmi's are not matched: all, said so)."""
+    ``run_gpus``: the run's GPUs, picked by UUID from NVML's and by PCI address from amdsmi's;
+    one not found: every GPU, and why in ``unavailable["gpu_selection"]``."""
     reasons = []
     for opener, reader, lib in ((open_nvml, NvmlGpu, nvml), (open_amdsmi, AmdGpu, amdsmi)):
         why: dict[str, str] = {}
-        opened = opener(lib, why, indices, uuids) if opener is open_nvml else opener(lib, why, indices)
+        opened = opener(lib, why, indices, run_gpus)
         if opened:
-            if uuids is not None and opener is open_amdsmi:
-                why["gpu_selection"] = "every GPU sampled: amdsmi's GPUs are not matched to the run's"
             unavailable.update({k: v for k, v in why.items() if k != "gpu"})
             return [reader(opened[0], i, h, unavailable) for i, h in opened[1]]
         reasons.append(why["gpu"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from speechperf.telemetry.device_gpus import RunGpu
 from speechperf.telemetry.sample import Sample
 
 # nvml constants (pynvml's values; a fake driver may leave them out)
@@ -18,9 +19,9 @@ ERROR_NOT_FOUND = 6  # nvmlDeviceGetSamples: no sample newer than the timestamp 
 VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}  # nvmlValueType_t
 
 
-def open_nvml(nvml, unavailable: dict, indices: list[int] | None = None, uuids: list[str] | None = None):
+def open_nvml(nvml, unavailable: dict, indices: list[int] | None = None, run_gpus: list[RunGpu] | None = None):
     """(nvml module, [(index, handle), ...]) or None, with the reason in ``unavailable``.
-    ``uuids``: only the GPUs of these UUIDs (the run's, telemetry/device_gpus.py); where one is
+    ``run_gpus``: only these GPUs, by UUID (the run's, telemetry/device_gpus.py); where one is
     not found, every GPU and why, in ``unavailable["gpu_selection"]``."""
     try:
         if nvml is None:
@@ -39,13 +40,16 @@ def open_nvml(nvml, unavailable: dict, indices: list[int] | None = None, uuids: 
     if not handles:
         unavailable["gpu"] = "NVML found no GPU"
         return None
-    return nvml, handles if uuids is None else _the_runs(nvml, handles, uuids, unavailable)
+    return nvml, handles if run_gpus is None else _the_runs(nvml, handles, run_gpus, unavailable)
 
 
-def _the_runs(nvml, handles: list, uuids: list[str], unavailable: dict) -> list:
-    """The handles whose UUID is one of ``uuids``. A process sees only the GPUs CUDA_VISIBLE_DEVICES
+def _the_runs(nvml, handles: list, run_gpus: list[RunGpu], unavailable: dict) -> list:
+    """The handles of ``run_gpus``' UUIDs. A process sees only the GPUs CUDA_VISIBLE_DEVICES
     leaves it, under its own numbering, while NVML sees the node's: the UUID is the name both share."""
-    want = {bare_uuid(u) for u in uuids}
+    if any(g.uuid is None for g in run_gpus):
+        unavailable["gpu_selection"] = "every GPU sampled: torch gave no UUID for the run's GPU(s)"
+        return handles
+    want = {bare_uuid(g.uuid) for g in run_gpus}
     try:
         have = {i: bare_uuid(nvml.nvmlDeviceGetUUID(h)) for i, h in handles}
     except Exception as e:  # an old driver, a fake

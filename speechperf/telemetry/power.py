@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+from speechperf.telemetry.device_gpus import RunGpu
 from speechperf.telemetry.energy import top_level
 from speechperf.telemetry.sampler import Sampler, SamplerConfig
 
@@ -59,10 +60,10 @@ class PowerMeter:
     """
 
     def __init__(self, interval: float = 0.05, sampler=None, min_seconds: float = ENERGY_MIN_SECONDS,
-                 gpu_uuids: list[str] | None = None):
-        # 50 ms: the sampler's own CPU cost stays small beside the benchmark on 2 cores; gpu_uuids: the
+                 run_gpus: list[RunGpu] | None = None):
+        # 50 ms: the sampler's own CPU cost stays small beside the benchmark on 2 cores; run_gpus: the
         # GPUs measured (None: every GPU of the node), so that an idle neighbour's watts are not counted
-        self.sampler = sampler or Sampler(config=SamplerConfig(interval=interval), gpu_uuids=gpu_uuids)
+        self.sampler = sampler or Sampler(config=SamplerConfig(interval=interval), run_gpus=run_gpus)
         self.min_seconds = min_seconds
         self.seconds = 0.0
         self._t0 = 0.0

@@ -40,6 +40,7 @@ import psutil
 
 from speechperf.telemetry import contention, energy
 from speechperf.telemetry.cpu_clock import CpuReader, CpuSeries, process_start
+from speechperf.telemetry.device_gpus import RunGpu
 from speechperf.telemetry.gpu_reader import GpuReader, open_gpus
 from speechperf.telemetry.rapl import DEFAULT_ROOT, RaplCounters
 from speechperf.telemetry.sample import Sample, achieved_periods
@@ -65,14 +66,14 @@ class Sampler:
 
     ``gpus``: GPU indices to sample (NVML's, or amdsmi's HIP indices; None: every GPU the library
     sees), so that each process of a multi-GPU run can be given its own, or one process all of
-    the node's; ``gpu_uuids``: the GPUs the run uses, by UUID (telemetry/device_gpus.py: a
-    process's CUDA numbering is not NVML's). ``nvml``/``amdsmi``: stand-ins for the libraries
+    the node's; ``run_gpus``: the GPUs the run uses, by UUID and PCI address (telemetry/device_gpus.py:
+    a process's CUDA numbering is not the library's). ``nvml``/``amdsmi``: stand-ins for the libraries
     (tests); None imports them.
     """
 
     def __init__(self, pid: int | None = None, config: SamplerConfig = SamplerConfig(), nvml=None,
                  rapl_root: Path = DEFAULT_ROOT, gpus: list[int] | None = None, amdsmi=None,
-                 gpu_uuids: list[str] | None = None):
+                 run_gpus: list[RunGpu] | None = None):
         self.proc = psutil.Process(pid or os.getpid())
         self.cfg = config
         self.samples: list[Sample] = []
@@ -80,7 +81,7 @@ class Sampler:
         self.cores = psutil.cpu_count(logical=True) or 1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._gpus: list[GpuReader] = (open_gpus(self.unavailable, gpus, nvml, amdsmi, gpu_uuids) if config.gpus
+        self._gpus: list[GpuReader] = (open_gpus(self.unavailable, gpus, nvml, amdsmi, run_gpus) if config.gpus
                                        else [])
         self.gpu_sources = [g.source for g in self._gpus]  # the GPUs it reads ("gpu0": the library's index)
         self._rapl = RaplCounters(rapl_root) if config.rapl else None

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from speechperf.errors import SpeechperfError
-from speechperf.telemetry.device_gpus import run_gpu_uuids
+from speechperf.telemetry.device_gpus import run_gpus
 from speechperf.telemetry.power import ENERGY_MIN_SECONDS, PowerMeter
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -159,7 +159,7 @@ def measure(step, dev: torch.device, m: Method, samples_per_step: float = 1.0, m
     ``times`` (per-step seconds, in time order) is returned too, for callers that aggregate
     them their own way (ops: the paper's middle third)."""
     warm = warm_up(step, dev, m)
-    with (meter or PowerMeter(min_seconds=m.energy_min_seconds, gpu_uuids=run_gpu_uuids(dev))) as power:
+    with (meter or PowerMeter(min_seconds=m.energy_min_seconds, run_gpus=run_gpus(dev))) as power:
         per, stride, wall, timer = timed(step, dev, m, warm["step_s"])
     steps = len(per) * stride
     groups = _split(per, m.repeats)

@@ -42,6 +42,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from speechperf.atomic import atomic_write_text
@@ -94,17 +95,25 @@ def typical_shape(cfg: RunConfig, world: int = 1) -> tuple[int, int]:
     return max(1, lc.batch_size // max(world, 1)), frames
 
 
-def data_shape(cfg: RunConfig, features: Path, world: int = 1) -> tuple[int, int]:
-    """(utterances, padded frames) of the run's own median batch: of rank 0's batches in epoch 2's
-    plan of the run's training splits (shuffled, as every epoch after the first), the one of median
-    padded frames (utterances x its longest). Where the plan holds none, :func:`typical_shape`."""
+def median_batch(cfg: RunConfig, features: Path, world: int = 1) -> np.ndarray | None:
+    """Frames of each utterance of the run's own median batch: of rank 0's batches in epoch 2's plan
+    of the run's training splits (shuffled, as every epoch after the first), the one of median
+    padded frames (utterances x its longest, rounded as the loader pads). None where the plan holds
+    none. ``bench mfu`` times these lengths, ``auto`` their shape."""
     splits = parse_splits(cfg.train.train_splits) or train_splits_of(features)
     index = load_index(features, splits)
     batches = plan_epoch(index, cfg.loader, epoch=2, seed=cfg.train.seed, rank=0, world=world).batches
     if not batches:
-        return typical_shape(cfg, world)
-    shapes = sorted(((len(b), batch_frames(index.frames[b], cfg.loader)) for b in batches), key=lambda s: s[0] * s[1])
-    return shapes[len(shapes) // 2]
+        return None
+    padded = [len(b) * batch_frames(index.frames[b], cfg.loader) for b in batches]
+    return index.frames[batches[sorted(range(len(batches)), key=padded.__getitem__)[len(batches) // 2]]]
+
+
+def data_shape(cfg: RunConfig, features: Path, world: int = 1) -> tuple[int, int]:
+    """(utterances, padded frames) of :func:`median_batch`; where the plan holds none,
+    :func:`typical_shape`."""
+    frames = median_batch(cfg, features, world)
+    return typical_shape(cfg, world) if frames is None else (len(frames), batch_frames(frames, cfg.loader))
 
 
 def synthetic_batch(model, shape: tuple[int, int], device: torch.device) -> Batch:

@@ -14,6 +14,7 @@ import time
 
 from speechperf.results.progress import Clock
 from speechperf.results.rows import Rows
+from speechperf.telemetry.device_gpus import RunGpu
 from speechperf.telemetry.gc_pauses import GcPauses
 from speechperf.telemetry.sampler import Sampler
 
@@ -31,11 +32,11 @@ class MachineRecord:
         self.gc_pauses = GcPauses()  # this process's garbage collections from the clock's start (summary "gc")
         self.gpus: dict | None = None  # the GPUs sampled and, where not the run's alone, why (summary "sampled_gpus")
 
-    def start(self, clock: Clock, gpu_uuids: list[str] | None = None) -> None:
+    def start(self, clock: Clock, run_gpus: list[RunGpu] | None = None) -> None:
         """The sampler and the collection count started; ``clock``: the TTA clock, read once both run;
-        ``gpu_uuids``: the GPUs the run uses on this node (None: every GPU)."""
+        ``run_gpus``: the GPUs the run uses on this node (None: every GPU)."""
         self.segment = time.time()  # one per process: its counters are differenced only among its samples
-        self.sampler = Sampler(os.getpid(), gpu_uuids=gpu_uuids).start()
+        self.sampler = Sampler(os.getpid(), run_gpus=run_gpus).start()
         self.gpus = {"sources": self.sampler.gpu_sources, "selection": self.sampler.unavailable.get("gpu_selection")}
         self.gc_pauses.start()
         self.p0 = time.perf_counter()  # a sample's t from here (the sampler's start, to a few ms)

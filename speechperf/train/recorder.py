@@ -36,6 +36,7 @@ from speechperf.train.machine_record import MachineRecord
 from speechperf.train.warmup import warn_if_slow
 from speechperf.hardware.mfu import RunFlops
 from speechperf.telemetry import contention
+from speechperf.telemetry.device_gpus import RunGpu
 from speechperf.telemetry.status import StatusLine
 from speechperf.tables import print_lines
 
@@ -73,8 +74,8 @@ class Recorder:
         """TTA seconds so far (before run_start: where the run stood at its checkpoint)."""
         return self.clock.now() if self.clock is not None else self.prog.clock_s
 
-    def initialized(self, plan: str, init_s: float, parts: dict, gpu_uuids: list[str] | None = None) -> None:
-        """Initialization is over: the TTA clock starts, continuing a resumed run's; ``gpu_uuids``: the
+    def initialized(self, plan: str, init_s: float, parts: dict, run_gpus: list[RunGpu] | None = None) -> None:
+        """Initialization is over: the TTA clock starts, continuing a resumed run's; ``run_gpus``: the
         node's GPUs the run uses, which rank 0 samples (None: every GPU)."""
         self.prog.init_s += init_s
         self.clock = Clock(self.prog.clock_s)
@@ -151,7 +152,7 @@ class RunRecorder(Recorder):
             log_run_config(rec.events, run.label, cfg, world, splits, batch)
         return rec
 
-    def initialized(self, plan: str, init_s: float, parts: dict, gpu_uuids: list[str] | None = None) -> None:
+    def initialized(self, plan: str, init_s: float, parts: dict, run_gpus: list[RunGpu] | None = None) -> None:
         super().initialized(plan, init_s, parts)
         warn_if_slow(init_s, str(self.out))
         parts = {k: round(v, 3) for k, v in parts.items()}
@@ -162,7 +163,7 @@ class RunRecorder(Recorder):
         else:
             self.events.end(C.INIT_STOP, init_s=round(init_s, 3), **parts)
             self.events.start(C.RUN_START)
-        self.machine.start(self.clock, gpu_uuids)
+        self.machine.start(self.clock, run_gpus)
 
     def count_flops(self, cfg, device) -> dict:
         """The FLOP model and the device's peak, for MFU (initialization, outside the clock);

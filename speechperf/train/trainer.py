@@ -27,7 +27,7 @@ from speechperf.data.batching import Batching
 from speechperf.models import build_model, fp8
 from speechperf.models.contract import compiled
 from speechperf.results import checkpoint
-from speechperf.telemetry.device_gpus import run_gpu_uuids
+from speechperf.telemetry.device_gpus import run_gpus
 from speechperf.train.admission import verify_splits_of
 from speechperf.results.checkpoint import TrainState
 from speechperf.results.progress import Progress
@@ -260,7 +260,7 @@ def run_initialization(t: Trainer, init_t0: float) -> None:
         raise_as(e, t.rec.fail(e))
     t.algo.comm.take()  # the warm-up's collectives (fsdp's gathers) are no step's
     t.rec.initialized(t.plan, time.perf_counter() - init_t0, init_parts,
-                      run_gpu_uuids(device, t.group.env.local_world))  # the GPUs rank 0 samples
+                      run_gpus(device, t.group.env.local_world))  # the GPUs rank 0 samples
 
 
 def raise_as(e: BaseException, err: BaseException):

@@ -50,7 +50,7 @@ class BusyNVML(SteppingNVML):
 
 def test_the_gpus_busy_share_over_the_timed_steps_is_in_the_row_and_its_notes(known_peak, monkeypatch):
     sampler = lambda: Sampler(config=SamplerConfig(rapl=False, gpu_interval=0.001), nvml=BusyNVML())  # noqa: E731
-    monkeypatch.setattr(scale, "PowerMeter", lambda gpu_uuids: PowerMeter(sampler=sampler()))
+    monkeypatch.setattr(scale, "PowerMeter", lambda run_gpus: PowerMeter(sampler=sampler()))
     (row,) = scale.run_scale(scale.Request(("fastconformer-l",), (40,), steps=1, warmup=0, measure_memory=False,
                                            overrides=tuple(TINY)), progress=False)
     assert row["gpu_busy_pct"] == 87.0

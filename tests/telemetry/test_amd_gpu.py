@@ -11,6 +11,7 @@ import pytest
 
 from speechperf.telemetry import amd_gpu
 from speechperf.telemetry.amd_gpu import AmdGpu, open_amdsmi
+from speechperf.telemetry.device_gpus import RunGpu
 from speechperf.telemetry.sampler import Sampler, SamplerConfig, availability
 
 RES = 15.3  # uJ per accumulator tick, as MI200/MI300 boards report it (ROCm/amdsmi issue 115)
@@ -54,6 +55,9 @@ class FakeAMDSMI:
 
     def amdsmi_get_gpu_enumeration_info(self, h):
         return {"drm_render": 128, "drm_card": 0, "hsa_id": 2, "hip_id": {"hA": 0, "hB": 1}[h], "hip_uuid": "GPU-x"}
+
+    def amdsmi_get_gpu_device_bdf(self, h):
+        return {"hA": "0000:83:00.0", "hB": "0000:C1:00.0"}[h]
 
     def amdsmi_get_power_info(self, h):
         self._count("power", h)
@@ -122,10 +126,26 @@ def test_sampler_follows_the_amd_gpus_it_is_given_by_hip_index():
     assert "amdsmi has GPU(s) [0, 1]; asked for index(es) [2]" in bad.unavailable["gpu"]
 
 
-def test_amd_gpus_are_not_matched_to_a_runs_uuids_and_that_is_said():
-    s = Sampler(config=SamplerConfig(rapl=False), nvml=NO_NVML, amdsmi=FakeAMDSMI(), gpu_uuids=["abcd"])
-    assert [g.source for g in s._gpus] == ["gpu0", "gpu1"]
-    assert s.unavailable["gpu_selection"] == "every GPU sampled: amdsmi's GPUs are not matched to the run's"
+def test_the_runs_amd_gpu_is_picked_by_pci_address_and_an_unmatched_one_is_said():
+    """A seed given GPU 1 (HIP_VISIBLE_DEVICES=1) is cuda:0 to torch, HIP index 1 to amdsmi: its PCI
+    address picks it alone, since HIP's UUID and amdsmi's are not formed alike."""
+    picked = Sampler(config=SamplerConfig(rapl=False), nvml=NO_NVML, amdsmi=FakeAMDSMI(),
+                     run_gpus=[RunGpu("GPU-x", "0000:c1:00")])
+    assert [g.source for g in picked._gpus] == ["gpu1"] and "gpu_selection" not in picked.unavailable
+    lost = Sampler(config=SamplerConfig(rapl=False), nvml=NO_NVML, amdsmi=FakeAMDSMI(),
+                   run_gpus=[RunGpu("GPU-x", "0000:99:00")])
+    assert [g.source for g in lost._gpus] == ["gpu0", "gpu1"]  # every GPU, never none
+    assert lost.unavailable["gpu_selection"] == ("every GPU sampled: the run's GPU(s) at 0000:99:00 not all among "
+                                                 "amdsmi's (0000:83:00, 0000:c1:00)")
+    blind = Sampler(config=SamplerConfig(rapl=False), nvml=NO_NVML, amdsmi=FakeAMDSMI(), run_gpus=[RunGpu("u", None)])
+    assert len(blind._gpus) == 2
+    assert blind.unavailable["gpu_selection"] == "every GPU sampled: torch gave no PCI address for the run's GPU(s)"
+
+    class Old(FakeAMDSMI):  # a library without the BDF call
+        amdsmi_get_gpu_device_bdf = None
+
+    old = Sampler(config=SamplerConfig(rapl=False), nvml=NO_NVML, amdsmi=Old(), run_gpus=[RunGpu("u", "0000:c1:00")])
+    assert len(old._gpus) == 2 and old.unavailable["gpu_selection"].startswith("every GPU sampled: amdsmi gave no BDF")
 
 
 def test_without_hip_ids_amdsmis_own_order_is_the_index():

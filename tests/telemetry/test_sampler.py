@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from speechperf.hardware.environment import capture_env
+from speechperf.telemetry.device_gpus import RunGpu
 from speechperf.telemetry.sample import Sample
 from speechperf.telemetry.sampler import Sampler, SamplerConfig
 
@@ -252,18 +253,21 @@ class UuidNVML(FakeNVML):
 def test_the_run_s_gpus_are_picked_by_uuid_and_an_unmatched_one_is_said():
     """A seed given GPU 1 (CUDA_VISIBLE_DEVICES=1) is cuda:0 to torch, NVML's 1: its UUID, as torch
     prints it (no prefix), picks NVML's gpu1 alone, not every GPU of the node."""
-    s = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), gpu_uuids=["bbbb-1"])
+    s = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), run_gpus=[RunGpu("bbbb-1", None)])
     with s:
         time.sleep(0.15)
     assert {x.source for x in s.samples} == {"cpu", "gpu1"} and "gpu_selection" not in s.unavailable
-    both = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), gpu_uuids=["aaaa-0", "BBBB-1"])
+    both = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), run_gpus=[RunGpu("aaaa-0", None), RunGpu("BBBB-1", None)])
     assert [g.source for g in both._gpus] == ["gpu0", "gpu1"]
-    lost = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), gpu_uuids=["cccc-2"])
+    lost = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), run_gpus=[RunGpu("cccc-2", None)])
     assert [g.source for g in lost._gpus] == ["gpu0", "gpu1"]  # every GPU, never none
     assert lost.unavailable["gpu_selection"] == ("every GPU sampled: the run's GPU(s) cccc-2 not all among NVML's "
                                                  "(aaaa-0, bbbb-1)")
-    old = Sampler(config=SamplerConfig(rapl=False), nvml=FakeNVML(), gpu_uuids=["aaaa-0"])  # no nvmlDeviceGetUUID
+    old = Sampler(config=SamplerConfig(rapl=False), nvml=FakeNVML(), run_gpus=[RunGpu("aaaa-0", None)])  # no nvmlDeviceGetUUID
     assert len(old._gpus) == 2 and old.unavailable["gpu_selection"].startswith("every GPU sampled: NVML gave no UUID")
+    blind = Sampler(config=SamplerConfig(rapl=False), nvml=UuidNVML(), run_gpus=[RunGpu(None, "0000:c1:00")])
+    assert len(blind._gpus) == 2
+    assert blind.unavailable["gpu_selection"] == "every GPU sampled: torch gave no UUID for the run's GPU(s)"
 
 
 def test_real_nvml_holds_the_period():

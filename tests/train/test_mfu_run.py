@@ -61,14 +61,15 @@ def test_rank_0_samples_the_gpus_its_run_uses(tiny_features, tmp_path, monkeypat
     those, not every GPU of the node (a stand-in driver here), and the summary says which."""
     from speechperf.train import machine_record, trainer
 
+    from speechperf.telemetry.device_gpus import RunGpu
     from tests.telemetry.test_sampler import UuidNVML  # a node of two GPUs, UUIDs aaaa-0 and bbbb-1
 
     asked = []
-    monkeypatch.setattr(trainer, "run_gpu_uuids", lambda device, local_world: asked.append(
-        (str(device), local_world)) or ["bbbb-1"])
+    monkeypatch.setattr(trainer, "run_gpus", lambda device, local_world: asked.append(
+        (str(device), local_world)) or [RunGpu("bbbb-1", None)])
     real = machine_record.Sampler
-    monkeypatch.setattr(machine_record, "Sampler", lambda pid, gpu_uuids=None: real(pid, nvml=UuidNVML(),
-                                                                                   gpu_uuids=gpu_uuids))
+    monkeypatch.setattr(machine_record, "Sampler", lambda pid, run_gpus=None: real(pid, nvml=UuidNVML(),
+                                                                                   run_gpus=run_gpus))
     summary = train(TrainRequest("tiny", tiny_features, tmp_path / "run", ["max_epochs=1", "threads=1"], quiet=True))
     assert asked == [("cpu", 1)]
     assert summary["sampled_gpus"] == {"sources": ["gpu1"], "selection": None}  # the run's GPU alone, said
