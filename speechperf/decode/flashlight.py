@@ -8,8 +8,10 @@ of the ARPA unigrams through the alphabet, separator included, so flashlight and
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -98,21 +100,24 @@ class FlashlightDecoder:
         return decode_parallel(self, log_probs, lens, workers)
 
 
-def arpa_for(features: Path | None, lm) -> Path:
-    """The ARPA file to load: ``lm`` if a path to one, written from a BigramLM, or FEATS/lm.arpa."""
+@contextlib.contextmanager
+def arpa_file(features: Path | None, lm) -> Iterator[Path]:
+    """The ARPA file to load: ``lm`` if a path to one, FEATS/lm.arpa, or one written from a BigramLM
+    into a temporary folder removed on exit (KenLM has read it all by then)."""
     if isinstance(lm, (str, Path)) and Path(lm).suffix != ".json":
-        return Path(lm)
-    if lm is None and features is not None:
+        yield Path(lm)
+    elif lm is None and features is not None:
         arpa = Path(features) / ARPA_NAME
         if not arpa.exists() or not (Path(features) / LM_NAME).exists():
             load_lm(features)  # builds lm.json and lm.arpa when missing
-        return arpa
-    if lm is None:
+        yield arpa
+    elif lm is None:
         raise SpeechperfError("flashlight needs an LM: give features=FEATS or lm=ARPA path / BigramLM")
-    bigram = lm if isinstance(lm, BigramLM) else load_lm(lm)
-    path = Path(tempfile.mkdtemp(prefix="speechperf-lm-")) / ARPA_NAME
-    write_arpa(bigram, path)
-    return path
+    else:
+        bigram = lm if isinstance(lm, BigramLM) else load_lm(lm)
+        with tempfile.TemporaryDirectory(prefix="speechperf-lm-") as folder:
+            write_arpa(bigram, Path(folder) / ARPA_NAME)
+            yield Path(folder) / ARPA_NAME
 
 
 @register_decoder("flashlight")
@@ -125,4 +130,5 @@ def make_flashlight(beam: int = 256, features=None, lm=None, lm_weight: float = 
                               "pip install 'speechperf[flashlight]'") from None
     if beam == 1:
         return GreedyDecoder()
-    return FlashlightDecoder(arpa_for(features, lm), beam, lm_weight=lm_weight, **kw)
+    with arpa_file(features, lm) as arpa:
+        return FlashlightDecoder(arpa, beam, lm_weight=lm_weight, **kw)

@@ -1,3 +1,4 @@
+import importlib.util
 import itertools
 import json
 
@@ -258,6 +259,24 @@ def test_flashlight_agrees_on_peaked_matrices(tmp_path):
     (tmp_path / "bad.arpa").write_text("hello\n")
     with pytest.raises(LMError, match="bad.arpa"):
         get_decoder("flashlight", beam=16, lm=tmp_path / "bad.arpa")
+
+
+def test_an_lm_object_is_written_to_an_arpa_file_that_is_removed_after(tmp_path, monkeypatch):
+    """flashlight loads ARPA files: a BigramLM given in memory is written to a temporary one,
+    read whole by KenLM at construction, then removed (not one folder left per decoder)."""
+    import tempfile
+
+    from speechperf.decode.flashlight import arpa_file, arpa_words
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with arpa_file(None, lm_of()) as arpa:
+        assert sorted(arpa_words(arpa)) == lm_of().words
+    assert not arpa.exists() and list(tmp_path.iterdir()) == []
+    with arpa_file(None, tmp_path / "user.arpa") as given:  # the user's file: named as it is, kept
+        assert given == tmp_path / "user.arpa"
+    if importlib.util.find_spec("flashlight") is not None:
+        dec = get_decoder("flashlight", beam=16, lm=lm_of())
+        assert dec.decode(spell("a good book")) == "a good book" and list(tmp_path.iterdir()) == []
 
 
 def test_lm_build_errors_name_the_folder(tmp_path):
