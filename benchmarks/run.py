@@ -49,6 +49,7 @@ SUITE = {
     "op_trace": "bench_op_trace",
     "transducer_beam": "bench_transducer_beam",
     "dropout": "bench_dropout",
+    "pad_multiple": "bench_pad_multiple",
 }
 
 
