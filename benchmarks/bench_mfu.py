@@ -53,10 +53,12 @@ def batch_lengths(cfg, data: Path | None, rng: np.random.Generator) -> list[int]
     return frames.tolist()
 
 
-def make_batch(lengths: list[int], out_lens: torch.Tensor, rng: np.random.Generator) -> Batch:
-    """Random features padded to the longest; labels that fit each utterance's output frames."""
+def make_batch(lengths: list[int], out_lens: torch.Tensor, rng: np.random.Generator,
+               width: int | None = None) -> Batch:
+    """Random features padded to ``width`` (default: the longest); labels that fit each utterance's
+    output frames."""
     lens = torch.tensor(lengths)
-    feats = torch.randn(len(lengths), max(lengths), FeatureConfig().dim)  # (B, T, 93)
+    feats = torch.randn(len(lengths), width or max(lengths), FeatureConfig().dim)  # (B, T, 93)
     label_lens = (out_lens // LABEL_FRAMES).clamp(min=1)
     labels = torch.from_numpy(rng.integers(2, 29, int(label_lens.sum())))
     return Batch(feats, lens, labels, label_lens, [str(i) for i in range(len(lengths))], [""] * len(lengths),

@@ -32,15 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench_mfu import make_batch
 from speechperf.config import load_preset
 from speechperf.data.check import parse_splits, train_splits_of
-from speechperf.data.loader import Batch, load_index
+from speechperf.data.loader import load_index
 from speechperf.data.plan import batch_frames, plan_epoch
 from speechperf.errors import SpeechperfError
-from speechperf.features.feature_config import FeatureConfig
 from speechperf.hardware.capability import cpu_flags, isa
 from speechperf.models import build_model
-from speechperf.train.auto_precision import LABEL_FRAMES
 from speechperf.train.step import make_optimizer, train_step
 
 GOAL = ("docs/presets.md: loader.pad_multiple makes a CPU preset's epochs faster than unrounded batches, "
@@ -56,16 +55,6 @@ def shapes(cfg, features: Path, epochs: int) -> list[list[tuple[list[int], int]]
     index = load_index(features, parse_splits(cfg.train.train_splits) or train_splits_of(features))
     plans = (plan_epoch(index, cfg.loader, epoch=e, seed=cfg.train.seed).batches for e in range(1, epochs + 1))
     return [[(index.frames[b].tolist(), batch_frames(index.frames[b], cfg.loader)) for b in plan] for plan in plans]
-
-
-def make_batch(model, lengths: list[int], width: int, rng: np.random.Generator) -> Batch:
-    """Random features (B, width, F) of these valid lengths; labels that fit each utterance's output."""
-    lens = torch.tensor(lengths)  # (B,)
-    out_lens, _ = model.plan(lens, width)
-    label_lens = (out_lens // LABEL_FRAMES).clamp(min=1)  # (B,)
-    labels = torch.from_numpy(rng.integers(2, 29, int(label_lens.sum())))
-    feats = torch.randn(len(lengths), width, FeatureConfig().dim)  # (B, T, F)
-    return Batch(feats, lens, labels, label_lens, [""] * len(lengths), [""] * len(lengths), float(lens.sum()) / 100)
 
 
 def replay(preset: str, overrides: list[str], epochs_shapes: list, threads: int,
@@ -88,7 +77,8 @@ def replay(preset: str, overrides: list[str], epochs_shapes: list, threads: int,
             os.write(1, f"EPOCH {n}\n".encode())
         times = []
         for lengths, width in epoch:
-            batch = make_batch(model, lengths, width, rng)
+            out_lens, _ = model.plan(torch.tensor(lengths), width)
+            batch = make_batch(lengths, out_lens, rng, width)
             t = time.perf_counter()
             train_step(model, batch, optimizer, scaler, torch.device("cpu"), cfg.train)
             times.append(time.perf_counter() - t)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 
-from speechperf.telemetry.device_gpus import RunGpu, pci_of_bdf
+from speechperf.telemetry.device_gpus import RunGpu, pci_of_bdf, pick_runs
 from speechperf.telemetry.energy import integrate
 from speechperf.telemetry.sample import Sample
 
@@ -60,21 +60,9 @@ def open_amdsmi(amdsmi, unavailable: dict, indices: list[int] | None = None, run
 
 def _the_runs(amdsmi, handles: list, run_gpus: list[RunGpu], unavailable: dict) -> list:
     """The handles at ``run_gpus``' PCI addresses (amdsmi's BDF less its function)."""
-    if any(g.pci is None for g in run_gpus):
-        unavailable["gpu_selection"] = "every GPU sampled: torch gave no PCI address for the run's GPU(s)"
-        return handles
-    want = {g.pci for g in run_gpus}
-    try:
-        have = {i: pci_of_bdf(amdsmi.amdsmi_get_gpu_device_bdf(h)) for i, h in handles}
-    except Exception as e:  # a library without the call, a refused reading
-        unavailable["gpu_selection"] = f"every GPU sampled: amdsmi gave no BDF ({type(e).__name__}: {e})"
-        return handles
-    picked = [(i, h) for i, h in handles if have[i] in want]
-    if len(picked) != len(want):
-        unavailable["gpu_selection"] = (f"every GPU sampled: the run's GPU(s) at {', '.join(sorted(want))} not all "
-                                        f"among amdsmi's ({', '.join(str(p) for p in have.values())})")
-        return handles
-    return picked
+    want = None if any(g.pci is None for g in run_gpus) else {g.pci for g in run_gpus}
+    return pick_runs(handles, want, lambda h: pci_of_bdf(amdsmi.amdsmi_get_gpu_device_bdf(h)), "amdsmi",
+                     ("PCI address", "BDF"), unavailable)
 
 
 def _by_hip_index(amdsmi, handles: list) -> dict:

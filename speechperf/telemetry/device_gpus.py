@@ -61,6 +61,29 @@ def pci_of_bdf(bdf) -> str | None:
     return f"{domain:04x}:{bus:02x}:{dev:02x}"
 
 
+def pick_runs(handles: list, want: set[str] | None, name_of, library: str, names: tuple[str, str],
+              unavailable: dict) -> list:
+    """Of a library's ``handles`` ([(index, handle)]), those whose name ``name_of(handle)`` is one of
+    ``want``: the run's GPUs as that library names them (None: torch could not name one).
+    ``names``: (torch's name, the library's), for the reasons. Where torch or the library gives no
+    name, or one of ``want`` is not found: every handle, and why in ``unavailable["gpu_selection"]``
+    (energy then counts every GPU of the node, and the run's summary says so)."""
+    if want is None:
+        unavailable["gpu_selection"] = f"every GPU sampled: torch gave no {names[0]} for the run's GPU(s)"
+        return handles
+    try:
+        have = {i: name_of(h) for i, h in handles}
+    except Exception as e:  # a library without the call, an old driver, a refused reading
+        unavailable["gpu_selection"] = f"every GPU sampled: {library} gave no {names[1]} ({type(e).__name__}: {e})"
+        return handles
+    picked = [(i, h) for i, h in handles if have[i] in want]
+    if len(picked) != len(want):
+        unavailable["gpu_selection"] = (f"every GPU sampled: the run's GPU(s) {', '.join(sorted(want))} not all among "
+                                        f"{library}'s ({', '.join(str(n) for n in have.values())})")
+        return handles
+    return picked
+
+
 def cuda_free_bytes(device) -> int:
     """What a CUDA device can still give this process: the driver's free memory and what this
     process's caching allocator holds unused (the driver counts it used; torch frees such blocks

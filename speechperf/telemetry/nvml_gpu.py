@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from speechperf.telemetry.device_gpus import RunGpu
+from speechperf.telemetry.device_gpus import RunGpu, pick_runs
 from speechperf.telemetry.sample import Sample
 
 # nvml constants (pynvml's values; a fake driver may leave them out)
@@ -46,21 +46,9 @@ def open_nvml(nvml, unavailable: dict, indices: list[int] | None = None, run_gpu
 def _the_runs(nvml, handles: list, run_gpus: list[RunGpu], unavailable: dict) -> list:
     """The handles of ``run_gpus``' UUIDs. A process sees only the GPUs CUDA_VISIBLE_DEVICES
     leaves it, under its own numbering, while NVML sees the node's: the UUID is the name both share."""
-    if any(g.uuid is None for g in run_gpus):
-        unavailable["gpu_selection"] = "every GPU sampled: torch gave no UUID for the run's GPU(s)"
-        return handles
-    want = {bare_uuid(g.uuid) for g in run_gpus}
-    try:
-        have = {i: bare_uuid(nvml.nvmlDeviceGetUUID(h)) for i, h in handles}
-    except Exception as e:  # an old driver, a fake
-        unavailable["gpu_selection"] = f"every GPU sampled: NVML gave no UUID ({type(e).__name__}: {e})"
-        return handles
-    picked = [(i, h) for i, h in handles if have[i] in want]
-    if len(picked) != len(want):
-        unavailable["gpu_selection"] = (f"every GPU sampled: the run's GPU(s) {', '.join(sorted(want))} not all among "
-                                        f"NVML's ({', '.join(have.values())})")
-        return handles
-    return picked
+    want = None if any(g.uuid is None for g in run_gpus) else {bare_uuid(g.uuid) for g in run_gpus}
+    return pick_runs(handles, want, lambda h: bare_uuid(nvml.nvmlDeviceGetUUID(h)), "NVML", ("UUID", "UUID"),
+                     unavailable)
 
 
 def bare_uuid(uuid) -> str:

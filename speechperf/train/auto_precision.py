@@ -105,8 +105,10 @@ def median_batch(cfg: RunConfig, features: Path, world: int = 1) -> np.ndarray |
     batches = plan_epoch(index, cfg.loader, epoch=2, seed=cfg.train.seed, rank=0, world=world).batches
     if not batches:
         return None
-    padded = [len(b) * batch_frames(index.frames[b], cfg.loader) for b in batches]
-    return index.frames[batches[sorted(range(len(batches)), key=padded.__getitem__)[len(batches) // 2]]]
+    widths = [batch_frames(index.frames[b], cfg.loader) for b in batches]
+    # by padded frames (utterances x width); ties by utterances, then width
+    order = sorted(range(len(batches)), key=lambda i: (len(batches[i]) * widths[i], len(batches[i]), widths[i]))
+    return index.frames[batches[order[len(order) // 2]]]
 
 
 def data_shape(cfg: RunConfig, features: Path, world: int = 1) -> tuple[int, int]:

@@ -135,7 +135,7 @@ def test_the_runs_amd_gpu_is_picked_by_pci_address_and_an_unmatched_one_is_said(
     lost = Sampler(config=SamplerConfig(rapl=False), nvml=NO_NVML, amdsmi=FakeAMDSMI(),
                    run_gpus=[RunGpu("GPU-x", "0000:99:00")])
     assert [g.source for g in lost._gpus] == ["gpu0", "gpu1"]  # every GPU, never none
-    assert lost.unavailable["gpu_selection"] == ("every GPU sampled: the run's GPU(s) at 0000:99:00 not all among "
+    assert lost.unavailable["gpu_selection"] == ("every GPU sampled: the run's GPU(s) 0000:99:00 not all among "
                                                  "amdsmi's (0000:83:00, 0000:c1:00)")
     blind = Sampler(config=SamplerConfig(rapl=False), nvml=NO_NVML, amdsmi=FakeAMDSMI(), run_gpus=[RunGpu("u", None)])
     assert len(blind._gpus) == 2
