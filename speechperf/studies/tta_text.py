@@ -61,9 +61,10 @@ def target_text(row: dict) -> str:
 
 def to_accuracy(row: dict) -> str:
     """What reaching the target took beyond time: ``0.0021 kWh``, ``$0.013`` or both; else
-    ``none`` and one word why (the row's price note says it whole, ``--wide``)."""
+    ``none`` and one word why (the row's price note says it whole, ``--wide``): a run still going
+    (or cut off before it finished) has not failed to reach the target yet."""
     if row.get("minutes") is None:
-        return "none: unreached"
+        return "none yet: unfinished" if row.get("state") == "unfinished" else "none: unreached"
     kwh, usd = row.get("energy to accuracy kWh"), row.get("cost to accuracy $")
     parts = ([f"{kwh:.2g} kWh"] if kwh is not None else []) + ([f"${usd:.2g}"] if usd is not None else [])
     return " ".join(parts) or UNMETERED
