@@ -32,6 +32,7 @@ sys.path.insert(0, str(HERE))
 from bench_convergence import child_env  # noqa: E402
 from speechperf.atomic import atomic_write_text  # noqa: E402
 from speechperf.hardware.op_trace import BY_MAKER, by_maker, first_difference, trace_digest  # noqa: E402
+from speechperf.studies import curve  # noqa: E402
 from speechperf.tables import emit  # noqa: E402
 
 GOAL = ("docs/reproduce.md: under the whole ISA cap an Intel Xeon and an AMD EPYC compute a CPU preset's "
@@ -112,9 +113,10 @@ def compared(preset: str, mine: dict, stored: dict) -> list[dict]:
 
 def incomparable(mine: dict, theirs: dict) -> str | None:
     """Why two traces cannot be compared (another torch, features or recipe), or None."""
-    for key in ("torch", "features_sha256", "cap", "steps", "precision", "optim_impl"):
-        if mine.get(key) != theirs.get(key):
-            return f"cannot be compared: {key} {mine.get(key)} (stored {theirs.get(key)})"
+    for key in ("torch", "features_sha256", "cap", "steps", "precision", "optim_impl", "ctc_kernel"):
+        a, b = (curve.setting(s, key) if key in curve.RECORDED_BEFORE else s.get(key) for s in (mine, theirs))
+        if a != b:  # a trace stored before a kernel setting existed: as curves of then (curve.RECORDED_BEFORE)
+            return f"cannot be compared: {key} {a} (stored {b})"
     return None
 
 
@@ -147,7 +149,7 @@ def child(preset: str, data: Path, steps: int) -> dict:
     from speechperf.hardware.isa_cap import effective
     from speechperf.hardware.environment import cpu_model
     from speechperf.hardware.op_trace import OpTrace
-    from speechperf.studies import curve, rcp
+    from speechperf.studies import rcp
     from speechperf.train.distributed import configure_determinism
     from speechperf.drive.reproduce import recipe_precision
     from speechperf.features.checksum import features_sha256
@@ -156,10 +158,9 @@ def child(preset: str, data: Path, steps: int) -> dict:
     from speechperf.models.contract import planned_forward
 
     ref = rcp.load_reference(preset) or {}
-    impl = next((curve.optim_impl(c["settings"]) for s in ref.get("seeds", []) for c in s.get("curves", [])), None)
+    kernels = next((curve.forced(c["settings"]) for s in ref.get("seeds", []) for c in s.get("curves", [])), [])
     over = [*upgrade.overrides(ref.get("overrides", [])), f"train.system.precision={recipe_precision(ref)}",
-            "train.seed=1", "train.system.threads=1", "train.system.device=cpu",
-            *([f"train.optim.impl={impl}"] if impl else [])]
+            "train.seed=1", "train.system.threads=1", "train.system.device=cpu", *kernels]  # the curves' kernels
     cfg = load_preset(preset, over)
     configure_determinism(cfg.train.system.deterministic)
     torch.set_num_threads(1)
@@ -177,7 +178,8 @@ def child(preset: str, data: Path, steps: int) -> dict:
     settings = {"cpu_vendor": curve.cpu_vendor(cpu_model()), "machine": cpu_model(),
                 "torch": torch.__version__, "mkl": fx["mkl"], "onednn": fx["onednn"], "cap": fx["cap"],
                 "features_sha256": features_sha256(data, cfg.loader.units), "steps": steps,
-                "precision": tc.system.precision, "optim_impl": tc.optim.impl, "kernels": fx["kernels"]}
+                "precision": tc.system.precision, "optim_impl": tc.optim.impl, "ctc_kernel": tc.system.ctc_kernel,
+                "kernels": fx["kernels"]}
     return {"settings": settings, "ops": trace.ops}
 
 

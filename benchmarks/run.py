@@ -50,6 +50,7 @@ SUITE = {
     "transducer_beam": "bench_transducer_beam",
     "dropout": "bench_dropout",
     "pad_multiple": "bench_pad_multiple",
+    "ctc": "bench_ctc",
 }
 
 

@@ -257,15 +257,14 @@ def recipe_precision(ref: dict) -> str:
 
 
 def child_command(preset: str, data: Path, seed: int, epochs: int, folder: Path, overrides,
-                  resume: str = "no", precision: str = "fp32", impl: str | None = None) -> list[str]:
+                  resume: str = "no", precision: str = "fp32", kernels: list[str] = ()) -> list[str]:
     """The ``speechperf train`` command of a reproduction (the child process); ``overrides``:
     the reference's (its recipe), before the settings a reproduction fixes; ``precision``: the
-    reference's (:func:`recipe_precision`), forced over the preset's ``auto``; ``impl``: the
-    curve's optimizer step (:func:`curve.optim_impl`: not part of the recipe, but fused and
-    single-tensor steps sum in another order), forced over the preset's; None: the preset's."""
-    fixed = [f"train.optim.impl={impl}"] if impl else []
+    reference's (:func:`recipe_precision`), forced over the preset's ``auto``; ``kernels``: the
+    curve's optimizer step and CTC kernel (:func:`curve.forced`: not part of the recipe, but other
+    kernels of the same step sum in another order), forced over the preset's."""
     return [sys.executable, "-m", "speechperf", "train", "--preset", preset, "--data", str(data), "--out", str(folder),
-            "--resume", resume, "--json", *overrides, *fixed, f"train.system.precision={precision}",
+            "--resume", resume, "--json", *overrides, *kernels, f"train.system.precision={precision}",
             f"train.seed={seed}", f"train.system.threads={curve.ONE_THREAD}",
             f"train.stop.after_epochs={epochs}", "train.stop.time_cap_minutes=0", "train.eval.final_splits=none"]
 
@@ -275,7 +274,7 @@ def _train(preset: str, data: Path, seed: int, epochs: int, folder: Path, theirs
     """Train the child under the reference's cap, in the reference's ``precision``; its output goes
     to ``folder/reproduce.log``."""
     cmd = child_command(preset, data, seed, epochs, folder, overrides, precision=precision,
-                        impl=curve.optim_impl(theirs))
+                        kernels=curve.forced(theirs))
     if not quiet:
         print(f"reproduce: training {preset} seed {seed} for {epochs} epochs under the {theirs.get('cap')} cap at "
               f"1 thread (log: {folder / 'reproduce.log'})", file=sys.stderr, flush=True)

@@ -80,7 +80,8 @@ class AttentionED:
         losses = torch.where(torch.isfinite(losses), losses, 0.0)
         return losses.sum() / max(len(out_lens) - impossible, 1), impossible
 
-    def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str) -> torch.Tensor:
+    def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str,
+                    ctc_kernel: str = "numba") -> torch.Tensor:
         return self.losses(model, out, out_lens, labels, label_lens, device, precision)
 
     def decode_ids(self, model, out, out_lens, decoder: str = "greedy", beam: int = 1) -> list[list[int]]:

@@ -1,5 +1,7 @@
 """CTC (Graves et al. 2006): the objective of DS2, the Conformer-CTC and every model whose
-``forward`` returns log-probabilities ``(T', B, C)``; the loss is torch's ``F.ctc_loss``.
+``forward`` returns log-probabilities ``(T', B, C)``; the loss is :func:`ctc_losses`: on a CPU
+speechperf's kernel (objectives/ctc_cpu.py, ``train.system.ctc_kernel=numba``, the default), on a
+GPU or with ``ctc_kernel=torch`` torch's ``F.ctc_loss``.
 
 An alignment of a label sequence exists iff its utterance has at least as many output frames
 as the sequence needs: its length, plus one blank between each pair of equal neighbours. The
@@ -8,7 +10,7 @@ length; subword units may repeat, and the loader then gives each batch's needs (
 host arithmetic). An utterance without an alignment has an infinite loss: it is zeroed and
 counted, never averaged in. This module is the code the step, the evaluation, the warm-up, the
 FLOP count and ``bench zoo`` ran before objectives had names, moved here unchanged (the
-reference curves reproduce bit for bit).
+reference curves reproduce bit for bit; a reproduction trains with its curve's CTC kernel).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from speechperf.corpus import alphabet
 from speechperf.decode.batch import Pending
 from speechperf.models.contract import to_device
-from speechperf.objectives import register_objective
+from speechperf.objectives import ctc_cpu, register_objective
 
 
 def needed_frames(batch) -> torch.Tensor:
@@ -44,13 +46,12 @@ class CTC:
         if tc.system.deterministic and device.type == "cuda":
             # CUDA's CTC backward accumulates with atomics and has no deterministic variant: the
             # CPU's is exact (the cost of determinism: a transfer and the CPU's CTC per step)
-            losses = F.ctc_loss(log_probs.cpu(), batch.labels, out_lens, batch.label_lens, blank=0,
-                                reduction="none", zero_infinity=True)
+            losses = ctc_losses(log_probs.cpu(), batch.labels, out_lens, batch.label_lens, tc.system.ctc_kernel,
+                                zero_infinity=True)
             return (losses.sum() / valid).to(device), impossible
         labels = to_device(batch.labels, device)
         # lengths stay on the CPU: F.ctc_loss wants them there, a device copy would be read back
-        losses = F.ctc_loss(log_probs, labels, out_lens, batch.label_lens, blank=0, reduction="none",
-                            zero_infinity=True)
+        losses = ctc_losses(log_probs, labels, out_lens, batch.label_lens, tc.system.ctc_kernel, zero_infinity=True)
         return losses.sum() / valid, impossible
 
     def eval_submit(self, model, out, out_lens, pool, decoder: str, beam: int, units=None) -> torch.Tensor:
@@ -60,10 +61,10 @@ class CTC:
         pool.submit(host_copy(log_probs), out_lens.numpy())
         return log_probs
 
-    def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str) -> torch.Tensor:
+    def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str,
+                    ctc_kernel: str = "numba") -> torch.Tensor:
         """(B,) the evaluation's per-utterance losses (inf where impossible: left out of the mean)."""
-        return F.ctc_loss(out, to_device(labels, device), out_lens, label_lens, blank=0, reduction="none",
-                          zero_infinity=False)
+        return ctc_losses(out, to_device(labels, device), out_lens, label_lens, ctc_kernel, zero_infinity=False)
 
     def texts(self, model, out, out_lens, count: int, units=None, decoder: str = "greedy", beam: int = 1
               ) -> list[str]:
@@ -82,7 +83,8 @@ class CTC:
         """The mean CTC loss of random letters, a third of each utterance's frames (``bench zoo``)."""
         label_lens = (out_lens // 3).clamp(min=1)  # (B,): every label sequence fits its frames
         labels = torch.randint(2, min(28, classes), (int(label_lens.sum()),), device=out.device)
-        return F.ctc_loss(out.float(), labels, out_lens, label_lens, zero_infinity=True)
+        losses = ctc_losses(out.float(), labels, out_lens, label_lens, "numba", zero_infinity=True)
+        return (losses / label_lens.clamp(min=1)).mean()  # F.ctc_loss's reduction="mean"
 
     def warm_decode(self, decoder, classes: int, frames: int) -> None:
         """Decode a random batch of ``classes`` symbols: compiles every kernel the evaluation calls."""
@@ -90,6 +92,15 @@ class CTC:
         logits = rng.standard_normal((frames, 2, classes)).astype(np.float32)  # (T, B, C)
         log_probs = logits - np.log(np.exp(logits).sum(axis=2, keepdims=True))
         decoder.decode_batch(log_probs.astype(np.float32), np.array([frames, frames // 2], dtype=np.int64))
+
+
+def ctc_losses(log_probs: torch.Tensor, labels: torch.Tensor, out_lens, label_lens, kernel: str,
+               zero_infinity: bool) -> torch.Tensor:
+    """(B,) per-utterance CTC losses of log-probabilities (T', B, C), blank 0: by speechperf's kernel where
+    they are on the CPU and ``kernel`` (``train.system.ctc_kernel``) is "numba", else by torch's."""
+    if kernel == "numba" and log_probs.device.type == "cpu" and log_probs.dtype in (torch.float32, torch.float64):
+        return ctc_cpu.ctc_loss(log_probs, labels, out_lens, label_lens, blank=0, zero_infinity=zero_infinity)
+    return F.ctc_loss(log_probs, labels, out_lens, label_lens, blank=0, reduction="none", zero_infinity=zero_infinity)
 
 
 def host_copy(log_probs: torch.Tensor) -> np.ndarray | Pending:

@@ -20,13 +20,12 @@ import time
 import numpy as np
 import psutil
 import torch
-import torch.nn.functional as F
 
 from speechperf.corpus import alphabet
 from speechperf.errors import ConfigError
 from speechperf.models.contract import autocast, to_device, unwrap
 from speechperf.objectives import register_objective
-from speechperf.objectives.ctc import needed_frames
+from speechperf.objectives.ctc import ctc_losses, needed_frames
 from speechperf.objectives.rnnt_loss import joint_bytes
 from speechperf.objectives.tdt import decode, head_loss, impossible as impossible_count
 from speechperf.telemetry.device_gpus import cuda_free_bytes
@@ -74,11 +73,12 @@ class Transducer:
         loss = losses.sum() / max(len(out_lens) - impossible, 1)
         weight = unwrap(model).cfg.ctc_weight
         if weight > 0:
-            aux = ctc_aux_loss(model, out, out_lens, batch, device, tc.system.precision)
+            aux = ctc_aux_loss(model, out, out_lens, batch, device, tc.system.precision, tc.system.ctc_kernel)
             loss = (1.0 - weight) * loss + weight * aux
         return loss, impossible
 
-    def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str) -> torch.Tensor:
+    def eval_losses(self, model, out, out_lens, labels, label_lens, device, precision: str,
+                    ctc_kernel: str = "numba") -> torch.Tensor:
         return self.losses(model, out, out_lens, labels, label_lens, device, precision)
 
     def decode_ids(self, model, out, out_lens, decoder: str = "greedy", beam: int = 1) -> list[list[int]]:
@@ -152,15 +152,15 @@ class Transducer:
                               "loader.max_duration, or model.joint_dim")
 
 
-def ctc_aux_loss(model, out, out_lens, batch, device, precision: str) -> torch.Tensor:
-    """The auxiliary CTC head's loss (objectives/ctc.py's, on ``model.ctc_log_probs(out)``, the head in
-    the step's precision): summed over the utterances with enough frames for their labels, divided by
-    their count."""
+def ctc_aux_loss(model, out, out_lens, batch, device, precision: str, kernel: str = "numba") -> torch.Tensor:
+    """The auxiliary CTC head's loss (objectives/ctc.py's, by ``kernel``, on ``model.ctc_log_probs(out)``,
+    the head in the step's precision): summed over the utterances with enough frames for their labels,
+    divided by their count."""
     with autocast(device, precision):
         log_probs = unwrap(model).ctc_log_probs(out)  # (T', B, V) float32
     valid = max(int((out_lens >= needed_frames(batch)).sum()), 1)  # CPU lengths: no device sync
-    losses = F.ctc_loss(log_probs, to_device(batch.labels, device), out_lens, batch.label_lens, blank=0,
-                        reduction="none", zero_infinity=True)
+    losses = ctc_losses(log_probs, to_device(batch.labels, device), out_lens, batch.label_lens, kernel,
+                        zero_infinity=True)
     return losses.sum() / valid
 
 

@@ -27,10 +27,14 @@ METRICS = rcp.CURVE_METRICS  # what a curve holds per epoch (evals columns); rcp
 # (the CPU's maker too: under the same cap and libraries a 1-thread run on an Intel Xeon
 # differed from the AMD EPYC curve at epoch 1; two AMD generations, AVX2 and AVX-512, agreed)
 MUST_MATCH = ("torch", "threads", "cap", "MKL_CBWR", "cpu_capability", "features_sha256", "seed", "cpu_vendor",
-              "optim_impl")
+              "optim_impl", "ctc_kernel")
 # a setting a curve recorded before it existed, as it was then: every curve before "optim_impl" was
-# trained with torch's default optimizer step except transducer-cpu's, whose file says "fused"
-RECORDED_BEFORE = {"optim_impl": "default"}
+# trained with torch's default optimizer step except transducer-cpu's, whose file says "fused"; every
+# curve before "ctc_kernel" with torch's CTC loss
+RECORDED_BEFORE = {"optim_impl": "default", "ctc_kernel": "torch"}
+# the settings a reproduction trains with whatever the preset says now: the kernels of the same loss and
+# optimizer step, which sum in another order (not part of the recipe)
+FORCED = {"optim_impl": "train.optim.impl", "ctc_kernel": "train.system.ctc_kernel"}
 # settings that must be equal as well where both sides recorded them (oneDNN's ISA is only
 # read where oneDNN printed it; its version where torch's build names it)
 MATCH_WHERE_KNOWN = ("onednn_isa", "onednn", "mkl")
@@ -58,6 +62,8 @@ def settings_of(config: dict, env: dict) -> dict:
             "cpu_vendor": cpu_vendor(env.get("cpu_model")),
             # the optimizer's kernels (train.optim.impl): the same training, other float sums
             "optim_impl": (train.get("optim") or {}).get("impl", "default"),
+            # the CTC loss's kernel (train.system.ctc_kernel): the same loss, other float sums
+            "ctc_kernel": (train.get("system") or {}).get("ctc_kernel", RECORDED_BEFORE["ctc_kernel"]),
             **kernel_fingerprint.as_settings(isa.get("kernels"))}
 
 
@@ -109,10 +115,16 @@ def optim_impl(settings: dict) -> str:
     return setting(settings, "optim_impl")
 
 
+def forced(settings: dict) -> list[str]:
+    """The overrides that make a reproduction train with the kernels a curve of ``settings`` was
+    trained with (:data:`FORCED`: ``train.optim.impl=default``, ``train.system.ctc_kernel=torch``)."""
+    return [f"{field}={setting(settings, key)}" for key, field in FORCED.items()]
+
+
 def comparable(mine: dict, theirs: dict) -> str | None:
     """None when a run of settings ``mine`` can reproduce a curve of settings ``theirs``;
     else why not, and what to run instead. The seed, torch, threads (1), the cap and the
-    features must be the same, and the optimizer's step (fused or not: other float sums)."""
+    features must be the same, and the optimizer's step (fused or not) and the CTC kernel (other float sums)."""
     rerun = f"rerun with --isa {theirs.get('cap') or 'avx2'} threads=1"  # the cap the curve was made under
     if mine.get("threads") != ONE_THREAD:
         threads = mine.get("threads")
@@ -121,7 +133,7 @@ def comparable(mine: dict, theirs: dict) -> str | None:
         return f"no ISA cap; {rerun}"  # without one, the kernels follow the machine
     found = differences(mine, theirs)
     missing = [d for d in found if d.split(" ", 1)[0] in ("torch", "threads", "features_sha256",
-                                                          "seed", "cap", "MKL_CBWR", "cpu_vendor", "optim_impl")]
+                                                          "seed", "cap", "MKL_CBWR", "cpu_vendor", *FORCED)]
     if missing and kernel_fingerprint.differing(mine, theirs) is not None:  # another maker: which kernels differ
         missing += [d for d in found if d.startswith("kernels")] or ["the kernels' fingerprints agree"]
     return "; ".join(missing) if missing else None

@@ -42,7 +42,7 @@ def evaluate_run(run: Path, split: str = "dev-clean", decoder: str = "wordbeam",
     features folder, where it is not where the run recorded it (another machine)."""
     model, cfg, feats, _ = load_run_model(Path(run), data)
     r = evaluate(model, feats, split, Batching(cfg.loader), torch.device("cpu"), decoder=decoder, beam=beam,
-                 workers=workers, mode=mode)
+                 workers=workers, mode=mode, ctc_kernel=cfg.train.system.ctc_kernel)
     return {k: v for k, v in r.items() if k != "pairs"}
 
 
@@ -56,7 +56,7 @@ def beam_sweep(run: Path, widths: list[int], split: str = "dev-clean", decoder: 
         model, cfg, feats, _ = load_run_model(r)
         for width in widths:
             e = evaluate(model, feats, split, Batching(cfg.loader), torch.device("cpu"), decoder=decoder, beam=width,
-                         workers=workers, mode=mode)
+                         workers=workers, mode=mode, ctc_kernel=cfg.train.system.ctc_kernel)
             row = {"run_id": r.run_id, "split": split, "decoder": e["decoder"], "beam": e["beam"],
                    "eval_s": e["eval_s"],
                    **{c: e.get(c) for c in metric.columns()}, "n_utts": e["n_utts"], "device": "cpu"}

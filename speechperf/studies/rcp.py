@@ -30,6 +30,7 @@ from pathlib import Path
 from speechperf.algorithms import DEFAULT as DEFAULT_ALGO, algo_config
 from speechperf.config import SECTIONS, section_kind
 from speechperf.config.training.optim_config import IMPLS
+from speechperf.config.training.system_config import CTC_KERNELS
 from speechperf.errors import SpeechperfError
 from speechperf.metric import is_target, targets as target_metrics
 from speechperf.models import external
@@ -46,7 +47,7 @@ NOT_RECIPE = frozenset({
     "train.seed", "train.system.threads", "train.stop.time_cap_minutes", "train.stop.after_epochs",
     "train.system.device", "train.system.dist_backend", "train.system.sync_every", "train.system.checkpoint_every",
     "train.eval.sentence_every", "train.system.compile", "train.system.cuda_graphs", "train.system.graph_frames",
-    "train.system.graph_batch", "train.floor.steps", "train.floor.window", "train.optim.impl",
+    "train.system.graph_batch", "train.floor.steps", "train.floor.window", "train.optim.impl", "train.system.ctc_kernel",
     "train.system.deterministic", "train.stop.max_bad_losses", "train.stop.max_skipped_fraction",
     "train.eval.final_splits", "train.eval.final_beam",
     "train.stop.target", "loader.readers", "loader.prefetch_batches", "loader.resident"})  # train.stop.target: where it
@@ -182,9 +183,10 @@ def _check_curve(curve: dict, field: str, where: str) -> None:
         bad(f"{field}.settings.seed", curve["settings"]["seed"], "a whole number")
     if curve["settings"].get("threads") is not None and not _count(curve["settings"]["threads"], 1):
         bad(f"{field}.settings.threads", curve["settings"]["threads"], "a whole number of threads >= 1")
-    impl = curve["settings"].get("optim_impl")  # reproduce passes it to train: checked here, naming the file
-    if impl is not None and impl not in IMPLS:
-        bad(f"{field}.settings.optim_impl", impl, f"one of {', '.join(IMPLS)}")
+    for key, allowed in (("optim_impl", IMPLS), ("ctc_kernel", CTC_KERNELS)):  # reproduce passes them to train:
+        value = curve["settings"].get(key)  # checked here, naming the file
+        if value is not None and value not in allowed:
+            bad(f"{field}.settings.{key}", value, f"one of {', '.join(allowed)}")
 
 
 def _refuse(where: str, field: str, value, want: str):

@@ -73,7 +73,8 @@ def decoder_label(name: str, mode: str = "ngrams") -> str:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching, device: torch.device,
              decoder: str = "greedy", beam: int = 1, workers: int = 0, precision: str = "fp32",
-             keep_pairs: int = 0, mode: str = "ngrams", intervals: bool = True, units=None) -> dict:
+             keep_pairs: int = 0, mode: str = "ngrams", intervals: bool = True, units=None,
+             ctc_kernel: str = "numba") -> dict:  # the CTC loss's kernel (train.system.ctc_kernel)
     """Loss, every declared metric (speechperf/metric.py: WER, CER standard and paper, ...) and seconds
     of one pass over ``split`` in the batches ``batching.for_eval`` cuts; ``NAME_lo``, ``NAME_hi``:
     the 95% bootstrap interval of each counted metric over the split's utterances
@@ -90,23 +91,22 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching
     (waiting for the decodes after that), ``eval_score_s`` (scoring); they sum to ``eval_s``.
     How the decodes ran (:data:`speechperf.results.schema.EVALS_DECODE`): ``decode_threads``,
     ``decode_frames`` (valid frames), ``decode_busy_s`` (thread-seconds inside the decoder) and
-    ``decode_cpu_s`` (their CPU seconds: less where the threads waited for a core or the GIL). The
-    batches are the split's resident ones where :func:`keep_resident` kept them for this device
-    (``eval_data``: where they were), else read from the shards now (``stream``): the same
-    batches in the same order."""
+    ``decode_cpu_s`` (their CPU seconds: less where the threads waited for a core or the GIL). The batches
+    are the split's resident ones where :func:`keep_resident` kept them for this device (``eval_data``:
+    where), else read from the shards now (``stream``): the same ones in the same order."""
     start = time.perf_counter()
     beam = 1 if decoder == "greedy" else beam
     was_training = model.training
     model.eval()
     objective, units = objective_of(model), units if units is not None else load_units(feats, batching.loader.units)
     check_decoder(objective, decoder)
-    # CTC's decoders are built once (the run's initialization) and reused; a transducer decodes with its model
-    dec = make_decoder(decoder, beam, feats, mode, units) if objective.name == "ctc" else None
+    dec = make_decoder(decoder, beam, feats, mode, units) if objective.name == "ctc" else None  # CTC's: built once
     index = load_index(feats, [split])
     kept = _RESIDENT.get(_resident_key(feats, split, index, batching, device))
     batches = kept.batches if kept is not None else eval_batches(feats, split, batching, index)
+    search = Search(objective, decoder, beam, units, ctc_kernel)
     with DecodePool(dec, workers or decode_threads(batching)) as pool, _closing(batches):
-        loss, refs, ids = _forward(model, batches, device, precision, pool, Search(objective, decoder, beam, units))
+        loss, refs, ids = _forward(model, batches, device, precision, pool, search)
         forward_end = time.perf_counter()
         hyps = pool.results()
         decoding = {"decode_threads": pool.threads, "decode_frames": pool.frames, "decode_busy_s": pool.busy_s,
@@ -125,13 +125,14 @@ def evaluate(model: torch.nn.Module, feats: Path, split: str, batching: Batching
 
 @dataclass(frozen=True)
 class Search:
-    """How an evaluation turns outputs into text: the model's objective, the decoder's name and
-    width, and the run's output units (None: characters)."""
+    """How an evaluation turns outputs into text and a loss: the model's objective, the decoder's name
+    and width, the run's output units (None: characters) and the CTC loss's kernel."""
 
     objective: object
     decoder: str
     beam: int
     units: object = None
+    ctc_kernel: str = "numba"  # train.system.ctc_kernel
 
 
 def check_decoder(objective, decoder: str) -> None:
@@ -158,7 +159,7 @@ def _forward(model: torch.nn.Module, batches, device: torch.device, precision: s
         refs += list(batch.transcripts)
         ids += list(batch.ids)
     # the device's outputs freed on return: the decodes read copies
-    return mean_loss(outputs, device, model, precision), refs, ids
+    return mean_loss(outputs, device, model, precision, search.ctc_kernel), refs, ids
 
 
 def by_id(ids: list[str], refs: list[str], hyps: list[str]) -> tuple[list[str], list[str]]:
@@ -170,7 +171,7 @@ def by_id(ids: list[str], refs: list[str], hyps: list[str]) -> tuple[list[str], 
 
 
 def mean_loss(outputs: list[tuple], device: torch.device, model: torch.nn.Module | None = None,
-              precision: str = "fp32") -> float:
+              precision: str = "fp32", ctc_kernel: str = "numba") -> float:
     """The model's objective's loss averaged over the utterances where it is finite, from each
     batch's ``(output, labels, out_lens, label_lens)`` in order: the evaluation's only device reads,
     all after its batch loop. CUDA's CTC copies its length lists with blocking copies (a wait
@@ -178,7 +179,7 @@ def mean_loss(outputs: list[tuple], device: torch.device, model: torch.nn.Module
     objective = objective_of(model) if model is not None else OBJECTIVES.lookup("ctc")  # None: CTC log-probs
     loss_sum, n_loss = 0.0, 0
     for out, labels, out_lens, label_lens in outputs:
-        losses = objective.eval_losses(model, out, out_lens, labels, label_lens, device, precision)  # (B,)
+        losses = objective.eval_losses(model, out, out_lens, labels, label_lens, device, precision, ctc_kernel)  # (B,)
         finite = torch.isfinite(losses)
         loss_sum += float(losses[finite].sum())
         n_loss += int(finite.sum())

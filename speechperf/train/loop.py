@@ -220,7 +220,8 @@ def _floor(t: Trainer) -> None:
 def _evaluate(model, t: Trainer, split: str, beam: int, **kw) -> dict:
     tc = t.cfg.train
     return evaluate(model, t.data, split, t.batching, t.group.device, decoder=tc.eval.decoder, beam=beam,
-                    precision=tc.system.precision, mode=tc.eval.mode, workers=tc.eval.threads, units=t.units, **kw)
+                    precision=tc.system.precision, mode=tc.eval.mode, workers=tc.eval.threads, units=t.units,
+                    ctc_kernel=tc.system.ctc_kernel, **kw)
 
 
 def _epoch_eval(model, t: Trainer) -> tuple[str | None, float]:

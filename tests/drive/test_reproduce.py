@@ -130,8 +130,9 @@ def test_a_curve_is_reproduced_with_its_own_optimizer_step():
     assert curve.optim_impl(old) == "default" and curve.optim_impl(mine) == "fused"
     assert curve.comparable(mine, old) == "optim_impl fused (reference default)"
     assert curve.comparable({**mine, "optim_impl": "default"}, old) is None
-    cmd = rep.child_command("cpu", "F", 1, 2, "O", ["train.optim.impl=foreach"], impl="fused")
+    cmd = rep.child_command("cpu", "F", 1, 2, "O", ["train.optim.impl=foreach"], kernels=curve.forced(mine))
     assert cmd.index("train.optim.impl=fused") > cmd.index("train.optim.impl=foreach")  # the later one wins
+    assert "train.system.ctc_kernel=torch" in cmd  # a curve from before the kernel: torch's CTC
     assert not any(a.startswith("train.optim.impl") for a in rep.child_command("cpu", "F", 1, 2, "O", []))
     for preset in ("tiny", "cpu", "conformer-cpu", "transducer-cpu"):  # every stored curve says which step made it
         for s in rcp.load_reference(preset)["seeds"]:

@@ -12,7 +12,7 @@ from speechperf.objectives import objective_of
 from speechperf.objectives.rnnt_reference import rnnt_loss_reference
 
 CPU = torch.device("cpu")
-TC = SimpleNamespace(system=SimpleNamespace(precision="fp32", deterministic=False))  # a TrainConfig's [train.system]
+TC = SimpleNamespace(system=SimpleNamespace(precision="fp32", deterministic=False, ctc_kernel="numba"))  # a TrainConfig's [train.system]
 SIZES = {"name": "transducer", "encoder": "conformer", "d_model": 16, "layers": 1, "heads": 2, "conv_kernel": 5,
          "subsampling_channels": 4, "pred_dim": 8, "joint_dim": 10, "num_classes": 7, "dropout": 0.0,
          "attention_dropout": 0.0, "pred_dropout": 0.0}

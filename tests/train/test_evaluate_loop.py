@@ -8,7 +8,6 @@ import warnings
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from speechperf.config import load_preset
 from speechperf.data.batching import Batching
@@ -16,6 +15,7 @@ from speechperf.data.loader import load_index
 from speechperf.decode.batch import Pending
 from speechperf.models import build_model
 from speechperf.objectives import ctc
+from speechperf.objectives.ctc import ctc_losses
 from speechperf.train import evaluate as ev
 from tests.cuda_syncs import sync_warnings
 
@@ -30,17 +30,17 @@ def tiny_model(device=CPU):
 
 
 @torch.no_grad()
-def old_loop(model, feats, loader_cfg, device, dec) -> tuple[float, list[str], list[str]]:
+def old_loop(model, feats, loader_cfg, device, dec, kernel="numba") -> tuple[float, list[str], list[str]]:
     """The reference: the batch loop as it was, reading each batch's loss and log-probs back
     right after its forward pass and decoding in the calling thread: (loss, refs, hyps), the
-    pairs in utterance-id order, as the evaluation scores them."""
+    pairs in utterance-id order, as the evaluation scores them; the CTC loss by ``kernel``."""
     model.eval()
     loss_sum, n_loss, refs, hyps, ids = 0.0, 0, [], [], []
     for batch in ev.eval_batches(feats, SPLIT, Batching(loader_cfg), load_index(feats, [SPLIT])):
         log_probs, out_lens = ev.planned_forward(model, batch.feats, batch.feat_lens, device)
         log_probs = log_probs.float()  # (T', B, C)
-        losses = F.ctc_loss(log_probs, batch.labels.to(device), out_lens, batch.label_lens, blank=0,
-                            reduction="none", zero_infinity=False)
+        losses = ctc_losses(log_probs, batch.labels.to(device), out_lens, batch.label_lens, kernel,
+                            zero_infinity=False)  # default: the run's default (train.system.ctc_kernel)
         finite = torch.isfinite(losses)
         loss_sum += float(losses[finite].sum())
         n_loss += int(finite.sum())
@@ -178,8 +178,9 @@ def test_the_batch_loop_reads_no_model_output_and_decodes_pending_copies(tiny_fe
     assert_same_as_old(r, old)  # the decodes waited for their copies: no NaN read
     watch.__init__()
     watch.on = True
-    old_loop(model, tiny_features, cfg.loader, CPU, ev.make_decoder("beam", 8, tiny_features))
+    old_loop(model, tiny_features, cfg.loader, CPU, ev.make_decoder("beam", 8, tiny_features), kernel="torch")
     assert {"__getitem__", "__float__", "__int__", "cpu"} <= set(watch.reads)  # the watch sees the old reads
+    # (torch's CTC returns the watched subclass; the numba kernel's losses are a new tensor)
 
 
 # ---- CUDA ------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from speechperf.section import doc_of, setting
 DIST_BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl")  # train.system.dist_backend values
 AUTO_PRECISION = "auto"  # train.system.precision: the fastest native precision, measured (train/auto_precision.py)
 PRECISIONS = (AUTO_PRECISION, "fp32", "bf16", "fp16", "fp8")  # train.system.precision values
+CTC_KERNELS = ("numba", "torch")  # train.system.ctc_kernel values
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class SystemConfig:
     graph_frames: int = setting(16, "cuda_graphs: a batch's frames padded up to a multiple of this")
     graph_batch: int = setting(8, "cuda_graphs: a batch's utterances padded up to a multiple of this (padding rows "
                                "have no valid frame)")
+    ctc_kernel: str = setting("numba", '"numba": the CTC loss on a CPU by speechperf\'s kernel (objectives/ctc_cpu.py: '
+                              'float64, several times faster than torch\'s); "torch": F.ctc_loss everywhere (on a GPU '
+                              'always torch\'s; the same loss, other float sums: a reproduction takes its curve\'s)')
     threads: int = setting(0, "torch intra-op threads; 0 = torch default")
     checkpoint_every: int = setting(250, "atomic checkpoint every N iterations")
 
@@ -47,6 +51,8 @@ class SystemConfig:
             (self.threads >= 0, f"train.system.threads={self.threads} must be >= 0 (0 = torch default)"),
             (self.precision in PRECISIONS,
              f"train.system.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}"),
+            (self.ctc_kernel in CTC_KERNELS,
+             f"train.system.ctc_kernel={self.ctc_kernel!r} must be one of {', '.join(CTC_KERNELS)}"),
             (self.checkpoint_every >= 1, f"train.system.checkpoint_every={self.checkpoint_every} must be >= 1"),
             (self.sync_every >= 1, f"train.system.sync_every={self.sync_every} must be >= 1 "
                                    f"({doc_of(SystemConfig, 'sync_every')})"),
