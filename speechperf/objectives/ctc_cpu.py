@@ -18,13 +18,14 @@ the same bytes):
    (too few frames): the loss is inf, as torch's.
 3. The gradient of the loss with respect to the log-probabilities, ``-sum over s with
    ext(s)=k of gamma_t(s)``, the state posteriors ``alpha * beta / sum(alpha * beta)`` (the
-   scales cancel); torch returns ``exp(lp) - gamma`` (the gradient through a log-softmax
-   taken twice), which a log-softmax's backward turns into the same gradient of the logits.
+   scales cancel); torch returns ``exp(lp) - gamma`` (the gradient of the logits, taking the
+   log-probabilities to come from a log-softmax), which a log-softmax's backward leaves as it is.
 
 Accuracy: float64 throughout, so against torch's float64 loss on random logits the gradient of
 the logits differs by ~3e-7 where torch's own float32 kernel differs by ~2e-4
-(tests/objectives/test_ctc_cpu.py). Variables smaller than 1e-308 of their frame's largest flush
-to 0: paths that much less likely than the best do not move the loss.
+(tests/objectives/test_ctc_cpu.py). Probabilities under float64's range (e^-745) flush to 0: where
+that leaves an utterance no path, it is computed again in log space (``_log_space``), so a model
+that puts its labels hundreds of nats under the blank still gets its finite loss and gradient.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from speechperf.decode.kernel import log_add  # -inf-safe, the beam searches' and the RNN-T kernel's
 from speechperf.objectives.rnnt_cpu import _ONE_AT_A_TIME, GRAIN, fork_safe_threads, threads
 
 # lattice nodes a thread should get at least: on the 2-core EPYC the `cpu` preset's batch (526k nodes)
@@ -144,6 +146,40 @@ def _gradient(alpha, beta, ext, b, grad):
             grad[t, b, k] = -acc[k]
 
 
+@njit(cache=True)
+def _log_space(lp, b, Tb, ext, skip, want_grad, grad):
+    """The same loss and gradient in log space, a log-add per node: where the scaled recursion found no
+    path (an alignment too long for its frames, -inf here too, or emissions below float64's range,
+    e^-745 under the frame's best: finite here). Returns the log-likelihood."""
+    S = ext.size
+    la = np.full((Tb, S + 2), -np.inf)  # state s at column s + 2, as in _alpha
+    la[0, 2: min(S, 2) + 2] = lp[0, b, ext[:2]]
+    for t in range(1, Tb):
+        for s in range(S):
+            a = log_add(la[t - 1, s + 2], la[t - 1, s + 1])
+            if skip[s] > 0.0:
+                a = log_add(a, la[t - 1, s])
+            la[t, s + 2] = a + lp[t, b, ext[s]]
+    ll = log_add(la[Tb - 1, S + 1], la[Tb - 1, S])
+    if not (want_grad and math.isfinite(ll)):
+        return ll
+    lb = np.full((Tb, S + 2), -np.inf)  # finishing from s after frame t, two -inf columns after S
+    lb[Tb - 1, S - 1] = 0.0
+    lb[Tb - 1, max(S - 2, 0)] = 0.0
+    for t in range(Tb - 2, -1, -1):
+        for s in range(S):
+            q = lb[t + 1, s] + lp[t + 1, b, ext[s]]
+            if s + 1 < S:
+                q = log_add(q, lb[t + 1, s + 1] + lp[t + 1, b, ext[s + 1]])
+            if s + 2 < S and skip[s + 2] > 0.0:
+                q = log_add(q, lb[t + 1, s + 2] + lp[t + 1, b, ext[s + 2]])
+            lb[t, s] = q
+    for t in range(Tb):
+        for s in range(S):
+            grad[t, b, ext[s]] -= math.exp(la[t, s + 2] + lb[t, s] - ll)
+    return ll
+
+
 @njit(parallel=True, cache=True)
 def _ctc(lp, labels, starts, tlen, llen, blank, want_grad, grad, loss):
     """loss[b] = -log p(labels_b | lp[:tlen[b], b]) (inf: no alignment fits); with ``want_grad``,
@@ -159,6 +195,9 @@ def _ctc(lp, labels, starts, tlen, llen, blank, want_grad, grad, loss):
         ext, skip = _states(labels, starts[b], llen[b], blank)
         p = _emissions(lp, b, Tb, ext, C)
         alpha, ll = _alpha(p, skip)
+        if ll == -np.inf:  # no path in range: too few frames, or emissions under float64's (log space)
+            loss[b] = -_log_space(lp, b, Tb, ext, skip, want_grad, grad)
+            continue
         loss[b] = -ll
         if want_grad and math.isfinite(ll):
             _gradient(alpha, _beta(p, skip), ext, b, grad)
@@ -180,7 +219,7 @@ def check(lp: torch.Tensor, labels: np.ndarray, starts: np.ndarray, tlen: np.nda
     if len(tlen) != B or len(llen) != B:
         raise ValueError(f"ctc: {len(tlen)} input and {len(llen)} label lengths for a batch of {B}")
     if len(tlen) and (tlen.min() < 0 or tlen.max() > T):
-        raise ValueError(f"ctc: input lengths {tlen.min()}..{tlen.max()} outside 0..{T} (the log-probabilities' frames)")
+        raise ValueError(f"ctc: input lengths {tlen.min()}..{tlen.max()} outside 0..{T} (the frames given)")
     if len(llen) and (llen.min() < 0 or (starts + llen).max() > labels.size):
         raise ValueError(f"ctc: label lengths (sum {llen.sum()}) beyond the {labels.size} labels given")
     if labels.size and (labels.min() < 0 or labels.max() >= C):

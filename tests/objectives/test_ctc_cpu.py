@@ -143,7 +143,7 @@ def test_the_same_bytes_at_any_thread_count(monkeypatch):
 
 
 @pytest.mark.parametrize("args,names", [
-    ((torch.tensor([6, 7]), torch.tensor([2, 1])), "input lengths 6..7 outside 0..6"),
+    ((torch.tensor([6, 7]), torch.tensor([2, 1])), "input lengths 6..7 outside 0..6 (the frames given)"),
     ((torch.tensor([6, 6]), torch.tensor([2, 2])), "label lengths (sum 4) beyond the 3 labels"),
     ((torch.tensor([6]), torch.tensor([2])), "1 input and 1 label lengths for a batch of 2"),
 ])
@@ -161,3 +161,22 @@ def test_the_setting_picks_the_kernel():
     lp = x.log_softmax(-1)
     ours, torchs = (ctc_losses(lp, labels, tlen, llen, k, zero_infinity=False) for k in ("numba", "torch"))
     assert torch.allclose(ours, torchs, rtol=1e-6) and not torch.equal(ours, torchs)  # other float sums
+
+
+def test_labels_far_under_the_blank_get_their_loss_in_log_space():
+    """Log-probabilities hundreds of nats under the blank (a model far off): e^-800 is under float64's range,
+    so the scaled recursion finds no path and the utterance is computed again in log space: torch's loss and
+    gradient in float64, not inf."""
+    x = torch.zeros(6, 2, 4, dtype=torch.float64)
+    x[:, :, 1:] = -800.0  # every label 800 nats under the blank, in both utterances
+    x[:, 1, 1:] = -3.0  # the second utterance in range: the scaled path
+    labels, tlen, llen = torch.tensor([1, 2, 1, 2]), torch.tensor([6, 6]), torch.tensor([2, 2])
+    grads = []
+    for loss in (ctc_cpu.ctc_loss, lambda *a: F.ctc_loss(*a, reduction="none")):
+        xx = x.clone().requires_grad_()
+        out = loss(xx.log_softmax(-1), labels, tlen, llen)
+        out.sum().backward()
+        grads.append((out.detach(), xx.grad))
+    (mine, gm), (theirs, gt) = grads
+    assert torch.isfinite(mine).all() and mine[0] > 1500
+    assert torch.allclose(mine, theirs, rtol=1e-12) and torch.allclose(gm, gt, atol=1e-10)
