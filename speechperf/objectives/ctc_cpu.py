@@ -212,6 +212,12 @@ def _flat(labels: torch.Tensor, label_lens: np.ndarray) -> tuple[np.ndarray, np.
     return lab, np.concatenate([[0], np.cumsum(label_lens)[:-1]]).astype(np.int64)
 
 
+def used_positions(starts: np.ndarray, llen: np.ndarray) -> np.ndarray:
+    """The positions of the labels the lengths select: ``starts[b] + 0..llen[b] - 1`` for each b, in order."""
+    firsts = np.repeat(starts - np.cumsum(llen) + llen, llen)  # each label's start, less its rank in the batch
+    return firsts + np.arange(int(llen.sum()))
+
+
 def check(lp: torch.Tensor, labels: np.ndarray, starts: np.ndarray, tlen: np.ndarray, llen: np.ndarray,
           blank: int) -> None:
     """What F.ctc_loss refuses, refused by name (ValueError) before the kernel reads out of bounds."""
@@ -222,8 +228,9 @@ def check(lp: torch.Tensor, labels: np.ndarray, starts: np.ndarray, tlen: np.nda
         raise ValueError(f"ctc: input lengths {tlen.min()}..{tlen.max()} outside 0..{T} (the frames given)")
     if len(llen) and (llen.min() < 0 or (starts + llen).max() > labels.size):
         raise ValueError(f"ctc: label lengths (sum {llen.sum()}) beyond the {labels.size} labels given")
-    if labels.size and (labels.min() < 0 or labels.max() >= C):
-        raise ValueError(f"ctc: labels {labels.min()}..{labels.max()} outside the {C} classes")
+    used = labels[used_positions(starts, llen)]  # a padded layout's padding is never read: any value
+    if used.size and (used.min() < 0 or used.max() >= C):
+        raise ValueError(f"ctc: labels {used.min()}..{used.max()} outside the {C} classes")
     if not 0 <= blank < C:
         raise ValueError(f"ctc: blank {blank} outside the {C} classes")
 

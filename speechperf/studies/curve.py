@@ -109,12 +109,6 @@ def setting(settings: dict, key: str):
     return settings.get(key, RECORDED_BEFORE.get(key))
 
 
-def optim_impl(settings: dict) -> str:
-    """The optimizer step (``train.optim.impl``) a curve of ``settings`` was trained with: a
-    reproduction trains with it, whatever the preset now says."""
-    return setting(settings, "optim_impl")
-
-
 def forced(settings: dict) -> list[str]:
     """The overrides that make a reproduction train with the kernels a curve of ``settings`` was
     trained with (:data:`FORCED`: ``train.optim.impl=default``, ``train.system.ctc_kernel=torch``)."""

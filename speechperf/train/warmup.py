@@ -135,7 +135,8 @@ def initialize(model: torch.nn.Module, cfg, batching: Batching, feats: Path, dev
     parts["decoder_s"] = time.perf_counter() - t
     t = time.perf_counter()
     warm_model(model, cfg, device)
-    if tc.system.ctc_kernel == "numba" and (device.type == "cpu" or tc.system.deterministic):
+    ctc_loss = objective_of(cfg.model).name == "ctc" or getattr(cfg.model, "ctc_weight", 0) > 0  # or a CTC head's
+    if ctc_loss and tc.system.ctc_kernel == "numba" and (device.type == "cpu" or tc.system.deterministic):
         ctc_cpu.warm()  # compiled (or loaded from numba's cache) before the clock: the CTC loss on the CPU
     parts["model_s"] = time.perf_counter() - t
     t = time.perf_counter()  # after the model: the GPU memory it leaves free decides where the batches go

@@ -127,7 +127,7 @@ def test_a_curve_is_reproduced_with_its_own_optimizer_step():
     mine = {"threads": 1, "cap": "avx2", "cpu_vendor": "Intel", "torch": "t", "MKL_CBWR": "COMPATIBLE",
             "cpu_capability": "AVX2", "features_sha256": "f", "seed": 1, "optim_impl": "fused"}
     old = {k: v for k, v in mine.items() if k != "optim_impl"}
-    assert curve.optim_impl(old) == "default" and curve.optim_impl(mine) == "fused"
+    assert curve.setting(old, "optim_impl") == "default" and curve.setting(mine, "optim_impl") == "fused"
     assert curve.comparable(mine, old) == "optim_impl fused (reference default)"
     assert curve.comparable({**mine, "optim_impl": "default"}, old) is None
     cmd = rep.child_command("cpu", "F", 1, 2, "O", ["train.optim.impl=foreach"], kernels=curve.forced(mine))
