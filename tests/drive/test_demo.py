@@ -139,7 +139,13 @@ def test_the_demo_ending_of_a_run_short_of_its_target_says_what_to_do(tiny_run):
     assert len(lines) == 5 and max(map(len, lines)) <= 100
     assert lines[0].endswith("(2 runs)") and "tiny" not in lines[0]  # the first run's workload, and how many
     assert lines[1] == "TTA: CER 10 not reached: train longer (--minutes) or on more audio (--hours)"
-    assert lines[2].startswith("where it went: steps ") and lines[2].endswith("(to the last evaluation)")
+    assert lines[2].startswith("where it went: ") and lines[2].endswith(" (to the last evaluation)")
+    # every part, the largest first: which one leads is the tiny run's timing (its steps and its checkpoints
+    # every 5 steps take about as long since the CTC loss got fast), so the order is checked, not a name
+    parts = [p.split() for p in lines[2][len("where it went: "):-len(" (to the last evaluation)")].split(", ")]
+    assert sorted(name for name, _ in parts) == ["ckpt", "data", "epoch", "eval", "steps"]
+    shares = [int(pct.rstrip("%")) for _, pct in parts]
+    assert shares == sorted(shares, reverse=True) and 95 <= sum(shares) <= 102
     assert lines[3].endswith("to accuracy: none: unreached")
     reached = demo.summary(_demo_rows([tiny_run], targets="90", epochs=1), Path("r"))[1]
     assert reached.startswith("TTA: CER 90 in ") and "(1 epoch; error " in reached
